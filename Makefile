@@ -1,0 +1,40 @@
+# The README's two commands: `make demo` and `make test`. Both install the Debian packages they
+# need when missing, configure and build in build/, then run.
+BUILD ?= build
+JOBS ?= $(shell nproc)
+APT_PACKAGES := cmake g++ make pkg-config libdnnl-dev libopenmpi-dev openmpi-bin libcli11-dev \
+	nlohmann-json3-dev libfmt-dev libgtest-dev libbenchmark-dev python3
+
+# One thread per rank (OpenMP spin-waiting with more threads than cores is 3-4x slower), and
+# OpenMPI may run as root in containers and CI.
+export OMP_NUM_THREADS ?= 1
+export OMPI_ALLOW_RUN_AS_ROOT := 1
+export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
+
+.PHONY: deps configure build demo test bench clean format
+
+deps:
+	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  sudo=""; [ "$$(id -u)" -eq 0 ] || sudo=sudo; \
+	  $$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq $$missing; \
+	fi
+
+configure: deps
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release
+
+build: configure
+	cmake --build $(BUILD) -j $(JOBS)
+
+demo: build
+	./$(BUILD)/upipe demo
+
+test: build
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+format:
+	clang-format -i $$(git ls-files '*.h' '*.cpp')
+
+clean:
+	rm -rf $(BUILD)

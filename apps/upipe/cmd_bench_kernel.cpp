@@ -1,0 +1,175 @@
+// `upipe bench kernel`: the flash-attention kernels against a oneDNN GEMM of the same inner
+// dimension, in one process, one thread. Correctness is checked (sampled rows against the
+// naive fp64 reference) before anything is timed.
+//
+// FLOP counting rule: causal forward = 2 S^2 H d (the 4 S^2 H d of two GEMMs, halved by the
+// mask); backward = 2.5x forward. The GEMM is (M, K) x (K, N) with K = d and M = N = min(S, 4096),
+// i.e. a score block Q K^T of one head.
+#include <algorithm>
+#include <chrono>
+#include <limits>
+#include <nlohmann/json.hpp>
+
+#include "apps/upipe/commands.h"
+#include "core/device.h"
+#include "core/errors.h"
+#include "core/rng.h"
+#include "kernels/attention.h"
+#include "kernels/gemm.h"
+#include "kernels/reference/attention_ref.h"
+
+namespace upipe::app {
+namespace {
+
+struct Options {
+  ShapeOptions shape;
+  int iters = 3;
+  bool json = false;
+};
+
+double now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+void fill(const Mat& m, uint64_t seed) {
+  std::vector<float> row(size_t(m.cols));
+  for (int64_t r = 0; r < m.rows; ++r) {
+    for (int64_t c = 0; c < m.cols; ++c) row[size_t(c)] = float(normal_at(seed, uint64_t(r * m.cols + c)));
+    from_f32(row.data(), m.at(r, 0), m.dtype, m.cols);
+  }
+}
+
+std::vector<double> read_rows(const Mat& m, int64_t r0, int64_t n) {
+  std::vector<double> out(size_t(n * m.cols));
+  std::vector<float> row(size_t(m.cols));
+  for (int64_t r = 0; r < n; ++r) {
+    to_f32(m.at(r0 + r, 0), m.dtype, row.data(), m.cols);
+    std::copy(row.begin(), row.end(), out.begin() + r * m.cols);
+  }
+  return out;
+}
+
+// Max |fast - fp64| over sampled query rows of o and of dq, each relative to the largest
+// |fp64| value of its tensor in those rows.
+double sampled_error(const AttnProblem& p, const Mat& o, const Mat& dq, const Mat& dout) {
+  const std::vector<double> k = read_rows(p.k, 0, p.sk()), v = read_rows(p.v, 0, p.sk());
+  double mo = 0, mdq = 0, eo = 0, edq = 0;
+  const int64_t s = p.sq(), qc = p.q.cols, kc = p.k.cols;
+  for (int64_t i : {int64_t(0), s / 3, s - 1}) {
+    const std::vector<double> q = read_rows(p.q, i, 1), d = read_rows(dout, i, 1);
+    ref::AttnDims dims{1, p.sk(), p.hq, p.hk, p.d, i, 0, p.causal};
+    const size_t nq = static_cast<size_t>(qc), nk = static_cast<size_t>(p.sk() * kc);
+    std::vector<double> o64(nq), lse(static_cast<size_t>(p.hq)), dq64(nq, 0.0), dk(nk, 0.0),
+        dv(nk, 0.0);
+    ref::attention_forward<double>(dims, {q.data(), 1, qc, qc}, {k.data(), p.sk(), kc, kc},
+                                   {v.data(), p.sk(), kc, kc}, {o64.data(), 1, qc, qc},
+                                   {lse.data(), p.hq, 1, 1});
+    ref::attention_backward<double>(dims, {q.data(), 1, qc, qc}, {k.data(), p.sk(), kc, kc},
+                                    {v.data(), p.sk(), kc, kc}, {d.data(), 1, qc, qc},
+                                    {dq64.data(), 1, qc, qc}, {dk.data(), p.sk(), kc, kc},
+                                    {dv.data(), p.sk(), kc, kc});
+    const std::vector<double> of = read_rows(o, i, 1), dqf = read_rows(dq, i, 1);
+    for (int64_t c = 0; c < qc; ++c) {
+      mo = std::max(mo, std::abs(o64[size_t(c)]));
+      mdq = std::max(mdq, std::abs(dq64[size_t(c)]));
+      eo = std::max(eo, std::abs(of[size_t(c)] - o64[size_t(c)]));
+      edq = std::max(edq, std::abs(dqf[size_t(c)] - dq64[size_t(c)]));
+    }
+  }
+  return std::max(eo / std::max(mo, 1e-30), edq / std::max(mdq, 1e-30));
+}
+
+int run(Process& proc, const Options& opt) {
+  const AttentionConfig c = opt.shape.config();
+  if (opt.iters < 1) throw ConfigError("--iters must be at least 1");
+  Device dev;
+  Arena& mem = dev.mem();
+  const int64_t s = c.seq_len, d = c.head_dim, qc = c.heads * d, kc = c.kv_heads * d;
+  const DType t = c.dtype, f32 = DType::kF32;
+  Tensor q(mem, Tag::kQkv, t, s, qc), k(mem, Tag::kQkv, t, s, kc), v(mem, Tag::kQkv, t, s, kc);
+  Tensor o(mem, Tag::kAttnOut, t, s, qc), lse(mem, Tag::kAttnOut, f32, c.heads, s);
+  Tensor dout(mem, Tag::kAttnGrad, t, s, qc), delta(mem, Tag::kAttnGrad, f32, c.heads, s);
+  Tensor dq(mem, Tag::kAttnGrad, f32, s, qc), dk(mem, Tag::kAttnGrad, f32, s, kc),
+      dv(mem, Tag::kAttnGrad, f32, s, kc);
+  fill(q, 1);
+  fill(k, 2);
+  fill(v, 3);
+  fill(dout, 4);
+  const AttnProblem p{q, k, v, c.heads, c.kv_heads, int(d)};
+  auto backward = [&] {
+    dev.fill_zero(dq.data(), dq.bytes());
+    dev.fill_zero(dk.data(), dk.bytes());
+    dev.fill_zero(dv.data(), dv.bytes());
+    attention_delta(dev, o, dout, int(d), delta);
+    attention_backward(dev, p, dout, lse, delta, dq, dk, dv);
+  };
+  // Correctness first.
+  attention_forward(dev, p, o, lse);
+  backward();
+  const double err = sampled_error(p, o, dq, dout);
+  const double tol = t == f32 ? 1e-4 : 2e-2;
+  if (!(err <= tol)) {
+    std::fprintf(stderr, "upipe bench kernel: sampled relative error %.3g exceeds %.1g\n", err, tol);
+    return 1;
+  }
+  double fwd = 1e30, bwd = 1e30, gm = 1e30;
+  for (int it = 0; it < opt.iters; ++it) {
+    double t0 = now();
+    attention_forward(dev, p, o, lse);
+    fwd = std::min(fwd, now() - t0);
+    t0 = now();
+    backward();
+    bwd = std::min(bwd, now() - t0);
+  }
+  const int64_t peak = mem.peak();
+  const int64_t gn = std::min<int64_t>(s, 4096);
+  {
+    Tensor a(mem, Tag::kWorkspace, f32, gn, d), b(mem, Tag::kWorkspace, f32, gn, d),
+        cc(mem, Tag::kWorkspace, f32, gn, gn);
+    fill(a, 5);
+    fill(b, 6);
+    gemm(dev, a, false, b, true, cc);
+    for (int it = 0; it < opt.iters; ++it) {
+      const double t0 = now();
+      gemm(dev, a, false, b, true, cc);
+      gm = std::min(gm, now() - t0);
+    }
+  }
+  const double fwd_flops = 2.0 * double(s) * double(s) * c.heads * double(d);
+  const double fwd_tf = fwd_flops / fwd / 1e12, bwd_tf = 2.5 * fwd_flops / bwd / 1e12;
+  const double gemm_tf = 2.0 * double(gn) * double(gn) * double(d) / gm / 1e12;
+  if (!proc.root()) return 0;
+  nlohmann::json j = {{"seq_len", s},          {"heads", c.heads},
+                      {"kv_heads", c.kv_heads}, {"head_dim", d},
+                      {"dtype", dtype_name(t)}, {"iters", opt.iters},
+                      {"fwd_s", fwd},          {"bwd_s", bwd},
+                      {"fwd_tflops", fwd_tf},  {"bwd_tflops", bwd_tf},
+                      {"gemm_tflops", gemm_tf}, {"fwd_vs_gemm", fwd_tf / gemm_tf},
+                      {"bwd_vs_gemm", bwd_tf / gemm_tf}, {"gemm_shape", {gn, gn, d}},
+                      {"peak_bytes", peak},    {"max_rel_err_sampled", err}};
+  if (opt.json) {
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    std::printf("attention kernel  S=%lld H=%d K=%d d=%lld %s, one thread\n", (long long)s, c.heads,
+                c.kv_heads, (long long)d, dtype_name(t));
+    std::printf("  forward   %9.4f s  %7.1f GFLOP/s  (%.2fx GEMM)\n", fwd, fwd_tf * 1e3, fwd_tf / gemm_tf);
+    std::printf("  backward  %9.4f s  %7.1f GFLOP/s  (%.2fx GEMM)\n", bwd, bwd_tf * 1e3, bwd_tf / gemm_tf);
+    std::printf("  GEMM %lldx%lldx%lld       %7.1f GFLOP/s\n", (long long)gn, (long long)gn, (long long)d,
+                gemm_tf * 1e3);
+    std::printf("  peak %s, sampled max relative error %.2e\n", format_bytes(peak).c_str(), err);
+  }
+  return 0;
+}
+
+}  // namespace
+
+Runner add_bench_kernel(CLI::App& cmd) {
+  auto opt = std::make_shared<Options>();
+  opt->shape.seq_len = 8192;
+  add_shape_options(cmd, opt->shape, false);
+  cmd.add_option("--iters", opt->iters, "timed repetitions (the minimum is reported)")->capture_default_str();
+  cmd.add_flag("--json", opt->json, "print one JSON object");
+  return [opt](Process& p) { return run(p, *opt); };
+}
+
+}  // namespace upipe::app

@@ -1,0 +1,17 @@
+// The `upipe` subcommands. Each registers its options on a CLI11 subcommand and returns the
+// function that runs it (exit status).
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <functional>
+
+#include "apps/upipe/cli.h"
+
+namespace upipe::app {
+
+using Runner = std::function<int(Process&)>;
+
+Runner add_demo(CLI::App& app);
+Runner add_bench_kernel(CLI::App& bench);
+
+}  // namespace upipe::app

@@ -1,0 +1,54 @@
+// `upipe`: the command-line entry point. It owns the error boundary: bad input (ConfigError) is
+// detected identically on every rank, reported in one line per rank, and every rank exits with
+// status 2; out-of-memory and other failures on any rank end the whole job through MPI_Abort,
+// so no rank is left waiting in a collective.
+#include <cstdio>
+#include <map>
+
+#include "apps/upipe/commands.h"
+#include "comm/mpi/mpi_comm.h"
+#include "core/check.h"
+#include "core/errors.h"
+
+int main(int argc, char** argv) {
+  using namespace upipe;
+  MpiRuntime mpi(&argc, &argv);
+  auto world = mpi.world();
+  app::Process proc{*world};
+
+  CLI::App cli{"upipe: headwise-chunked Ulysses context parallelism for long-context training"};
+  cli.require_subcommand(1);
+  std::map<CLI::App*, app::Runner> runners;
+  CLI::App* demo = cli.add_subcommand("demo", "built-in demonstration");
+  runners[demo] = app::add_demo(*demo);
+  CLI::App* bench = cli.add_subcommand("bench", "benchmarks (physical units, JSON with --json)");
+  bench->require_subcommand(1);
+  CLI::App* kernel = bench->add_subcommand("kernel", "attention kernel vs GEMM on one rank");
+  runners[kernel] = app::add_bench_kernel(*kernel);
+
+  try {
+    try {
+      cli.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+      if (e.get_exit_code() == 0) {
+        if (proc.root()) cli.exit(e);
+        return 0;
+      }
+      throw ConfigError(e.what());
+    }
+    for (auto& [cmd, run] : runners)
+      if (cmd->parsed() && run) return run(proc);
+    throw ConfigError("no command given; try upipe --help");
+  } catch (const ConfigError& e) {
+    std::fprintf(stderr, "upipe: error [rank %d]: %s\n", proc.rank(), e.what());
+    return 2;
+  } catch (const OutOfMemoryError& e) {
+    std::fprintf(stderr, "upipe: [rank %d] %s\n", proc.rank(), e.what());
+    std::fflush(stderr);
+    MpiRuntime::abort_job(3);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "upipe: [rank %d] fatal: %s\n", proc.rank(), e.what());
+    std::fflush(stderr);
+    MpiRuntime::abort_job(1);
+  }
+}

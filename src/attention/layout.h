@@ -1,0 +1,34 @@
+// How a global sequence of S tokens is sharded over the C ranks of a CP group, and the helpers
+// that cut a global tensor into a rank's shard and put shards back together (tests, `upipe
+// check`, and the training data path).
+//   contiguous: rank r holds tokens [r S/C, (r+1) S/C).
+//   zigzag:     the sequence is cut into 2C chunks; rank r holds chunks r and 2C-1-r (ring
+//               attention's causal load balance).
+//   chunked:    the sequence is cut into N chunks; rank r holds sub-chunk r (of S/(N C)
+//               tokens) of every chunk, so the all-to-all of local chunk i yields global
+//               chunk i (FPDT).
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/rope.h"
+
+namespace upipe {
+
+enum class LayoutKind { kContiguous, kZigzag, kChunked };
+
+struct SeqLayout {
+  LayoutKind kind = LayoutKind::kContiguous;
+  int64_t seq_len = 0;  // S
+  int ranks = 1;        // C
+  int chunks = 1;       // N (chunked only)
+
+  int64_t local_rows() const { return seq_len / ranks; }
+  // Global positions of rank r's rows, as runs.
+  RowPositions positions(int rank) const;
+  // Granularity S must be divisible by.
+  int64_t divisor() const;
+  const char* name() const;
+};
+
+}  // namespace upipe

@@ -1,0 +1,22 @@
+// `local`: the whole sequence on one rank. The oracle every other strategy is compared to.
+#pragma once
+
+#include "attention/strategy.h"
+
+namespace upipe {
+
+class LocalAttention final : public AttentionStrategy {
+ public:
+  explicit LocalAttention(const StrategyContext& ctx);
+  std::string name() const override { return "local"; }
+  SeqLayout layout() const override;
+  void forward(const Mat& x, const AttentionWeights& w, const Mat& y) override;
+  void backward(const Mat& x, const Mat& dy, const AttentionWeights& w, const Mat& dx,
+                const AttentionGrads& g) override;
+  int64_t attn_formula_bytes() const override;
+};
+
+// Peak attention-intermediate bytes of `local` (docs/memory.md), a pure function of cfg.
+int64_t local_attn_peak_bytes(const AttentionConfig& cfg);
+
+}  // namespace upipe

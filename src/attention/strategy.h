@@ -1,0 +1,70 @@
+// The attention-block strategy interface (SPEC.md, "The attention block"). A strategy owns the
+// projections as well as the attention, because UPipe slices them per stage.
+//
+// Blocks are self-checkpointing: forward(x) -> y keeps nothing; backward(x, dy) -> dx, dW
+// recomputes what it needs. Every buffer comes from the device arena of the context.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "attention/config.h"
+#include "attention/layout.h"
+#include "comm/communicator.h"
+#include "core/device.h"
+#include "core/tensor.h"
+
+namespace upipe {
+
+// Compute copies of the block's weights, in the block's dtype. D = H*d.
+struct AttentionWeights {
+  Mat wq;  // (H*d, D)
+  Mat wk;  // (K*d, D)
+  Mat wv;  // (K*d, D)
+  Mat wo;  // (D, H*d)
+};
+
+// fp32 weight gradients, same shapes as the weights. A strategy writes this rank's
+// contribution (its tokens); summing over the CP group gives the full gradient (the model's
+// ZeRO reduce-scatter does that).
+struct AttentionGrads {
+  Mat wq, wk, wv, wo;
+};
+
+struct StrategyContext {
+  Device& dev;
+  Communicator& comm;  // the CP group
+  AttentionConfig cfg;
+};
+
+class AttentionStrategy {
+ public:
+  explicit AttentionStrategy(const StrategyContext& ctx) : ctx_(ctx) {}
+  virtual ~AttentionStrategy() = default;
+
+  virtual std::string name() const = 0;
+  virtual SeqLayout layout() const = 0;
+  // x, y: (S/C, D) this rank's shard, rows in layout() order.
+  virtual void forward(const Mat& x, const AttentionWeights& w, const Mat& y) = 0;
+  // x, dy, dx: (S/C, D). Writes dx and g (this rank's contribution, overwritten).
+  virtual void backward(const Mat& x, const Mat& dy, const AttentionWeights& w, const Mat& dx,
+                        const AttentionGrads& g) = 0;
+  // Closed-form per-rank peak of the attention intermediates over forward + backward
+  // (docs/memory.md), in bytes.
+  virtual int64_t attn_formula_bytes() const = 0;
+
+  const AttentionConfig& cfg() const { return ctx_.cfg; }
+
+ protected:
+  Device& dev() { return ctx_.dev; }
+  Communicator& comm() { return ctx_.comm; }
+  StrategyContext ctx_;
+};
+
+// Validates cfg for `method` on comm.size() ranks (ConfigError with what to change) and builds
+// the strategy. Methods: local, ulysses, upipe, ring, usp, upipe-ring, fpdt, upipe-fpdt.
+std::unique_ptr<AttentionStrategy> make_strategy(const std::string& method,
+                                                 const StrategyContext& ctx);
+
+}  // namespace upipe

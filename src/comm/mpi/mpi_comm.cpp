@@ -1,0 +1,211 @@
+#include "comm/mpi/mpi_comm.h"
+
+#include <climits>
+#include <vector>
+
+#include "core/check.h"
+
+namespace upipe {
+namespace {
+
+void mpi_check(int rc, const char* call, const char* file, int line) {
+  if (rc == MPI_SUCCESS) return;
+  char err[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, err, &len);
+  fatal(file, line,
+        fmt::format("{} failed: {} — check that every rank runs the same configuration and "
+                    "that mpirun started all ranks",
+                    call, std::string(err, size_t(len))));
+}
+#define MPI_CHECK(call) mpi_check((call), #call, __FILE__, __LINE__)
+
+void abort_handler(int code) { MPI_Abort(MPI_COMM_WORLD, code); }
+
+// A count of `bytes` as (count, datatype) with count fitting an int: large messages use a
+// contiguous unit type so multi-GiB transfers work.
+struct ByteCount {
+  int count;
+  MPI_Datatype type;
+  bool owned;
+  explicit ByteCount(int64_t bytes) : count(0), type(MPI_BYTE), owned(false) {
+    if (bytes <= INT_MAX) {
+      count = int(bytes);
+      return;
+    }
+    int64_t unit = 1 << 20;
+    while (unit > 1 && bytes % unit != 0) unit >>= 1;
+    UPIPE_CHECK(bytes / unit <= INT_MAX, "message of {} bytes is too large to send", bytes);
+    MPI_CHECK(MPI_Type_contiguous(int(unit), MPI_BYTE, &type));
+    MPI_CHECK(MPI_Type_commit(&type));
+    owned = true;
+    count = int(bytes / unit);
+  }
+  ~ByteCount() {
+    if (owned) MPI_Type_free(&type);
+  }
+};
+
+int to_int(int64_t v, const char* what) {
+  UPIPE_CHECK(v >= 0 && v <= INT_MAX, "{} = {} does not fit an MPI int count", what, v);
+  return int(v);
+}
+
+void bf16_sum(void* in, void* inout, int* len, MPI_Datatype*) {
+  auto* a = static_cast<const uint16_t*>(in);
+  auto* b = static_cast<uint16_t*>(inout);
+  for (int i = 0; i < *len; ++i) b[i] = f32_to_bf16(bf16_to_f32(a[i]) + bf16_to_f32(b[i]));
+}
+
+void bf16_max(void* in, void* inout, int* len, MPI_Datatype*) {
+  auto* a = static_cast<const uint16_t*>(in);
+  auto* b = static_cast<uint16_t*>(inout);
+  for (int i = 0; i < *len; ++i)
+    if (bf16_to_f32(a[i]) > bf16_to_f32(b[i])) b[i] = a[i];
+}
+
+MPI_Op g_bf16_sum = MPI_OP_NULL, g_bf16_max = MPI_OP_NULL;
+
+std::pair<MPI_Datatype, MPI_Op> reduce_type(DType t, ReduceOp op) {
+  if (t == DType::kF32) return {MPI_FLOAT, op == ReduceOp::kSum ? MPI_SUM : MPI_MAX};
+  return {MPI_UINT16_T, op == ReduceOp::kSum ? g_bf16_sum : g_bf16_max};
+}
+
+class MpiWork final : public Work {
+ public:
+  MpiWork() = default;
+  ~MpiWork() override { wait(); }
+  void wait() override {
+    if (n_ == 0) return;
+    MPI_CHECK(MPI_Waitall(n_, reqs_, MPI_STATUSES_IGNORE));
+    n_ = 0;
+  }
+  MPI_Request* add() { return &reqs_[n_++]; }
+
+ private:
+  MPI_Request reqs_[2];
+  int n_ = 0;
+};
+
+constexpr int kP2pTag = 17;
+
+}  // namespace
+
+MpiRuntime::MpiRuntime(int* argc, char*** argv) {
+  int provided = 0;
+  MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided));
+  MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
+  int rank = 0;
+  MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
+  set_log_rank(rank);
+  set_fatal_handler(abort_handler);
+  MPI_CHECK(MPI_Op_create(bf16_sum, 1, &g_bf16_sum));
+  MPI_CHECK(MPI_Op_create(bf16_max, 1, &g_bf16_max));
+}
+
+MpiRuntime::~MpiRuntime() {
+  MPI_Op_free(&g_bf16_sum);
+  MPI_Op_free(&g_bf16_max);
+  set_fatal_handler(nullptr);
+  MPI_Finalize();
+}
+
+std::unique_ptr<Communicator> MpiRuntime::world() {
+  return std::make_unique<MpiCommunicator>(MPI_COMM_WORLD, false);
+}
+
+void MpiRuntime::abort_job(int exit_code) {
+  MPI_Abort(MPI_COMM_WORLD, exit_code);
+  std::abort();
+}
+
+MpiCommunicator::MpiCommunicator(MPI_Comm comm, bool owned) : comm_(comm), owned_(owned) {
+  MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+  MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
+  MPI_CHECK(MPI_Comm_size(comm_, &size_));
+}
+
+MpiCommunicator::~MpiCommunicator() {
+  if (owned_) MPI_Comm_free(&comm_);
+}
+
+void MpiCommunicator::all_to_all(const void* send, void* recv, int64_t bytes_per_rank) {
+  stats_.add(CommOp::kAllToAll, bytes_per_rank * (size_ - 1));
+  ByteCount c(bytes_per_rank);
+  MPI_CHECK(MPI_Alltoall(send, c.count, c.type, recv, c.count, c.type, comm_));
+}
+
+void MpiCommunicator::all_to_allv(const void* send, const int64_t* send_bytes,
+                                  const int64_t* send_displs, void* recv,
+                                  const int64_t* recv_bytes, const int64_t* recv_displs) {
+  std::vector<int> sc(static_cast<size_t>(size_)), sd(sc.size()), rc(sc.size()), rd(sc.size());
+  int64_t sent = 0;
+  for (int i = 0; i < size_; ++i) {
+    sc[i] = to_int(send_bytes[i], "all_to_allv send bytes");
+    sd[i] = to_int(send_displs[i], "all_to_allv send displacement");
+    rc[i] = to_int(recv_bytes[i], "all_to_allv recv bytes");
+    rd[i] = to_int(recv_displs[i], "all_to_allv recv displacement");
+    if (i != rank_) sent += send_bytes[i];
+  }
+  stats_.add(CommOp::kAllToAllV, sent);
+  MPI_CHECK(MPI_Alltoallv(send, sc.data(), sd.data(), MPI_BYTE, recv, rc.data(), rd.data(),
+                          MPI_BYTE, comm_));
+}
+
+void MpiCommunicator::all_gather(const void* send, void* recv, int64_t bytes_per_rank) {
+  stats_.add(CommOp::kAllGather, bytes_per_rank * (size_ - 1));
+  ByteCount c(bytes_per_rank);
+  MPI_CHECK(MPI_Allgather(send, c.count, c.type, recv, c.count, c.type, comm_));
+}
+
+void MpiCommunicator::reduce_scatter(const void* send, void* recv, int64_t count, DType t,
+                                     ReduceOp op) {
+  stats_.add(CommOp::kReduceScatter, count * dtype_size(t) * (size_ - 1));
+  auto [type, mop] = reduce_type(t, op);
+  MPI_CHECK(MPI_Reduce_scatter_block(send, recv, to_int(count, "reduce_scatter count"), type,
+                                     mop, comm_));
+}
+
+void MpiCommunicator::all_reduce(void* buf, int64_t count, DType t, ReduceOp op) {
+  const int64_t bytes = count * dtype_size(t);
+  stats_.add(CommOp::kAllReduce, size_ > 1 ? 2 * bytes * (size_ - 1) / size_ : 0);
+  auto [type, mop] = reduce_type(t, op);
+  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, to_int(count, "all_reduce count"), type, mop, comm_));
+}
+
+void MpiCommunicator::broadcast(void* buf, int64_t bytes, int root) {
+  stats_.add(CommOp::kBroadcast, rank_ == root ? bytes * (size_ - 1) : 0);
+  ByteCount c(bytes);
+  MPI_CHECK(MPI_Bcast(buf, c.count, c.type, root, comm_));
+}
+
+void MpiCommunicator::sendrecv(const void* send, int64_t send_bytes, int dst, void* recv,
+                               int64_t recv_bytes, int src) {
+  isendrecv(send, send_bytes, dst, recv, recv_bytes, src)->wait();
+}
+
+std::unique_ptr<Work> MpiCommunicator::isendrecv(const void* send, int64_t send_bytes, int dst,
+                                                 void* recv, int64_t recv_bytes, int src) {
+  stats_.add(CommOp::kSendRecv, dst == rank_ ? 0 : send_bytes);
+  auto w = std::make_unique<MpiWork>();
+  ByteCount rc(recv_bytes), sc(send_bytes);
+  MPI_CHECK(MPI_Irecv(recv, rc.count, rc.type, src, kP2pTag, comm_, w->add()));
+  MPI_CHECK(MPI_Isend(send, sc.count, sc.type, dst, kP2pTag, comm_, w->add()));
+  return w;
+}
+
+void MpiCommunicator::barrier() {
+  stats_.add(CommOp::kBarrier, 0);
+  MPI_CHECK(MPI_Barrier(comm_));
+}
+
+std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key, int group_size) {
+  MPI_Comm sub;
+  MPI_CHECK(MPI_Comm_split(comm_, color, key, &sub));
+  auto c = std::make_unique<MpiCommunicator>(sub, true);
+  UPIPE_CHECK(c->size() == group_size, "split gave a group of {} ranks, expected {}", c->size(),
+              group_size);
+  return c;
+}
+
+}  // namespace upipe

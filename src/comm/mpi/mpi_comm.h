@@ -1,0 +1,53 @@
+// The MPI backend (OpenMPI): one rank per process. MpiRuntime initialises MPI, installs the
+// fatal handler (MPI_Abort, so a failure on one rank ends the job instead of hanging the
+// others) and hands out the world communicator. Every MPI return code is checked.
+#pragma once
+
+#include <mpi.h>
+
+#include <memory>
+
+#include "comm/communicator.h"
+
+namespace upipe {
+
+class MpiRuntime {
+ public:
+  MpiRuntime(int* argc, char*** argv);
+  ~MpiRuntime();
+  MpiRuntime(const MpiRuntime&) = delete;
+  MpiRuntime& operator=(const MpiRuntime&) = delete;
+  std::unique_ptr<Communicator> world();
+  // Ends every rank of the job with exit_code. Never returns.
+  [[noreturn]] static void abort_job(int exit_code);
+};
+
+class MpiCommunicator final : public Communicator {
+ public:
+  explicit MpiCommunicator(MPI_Comm comm, bool owned);
+  ~MpiCommunicator() override;
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string backend() const override { return "mpi"; }
+  void all_to_all(const void* send, void* recv, int64_t bytes_per_rank) override;
+  void all_to_allv(const void* send, const int64_t* send_bytes, const int64_t* send_displs,
+                   void* recv, const int64_t* recv_bytes, const int64_t* recv_displs) override;
+  void all_gather(const void* send, void* recv, int64_t bytes_per_rank) override;
+  void reduce_scatter(const void* send, void* recv, int64_t count, DType t, ReduceOp op) override;
+  void all_reduce(void* buf, int64_t count, DType t, ReduceOp op) override;
+  void broadcast(void* buf, int64_t bytes, int root) override;
+  void sendrecv(const void* send, int64_t send_bytes, int dst, void* recv, int64_t recv_bytes,
+                int src) override;
+  std::unique_ptr<Work> isendrecv(const void* send, int64_t send_bytes, int dst, void* recv,
+                                  int64_t recv_bytes, int src) override;
+  void barrier() override;
+  std::unique_ptr<Communicator> split(int color, int key, int group_size) override;
+  MPI_Comm handle() const { return comm_; }
+
+ private:
+  MPI_Comm comm_;
+  bool owned_;
+  int rank_ = 0, size_ = 1;
+};
+
+}  // namespace upipe

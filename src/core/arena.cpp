@@ -1,0 +1,134 @@
+#include "core/arena.h"
+
+#include <fmt/format.h>
+
+#include "core/check.h"
+#include "core/errors.h"
+
+namespace upipe {
+
+const char* tag_name(Tag t) {
+  static const char* kNames[] = {"params", "grads",     "optim",       "act",        "qkv",
+                                 "a2a",    "attn_out",  "kv_resident", "attn_grad",  "ring",
+                                 "offload", "workspace", "mlp",         "logits",     "ckpt",
+                                 "other"};
+  static_assert(sizeof(kNames) / sizeof(kNames[0]) == kNumTags);
+  return kNames[static_cast<int>(t)];
+}
+
+int64_t TagBytes::sum(TagMask mask) const {
+  int64_t s = 0;
+  for (int i = 0; i < kNumTags; ++i)
+    if (mask & (TagMask(1) << i)) s += v[i];
+  return s;
+}
+
+std::string format_bytes(int64_t b) {
+  const double x = double(b);
+  if (b >= (int64_t(1) << 30)) return fmt::format("{:.2f} GiB", x / double(1 << 30));
+  if (b >= (int64_t(1) << 20)) return fmt::format("{:.2f} MiB", x / double(1 << 20));
+  if (b >= (int64_t(1) << 10)) return fmt::format("{:.1f} KiB", x / 1024.0);
+  return fmt::format("{} B", b);
+}
+
+Arena::Arena(std::string name, int64_t budget, Allocator& backing)
+    : name_(std::move(name)), budget_(budget), backing_(backing) {}
+
+Arena::~Arena() {
+  UPIPE_CHECK(current_ == 0, "arena '{}' destroyed with {} live bytes ({})", name_, current_,
+              describe(cur_));
+}
+
+std::string Arena::describe(const TagBytes& b) {
+  std::string s;
+  for (int i = 0; i < kNumTags; ++i) {
+    if (b.v[i] == 0) continue;
+    if (!s.empty()) s += ", ";
+    s += fmt::format("{}={}", tag_name(static_cast<Tag>(i)), format_bytes(b.v[i]));
+  }
+  return s.empty() ? "nothing" : s;
+}
+
+void* Arena::allocate(int64_t bytes, Tag tag) {
+  UPIPE_CHECK(bytes >= 0, "negative allocation of {} bytes", bytes);
+  if (current_ + bytes > budget_) {
+    std::string msg = fmt::format(
+        "out of memory in {} arena: tag '{}' requested {} ({} B) with {} of {} in use ({}); "
+        "raise the memory budget or choose a configuration with a smaller peak",
+        name_, tag_name(tag), format_bytes(bytes), bytes, format_bytes(current_),
+        format_bytes(budget_), describe(cur_));
+    throw OutOfMemoryError(msg, name_, tag_name(tag), bytes, describe(cur_));
+  }
+  void* p = backing_.allocate(bytes);
+  on_change(tag, bytes);
+  return p;
+}
+
+void Arena::release(void* p, int64_t bytes, Tag tag) {
+  backing_.release(p, bytes);
+  on_change(tag, -bytes);
+}
+
+void Arena::on_change(Tag tag, int64_t delta) {
+  cur_[tag] += delta;
+  current_ += delta;
+  UPIPE_DCHECK(cur_[tag] >= 0 && current_ >= 0);
+  if (cur_[tag] > tag_peak_[tag]) tag_peak_[tag] = cur_[tag];
+  if (current_ > peak_) {
+    peak_ = current_;
+    at_peak_ = cur_;
+  }
+  const TagMask bit = tag_bit(tag);
+  for (Watch& w : watches_) {
+    if (!w.active || !(w.mask & bit)) continue;
+    w.cur += delta;
+    if (w.cur > w.peak) w.peak = w.cur;
+  }
+}
+
+void Arena::reset_peak() {
+  peak_ = current_;
+  at_peak_ = cur_;
+  tag_peak_ = cur_;
+}
+
+int Arena::start_watch(TagMask mask) {
+  for (int i = 0; i < kMaxWatches; ++i) {
+    if (watches_[i].active) continue;
+    const int64_t c = cur_.sum(mask);
+    watches_[i] = Watch{mask, c, c, true};
+    return i;
+  }
+  UPIPE_CHECK(false, "more than {} arena watches at once", kMaxWatches);
+  return -1;
+}
+
+int64_t Arena::watch_peak(int id) const { return watches_.at(size_t(id)).peak; }
+
+void Arena::stop_watch(int id) { watches_.at(size_t(id)).active = false; }
+
+Buffer::Buffer(Arena& arena, int64_t bytes, Tag tag)
+    : arena_(&arena), data_(arena.allocate(bytes, tag)), bytes_(bytes), tag_(tag) {}
+
+Buffer& Buffer::operator=(Buffer&& o) noexcept {
+  if (this != &o) {
+    reset();
+    arena_ = o.arena_;
+    data_ = o.data_;
+    bytes_ = o.bytes_;
+    tag_ = o.tag_;
+    o.arena_ = nullptr;
+    o.data_ = nullptr;
+    o.bytes_ = 0;
+  }
+  return *this;
+}
+
+void Buffer::reset() {
+  if (arena_) arena_->release(data_, bytes_, tag_);
+  arena_ = nullptr;
+  data_ = nullptr;
+  bytes_ = 0;
+}
+
+}  // namespace upipe

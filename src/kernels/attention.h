@@ -1,0 +1,59 @@
+// Flash-style causal attention (tiled, online softmax; no S x S matrix ever exists), forward
+// and backward, with GQA and explicit strides.
+//
+// Layout: q is a (sq, hq*d) view and k, v are (sk, hk*d) views; head h occupies columns
+// [h*d, (h+1)*d), and query head h reads KV head h / (hq/hk). Row strides (Mat::ld) let
+// head-sharded and sequence-sharded slices be passed without copies. Query row i sits at global
+// position q_pos0 + i, key row j at k_pos0 + j; with causal masking key j is visible to query
+// i when k_pos0 + j <= q_pos0 + i. Ring and chunked strategies call the kernel on blocks.
+//
+// Rows that see no key get o = 0 and lse = -inf (and contribute nothing in backward).
+// Reduction-order contract: see attention_tiles.h.
+#pragma once
+
+#include "core/device.h"
+#include "core/tensor.h"
+
+namespace upipe {
+
+struct AttnProblem {
+  Mat q;  // (sq, hq*d)
+  Mat k;  // (sk, hk*d)
+  Mat v;  // (sk, hk*d)
+  int hq = 0, hk = 0, d = 0;
+  int64_t q_pos0 = 0, k_pos0 = 0;
+  bool causal = true;
+  float scale = 0.0f;  // 0 means 1/sqrt(d)
+
+  int64_t sq() const { return q.rows; }
+  int64_t sk() const { return k.rows; }
+  float softmax_scale() const;
+};
+
+// Normalised output: o (sq, hq*d) in q's dtype, lse (hq, sq) fp32 natural-log log-sum-exp.
+void attention_forward(Device& dev, const AttnProblem& p, const Mat& o, const Mat& lse);
+
+// Online-softmax continuation for chunked strategies: acc (sq, hq*d) fp32 holds the
+// un-normalised output sum_j exp(s_ij - m_i) v_j, m and l (hq, sq) fp32 the running row max
+// and row sum. Start from attention_accumulate_init(); end with attention_finalize().
+void attention_accumulate_init(Device& dev, const Mat& acc, const Mat& m, const Mat& l);
+void attention_forward_accumulate(Device& dev, const AttnProblem& p, const Mat& acc, const Mat& m,
+                                  const Mat& l);
+// o = acc / l (in o's dtype), lse = m + log(l); rows with l = 0 get o = 0, lse = -inf.
+void attention_finalize(Device& dev, const Mat& acc, const Mat& m, const Mat& l, int d,
+                        const Mat& o, const Mat& lse);
+
+// Merge of two partial results over disjoint key sets: (o, lse) <- merge((o, lse), (o2, lse2)).
+// o, o2: (sq, hq*d); lse, lse2: (hq, sq) fp32.
+void lse_merge(Device& dev, const Mat& o, const Mat& lse, const Mat& o2, const Mat& lse2, int d);
+
+// delta (hq, sq) fp32 = rowsum(do * o) per head: the backward's preprocessing, computed before
+// o is freed.
+void attention_delta(Device& dev, const Mat& o, const Mat& dout, int d, const Mat& delta);
+
+// Backward: accumulates (+=) into dq (sq, hq*d), dk and dv (sk, hk*d), all fp32. Needs the
+// forward's final lse and delta over all keys, so it can be called key block by key block.
+void attention_backward(Device& dev, const AttnProblem& p, const Mat& dout, const Mat& lse,
+                        const Mat& delta, const Mat& dq, const Mat& dk, const Mat& dv);
+
+}  // namespace upipe

@@ -1,0 +1,21 @@
+// CPU flash-attention kernels (internal to kernels/): tiles of attention_tiles.h, oneDNN sgemm
+// per tile, vectorised online softmax. Workspace comes from the caller (attention.cpp), sized
+// by attn_*_workspace_bytes().
+#pragma once
+
+#include "kernels/attention.h"
+
+namespace upipe::cpu {
+
+// If acc is null the call is a normalised forward (writes o, lse); otherwise it continues the
+// online softmax in acc/m/l.
+void attention_forward(const AttnProblem& p, const Mat* o, const Mat* lse, const Mat* acc,
+                       const Mat* m, const Mat* l, float* ws);
+void attention_backward(const AttnProblem& p, const Mat& dout, const Mat& lse, const Mat& delta,
+                        const Mat& dq, const Mat& dk, const Mat& dv, float* ws);
+void attention_delta(const Mat& o, const Mat& dout, int d, const Mat& delta);
+void attention_finalize(const Mat& acc, const Mat& m, const Mat& l, int d, const Mat& o,
+                        const Mat& lse);
+void lse_merge(const Mat& o, const Mat& lse, const Mat& o2, const Mat& lse2, int d);
+
+}  // namespace upipe::cpu

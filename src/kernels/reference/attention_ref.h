@@ -1,0 +1,108 @@
+// Naive causal GQA attention, forward and backward: one query row at a time, a score row of
+// sk values (never an S x S matrix), no tiling, no online softmax. Same layouts and masking
+// rules as kernels/attention.h.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "kernels/reference/ref_view.h"
+
+namespace upipe::ref {
+
+struct AttnDims {
+  int64_t sq, sk;
+  int hq, hk, d;
+  int64_t q_pos0 = 0, k_pos0 = 0;
+  bool causal = true;
+  double scale = 0;  // 0 means 1/sqrt(d)
+  double softmax_scale() const { return scale != 0 ? scale : 1.0 / std::sqrt(double(d)); }
+  bool visible(int64_t i, int64_t j) const { return !causal || k_pos0 + j <= q_pos0 + i; }
+};
+
+// Probabilities of query row i, head h, into p (sk); returns the log-sum-exp (-inf if none).
+template <class T>
+T attention_row(const AttnDims& a, const View<const T>& q, const View<const T>& k, int h,
+                int64_t i, std::vector<T>& p) {
+  const int kvh = h / (a.hq / a.hk);
+  const T scale = T(a.softmax_scale());
+  T mx = -std::numeric_limits<T>::infinity();
+  for (int64_t j = 0; j < a.sk; ++j) {
+    if (!a.visible(i, j)) {
+      p[j] = -std::numeric_limits<T>::infinity();
+      continue;
+    }
+    T s = 0;
+    for (int e = 0; e < a.d; ++e) s += q(i, int64_t(h) * a.d + e) * k(j, int64_t(kvh) * a.d + e);
+    p[j] = s * scale;
+    mx = std::max(mx, p[j]);
+  }
+  if (mx == -std::numeric_limits<T>::infinity()) {
+    std::fill(p.begin(), p.end(), T(0));
+    return mx;
+  }
+  T sum = 0;
+  for (int64_t j = 0; j < a.sk; ++j) {
+    p[j] = a.visible(i, j) ? std::exp(p[j] - mx) : T(0);
+    sum += p[j];
+  }
+  for (int64_t j = 0; j < a.sk; ++j) p[j] /= sum;
+  return mx + std::log(sum);
+}
+
+// o (sq, hq*d), lse (hq, sq).
+template <class T>
+void attention_forward(const AttnDims& a, const View<const T>& q, const View<const T>& k,
+                       const View<const T>& v, const View<T>& o, const View<T>& lse) {
+  std::vector<T> p(size_t(a.sk));
+  const int g = a.hq / a.hk;
+  for (int h = 0; h < a.hq; ++h) {
+    for (int64_t i = 0; i < a.sq; ++i) {
+      lse(h, i) = attention_row(a, q, k, h, i, p);
+      for (int e = 0; e < a.d; ++e) {
+        T s = 0;
+        for (int64_t j = 0; j < a.sk; ++j) s += p[j] * v(j, int64_t(h / g) * a.d + e);
+        o(i, int64_t(h) * a.d + e) = s;
+      }
+    }
+  }
+}
+
+// Accumulates (+=) dq (sq, hq*d), dk, dv (sk, hk*d). store_o rounds o the way the tested
+// implementation stores it (bf16 storage) before delta = rowsum(do * o) is formed.
+template <class T, class StoreO = T (*)(T)>
+void attention_backward(const AttnDims& a, const View<const T>& q, const View<const T>& k,
+                        const View<const T>& v, const View<const T>& dout, const View<T>& dq,
+                        const View<T>& dk, const View<T>& dv,
+                        StoreO store_o = [](T x) { return x; }) {
+  std::vector<T> p(size_t(a.sk)), orow(size_t(a.d));
+  const int g = a.hq / a.hk;
+  const T scale = T(a.softmax_scale());
+  for (int h = 0; h < a.hq; ++h) {
+    const int64_t qc = int64_t(h) * a.d, kc = int64_t(h / g) * a.d;
+    for (int64_t i = 0; i < a.sq; ++i) {
+      attention_row(a, q, k, h, i, p);
+      T delta = 0;
+      for (int e = 0; e < a.d; ++e) {
+        T s = 0;
+        for (int64_t j = 0; j < a.sk; ++j) s += p[j] * v(j, kc + e);
+        delta += store_o(s) * dout(i, qc + e);
+      }
+      for (int64_t j = 0; j < a.sk; ++j) {
+        if (p[j] == T(0)) continue;
+        T dp = 0;
+        for (int e = 0; e < a.d; ++e) dp += dout(i, qc + e) * v(j, kc + e);
+        const T ds = p[j] * (dp - delta) * scale;
+        for (int e = 0; e < a.d; ++e) {
+          dq(i, qc + e) += ds * k(j, kc + e);
+          dk(j, kc + e) += ds * q(i, qc + e);
+          dv(j, kc + e) += p[j] * dout(i, qc + e);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace upipe::ref

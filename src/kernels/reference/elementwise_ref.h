@@ -1,0 +1,94 @@
+// Naive references for RoPE, RMSNorm, SwiGLU and GEMM (see kernels/rope.h, rmsnorm.h,
+// swiglu.h, gemm.h for the contracts).
+#pragma once
+
+#include <cmath>
+
+#include "kernels/reference/ref_view.h"
+
+namespace upipe::ref {
+
+// Rotate-half RoPE on x (rows, heads*d): row r at position pos[r]; sign -1 applies the inverse
+// rotation (the backward).
+template <class T>
+void rope(const View<T>& x, int d, const int64_t* pos, double theta, int sign) {
+  const int64_t heads = x.cols / d;
+  for (int64_t r = 0; r < x.rows; ++r) {
+    for (int i = 0; i < d / 2; ++i) {
+      const double ang = double(pos[r]) * std::pow(theta, -2.0 * i / d);
+      const T c = T(std::cos(ang)), s = T(sign * std::sin(ang));
+      for (int64_t h = 0; h < heads; ++h) {
+        T& a = x(r, h * d + i);
+        T& b = x(r, h * d + i + d / 2);
+        const T x1 = a, x2 = b;
+        a = x1 * c - x2 * s;
+        b = x2 * c + x1 * s;
+      }
+    }
+  }
+}
+
+// y = x / sqrt(mean(x^2) + eps) * w, per row.
+template <class T>
+void rmsnorm_forward(const View<const T>& x, const T* w, double eps, const View<T>& y) {
+  for (int64_t r = 0; r < x.rows; ++r) {
+    T ss = 0;
+    for (int64_t c = 0; c < x.cols; ++c) ss += x(r, c) * x(r, c);
+    const T inv = T(1) / std::sqrt(ss / T(x.cols) + T(eps));
+    for (int64_t c = 0; c < x.cols; ++c) y(r, c) = x(r, c) * inv * w[c];
+  }
+}
+
+// dx = (w*dy)/rms - x * sum(w*dy*x) / (n rms^3); dw += sum_rows dy * x / rms.
+template <class T>
+void rmsnorm_backward(const View<const T>& x, const T* w, double eps, const View<const T>& dy,
+                      const View<T>& dx, T* dw) {
+  const T n = T(x.cols);
+  for (int64_t r = 0; r < x.rows; ++r) {
+    T ss = 0, dot = 0;
+    for (int64_t c = 0; c < x.cols; ++c) {
+      ss += x(r, c) * x(r, c);
+      dot += w[c] * dy(r, c) * x(r, c);
+    }
+    const T inv = T(1) / std::sqrt(ss / n + T(eps));
+    for (int64_t c = 0; c < x.cols; ++c) {
+      dx(r, c) = w[c] * dy(r, c) * inv - x(r, c) * dot * inv * inv * inv / n;
+      dw[c] += dy(r, c) * x(r, c) * inv;
+    }
+  }
+}
+
+// h = silu(a) * b.
+template <class T>
+void swiglu_forward(const View<const T>& a, const View<const T>& b, const View<T>& h) {
+  for (int64_t r = 0; r < a.rows; ++r)
+    for (int64_t c = 0; c < a.cols; ++c) {
+      const T sg = T(1) / (T(1) + std::exp(-a(r, c)));
+      h(r, c) = a(r, c) * sg * b(r, c);
+    }
+}
+
+template <class T>
+void swiglu_backward(const View<const T>& a, const View<const T>& b, const View<const T>& dh,
+                     const View<T>& da, const View<T>& db) {
+  for (int64_t r = 0; r < a.rows; ++r)
+    for (int64_t c = 0; c < a.cols; ++c) {
+      const T x = a(r, c), sg = T(1) / (T(1) + std::exp(-x));
+      da(r, c) = dh(r, c) * b(r, c) * sg * (T(1) + x * (T(1) - sg));
+      db(r, c) = dh(r, c) * x * sg;
+    }
+}
+
+// c = op(a) op(b), naive.
+template <class T>
+void gemm(const View<const T>& a, bool ta, const View<const T>& b, bool tb, const View<T>& c) {
+  const int64_t k = ta ? a.rows : a.cols;
+  for (int64_t i = 0; i < c.rows; ++i)
+    for (int64_t j = 0; j < c.cols; ++j) {
+      T s = 0;
+      for (int64_t p = 0; p < k; ++p) s += (ta ? a(p, i) : a(i, p)) * (tb ? b(j, p) : b(p, j));
+      c(i, j) = s;
+    }
+}
+
+}  // namespace upipe::ref

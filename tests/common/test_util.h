@@ -1,0 +1,82 @@
+// Helpers shared by the tests: fill tensors from the counter RNG, read them as fp64, compare.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "core/device.h"
+#include "core/rng.h"
+#include "core/tensor.h"
+#include "kernels/reference/ref_view.h"
+
+namespace upipe::test {
+
+inline void fill_normal(const Mat& m, uint64_t seed, double stddev = 1.0) {
+  std::vector<float> row(size_t(m.cols));
+  for (int64_t r = 0; r < m.rows; ++r) {
+    for (int64_t c = 0; c < m.cols; ++c)
+      row[size_t(c)] = float(stddev * normal_at(seed, uint64_t(r * m.cols + c)));
+    from_f32(row.data(), m.at(r, 0), m.dtype, m.cols);
+  }
+}
+
+inline void fill_value(const Mat& m, float v) {
+  std::vector<float> row(size_t(m.cols), v);
+  for (int64_t r = 0; r < m.rows; ++r) from_f32(row.data(), m.at(r, 0), m.dtype, m.cols);
+}
+
+// Row-major (rows, cols) copy as T.
+template <class T = double>
+std::vector<T> read(const Mat& m) {
+  std::vector<T> out(size_t(m.rows * m.cols));
+  std::vector<float> row(size_t(m.cols));
+  for (int64_t r = 0; r < m.rows; ++r) {
+    to_f32(m.at(r, 0), m.dtype, row.data(), m.cols);
+    for (int64_t c = 0; c < m.cols; ++c) out[size_t(r * m.cols + c)] = T(row[size_t(c)]);
+  }
+  return out;
+}
+
+template <class T>
+ref::View<T> view(std::vector<T>& v, int64_t rows, int64_t cols) {
+  return {v.data(), rows, cols, cols};
+}
+template <class T>
+ref::View<const T> cview(const std::vector<T>& v, int64_t rows, int64_t cols) {
+  return {v.data(), rows, cols, cols};
+}
+
+template <class A, class B>
+double max_abs_diff(const std::vector<A>& a, const std::vector<B>& b) {
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double x = double(a[i]), y = double(b[i]);
+    if (std::isinf(x) && std::isinf(y) && x == y) continue;
+    m = std::max(m, std::abs(x - y));
+  }
+  return m;
+}
+
+template <class A>
+double max_abs(const std::vector<A>& a) {
+  double m = 0;
+  for (const A& x : a)
+    if (std::isfinite(double(x))) m = std::max(m, std::abs(double(x)));
+  return m;
+}
+
+template <class T, class U>
+std::vector<T> cast(const std::vector<U>& v) {
+  return std::vector<T>(v.begin(), v.end());
+}
+
+// Values rounded through a storage dtype (what a bf16 tensor actually holds).
+inline std::vector<double> rounded(const std::vector<double>& v, DType t) {
+  std::vector<double> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i)
+    out[i] = t == DType::kF32 ? double(float(v[i])) : double(bf16_to_f32(f32_to_bf16(float(v[i]))));
+  return out;
+}
+
+}  // namespace upipe::test
