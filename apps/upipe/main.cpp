@@ -25,6 +25,10 @@ int main(int argc, char** argv) {
   bench->require_subcommand(1);
   CLI::App* kernel = bench->add_subcommand("kernel", "attention kernel vs GEMM on one rank");
   runners[kernel] = app::add_bench_kernel(*kernel);
+  CLI::App* battn = bench->add_subcommand("attention", "one strategy's forward + backward");
+  runners[battn] = app::add_bench_attention(*battn);
+  CLI::App* check = cli.add_subcommand("check", "verify a strategy against `local`");
+  runners[check] = app::add_check(*check);
 
   try {
     try {

@@ -5,6 +5,7 @@
 #include "kernels/attention.h"
 #include "kernels/attention_tiles.h"
 #include "kernels/gemm.h"
+#include "kernels/tensor_ops.h"
 
 namespace upipe {
 
@@ -83,9 +84,15 @@ void LocalAttention::backward(const Mat& x, const Mat& dy, const AttentionWeight
   const RowPositions pos = RowPositions::contiguous(s, 0);
   rope_backward(dev(), dq, int(d), pos, c.rope_theta);
   rope_backward(dev(), dk, int(d), pos, c.rope_theta);
-  gemm(dev(), dq, false, w.wq, false, dx);  // dx = dq Wq + dk Wk + dv Wv
-  gemm(dev(), dk, false, w.wk, false, dx, 1.0f, 1.0f);
-  gemm(dev(), dv, false, w.wv, false, dx, 1.0f, 1.0f);
+  // dx = dq Wq + dk Wk + dv Wv, accumulated in fp32 and rounded once when dx is bf16.
+  Tensor dxacc;
+  if (c.dtype != DType::kF32) dxacc = Tensor(mem, Tag::kAttnGrad, DType::kF32, s, c.model_dim());
+  const Mat dxout = c.dtype == DType::kF32 ? dx : dxacc.mat();
+  gemm(dev(), dq, false, w.wq, false, dxout);
+  gemm(dev(), dk, false, w.wk, false, dxout, 1.0f, 1.0f);
+  gemm(dev(), dv, false, w.wv, false, dxout, 1.0f, 1.0f);
+  if (c.dtype != DType::kF32) copy(dev(), dx, dxacc);
+  dxacc.reset();
   gemm(dev(), dq, true, x, false, g.wq);  // dWq = dq^T x
   gemm(dev(), dk, true, x, false, g.wk);
   gemm(dev(), dv, true, x, false, g.wv);
@@ -110,7 +117,8 @@ int64_t local_attn_peak_bytes(const AttentionConfig& c) {
   const int64_t do_proj = qkv + o + lse + dout + ws(s, c.heads * d, dm, t, t, t);
   const int64_t dwo = qkv + o + lse + dout + ws(dm, c.heads * d, s, t, t, f32);
   const int64_t attn_bwd = qkv + lse + dout + delta + dq + 2 * dkv + attn_bwd_workspace_bytes(d, t);
-  const int64_t dx_proj = dq + 2 * dkv + ws(s, dm, c.heads * d, f32, t, t);
+  const int64_t dxacc = t == f32 ? 0 : mat_bytes(s, dm, f32);
+  const int64_t dx_proj = dq + 2 * dkv + dxacc + ws(s, dm, c.heads * d, f32, t, f32);
   const int64_t dw_proj = dq + 2 * dkv + ws(c.heads * d, dm, s, f32, t, f32);
   return std::max({proj_q, proj_kv, attn_fwd, out_proj, do_proj, dwo, attn_bwd, dx_proj, dw_proj});
 }

@@ -14,6 +14,7 @@ class LocalAttention final : public AttentionStrategy {
   void backward(const Mat& x, const Mat& dy, const AttentionWeights& w, const Mat& dx,
                 const AttentionGrads& g) override;
   int64_t attn_formula_bytes() const override;
+  std::optional<CommStats> comm_expected() const override { return CommStats{}; }
 };
 
 // Peak attention-intermediate bytes of `local` (docs/memory.md), a pure function of cfg.

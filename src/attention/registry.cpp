@@ -1,6 +1,7 @@
 // make_strategy(): validation of a method's configuration and construction.
 #include <fmt/format.h>
 
+#include "attention/headwise.h"
 #include "attention/local.h"
 #include "attention/strategy.h"
 #include "core/errors.h"
@@ -18,6 +19,20 @@ std::unique_ptr<AttentionStrategy> make_strategy(const std::string& method,
           "with -np 1",
           c));
     return std::make_unique<LocalAttention>(ctx);
+  }
+  auto need_divisible = [&](int64_t by, const char* why) {
+    if (ctx.cfg.seq_len % by != 0)
+      throw ConfigError(fmt::format(
+          "seq-len ({}) must be divisible by {} ({}); try --seq-len {}", ctx.cfg.seq_len, by, why,
+          (ctx.cfg.seq_len / by + 1) * by));
+  };
+  if (method == "ulysses") {
+    need_divisible(c, "the number of ranks");
+    return std::make_unique<HeadwiseAttention>(ctx, "ulysses", ctx.cfg.heads);
+  }
+  if (method == "upipe") {
+    need_divisible(c, "the number of ranks");
+    return std::make_unique<HeadwiseAttention>(ctx, "upipe", ctx.cfg.head_chunk);
   }
   throw ConfigError(fmt::format(
       "unknown method '{}'; choose local, ulysses, upipe, ring, usp, upipe-ring, fpdt or "

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "attention/config.h"
@@ -54,11 +55,20 @@ class AttentionStrategy {
   // (docs/memory.md), in bytes.
   virtual int64_t attn_formula_bytes() const = 0;
 
+  // How results relate to `local` (the tolerance rule of `check`): data-movement strategies
+  // reproduce local's arithmetic up to the order of a few sums; merge-based ones combine
+  // partial softmax results and are bounded relative to the kernel's own error.
+  enum class ErrorClass { kDataMovement, kMerge };
+  virtual ErrorClass error_class() const { return ErrorClass::kDataMovement; }
+  // The collective calls and bytes this rank sends in one forward + backward, when the
+  // strategy documents them (tests compare them with the communicator's counters).
+  virtual std::optional<CommStats> comm_expected() const { return std::nullopt; }
+
   const AttentionConfig& cfg() const { return ctx_.cfg; }
 
  protected:
-  Device& dev() { return ctx_.dev; }
-  Communicator& comm() { return ctx_.comm; }
+  Device& dev() const { return ctx_.dev; }
+  Communicator& comm() const { return ctx_.comm; }
   StrategyContext ctx_;
 };
 

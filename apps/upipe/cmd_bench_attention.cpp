@@ -1,0 +1,85 @@
+// `upipe bench attention`: times forward + backward of one strategy across the ranks of the
+// job (after a warm-up iteration), and reports time, throughput and memory.
+#include <algorithm>
+#include <nlohmann/json.hpp>
+
+#include "apps/upipe/commands.h"
+#include "attention/harness.h"
+#include "core/errors.h"
+
+namespace upipe::app {
+namespace {
+
+struct Options {
+  ShapeOptions shape;
+  std::string method = "upipe";
+  int iters = 3;
+  std::string budget = "1T";
+  bool json = false;
+};
+
+int run(Process& proc, const Options& opt) {
+  const AttentionConfig cfg = opt.shape.config();
+  if (opt.iters < 1) throw ConfigError("--iters must be at least 1");
+  const int64_t budget = parse_bytes(opt.budget);
+  Device dev({DeviceKind::kCpu, budget, budget});
+  auto strat = make_strategy(opt.method, {dev, proc.world, cfg});
+  BlockTensors t = make_block_tensors(dev, cfg, strat->layout().positions(proc.rank()), 1);
+  run_block(*strat, dev, t);  // warm-up
+  double fwd = 1e30, bwd = 1e30;
+  BlockRun last;
+  for (int i = 0; i < opt.iters; ++i) {
+    proc.world.barrier();
+    last = run_block(*strat, dev, t);
+    // The slowest rank sets the pace.
+    float times[2] = {float(last.fwd_s), float(last.bwd_s)};
+    proc.world.all_reduce(times, 2, DType::kF32, ReduceOp::kMax);
+    fwd = std::min(fwd, double(times[0]));
+    bwd = std::min(bwd, double(times[1]));
+  }
+  std::vector<int64_t> mine{last.peak_bytes, last.attn_peak_bytes}, all(size_t(2 * proc.world.size()));
+  proc.world.all_gather(mine.data(), all.data(), 2 * sizeof(int64_t));
+  int64_t peak = 0, attn = 0;
+  for (int j = 0; j < proc.world.size(); ++j) {
+    peak = std::max(peak, all[size_t(2 * j)]);
+    attn = std::max(attn, all[size_t(2 * j + 1)]);
+  }
+  if (!proc.root()) return 0;
+  nlohmann::json tags = nlohmann::json::object();
+  for (int i = 0; i < kNumTags; ++i)
+    if (last.peak_by_tag.v[size_t(i)] != 0) tags[tag_name(Tag(i))] = last.peak_by_tag.v[size_t(i)];
+  const double tps = double(cfg.seq_len) / (fwd + bwd);
+  nlohmann::json j = {{"method", opt.method},        {"ranks", proc.world.size()},
+                      {"seq_len", cfg.seq_len},      {"heads", cfg.heads},
+                      {"kv_heads", cfg.kv_heads},    {"head_dim", cfg.head_dim},
+                      {"head_chunk", cfg.head_chunk}, {"ulysses_degree", cfg.ulysses_degree},
+                      {"chunks", cfg.chunks},        {"dtype", dtype_name(cfg.dtype)},
+                      {"iters", opt.iters},          {"fwd_s", fwd},
+                      {"bwd_s", bwd},                {"tokens_per_s", tps},
+                      {"peak_bytes", peak},          {"peak_by_tag", tags},
+                      {"attn_peak_bytes", attn},     {"attn_formula_bytes", strat->attn_formula_bytes()}};
+  if (opt.json) {
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    std::printf("%s on %d rank(s), S=%lld: forward %.3f s, backward %.3f s, %.0f tokens/s\n",
+                opt.method.c_str(), proc.world.size(), (long long)cfg.seq_len, fwd, bwd, tps);
+    std::printf("  peak %s, attention intermediates %s (formula %s)\n", format_bytes(peak).c_str(),
+                format_bytes(attn).c_str(), format_bytes(strat->attn_formula_bytes()).c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+Runner add_bench_attention(CLI::App& cmd) {
+  auto opt = std::make_shared<Options>();
+  opt->shape.seq_len = 16384;
+  cmd.add_option("--method,-m", opt->method, "strategy to time")->capture_default_str();
+  add_shape_options(cmd, opt->shape, true);
+  cmd.add_option("--iters", opt->iters, "timed iterations (minimum reported)")->capture_default_str();
+  cmd.add_option("--memory-budget", opt->budget, "device arena budget per rank")->capture_default_str();
+  cmd.add_flag("--json", opt->json, "print one JSON object (rank 0)");
+  return [opt](Process& p) { return run(p, *opt); };
+}
+
+}  // namespace upipe::app

@@ -1,0 +1,46 @@
+// Verification of a strategy against the single-rank `local` oracle (`upipe check` and the
+// multi-rank tests): runs the strategy forward + backward on this rank's shard of deterministic
+// inputs, gathers y and dx, sums the weight gradients over the group, runs `local` on the whole
+// sequence on rank 0 and compares, with tolerances from a stated rule:
+//   data movement (ulysses, upipe): |err| <= 16 eps_fp32 max|local| for fp32 tensors (the
+//       weight gradients always) and 2 eps_bf16 max|local| for bf16-stored y, dx: only the order
+//       of a few sums differs (stage slices of Wo, the group's sum of gradient shards), so a
+//       handful of ulp of the largest value, or one rounding flip in bf16;
+//   merge (ring, fpdt): |err| <= 4 |local - fp64| + the above, with |local - fp64| the oracle's
+//       own error against the naive fp64 block: merging partial softmax results changes the
+//       arithmetic, so the bound is relative to what the kernel's precision allows.
+// Every rank returns the same result.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+
+#include "attention/strategy.h"
+
+namespace upipe {
+
+struct CheckOptions {
+  uint64_t seed = 1;
+  int64_t device_budget = int64_t(1) << 40;
+};
+
+struct CheckResult {
+  std::string method;
+  int ranks = 1;
+  bool passed = false;
+  std::string rule;
+  std::map<std::string, double> max_abs_err, tolerance;  // y, dx, dwq, dwk, dwv, dwo
+  int64_t peak_bytes = 0;       // max over ranks
+  TagBytes peak_by_tag;         // of rank 0, at its peak
+  int64_t attn_peak_bytes = 0;  // max over ranks
+  int64_t attn_formula_bytes = 0;
+  CommStats comm;  // rank 0, one forward + backward
+  std::optional<CommStats> comm_expected;
+  double fwd_s = 0, bwd_s = 0;
+};
+
+CheckResult check_strategy(const std::string& method, const AttentionConfig& cfg,
+                           Communicator& world, const CheckOptions& opt = {});
+
+}  // namespace upipe

@@ -1,0 +1,19 @@
+#include "attention/head_core.h"
+
+#include "kernels/attention_tiles.h"
+
+namespace upipe {
+
+void LocalCore::forward(const AttnProblem& p, const Mat& o, const Mat& lse) {
+  attention_forward(dev_, p, o, lse);
+}
+
+void LocalCore::backward(const AttnProblem& p, const Mat& dout, const Mat& lse, const Mat& delta,
+                         const Mat& dq, const Mat& dk, const Mat& dv) {
+  attention_backward(dev_, p, dout, lse, delta, dq, dk, dv);
+}
+
+int64_t LocalCore::forward_bytes(int, int) const { return attn_fwd_workspace_bytes(d_, t_); }
+int64_t LocalCore::backward_bytes(int, int) const { return attn_bwd_workspace_bytes(d_, t_); }
+
+}  // namespace upipe

@@ -1,0 +1,41 @@
+// The attention a head-sharded strategy runs after its forward all-to-all: on q (n, hq*d) and
+// resident k, v (n, hk*d) over the n tokens its all-to-all group holds. LocalCore calls the
+// kernel on the whole sequence (Ulysses, UPipe); a ring core (USP, UPipe+ring) rotates K/V
+// between groups. The core also reports the device bytes it allocates, for the formulas.
+#pragma once
+
+#include "core/device.h"
+#include "kernels/attention.h"
+
+namespace upipe {
+
+class HeadCore {
+ public:
+  virtual ~HeadCore() = default;
+  // p.q, p.k, p.v are head-sharded views; positions in p are ignored by cores that know their
+  // own token placement.
+  virtual void forward(const AttnProblem& p, const Mat& o, const Mat& lse) = 0;
+  // Accumulates into fp32 dq, dk, dv.
+  virtual void backward(const AttnProblem& p, const Mat& dout, const Mat& lse, const Mat& delta,
+                        const Mat& dq, const Mat& dk, const Mat& dv) = 0;
+  // Peak bytes allocated inside one forward / backward call with hq query and hk KV heads.
+  virtual int64_t forward_bytes(int hq, int hk) const = 0;
+  virtual int64_t backward_bytes(int hq, int hk) const = 0;
+};
+
+class LocalCore final : public HeadCore {
+ public:
+  LocalCore(Device& dev, int d, DType t) : dev_(dev), d_(d), t_(t) {}
+  void forward(const AttnProblem& p, const Mat& o, const Mat& lse) override;
+  void backward(const AttnProblem& p, const Mat& dout, const Mat& lse, const Mat& delta,
+                const Mat& dq, const Mat& dk, const Mat& dv) override;
+  int64_t forward_bytes(int, int) const override;
+  int64_t backward_bytes(int, int) const override;
+
+ private:
+  Device& dev_;
+  int d_;
+  DType t_;
+};
+
+}  // namespace upipe

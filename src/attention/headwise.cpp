@@ -1,0 +1,323 @@
+#include "attention/headwise.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "kernels/gemm.h"
+#include "kernels/tensor_ops.h"
+
+namespace upipe {
+namespace {
+
+// Block j of a buffer that holds contiguous (rows, cols) matrices back to back.
+Mat block(const Buffer& buf, DType t, int64_t rows, int64_t cols, int j) {
+  return Mat{static_cast<char*>(buf.data()) + int64_t(j) * rows * cols * dtype_size(t), t, rows,
+             cols, cols};
+}
+
+}  // namespace
+
+// The buffers one forward or backward allocates once and reuses in every stage. n = S rows
+// after the all-to-all, m query heads per rank per stage, R resident KV heads.
+struct HeadwiseAttention::Buffers {
+  Tensor kres, vres;    // (n, R*d)          kv_resident
+  Tensor dkres, dvres;  // (n, R*d) fp32     attn_grad (backward)
+  Buffer a2a;           // C blocks (S/C, m*d), fp32-sized in backward   a2a
+  Tensor q, o;          // (n, m*d)          qkv, attn_out
+  Tensor lse;           // (m, n) fp32       attn_out
+  Tensor dout;          // (n, m*d)          attn_grad (backward)
+  Tensor delta;         // (m, n) fp32       attn_grad (backward)
+  Tensor dq;            // (n, m*d) fp32     attn_grad (backward)
+};
+
+HeadwiseAttention::HeadwiseAttention(const StrategyContext& ctx, std::string name, int head_chunk)
+    : AttentionStrategy(ctx),
+      name_(std::move(name)),
+      sch_(make_upipe_schedule(ctx.cfg, ctx.comm.size(), head_chunk)),
+      core_(std::make_unique<LocalCore>(ctx.dev, ctx.cfg.head_dim, ctx.cfg.dtype)),
+      pos_(layout().positions(ctx.comm.rank())) {}
+
+SeqLayout HeadwiseAttention::layout() const {
+  return SeqLayout{LayoutKind::kContiguous, cfg().seq_len, comm().size(), 1};
+}
+
+std::vector<HeadwiseAttention::HeadRun> HeadwiseAttention::runs(int stage) const {
+  const int m = sch_.m, g = sch_.group;
+  if (sch_.replicated()) return {{0, m, 0, 1}};
+  const int base = (stage % sch_.stages_per_set) * m;  // offset within the rank's set heads
+  if (m % g == 0) return {{0, m, base / g, m / g}};
+  std::vector<HeadRun> r;
+  for (int i = 0; i < m;) {
+    const int kv = (base + i) / g;
+    const int end = std::min(m, (kv + 1) * g - base);
+    r.push_back({i, end - i, kv, 1});
+    i = end;
+  }
+  return r;
+}
+
+void HeadwiseAttention::fetch_kv(const Mat& x, const AttentionWeights& w, int set, Buffers& b) {
+  const AttentionConfig& c = cfg();
+  const int cr = sch_.ranks, d = c.head_dim;
+  const int64_t sl = x.rows;
+  const DType t = c.dtype;
+  const double theta = c.rope_theta;
+  if (!sch_.replicated()) {
+    const int r = sch_.kv_per_rank;
+    for (int pass = 0; pass < 2; ++pass) {
+      const Mat& wmat = pass == 0 ? w.wk : w.wv;
+      for (int j = 0; j < cr; ++j) {
+        const Mat blk = block(b.a2a, t, sl, int64_t(r) * d, j);
+        gemm(dev(), x, false, wmat.rows_of(int64_t(sch_.kv_head(set, j)) * d, int64_t(r) * d), true, blk);
+        if (pass == 0) rope_forward(dev(), blk, d, pos_, theta);
+      }
+      comm().all_to_all(b.a2a.data(), (pass == 0 ? b.kres : b.vres).data(), mat_bytes(sl, int64_t(r) * d, t));
+    }
+    return;
+  }
+  // K < C: project each KV head once; the all-to-allv sends head j / (C/K) to rank j.
+  const int k = c.kv_heads, rep = cr / k;
+  const int64_t blk_bytes = mat_bytes(sl, d, t);
+  const size_t ucr = static_cast<size_t>(cr);
+  std::vector<int64_t> sb(ucr, blk_bytes), sd(ucr), rb(ucr, blk_bytes), rd(ucr);
+  for (int j = 0; j < cr; ++j) {
+    sd[size_t(j)] = (j / rep) * blk_bytes;
+    rd[size_t(j)] = j * blk_bytes;
+  }
+  for (int pass = 0; pass < 2; ++pass) {
+    const Mat& wmat = pass == 0 ? w.wk : w.wv;
+    for (int a = 0; a < k; ++a) {
+      const Mat blk = block(b.a2a, t, sl, d, a);
+      gemm(dev(), x, false, wmat.rows_of(int64_t(a) * d, d), true, blk);
+      if (pass == 0) rope_forward(dev(), blk, d, pos_, theta);
+    }
+    comm().all_to_allv(b.a2a.data(), sb.data(), sd.data(), (pass == 0 ? b.kres : b.vres).data(),
+                       rb.data(), rd.data());
+  }
+}
+
+void HeadwiseAttention::project_q(const Mat& x, const AttentionWeights& w, int stage, Buffers& b) {
+  const AttentionConfig& c = cfg();
+  const int d = c.head_dim, m = sch_.m;
+  const int64_t sl = x.rows;
+  for (int j = 0; j < sch_.ranks; ++j) {
+    const Mat blk = block(b.a2a, c.dtype, sl, int64_t(m) * d, j);
+    gemm(dev(), x, false, w.wq.rows_of(int64_t(sch_.q_head(stage, j)) * d, int64_t(m) * d), true, blk);
+    rope_forward(dev(), blk, d, pos_, c.rope_theta);
+  }
+  comm().all_to_all(b.a2a.data(), b.q.data(), mat_bytes(sl, int64_t(m) * d, c.dtype));
+}
+
+void HeadwiseAttention::attend_forward(int stage, Buffers& b) {
+  const int d = cfg().head_dim;
+  for (const HeadRun& r : runs(stage)) {
+    AttnProblem p{b.q.mat().cols_of(int64_t(r.q0) * d, int64_t(r.nh) * d),
+                  b.kres.mat().cols_of(int64_t(r.k0) * d, int64_t(r.nk) * d),
+                  b.vres.mat().cols_of(int64_t(r.k0) * d, int64_t(r.nk) * d), r.nh, r.nk, d};
+    core_->forward(p, b.o.mat().cols_of(int64_t(r.q0) * d, int64_t(r.nh) * d),
+                   b.lse.mat().rows_of(r.q0, r.nh));
+  }
+}
+
+void HeadwiseAttention::forward(const Mat& x, const AttentionWeights& w, const Mat& y) {
+  const AttentionConfig& c = cfg();
+  const int64_t sl = x.rows, n = sl * sch_.ranks, d = c.head_dim, md = int64_t(sch_.m) * d;
+  const int64_t rd = int64_t(sch_.kv_per_rank) * d;
+  const DType t = c.dtype;
+  Arena& mem = dev().mem();
+  Buffers b;
+  b.kres = Tensor(mem, Tag::kKvResident, t, n, rd);
+  b.vres = Tensor(mem, Tag::kKvResident, t, n, rd);
+  b.a2a = Buffer(mem, n * md * dtype_size(t), Tag::kA2a);
+  b.q = Tensor(mem, Tag::kQkv, t, n, md);
+  b.o = Tensor(mem, Tag::kAttnOut, t, n, md);
+  b.lse = Tensor(mem, Tag::kAttnOut, DType::kF32, sch_.m, n);
+  // y collects one partial product per stage and rank; in bf16 it is accumulated in fp32 and
+  // rounded once, as local's single GEMM does.
+  Tensor yacc;
+  if (t != DType::kF32) yacc = Tensor(mem, Tag::kAttnOut, DType::kF32, sl, c.model_dim());
+  const Mat yout = t == DType::kF32 ? y : yacc.mat();
+  for (int s = 0; s < sch_.stages(); ++s) {
+    if (sch_.starts_set(s)) fetch_kv(x, w, sch_.set_of(s), b);
+    project_q(x, w, s, b);
+    attend_forward(s, b);
+    comm().all_to_all(b.o.data(), b.a2a.data(), mat_bytes(sl, md, t));
+    for (int j = 0; j < sch_.ranks; ++j) {
+      const Mat wo = w.wo.cols_of(int64_t(sch_.q_head(s, j)) * d, md);
+      gemm(dev(), block(b.a2a, t, sl, md, j), false, wo, true, yout, 1.0f, s == 0 && j == 0 ? 0.0f : 1.0f);
+    }
+  }
+  if (t != DType::kF32) copy(dev(), y, yacc);
+}
+
+void HeadwiseAttention::return_kv(const Mat& x, const AttentionWeights& w, int set, Buffers& b,
+                                  const Mat& dx, const AttentionGrads& g, bool& first_dx) {
+  const AttentionConfig& c = cfg();
+  const int cr = sch_.ranks, d = c.head_dim;
+  const int64_t sl = x.rows;
+  const DType f32 = DType::kF32;
+  auto apply = [&](const Mat& grad, const Mat& wrows, const Mat& grows) {
+    gemm(dev(), grad, false, wrows, false, dx, 1.0f, first_dx ? 0.0f : 1.0f);  // dx += dk Wk
+    first_dx = false;
+    gemm(dev(), grad, true, x, false, grows);  // dWk rows = dk^T x
+  };
+  for (int pass = 0; pass < 2; ++pass) {
+    const Tensor& src = pass == 0 ? b.dkres : b.dvres;
+    const Mat& wmat = pass == 0 ? w.wk : w.wv;
+    const Mat& gmat = pass == 0 ? g.wk : g.wv;
+    if (!sch_.replicated()) {
+      const int64_t rd = int64_t(sch_.kv_per_rank) * d;
+      comm().all_to_all(src.data(), b.a2a.data(), mat_bytes(sl, rd, f32));
+      for (int j = 0; j < cr; ++j) {
+        const Mat blk = block(b.a2a, f32, sl, rd, j);
+        if (pass == 0) rope_backward(dev(), blk, d, pos_, c.rope_theta);
+        const int64_t row0 = int64_t(sch_.kv_head(set, j)) * d;
+        apply(blk, wmat.rows_of(row0, rd), gmat.rows_of(row0, rd));
+      }
+      continue;
+    }
+    // K < C: block j holds the contribution of rank j's replica; sum the replicas of each head.
+    comm().all_to_all(src.data(), b.a2a.data(), mat_bytes(sl, d, f32));
+    const int rep = cr / c.kv_heads;
+    for (int a = 0; a < c.kv_heads; ++a) {
+      const Mat sum = block(b.a2a, f32, sl, d, a * rep);
+      for (int j = a * rep + 1; j < (a + 1) * rep; ++j) add_into(dev(), sum, block(b.a2a, f32, sl, d, j));
+      if (pass == 0) rope_backward(dev(), sum, d, pos_, c.rope_theta);
+      apply(sum, wmat.rows_of(int64_t(a) * d, d), gmat.rows_of(int64_t(a) * d, d));
+    }
+  }
+}
+
+void HeadwiseAttention::backward(const Mat& x, const Mat& dy, const AttentionWeights& w,
+                                 const Mat& dx, const AttentionGrads& g) {
+  const AttentionConfig& c = cfg();
+  const int64_t sl = x.rows, n = sl * sch_.ranks, d = c.head_dim, md = int64_t(sch_.m) * d;
+  const int64_t rd = int64_t(sch_.kv_per_rank) * d;
+  const DType t = c.dtype, f32 = DType::kF32;
+  Arena& mem = dev().mem();
+  Buffers b;
+  b.kres = Tensor(mem, Tag::kKvResident, t, n, rd);
+  b.vres = Tensor(mem, Tag::kKvResident, t, n, rd);
+  b.dkres = Tensor(mem, Tag::kAttnGrad, f32, n, rd);
+  b.dvres = Tensor(mem, Tag::kAttnGrad, f32, n, rd);
+  b.a2a = Buffer(mem, n * md * 4, Tag::kA2a);
+  b.q = Tensor(mem, Tag::kQkv, t, n, md);
+  b.o = Tensor(mem, Tag::kAttnOut, t, n, md);
+  b.lse = Tensor(mem, Tag::kAttnOut, f32, sch_.m, n);
+  b.dout = Tensor(mem, Tag::kAttnGrad, t, n, md);
+  b.delta = Tensor(mem, Tag::kAttnGrad, f32, sch_.m, n);
+  b.dq = Tensor(mem, Tag::kAttnGrad, f32, n, md);
+  Tensor dxacc;  // fp32 accumulation of dx in bf16, as in forward
+  if (t != f32) dxacc = Tensor(mem, Tag::kAttnGrad, f32, sl, c.model_dim());
+  const Mat dxout = t == f32 ? dx : dxacc.mat();
+  bool first_dx = true;
+  for (int s = 0; s < sch_.stages(); ++s) {
+    const int set = sch_.set_of(s);
+    if (sch_.starts_set(s)) {
+      fetch_kv(x, w, set, b);
+      zero(dev(), b.dkres);
+      zero(dev(), b.dvres);
+    }
+    project_q(x, w, s, b);
+    attend_forward(s, b);
+    // do = dy Wo[:, stage heads], projected into the all-to-all layout and sent head-sharded.
+    for (int j = 0; j < sch_.ranks; ++j)
+      gemm(dev(), dy, false, w.wo.cols_of(int64_t(sch_.q_head(s, j)) * d, md), false,
+           block(b.a2a, t, sl, md, j));
+    comm().all_to_all(b.a2a.data(), b.dout.data(), mat_bytes(sl, md, t));
+    // dWo[:, stage heads] = dy^T o needs o back in sequence layout.
+    comm().all_to_all(b.o.data(), b.a2a.data(), mat_bytes(sl, md, t));
+    for (int j = 0; j < sch_.ranks; ++j)
+      gemm(dev(), dy, true, block(b.a2a, t, sl, md, j), false,
+           g.wo.cols_of(int64_t(sch_.q_head(s, j)) * d, md));
+    attention_delta(dev(), b.o, b.dout, int(d), b.delta);
+    zero(dev(), b.dq);
+    for (const HeadRun& r : runs(s)) {
+      const int64_t qc = int64_t(r.q0) * d, qn = int64_t(r.nh) * d;
+      const int64_t kc = int64_t(r.k0) * d, kn = int64_t(r.nk) * d;
+      AttnProblem p{b.q.mat().cols_of(qc, qn), b.kres.mat().cols_of(kc, kn),
+                    b.vres.mat().cols_of(kc, kn), r.nh, r.nk, int(d)};
+      core_->backward(p, b.dout.mat().cols_of(qc, qn), b.lse.mat().rows_of(r.q0, r.nh),
+                      b.delta.mat().rows_of(r.q0, r.nh), b.dq.mat().cols_of(qc, qn),
+                      b.dkres.mat().cols_of(kc, kn), b.dvres.mat().cols_of(kc, kn));
+    }
+    // dq back to sequence layout; RoPE backward; dx += dq Wq[stage rows]; dWq[stage rows].
+    comm().all_to_all(b.dq.data(), b.a2a.data(), mat_bytes(sl, md, f32));
+    for (int j = 0; j < sch_.ranks; ++j) {
+      const Mat blk = block(b.a2a, f32, sl, md, j);
+      rope_backward(dev(), blk, int(d), pos_, c.rope_theta);
+      const int64_t row0 = int64_t(sch_.q_head(s, j)) * d;
+      gemm(dev(), blk, false, w.wq.rows_of(row0, md), false, dxout, 1.0f, first_dx ? 0.0f : 1.0f);
+      first_dx = false;
+      gemm(dev(), blk, true, x, false, g.wq.rows_of(row0, md));
+    }
+    if ((s + 1) % sch_.stages_per_set == 0) return_kv(x, w, set, b, dxout, g, first_dx);
+  }
+  if (t != f32) copy(dev(), dx, dxacc);
+}
+
+int64_t headwise_attn_peak_bytes(const AttentionConfig& c, const UpipeSchedule& s,
+                                 const HeadCore& core) {
+  const int64_t sl = c.seq_len / s.ranks, n = c.seq_len, d = c.head_dim, dm = c.model_dim();
+  const int64_t md = int64_t(s.m) * d, rd = int64_t(s.kv_per_rank) * d;
+  const int64_t pd = s.replicated() ? d : rd;  // rows of Wk/Wv one projection GEMM produces
+  const DType t = c.dtype, f32 = DType::kF32;
+  auto ws = gemm_workspace_bytes;
+  // Largest transient: the attention core or a bf16 GEMM staging buffer.
+  int64_t core_f = 0, core_b = 0;
+  const int m = s.m, g = s.group;
+  const int nh = s.replicated() || m % g == 0 ? m : std::min(m, g);
+  const int nk = s.replicated() || m % g != 0 ? 1 : m / g;
+  core_f = core.forward_bytes(nh, nk);
+  core_b = core.backward_bytes(nh, nk);
+  const int64_t ws_fwd = std::max({core_f, ws(sl, md, dm, t, t, t), ws(sl, pd, dm, t, t, t),
+                                   ws(sl, dm, md, t, t, f32)});
+  const int64_t ws_bwd = std::max({core_f, core_b, ws(sl, md, dm, t, t, t), ws(sl, pd, dm, t, t, t),
+                                   ws(dm, md, sl, t, t, f32), ws(sl, dm, md, f32, t, f32),
+                                   ws(md, dm, sl, f32, t, f32), ws(sl, dm, pd, f32, t, f32),
+                                   ws(pd, dm, sl, f32, t, f32)});
+  const int64_t kv = 2 * mat_bytes(n, rd, t), lse = mat_bytes(s.m, n, f32);
+  const int64_t acc = t == f32 ? 0 : mat_bytes(sl, dm, f32);  // fp32 y / dx accumulator (bf16)
+  const int64_t fwd = kv + n * md * dtype_size(t) + 2 * mat_bytes(n, md, t) + lse + acc + ws_fwd;
+  const int64_t bwd = kv + 2 * mat_bytes(n, rd, f32) + n * md * 4 + 3 * mat_bytes(n, md, t) +
+                      2 * lse + mat_bytes(n, md, f32) + acc + ws_bwd;
+  return std::max(fwd, bwd);
+}
+
+int64_t HeadwiseAttention::attn_formula_bytes() const {
+  return headwise_attn_peak_bytes(cfg(), sch_, *core_);
+}
+
+std::optional<CommStats> HeadwiseAttention::comm_expected() const {
+  return headwise_comm_expected(cfg(), sch_);
+}
+
+CommStats headwise_comm_expected(const AttentionConfig& c, const UpipeSchedule& s) {
+  CommStats st;
+  const int cr = s.ranks;
+  const int64_t sl = c.seq_len / cr, d = c.head_dim, md = int64_t(s.m) * d;
+  const int64_t b = dtype_size(c.dtype), others = cr - 1;
+  const int64_t kv_blk = sl * (s.replicated() ? d : int64_t(s.kv_per_rank) * d);
+  const CommOp kv_op = s.replicated() ? CommOp::kAllToAllV : CommOp::kAllToAll;
+  for (int pass = 0; pass < 2; ++pass) {  // forward, then backward (which recomputes)
+    for (int set = 0; set < s.sets; ++set) {
+      st.add(kv_op, kv_blk * b * others);  // k
+      st.add(kv_op, kv_blk * b * others);  // v
+      if (pass == 1) {
+        st.add(CommOp::kAllToAll, kv_blk * 4 * others);  // dk
+        st.add(CommOp::kAllToAll, kv_blk * 4 * others);  // dv
+      }
+    }
+    for (int stage = 0; stage < s.stages(); ++stage) {
+      st.add(CommOp::kAllToAll, sl * md * b * others);  // q
+      st.add(CommOp::kAllToAll, sl * md * b * others);  // o back
+      if (pass == 1) {
+        st.add(CommOp::kAllToAll, sl * md * b * others);  // do
+        st.add(CommOp::kAllToAll, sl * md * 4 * others);  // dq back
+      }
+    }
+  }
+  return st;
+}
+
+}  // namespace upipe

@@ -1,0 +1,65 @@
+// The whole attention block (projections, RoPE, causal GQA attention, o-projection), forward and
+// backward, with the naive reference kernels in math type T: the fp64 oracle that tolerances of
+// merge-based strategies are measured against. Plain vectors: it is an oracle, not engine code.
+#pragma once
+
+#include <vector>
+
+#include "attention/config.h"
+#include "kernels/reference/attention_ref.h"
+#include "kernels/reference/elementwise_ref.h"
+
+namespace upipe::ref {
+
+template <class T>
+struct BlockData {
+  std::vector<T> x, dy, wq, wk, wv, wo;      // inputs (S, D), weights as in AttentionWeights
+  std::vector<T> y, dx, gq, gk, gv, go;      // outputs
+};
+
+template <class T>
+void attention_block(const AttentionConfig& c, BlockData<T>& b) {
+  const int64_t s = c.seq_len, dm = c.model_dim(), d = c.head_dim;
+  const int64_t qc = c.heads * d, kc = c.kv_heads * d;
+  auto mk = [](int64_t n) { return std::vector<T>(size_t(n), T(0)); };
+  auto V = [](std::vector<T>& v, int64_t r, int64_t cc) { return View<T>{v.data(), r, cc, cc}; };
+  auto CV = [](const std::vector<T>& v, int64_t r, int64_t cc) {
+    return View<const T>{v.data(), r, cc, cc};
+  };
+  std::vector<T> q = mk(s * qc), k = mk(s * kc), v = mk(s * kc), o = mk(s * qc), lse = mk(c.heads * s);
+  gemm<T>(CV(b.x, s, dm), false, CV(b.wq, qc, dm), true, V(q, s, qc));
+  gemm<T>(CV(b.x, s, dm), false, CV(b.wk, kc, dm), true, V(k, s, kc));
+  gemm<T>(CV(b.x, s, dm), false, CV(b.wv, kc, dm), true, V(v, s, kc));
+  std::vector<int64_t> pos(static_cast<size_t>(s));
+  for (int64_t i = 0; i < s; ++i) pos[size_t(i)] = i;
+  rope<T>(V(q, s, qc), int(d), pos.data(), c.rope_theta, +1);
+  rope<T>(V(k, s, kc), int(d), pos.data(), c.rope_theta, +1);
+  AttnDims dims{s, s, c.heads, c.kv_heads, int(d)};
+  attention_forward<T>(dims, CV(q, s, qc), CV(k, s, kc), CV(v, s, kc), V(o, s, qc), V(lse, c.heads, s));
+  b.y = mk(s * dm);
+  gemm<T>(CV(o, s, qc), false, CV(b.wo, dm, qc), true, V(b.y, s, dm));
+  // Backward.
+  std::vector<T> dout = mk(s * qc), dq = mk(s * qc), dk = mk(s * kc), dv = mk(s * kc);
+  gemm<T>(CV(b.dy, s, dm), false, CV(b.wo, dm, qc), false, V(dout, s, qc));
+  b.go = mk(dm * qc);
+  gemm<T>(CV(b.dy, s, dm), true, CV(o, s, qc), false, V(b.go, dm, qc));
+  attention_backward<T>(dims, CV(q, s, qc), CV(k, s, kc), CV(v, s, kc), CV(dout, s, qc), V(dq, s, qc),
+                        V(dk, s, kc), V(dv, s, kc));
+  rope<T>(V(dq, s, qc), int(d), pos.data(), c.rope_theta, -1);
+  rope<T>(V(dk, s, kc), int(d), pos.data(), c.rope_theta, -1);
+  b.dx = mk(s * dm);
+  std::vector<T> tmp = mk(s * dm);
+  gemm<T>(CV(dq, s, qc), false, CV(b.wq, qc, dm), false, V(b.dx, s, dm));
+  gemm<T>(CV(dk, s, kc), false, CV(b.wk, kc, dm), false, V(tmp, s, dm));
+  for (size_t i = 0; i < tmp.size(); ++i) b.dx[i] += tmp[i];
+  gemm<T>(CV(dv, s, kc), false, CV(b.wv, kc, dm), false, V(tmp, s, dm));
+  for (size_t i = 0; i < tmp.size(); ++i) b.dx[i] += tmp[i];
+  b.gq = mk(qc * dm);
+  b.gk = mk(kc * dm);
+  b.gv = mk(kc * dm);
+  gemm<T>(CV(dq, s, qc), true, CV(b.x, s, dm), false, V(b.gq, qc, dm));
+  gemm<T>(CV(dk, s, kc), true, CV(b.x, s, dm), false, V(b.gk, kc, dm));
+  gemm<T>(CV(dv, s, kc), true, CV(b.x, s, dm), false, V(b.gv, kc, dm));
+}
+
+}  // namespace upipe::ref

@@ -1,0 +1,76 @@
+#include "attention/upipe_schedule.h"
+
+#include <fmt/format.h>
+
+#include <numeric>
+
+#include "core/errors.h"
+
+namespace upipe {
+
+int UpipeSchedule::q_head(int stage, int rank) const {
+  if (replicated()) return rank * (heads / ranks) + stage * m;
+  const int t = stage / stages_per_set, sigma = stage % stages_per_set;
+  return kv_head(t, rank) * group + sigma * m;
+}
+
+int UpipeSchedule::kv_head(int set, int rank) const {
+  if (replicated()) return rank / (ranks / kv_heads);
+  return rank * (kv_heads / ranks) + set * kv_per_rank;
+}
+
+namespace {
+
+std::string divisors_multiple_of(int h, int c) {
+  std::string s;
+  for (int u = c; u <= h; u += c)
+    if (h % u == 0) s += (s.empty() ? "" : ", ") + std::to_string(u);
+  return s.empty() ? "none" : s;
+}
+
+}  // namespace
+
+UpipeSchedule make_upipe_schedule(const AttentionConfig& cfg, int c, int head_chunk) {
+  const int h = cfg.heads, k = cfg.kv_heads;
+  if (h % c != 0)
+    throw ConfigError(fmt::format(
+        "heads ({}) must be divisible by the number of ranks in the all-to-all group ({}); "
+        "change --heads or the rank count",
+        h, c));
+  if (k >= c && k % c != 0)
+    throw ConfigError(fmt::format(
+        "kv-heads ({}) must be divisible by the all-to-all group size ({}) when it is larger, "
+        "or divide it when smaller; change --kv-heads or the rank count",
+        k, c));
+  if (k < c && c % k != 0)
+    throw ConfigError(fmt::format(
+        "the all-to-all group size ({}) must be divisible by kv-heads ({}) to replicate KV "
+        "heads; change --kv-heads or the rank count",
+        c, k));
+  const int u = head_chunk == 0 ? c : head_chunk;
+  if (u <= 0 || u % c != 0 || h % u != 0)
+    throw ConfigError(fmt::format(
+        "--head-chunk U={} must be a multiple of the all-to-all group size ({}) dividing heads "
+        "({}); valid values: {}",
+        u, c, h, divisors_multiple_of(h, c)));
+  UpipeSchedule s;
+  s.ranks = c;
+  s.heads = h;
+  s.kv_heads = k;
+  s.heads_per_stage = u;
+  s.m = u / c;
+  s.group = h / k;
+  if (s.replicated()) {
+    s.kv_per_rank = 1;
+    s.sets = 1;
+    s.stages_per_set = h / u;
+  } else {
+    const int g = std::gcd(s.m, s.group);
+    s.kv_per_rank = s.m / g;
+    s.stages_per_set = s.group / g;
+    s.sets = (k / c) / s.kv_per_rank;
+  }
+  return s;
+}
+
+}  // namespace upipe
