@@ -1,0 +1,76 @@
+// Every strategy against `local` on this job's ranks (ctest runs it on 1, 2, 4 and 8): y, dx
+// and all weight gradients within the tolerance rule of attention/check.h, the measured
+// attention-intermediate peak equal to the documented formula, and the collective calls and
+// bytes equal to the documented counts. Bad configurations fail with a ConfigError.
+#include "attention/check.h"
+#include "core/errors.h"
+#include "multirank/mpi_test_main.h"
+#include "multirank/strategy_cases.h"
+
+namespace upipe {
+namespace {
+
+using test::StrategyCase;
+using test::world;
+
+class Strategies : public ::testing::TestWithParam<StrategyCase> {};
+
+TEST_P(Strategies, MatchLocalWithExactMemoryAndCommunication) {
+  const StrategyCase& sc = GetParam();
+  const CheckResult r = check_strategy(sc.method, sc.cfg, world());
+  EXPECT_TRUE(r.passed) << r.rule;
+  for (const auto& [k, v] : r.max_abs_err)
+    EXPECT_LE(v, r.tolerance.at(k)) << k << " on " << world().size() << " ranks";
+  EXPECT_EQ(r.attn_peak_bytes, r.attn_formula_bytes);
+  ASSERT_TRUE(r.comm_expected.has_value()) << "every strategy documents its communication";
+  for (int op = 0; op < kNumCommOps; ++op) {
+    if (CommOp(op) == CommOp::kAllGather || CommOp(op) == CommOp::kBroadcast) continue;  // check's own
+    EXPECT_EQ(r.comm.calls[size_t(op)], r.comm_expected->calls[size_t(op)]) << comm_op_name(CommOp(op));
+    EXPECT_EQ(r.comm.bytes_sent[size_t(op)], r.comm_expected->bytes_sent[size_t(op)])
+        << comm_op_name(CommOp(op));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Table, Strategies, ::testing::ValuesIn(test::strategy_cases(world().size())),
+                         [](const auto& i) { return i.param.name; });
+
+// Each invalid configuration is rejected with a ConfigError whose message says what to change.
+TEST(StrategyConfig, BadConfigurationsFailWithAHint) {
+  const int c = world().size();
+  Device dev;
+  auto expect_error = [&](const std::string& method, AttentionConfig cfg, const std::string& hint) {
+    try {
+      make_strategy(method, {dev, world(), cfg});
+      ADD_FAILURE() << method << ": no error, expected one mentioning '" << hint << "'";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(hint), std::string::npos) << e.what();
+    }
+  };
+  AttentionConfig base;
+  base.seq_len = 64 * c;
+  base.heads = 8;
+  base.kv_heads = 2;
+  base.head_dim = 16;
+  AttentionConfig bad = base;
+  bad.heads = 7;
+  bad.kv_heads = 7;
+  if (c > 1) expect_error("ulysses", bad, "must be divisible by the number of ranks");
+  bad = base;
+  bad.head_chunk = 3 * c;
+  expect_error("upipe", bad, "--head-chunk");
+  bad = base;
+  bad.seq_len = 64 * c + 1;
+  if (c > 1) expect_error("upipe", bad, "seq-len");
+  bad = base;
+  bad.heads = 24;
+  bad.kv_heads = 3;
+  if (c == 2 || c == 4 || c == 8) expect_error("upipe", bad, "kv-heads");
+  bad = base;
+  bad.kv_heads = 3;
+  expect_error("upipe", bad, "must be divisible by kv-heads");
+  expect_error("no-such-method", base, "unknown method");
+  if (c > 1) expect_error("local", base, "one rank");
+}
+
+}  // namespace
+}  // namespace upipe
