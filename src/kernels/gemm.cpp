@@ -3,6 +3,7 @@
 #include <oneapi/dnnl/dnnl.h>
 
 #include <algorithm>
+#include <utility>
 
 namespace upipe {
 
@@ -17,26 +18,36 @@ void sgemm_raw(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
 }
 
 int64_t gemm_workspace_bytes(int64_t m, int64_t n, int64_t k, DType a, DType b, DType c) {
-  const int64_t mb = std::min(m, kGemmChunkRows);
+  if (a == DType::kF32 && b == DType::kF32 && c == DType::kF32) return 0;
+  const int64_t mb = std::min(m, kGemmTile), nb = std::min(n, kGemmTile), kb = std::min(k, kGemmTile);
   int64_t elems = 0;
-  if (a != DType::kF32) elems += mb * k;
-  if (b != DType::kF32) elems += k * n;
-  if (c != DType::kF32) elems += mb * n;
+  if (a != DType::kF32) elems += mb * kb;
+  if (b != DType::kF32) elems += kb * nb;
+  if (c != DType::kF32) elems += mb * nb;
   return elems * 4;
 }
 
 namespace {
 
-// Copies op(X) rows [r0, r0+nr) of a (rows, cols) view into a dense fp32 (nr, cols) buffer.
-void stage_rows(const Mat& x, bool trans, int64_t r0, int64_t nr, int64_t cols, float* dst) {
+// Copies the block of op(X) at rows [r0, r0+nr), columns [c0, c0+nc) into a dense fp32 (nr, nc)
+// buffer.
+void stage(const Mat& x, bool trans, int64_t r0, int64_t nr, int64_t c0, int64_t nc, float* dst) {
   for (int64_t r = 0; r < nr; ++r) {
-    for (int64_t col = 0; col < cols; ++col) {
-      const int64_t i = trans ? col : r0 + r, j = trans ? r0 + r : col;
-      const void* p = x.at(i, j);
-      dst[r * cols + col] = x.dtype == DType::kF32 ? *static_cast<const float*>(p)
-                                                   : bf16_to_f32(*static_cast<const uint16_t*>(p));
+    if (!trans) {
+      to_f32(x.at(r0 + r, c0), x.dtype, dst + r * nc, nc);
+      continue;
+    }
+    for (int64_t col = 0; col < nc; ++col) {
+      const void* p = x.at(c0 + col, r0 + r);
+      dst[r * nc + col] = x.dtype == DType::kF32 ? *static_cast<const float*>(p)
+                                                 : bf16_to_f32(*static_cast<const uint16_t*>(p));
     }
   }
+}
+
+// Address of element (r, c) of op(X).
+const float* op_at(const Mat& x, bool trans, int64_t r, int64_t c) {
+  return static_cast<const float*>(trans ? x.at(c, r) : x.at(r, c));
 }
 
 }  // namespace
@@ -57,45 +68,40 @@ void gemm(Device& dev, const Mat& a, bool trans_a, const Mat& b, bool trans_b, c
   }
   Buffer ws(dev.mem(), gemm_workspace_bytes(m, n, k, a.dtype, b.dtype, c.dtype), Tag::kWorkspace);
   if (dev.is_meta() || m == 0 || n == 0) return;
-  const int64_t mb = std::min(m, kGemmChunkRows);
+  const int64_t mt = std::min(m, kGemmTile), nt = std::min(n, kGemmTile), kt = std::min(k, kGemmTile);
   float* cursor = static_cast<float*>(ws.data());
-  float* a32 = nullptr;
-  float* b32 = nullptr;
-  float* c32 = nullptr;
-  if (a.dtype != DType::kF32) { a32 = cursor; cursor += mb * k; }
-  if (b.dtype != DType::kF32) { b32 = cursor; cursor += k * n; }
-  if (c.dtype != DType::kF32) c32 = cursor;
-  // op(B) staged once as a dense (K, N) matrix.
-  const float* bp = b.dtype == DType::kF32 ? b.f32() : b32;
-  int64_t ldb = b.ld;
-  bool tb = trans_b;
-  if (b32) {
-    stage_rows(b, trans_b, 0, k, n, b32);
-    ldb = n;
-    tb = false;
-  }
-  for (int64_t r0 = 0; r0 < m; r0 += mb) {
-    const int64_t nr = std::min(mb, m - r0);
-    const float* ap;
-    int64_t lda;
-    bool ta = trans_a;
-    if (a32) {
-      stage_rows(a, trans_a, r0, nr, k, a32);
-      ap = a32;
-      lda = k;
-      ta = false;
-    } else {
-      ap = trans_a ? static_cast<const float*>(a.at(0, r0)) : static_cast<const float*>(a.at(r0, 0));
-      lda = a.ld;
-    }
-    if (c32) {
-      const Mat cc = c.rows_of(r0, nr);
-      if (beta != 0.0f) stage_rows(cc, false, 0, nr, n, c32);
-      sgemm_raw(ta, tb, nr, n, k, alpha, ap, lda, bp, ldb, beta, c32, n);
-      for (int64_t r = 0; r < nr; ++r) from_f32(c32 + r * n, cc.at(r, 0), c.dtype, n);
-    } else {
-      sgemm_raw(ta, tb, nr, n, k, alpha, ap, lda, bp, ldb, beta, static_cast<float*>(c.at(r0, 0)),
-                c.ld);
+  float* a32 = a.dtype != DType::kF32 ? std::exchange(cursor, cursor + mt * kt) : nullptr;
+  float* b32 = b.dtype != DType::kF32 ? std::exchange(cursor, cursor + kt * nt) : nullptr;
+  float* c32 = c.dtype != DType::kF32 ? cursor : nullptr;
+  for (int64_t m0 = 0; m0 < m; m0 += mt) {
+    const int64_t nr = std::min(mt, m - m0);
+    for (int64_t n0 = 0; n0 < n; n0 += nt) {
+      const int64_t nc = std::min(nt, n - n0);
+      const Mat cblk = c.block(m0, nr, n0, nc);
+      float* cp = c32 ? c32 : static_cast<float*>(cblk.data);
+      const int64_t ldc = c32 ? nc : c.ld;
+      float beta_k = beta;
+      if (c32 && beta != 0.0f) {
+        stage(cblk, false, 0, nr, 0, nc, c32);
+      }
+      if (k == 0 && c32) {
+        for (int64_t i = 0; i < nr * nc; ++i) c32[i] *= beta;
+      }
+      for (int64_t k0 = 0; k0 < k; k0 += kt) {
+        const int64_t nk = std::min(kt, k - k0);
+        const float* ap = a32;
+        const float* bp = b32;
+        int64_t lda = nk, ldb = nc;
+        bool ta = false, tb = false;
+        if (a32) stage(a, trans_a, m0, nr, k0, nk, a32);
+        else ap = op_at(a, trans_a, m0, k0), lda = a.ld, ta = trans_a;
+        if (b32) stage(b, trans_b, k0, nk, n0, nc, b32);
+        else bp = op_at(b, trans_b, k0, n0), ldb = b.ld, tb = trans_b;
+        sgemm_raw(ta, tb, nr, nc, nk, alpha, ap, lda, bp, ldb, beta_k, cp, ldc);
+        beta_k = 1.0f;
+      }
+      if (c32)
+        for (int64_t r = 0; r < nr; ++r) from_f32(c32 + r * nc, cblk.at(r, 0), c.dtype, nc);
     }
   }
 }

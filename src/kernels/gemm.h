@@ -1,7 +1,8 @@
 // Dense GEMM through oneDNN: C = alpha * op(A) * op(B) + beta * C with fp32 accumulation.
 // Operands may be fp32 or bf16 (any mix). oneDNN on AVX2-only CPUs has no bf16 GEMM, so bf16
-// operands are staged to fp32 in the arena (tag workspace), M in chunks of kGemmChunkRows;
-// gemm_workspace_bytes() is the exact size, and the planner uses it too.
+// operands are staged to fp32 in the arena (tag workspace) one (kGemmTile)^2 block at a time, so
+// the staging stays small whatever the shapes; gemm_workspace_bytes() is the exact size, and the
+// planner uses it too. C blocks accumulate over K in fp32 and are rounded once.
 #pragma once
 
 #include "core/device.h"
@@ -9,7 +10,7 @@
 
 namespace upipe {
 
-constexpr int64_t kGemmChunkRows = 256;
+constexpr int64_t kGemmTile = 256;
 
 // op(A): (M, K), op(B): (K, N), C: (M, N).
 void gemm(Device& dev, const Mat& a, bool trans_a, const Mat& b, bool trans_b, const Mat& c,
