@@ -27,8 +27,11 @@ configure: deps
 build: configure
 	cmake --build $(BUILD) -j $(JOBS)
 
+MPIRUN := mpirun --allow-run-as-root --oversubscribe --bind-to none -x OMP_NUM_THREADS=1
+DEMO_RANKS ?= 2
+
 demo: build
-	./$(BUILD)/upipe demo
+	$(MPIRUN) -np $(DEMO_RANKS) ./$(BUILD)/upipe demo
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
