@@ -1,10 +1,12 @@
 // `upipe bench attention`: times forward + backward of one strategy across the ranks of the
-// job (after a warm-up iteration), and reports time, throughput and memory.
+// job (after a warm-up iteration), and reports time, throughput and memory; with --meta-ranks
+// it plans the same configuration on the meta device instead.
 #include <algorithm>
 #include <nlohmann/json.hpp>
 
 #include "apps/upipe/commands.h"
 #include "attention/harness.h"
+#include "comm/fake/fake_comm.h"
 #include "core/errors.h"
 
 namespace upipe::app {
@@ -15,12 +17,43 @@ struct Options {
   std::string method = "upipe";
   int iters = 3;
   std::string budget = "1T";
+  int meta_ranks = 0;
   bool json = false;
 };
+
+// --meta-ranks C: plan instead of run. Rank 0 of C on the meta device (fake communicator):
+// exact bytes and communication, no data, no timing.
+int plan(const Options& opt, const AttentionConfig& cfg) {
+  Device dev({DeviceKind::kMeta, parse_bytes(opt.budget), parse_bytes(opt.budget)});
+  FakeCommunicator comm(0, opt.meta_ranks);
+  auto strat = make_strategy(opt.method, {dev, comm, cfg});
+  BlockTensors t = make_block_tensors(dev, cfg, strat->layout().positions(0), 1);
+  const BlockRun r = run_block(*strat, dev, t);
+  nlohmann::json j = {{"method", opt.method},         {"ranks", opt.meta_ranks},
+                      {"device", "meta"},             {"seq_len", cfg.seq_len},
+                      {"heads", cfg.heads},           {"kv_heads", cfg.kv_heads},
+                      {"head_dim", cfg.head_dim},     {"head_chunk", cfg.head_chunk},
+                      {"ulysses_degree", cfg.ulysses_degree}, {"chunks", cfg.chunks},
+                      {"dtype", dtype_name(cfg.dtype)}, {"peak_bytes", r.peak_bytes},
+                      {"attn_peak_bytes", r.attn_peak_bytes},
+                      {"attn_formula_bytes", strat->attn_formula_bytes()},
+                      {"comm_bytes", comm.stats().total_bytes()}, {"comm_calls", comm.stats().total_calls()}};
+  if (opt.json) {
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    std::printf("%s planned for rank 0 of %d, S=%lld: peak %s, attention intermediates %s, "
+                "%lld collective calls sending %s\n",
+                opt.method.c_str(), opt.meta_ranks, (long long)cfg.seq_len, format_bytes(r.peak_bytes).c_str(),
+                format_bytes(r.attn_peak_bytes).c_str(), (long long)comm.stats().total_calls(),
+                format_bytes(comm.stats().total_bytes()).c_str());
+  }
+  return 0;
+}
 
 int run(Process& proc, const Options& opt) {
   const AttentionConfig cfg = opt.shape.config();
   if (opt.iters < 1) throw ConfigError("--iters must be at least 1");
+  if (opt.meta_ranks > 0) return proc.root() ? plan(opt, cfg) : 0;
   const int64_t budget = parse_bytes(opt.budget);
   Device dev({DeviceKind::kCpu, budget, budget});
   auto strat = make_strategy(opt.method, {dev, proc.world, cfg});
@@ -78,6 +111,8 @@ Runner add_bench_attention(CLI::App& cmd) {
   add_shape_options(cmd, opt->shape, true);
   cmd.add_option("--iters", opt->iters, "timed iterations (minimum reported)")->capture_default_str();
   cmd.add_option("--memory-budget", opt->budget, "device arena budget per rank")->capture_default_str();
+  cmd.add_option("--meta-ranks", opt->meta_ranks,
+                 "plan on the meta device as rank 0 of this many ranks (no data, no timing)");
   cmd.add_flag("--json", opt->json, "print one JSON object (rank 0)");
   return [opt](Process& p) { return run(p, *opt); };
 }

@@ -23,23 +23,12 @@ std::vector<double> read_all(const Mat& m) {
   return v;
 }
 
-// Gathers each rank's (rows, cols) shard of a global (S, cols) tensor into global row order
-// (the layout gives every rank's positions). Every rank gets the whole tensor.
-std::vector<double> gather_rows(Communicator& comm, const Mat& shard, const SeqLayout& layout) {
-  const int c = comm.size();
-  const std::vector<double> mine = read_all(shard);
-  std::vector<double> all(mine.size() * size_t(c));
-  comm.all_gather(mine.data(), all.data(), int64_t(mine.size() * sizeof(double)));
-  std::vector<double> global(all.size());
-  const int64_t cols = shard.cols;
-  for (int j = 0; j < c; ++j) {
-    int64_t r = 0;
-    for (const RowPositions::Run& run : layout.positions(j).runs)
-      for (int64_t t = 0; t < run.rows; ++t, ++r)
-        std::copy_n(all.begin() + (j * shard.rows + r) * cols, cols,
-                    global.begin() + (run.pos + t) * cols);
-  }
-  return global;
+// The whole (S, cols) tensor from every rank's shard, in global row order.
+std::vector<double> gathered(Communicator& comm, const SeqLayout& layout, const Mat& shard) {
+  Device scratch;
+  Tensor global(scratch.mem(), Tag::kOther, shard.dtype, layout.seq_len, shard.cols);
+  gather_rows(scratch, comm, layout, shard, global);
+  return read_all(global);
 }
 
 std::vector<double> summed(Communicator& comm, const Mat& g) {
@@ -91,7 +80,7 @@ CheckResult check_strategy(const std::string& method, const AttentionConfig& cfg
     }
   }
   const std::vector<double> got[6] = {
-      gather_rows(world, t.y, layout), gather_rows(world, t.dx, layout), summed(world, t.gq),
+      gathered(world, layout, t.y), gathered(world, layout, t.dx), summed(world, t.gq),
       summed(world, t.gk),             summed(world, t.gv),              summed(world, t.go)};
   const bool merge = strat->error_class() == AttentionStrategy::ErrorClass::kMerge;
   res.rule = merge ? "merge: err <= 4 |local - fp64| + 16 eps_fp32 max|local|"

@@ -1,6 +1,9 @@
 #include "attention/layout.h"
 
+#include "comm/communicator.h"
 #include "core/check.h"
+#include "core/device.h"
+#include "kernels/tensor_ops.h"
 
 namespace upipe {
 
@@ -42,6 +45,40 @@ RowPositions SeqLayout::positions(int rank) const {
     }
   }
   return p;
+}
+
+}  // namespace upipe
+
+namespace upipe {
+
+void shard_rows(Device& dev, const SeqLayout& layout, int rank, const Mat& global, const Mat& local) {
+  UPIPE_CHECK(global.rows == layout.seq_len && local.rows == layout.local_rows() &&
+                  global.cols == local.cols,
+              "shard_rows: global {}x{}, local {}x{}, layout S={} C={}", global.rows, global.cols,
+              local.rows, local.cols, layout.seq_len, layout.ranks);
+  int64_t r = 0;
+  for (const RowPositions::Run& run : layout.positions(rank).runs) {
+    copy(dev, local.rows_of(r, run.rows), global.rows_of(run.pos, run.rows));
+    r += run.rows;
+  }
+}
+
+void gather_rows(Device& dev, Communicator& comm, const SeqLayout& layout, const Mat& local,
+                 const Mat& global) {
+  UPIPE_CHECK(comm.size() == layout.ranks && local.rows == layout.local_rows() &&
+                  global.rows == layout.seq_len && local.cols == global.cols &&
+                  local.dtype == global.dtype && local.contiguous(),
+              "gather_rows: local {}x{} global {}x{} on {} ranks", local.rows, local.cols,
+              global.rows, global.cols, comm.size());
+  Tensor all(dev.mem(), Tag::kOther, local.dtype, local.rows * comm.size(), local.cols);
+  comm.all_gather(local.data, all.data(), local.bytes());
+  for (int j = 0; j < comm.size(); ++j) {
+    int64_t r = 0;
+    for (const RowPositions::Run& run : layout.positions(j).runs) {
+      copy(dev, global.rows_of(run.pos, run.rows), all.mat().rows_of(j * local.rows + r, run.rows));
+      r += run.rows;
+    }
+  }
 }
 
 }  // namespace upipe

@@ -1,0 +1,264 @@
+#!/usr/bin/env python3
+"""Runs upipe's benchmarks and writes docs/results.md (and plots in docs/img/).
+
+Nothing on the results page is typed by hand: every number comes from a `upipe bench` run made
+by this script, whose command lines are printed next to the tables. Usage:
+
+    python3 bench/run_benchmarks.py [--build build] [--quick] [--only kernel,memory,speed,all,plan]
+
+Sections
+  kernel  `upipe bench kernel`: attention forward/backward vs a oneDNN GEMM, one thread.
+  memory  measured attention intermediates of ulysses vs upipe(U) on 4 ranks (H=32, K=8).
+  speed   ulysses vs upipe(U=C) time on 2 ranks (S=16384, H=16, K=4, d=64).
+  all     every strategy side by side on the same configuration (time and peak).
+  plan    meta-device plan of a Llama-3-8B attention block on 8 ranks, S up to 4M tokens.
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MPI = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-x", "OMP_NUM_THREADS=1"]
+ALL_METHODS = ["ulysses", "upipe", "ring", "usp", "upipe-ring", "fpdt", "upipe-fpdt"]
+
+
+def run(args, ranks=None):
+    """Runs one upipe command with --json; returns (command string, parsed JSON or None, error)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    cmd = ([*MPI, "-np", str(ranks)] if ranks else []) + [UPIPE] + args + ["--json"]
+    shown = " ".join((["mpirun -np %d" % ranks] if ranks else []) + ["build/upipe"] + args)
+    print("+ " + shown, flush=True)
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if p.returncode != 0:
+        err = (p.stderr.strip().splitlines() or ["exit %d" % p.returncode])[0]
+        print("  failed: " + err, flush=True)
+        return shown, None, err
+    line = [l for l in p.stdout.splitlines() if l.startswith("{")][-1]
+    return shown, json.loads(line), None
+
+
+def mib(b):
+    return "%.1f MiB" % (b / 2**20)
+
+
+def gib(b):
+    return "%.2f GiB" % (b / 2**30)
+
+
+def table(header, rows):
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def section_kernel(quick):
+    shapes = [(8192, "fp32"), (8192, "bf16")] + ([] if quick else [(4096, "fp32"), (16384, "fp32")])
+    rows, cmds = [], []
+    for s, dt in shapes:
+        cmd, j, err = run(["bench", "kernel", "--seq-len", str(s), "--heads", "8", "--kv-heads", "2",
+                           "--head-dim", "64", "--dtype", dt, "--iters", "2"])
+        cmds.append(cmd)
+        if j is None:
+            rows.append([s, dt, "failed: " + err, "", "", "", "", ""])
+            continue
+        rows.append([s, dt, "%.3f" % j["fwd_s"], "%.3f" % j["bwd_s"], "%.1f" % (j["fwd_tflops"] * 1e3),
+                     "%.1f" % (j["bwd_tflops"] * 1e3), "%.1f" % (j["gemm_tflops"] * 1e3),
+                     "%.2f / %.2f" % (j["fwd_vs_gemm"], j["bwd_vs_gemm"])])
+    text = ["## Attention kernel (one thread)",
+            "Causal flash attention, H=8, K=2, d=64. FLOPs: forward 2·S²·H·d, backward 2.5× forward; "
+            "GEMM = oneDNN sgemm (min(S,4096))² × d in the same process. Targets: forward ≥ 0.75×, "
+            "backward ≥ 0.70× the GEMM rate.", "",
+            table(["S", "dtype", "fwd s", "bwd s", "fwd GFLOP/s", "bwd GFLOP/s", "GEMM GFLOP/s",
+                   "fwd / bwd vs GEMM"], rows), "", "Commands:", "```", *cmds, "```"]
+    return "\n".join(text), None
+
+
+def section_memory(quick):
+    s = 4096 if quick else 8192
+    base = ["bench", "attention", "--seq-len", str(s), "--heads", "32", "--kv-heads", "8", "--head-dim", "64",
+            "--iters", "1"]
+    rows, cmds, data = [], [], []
+    ul = None
+    for method, u in [("ulysses", 0), ("upipe", 4), ("upipe", 8), ("upipe", 16), ("upipe", 32)]:
+        cmd, j, err = run(base + ["--method", method] + (["--head-chunk", str(u)] if u else []), ranks=4)
+        cmds.append(cmd)
+        if j is None:
+            rows.append([method, u or "", "failed: " + err, "", "", "", ""])
+            continue
+        if method == "ulysses":
+            ul = j
+        ratio = j["attn_peak_bytes"] / ul["attn_peak_bytes"] if ul else float("nan")
+        rows.append([method, u or "H", mib(j["attn_peak_bytes"]), mib(j["attn_formula_bytes"]),
+                     "%.2f" % ratio, "%.2f" % (j["fwd_s"] + j["bwd_s"]), "%.0f" % j["tokens_per_s"]])
+        data.append((method if method == "ulysses" else "upipe U=%d" % u, j["attn_peak_bytes"], j["peak_by_tag"]))
+    text = ["## UPipe vs Ulysses: memory (4 ranks, measured)",
+            "S=%d, H=32, K=8, d=64, fp32, 4 ranks on 2 cores. Attention intermediates = per-rank peak of "
+            "every device byte but x, dy, y, dx and weight gradients (max over ranks), measured by the "
+            "arena and next to the closed-form formula. Target: upipe U=C ≤ 0.4× ulysses." % s, "",
+            table(["method", "U", "attn peak (measured)", "formula", "vs ulysses", "fwd+bwd s", "tokens/s"], rows),
+            "", "Commands:", "```", *cmds, "```"]
+    return "\n".join(text), data
+
+
+def section_speed(quick):
+    s = 8192 if quick else 16384
+    base = ["bench", "attention", "--seq-len", str(s), "--heads", "16", "--kv-heads", "4", "--head-dim", "64",
+            "--iters", "1" if quick else "2"]
+    rows, cmds, res = [], [], {}
+    for method, u in [("ulysses", 0), ("upipe", 2), ("upipe", 4), ("upipe", 8)]:
+        cmd, j, err = run(base + ["--method", method] + (["--head-chunk", str(u)] if u else []), ranks=2)
+        cmds.append(cmd)
+        if j is None:
+            rows.append([method, u or "", "failed: " + err, "", "", "", ""])
+            continue
+        res[(method, u)] = j
+        ref = res.get(("ulysses", 0))
+        speed = ref["fwd_s"] + ref["bwd_s"] if ref else float("nan")
+        rows.append([method, u or "H", "%.2f" % j["fwd_s"], "%.2f" % j["bwd_s"], "%.0f" % j["tokens_per_s"],
+                     "%.3f" % (speed / (j["fwd_s"] + j["bwd_s"])), mib(j["attn_peak_bytes"])])
+    text = ["## UPipe vs Ulysses: speed (2 ranks)",
+            "S=%d, H=16, K=4, d=64, fp32, 2 ranks, one thread each; minimum over timed iterations after a "
+            "warm-up. Target: upipe U=C at ≥ 0.95× ulysses' speed." % s, "",
+            table(["method", "U", "fwd s", "bwd s", "tokens/s", "speed vs ulysses", "attn peak"], rows),
+            "", "Commands:", "```", *cmds, "```"]
+    return "\n".join(text), None
+
+
+def section_all(quick):
+    s = 4096 if quick else 8192
+    base = ["bench", "attention", "--seq-len", str(s), "--heads", "16", "--kv-heads", "4", "--head-dim", "64",
+            "--iters", "1"]
+    extra = {"upipe": ["--head-chunk", "4"], "usp": ["--ulysses-degree", "2"],
+             "upipe-ring": ["--ulysses-degree", "2", "--head-chunk", "2"], "fpdt": ["--chunks", "4"],
+             "upipe-fpdt": ["--chunks", "4", "--head-chunk", "4"]}
+    rows, cmds = [], []
+    for method in ALL_METHODS:
+        cmd, j, err = run(base + ["--method", method] + extra.get(method, []), ranks=4)
+        cmds.append(cmd)
+        if j is None:
+            rows.append([method, "not available: " + err, "", "", "", ""])
+            continue
+        rows.append([method, "%.2f" % j["fwd_s"], "%.2f" % j["bwd_s"], "%.0f" % j["tokens_per_s"],
+                     mib(j["attn_peak_bytes"]), mib(j["peak_bytes"])])
+    text = ["## All strategies (4 ranks, measured)",
+            "S=%d, H=16, K=4, d=64, fp32, 4 ranks on 2 cores (so times are ~2× what 4 cores would give; "
+            "compare them with each other)." % s, "",
+            table(["method", "fwd s", "bwd s", "tokens/s", "attn peak", "total peak"], rows), "",
+            "Commands:", "```", *cmds, "```"]
+    return "\n".join(text), None
+
+
+def section_plan(quick):
+    lens = [2**17, 2**19, 2**20, 2**22]
+    extra = {"upipe": ["--head-chunk", "8"], "usp": ["--ulysses-degree", "4"],
+             "upipe-ring": ["--ulysses-degree", "4", "--head-chunk", "4"], "fpdt": ["--chunks", "8"],
+             "upipe-fpdt": ["--chunks", "8", "--head-chunk", "8"]}
+    series, rows, cmds = {}, [], []
+    for method in ALL_METHODS:
+        row = [method]
+        for s in lens:
+            cmd, j, err = run(["bench", "attention", "--meta-ranks", "8", "--seq-len", str(s), "--heads", "32",
+                               "--kv-heads", "8", "--head-dim", "128", "--dtype", "bf16", "--method", method]
+                              + extra.get(method, []))
+            cmds.append(cmd)
+            if j is None:
+                row.append("n/a")
+                continue
+            series.setdefault(method, []).append((s, j["attn_peak_bytes"]))
+            row.append(gib(j["attn_peak_bytes"]))
+        rows.append(row)
+    text = ["## Planned: Llama-3-8B attention block on 8 ranks (meta device)",
+            "H=32, K=8, d=128, bf16; per-rank attention intermediates computed by running the strategy's own "
+            "code on the meta device (allocations counted, nothing backed) — the same numbers a real run "
+            "measures (tests/unit/test_meta.cpp).", "",
+            table(["method"] + ["S=%dK" % (s // 1024) for s in lens], rows), "", "Commands (one per cell):",
+            "```", *cmds, "```"]
+    return "\n".join(text), series
+
+
+def plot_plan(series, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for method, pts in series.items():
+        ax.plot([p[0] for p in pts], [p[1] / 2**30 for p in pts], marker="o", label=method)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log", base=2)
+    ax.set_xlabel("sequence length (tokens)")
+    ax.set_ylabel("attention intermediates per rank (GiB)")
+    ax.set_title("Llama-3-8B attention block, 8 ranks, bf16 (planned, exact)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return True
+
+
+def plot_memory(data, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    tags = sorted({t for _, _, by in data for t in by if t not in ("act", "params", "grads")})
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    bottom = [0.0] * len(data)
+    for t in tags:
+        vals = [by.get(t, 0) / 2**20 for _, _, by in data]
+        ax.bar([d[0] for d in data], vals, bottom=bottom, label=t)
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    ax.set_ylabel("MiB at the rank-0 peak")
+    ax.set_title("Attention intermediates by tag at the peak (rank 0)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return True
+
+
+def main():
+    global UPIPE
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--quick", action="store_true", help="smaller sizes (minutes instead of tens of minutes)")
+    ap.add_argument("--only", default="kernel,memory,speed,all,plan")
+    ap.add_argument("--out", default=os.path.join(ROOT, "docs", "results.md"))
+    args = ap.parse_args()
+    UPIPE = os.path.join(args.build, "upipe")
+    os.makedirs(os.path.join(ROOT, "docs", "img"), exist_ok=True)
+    parts = []
+    sections = {"kernel": section_kernel, "memory": section_memory, "speed": section_speed,
+                "all": section_all, "plan": section_plan}
+    for name in args.only.split(","):
+        text, data = sections[name](args.quick)
+        parts.append(text)
+        if name == "plan" and data and plot_plan(data, os.path.join(ROOT, "docs", "img", "plan.png")):
+            parts.append("![planned memory](img/plan.png)")
+        if name == "memory" and data and plot_memory(data, os.path.join(ROOT, "docs", "img", "memory_tags.png")):
+            parts.append("![memory by tag](img/memory_tags.png)")
+    commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
+    cpu = "unknown CPU"
+    try:
+        cpu = [l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")][0]
+    except (OSError, IndexError):
+        pass
+    head = ["# Results", "",
+            "Generated by `python3 bench/run_benchmarks.py%s` on %s (commit %s, %s, %d cores, %s). "
+            "Do not edit by hand." % (" --quick" if args.quick else "", datetime.date.today().isoformat(), commit,
+                                      cpu, os.cpu_count(), platform.platform()), ""]
+    with open(args.out, "w") as f:
+        f.write("\n".join(head + ["\n\n".join(parts)]) + "\n")
+    print("wrote " + args.out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
