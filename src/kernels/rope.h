@@ -1,6 +1,8 @@
 // Rotary position embedding (Llama rotate-half form), applied in place on q or k at global token
-// positions; backward is the inverse rotation, also in place. Angles are computed in fp64 so
-// positions in the millions stay exact: theta_i = pos * base^(-2i/d).
+// positions; backward is the inverse rotation, also in place. Angles pos * base^(-2i/d) are
+// evaluated in fp64 (exact sincos every 64 positions, fp64 rotation steps between), so positions
+// in the millions stay accurate and a position's rotation never depends on how the sequence was
+// sharded.
 #pragma once
 
 #include <cstdint>

@@ -59,6 +59,22 @@ TEST(Rope, BackwardInvertsForward) {
   EXPECT_LE(test::max_abs_diff(read(x), before), 4 * kEps32 * test::max_abs(before));
 }
 
+// A position's rotation must not depend on where a shard starts (strategies rotate shards, the
+// oracle the whole sequence): bitwise equality between one call and a split one.
+TEST(Rope, ShardIndependentBitwise) {
+  Device dev;
+  const int d = 64;
+  const int64_t rows = 300, split = 77;
+  Tensor x(dev.mem(), Tag::kQkv, DType::kF32, rows, 2 * d), y(dev.mem(), Tag::kQkv, DType::kF32, rows, 2 * d);
+  test::fill_normal(x, 9);
+  test::fill_normal(y, 9);
+  rope_forward(dev, x, d, RowPositions::contiguous(rows, 5000), 500000.0);
+  rope_forward(dev, y.mat().rows_of(0, split), d, RowPositions::contiguous(split, 5000), 500000.0);
+  rope_forward(dev, y.mat().rows_of(split, rows - split), d, RowPositions::contiguous(rows - split, 5000 + split),
+               500000.0);
+  EXPECT_EQ(read(x), read(y));
+}
+
 TEST(Rope, Bf16InPlace) {
   Device dev;
   const int d = 32;
