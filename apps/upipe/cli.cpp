@@ -30,10 +30,12 @@ void add_shape_options(CLI::App& cmd, ShapeOptions& o, bool with_strategy) {
   cmd.add_option("--dtype", o.dtype, "storage dtype: fp32 or bf16")->capture_default_str();
   cmd.add_option("--rope-theta", o.rope_theta, "RoPE base")->capture_default_str();
   if (!with_strategy) return;
-  cmd.add_option("--head-chunk,-U", o.head_chunk, "upipe: query heads per stage U (0 = C)");
+  cmd.add_option("--head-chunk,-U", o.head_chunk,
+                 "upipe/upipe-fpdt: query heads per stage U (0 = C)");
   cmd.add_option("--ulysses-degree,-u", o.ulysses_degree,
                  "usp/upipe-ring: ranks per Ulysses group u (0 = all)");
-  cmd.add_option("--chunks,-N", o.chunks, "fpdt/upipe-fpdt: sequence chunks N (0 = default)");
+  cmd.add_option("--chunks,-N", o.chunks,
+                 "fpdt/upipe-fpdt: sequence chunks N (0 = the largest N <= 4 dividing S/C)");
 }
 
 int64_t parse_bytes(const std::string& s) {

@@ -1,21 +1,11 @@
 #include "attention/headwise.h"
 
 #include <algorithm>
-#include <vector>
 
 #include "kernels/gemm.h"
 #include "kernels/tensor_ops.h"
 
 namespace upipe {
-namespace {
-
-// Block j of a buffer that holds contiguous (rows, cols) matrices back to back.
-Mat block(const Buffer& buf, DType t, int64_t rows, int64_t cols, int j) {
-  return Mat{static_cast<char*>(buf.data()) + int64_t(j) * rows * cols * dtype_size(t), t, rows,
-             cols, cols};
-}
-
-}  // namespace
 
 // The buffers one forward or backward allocates once and reuses in every stage. n = S rows
 // after the all-to-all, m query heads per rank per stage, R resident KV heads.
@@ -41,76 +31,9 @@ SeqLayout HeadwiseAttention::layout() const {
   return SeqLayout{LayoutKind::kContiguous, cfg().seq_len, comm().size(), 1};
 }
 
-std::vector<HeadwiseAttention::HeadRun> HeadwiseAttention::runs(int stage) const {
-  const int m = sch_.m, g = sch_.group;
-  if (sch_.replicated()) return {{0, m, 0, 1}};
-  const int base = (stage % sch_.stages_per_set) * m;  // offset within the rank's set heads
-  if (m % g == 0) return {{0, m, base / g, m / g}};
-  std::vector<HeadRun> r;
-  for (int i = 0; i < m;) {
-    const int kv = (base + i) / g;
-    const int end = std::min(m, (kv + 1) * g - base);
-    r.push_back({i, end - i, kv, 1});
-    i = end;
-  }
-  return r;
-}
-
-void HeadwiseAttention::fetch_kv(const Mat& x, const AttentionWeights& w, int set, Buffers& b) {
-  const AttentionConfig& c = cfg();
-  const int cr = sch_.ranks, d = c.head_dim;
-  const int64_t sl = x.rows;
-  const DType t = c.dtype;
-  const double theta = c.rope_theta;
-  if (!sch_.replicated()) {
-    const int r = sch_.kv_per_rank;
-    for (int pass = 0; pass < 2; ++pass) {
-      const Mat& wmat = pass == 0 ? w.wk : w.wv;
-      for (int j = 0; j < cr; ++j) {
-        const Mat blk = block(b.a2a, t, sl, int64_t(r) * d, j);
-        gemm(dev(), x, false, wmat.rows_of(int64_t(sch_.kv_head(set, j)) * d, int64_t(r) * d), true, blk);
-        if (pass == 0) rope_forward(dev(), blk, d, pos_, theta);
-      }
-      comm().all_to_all(b.a2a.data(), (pass == 0 ? b.kres : b.vres).data(), mat_bytes(sl, int64_t(r) * d, t));
-    }
-    return;
-  }
-  // K < C: project each KV head once; the all-to-allv sends head j / (C/K) to rank j.
-  const int k = c.kv_heads, rep = cr / k;
-  const int64_t blk_bytes = mat_bytes(sl, d, t);
-  const size_t ucr = static_cast<size_t>(cr);
-  std::vector<int64_t> sb(ucr, blk_bytes), sd(ucr), rb(ucr, blk_bytes), rd(ucr);
-  for (int j = 0; j < cr; ++j) {
-    sd[size_t(j)] = (j / rep) * blk_bytes;
-    rd[size_t(j)] = j * blk_bytes;
-  }
-  for (int pass = 0; pass < 2; ++pass) {
-    const Mat& wmat = pass == 0 ? w.wk : w.wv;
-    for (int a = 0; a < k; ++a) {
-      const Mat blk = block(b.a2a, t, sl, d, a);
-      gemm(dev(), x, false, wmat.rows_of(int64_t(a) * d, d), true, blk);
-      if (pass == 0) rope_forward(dev(), blk, d, pos_, theta);
-    }
-    comm().all_to_allv(b.a2a.data(), sb.data(), sd.data(), (pass == 0 ? b.kres : b.vres).data(),
-                       rb.data(), rd.data());
-  }
-}
-
-void HeadwiseAttention::project_q(const Mat& x, const AttentionWeights& w, int stage, Buffers& b) {
-  const AttentionConfig& c = cfg();
-  const int d = c.head_dim, m = sch_.m;
-  const int64_t sl = x.rows;
-  for (int j = 0; j < sch_.ranks; ++j) {
-    const Mat blk = block(b.a2a, c.dtype, sl, int64_t(m) * d, j);
-    gemm(dev(), x, false, w.wq.rows_of(int64_t(sch_.q_head(stage, j)) * d, int64_t(m) * d), true, blk);
-    rope_forward(dev(), blk, d, pos_, c.rope_theta);
-  }
-  comm().all_to_all(b.a2a.data(), b.q.data(), mat_bytes(sl, int64_t(m) * d, c.dtype));
-}
-
 void HeadwiseAttention::attend_forward(int stage, Buffers& b) {
   const int d = cfg().head_dim;
-  for (const HeadRun& r : runs(stage)) {
+  for (const HeadRun& r : head_runs(sch_, stage)) {
     AttnProblem p{b.q.mat().cols_of(int64_t(r.q0) * d, int64_t(r.nh) * d),
                   b.kres.mat().cols_of(int64_t(r.k0) * d, int64_t(r.nk) * d),
                   b.vres.mat().cols_of(int64_t(r.k0) * d, int64_t(r.nk) * d), r.nh, r.nk, d};
@@ -138,54 +61,18 @@ void HeadwiseAttention::forward(const Mat& x, const AttentionWeights& w, const M
   if (t != DType::kF32) yacc = Tensor(mem, Tag::kAttnOut, DType::kF32, sl, c.model_dim());
   const Mat yout = t == DType::kF32 ? y : yacc.mat();
   for (int s = 0; s < sch_.stages(); ++s) {
-    if (sch_.starts_set(s)) fetch_kv(x, w, sch_.set_of(s), b);
-    project_q(x, w, s, b);
+    if (sch_.starts_set(s))
+      project_kv(env(), x, pos_, w.wk, w.wv, sch_.set_of(s), b.a2a, b.kres, b.vres);
+    project_q(env(), x, pos_, w.wq, s, b.a2a, b.q);
     attend_forward(s, b);
     comm().all_to_all(b.o.data(), b.a2a.data(), mat_bytes(sl, md, t));
     for (int j = 0; j < sch_.ranks; ++j) {
       const Mat wo = w.wo.cols_of(int64_t(sch_.q_head(s, j)) * d, md);
-      gemm(dev(), block(b.a2a, t, sl, md, j), false, wo, true, yout, 1.0f, s == 0 && j == 0 ? 0.0f : 1.0f);
+      gemm(dev(), a2a_block(b.a2a, t, sl, md, j), false, wo, true, yout, 1.0f,
+           s == 0 && j == 0 ? 0.0f : 1.0f);
     }
   }
   if (t != DType::kF32) copy(dev(), y, yacc);
-}
-
-void HeadwiseAttention::return_kv(const Mat& x, const AttentionWeights& w, int set, Buffers& b,
-                                  const Mat& dx, const AttentionGrads& g, bool& first_dx) {
-  const AttentionConfig& c = cfg();
-  const int cr = sch_.ranks, d = c.head_dim;
-  const int64_t sl = x.rows;
-  const DType f32 = DType::kF32;
-  auto apply = [&](const Mat& grad, const Mat& wrows, const Mat& grows) {
-    gemm(dev(), grad, false, wrows, false, dx, 1.0f, first_dx ? 0.0f : 1.0f);  // dx += dk Wk
-    first_dx = false;
-    gemm(dev(), grad, true, x, false, grows);  // dWk rows = dk^T x
-  };
-  for (int pass = 0; pass < 2; ++pass) {
-    const Tensor& src = pass == 0 ? b.dkres : b.dvres;
-    const Mat& wmat = pass == 0 ? w.wk : w.wv;
-    const Mat& gmat = pass == 0 ? g.wk : g.wv;
-    if (!sch_.replicated()) {
-      const int64_t rd = int64_t(sch_.kv_per_rank) * d;
-      comm().all_to_all(src.data(), b.a2a.data(), mat_bytes(sl, rd, f32));
-      for (int j = 0; j < cr; ++j) {
-        const Mat blk = block(b.a2a, f32, sl, rd, j);
-        if (pass == 0) rope_backward(dev(), blk, d, pos_, c.rope_theta);
-        const int64_t row0 = int64_t(sch_.kv_head(set, j)) * d;
-        apply(blk, wmat.rows_of(row0, rd), gmat.rows_of(row0, rd));
-      }
-      continue;
-    }
-    // K < C: block j holds the contribution of rank j's replica; sum the replicas of each head.
-    comm().all_to_all(src.data(), b.a2a.data(), mat_bytes(sl, d, f32));
-    const int rep = cr / c.kv_heads;
-    for (int a = 0; a < c.kv_heads; ++a) {
-      const Mat sum = block(b.a2a, f32, sl, d, a * rep);
-      for (int j = a * rep + 1; j < (a + 1) * rep; ++j) add_into(dev(), sum, block(b.a2a, f32, sl, d, j));
-      if (pass == 0) rope_backward(dev(), sum, d, pos_, c.rope_theta);
-      apply(sum, wmat.rows_of(int64_t(a) * d, d), gmat.rows_of(int64_t(a) * d, d));
-    }
-  }
 }
 
 void HeadwiseAttention::backward(const Mat& x, const Mat& dy, const AttentionWeights& w,
@@ -214,25 +101,25 @@ void HeadwiseAttention::backward(const Mat& x, const Mat& dy, const AttentionWei
   for (int s = 0; s < sch_.stages(); ++s) {
     const int set = sch_.set_of(s);
     if (sch_.starts_set(s)) {
-      fetch_kv(x, w, set, b);
+      project_kv(env(), x, pos_, w.wk, w.wv, set, b.a2a, b.kres, b.vres);
       zero(dev(), b.dkres);
       zero(dev(), b.dvres);
     }
-    project_q(x, w, s, b);
+    project_q(env(), x, pos_, w.wq, s, b.a2a, b.q);
     attend_forward(s, b);
     // do = dy Wo[:, stage heads], projected into the all-to-all layout and sent head-sharded.
     for (int j = 0; j < sch_.ranks; ++j)
       gemm(dev(), dy, false, w.wo.cols_of(int64_t(sch_.q_head(s, j)) * d, md), false,
-           block(b.a2a, t, sl, md, j));
+           a2a_block(b.a2a, t, sl, md, j));
     comm().all_to_all(b.a2a.data(), b.dout.data(), mat_bytes(sl, md, t));
     // dWo[:, stage heads] = dy^T o needs o back in sequence layout.
     comm().all_to_all(b.o.data(), b.a2a.data(), mat_bytes(sl, md, t));
     for (int j = 0; j < sch_.ranks; ++j)
-      gemm(dev(), dy, true, block(b.a2a, t, sl, md, j), false,
+      gemm(dev(), dy, true, a2a_block(b.a2a, t, sl, md, j), false,
            g.wo.cols_of(int64_t(sch_.q_head(s, j)) * d, md));
     attention_delta(dev(), b.o, b.dout, int(d), b.delta);
     zero(dev(), b.dq);
-    for (const HeadRun& r : runs(s)) {
+    for (const HeadRun& r : head_runs(sch_, s)) {
       const int64_t qc = int64_t(r.q0) * d, qn = int64_t(r.nh) * d;
       const int64_t kc = int64_t(r.k0) * d, kn = int64_t(r.nk) * d;
       AttnProblem p{b.q.mat().cols_of(qc, qn), b.kres.mat().cols_of(kc, kn),
@@ -244,14 +131,17 @@ void HeadwiseAttention::backward(const Mat& x, const Mat& dy, const AttentionWei
     // dq back to sequence layout; RoPE backward; dx += dq Wq[stage rows]; dWq[stage rows].
     comm().all_to_all(b.dq.data(), b.a2a.data(), mat_bytes(sl, md, f32));
     for (int j = 0; j < sch_.ranks; ++j) {
-      const Mat blk = block(b.a2a, f32, sl, md, j);
+      const Mat blk = a2a_block(b.a2a, f32, sl, md, j);
       rope_backward(dev(), blk, int(d), pos_, c.rope_theta);
       const int64_t row0 = int64_t(sch_.q_head(s, j)) * d;
       gemm(dev(), blk, false, w.wq.rows_of(row0, md), false, dxout, 1.0f, first_dx ? 0.0f : 1.0f);
       first_dx = false;
       gemm(dev(), blk, true, x, false, g.wq.rows_of(row0, md));
     }
-    if ((s + 1) % sch_.stages_per_set == 0) return_kv(x, w, set, b, dxout, g, first_dx);
+    // The set's dK/dV go back once; dx already holds a dq term, dWk/dWv rows are written once.
+    if ((s + 1) % sch_.stages_per_set == 0)
+      return_kv_grads(env(), x, pos_, w.wk, w.wv, set, b.dkres, b.dvres, b.a2a, dxout, g.wk, g.wv,
+                      0.0f);
   }
   if (t != f32) copy(dev(), dx, dxacc);
 }

@@ -12,6 +12,7 @@
 #include <memory>
 
 #include "attention/head_core.h"
+#include "attention/head_stage.h"
 #include "attention/strategy.h"
 #include "attention/upipe_schedule.h"
 
@@ -32,16 +33,8 @@ class HeadwiseAttention final : public AttentionStrategy {
 
  private:
   struct Buffers;
-  struct HeadRun {
-    int q0, nh;  // query heads [q0, q0+nh) of the stage (local index)
-    int k0, nk;  // resident KV heads [k0, k0+nk) they read, evenly
-  };
-  std::vector<HeadRun> runs(int stage) const;
-  void fetch_kv(const Mat& x, const AttentionWeights& w, int set, Buffers& b);
-  void project_q(const Mat& x, const AttentionWeights& w, int stage, Buffers& b);
+  StageEnv env() const { return {dev(), comm(), cfg(), sch_}; }
   void attend_forward(int stage, Buffers& b);
-  void return_kv(const Mat& x, const AttentionWeights& w, int set, Buffers& b, const Mat& dx,
-                 const AttentionGrads& g, bool& first_dx);
 
   std::string name_;
   UpipeSchedule sch_;

@@ -1,6 +1,7 @@
 // make_strategy(): validation of a method's configuration and construction.
 #include <fmt/format.h>
 
+#include "attention/fpdt.h"
 #include "attention/headwise.h"
 #include "attention/local.h"
 #include "attention/strategy.h"
@@ -34,6 +35,10 @@ std::unique_ptr<AttentionStrategy> make_strategy(const std::string& method,
     need_divisible(c, "the number of ranks");
     return std::make_unique<HeadwiseAttention>(ctx, "upipe", ctx.cfg.head_chunk);
   }
+  // fpdt / upipe-fpdt check S against N C themselves (fpdt_chunks), after the head schedule.
+  if (method == "fpdt") return std::make_unique<ChunkedAttention>(ctx, "fpdt", ctx.cfg.heads);
+  if (method == "upipe-fpdt")
+    return std::make_unique<ChunkedAttention>(ctx, "upipe-fpdt", ctx.cfg.head_chunk);
   throw ConfigError(fmt::format(
       "unknown method '{}'; choose local, ulysses, upipe, ring, usp, upipe-ring, fpdt or "
       "upipe-fpdt",

@@ -4,6 +4,7 @@
 // errors, so a wrongly rejected configuration fails instead of vanishing).
 #pragma once
 
+#include <algorithm>
 #include <set>
 #include <string>
 #include <vector>
@@ -24,7 +25,7 @@ inline std::vector<StrategyCase> strategy_cases(int c) {
   };
   const Shape shapes[] = {{8, 8}, {8, 4}, {16, 4}, {16, 2}, {8, 1}};
   std::vector<StrategyCase> out;
-  auto add = [&](const std::string& method, Shape sh, int u, DType t) {
+  auto add = [&](const std::string& method, Shape sh, int u, DType t, int n = 0) {
     AttentionConfig cfg;
     cfg.seq_len = 512;
     cfg.heads = sh.h;
@@ -32,9 +33,12 @@ inline std::vector<StrategyCase> strategy_cases(int c) {
     cfg.head_dim = 32;
     cfg.dtype = t;
     cfg.head_chunk = u;
+    cfg.chunks = n;
     std::string name = method + "_H" + std::to_string(sh.h) + "K" + std::to_string(sh.k);
     if (u) name += "_U" + std::to_string(u);
+    if (n) name += "_N" + std::to_string(n);
     if (t != DType::kF32) name += "_bf16";
+    std::replace(name.begin(), name.end(), '-', '_');  // test names allow [A-Za-z0-9_] only
     out.push_back({method, cfg, name});
   };
   for (const Shape& sh : shapes) {
@@ -47,6 +51,22 @@ inline std::vector<StrategyCase> strategy_cases(int c) {
       if (sh.h % u == 0) add("upipe", sh, u, DType::kF32);
   }
   if (16 % c == 0) add("upipe", {16, 4}, c, DType::kBF16);
+  // fpdt (U = H) and upipe-fpdt under the same head rules, N = 2 or 4 sequence chunks, at S = 256
+  // (S / (N C) >= 8 rows per sub-chunk): merge strategies are checked against the fp64 oracle,
+  // the slowest part of the suite.
+  auto add_chunked = [&](const std::string& method, Shape sh, int u, DType t, int n) {
+    if (sh.h % c != 0 || (sh.k % c != 0 && c % sh.k != 0)) return;
+    add(method, sh, u, t, n);
+    out.back().cfg.seq_len = 256;
+  };
+  for (const Shape& sh : shapes)
+    add_chunked("fpdt", sh, 0, DType::kF32, sh.k == 4 && sh.h == 16 ? 2 : 4);
+  add_chunked("upipe-fpdt", {8, 8}, c, DType::kF32, 2);
+  add_chunked("upipe-fpdt", {16, 4}, c, DType::kF32, 4);
+  add_chunked("upipe-fpdt", {16, 2}, 2 * c, DType::kF32, 2);
+  add_chunked("upipe-fpdt", {8, 1}, c, DType::kF32, 2);
+  add_chunked("fpdt", {8, 4}, 0, DType::kBF16, 4);
+  add_chunked("upipe-fpdt", {8, 4}, c, DType::kBF16, 2);
   return out;
 }
 

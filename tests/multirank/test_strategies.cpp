@@ -68,6 +68,25 @@ TEST(StrategyConfig, BadConfigurationsFailWithAHint) {
   bad = base;
   bad.kv_heads = 3;
   expect_error("upipe", bad, "must be divisible by kv-heads");
+  bad = base;
+  bad.chunks = 3;  // S = 64 C is not divisible by 3 C
+  expect_error("fpdt", bad, "--chunks");
+  bad.chunks = -1;
+  expect_error("upipe-fpdt", bad, "--chunks");
+  bad = base;
+  bad.seq_len = 64 * c + 1;
+  if (c > 1) expect_error("fpdt", bad, "seq-len");
+  bad = base;
+  bad.head_chunk = 3 * c;
+  expect_error("upipe-fpdt", bad, "--head-chunk");
+  bad = base;
+  bad.heads = 7;
+  bad.kv_heads = 7;
+  if (c > 1) expect_error("fpdt", bad, "must be divisible by the number of ranks");
+  bad = base;
+  bad.heads = 24;
+  bad.kv_heads = 3;
+  if (c == 2 || c == 4 || c == 8) expect_error("upipe-fpdt", bad, "kv-heads");
   expect_error("no-such-method", base, "unknown method");
   if (c > 1) expect_error("local", base, "one rank");
 }

@@ -1,0 +1,126 @@
+#include "attention/head_stage.h"
+
+#include <algorithm>
+
+#include "kernels/gemm.h"
+#include "kernels/tensor_ops.h"
+
+namespace upipe {
+
+Mat a2a_block(const Buffer& buf, DType t, int64_t rows, int64_t cols, int j) {
+  return Mat{static_cast<char*>(buf.data()) + int64_t(j) * rows * cols * dtype_size(t), t, rows,
+             cols, cols};
+}
+
+std::vector<HeadRun> head_runs(const UpipeSchedule& s, int stage) {
+  const int m = s.m, g = s.group;
+  if (s.replicated()) return {{0, m, 0, 1}};
+  const int base = (stage % s.stages_per_set) * m;  // offset within the rank's set heads
+  if (m % g == 0) return {{0, m, base / g, m / g}};
+  std::vector<HeadRun> r;
+  for (int i = 0; i < m;) {
+    const int kv = (base + i) / g;
+    const int end = std::min(m, (kv + 1) * g - base);
+    r.push_back({i, end - i, kv, 1});
+    i = end;
+  }
+  return r;
+}
+
+void project_q(const StageEnv& e, const Mat& x, const RowPositions& pos, const Mat& wq, int stage,
+               const Buffer& staging, const Mat& q) {
+  const AttentionConfig& c = e.cfg;
+  const int d = c.head_dim, m = e.sch.m;
+  const int64_t sl = x.rows;
+  for (int j = 0; j < e.sch.ranks; ++j) {
+    const Mat blk = a2a_block(staging, c.dtype, sl, int64_t(m) * d, j);
+    gemm(e.dev, x, false, wq.rows_of(int64_t(e.sch.q_head(stage, j)) * d, int64_t(m) * d), true,
+         blk);
+    rope_forward(e.dev, blk, d, pos, c.rope_theta);
+  }
+  e.comm.all_to_all(staging.data(), q.data, mat_bytes(sl, int64_t(m) * d, c.dtype));
+}
+
+void project_kv(const StageEnv& e, const Mat& x, const RowPositions& pos, const Mat& wk,
+                const Mat& wv, int set, const Buffer& staging, const Mat& k, const Mat& v) {
+  const AttentionConfig& c = e.cfg;
+  const UpipeSchedule& s = e.sch;
+  const int cr = s.ranks, d = c.head_dim;
+  const int64_t sl = x.rows;
+  const DType t = c.dtype;
+  if (!s.replicated()) {
+    const int r = s.kv_per_rank;
+    for (int pass = 0; pass < 2; ++pass) {
+      const Mat& wmat = pass == 0 ? wk : wv;
+      for (int j = 0; j < cr; ++j) {
+        const Mat blk = a2a_block(staging, t, sl, int64_t(r) * d, j);
+        gemm(e.dev, x, false, wmat.rows_of(int64_t(s.kv_head(set, j)) * d, int64_t(r) * d), true,
+             blk);
+        if (pass == 0) rope_forward(e.dev, blk, d, pos, c.rope_theta);
+      }
+      e.comm.all_to_all(staging.data(), (pass == 0 ? k : v).data, mat_bytes(sl, int64_t(r) * d, t));
+    }
+    return;
+  }
+  // K < C: project each KV head once; the all-to-allv sends head j / (C/K) to rank j.
+  const int kh = c.kv_heads, rep = cr / kh;
+  const int64_t blk_bytes = mat_bytes(sl, d, t);
+  const size_t ucr = static_cast<size_t>(cr);
+  std::vector<int64_t> sb(ucr, blk_bytes), sd(ucr), rb(ucr, blk_bytes), rd(ucr);
+  for (int j = 0; j < cr; ++j) {
+    sd[size_t(j)] = (j / rep) * blk_bytes;
+    rd[size_t(j)] = j * blk_bytes;
+  }
+  for (int pass = 0; pass < 2; ++pass) {
+    const Mat& wmat = pass == 0 ? wk : wv;
+    for (int a = 0; a < kh; ++a) {
+      const Mat blk = a2a_block(staging, t, sl, d, a);
+      gemm(e.dev, x, false, wmat.rows_of(int64_t(a) * d, d), true, blk);
+      if (pass == 0) rope_forward(e.dev, blk, d, pos, c.rope_theta);
+    }
+    e.comm.all_to_allv(staging.data(), sb.data(), sd.data(), (pass == 0 ? k : v).data, rb.data(),
+                       rd.data());
+  }
+}
+
+void return_kv_grads(const StageEnv& e, const Mat& x, const RowPositions& pos, const Mat& wk,
+                     const Mat& wv, int set, const Mat& dk, const Mat& dv, const Buffer& staging,
+                     const Mat& dx, const Mat& gk, const Mat& gv, float dw_beta) {
+  const AttentionConfig& c = e.cfg;
+  const UpipeSchedule& s = e.sch;
+  const int cr = s.ranks, d = c.head_dim;
+  const int64_t sl = x.rows;
+  const DType f32 = DType::kF32;
+  auto apply = [&](const Mat& grad, const Mat& wrows, const Mat& grows) {
+    gemm(e.dev, grad, false, wrows, false, dx, 1.0f, 1.0f);   // dx += dk Wk
+    gemm(e.dev, grad, true, x, false, grows, 1.0f, dw_beta);  // dWk rows = dk^T x
+  };
+  for (int pass = 0; pass < 2; ++pass) {
+    const Mat& src = pass == 0 ? dk : dv;
+    const Mat& wmat = pass == 0 ? wk : wv;
+    const Mat& gmat = pass == 0 ? gk : gv;
+    if (!s.replicated()) {
+      const int64_t rd = int64_t(s.kv_per_rank) * d;
+      e.comm.all_to_all(src.data, staging.data(), mat_bytes(sl, rd, f32));
+      for (int j = 0; j < cr; ++j) {
+        const Mat blk = a2a_block(staging, f32, sl, rd, j);
+        if (pass == 0) rope_backward(e.dev, blk, d, pos, c.rope_theta);
+        const int64_t row0 = int64_t(s.kv_head(set, j)) * d;
+        apply(blk, wmat.rows_of(row0, rd), gmat.rows_of(row0, rd));
+      }
+      continue;
+    }
+    // K < C: block j holds the contribution of rank j's replica; sum the replicas of each head.
+    e.comm.all_to_all(src.data, staging.data(), mat_bytes(sl, d, f32));
+    const int rep = cr / c.kv_heads;
+    for (int a = 0; a < c.kv_heads; ++a) {
+      const Mat sum = a2a_block(staging, f32, sl, d, a * rep);
+      for (int j = a * rep + 1; j < (a + 1) * rep; ++j)
+        add_into(e.dev, sum, a2a_block(staging, f32, sl, d, j));
+      if (pass == 0) rope_backward(e.dev, sum, d, pos, c.rope_theta);
+      apply(sum, wmat.rows_of(int64_t(a) * d, d), gmat.rows_of(int64_t(a) * d, d));
+    }
+  }
+}
+
+}  // namespace upipe

@@ -1,0 +1,60 @@
+// The pieces of one headwise (Ulysses / UPipe) stage that the whole-sequence engine
+// (headwise.cpp) and the sequence-chunked one (fpdt.cpp) share: projecting a stage's query
+// heads or a KV set straight into the all-to-all layout, the head runs the attention kernel is
+// called on, and the return of a KV set's gradients to sequence layout.
+//
+// Every helper works on x rows at given global positions: the whole shard (S/C rows) for
+// headwise, one sub-chunk (S/(N C) rows) for fpdt. After the all-to-all, a head-sharded buffer
+// holds C times those rows, rank 0's first, so it covers n = C * rows tokens in rank order.
+#pragma once
+
+#include <vector>
+
+#include "attention/config.h"
+#include "attention/upipe_schedule.h"
+#include "comm/communicator.h"
+#include "core/device.h"
+#include "core/tensor.h"
+#include "kernels/rope.h"
+
+namespace upipe {
+
+// What the stage helpers work with: the device, the all-to-all group, the block shape and the
+// schedule.
+struct StageEnv {
+  Device& dev;
+  Communicator& comm;
+  const AttentionConfig& cfg;
+  const UpipeSchedule& sch;
+};
+
+// Block j of a buffer that holds contiguous (rows, cols) matrices back to back (the layout of
+// all-to-all staging buffers: block j goes to / comes from rank j).
+Mat a2a_block(const Buffer& buf, DType t, int64_t rows, int64_t cols, int j);
+
+// The kernel calls of one stage on one rank: query heads [q0, q0+nh) of the stage (local
+// index) read the resident KV heads [k0, k0+nk), evenly (nh a multiple of nk).
+struct HeadRun {
+  int q0, nh;
+  int k0, nk;
+};
+std::vector<HeadRun> head_runs(const UpipeSchedule& s, int stage);
+
+// q (n, m*d) <- the stage's query heads of every rank's x rows: x (rows, D) at positions pos,
+// projected per destination rank into staging (C blocks (rows, m*d)), RoPE, all-to-all.
+void project_q(const StageEnv& e, const Mat& x, const RowPositions& pos, const Mat& wq, int stage,
+               const Buffer& staging, const Mat& q);
+
+// k, v (n, R*d) <- KV set `set` (K < C: the one replicated head) of every rank's x rows, the
+// same way; k gets RoPE.
+void project_kv(const StageEnv& e, const Mat& x, const RowPositions& pos, const Mat& wk,
+                const Mat& wv, int set, const Buffer& staging, const Mat& k, const Mat& v);
+
+// Sends the set's fp32 gradients dk, dv (n, R*d) back to sequence layout through staging
+// (fp32-sized), sums the replicas of a K < C head, applies RoPE backward to dk and accumulates
+// dx (rows, D) += dk Wk + dv Wv; gk, gv rows = dk^T x + dw_beta * gk, gv rows.
+void return_kv_grads(const StageEnv& e, const Mat& x, const RowPositions& pos, const Mat& wk,
+                     const Mat& wv, int set, const Mat& dk, const Mat& dv, const Buffer& staging,
+                     const Mat& dx, const Mat& gk, const Mat& gv, float dw_beta);
+
+}  // namespace upipe
