@@ -3,7 +3,9 @@
 
 #include "attention/headwise.h"
 #include "attention/local.h"
+#include "attention/ring.h"
 #include "attention/strategy.h"
+#include "attention/usp.h"
 #include "core/errors.h"
 
 namespace upipe {
@@ -22,9 +24,8 @@ std::unique_ptr<AttentionStrategy> make_strategy(const std::string& method,
   }
   auto need_divisible = [&](int64_t by, const char* why) {
     if (ctx.cfg.seq_len % by != 0)
-      throw ConfigError(fmt::format(
-          "seq-len ({}) must be divisible by {} ({}); try --seq-len {}", ctx.cfg.seq_len, by, why,
-          (ctx.cfg.seq_len / by + 1) * by));
+      throw ConfigError(fmt::format("seq-len ({}) must be divisible by {} ({}); try --seq-len {}",
+                                    ctx.cfg.seq_len, by, why, (ctx.cfg.seq_len / by + 1) * by));
   };
   if (method == "ulysses") {
     need_divisible(c, "the number of ranks");
@@ -34,6 +35,12 @@ std::unique_ptr<AttentionStrategy> make_strategy(const std::string& method,
     need_divisible(c, "the number of ranks");
     return std::make_unique<HeadwiseAttention>(ctx, "upipe", ctx.cfg.head_chunk);
   }
+  if (method == "ring") {
+    need_divisible(2 * int64_t(c),
+                   "twice the number of ranks: zigzag cuts the sequence into 2C chunks");
+    return std::make_unique<RingAttention>(ctx);
+  }
+  if (method == "usp" || method == "upipe-ring") return make_usp(method, ctx);
   throw ConfigError(fmt::format(
       "unknown method '{}'; choose local, ulysses, upipe, ring, usp, upipe-ring, fpdt or "
       "upipe-fpdt",
