@@ -26,6 +26,8 @@ RingCore::RingCore(Device& dev, std::unique_ptr<Communicator> ring, int64_t seq_
       t_(t) {}
 
 void RingCore::forward(const AttnProblem& p, const Mat& o, const Mat& lse) {
+  UPIPE_CHECK(p.q.rows == n_ && p.k.rows == n_, "ring core holds {} rows, got q {} and k {}", n_,
+              p.q.rows, p.k.rows);
   Arena& mem = dev_.mem();
   KvRing kv = fill_ring(dev_, ring_->size(), p);
   Tensor acc(mem, Tag::kAttnOut, DType::kF32, n_, p.q.cols);
@@ -38,6 +40,8 @@ void RingCore::forward(const AttnProblem& p, const Mat& o, const Mat& lse) {
 
 void RingCore::backward(const AttnProblem& p, const Mat& dout, const Mat& lse, const Mat& delta,
                         const Mat& dq, const Mat& dk, const Mat& dv) {
+  UPIPE_CHECK(p.q.rows == n_ && p.k.rows == n_, "ring core holds {} rows, got q {} and k {}", n_,
+              p.q.rows, p.k.rows);
   KvRing kv = fill_ring(dev_, ring_->size(), p);
   const Buffer home =
       ring_backward(dev_, {*ring_, layout_}, p.q, dout, lse, delta, p.hq, p.hk, p.d, kv, dq);
