@@ -45,7 +45,6 @@ class KvRing {
   // the other slot; finish() waits and makes the received block current.
   std::unique_ptr<Work> start(Communicator& comm);
   void finish(std::unique_ptr<Work>& w);
-  int64_t block_bytes() const { return slot_[cur_].bytes(); }
   void reset();
 
  private:
