@@ -22,7 +22,8 @@ nlohmann::json comm_json(const CommStats& s) {
   nlohmann::json j = nlohmann::json::object();
   for (int op = 0; op < kNumCommOps; ++op)
     if (s.calls[size_t(op)] > 0)
-      j[comm_op_name(CommOp(op))] = {{"calls", s.calls[size_t(op)]}, {"bytes", s.bytes_sent[size_t(op)]}};
+      j[comm_op_name(CommOp(op))] = {{"calls", s.calls[size_t(op)]},
+                                     {"bytes", s.bytes_sent[size_t(op)]}};
   return j;
 }
 
@@ -43,6 +44,7 @@ int run(Process& proc, const Options& opt) {
                         {"kv_heads", cfg.kv_heads},
                         {"head_dim", cfg.head_dim},
                         {"head_chunk", cfg.head_chunk},
+                        {"ulysses_degree", cfg.ulysses_degree},
                         {"dtype", dtype_name(cfg.dtype)},
                         {"max_abs_err", r.max_abs_err},
                         {"tolerance", r.tolerance},
@@ -59,14 +61,16 @@ int run(Process& proc, const Options& opt) {
     if (opt.json) {
       std::printf("%s\n", j.dump().c_str());
     } else {
-      std::printf("%s on %d rank(s): %s\n", r.method.c_str(), r.ranks, r.passed ? "PASSED" : "FAILED");
+      std::printf("%s on %d rank(s): %s\n", r.method.c_str(), r.ranks,
+                  r.passed ? "PASSED" : "FAILED");
       for (const auto& [k, v] : r.max_abs_err)
         std::printf("  %-4s max |err| %.3e  (tolerance %.3e)\n", k.c_str(), v, r.tolerance.at(k));
       std::printf("  attention intermediates: measured %s, formula %s%s\n",
-                  format_bytes(r.attn_peak_bytes).c_str(), format_bytes(r.attn_formula_bytes).c_str(),
+                  format_bytes(r.attn_peak_bytes).c_str(),
+                  format_bytes(r.attn_formula_bytes).c_str(),
                   r.attn_peak_bytes == r.attn_formula_bytes ? " (equal)" : " (DIFFERENT)");
-      std::printf("  peak %s; forward %.3f s, backward %.3f s\n", format_bytes(r.peak_bytes).c_str(),
-                  r.fwd_s, r.bwd_s);
+      std::printf("  peak %s; forward %.3f s, backward %.3f s\n",
+                  format_bytes(r.peak_bytes).c_str(), r.fwd_s, r.bwd_s);
     }
   }
   return r.passed ? 0 : 1;

@@ -1,6 +1,9 @@
 #include "attention/check.h"
 
 #include <cmath>
+#include <map>
+#include <optional>
+#include <tuple>
 #include <vector>
 
 #include "attention/harness.h"
@@ -50,7 +53,48 @@ double max_diff(const std::vector<double>& a, const std::vector<double>& b) {
   return m;
 }
 
-double eps_of(DType t) { return t == DType::kF32 ? std::ldexp(1.0, -23) : std::ldexp(1.0, -8); }
+double eps_of(DType t) {
+  return t == DType::kF32 ? std::ldexp(1.0, -23) : std::ldexp(1.0, -8);
+}
+
+// What a strategy is compared with: `local` on the whole sequence and, for merge strategies,
+// local's own error against the fp64 block (the tolerance rule's |local - fp64|).
+struct Oracle {
+  std::vector<double> want[6];                   // local's y, dx, dWq, dWk, dWv, dWo
+  std::optional<std::vector<double>> local_err;  // per tensor, when computed
+};
+
+// The inputs are a pure function of (shape, seed), so the oracle is computed once per process
+// and shape: the multi-rank table compares many strategies with the same `local` run, and the
+// naive fp64 block dominates a test case's time.
+const Oracle& oracle(const AttentionConfig& cfg, uint64_t seed, bool with_fp64) {
+  using Key = std::tuple<int64_t, int, int, int, DType, double, uint64_t>;
+  static std::map<Key, Oracle> cache;
+  Oracle& o = cache[Key{cfg.seq_len, cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.dtype,
+                        cfg.rope_theta, seed}];
+  if (!o.want[0].empty() && (o.local_err || !with_fp64)) return o;
+  Device odev;
+  FakeCommunicator one(0, 1);
+  LocalAttention local({odev, one, cfg});
+  BlockTensors lt = make_block_tensors(odev, cfg, RowPositions::contiguous(cfg.seq_len, 0), seed);
+  run_block(local, odev, lt);
+  const Mat* outs[6] = {&lt.y.mat(),  &lt.dx.mat(), &lt.gq.mat(),
+                        &lt.gk.mat(), &lt.gv.mat(), &lt.go.mat()};
+  for (int i = 0; i < 6; ++i) o.want[i] = read_all(*outs[i]);
+  if (!with_fp64) return o;
+  ref::BlockData<double> b;
+  b.x = read_all(lt.x);
+  b.dy = read_all(lt.dy);
+  b.wq = read_all(lt.wq);
+  b.wk = read_all(lt.wk);
+  b.wv = read_all(lt.wv);
+  b.wo = read_all(lt.wo);
+  ref::attention_block<double>(cfg, b);
+  const std::vector<double>* r64[6] = {&b.y, &b.dx, &b.gq, &b.gk, &b.gv, &b.go};
+  o.local_err.emplace(6, 0.0);
+  for (int i = 0; i < 6; ++i) (*o.local_err)[size_t(i)] = max_diff(o.want[i], *r64[i]);
+  return o;
+}
 
 }  // namespace
 
@@ -88,31 +132,15 @@ CheckResult check_strategy(const std::string& method, const AttentionConfig& cfg
                      "2 eps_bf16 max|local| (bf16 tensors)";
   std::vector<double> verdict(13, 0.0);  // passed flag, then err and tolerance per tensor
   if (world.rank() == 0) {
-    Device odev;
-    FakeCommunicator one(0, 1);
-    LocalAttention local({odev, one, cfg});
-    BlockTensors lt = make_block_tensors(odev, cfg, RowPositions::contiguous(cfg.seq_len, 0), opt.seed);
-    run_block(local, odev, lt);
-    const std::vector<double> want[6] = {read_all(lt.y),  read_all(lt.dx), read_all(lt.gq),
-                                         read_all(lt.gk), read_all(lt.gv), read_all(lt.go)};
-    std::vector<double> local_err(6, 0.0);
-    if (merge) {
-      ref::BlockData<double> b;
-      b.x = read_all(lt.x);
-      b.dy = read_all(lt.dy);
-      b.wq = read_all(lt.wq);
-      b.wk = read_all(lt.wk);
-      b.wv = read_all(lt.wv);
-      b.wo = read_all(lt.wo);
-      ref::attention_block<double>(cfg, b);
-      const std::vector<double>* r64[6] = {&b.y, &b.dx, &b.gq, &b.gk, &b.gv, &b.go};
-      for (int i = 0; i < 6; ++i) local_err[size_t(i)] = max_diff(want[i], *r64[i]);
-    }
+    const Oracle& o = oracle(cfg, opt.seed, merge);
+    const std::vector<double>* want = o.want;
+    const std::vector<double> local_err = o.local_err.value_or(std::vector<double>(6, 0.0));
     bool ok = true;
     for (int i = 0; i < 6; ++i) {
       const double scale = max_abs(want[i]);
       const bool bf16 = i < 2 && cfg.dtype == DType::kBF16;  // y, dx are stored in the block dtype
-      const double move = bf16 ? 2 * eps_of(DType::kBF16) * scale : 16 * eps_of(DType::kF32) * scale;
+      const double move =
+          bf16 ? 2 * eps_of(DType::kBF16) * scale : 16 * eps_of(DType::kF32) * scale;
       const double tol = merge ? 4 * local_err[size_t(i)] + move : move;
       const double err = max_diff(got[i], want[i]);
       verdict[size_t(1 + 2 * i)] = err;

@@ -9,7 +9,8 @@
 //   merge (ring, fpdt): |err| <= 4 |local - fp64| + the above, with |local - fp64| the oracle's
 //       own error against the naive fp64 block: merging partial softmax results changes the
 //       arithmetic, so the bound is relative to what the kernel's precision allows.
-// Every rank returns the same result.
+// Every rank returns the same result. Rank 0 computes the oracle (local, and the fp64 block for
+// merge strategies) once per process for each shape and seed, and reuses it.
 #pragma once
 
 #include <map>
@@ -31,9 +32,9 @@ struct CheckResult {
   bool passed = false;
   std::string rule;
   std::map<std::string, double> max_abs_err, tolerance;  // y, dx, dwq, dwk, dwv, dwo
-  int64_t peak_bytes = 0;       // max over ranks
-  TagBytes peak_by_tag;         // of rank 0, at its peak
-  int64_t attn_peak_bytes = 0;  // max over ranks
+  int64_t peak_bytes = 0;                                // max over ranks
+  TagBytes peak_by_tag;                                  // of rank 0, at its peak
+  int64_t attn_peak_bytes = 0;                           // max over ranks
   int64_t attn_formula_bytes = 0;
   CommStats comm;  // rank 0, one forward + backward
   std::optional<CommStats> comm_expected;

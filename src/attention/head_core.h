@@ -1,9 +1,11 @@
 // The attention a head-sharded strategy runs after its forward all-to-all: on q (n, hq*d) and
 // resident k, v (n, hk*d) over the n tokens its all-to-all group holds. LocalCore calls the
 // kernel on the whole sequence (Ulysses, UPipe); a ring core (USP, UPipe+ring) rotates K/V
-// between groups. The core also reports the device bytes it allocates, for the formulas.
+// between groups. The core also reports the device bytes it allocates and the messages it
+// sends, for the formulas.
 #pragma once
 
+#include "comm/communicator.h"
 #include "core/device.h"
 #include "kernels/attention.h"
 
@@ -21,6 +23,11 @@ class HeadCore {
   // Peak bytes allocated inside one forward / backward call with hq query and hk KV heads.
   virtual int64_t forward_bytes(int hq, int hk) const = 0;
   virtual int64_t backward_bytes(int hq, int hk) const = 0;
+  // Adds the calls and bytes one forward / backward call sends (none for a local core).
+  virtual void add_forward_comm(CommStats&, int /*hq*/, int /*hk*/) const {}
+  virtual void add_backward_comm(CommStats&, int /*hq*/, int /*hk*/) const {}
+  // Whether results merge partial softmax results (the `check` tolerance rule, strategy.h).
+  virtual bool merges_partials() const { return false; }
 };
 
 class LocalCore final : public HeadCore {

@@ -12,21 +12,6 @@ Mat a2a_block(const Buffer& buf, DType t, int64_t rows, int64_t cols, int j) {
              cols, cols};
 }
 
-std::vector<HeadRun> head_runs(const UpipeSchedule& s, int stage) {
-  const int m = s.m, g = s.group;
-  if (s.replicated()) return {{0, m, 0, 1}};
-  const int base = (stage % s.stages_per_set) * m;  // offset within the rank's set heads
-  if (m % g == 0) return {{0, m, base / g, m / g}};
-  std::vector<HeadRun> r;
-  for (int i = 0; i < m;) {
-    const int kv = (base + i) / g;
-    const int end = std::min(m, (kv + 1) * g - base);
-    r.push_back({i, end - i, kv, 1});
-    i = end;
-  }
-  return r;
-}
-
 void project_q(const StageEnv& e, const Mat& x, const RowPositions& pos, const Mat& wq, int stage,
                const Buffer& staging, const Mat& q) {
   const AttentionConfig& c = e.cfg;

@@ -1,7 +1,7 @@
 // The pieces of one headwise (Ulysses / UPipe) stage that the whole-sequence engine
 // (headwise.cpp) and the sequence-chunked one (fpdt.cpp) share: projecting a stage's query
-// heads or a KV set straight into the all-to-all layout, the head runs the attention kernel is
-// called on, and the return of a KV set's gradients to sequence layout.
+// heads or a KV set straight into the all-to-all layout, and the return of a KV set's gradients
+// to sequence layout (the head runs the kernel is called on are in upipe_schedule.h).
 //
 // Every helper works on x rows at given global positions: the whole shard (S/C rows) for
 // headwise, one sub-chunk (S/(N C) rows) for fpdt. After the all-to-all, a head-sharded buffer
@@ -31,14 +31,6 @@ struct StageEnv {
 // Block j of a buffer that holds contiguous (rows, cols) matrices back to back (the layout of
 // all-to-all staging buffers: block j goes to / comes from rank j).
 Mat a2a_block(const Buffer& buf, DType t, int64_t rows, int64_t cols, int j);
-
-// The kernel calls of one stage on one rank: query heads [q0, q0+nh) of the stage (local
-// index) read the resident KV heads [k0, k0+nk), evenly (nh a multiple of nk).
-struct HeadRun {
-  int q0, nh;
-  int k0, nk;
-};
-std::vector<HeadRun> head_runs(const UpipeSchedule& s, int stage);
 
 // q (n, m*d) <- the stage's query heads of every rank's x rows: x (rows, D) at positions pos,
 // projected per destination rank into staging (C blocks (rows, m*d)), RoPE, all-to-all.

@@ -7,8 +7,9 @@
 
 namespace upipe {
 
-// The buffers one forward or backward allocates once and reuses in every stage. n = S rows
-// after the all-to-all, m query heads per rank per stage, R resident KV heads.
+// The buffers one forward or backward allocates once and reuses in every stage. n = u S/C rows
+// after the all-to-all (S for Ulysses and UPipe), m query heads per rank per stage, R resident
+// KV heads.
 struct HeadwiseAttention::Buffers {
   Tensor kres, vres;    // (n, R*d)          kv_resident
   Tensor dkres, dvres;  // (n, R*d) fp32     attn_grad (backward)
@@ -21,14 +22,28 @@ struct HeadwiseAttention::Buffers {
 };
 
 HeadwiseAttention::HeadwiseAttention(const StrategyContext& ctx, std::string name, int head_chunk)
+    : HeadwiseAttention(
+          ctx, std::move(name), head_chunk,
+          {nullptr, std::make_unique<LocalCore>(ctx.dev, ctx.cfg.head_dim, ctx.cfg.dtype),
+           SeqLayout{LayoutKind::kContiguous, ctx.cfg.seq_len, ctx.comm.size(), 1}}) {}
+
+HeadwiseAttention::HeadwiseAttention(const StrategyContext& ctx, std::string name, int head_chunk,
+                                     HeadwiseGroup group)
     : AttentionStrategy(ctx),
       name_(std::move(name)),
-      sch_(make_upipe_schedule(ctx.cfg, ctx.comm.size(), head_chunk)),
-      core_(std::make_unique<LocalCore>(ctx.dev, ctx.cfg.head_dim, ctx.cfg.dtype)),
-      pos_(layout().positions(ctx.comm.rank())) {}
+      own_group_(std::move(group.comm)),
+      a2a_(own_group_ ? own_group_.get() : &ctx.comm),
+      layout_(group.layout),
+      sch_(make_upipe_schedule(ctx.cfg, a2a_->size(), head_chunk)),
+      core_(std::move(group.core)),
+      pos_(layout_.positions(ctx.comm.rank())) {}
 
 SeqLayout HeadwiseAttention::layout() const {
-  return SeqLayout{LayoutKind::kContiguous, cfg().seq_len, comm().size(), 1};
+  return layout_;
+}
+
+AttentionStrategy::ErrorClass HeadwiseAttention::error_class() const {
+  return core_->merges_partials() ? ErrorClass::kMerge : ErrorClass::kDataMovement;
 }
 
 void HeadwiseAttention::attend_forward(int stage, Buffers& b) {
@@ -36,7 +51,10 @@ void HeadwiseAttention::attend_forward(int stage, Buffers& b) {
   for (const HeadRun& r : head_runs(sch_, stage)) {
     AttnProblem p{b.q.mat().cols_of(int64_t(r.q0) * d, int64_t(r.nh) * d),
                   b.kres.mat().cols_of(int64_t(r.k0) * d, int64_t(r.nk) * d),
-                  b.vres.mat().cols_of(int64_t(r.k0) * d, int64_t(r.nk) * d), r.nh, r.nk, d};
+                  b.vres.mat().cols_of(int64_t(r.k0) * d, int64_t(r.nk) * d),
+                  r.nh,
+                  r.nk,
+                  d};
     core_->forward(p, b.o.mat().cols_of(int64_t(r.q0) * d, int64_t(r.nh) * d),
                    b.lse.mat().rows_of(r.q0, r.nh));
   }
@@ -65,7 +83,7 @@ void HeadwiseAttention::forward(const Mat& x, const AttentionWeights& w, const M
       project_kv(env(), x, pos_, w.wk, w.wv, sch_.set_of(s), b.a2a, b.kres, b.vres);
     project_q(env(), x, pos_, w.wq, s, b.a2a, b.q);
     attend_forward(s, b);
-    comm().all_to_all(b.o.data(), b.a2a.data(), mat_bytes(sl, md, t));
+    group().all_to_all(b.o.data(), b.a2a.data(), mat_bytes(sl, md, t));
     for (int j = 0; j < sch_.ranks; ++j) {
       const Mat wo = w.wo.cols_of(int64_t(sch_.q_head(s, j)) * d, md);
       gemm(dev(), a2a_block(b.a2a, t, sl, md, j), false, wo, true, yout, 1.0f,
@@ -111,9 +129,9 @@ void HeadwiseAttention::backward(const Mat& x, const Mat& dy, const AttentionWei
     for (int j = 0; j < sch_.ranks; ++j)
       gemm(dev(), dy, false, w.wo.cols_of(int64_t(sch_.q_head(s, j)) * d, md), false,
            a2a_block(b.a2a, t, sl, md, j));
-    comm().all_to_all(b.a2a.data(), b.dout.data(), mat_bytes(sl, md, t));
+    group().all_to_all(b.a2a.data(), b.dout.data(), mat_bytes(sl, md, t));
     // dWo[:, stage heads] = dy^T o needs o back in sequence layout.
-    comm().all_to_all(b.o.data(), b.a2a.data(), mat_bytes(sl, md, t));
+    group().all_to_all(b.o.data(), b.a2a.data(), mat_bytes(sl, md, t));
     for (int j = 0; j < sch_.ranks; ++j)
       gemm(dev(), dy, true, a2a_block(b.a2a, t, sl, md, j), false,
            g.wo.cols_of(int64_t(sch_.q_head(s, j)) * d, md));
@@ -122,14 +140,18 @@ void HeadwiseAttention::backward(const Mat& x, const Mat& dy, const AttentionWei
     for (const HeadRun& r : head_runs(sch_, s)) {
       const int64_t qc = int64_t(r.q0) * d, qn = int64_t(r.nh) * d;
       const int64_t kc = int64_t(r.k0) * d, kn = int64_t(r.nk) * d;
-      AttnProblem p{b.q.mat().cols_of(qc, qn), b.kres.mat().cols_of(kc, kn),
-                    b.vres.mat().cols_of(kc, kn), r.nh, r.nk, int(d)};
+      AttnProblem p{b.q.mat().cols_of(qc, qn),
+                    b.kres.mat().cols_of(kc, kn),
+                    b.vres.mat().cols_of(kc, kn),
+                    r.nh,
+                    r.nk,
+                    int(d)};
       core_->backward(p, b.dout.mat().cols_of(qc, qn), b.lse.mat().rows_of(r.q0, r.nh),
                       b.delta.mat().rows_of(r.q0, r.nh), b.dq.mat().cols_of(qc, qn),
                       b.dkres.mat().cols_of(kc, kn), b.dvres.mat().cols_of(kc, kn));
     }
     // dq back to sequence layout; RoPE backward; dx += dq Wq[stage rows]; dWq[stage rows].
-    comm().all_to_all(b.dq.data(), b.a2a.data(), mat_bytes(sl, md, f32));
+    group().all_to_all(b.dq.data(), b.a2a.data(), mat_bytes(sl, md, f32));
     for (int j = 0; j < sch_.ranks; ++j) {
       const Mat blk = a2a_block(b.a2a, f32, sl, md, j);
       rope_backward(dev(), blk, int(d), pos_, c.rope_theta);
@@ -147,25 +169,25 @@ void HeadwiseAttention::backward(const Mat& x, const Mat& dy, const AttentionWei
 }
 
 int64_t headwise_attn_peak_bytes(const AttentionConfig& c, const UpipeSchedule& s,
-                                 const HeadCore& core) {
-  const int64_t sl = c.seq_len / s.ranks, n = c.seq_len, d = c.head_dim, dm = c.model_dim();
+                                 const HeadCore& core, int ranks) {
+  const int64_t sl = c.seq_len / ranks, n = sl * s.ranks, d = c.head_dim, dm = c.model_dim();
   const int64_t md = int64_t(s.m) * d, rd = int64_t(s.kv_per_rank) * d;
   const int64_t pd = s.replicated() ? d : rd;  // rows of Wk/Wv one projection GEMM produces
   const DType t = c.dtype, f32 = DType::kF32;
   auto ws = gemm_workspace_bytes;
-  // Largest transient: the attention core or a bf16 GEMM staging buffer.
+  // Largest transient: the attention core (its largest call) or a bf16 GEMM staging buffer.
   int64_t core_f = 0, core_b = 0;
-  const int m = s.m, g = s.group;
-  const int nh = s.replicated() || m % g == 0 ? m : std::min(m, g);
-  const int nk = s.replicated() || m % g != 0 ? 1 : m / g;
-  core_f = core.forward_bytes(nh, nk);
-  core_b = core.backward_bytes(nh, nk);
-  const int64_t ws_fwd = std::max({core_f, ws(sl, md, dm, t, t, t), ws(sl, pd, dm, t, t, t),
-                                   ws(sl, dm, md, t, t, f32)});
-  const int64_t ws_bwd = std::max({core_f, core_b, ws(sl, md, dm, t, t, t), ws(sl, pd, dm, t, t, t),
-                                   ws(dm, md, sl, t, t, f32), ws(sl, dm, md, f32, t, f32),
-                                   ws(md, dm, sl, f32, t, f32), ws(sl, dm, pd, f32, t, f32),
-                                   ws(pd, dm, sl, f32, t, f32)});
+  for (int stage = 0; stage < s.stages(); ++stage)
+    for (const HeadRun& r : head_runs(s, stage)) {
+      core_f = std::max(core_f, core.forward_bytes(r.nh, r.nk));
+      core_b = std::max(core_b, core.backward_bytes(r.nh, r.nk));
+    }
+  const int64_t ws_fwd = std::max(
+      {core_f, ws(sl, md, dm, t, t, t), ws(sl, pd, dm, t, t, t), ws(sl, dm, md, t, t, f32)});
+  const int64_t ws_bwd =
+      std::max({core_f, core_b, ws(sl, md, dm, t, t, t), ws(sl, pd, dm, t, t, t),
+                ws(dm, md, sl, t, t, f32), ws(sl, dm, md, f32, t, f32), ws(md, dm, sl, f32, t, f32),
+                ws(sl, dm, pd, f32, t, f32), ws(pd, dm, sl, f32, t, f32)});
   const int64_t kv = 2 * mat_bytes(n, rd, t), lse = mat_bytes(s.m, n, f32);
   const int64_t acc = t == f32 ? 0 : mat_bytes(sl, dm, f32);  // fp32 y / dx accumulator (bf16)
   const int64_t fwd = kv + n * md * dtype_size(t) + 2 * mat_bytes(n, md, t) + lse + acc + ws_fwd;
@@ -175,17 +197,18 @@ int64_t headwise_attn_peak_bytes(const AttentionConfig& c, const UpipeSchedule& 
 }
 
 int64_t HeadwiseAttention::attn_formula_bytes() const {
-  return headwise_attn_peak_bytes(cfg(), sch_, *core_);
+  return headwise_attn_peak_bytes(cfg(), sch_, *core_, comm().size());
 }
 
 std::optional<CommStats> HeadwiseAttention::comm_expected() const {
-  return headwise_comm_expected(cfg(), sch_);
+  return headwise_comm_expected(cfg(), sch_, *core_, comm().size());
 }
 
-CommStats headwise_comm_expected(const AttentionConfig& c, const UpipeSchedule& s) {
+CommStats headwise_comm_expected(const AttentionConfig& c, const UpipeSchedule& s,
+                                 const HeadCore& core, int ranks) {
   CommStats st;
   const int cr = s.ranks;
-  const int64_t sl = c.seq_len / cr, d = c.head_dim, md = int64_t(s.m) * d;
+  const int64_t sl = c.seq_len / ranks, d = c.head_dim, md = int64_t(s.m) * d;
   const int64_t b = dtype_size(c.dtype), others = cr - 1;
   const int64_t kv_blk = sl * (s.replicated() ? d : int64_t(s.kv_per_rank) * d);
   const CommOp kv_op = s.replicated() ? CommOp::kAllToAllV : CommOp::kAllToAll;
@@ -199,6 +222,10 @@ CommStats headwise_comm_expected(const AttentionConfig& c, const UpipeSchedule& 
       }
     }
     for (int stage = 0; stage < s.stages(); ++stage) {
+      for (const HeadRun& r : head_runs(s, stage)) {  // the core's messages, if any
+        core.add_forward_comm(st, r.nh, r.nk);
+        if (pass == 1) core.add_backward_comm(st, r.nh, r.nk);
+      }
       st.add(CommOp::kAllToAll, sl * md * b * others);  // q
       st.add(CommOp::kAllToAll, sl * md * b * others);  // o back
       if (pass == 1) {

@@ -1,5 +1,8 @@
 #include "attention/layout.h"
 
+#include <algorithm>
+#include <numeric>
+
 #include "comm/communicator.h"
 #include "core/check.h"
 #include "core/device.h"
@@ -9,18 +12,28 @@ namespace upipe {
 
 int64_t SeqLayout::divisor() const {
   switch (kind) {
-    case LayoutKind::kContiguous: return ranks;
-    case LayoutKind::kZigzag: return 2 * int64_t(ranks);
-    case LayoutKind::kChunked: return int64_t(chunks) * ranks;
+    case LayoutKind::kContiguous:
+      return ranks;
+    case LayoutKind::kZigzag:
+      return 2 * int64_t(ranks);
+    case LayoutKind::kChunked:
+      return int64_t(chunks) * ranks;
+    case LayoutKind::kZigzagGrid:
+      return std::lcm(int64_t(ranks), 2 * int64_t(ranks / group));
   }
   return ranks;
 }
 
 const char* SeqLayout::name() const {
   switch (kind) {
-    case LayoutKind::kContiguous: return "contiguous";
-    case LayoutKind::kZigzag: return "zigzag";
-    case LayoutKind::kChunked: return "chunked";
+    case LayoutKind::kContiguous:
+      return "contiguous";
+    case LayoutKind::kZigzag:
+      return "zigzag";
+    case LayoutKind::kChunked:
+      return "chunked";
+    case LayoutKind::kZigzagGrid:
+      return "zigzag-grid";
   }
   return "?";
 }
@@ -41,6 +54,20 @@ RowPositions SeqLayout::positions(int rank) const {
     case LayoutKind::kChunked: {
       const int64_t chunk = seq_len / chunks, sub = chunk / ranks;
       for (int i = 0; i < chunks; ++i) p.runs.push_back({sub, i * chunk + rank * sub});
+      break;
+    }
+    case LayoutKind::kZigzagGrid: {
+      // Slice [j n, (j+1) n) of the group's list [chunk g, chunk 2r-1-g], n = S/C.
+      UPIPE_CHECK(group >= 1 && ranks % group == 0, "group {} does not divide {} ranks", group,
+                  ranks);
+      const int r = ranks / group, g = rank / group, j = rank % group;
+      const int64_t c = seq_len / (2 * int64_t(r)), n = seq_len / ranks;
+      const int64_t lo = j * n, hi = lo + n;
+      const RowPositions::Run chunk[2] = {{c, g * c}, {c, (2 * int64_t(r) - 1 - g) * c}};
+      for (int i = 0; i < 2; ++i) {
+        const int64_t a = std::max(lo, i * c), b = std::min(hi, (i + 1) * c);
+        if (a < b) p.runs.push_back({b - a, chunk[i].pos + a - i * c});
+      }
       break;
     }
   }

@@ -7,6 +7,12 @@
 //   chunked:    the sequence is cut into N chunks; rank r holds sub-chunk r (of S/(N C)
 //               tokens) of every chunk, so the all-to-all of local chunk i yields global
 //               chunk i (FPDT).
+//   zigzag grid (USP): the C ranks form r = C/u groups of u consecutive ranks. The sequence
+//               is zigzag-sharded over the r groups (group g owns chunks g and 2r-1-g of S/(2r)
+//               tokens, in that order), and member j of a group holds the j-th of u equal
+//               contiguous slices of its group's token list, so the group's all-to-all, which
+//               concatenates the members' rows, assembles exactly the group's zigzag shard.
+//               u = 1 is zigzag, u = C contiguous.
 #pragma once
 
 #include <cstdint>
@@ -16,13 +22,14 @@
 
 namespace upipe {
 
-enum class LayoutKind { kContiguous, kZigzag, kChunked };
+enum class LayoutKind { kContiguous, kZigzag, kChunked, kZigzagGrid };
 
 struct SeqLayout {
   LayoutKind kind = LayoutKind::kContiguous;
   int64_t seq_len = 0;  // S
   int ranks = 1;        // C
   int chunks = 1;       // N (chunked only)
+  int group = 1;        // u: ranks per Ulysses group (zigzag grid only)
 
   int64_t local_rows() const { return seq_len / ranks; }
   // Global positions of rank r's rows, as runs.
@@ -31,10 +38,6 @@ struct SeqLayout {
   int64_t divisor() const;
   const char* name() const;
 };
-
-}  // namespace upipe
-
-namespace upipe {
 
 class Communicator;
 class Device;

@@ -4,7 +4,9 @@
 #include "attention/fpdt.h"
 #include "attention/headwise.h"
 #include "attention/local.h"
+#include "attention/ring.h"
 #include "attention/strategy.h"
+#include "attention/usp.h"
 #include "core/errors.h"
 
 namespace upipe {
@@ -23,9 +25,8 @@ std::unique_ptr<AttentionStrategy> make_strategy(const std::string& method,
   }
   auto need_divisible = [&](int64_t by, const char* why) {
     if (ctx.cfg.seq_len % by != 0)
-      throw ConfigError(fmt::format(
-          "seq-len ({}) must be divisible by {} ({}); try --seq-len {}", ctx.cfg.seq_len, by, why,
-          (ctx.cfg.seq_len / by + 1) * by));
+      throw ConfigError(fmt::format("seq-len ({}) must be divisible by {} ({}); try --seq-len {}",
+                                    ctx.cfg.seq_len, by, why, (ctx.cfg.seq_len / by + 1) * by));
   };
   if (method == "ulysses") {
     need_divisible(c, "the number of ranks");
@@ -39,6 +40,12 @@ std::unique_ptr<AttentionStrategy> make_strategy(const std::string& method,
   if (method == "fpdt") return std::make_unique<ChunkedAttention>(ctx, "fpdt", ctx.cfg.heads);
   if (method == "upipe-fpdt")
     return std::make_unique<ChunkedAttention>(ctx, "upipe-fpdt", ctx.cfg.head_chunk);
+  if (method == "ring") {
+    need_divisible(2 * int64_t(c),
+                   "twice the number of ranks: zigzag cuts the sequence into 2C chunks");
+    return std::make_unique<RingAttention>(ctx);
+  }
+  if (method == "usp" || method == "upipe-ring") return make_usp(method, ctx);
   throw ConfigError(fmt::format(
       "unknown method '{}'; choose local, ulysses, upipe, ring, usp, upipe-ring, fpdt or "
       "upipe-fpdt",

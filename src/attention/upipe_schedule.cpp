@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <numeric>
 
 #include "core/errors.h"
@@ -17,6 +18,21 @@ int UpipeSchedule::q_head(int stage, int rank) const {
 int UpipeSchedule::kv_head(int set, int rank) const {
   if (replicated()) return rank / (ranks / kv_heads);
   return rank * (kv_heads / ranks) + set * kv_per_rank;
+}
+
+std::vector<HeadRun> head_runs(const UpipeSchedule& s, int stage) {
+  const int m = s.m, g = s.group;
+  if (s.replicated()) return {{0, m, 0, 1}};
+  const int base = (stage % s.stages_per_set) * m;  // offset within the rank's set heads
+  if (m % g == 0) return {{0, m, base / g, m / g}};
+  std::vector<HeadRun> r;
+  for (int i = 0; i < m;) {
+    const int kv = (base + i) / g;
+    const int end = std::min(m, (kv + 1) * g - base);
+    r.push_back({i, end - i, kv, 1});
+    i = end;
+  }
+  return r;
 }
 
 namespace {

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "attention/config.h"
 
@@ -40,6 +41,16 @@ struct UpipeSchedule {
   // First of the R consecutive KV heads resident on rank j during `set`.
   int kv_head(int set, int rank) const;
 };
+
+// A run of a stage's query heads on one rank that read the same resident KV heads evenly: one
+// attention call of the engine. Indices are local to the rank (its m query heads, its R
+// resident KV heads).
+struct HeadRun {
+  int q0, nh;  // query heads [q0, q0+nh)
+  int k0, nk;  // resident KV heads [k0, k0+nk) they read, nh / nk each
+};
+// The runs of `stage`, in head order (the same on every rank).
+std::vector<HeadRun> head_runs(const UpipeSchedule& s, int stage);
 
 // Throws ConfigError with what to change when U (0 = C) does not fit H, K and C.
 UpipeSchedule make_upipe_schedule(const AttentionConfig& cfg, int ranks, int head_chunk);

@@ -66,7 +66,8 @@ void exercise(Communicator& c, bool check) {
     const int per = 5;
     std::vector<float> vals(size_t(n * per));
     for (int j = 0; j < n * per; ++j) vals[size_t(j)] = float(r + j % 7);
-    std::vector<uint8_t> send(size_t(n * per) * size_t(dtype_size(t))), recv(size_t(per) * size_t(dtype_size(t)));
+    std::vector<uint8_t> send(size_t(n * per) * size_t(dtype_size(t))),
+        recv(size_t(per) * size_t(dtype_size(t)));
     from_f32(vals.data(), send.data(), t, n * per);
     c.reduce_scatter(send.data(), recv.data(), per, t, ReduceOp::kSum);
     std::vector<float> got(static_cast<size_t>(per));
@@ -115,7 +116,9 @@ void exercise(Communicator& c, bool check) {
   c.barrier();
 }
 
-TEST(Comm, CollectivesGiveExactResults) { exercise(world(), true); }
+TEST(Comm, CollectivesGiveExactResults) {
+  exercise(world(), true);
+}
 
 TEST(Comm, FakeBackendCountsWhatMpiCounts) {
   Communicator& w = world();
@@ -124,7 +127,8 @@ TEST(Comm, FakeBackendCountsWhatMpiCounts) {
   FakeCommunicator fake(w.rank(), w.size());
   exercise(fake, false);
   for (int op = 0; op < kNumCommOps; ++op) {
-    EXPECT_EQ(fake.stats().calls[size_t(op)], w.stats().calls[size_t(op)]) << comm_op_name(CommOp(op));
+    EXPECT_EQ(fake.stats().calls[size_t(op)], w.stats().calls[size_t(op)])
+        << comm_op_name(CommOp(op));
     EXPECT_EQ(fake.stats().bytes_sent[size_t(op)], w.stats().bytes_sent[size_t(op)])
         << comm_op_name(CommOp(op));
   }
@@ -151,15 +155,39 @@ TEST(Comm, SplitIntoGridGroups) {
   exercise(*col, true);
 }
 
+// A group's traffic also shows in the counters of the communicator it was split from (a
+// strategy's sub-group traffic is part of the CP group's volume), for both backends.
+TEST(Comm, SplitGroupsCountTowardTheirParent) {
+  Communicator& w = world();
+  const int n = w.size(), u = n % 2 == 0 ? 2 : 1;
+  FakeCommunicator fake(w.rank(), n);
+  for (Communicator* c : {&w, static_cast<Communicator*>(&fake)}) {
+    auto row = c->split(c->rank() / u, c->rank() % u, u);
+    auto col = row->split(0, row->rank(), u);  // a group of a group
+    c->reset_stats();
+    int32_t out = 1, in = 0;
+    col->sendrecv(&out, 4, (col->rank() + 1) % u, &in, 4, (col->rank() + u - 1) % u);
+    std::vector<int32_t> send(size_t(2 * u), 3), recv(send.size());
+    row->all_to_all(send.data(), recv.data(), 8);
+    EXPECT_EQ(c->stats().calls_of(CommOp::kSendRecv), 1);
+    EXPECT_EQ(c->stats().bytes_of(CommOp::kSendRecv), u > 1 ? 4 : 0);
+    EXPECT_EQ(c->stats().calls_of(CommOp::kAllToAll), 1);
+    EXPECT_EQ(c->stats().bytes_of(CommOp::kAllToAll), 8 * (u - 1));
+    EXPECT_EQ(row->stats().calls_of(CommOp::kSendRecv), 1);
+  }
+}
+
 TEST(Comm, LargeMessageUsesUnitDatatype) {
   Communicator& w = world();
   if (w.size() > 1) GTEST_SKIP() << "memory-heavy (4 GiB); runs on one rank";
   // 2 GiB + 4 KiB per rank exceeds an int byte count.
   const int64_t bytes = (int64_t(1) << 31) + 4096;
   std::vector<uint8_t> send(size_t(bytes) * size_t(w.size())), recv(send.size());
-  for (int j = 0; j < w.size(); ++j) send[size_t(j) * size_t(bytes) + size_t(bytes) - 1] = uint8_t(10 * w.rank() + j);
+  for (int j = 0; j < w.size(); ++j)
+    send[size_t(j) * size_t(bytes) + size_t(bytes) - 1] = uint8_t(10 * w.rank() + j);
   w.all_to_all(send.data(), recv.data(), bytes);
-  for (int j = 0; j < w.size(); ++j) EXPECT_EQ(recv[size_t(j) * size_t(bytes) + size_t(bytes) - 1], uint8_t(10 * j + w.rank()));
+  for (int j = 0; j < w.size(); ++j)
+    EXPECT_EQ(recv[size_t(j) * size_t(bytes) + size_t(bytes) - 1], uint8_t(10 * j + w.rank()));
 }
 
 }  // namespace

@@ -1,8 +1,6 @@
-// Sequence layouts on real ranks: every global position is held by exactly one rank, a shard
-// cut from a global tensor holds the rows its positions name, and gathering the shards gives
-// the global tensor back, for contiguous, zigzag and chunked layouts.
-#include <set>
-
+// Sharding and gathering on real ranks: a shard cut from a global tensor holds the rows its
+// positions name, and gathering the shards gives the global tensor back, for every layout
+// (which positions each rank holds is tested in tests/unit/test_layout.cpp).
 #include "attention/layout.h"
 #include "kernels/tensor_ops.h"
 #include "multirank/mpi_test_main.h"
@@ -18,23 +16,16 @@ float stored(float v, DType t) { return t == DType::kF32 ? v : bf16_to_f32(f32_t
 
 std::vector<SeqLayout> layouts(int c) {
   const int64_t s = 48 * 8;  // divisible by 2C and N*C for every C and N used
-  return {{LayoutKind::kContiguous, s, c, 1}, {LayoutKind::kZigzag, s, c, 1},
-          {LayoutKind::kChunked, s, c, 2},    {LayoutKind::kChunked, s, c, 4}};
+  std::vector<SeqLayout> v{{LayoutKind::kContiguous, s, c, 1},
+                           {LayoutKind::kZigzag, s, c, 1},
+                           {LayoutKind::kChunked, s, c, 2},
+                           {LayoutKind::kChunked, s, c, 4}};
+  for (int u = 1; u <= c; ++u)
+    if (c % u == 0) v.push_back({LayoutKind::kZigzagGrid, s, c, 1, u});
+  return v;
 }
 
-TEST(Layout, PositionsPartitionTheSequence) {
-  for (const SeqLayout& l : layouts(world().size())) {
-    std::multiset<int64_t> all;
-    for (int r = 0; r < l.ranks; ++r) {
-      const auto p = l.positions(r).expand();
-      EXPECT_EQ(int64_t(p.size()), l.local_rows()) << l.name();
-      all.insert(p.begin(), p.end());
-    }
-    for (int64_t i = 0; i < l.seq_len; ++i) EXPECT_EQ(all.count(i), 1u) << l.name() << " position " << i;
-  }
-}
-
-TEST(Layout, ShardAndGatherRoundTrip) {
+TEST(LayoutMpi, ShardAndGatherRoundTrip) {
   Device dev;
   const int rank = world().rank();
   for (const SeqLayout& l : layouts(world().size())) {
@@ -58,15 +49,6 @@ TEST(Layout, ShardAndGatherRoundTrip) {
       for (int64_t i = 0; i < l.seq_len * 3; ++i) ASSERT_EQ(back32.f32()[i], global.f32()[i]) << l.name();
     }
   }
-}
-
-TEST(Layout, ZigzagHoldsChunksRAnd2CMinus1MinusR) {
-  const int c = world().size();
-  const SeqLayout l{LayoutKind::kZigzag, 16 * c, c, 1};
-  const RowPositions p = l.positions(world().rank());
-  ASSERT_EQ(p.runs.size(), 2u);
-  EXPECT_EQ(p.runs[0].pos, world().rank() * 8);
-  EXPECT_EQ(p.runs[1].pos, (2 * c - 1 - world().rank()) * 8);
 }
 
 }  // namespace

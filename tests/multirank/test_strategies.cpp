@@ -24,14 +24,17 @@ TEST_P(Strategies, MatchLocalWithExactMemoryAndCommunication) {
   EXPECT_EQ(r.attn_peak_bytes, r.attn_formula_bytes);
   ASSERT_TRUE(r.comm_expected.has_value()) << "every strategy documents its communication";
   for (int op = 0; op < kNumCommOps; ++op) {
-    if (CommOp(op) == CommOp::kAllGather || CommOp(op) == CommOp::kBroadcast) continue;  // check's own
-    EXPECT_EQ(r.comm.calls[size_t(op)], r.comm_expected->calls[size_t(op)]) << comm_op_name(CommOp(op));
+    if (CommOp(op) == CommOp::kAllGather || CommOp(op) == CommOp::kBroadcast)
+      continue;  // check's own
+    EXPECT_EQ(r.comm.calls[size_t(op)], r.comm_expected->calls[size_t(op)])
+        << comm_op_name(CommOp(op));
     EXPECT_EQ(r.comm.bytes_sent[size_t(op)], r.comm_expected->bytes_sent[size_t(op)])
         << comm_op_name(CommOp(op));
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Table, Strategies, ::testing::ValuesIn(test::strategy_cases(world().size())),
+INSTANTIATE_TEST_SUITE_P(Table, Strategies,
+                         ::testing::ValuesIn(test::strategy_cases(world().size())),
                          [](const auto& i) { return i.param.name; });
 
 // Each invalid configuration is rejected with a ConfigError whose message says what to change.
@@ -55,9 +58,10 @@ TEST(StrategyConfig, BadConfigurationsFailWithAHint) {
   bad.heads = 7;
   bad.kv_heads = 7;
   if (c > 1) expect_error("ulysses", bad, "must be divisible by the number of ranks");
+  const bool heads_fit = 8 % c == 0;  // the base shape suits upipe (not on 3 ranks)
   bad = base;
   bad.head_chunk = 3 * c;
-  expect_error("upipe", bad, "--head-chunk");
+  if (heads_fit) expect_error("upipe", bad, "--head-chunk");
   bad = base;
   bad.seq_len = 64 * c + 1;
   if (c > 1) expect_error("upipe", bad, "seq-len");
@@ -67,18 +71,53 @@ TEST(StrategyConfig, BadConfigurationsFailWithAHint) {
   if (c == 2 || c == 4 || c == 8) expect_error("upipe", bad, "kv-heads");
   bad = base;
   bad.kv_heads = 3;
-  expect_error("upipe", bad, "must be divisible by kv-heads");
+  if (heads_fit) expect_error("upipe", bad, "must be divisible by kv-heads");
+  // ring: zigzag needs 2C | S, on any number of ranks.
   bad = base;
-  bad.chunks = 3;  // S = 64 C is not divisible by 3 C
-  expect_error("fpdt", bad, "--chunks");
-  bad.chunks = -1;
-  expect_error("upipe-fpdt", bad, "--chunks");
+  bad.seq_len = 2 * 32 * c + 1;
+  expect_error("ring", bad, "seq-len");
+  // usp / upipe-ring: u must divide C; S, heads, kv-heads and U must fit the grid.
   bad = base;
-  bad.seq_len = 64 * c + 1;
-  if (c > 1) expect_error("fpdt", bad, "seq-len");
+  bad.ulysses_degree = c + 1;
+  expect_error("usp", bad, "--ulysses-degree");
+  expect_error("upipe-ring", bad, "--ulysses-degree");
+  bad.ulysses_degree = -1;
+  expect_error("usp", bad, "--ulysses-degree");
   bad = base;
-  bad.head_chunk = 3 * c;
-  expect_error("upipe-fpdt", bad, "--head-chunk");
+  bad.ulysses_degree = 1;
+  bad.seq_len = 64 * c + c;  // divisible by C, but odd: no zigzag over C groups
+  expect_error("usp", bad, "seq-len");
+  if (c > 1) expect_error("upipe-ring", bad, "seq-len");  // on one rank that is upipe
+  if (c % 2 == 0) {
+    bad = base;
+    bad.ulysses_degree = 2;
+    bad.heads = 7;
+    bad.kv_heads = 7;
+    expect_error("usp", bad, "--ulysses-degree");
+    bad = base;
+    bad.ulysses_degree = 2;
+    bad.heads = 24;
+    bad.kv_heads = 3;
+    expect_error("usp", bad, "kv-heads");
+    bad = base;
+    bad.ulysses_degree = 2;
+    bad.head_chunk = 3;
+    expect_error("upipe-ring", bad, "--head-chunk");
+  }
+  // fpdt / upipe-fpdt: N C must divide S; the upipe head rules.
+  if (heads_fit) {
+    bad = base;
+    bad.chunks = 3;  // S = 64 C is not divisible by 3 C
+    expect_error("fpdt", bad, "--chunks");
+    bad.chunks = -1;
+    expect_error("upipe-fpdt", bad, "--chunks");
+    bad = base;
+    bad.seq_len = 64 * c + 1;
+    if (c > 1) expect_error("fpdt", bad, "seq-len");
+    bad = base;
+    bad.head_chunk = 3 * c;
+    expect_error("upipe-fpdt", bad, "--head-chunk");
+  }
   bad = base;
   bad.heads = 7;
   bad.kv_heads = 7;

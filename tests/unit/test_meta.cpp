@@ -20,17 +20,19 @@ void check_meta(const test::StrategyCase& sc, int c, int64_t seq_len) {
     auto s = make_strategy(sc.method, {dev, comm, cfg});
     BlockTensors t = make_block_tensors(dev, cfg, s->layout().positions(rank), 1);
     const BlockRun r = run_block(*s, dev, t);
-    EXPECT_EQ(r.attn_peak_bytes, s->attn_formula_bytes()) << sc.name << " C=" << c << " rank " << rank;
+    EXPECT_EQ(r.attn_peak_bytes, s->attn_formula_bytes())
+        << sc.name << " C=" << c << " rank " << rank;
     ASSERT_TRUE(s->comm_expected().has_value());
     for (int op = 0; op < kNumCommOps; ++op) {
       EXPECT_EQ(comm.stats().calls[size_t(op)], s->comm_expected()->calls[size_t(op)]) << sc.name;
-      EXPECT_EQ(comm.stats().bytes_sent[size_t(op)], s->comm_expected()->bytes_sent[size_t(op)]) << sc.name;
+      EXPECT_EQ(comm.stats().bytes_sent[size_t(op)], s->comm_expected()->bytes_sent[size_t(op)])
+          << sc.name;
     }
   }
 }
 
 TEST(Meta, FormulasAndCommunicationHoldOnTheMetaDevice) {
-  for (int c : {1, 2, 4, 8})
+  for (int c : {1, 2, 3, 4, 8})
     for (const test::StrategyCase& sc : test::strategy_cases(c)) check_meta(sc, c, sc.cfg.seq_len);
 }
 
@@ -44,6 +46,14 @@ TEST(Meta, MillionTokenUpipeLlama8bShape) {
   sc.cfg.dtype = DType::kBF16;
   check_meta(sc, 8, int64_t(1) << 20);
   sc.method = "ulysses";
+  check_meta(sc, 8, int64_t(1) << 20);
+  sc.method = "ring";
+  check_meta(sc, 8, int64_t(1) << 20);
+  sc.method = "usp";
+  sc.cfg.ulysses_degree = 4;
+  check_meta(sc, 8, int64_t(1) << 20);
+  sc.method = "upipe-ring";
+  sc.cfg.head_chunk = 4;
   check_meta(sc, 8, int64_t(1) << 20);
 }
 

@@ -15,7 +15,7 @@ FakeCommunicator::FakeCommunicator(int rank, int size) : rank_(rank), size_(size
 }
 
 void FakeCommunicator::all_to_all(const void*, void*, int64_t bytes_per_rank) {
-  stats_.add(CommOp::kAllToAll, bytes_per_rank * (size_ - 1));
+  record(CommOp::kAllToAll, bytes_per_rank * (size_ - 1));
 }
 
 void FakeCommunicator::all_to_allv(const void*, const int64_t* send_bytes, const int64_t*, void*,
@@ -23,30 +23,30 @@ void FakeCommunicator::all_to_allv(const void*, const int64_t* send_bytes, const
   int64_t b = 0;
   for (int i = 0; i < size_; ++i)
     if (i != rank_) b += send_bytes[i];
-  stats_.add(CommOp::kAllToAllV, b);
+  record(CommOp::kAllToAllV, b);
 }
 
 void FakeCommunicator::all_gather(const void*, void*, int64_t bytes_per_rank) {
-  stats_.add(CommOp::kAllGather, bytes_per_rank * (size_ - 1));
+  record(CommOp::kAllGather, bytes_per_rank * (size_ - 1));
 }
 
 void FakeCommunicator::reduce_scatter(const void*, void*, int64_t count, DType t, ReduceOp) {
-  stats_.add(CommOp::kReduceScatter, count * dtype_size(t) * (size_ - 1));
+  record(CommOp::kReduceScatter, count * dtype_size(t) * (size_ - 1));
 }
 
 void FakeCommunicator::all_reduce(void*, int64_t count, DType t, ReduceOp) {
   // Counted as a reduce-scatter plus an all-gather (the bandwidth-optimal ring algorithm):
   // 2 (C-1)/C of the buffer leaves each rank.
   const int64_t bytes = count * dtype_size(t);
-  stats_.add(CommOp::kAllReduce, size_ > 1 ? 2 * bytes * (size_ - 1) / size_ : 0);
+  record(CommOp::kAllReduce, size_ > 1 ? 2 * bytes * (size_ - 1) / size_ : 0);
 }
 
 void FakeCommunicator::broadcast(void*, int64_t bytes, int root) {
-  stats_.add(CommOp::kBroadcast, rank_ == root ? bytes * (size_ - 1) : 0);
+  record(CommOp::kBroadcast, rank_ == root ? bytes * (size_ - 1) : 0);
 }
 
 void FakeCommunicator::sendrecv(const void*, int64_t send_bytes, int dst, void*, int64_t, int) {
-  stats_.add(CommOp::kSendRecv, dst == rank_ ? 0 : send_bytes);
+  record(CommOp::kSendRecv, dst == rank_ ? 0 : send_bytes);
 }
 
 std::unique_ptr<Work> FakeCommunicator::isendrecv(const void* send, int64_t send_bytes, int dst,
@@ -55,12 +55,16 @@ std::unique_ptr<Work> FakeCommunicator::isendrecv(const void* send, int64_t send
   return std::make_unique<DoneWork>();
 }
 
-void FakeCommunicator::barrier() { stats_.add(CommOp::kBarrier, 0); }
+void FakeCommunicator::barrier() {
+  record(CommOp::kBarrier, 0);
+}
 
 std::unique_ptr<Communicator> FakeCommunicator::split(int, int key, int group_size) {
   UPIPE_CHECK(group_size >= 1 && key >= 0 && key < group_size,
               "fake split needs key in [0, group_size): key {} group_size {}", key, group_size);
-  return std::make_unique<FakeCommunicator>(key, group_size);
+  auto c = std::make_unique<FakeCommunicator>(key, group_size);
+  c->parent_ = this;
+  return c;
 }
 
 }  // namespace upipe

@@ -20,7 +20,9 @@ void mpi_check(int rc, const char* call, const char* file, int line) {
 }
 #define MPI_CHECK(call) mpi_check((call), #call, __FILE__, __LINE__)
 
-void abort_handler(int code) { MPI_Abort(MPI_COMM_WORLD, code); }
+void abort_handler(int code) {
+  MPI_Abort(MPI_COMM_WORLD, code);
+}
 
 // A count of `bytes` as (count, datatype) with count fitting an int: large messages use a
 // contiguous unit type so multi-GiB transfers work.
@@ -130,14 +132,14 @@ MpiCommunicator::~MpiCommunicator() {
 }
 
 void MpiCommunicator::all_to_all(const void* send, void* recv, int64_t bytes_per_rank) {
-  stats_.add(CommOp::kAllToAll, bytes_per_rank * (size_ - 1));
+  record(CommOp::kAllToAll, bytes_per_rank * (size_ - 1));
   ByteCount c(bytes_per_rank);
   MPI_CHECK(MPI_Alltoall(send, c.count, c.type, recv, c.count, c.type, comm_));
 }
 
 void MpiCommunicator::all_to_allv(const void* send, const int64_t* send_bytes,
-                                  const int64_t* send_displs, void* recv,
-                                  const int64_t* recv_bytes, const int64_t* recv_displs) {
+                                  const int64_t* send_displs, void* recv, const int64_t* recv_bytes,
+                                  const int64_t* recv_displs) {
   std::vector<int> sc(static_cast<size_t>(size_)), sd(sc.size()), rc(sc.size()), rd(sc.size());
   int64_t sent = 0;
   for (int i = 0; i < size_; ++i) {
@@ -147,34 +149,34 @@ void MpiCommunicator::all_to_allv(const void* send, const int64_t* send_bytes,
     rd[i] = to_int(recv_displs[i], "all_to_allv recv displacement");
     if (i != rank_) sent += send_bytes[i];
   }
-  stats_.add(CommOp::kAllToAllV, sent);
+  record(CommOp::kAllToAllV, sent);
   MPI_CHECK(MPI_Alltoallv(send, sc.data(), sd.data(), MPI_BYTE, recv, rc.data(), rd.data(),
                           MPI_BYTE, comm_));
 }
 
 void MpiCommunicator::all_gather(const void* send, void* recv, int64_t bytes_per_rank) {
-  stats_.add(CommOp::kAllGather, bytes_per_rank * (size_ - 1));
+  record(CommOp::kAllGather, bytes_per_rank * (size_ - 1));
   ByteCount c(bytes_per_rank);
   MPI_CHECK(MPI_Allgather(send, c.count, c.type, recv, c.count, c.type, comm_));
 }
 
 void MpiCommunicator::reduce_scatter(const void* send, void* recv, int64_t count, DType t,
                                      ReduceOp op) {
-  stats_.add(CommOp::kReduceScatter, count * dtype_size(t) * (size_ - 1));
+  record(CommOp::kReduceScatter, count * dtype_size(t) * (size_ - 1));
   auto [type, mop] = reduce_type(t, op);
-  MPI_CHECK(MPI_Reduce_scatter_block(send, recv, to_int(count, "reduce_scatter count"), type,
-                                     mop, comm_));
+  MPI_CHECK(MPI_Reduce_scatter_block(send, recv, to_int(count, "reduce_scatter count"), type, mop,
+                                     comm_));
 }
 
 void MpiCommunicator::all_reduce(void* buf, int64_t count, DType t, ReduceOp op) {
   const int64_t bytes = count * dtype_size(t);
-  stats_.add(CommOp::kAllReduce, size_ > 1 ? 2 * bytes * (size_ - 1) / size_ : 0);
+  record(CommOp::kAllReduce, size_ > 1 ? 2 * bytes * (size_ - 1) / size_ : 0);
   auto [type, mop] = reduce_type(t, op);
   MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, to_int(count, "all_reduce count"), type, mop, comm_));
 }
 
 void MpiCommunicator::broadcast(void* buf, int64_t bytes, int root) {
-  stats_.add(CommOp::kBroadcast, rank_ == root ? bytes * (size_ - 1) : 0);
+  record(CommOp::kBroadcast, rank_ == root ? bytes * (size_ - 1) : 0);
   ByteCount c(bytes);
   MPI_CHECK(MPI_Bcast(buf, c.count, c.type, root, comm_));
 }
@@ -186,7 +188,7 @@ void MpiCommunicator::sendrecv(const void* send, int64_t send_bytes, int dst, vo
 
 std::unique_ptr<Work> MpiCommunicator::isendrecv(const void* send, int64_t send_bytes, int dst,
                                                  void* recv, int64_t recv_bytes, int src) {
-  stats_.add(CommOp::kSendRecv, dst == rank_ ? 0 : send_bytes);
+  record(CommOp::kSendRecv, dst == rank_ ? 0 : send_bytes);
   auto w = std::make_unique<MpiWork>();
   ByteCount rc(recv_bytes), sc(send_bytes);
   MPI_CHECK(MPI_Irecv(recv, rc.count, rc.type, src, kP2pTag, comm_, w->add()));
@@ -195,7 +197,7 @@ std::unique_ptr<Work> MpiCommunicator::isendrecv(const void* send, int64_t send_
 }
 
 void MpiCommunicator::barrier() {
-  stats_.add(CommOp::kBarrier, 0);
+  record(CommOp::kBarrier, 0);
   MPI_CHECK(MPI_Barrier(comm_));
 }
 
@@ -205,6 +207,7 @@ std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key, int gro
   auto c = std::make_unique<MpiCommunicator>(sub, true);
   UPIPE_CHECK(c->size() == group_size, "split gave a group of {} ranks, expected {}", c->size(),
               group_size);
+  c->parent_ = this;
   return c;
 }
 
