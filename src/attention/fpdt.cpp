@@ -336,30 +336,9 @@ int64_t fpdt_host_peak_bytes(const AttentionConfig& c, const UpipeSchedule& s) {
 
 CommStats fpdt_comm_expected(const AttentionConfig& c, const UpipeSchedule& s, int chunks) {
   CommStats st;
-  const int64_t rows = c.seq_len / chunks / s.ranks, d = c.head_dim, md = int64_t(s.m) * d;
-  const int64_t b = dtype_size(c.dtype), others = s.ranks - 1;
-  const int64_t kv_blk = rows * (s.replicated() ? d : int64_t(s.kv_per_rank) * d);
-  const CommOp kv_op = s.replicated() ? CommOp::kAllToAllV : CommOp::kAllToAll;
-  for (int pass = 0; pass < 2; ++pass) {  // forward, then backward (which recomputes)
-    for (int i = 0; i < chunks; ++i) {
-      for (int set = 0; set < s.sets; ++set) {
-        st.add(kv_op, kv_blk * b * others);  // k
-        st.add(kv_op, kv_blk * b * others);  // v
-        if (pass == 1) {
-          st.add(CommOp::kAllToAll, kv_blk * 4 * others);  // dk
-          st.add(CommOp::kAllToAll, kv_blk * 4 * others);  // dv
-        }
-      }
-      for (int stage = 0; stage < s.stages(); ++stage) {
-        st.add(CommOp::kAllToAll, rows * md * b * others);  // q
-        st.add(CommOp::kAllToAll, rows * md * b * others);  // o back
-        if (pass == 1) {
-          st.add(CommOp::kAllToAll, rows * md * b * others);  // do
-          st.add(CommOp::kAllToAll, rows * md * 4 * others);  // dq back
-        }
-      }
-    }
-  }
+  const int64_t rows = c.seq_len / chunks / s.ranks;
+  for (bool backward : {false, true})  // backward recomputes the forward's traffic
+    for (int i = 0; i < chunks; ++i) add_headwise_pass_comm(st, c, s, rows, backward);
   return st;
 }
 

@@ -108,4 +108,28 @@ void return_kv_grads(const StageEnv& e, const Mat& x, const RowPositions& pos, c
   }
 }
 
+void add_headwise_pass_comm(CommStats& st, const AttentionConfig& c, const UpipeSchedule& s,
+                            int64_t rows, bool backward) {
+  const int64_t d = c.head_dim, md = int64_t(s.m) * d;
+  const int64_t b = dtype_size(c.dtype), others = s.ranks - 1;
+  const int64_t kv_blk = rows * (s.replicated() ? d : int64_t(s.kv_per_rank) * d);
+  const CommOp kv_op = s.replicated() ? CommOp::kAllToAllV : CommOp::kAllToAll;
+  for (int set = 0; set < s.sets; ++set) {
+    st.add(kv_op, kv_blk * b * others);  // k
+    st.add(kv_op, kv_blk * b * others);  // v
+    if (backward) {
+      st.add(CommOp::kAllToAll, kv_blk * 4 * others);  // dk
+      st.add(CommOp::kAllToAll, kv_blk * 4 * others);  // dv
+    }
+  }
+  for (int stage = 0; stage < s.stages(); ++stage) {
+    st.add(CommOp::kAllToAll, rows * md * b * others);  // q
+    st.add(CommOp::kAllToAll, rows * md * b * others);  // o back
+    if (backward) {
+      st.add(CommOp::kAllToAll, rows * md * b * others);  // do
+      st.add(CommOp::kAllToAll, rows * md * 4 * others);  // dq back
+    }
+  }
+}
+
 }  // namespace upipe

@@ -49,4 +49,10 @@ void return_kv_grads(const StageEnv& e, const Mat& x, const RowPositions& pos, c
                      const Mat& wv, int set, const Mat& dk, const Mat& dv, const Buffer& staging,
                      const Mat& dx, const Mat& gk, const Mat& gv, float dw_beta);
 
+// The all-to-all calls and bytes of one forward (backward = false) or backward pass over every
+// KV set and stage, for `rows` local rows (S/C for headwise, S/(N C) per fpdt chunk): k and v per
+// set (+ dk, dv), q and o per stage (+ do, dq).
+void add_headwise_pass_comm(CommStats& st, const AttentionConfig& c, const UpipeSchedule& s,
+                            int64_t rows, bool backward);
+
 }  // namespace upipe

@@ -207,32 +207,13 @@ std::optional<CommStats> HeadwiseAttention::comm_expected() const {
 CommStats headwise_comm_expected(const AttentionConfig& c, const UpipeSchedule& s,
                                  const HeadCore& core, int ranks) {
   CommStats st;
-  const int cr = s.ranks;
-  const int64_t sl = c.seq_len / ranks, d = c.head_dim, md = int64_t(s.m) * d;
-  const int64_t b = dtype_size(c.dtype), others = cr - 1;
-  const int64_t kv_blk = sl * (s.replicated() ? d : int64_t(s.kv_per_rank) * d);
-  const CommOp kv_op = s.replicated() ? CommOp::kAllToAllV : CommOp::kAllToAll;
-  for (int pass = 0; pass < 2; ++pass) {  // forward, then backward (which recomputes)
-    for (int set = 0; set < s.sets; ++set) {
-      st.add(kv_op, kv_blk * b * others);  // k
-      st.add(kv_op, kv_blk * b * others);  // v
-      if (pass == 1) {
-        st.add(CommOp::kAllToAll, kv_blk * 4 * others);  // dk
-        st.add(CommOp::kAllToAll, kv_blk * 4 * others);  // dv
-      }
-    }
-    for (int stage = 0; stage < s.stages(); ++stage) {
+  for (bool backward : {false, true}) {  // backward recomputes the forward's traffic
+    add_headwise_pass_comm(st, c, s, c.seq_len / ranks, backward);
+    for (int stage = 0; stage < s.stages(); ++stage)
       for (const HeadRun& r : head_runs(s, stage)) {  // the core's messages, if any
         core.add_forward_comm(st, r.nh, r.nk);
-        if (pass == 1) core.add_backward_comm(st, r.nh, r.nk);
+        if (backward) core.add_backward_comm(st, r.nh, r.nk);
       }
-      st.add(CommOp::kAllToAll, sl * md * b * others);  // q
-      st.add(CommOp::kAllToAll, sl * md * b * others);  // o back
-      if (pass == 1) {
-        st.add(CommOp::kAllToAll, sl * md * b * others);  // do
-        st.add(CommOp::kAllToAll, sl * md * 4 * others);  // dq back
-      }
-    }
   }
   return st;
 }
