@@ -22,21 +22,33 @@ constexpr int64_t kAttnBwdBk = 128;  // key rows per backward tile
 constexpr int64_t kAttnStripe = 6;   // query rows per register block (a stripe of a tile)
 constexpr int64_t kAttnPanel = 16;   // keys per packed panel; key tiles are multiples of it
 static_assert(kAttnFwdBk % kAttnPanel == 0 && kAttnBwdBk % kAttnPanel == 0);
+// Row strides of the score tiles (floats): one panel of padding, so that a tile's rows, read
+// down a column, do not all fall into the same few L1 cache sets.
+constexpr int64_t kAttnFwdSld = kAttnFwdBk + kAttnPanel;
+constexpr int64_t kAttnBwdSld = kAttnBwdBk + kAttnPanel;
 
-// Forward, fp32 floats: K tile packed transposed (Bk, d) + score stripe (6, Bk) + output
-// accumulator (Bq, d) + row max and sum (2 Bq); bf16 inputs add fp32 staging for the q tile
-// (Bq, d) and the v tile (Bk, d).
+// Head dimension rounded up to whole panels: the width of tiles packed in column chunks.
+inline int64_t attn_padded_dim(int64_t d) {
+  return (d + kAttnPanel - 1) / kAttnPanel * kAttnPanel;
+}
+
+// Forward, fp32 floats: K tile packed transposed (Bk, d) and V tile packed in column chunks
+// (Bk, dp) + score stripe (6, Bk + 16) + output accumulator (Bq, dp) + row max and sum (2 Bq); bf16
+// inputs add fp32 staging for the q tile (Bq, d). dp = attn_padded_dim(d).
 inline int64_t attn_fwd_workspace_bytes(int64_t d, DType t) {
-  int64_t f = kAttnFwdBk * d + kAttnStripe * kAttnFwdBk + kAttnFwdBq * d + 2 * kAttnFwdBq;
-  if (t != DType::kF32) f += kAttnFwdBq * d + kAttnFwdBk * d;
+  const int64_t dp = attn_padded_dim(d);
+  int64_t f = kAttnFwdBk * (d + dp) + kAttnStripe * kAttnFwdSld + kAttnFwdBq * dp + 2 * kAttnFwdBq;
+  if (t != DType::kF32) f += kAttnFwdBq * d;
   return f * 4;
 }
 
-// Backward, fp32 floats: K and V tiles packed transposed (2 Bk d) + P and dS tiles (2 Bq Bk);
-// bf16 inputs add fp32 staging for the k tile (Bk, d) and the q and do tiles (2 Bq d).
+// Backward, fp32 floats: K and V tiles packed transposed (2 Bk d) and K packed in column chunks
+// (Bk, dp) + P and dS tiles (2 Bq (Bk + 16)) + q and do tiles packed in column chunks (2 Bq dp);
+// bf16 inputs add fp32 staging for the q and do tiles (2 Bq d).
 inline int64_t attn_bwd_workspace_bytes(int64_t d, DType t) {
-  int64_t f = 2 * kAttnBwdBk * d + 2 * kAttnBwdBq * kAttnBwdBk;
-  if (t != DType::kF32) f += kAttnBwdBk * d + 2 * kAttnBwdBq * d;
+  const int64_t dp = attn_padded_dim(d);
+  int64_t f = kAttnBwdBk * (2 * d + dp) + 2 * kAttnBwdBq * kAttnBwdSld + 2 * kAttnBwdBq * dp;
+  if (t != DType::kF32) f += 2 * kAttnBwdBq * d;
   return f * 4;
 }
 

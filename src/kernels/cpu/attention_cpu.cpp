@@ -28,13 +28,24 @@ Tile load_tile(const Mat& x, int64_t r0, int64_t rows, int head, int d, float* s
   return {stage, d};
 }
 
-// Packs key rows [r0, r0 + rows) of head `head` of x transposed into kNr-key panels.
-void pack_tile(const Mat& x, int64_t r0, int64_t rows, int head, int d, float* dst) {
+// Packs rows [r0, r0 + rows) of head `head` of x transposed into kNr-row panels.
+void pack_tile_t(const Mat& x, int64_t r0, int64_t rows, int head, int d, float* dst) {
   const void* src = x.at(r0, int64_t(head) * d);
   if (x.dtype == DType::kF32) {
     pack_panels<DType::kF32>(src, x.ld, rows, d, dst);
   } else {
     pack_panels<DType::kBF16>(src, x.ld, rows, d, dst);
+  }
+}
+
+// Packs rows [r0, r0 + rows) of head `head` of x into kNr-column chunks cs floats apart.
+void pack_tile_chunks(const Mat& x, int64_t r0, int64_t rows, int head, int d, float* dst,
+                      int64_t cs) {
+  const void* src = x.at(r0, int64_t(head) * d);
+  if (x.dtype == DType::kF32) {
+    pack_chunks<DType::kF32>(src, x.ld, rows, d, dst, cs);
+  } else {
+    pack_chunks<DType::kBF16>(src, x.ld, rows, d, dst, cs);
   }
 }
 
@@ -48,6 +59,14 @@ inline int64_t visible(const AttnProblem& p, int64_t i, int64_t j0, int64_t bk) 
 inline int64_t key_limit(const AttnProblem& p, int64_t i0, int64_t bq) {
   if (!p.causal) return p.sk();
   return std::clamp<int64_t>(p.q_pos0 + i0 + bq - 1 - p.k_pos0 + 1, 0, p.sk());
+}
+
+// The buffers carved out of ws end where attn_*_workspace_bytes says (fp32 inputs need no staging).
+void check_layout(const float* ws, const float* end_f32, const float* end_bf16, int64_t bytes,
+                  DType t) {
+  const int64_t used = (t == DType::kF32 ? end_f32 : end_bf16) - ws;
+  UPIPE_CHECK(used * 4 == bytes, "attention workspace layout uses {} bytes, formula says {}",
+              used * 4, bytes);
 }
 
 inline float* lse_at(const Mat& x, int h, int64_t i) {
@@ -93,14 +112,16 @@ void attention_forward(const AttnProblem& p, const Mat* o, const Mat* lse, const
   const int64_t sq = p.sq(), d = p.d;
   const int group = p.hq / p.hk;
   const float scale = p.softmax_scale();
-  const bool bf16 = p.q.dtype != DType::kF32;
-  float* k_panel = ws;                                // (Bk, d) packed transposed
-  float* s_rows = k_panel + kAttnFwdBk * d;           // (6, Bk) scores, then probabilities
-  float* o_tile = s_rows + kAttnStripe * kAttnFwdBk;  // (Bq, d) un-normalised output
-  float* m = o_tile + kAttnFwdBq * d;                 // (Bq)
-  float* l = m + kAttnFwdBq;                          // (Bq)
-  float* q_stage = l + kAttnFwdBq;                    // (Bq, d), bf16 only
-  float* v_stage = q_stage + kAttnFwdBq * d;          // (Bk, d), bf16 only
+  const int64_t dp = attn_padded_dim(d);
+  float* k_panel = ws;                                 // (Bk, d) packed transposed
+  float* v_pack = k_panel + kAttnFwdBk * d;            // (Bk, dp) packed in column chunks
+  float* s_rows = v_pack + kAttnFwdBk * dp;            // (6, Bk + 16) scores, then probabilities
+  float* o_tile = s_rows + kAttnStripe * kAttnFwdSld;  // (Bq, dp) un-normalised output
+  float* m = o_tile + kAttnFwdBq * dp;                 // (Bq)
+  float* l = m + kAttnFwdBq;                           // (Bq)
+  float* q_stage = l + kAttnFwdBq;                     // (Bq, d), bf16 only
+  check_layout(ws, l + kAttnFwdBq, q_stage + kAttnFwdBq * d, attn_fwd_workspace_bytes(d, p.q.dtype),
+               p.q.dtype);
 
   for (int h = 0; h < p.hq; ++h) {
     const int kvh = h / group;
@@ -111,19 +132,19 @@ void attention_forward(const AttnProblem& p, const Mat* o, const Mat* lse, const
         for (int64_t r = 0; r < bq; ++r) {
           m[r] = *lse_at(*m_state, h, i0 + r);
           l[r] = *lse_at(*l_state, h, i0 + r);
-          std::copy_n(static_cast<const float*>(acc->at(i0 + r, h * d)), d, o_tile + r * d);
+          std::copy_n(static_cast<const float*>(acc->at(i0 + r, h * d)), d, o_tile + r * dp);
         }
         if (n_keys == 0) continue;
       } else {
         std::fill_n(m, bq, kNegInf);
         std::fill_n(l, bq, 0.0f);
-        std::fill_n(o_tile, bq * d, 0.0f);
+        std::fill_n(o_tile, bq * dp, 0.0f);
       }
       const Tile qt = n_keys > 0 ? load_tile(p.q, i0, bq, h, int(d), q_stage) : Tile{};
       for (int64_t j0 = 0; j0 < n_keys; j0 += kAttnFwdBk) {
         const int64_t bk = std::min(kAttnFwdBk, n_keys - j0);
-        pack_tile(p.k, j0, bk, kvh, int(d), k_panel);
-        const Tile vt = load_tile(p.v, j0, bk, kvh, int(d), bf16 ? v_stage : nullptr);
+        pack_tile_t(p.k, j0, bk, kvh, int(d), k_panel);
+        pack_tile_chunks(p.v, j0, bk, kvh, int(d), v_pack, kAttnFwdBk * kNr);
         for (int64_t r0 = 0; r0 < bq; r0 += kAttnStripe) {
           const int mr = int(std::min(kAttnStripe, bq - r0));
           int64_t lim[kAttnStripe], smax = 0;
@@ -139,37 +160,38 @@ void attention_forward(const AttnProblem& p, const Mat* o, const Mat* lse, const
             for (int64_t b = 0; b < n_panels; ++b) {
               score_block<MR>(qs, qt.ld, k_panel + b * kNr * d, int(d),
                               [&](int r, __m256 lo, __m256 hi) {
-                                float* dst = s_rows + r * kAttnFwdBk + b * kNr;
+                                float* dst = s_rows + r * kAttnFwdSld + b * kNr;
                                 _mm256_storeu_ps(dst, _mm256_mul_ps(lo, vscale));
                                 _mm256_storeu_ps(dst + 8, _mm256_mul_ps(hi, vscale));
                               });
             }
           });
           for (int r = 0; r < mr; ++r) {
-            float* srow = s_rows + r * kAttnFwdBk;
+            float* srow = s_rows + r * kAttnFwdSld;
             if (lim[r] == 0) {
               std::fill_n(srow, smax, 0.0f);
               continue;
             }
             const float alpha = softmax_row(srow, lim[r], smax, m[r0 + r], l[r0 + r]);
             if (alpha != 1.0f) {
-              float* orow = o_tile + (r0 + r) * d;
+              float* orow = o_tile + (r0 + r) * dp;
               for (int64_t e = 0; e < d; ++e) orow[e] *= alpha;
             }
           }
           // O += P V over the keys [0, smax): rows with fewer visible keys add exact zeros.
-          acc_rows<false>(mr, d, s_rows, kAttnFwdBk, vt.ptr, vt.ld, o_tile + r0 * d, d, 0, smax);
+          acc_rows<false>(mr, dp, s_rows, kAttnFwdSld, v_pack, kNr, kAttnFwdBk * kNr,
+                          o_tile + r0 * dp, dp, 0, smax);
         }
       }
       if (acc) {
         for (int64_t r = 0; r < bq; ++r) {
           *lse_at(*m_state, h, i0 + r) = m[r];
           *lse_at(*l_state, h, i0 + r) = l[r];
-          std::copy_n(o_tile + r * d, d, static_cast<float*>(acc->at(i0 + r, h * d)));
+          std::copy_n(o_tile + r * dp, d, static_cast<float*>(acc->at(i0 + r, h * d)));
         }
       } else {
         for (int64_t r = 0; r < bq; ++r) {
-          float* orow = o_tile + r * d;
+          float* orow = o_tile + r * dp;
           const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
           for (int64_t e = 0; e < d; ++e) orow[e] *= inv;
           from_f32(orow, o->at(i0 + r, h * d), o->dtype, d);
@@ -185,14 +207,19 @@ void attention_backward(const AttnProblem& p, const Mat& dout, const Mat& lse, c
   const int64_t sq = p.sq(), sk = p.sk(), d = p.d;
   const int group = p.hq / p.hk;
   const float scale = p.softmax_scale();
-  const bool bf16 = p.q.dtype != DType::kF32;
-  float* k_panel = ws;                                 // (Bk, d) packed transposed
-  float* v_panel = k_panel + kAttnBwdBk * d;           // (Bk, d) packed transposed
-  float* p_tile = v_panel + kAttnBwdBk * d;            // (Bq, Bk)
-  float* ds_tile = p_tile + kAttnBwdBq * kAttnBwdBk;   // (Bq, Bk)
-  float* k_stage = ds_tile + kAttnBwdBq * kAttnBwdBk;  // (Bk, d), bf16 only
-  float* q_stage = k_stage + kAttnBwdBk * d;           // (Bq, d), bf16 only
+  const int64_t dp = attn_padded_dim(d);
+  constexpr int64_t kcs = kAttnBwdBk * kNr, qcs = kAttnBwdBq * kNr;  // chunk strides
+  float* k_panel = ws;                                               // (Bk, d) packed transposed
+  float* v_panel = k_panel + kAttnBwdBk * d;                         // (Bk, d) packed transposed
+  float* k_pack = v_panel + kAttnBwdBk * d;            // (Bk, dp) packed in column chunks
+  float* p_tile = k_pack + kAttnBwdBk * dp;            // (Bq, Bk + 16)
+  float* ds_tile = p_tile + kAttnBwdBq * kAttnBwdSld;  // (Bq, Bk + 16)
+  float* q_pack = ds_tile + kAttnBwdBq * kAttnBwdSld;  // (Bq, dp) packed in column chunks
+  float* do_pack = q_pack + kAttnBwdBq * dp;           // (Bq, dp) packed in column chunks
+  float* q_stage = do_pack + kAttnBwdBq * dp;          // (Bq, d), bf16 only
   float* do_stage = q_stage + kAttnBwdBq * d;          // (Bq, d), bf16 only
+  check_layout(ws, q_stage, do_stage + kAttnBwdBq * d, attn_bwd_workspace_bytes(d, p.q.dtype),
+               p.q.dtype);
   const __m256 vscale = _mm256_set1_ps(scale);
   const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
 
@@ -204,15 +231,17 @@ void attention_backward(const AttnProblem& p, const Mat& dout, const Mat& lse, c
       // First query row that sees key j0.
       const int64_t i_first = p.causal ? std::clamp<int64_t>(p.k_pos0 + j0 - p.q_pos0, 0, sq) : 0;
       if (i_first >= sq) continue;
-      pack_tile(p.k, j0, bk, kvh, int(d), k_panel);
-      pack_tile(p.v, j0, bk, kvh, int(d), v_panel);
-      const Tile kt = load_tile(p.k, j0, bk, kvh, int(d), bf16 ? k_stage : nullptr);
+      pack_tile_t(p.k, j0, bk, kvh, int(d), k_panel);
+      pack_tile_t(p.v, j0, bk, kvh, int(d), v_panel);
+      pack_tile_chunks(p.k, j0, bk, kvh, int(d), k_pack, kcs);
       float* dk_t = static_cast<float*>(dk.at(j0, int64_t(kvh) * d));
       float* dv_t = static_cast<float*>(dv.at(j0, int64_t(kvh) * d));
       for (int64_t i0 = i_first / kAttnBwdBq * kAttnBwdBq; i0 < sq; i0 += kAttnBwdBq) {
         const int64_t bq = std::min(kAttnBwdBq, sq - i0);
         const Tile qt = load_tile(p.q, i0, bq, h, int(d), q_stage);
         const Tile dot = load_tile(dout, i0, bq, h, int(d), do_stage);
+        pack_tile_chunks(p.q, i0, bq, h, int(d), q_pack, qcs);
+        pack_tile_chunks(dout, i0, bq, h, int(d), do_pack, qcs);
         float* dq_t = static_cast<float*>(dq.at(i0, int64_t(h) * d));
         for (int64_t r0 = 0; r0 < bq; r0 += kAttnStripe) {
           const int mr = int(std::min(kAttnStripe, bq - r0));
@@ -226,13 +255,13 @@ void attention_backward(const AttnProblem& p, const Mat& dout, const Mat& lse, c
             vdelta[r] = _mm256_set1_ps(*lse_at(delta, h, i0 + r0 + r));
           }
           const int64_t n_panels = (smax + kNr - 1) / kNr;
-          float* p_rows = p_tile + r0 * kAttnBwdBk;
-          float* ds_rows = ds_tile + r0 * kAttnBwdBk;
+          float* p_rows = p_tile + r0 * kAttnBwdSld;
+          float* ds_rows = ds_tile + r0 * kAttnBwdSld;
           // Keys past the stripe's last visible panel: zero, read by the dV and dK products.
           for (int r = 0; r < mr; ++r) {
-            std::fill(p_rows + r * kAttnBwdBk + n_panels * kNr, p_rows + r * kAttnBwdBk + bkp,
+            std::fill(p_rows + r * kAttnBwdSld + n_panels * kNr, p_rows + r * kAttnBwdSld + bkp,
                       0.0f);
-            std::fill(ds_rows + r * kAttnBwdBk + n_panels * kNr, ds_rows + r * kAttnBwdBk + bkp,
+            std::fill(ds_rows + r * kAttnBwdSld + n_panels * kNr, ds_rows + r * kAttnBwdSld + bkp,
                       0.0f);
           }
           if (n_panels == 0) continue;
@@ -243,7 +272,7 @@ void attention_backward(const AttnProblem& p, const Mat& dout, const Mat& lse, c
               // P = exp(scale * q k^T - lse), zero where masked.
               score_block<MR>(
                   qs, qt.ld, k_panel + b * kNr * d, int(d), [&](int r, __m256 lo, __m256 hi) {
-                    float* dst = p_rows + r * kAttnBwdBk + b * kNr;
+                    float* dst = p_rows + r * kAttnBwdSld + b * kNr;
                     __m256 p0 = exp8(_mm256_fmsub_ps(lo, vscale, vlse[r]));
                     __m256 p1 = exp8(_mm256_fmsub_ps(hi, vscale, vlse[r]));
                     if ((b + 1) * kNr > lim[r]) {
@@ -258,8 +287,8 @@ void attention_backward(const AttnProblem& p, const Mat& dout, const Mat& lse, c
               // dS = P * (do v^T - delta) * scale.
               score_block<MR>(
                   ds_src, dot.ld, v_panel + b * kNr * d, int(d), [&](int r, __m256 lo, __m256 hi) {
-                    const float* pr = p_rows + r * kAttnBwdBk + b * kNr;
-                    float* dst = ds_rows + r * kAttnBwdBk + b * kNr;
+                    const float* pr = p_rows + r * kAttnBwdSld + b * kNr;
+                    float* dst = ds_rows + r * kAttnBwdSld + b * kNr;
                     const __m256 s0 = _mm256_mul_ps(
                         _mm256_mul_ps(_mm256_loadu_ps(pr), _mm256_sub_ps(lo, vdelta[r])), vscale);
                     const __m256 s1 = _mm256_mul_ps(
@@ -271,8 +300,8 @@ void attention_backward(const AttnProblem& p, const Mat& dout, const Mat& lse, c
             }
           });
           // dQ += dS K over the keys [0, smax), in increasing key order.
-          acc_rows<false>(mr, d, ds_rows, kAttnBwdBk, kt.ptr, kt.ld, dq_t + r0 * dq.ld, dq.ld, 0,
-                          smax);
+          acc_rows<false>(mr, d, ds_rows, kAttnBwdSld, k_pack, kNr, kcs, dq_t + r0 * dq.ld, dq.ld,
+                          0, smax);
         }
         // dV += P^T dO and dK += dS^T Q, six keys at a time, over the query rows that see them
         // (in increasing row order; rows before the first that sees a key add exact zeros).
@@ -281,10 +310,10 @@ void attention_backward(const AttnProblem& p, const Mat& dout, const Mat& lse, c
           const int64_t i_lo =
               p.causal ? std::clamp<int64_t>(p.k_pos0 + j0 + jb - p.q_pos0 - i0, 0, bq) : 0;
           if (i_lo >= bq) break;
-          acc_rows<true>(mr, d, p_tile + jb, kAttnBwdBk, dot.ptr, dot.ld, dv_t + jb * dv.ld, dv.ld,
-                         i_lo, bq);
-          acc_rows<true>(mr, d, ds_tile + jb, kAttnBwdBk, qt.ptr, qt.ld, dk_t + jb * dk.ld, dk.ld,
-                         i_lo, bq);
+          acc_rows<true>(mr, d, p_tile + jb, kAttnBwdSld, do_pack, kNr, qcs, dv_t + jb * dv.ld,
+                         dv.ld, i_lo, bq);
+          acc_rows<true>(mr, d, ds_tile + jb, kAttnBwdSld, q_pack, kNr, qcs, dk_t + jb * dk.ld,
+                         dk.ld, i_lo, bq);
         }
       }
     }

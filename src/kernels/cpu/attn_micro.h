@@ -92,6 +92,27 @@ void pack_panels(const void* src, int64_t ld, int64_t n, int d, float* dst) {
   }
 }
 
+// Packs rows [0, n) of an (n, d) matrix of type T (row j at src + j * ld elements) into column
+// chunks of kNr: dst[(e / kNr) * cs + j * kNr + e % kNr] = x(j, e), columns d .. round_up(d, kNr)
+// of the last chunk zero. Each chunk is then one sequential stream for acc_block.
+template <DType T>
+void pack_chunks(const void* src, int64_t ld, int64_t n, int d, float* dst, int64_t cs) {
+  const int64_t esize = dtype_size(T);
+  for (int64_t j = 0; j < n; ++j) {
+    const char* row = static_cast<const char*>(src) + j * ld * esize;
+    int e = 0;
+    for (; e + kNr <= d; e += kNr) {
+      float* out = dst + (e / kNr) * cs + j * kNr;
+      _mm256_storeu_ps(out, load8<T>(row + e * esize));
+      _mm256_storeu_ps(out + 8, load8<T>(row + (e + 8) * esize));
+    }
+    if (e < d) {
+      float* out = dst + (e / kNr) * cs + j * kNr;
+      for (int c = 0; c < kNr; ++c) out[c] = e + c < d ? load1<T>(row, e + c) : 0.0f;
+    }
+  }
+}
+
 // Calls f.template operator()<MR>() for the runtime row count mr in [1, kMr].
 template <class F>
 inline void with_rows(int mr, F&& f) {
@@ -171,29 +192,32 @@ inline void acc_block(const float* a, int64_t lda, const float* b, int64_t ldb, 
 }
 
 // C (mr, n) += A (mr, [k0, k1)) * B ([k0, k1), n) for any n: kNr-column register blocks, then an
-// 8-column block, then scalar columns.
+// 8-column block, then scalar columns. B is stored in column chunks of kNr: B(k, col) at
+// b[(col / kNr) * bcs + k * ldb + col % kNr] (a row-major matrix: bcs = kNr; one packed by
+// pack_chunks: ldb = kNr and bcs its chunk stride).
 template <bool kTransA>
 inline void acc_rows(int mr, int64_t n, const float* a, int64_t lda, const float* b, int64_t ldb,
-                     float* c, int64_t ldc, int64_t k0, int64_t k1) {
+                     int64_t bcs, float* c, int64_t ldc, int64_t k0, int64_t k1) {
   int64_t col = 0;
-  for (; col + 16 <= n; col += 16) {
-    with_rows(mr, [&]<int MR>() {
-      acc_block<MR, 2, kTransA>(a, lda, b + col, ldb, c + col, ldc, k0, k1);
-    });
+  for (; col + kNr <= n; col += kNr) {
+    const float* bc = b + (col / kNr) * bcs;
+    with_rows(mr,
+              [&]<int MR>() { acc_block<MR, 2, kTransA>(a, lda, bc, ldb, c + col, ldc, k0, k1); });
   }
+  const float* bc = b + (col / kNr) * bcs;
   if (col + 8 <= n) {
-    with_rows(mr, [&]<int MR>() {
-      acc_block<MR, 1, kTransA>(a, lda, b + col, ldb, c + col, ldc, k0, k1);
-    });
+    with_rows(mr,
+              [&]<int MR>() { acc_block<MR, 1, kTransA>(a, lda, bc, ldb, c + col, ldc, k0, k1); });
+    bc += 8;
     col += 8;
   }
-  for (; col < n; ++col) {
+  for (int64_t t = 0; col + t < n; ++t) {
     for (int r = 0; r < mr; ++r) {
-      float s = c[r * ldc + col];
+      float s = c[r * ldc + col + t];
       for (int64_t k = k0; k < k1; ++k) {
-        s = std::fma(kTransA ? a[k * lda + r] : a[r * lda + k], b[k * ldb + col], s);
+        s = std::fma(kTransA ? a[k * lda + r] : a[r * lda + k], bc[k * ldb + t], s);
       }
-      c[r * ldc + col] = s;
+      c[r * ldc + col + t] = s;
     }
   }
 }
