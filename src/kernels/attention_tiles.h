@@ -42,12 +42,13 @@ inline int64_t attn_fwd_workspace_bytes(int64_t d, DType t) {
   return f * 4;
 }
 
-// Backward, fp32 floats: K and V tiles packed transposed (2 Bk d) and K packed in column chunks
-// (Bk, dp) + P and dS tiles (2 Bq (Bk + 16)) + q and do tiles packed in column chunks (2 Bq dp);
-// bf16 inputs add fp32 staging for the q and do tiles (2 Bq d).
+// Backward, fp32 floats: K and V tiles packed transposed (2 Bk d), K packed in column chunks and
+// the dK and dV accumulators of the tile in column chunks (3 Bk dp) + P and dS tiles
+// (2 Bq (Bk + 16)) + q and do tiles packed in column chunks (2 Bq dp); bf16 inputs add fp32
+// staging for the q and do tiles (2 Bq d).
 inline int64_t attn_bwd_workspace_bytes(int64_t d, DType t) {
   const int64_t dp = attn_padded_dim(d);
-  int64_t f = kAttnBwdBk * (2 * d + dp) + 2 * kAttnBwdBq * kAttnBwdSld + 2 * kAttnBwdBq * dp;
+  int64_t f = kAttnBwdBk * (2 * d + 3 * dp) + 2 * kAttnBwdBq * kAttnBwdSld + 2 * kAttnBwdBq * dp;
   if (t != DType::kF32) f += 2 * kAttnBwdBq * d;
   return f * 4;
 }

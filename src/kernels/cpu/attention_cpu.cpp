@@ -73,16 +73,13 @@ inline float* lse_at(const Mat& x, int h, int64_t i) {
   return static_cast<float*>(x.at(h, i));
 }
 
-// Online-softmax step of one query row over the scores s[0, lim) of a key tile (lim >= 1):
-// overwrites s[0, n) with p = exp(s - m_new) and zeros past lim (n >= lim), updates the running
-// max m and sum l, and returns the factor alpha the row's output accumulator must be scaled by.
-float softmax_row(float* s, int64_t lim, int64_t n, float& m, float& l) {
-  __m256 vmax = _mm256_set1_ps(kNegInf);
-  int64_t c = 0;
-  for (; c + 8 <= lim; c += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(s + c));
-  float mx = hmax8(vmax);
-  for (int64_t t = c; t < lim; ++t) mx = std::max(mx, s[t]);
+// Online-softmax step of one query row over the scores s[0, lim) of a key tile (lim >= 1) whose
+// maximum is mx: overwrites s[0, n) with p = exp(s - m_new) and zeros past lim (n >= lim),
+// updates the running max m and sum l, and returns the factor alpha the row's output
+// accumulator must be scaled by.
+float softmax_row(float* s, int64_t lim, int64_t n, float mx, float& m, float& l) {
   const float m_new = std::max(m, mx);
+  int64_t c = 0;
   const __m256 vm = _mm256_set1_ps(m_new);
   __m256 vsum = _mm256_setzero_ps();
   for (c = 0; c + 8 <= lim; c += 8) {
@@ -120,6 +117,7 @@ void attention_forward(const AttnProblem& p, const Mat* o, const Mat* lse, const
   float* m = o_tile + kAttnFwdBq * dp;                 // (Bq)
   float* l = m + kAttnFwdBq;                           // (Bq)
   float* q_stage = l + kAttnFwdBq;                     // (Bq, d), bf16 only
+  const __m256 vscale = _mm256_set1_ps(scale), neg_inf = _mm256_set1_ps(kNegInf);
   check_layout(ws, l + kAttnFwdBq, q_stage + kAttnFwdBq * d, attn_fwd_workspace_bytes(d, p.q.dtype),
                p.q.dtype);
 
@@ -145,8 +143,20 @@ void attention_forward(const AttnProblem& p, const Mat* o, const Mat* lse, const
         const int64_t bk = std::min(kAttnFwdBk, n_keys - j0);
         pack_tile_t(p.k, j0, bk, kvh, int(d), k_panel);
         pack_tile_chunks(p.v, j0, bk, kvh, int(d), v_pack, kAttnFwdBk * kNr);
+        // The next key tile (or the first one, for the next query tile), prefetched a slice
+        // per stripe.
+        const int64_t next_j0 = j0 + kAttnFwdBk < n_keys ? j0 + kAttnFwdBk : 0;
+        const int64_t next_bk = std::min(kAttnFwdBk, (next_j0 > 0 ? n_keys : p.sk()) - next_j0);
+        const int64_t pf_rows = (next_bk + bq - 1) / bq * kAttnStripe;
         for (int64_t r0 = 0; r0 < bq; r0 += kAttnStripe) {
           const int mr = int(std::min(kAttnStripe, bq - r0));
+          const int64_t pf0 = r0 / kAttnStripe * pf_rows;
+          if (pf0 < next_bk) {
+            const int64_t n = std::min(pf_rows, next_bk - pf0);
+            const int64_t esize = dtype_size(p.k.dtype);
+            prefetch_rows(p.k.at(next_j0 + pf0, kvh * d), p.k.ld * esize, n, d * esize);
+            prefetch_rows(p.v.at(next_j0 + pf0, kvh * d), p.v.ld * esize, n, d * esize);
+          }
           int64_t lim[kAttnStripe], smax = 0;
           for (int r = 0; r < mr; ++r) {
             lim[r] = visible(p, i0 + r0 + r, j0, bk);
@@ -155,14 +165,24 @@ void attention_forward(const AttnProblem& p, const Mat* o, const Mat* lse, const
           if (smax == 0) continue;
           const int64_t n_panels = (smax + kNr - 1) / kNr;
           const float* qs = qt.ptr + r0 * qt.ld;
-          const __m256 vscale = _mm256_set1_ps(scale);
+          // Scores, scaled, and their row maxima over the visible keys.
+          __m256 vmax[kAttnStripe];
+          for (int r = 0; r < mr; ++r) vmax[r] = _mm256_set1_ps(kNegInf);
           with_rows(mr, [&]<int MR>() {
             for (int64_t b = 0; b < n_panels; ++b) {
               score_block<MR>(qs, qt.ld, k_panel + b * kNr * d, int(d),
                               [&](int r, __m256 lo, __m256 hi) {
                                 float* dst = s_rows + r * kAttnFwdSld + b * kNr;
-                                _mm256_storeu_ps(dst, _mm256_mul_ps(lo, vscale));
-                                _mm256_storeu_ps(dst + 8, _mm256_mul_ps(hi, vscale));
+                                lo = _mm256_mul_ps(lo, vscale);
+                                hi = _mm256_mul_ps(hi, vscale);
+                                _mm256_storeu_ps(dst, lo);
+                                _mm256_storeu_ps(dst + 8, hi);
+                                const int64_t n = lim[r] - b * kNr;
+                                if (n < kNr) {
+                                  lo = _mm256_blendv_ps(neg_inf, lo, lane_mask(n));
+                                  hi = _mm256_blendv_ps(neg_inf, hi, lane_mask(n - 8));
+                                }
+                                vmax[r] = _mm256_max_ps(vmax[r], _mm256_max_ps(lo, hi));
                               });
             }
           });
@@ -172,7 +192,8 @@ void attention_forward(const AttnProblem& p, const Mat* o, const Mat* lse, const
               std::fill_n(srow, smax, 0.0f);
               continue;
             }
-            const float alpha = softmax_row(srow, lim[r], smax, m[r0 + r], l[r0 + r]);
+            const float alpha =
+                softmax_row(srow, lim[r], smax, hmax8(vmax[r]), m[r0 + r], l[r0 + r]);
             if (alpha != 1.0f) {
               float* orow = o_tile + (r0 + r) * dp;
               for (int64_t e = 0; e < d; ++e) orow[e] *= alpha;
@@ -180,7 +201,7 @@ void attention_forward(const AttnProblem& p, const Mat* o, const Mat* lse, const
           }
           // O += P V over the keys [0, smax): rows with fewer visible keys add exact zeros.
           acc_rows<false>(mr, dp, s_rows, kAttnFwdSld, v_pack, kNr, kAttnFwdBk * kNr,
-                          o_tile + r0 * dp, dp, 0, smax);
+                          o_tile + r0 * dp, dp, kNr, 0, smax);
         }
       }
       if (acc) {
@@ -216,7 +237,9 @@ void attention_backward(const AttnProblem& p, const Mat& dout, const Mat& lse, c
   float* ds_tile = p_tile + kAttnBwdBq * kAttnBwdSld;  // (Bq, Bk + 16)
   float* q_pack = ds_tile + kAttnBwdBq * kAttnBwdSld;  // (Bq, dp) packed in column chunks
   float* do_pack = q_pack + kAttnBwdBq * dp;           // (Bq, dp) packed in column chunks
-  float* q_stage = do_pack + kAttnBwdBq * dp;          // (Bq, d), bf16 only
+  float* dk_acc = do_pack + kAttnBwdBq * dp;           // (Bk, dp) dk of the tile, in chunks
+  float* dv_acc = dk_acc + kAttnBwdBk * dp;            // (Bk, dp) dv of the tile, in chunks
+  float* q_stage = dv_acc + kAttnBwdBk * dp;           // (Bq, d), bf16 only
   float* do_stage = q_stage + kAttnBwdBq * d;          // (Bq, d), bf16 only
   check_layout(ws, q_stage, do_stage + kAttnBwdBq * d, attn_bwd_workspace_bytes(d, p.q.dtype),
                p.q.dtype);
@@ -234,8 +257,10 @@ void attention_backward(const AttnProblem& p, const Mat& dout, const Mat& lse, c
       pack_tile_t(p.k, j0, bk, kvh, int(d), k_panel);
       pack_tile_t(p.v, j0, bk, kvh, int(d), v_panel);
       pack_tile_chunks(p.k, j0, bk, kvh, int(d), k_pack, kcs);
-      float* dk_t = static_cast<float*>(dk.at(j0, int64_t(kvh) * d));
-      float* dv_t = static_cast<float*>(dv.at(j0, int64_t(kvh) * d));
+      // dK and dV of the tile are accumulated in place of dk and dv, in chunks: the same FMA
+      // chains, in a contiguous buffer.
+      pack_tile_chunks(dk, j0, bk, kvh, int(d), dk_acc, kcs);
+      pack_tile_chunks(dv, j0, bk, kvh, int(d), dv_acc, kcs);
       for (int64_t i0 = i_first / kAttnBwdBq * kAttnBwdBq; i0 < sq; i0 += kAttnBwdBq) {
         const int64_t bq = std::min(kAttnBwdBq, sq - i0);
         const Tile qt = load_tile(p.q, i0, bq, h, int(d), q_stage);
@@ -245,6 +270,13 @@ void attention_backward(const AttnProblem& p, const Mat& dout, const Mat& lse, c
         float* dq_t = static_cast<float*>(dq.at(i0, int64_t(h) * d));
         for (int64_t r0 = 0; r0 < bq; r0 += kAttnStripe) {
           const int mr = int(std::min(kAttnStripe, bq - r0));
+          // The same stripe of the next query tile.
+          if (const int64_t in = i0 + kAttnBwdBq + r0; in < sq) {
+            const int64_t n = std::min<int64_t>(mr, sq - in), esize = dtype_size(p.q.dtype);
+            prefetch_rows(p.q.at(in, h * d), p.q.ld * esize, n, d * esize);
+            prefetch_rows(dout.at(in, h * d), dout.ld * esize, n, d * esize);
+            prefetch_rows(dq.at(in, h * d), dq.ld * 4, n, d * 4);
+          }
           int64_t lim[kAttnStripe], smax = 0;
           __m256 vlse[kAttnStripe], vdelta[kAttnStripe];
           for (int r = 0; r < mr; ++r) {
@@ -301,7 +333,7 @@ void attention_backward(const AttnProblem& p, const Mat& dout, const Mat& lse, c
           });
           // dQ += dS K over the keys [0, smax), in increasing key order.
           acc_rows<false>(mr, d, ds_rows, kAttnBwdSld, k_pack, kNr, kcs, dq_t + r0 * dq.ld, dq.ld,
-                          0, smax);
+                          kNr, 0, smax);
         }
         // dV += P^T dO and dK += dS^T Q, six keys at a time, over the query rows that see them
         // (in increasing row order; rows before the first that sees a key add exact zeros).
@@ -310,12 +342,16 @@ void attention_backward(const AttnProblem& p, const Mat& dout, const Mat& lse, c
           const int64_t i_lo =
               p.causal ? std::clamp<int64_t>(p.k_pos0 + j0 + jb - p.q_pos0 - i0, 0, bq) : 0;
           if (i_lo >= bq) break;
-          acc_rows<true>(mr, d, p_tile + jb, kAttnBwdSld, do_pack, kNr, qcs, dv_t + jb * dv.ld,
-                         dv.ld, i_lo, bq);
-          acc_rows<true>(mr, d, ds_tile + jb, kAttnBwdSld, q_pack, kNr, qcs, dk_t + jb * dk.ld,
-                         dk.ld, i_lo, bq);
+          acc_rows<true>(mr, dp, p_tile + jb, kAttnBwdSld, do_pack, kNr, qcs, dv_acc + jb * kNr,
+                         kNr, kcs, i_lo, bq);
+          acc_rows<true>(mr, dp, ds_tile + jb, kAttnBwdSld, q_pack, kNr, qcs, dk_acc + jb * kNr,
+                         kNr, kcs, i_lo, bq);
         }
       }
+      unpack_chunks(dk_acc, kcs, bk, int(d), static_cast<float*>(dk.at(j0, int64_t(kvh) * d)),
+                    dk.ld);
+      unpack_chunks(dv_acc, kcs, bk, int(d), static_cast<float*>(dv.at(j0, int64_t(kvh) * d)),
+                    dv.ld);
     }
   }
 }

@@ -113,6 +113,29 @@ void pack_chunks(const void* src, int64_t ld, int64_t n, int d, float* dst, int6
   }
 }
 
+// Inverse of pack_chunks for fp32: rows [0, n) of the chunks back to a row-major (n, d) matrix.
+inline void unpack_chunks(const float* src, int64_t cs, int64_t n, int d, float* dst, int64_t ld) {
+  for (int64_t j = 0; j < n; ++j) {
+    int e = 0;
+    for (; e + kNr <= d; e += kNr) {
+      const float* in = src + (e / kNr) * cs + j * kNr;
+      _mm256_storeu_ps(dst + j * ld + e, _mm256_loadu_ps(in));
+      _mm256_storeu_ps(dst + j * ld + e + 8, _mm256_loadu_ps(in + 8));
+    }
+    for (; e < d; ++e) dst[j * ld + e] = src[(e / kNr) * cs + j * kNr + e % kNr];
+  }
+}
+
+// Prefetches rows [0, n) of a strided matrix (row j at p + j * ld_bytes, `bytes` bytes each) into
+// L2: the next tile's rows, requested while the current tile computes, so that packing them
+// does not wait on L3 or DRAM.
+inline void prefetch_rows(const void* p, int64_t ld_bytes, int64_t n, int64_t bytes) {
+  for (int64_t j = 0; j < n; ++j) {
+    const char* row = static_cast<const char*>(p) + j * ld_bytes;
+    for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch(row + b, _MM_HINT_T1);
+  }
+}
+
 // Calls f.template operator()<MR>() for the runtime row count mr in [1, kMr].
 template <class F>
 inline void with_rows(int mr, F&& f) {
@@ -192,32 +215,33 @@ inline void acc_block(const float* a, int64_t lda, const float* b, int64_t ldb, 
 }
 
 // C (mr, n) += A (mr, [k0, k1)) * B ([k0, k1), n) for any n: kNr-column register blocks, then an
-// 8-column block, then scalar columns. B is stored in column chunks of kNr: B(k, col) at
-// b[(col / kNr) * bcs + k * ldb + col % kNr] (a row-major matrix: bcs = kNr; one packed by
-// pack_chunks: ldb = kNr and bcs its chunk stride).
+// 8-column block, then scalar columns. B and C are stored in column chunks of kNr: B(k, col) at
+// b[(col / kNr) * bcs + k * ldb + col % kNr], C(r, col) likewise with ccs and ldc. A row-major
+// matrix has chunk stride kNr; one packed by pack_chunks has ld kNr and its own chunk stride.
 template <bool kTransA>
 inline void acc_rows(int mr, int64_t n, const float* a, int64_t lda, const float* b, int64_t ldb,
-                     int64_t bcs, float* c, int64_t ldc, int64_t k0, int64_t k1) {
+                     int64_t bcs, float* c, int64_t ldc, int64_t ccs, int64_t k0, int64_t k1) {
   int64_t col = 0;
   for (; col + kNr <= n; col += kNr) {
     const float* bc = b + (col / kNr) * bcs;
-    with_rows(mr,
-              [&]<int MR>() { acc_block<MR, 2, kTransA>(a, lda, bc, ldb, c + col, ldc, k0, k1); });
+    float* cc = c + (col / kNr) * ccs;
+    with_rows(mr, [&]<int MR>() { acc_block<MR, 2, kTransA>(a, lda, bc, ldb, cc, ldc, k0, k1); });
   }
   const float* bc = b + (col / kNr) * bcs;
+  float* cc = c + (col / kNr) * ccs;
   if (col + 8 <= n) {
-    with_rows(mr,
-              [&]<int MR>() { acc_block<MR, 1, kTransA>(a, lda, bc, ldb, c + col, ldc, k0, k1); });
+    with_rows(mr, [&]<int MR>() { acc_block<MR, 1, kTransA>(a, lda, bc, ldb, cc, ldc, k0, k1); });
     bc += 8;
+    cc += 8;
     col += 8;
   }
   for (int64_t t = 0; col + t < n; ++t) {
     for (int r = 0; r < mr; ++r) {
-      float s = c[r * ldc + col + t];
+      float s = cc[r * ldc + t];
       for (int64_t k = k0; k < k1; ++k) {
         s = std::fma(kTransA ? a[k * lda + r] : a[r * lda + k], bc[k * ldb + t], s);
       }
-      c[r * ldc + col + t] = s;
+      cc[r * ldc + t] = s;
     }
   }
 }
