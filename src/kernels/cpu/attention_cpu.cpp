@@ -79,10 +79,10 @@ inline float* lse_at(const Mat& x, int h, int64_t i) {
 // accumulator must be scaled by.
 float softmax_row(float* s, int64_t lim, int64_t n, float mx, float& m, float& l) {
   const float m_new = std::max(m, mx);
-  int64_t c = 0;
   const __m256 vm = _mm256_set1_ps(m_new);
   __m256 vsum = _mm256_setzero_ps();
-  for (c = 0; c + 8 <= lim; c += 8) {
+  int64_t c = 0;
+  for (; c + 8 <= lim; c += 8) {
     const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + c), vm));
     _mm256_storeu_ps(s + c, e);
     vsum = _mm256_add_ps(vsum, e);
@@ -131,6 +131,7 @@ void attention_forward(const AttnProblem& p, const Mat* o, const Mat* lse, const
           m[r] = *lse_at(*m_state, h, i0 + r);
           l[r] = *lse_at(*l_state, h, i0 + r);
           std::copy_n(static_cast<const float*>(acc->at(i0 + r, h * d)), d, o_tile + r * dp);
+          std::fill(o_tile + r * dp + d, o_tile + (r + 1) * dp, 0.0f);
         }
         if (n_keys == 0) continue;
       } else {
@@ -143,20 +144,8 @@ void attention_forward(const AttnProblem& p, const Mat* o, const Mat* lse, const
         const int64_t bk = std::min(kAttnFwdBk, n_keys - j0);
         pack_tile_t(p.k, j0, bk, kvh, int(d), k_panel);
         pack_tile_chunks(p.v, j0, bk, kvh, int(d), v_pack, kAttnFwdBk * kNr);
-        // The next key tile (or the first one, for the next query tile), prefetched a slice
-        // per stripe.
-        const int64_t next_j0 = j0 + kAttnFwdBk < n_keys ? j0 + kAttnFwdBk : 0;
-        const int64_t next_bk = std::min(kAttnFwdBk, (next_j0 > 0 ? n_keys : p.sk()) - next_j0);
-        const int64_t pf_rows = (next_bk + bq - 1) / bq * kAttnStripe;
         for (int64_t r0 = 0; r0 < bq; r0 += kAttnStripe) {
           const int mr = int(std::min(kAttnStripe, bq - r0));
-          const int64_t pf0 = r0 / kAttnStripe * pf_rows;
-          if (pf0 < next_bk) {
-            const int64_t n = std::min(pf_rows, next_bk - pf0);
-            const int64_t esize = dtype_size(p.k.dtype);
-            prefetch_rows(p.k.at(next_j0 + pf0, kvh * d), p.k.ld * esize, n, d * esize);
-            prefetch_rows(p.v.at(next_j0 + pf0, kvh * d), p.v.ld * esize, n, d * esize);
-          }
           int64_t lim[kAttnStripe], smax = 0;
           for (int r = 0; r < mr; ++r) {
             lim[r] = visible(p, i0 + r0 + r, j0, bk);
@@ -270,13 +259,6 @@ void attention_backward(const AttnProblem& p, const Mat& dout, const Mat& lse, c
         float* dq_t = static_cast<float*>(dq.at(i0, int64_t(h) * d));
         for (int64_t r0 = 0; r0 < bq; r0 += kAttnStripe) {
           const int mr = int(std::min(kAttnStripe, bq - r0));
-          // The same stripe of the next query tile.
-          if (const int64_t in = i0 + kAttnBwdBq + r0; in < sq) {
-            const int64_t n = std::min<int64_t>(mr, sq - in), esize = dtype_size(p.q.dtype);
-            prefetch_rows(p.q.at(in, h * d), p.q.ld * esize, n, d * esize);
-            prefetch_rows(dout.at(in, h * d), dout.ld * esize, n, d * esize);
-            prefetch_rows(dq.at(in, h * d), dq.ld * 4, n, d * 4);
-          }
           int64_t lim[kAttnStripe], smax = 0;
           __m256 vlse[kAttnStripe], vdelta[kAttnStripe];
           for (int r = 0; r < mr; ++r) {

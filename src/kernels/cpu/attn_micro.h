@@ -126,16 +126,6 @@ inline void unpack_chunks(const float* src, int64_t cs, int64_t n, int d, float*
   }
 }
 
-// Prefetches rows [0, n) of a strided matrix (row j at p + j * ld_bytes, `bytes` bytes each) into
-// L2: the next tile's rows, requested while the current tile computes, so that packing them
-// does not wait on L3 or DRAM.
-inline void prefetch_rows(const void* p, int64_t ld_bytes, int64_t n, int64_t bytes) {
-  for (int64_t j = 0; j < n; ++j) {
-    const char* row = static_cast<const char*>(p) + j * ld_bytes;
-    for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch(row + b, _MM_HINT_T1);
-  }
-}
-
 // Calls f.template operator()<MR>() for the runtime row count mr in [1, kMr].
 template <class F>
 inline void with_rows(int mr, F&& f) {
