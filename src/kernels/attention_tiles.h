@@ -33,12 +33,13 @@ inline int64_t attn_padded_dim(int64_t d) {
 }
 
 // Forward, fp32 floats: K tile packed transposed (Bk, d) and V tile packed in column chunks
-// (Bk, dp) + score stripe (6, Bk + 16) + output accumulator (Bq, dp) + row max and sum (2 Bq); bf16
-// inputs add fp32 staging for the q tile (Bq, d). dp = attn_padded_dim(d).
+// (Bk, dp) + score stripe (6, Bk + 16) + q tile staged (Bq, d) + output accumulator (Bq, dp) + row
+// max and sum (2 Bq); the same for bf16 inputs (tiles are converted when staged or packed).
+// dp = attn_padded_dim(d).
 inline int64_t attn_fwd_workspace_bytes(int64_t d, DType t) {
   const int64_t dp = attn_padded_dim(d);
-  int64_t f = kAttnFwdBk * (d + dp) + kAttnStripe * kAttnFwdSld + kAttnFwdBq * dp + 2 * kAttnFwdBq;
-  if (t != DType::kF32) f += kAttnFwdBq * d;
+  const int64_t f =
+      kAttnFwdBk * (d + dp) + kAttnStripe * kAttnFwdSld + kAttnFwdBq * (d + dp) + 2 * kAttnFwdBq;
   return f * 4;
 }
 

@@ -116,10 +116,10 @@ void attention_forward(const AttnProblem& p, const Mat* o, const Mat* lse, const
   float* o_tile = s_rows + kAttnStripe * kAttnFwdSld;  // (Bq, dp) un-normalised output
   float* m = o_tile + kAttnFwdBq * dp;                 // (Bq)
   float* l = m + kAttnFwdBq;                           // (Bq)
-  float* q_stage = l + kAttnFwdBq;                     // (Bq, d), bf16 only
+  float* q_stage = l + kAttnFwdBq;                     // (Bq, d) the q tile, fp32
   const __m256 vscale = _mm256_set1_ps(scale), neg_inf = _mm256_set1_ps(kNegInf);
-  check_layout(ws, l + kAttnFwdBq, q_stage + kAttnFwdBq * d, attn_fwd_workspace_bytes(d, p.q.dtype),
-               p.q.dtype);
+  check_layout(ws, q_stage + kAttnFwdBq * d, q_stage + kAttnFwdBq * d,
+               attn_fwd_workspace_bytes(d, p.q.dtype), p.q.dtype);
 
   for (int h = 0; h < p.hq; ++h) {
     const int kvh = h / group;
@@ -139,7 +139,11 @@ void attention_forward(const AttnProblem& p, const Mat* o, const Mat* lse, const
         std::fill_n(l, bq, 0.0f);
         std::fill_n(o_tile, bq * dp, 0.0f);
       }
-      const Tile qt = n_keys > 0 ? load_tile(p.q, i0, bq, h, int(d), q_stage) : Tile{};
+      // The q tile, staged contiguous once: it is read again for every key tile.
+      if (n_keys > 0) {
+        for (int64_t r = 0; r < bq; ++r)
+          to_f32(p.q.at(i0 + r, h * d), p.q.dtype, q_stage + r * d, d);
+      }
       for (int64_t j0 = 0; j0 < n_keys; j0 += kAttnFwdBk) {
         const int64_t bk = std::min(kAttnFwdBk, n_keys - j0);
         pack_tile_t(p.k, j0, bk, kvh, int(d), k_panel);
@@ -153,13 +157,13 @@ void attention_forward(const AttnProblem& p, const Mat* o, const Mat* lse, const
           }
           if (smax == 0) continue;
           const int64_t n_panels = (smax + kNr - 1) / kNr;
-          const float* qs = qt.ptr + r0 * qt.ld;
+          const float* qs = q_stage + r0 * d;
           // Scores, scaled, and their row maxima over the visible keys.
           __m256 vmax[kAttnStripe];
           for (int r = 0; r < mr; ++r) vmax[r] = _mm256_set1_ps(kNegInf);
           with_rows(mr, [&]<int MR>() {
             for (int64_t b = 0; b < n_panels; ++b) {
-              score_block<MR>(qs, qt.ld, k_panel + b * kNr * d, int(d),
+              score_block<MR>(qs, d, k_panel + b * kNr * d, int(d),
                               [&](int r, __m256 lo, __m256 hi) {
                                 float* dst = s_rows + r * kAttnFwdSld + b * kNr;
                                 lo = _mm256_mul_ps(lo, vscale);
