@@ -6,6 +6,7 @@
 // key tiles [0, kBk), [kBk, 2 kBk), ... of the key view in order, whatever other heads or rows
 // the call contains. A call on a subset of heads (Ulysses, UPipe) therefore gives bitwise the
 // results of a call on all heads, as long as the query and key views start at the same rows.
+// docs/kernels.md states the full contract.
 #pragma once
 
 #include <cstdint>
@@ -14,24 +15,42 @@
 
 namespace upipe {
 
-constexpr int64_t kAttnFwdBq = 128;  // query rows per forward tile
+constexpr int64_t kAttnFwdBq = 768;  // query rows per forward tile
 constexpr int64_t kAttnFwdBk = 512;  // key rows per forward tile
-constexpr int64_t kAttnBwdBq = 128;  // query rows per backward tile
-constexpr int64_t kAttnBwdBk = 128;  // key rows per backward tile
+constexpr int64_t kAttnBwdBq = 96;   // query rows per backward tile
+constexpr int64_t kAttnBwdBk = 256;  // key rows per backward tile
+constexpr int64_t kAttnStripe = 6;   // query rows per register block (a stripe of a tile)
+constexpr int64_t kAttnPanel = 16;   // keys per packed panel; key tiles are multiples of it
+static_assert(kAttnFwdBk % kAttnPanel == 0 && kAttnBwdBk % kAttnPanel == 0);
+// Row strides of the score tiles (floats): one panel of padding, so that a tile's rows, read
+// down a column, do not all fall into the same few L1 cache sets.
+constexpr int64_t kAttnFwdSld = kAttnFwdBk + kAttnPanel;
+constexpr int64_t kAttnBwdSld = kAttnBwdBk + kAttnPanel;
 
-// Forward: score tile (Bq, Bk) + output accumulator (Bq, d) + row max and sum (2 Bq), fp32;
-// bf16 inputs add fp32 staging for the q tile (Bq, d) and the k and v tiles (Bk, d).
+// Head dimension rounded up to whole panels: the width of tiles packed in column chunks.
+inline int64_t attn_padded_dim(int64_t d) {
+  return (d + kAttnPanel - 1) / kAttnPanel * kAttnPanel;
+}
+
+// Forward, fp32 floats: K tile packed transposed (Bk, d) and V tile packed in column chunks
+// (Bk, dp) + score stripe (6, Bk + 16) + q tile staged (Bq, d) + output accumulator (Bq, dp) + row
+// max and sum (2 Bq); the same for bf16 inputs (tiles are converted when staged or packed).
+// dp = attn_padded_dim(d).
 inline int64_t attn_fwd_workspace_bytes(int64_t d, DType t) {
-  int64_t f = kAttnFwdBq * kAttnFwdBk + kAttnFwdBq * d + 2 * kAttnFwdBq;
-  if (t != DType::kF32) f += kAttnFwdBq * d + 2 * kAttnFwdBk * d;
+  const int64_t dp = attn_padded_dim(d);
+  const int64_t f =
+      kAttnFwdBk * (d + dp) + kAttnStripe * kAttnFwdSld + kAttnFwdBq * (d + dp) + 2 * kAttnFwdBq;
   return f * 4;
 }
 
-// Backward: P and dP tiles (Bq, Bk), fp32; bf16 inputs add staging for q and do tiles (Bq, d)
-// and k and v tiles (Bk, d).
+// Backward, fp32 floats: K and V tiles packed transposed (2 Bk d), K packed in column chunks and
+// the dK and dV accumulators of the tile in column chunks (3 Bk dp) + P and dS tiles
+// (2 Bq (Bk + 16)) + q and do tiles packed in column chunks (2 Bq dp); bf16 inputs add fp32
+// staging for the q and do tiles (2 Bq d).
 inline int64_t attn_bwd_workspace_bytes(int64_t d, DType t) {
-  int64_t f = 2 * kAttnBwdBq * kAttnBwdBk;
-  if (t != DType::kF32) f += 2 * kAttnBwdBq * d + 2 * kAttnBwdBk * d;
+  const int64_t dp = attn_padded_dim(d);
+  int64_t f = kAttnBwdBk * (2 * d + 3 * dp) + 2 * kAttnBwdBq * kAttnBwdSld + 2 * kAttnBwdBq * dp;
+  if (t != DType::kF32) f += 2 * kAttnBwdBq * d;
   return f * 4;
 }
 

@@ -90,7 +90,8 @@ TEST_P(AttnKernel, ForwardAndBackwardWithinTwiceBaselineError) {
   using test::cview;
   using test::view;
   ref::attention_forward<double>(in.dims, cview(in.q, c.sq, qc), cview(in.k, c.sk, kc),
-                                 cview(in.v, c.sk, kc), view(o64, c.sq, qc), view(lse64, c.hq, c.sq));
+                                 cview(in.v, c.sk, kc), view(o64, c.sq, qc),
+                                 view(lse64, c.hq, c.sq));
   ref::attention_backward<double>(in.dims, cview(in.q, c.sq, qc), cview(in.k, c.sk, kc),
                                   cview(in.v, c.sk, kc), cview(in.dout, c.sq, qc),
                                   view(dq64, c.sq, qc), view(dk64, c.sk, kc), view(dv64, c.sk, kc));
@@ -100,15 +101,14 @@ TEST_P(AttnKernel, ForwardAndBackwardWithinTwiceBaselineError) {
       dk32(dk64.size(), 0.f), dv32(dv64.size(), 0.f);
   ref::attention_forward<float>(in.dims, cview(q32, c.sq, qc), cview(k32, c.sk, kc),
                                 cview(v32, c.sk, kc), view(o32, c.sq, qc), view(lse32, c.hq, c.sq));
-  ref::attention_backward<float>(in.dims, cview(q32, c.sq, qc), cview(k32, c.sk, kc),
-                                 cview(v32, c.sk, kc), cview(d32, c.sq, qc), view(dq32, c.sq, qc),
-                                 view(dk32, c.sk, kc), view(dv32, c.sk, kc), [&](float x) {
-                                   return c.dtype == DType::kF32 ? x : bf16_to_f32(f32_to_bf16(x));
-                                 });
+  ref::attention_backward<float>(
+      in.dims, cview(q32, c.sq, qc), cview(k32, c.sk, kc), cview(v32, c.sk, kc),
+      cview(d32, c.sq, qc), view(dq32, c.sq, qc), view(dk32, c.sk, kc), view(dv32, c.sk, kc),
+      [&](float x) { return c.dtype == DType::kF32 ? x : bf16_to_f32(f32_to_bf16(x)); });
   const std::vector<double> o_base = test::rounded(cast<double>(o32), c.dtype);
 
-  auto check = [&](const char* what, const std::vector<double>& fast, const std::vector<double>& r64,
-                   const std::vector<double>& base) {
+  auto check = [&](const char* what, const std::vector<double>& fast,
+                   const std::vector<double>& r64, const std::vector<double>& base) {
     const double err = test::max_abs_diff(fast, r64), base_err = test::max_abs_diff(base, r64);
     const double floor = 4 * std::numeric_limits<float>::epsilon() * test::max_abs(r64);
     EXPECT_LE(err, 2 * base_err + floor) << what << ": fast " << err << " baseline " << base_err;
@@ -124,13 +124,15 @@ const DType F = DType::kF32, B = DType::kBF16;
 INSTANTIATE_TEST_SUITE_P(
     Shapes, AttnKernel,
     ::testing::Values(
-        Case{300, 300, 2, 2, 32, 0, 0, true, F},      // MHA, ragged tiles
-        Case{700, 700, 4, 1, 64, 0, 0, true, F},      // GQA G=4, several key tiles
-        Case{256, 256, 8, 2, 16, 0, 0, false, F},     // non-causal
-        Case{200, 150, 2, 1, 32, 1000, 900, true, F}, // block with global offsets
-        Case{130, 140, 2, 2, 32, 0, 200, true, F},    // keys all in the future: no key visible
-        Case{96, 600, 2, 1, 32, 500, 0, true, F},     // queries late, keys early (ring block)
-        Case{300, 300, 4, 2, 64, 0, 0, true, B}),     // bf16 storage
+        Case{300, 300, 2, 2, 32, 0, 0, true, F},       // MHA, ragged tiles
+        Case{700, 700, 4, 1, 64, 0, 0, true, F},       // GQA G=4, several key tiles
+        Case{256, 256, 8, 2, 16, 0, 0, false, F},      // non-causal
+        Case{200, 150, 2, 1, 32, 1000, 900, true, F},  // block with global offsets
+        Case{130, 140, 2, 2, 32, 0, 200, true, F},     // keys all in the future: no key visible
+        Case{96, 600, 2, 1, 32, 500, 0, true, F},      // queries late, keys early (ring block)
+        Case{300, 300, 4, 2, 64, 0, 0, true, B},       // bf16 storage
+        Case{170, 230, 3, 1, 20, 60, 0, true, F},      // d not a multiple of 8, G=3
+        Case{250, 333, 2, 1, 40, 100, 17, true, B}),   // bf16, ragged, offsets, d=40
     case_name);
 
 // The reduction-order contract: computing a subset of heads (as a head-sharded strategy does)
@@ -139,17 +141,21 @@ TEST(AttnKernelContract, HeadSubsetIsBitwiseEqual) {
   Device dev;
   const int hq = 8, hk = 2, d = 32;
   const int64_t s = 520;
-  Tensor q(dev.mem(), Tag::kQkv, DType::kF32, s, hq * d), k(dev.mem(), Tag::kQkv, DType::kF32, s, hk * d),
-      v(dev.mem(), Tag::kQkv, DType::kF32, s, hk * d), dout(dev.mem(), Tag::kQkv, DType::kF32, s, hq * d);
+  Tensor q(dev.mem(), Tag::kQkv, DType::kF32, s, hq * d),
+      k(dev.mem(), Tag::kQkv, DType::kF32, s, hk * d),
+      v(dev.mem(), Tag::kQkv, DType::kF32, s, hk * d),
+      dout(dev.mem(), Tag::kQkv, DType::kF32, s, hq * d);
   test::fill_normal(q, 1);
   test::fill_normal(k, 2);
   test::fill_normal(v, 3);
   test::fill_normal(dout, 4);
-  Tensor o(dev.mem(), Tag::kAttnOut, DType::kF32, s, hq * d), lse(dev.mem(), Tag::kAttnOut, DType::kF32, hq, s);
+  Tensor o(dev.mem(), Tag::kAttnOut, DType::kF32, s, hq * d),
+      lse(dev.mem(), Tag::kAttnOut, DType::kF32, hq, s);
   attention_forward(dev, {q, k, v, hq, hk, d}, o, lse);
   Tensor delta(dev.mem(), Tag::kAttnGrad, DType::kF32, hq, s);
   attention_delta(dev, o, dout, d, delta);
-  Tensor dq(dev.mem(), Tag::kAttnGrad, DType::kF32, s, hq * d), dk(dev.mem(), Tag::kAttnGrad, DType::kF32, s, hk * d),
+  Tensor dq(dev.mem(), Tag::kAttnGrad, DType::kF32, s, hq * d),
+      dk(dev.mem(), Tag::kAttnGrad, DType::kF32, s, hk * d),
       dv(dev.mem(), Tag::kAttnGrad, DType::kF32, s, hk * d);
   test::fill_value(dq, 0);
   test::fill_value(dk, 0);
@@ -157,21 +163,62 @@ TEST(AttnKernelContract, HeadSubsetIsBitwiseEqual) {
   attention_backward(dev, {q, k, v, hq, hk, d}, dout, lse, delta, dq, dk, dv);
 
   // Heads 4..7 read KV head 1: run them alone through strided views of the same buffers.
-  const Mat qs = q.mat().cols_of(4 * d, 4 * d), ks = k.mat().cols_of(d, d), vs = v.mat().cols_of(d, d);
-  Tensor o2(dev.mem(), Tag::kAttnOut, DType::kF32, s, 4 * d), lse2(dev.mem(), Tag::kAttnOut, DType::kF32, 4, s);
+  const Mat qs = q.mat().cols_of(4 * d, 4 * d), ks = k.mat().cols_of(d, d),
+            vs = v.mat().cols_of(d, d);
+  Tensor o2(dev.mem(), Tag::kAttnOut, DType::kF32, s, 4 * d),
+      lse2(dev.mem(), Tag::kAttnOut, DType::kF32, 4, s);
   AttnProblem p2{qs, ks, vs, 4, 1, d};
   attention_forward(dev, p2, o2, lse2);
   EXPECT_EQ(read(o2), read(o.mat().cols_of(4 * d, 4 * d)));
   EXPECT_EQ(read(lse2), read(lse.mat().rows_of(4, 4)));
-  Tensor dq2(dev.mem(), Tag::kAttnGrad, DType::kF32, s, 4 * d), dk2(dev.mem(), Tag::kAttnGrad, DType::kF32, s, d),
+  Tensor dq2(dev.mem(), Tag::kAttnGrad, DType::kF32, s, 4 * d),
+      dk2(dev.mem(), Tag::kAttnGrad, DType::kF32, s, d),
       dv2(dev.mem(), Tag::kAttnGrad, DType::kF32, s, d);
   test::fill_value(dq2, 0);
   test::fill_value(dk2, 0);
   test::fill_value(dv2, 0);
-  attention_backward(dev, p2, dout.mat().cols_of(4 * d, 4 * d), lse2, delta.mat().rows_of(4, 4), dq2, dk2, dv2);
+  attention_backward(dev, p2, dout.mat().cols_of(4 * d, 4 * d), lse2, delta.mat().rows_of(4, 4),
+                     dq2, dk2, dv2);
   EXPECT_EQ(read(dq2), read(dq.mat().cols_of(4 * d, 4 * d)));
   EXPECT_EQ(read(dk2), read(dk.mat().cols_of(d, d)));
   EXPECT_EQ(read(dv2), read(dv.mat().cols_of(d, d)));
+}
+
+// The other half of the contract: a query view that is a prefix of another (same first row, same
+// keys) gives bitwise the same o, lse and dq for its rows.
+TEST(AttnKernelContract, QueryPrefixIsBitwiseEqual) {
+  Device dev;
+  const int hq = 4, hk = 2, d = 64;
+  const int64_t s = 700, s2 = 307;
+  Tensor q(dev.mem(), Tag::kQkv, DType::kF32, s, hq * d),
+      k(dev.mem(), Tag::kQkv, DType::kF32, s, hk * d),
+      v(dev.mem(), Tag::kQkv, DType::kF32, s, hk * d),
+      dout(dev.mem(), Tag::kQkv, DType::kF32, s, hq * d);
+  test::fill_normal(q, 1);
+  test::fill_normal(k, 2);
+  test::fill_normal(v, 3);
+  test::fill_normal(dout, 4);
+  auto run = [&](int64_t rows, Tensor& o, Tensor& lse, Tensor& dq) {
+    o = Tensor(dev.mem(), Tag::kAttnOut, DType::kF32, rows, hq * d);
+    lse = Tensor(dev.mem(), Tag::kAttnOut, DType::kF32, hq, rows);
+    const AttnProblem p{q.mat().rows_of(0, rows), k, v, hq, hk, d};
+    attention_forward(dev, p, o, lse);
+    Tensor delta(dev.mem(), Tag::kAttnGrad, DType::kF32, hq, rows);
+    attention_delta(dev, o, dout.mat().rows_of(0, rows), d, delta);
+    dq = Tensor(dev.mem(), Tag::kAttnGrad, DType::kF32, rows, hq * d);
+    Tensor dk(dev.mem(), Tag::kAttnGrad, DType::kF32, s, hk * d),
+        dv(dev.mem(), Tag::kAttnGrad, DType::kF32, s, hk * d);
+    test::fill_value(dq, 0);
+    test::fill_value(dk, 0);
+    test::fill_value(dv, 0);
+    attention_backward(dev, p, dout.mat().rows_of(0, rows), lse, delta, dq, dk, dv);
+  };
+  Tensor o, lse, dq, o2, lse2, dq2;
+  run(s, o, lse, dq);
+  run(s2, o2, lse2, dq2);
+  EXPECT_EQ(read(o2), read(o.mat().rows_of(0, s2)));
+  EXPECT_EQ(read(lse2), read(lse.mat().cols_of(0, s2)));
+  EXPECT_EQ(read(dq2), read(dq.mat().rows_of(0, s2)));
 }
 
 // Same inputs, same bits, run to run.
@@ -183,8 +230,10 @@ TEST(AttnKernelContract, Deterministic) {
   test::fill_normal(q, 5);
   test::fill_normal(k, 6);
   test::fill_normal(v, 7);
-  Tensor o1(dev.mem(), Tag::kAttnOut, DType::kF32, s, 64), o2(dev.mem(), Tag::kAttnOut, DType::kF32, s, 64),
-      l1(dev.mem(), Tag::kAttnOut, DType::kF32, 2, s), l2(dev.mem(), Tag::kAttnOut, DType::kF32, 2, s);
+  Tensor o1(dev.mem(), Tag::kAttnOut, DType::kF32, s, 64),
+      o2(dev.mem(), Tag::kAttnOut, DType::kF32, s, 64),
+      l1(dev.mem(), Tag::kAttnOut, DType::kF32, 2, s),
+      l2(dev.mem(), Tag::kAttnOut, DType::kF32, 2, s);
   attention_forward(dev, {q, k, v, 2, 1, 32}, o1, l1);
   attention_forward(dev, {q, k, v, 2, 1, 32}, o2, l2);
   EXPECT_EQ(read(o1), read(o2));
@@ -198,27 +247,33 @@ TEST(AttnKernelContract, BlockwiseAccumulateAndMergeMatchOneCall) {
   Device dev;
   const int hq = 4, hk = 2, d = 32;
   const int64_t s = 600, split = 250;
-  Tensor q(dev.mem(), Tag::kQkv, DType::kF32, s, hq * d), k(dev.mem(), Tag::kQkv, DType::kF32, s, hk * d),
+  Tensor q(dev.mem(), Tag::kQkv, DType::kF32, s, hq * d),
+      k(dev.mem(), Tag::kQkv, DType::kF32, s, hk * d),
       v(dev.mem(), Tag::kQkv, DType::kF32, s, hk * d);
   test::fill_normal(q, 1);
   test::fill_normal(k, 2);
   test::fill_normal(v, 3);
-  Tensor o(dev.mem(), Tag::kAttnOut, DType::kF32, s, hq * d), lse(dev.mem(), Tag::kAttnOut, DType::kF32, hq, s);
+  Tensor o(dev.mem(), Tag::kAttnOut, DType::kF32, s, hq * d),
+      lse(dev.mem(), Tag::kAttnOut, DType::kF32, hq, s);
   attention_forward(dev, {q, k, v, hq, hk, d}, o, lse);
 
   const Mat k1 = k.mat().rows_of(0, split), v1 = v.mat().rows_of(0, split);
   const Mat k2 = k.mat().rows_of(split, s - split), v2 = v.mat().rows_of(split, s - split);
   // Online accumulation, second block first (order must not matter beyond rounding).
-  Tensor acc(dev.mem(), Tag::kAttnOut, DType::kF32, s, hq * d), m(dev.mem(), Tag::kAttnOut, DType::kF32, hq, s),
+  Tensor acc(dev.mem(), Tag::kAttnOut, DType::kF32, s, hq * d),
+      m(dev.mem(), Tag::kAttnOut, DType::kF32, hq, s),
       l(dev.mem(), Tag::kAttnOut, DType::kF32, hq, s);
   attention_accumulate_init(dev, acc, m, l);
   attention_forward_accumulate(dev, {q, k2, v2, hq, hk, d, 0, split}, acc, m, l);
   attention_forward_accumulate(dev, {q, k1, v1, hq, hk, d, 0, 0}, acc, m, l);
-  Tensor oa(dev.mem(), Tag::kAttnOut, DType::kF32, s, hq * d), la(dev.mem(), Tag::kAttnOut, DType::kF32, hq, s);
+  Tensor oa(dev.mem(), Tag::kAttnOut, DType::kF32, s, hq * d),
+      la(dev.mem(), Tag::kAttnOut, DType::kF32, hq, s);
   attention_finalize(dev, acc, m, l, d, oa, la);
   // Merge of normalised partials.
-  Tensor ob(dev.mem(), Tag::kAttnOut, DType::kF32, s, hq * d), lb(dev.mem(), Tag::kAttnOut, DType::kF32, hq, s);
-  Tensor ob2(dev.mem(), Tag::kAttnOut, DType::kF32, s, hq * d), lb2(dev.mem(), Tag::kAttnOut, DType::kF32, hq, s);
+  Tensor ob(dev.mem(), Tag::kAttnOut, DType::kF32, s, hq * d),
+      lb(dev.mem(), Tag::kAttnOut, DType::kF32, hq, s);
+  Tensor ob2(dev.mem(), Tag::kAttnOut, DType::kF32, s, hq * d),
+      lb2(dev.mem(), Tag::kAttnOut, DType::kF32, hq, s);
   attention_forward(dev, {q, k1, v1, hq, hk, d, 0, 0}, ob, lb);
   attention_forward(dev, {q, k2, v2, hq, hk, d, 0, split}, ob2, lb2);
   lse_merge(dev, ob, lb, ob2, lb2, d);
@@ -226,8 +281,10 @@ TEST(AttnKernelContract, BlockwiseAccumulateAndMergeMatchOneCall) {
   const double tol = 8 * std::numeric_limits<float>::epsilon() * test::max_abs(read(o));
   EXPECT_LE(test::max_abs_diff(read(oa), read(o)), tol);
   EXPECT_LE(test::max_abs_diff(read(ob), read(o)), tol);
-  EXPECT_LE(test::max_abs_diff(read(la), read(lse)), 8 * std::numeric_limits<float>::epsilon() * test::max_abs(read(lse)));
-  EXPECT_LE(test::max_abs_diff(read(lb), read(lse)), 8 * std::numeric_limits<float>::epsilon() * test::max_abs(read(lse)));
+  EXPECT_LE(test::max_abs_diff(read(la), read(lse)),
+            8 * std::numeric_limits<float>::epsilon() * test::max_abs(read(lse)));
+  EXPECT_LE(test::max_abs_diff(read(lb), read(lse)),
+            8 * std::numeric_limits<float>::epsilon() * test::max_abs(read(lse)));
 }
 
 // Central finite differences of L = sum(do * o) in fp64 math through the reference forward,
@@ -240,22 +297,26 @@ TEST(AttnKernelContract, GradientsMatchFiniteDifferences) {
   Case c{s, s, hq, hk, d, 0, 0, true, DType::kF32};
   Tensor q, k, v, dout;
   Inputs in = make_inputs(c, dev, q, k, v, dout);
-  Tensor o(dev.mem(), Tag::kAttnOut, DType::kF32, s, hq * d), lse(dev.mem(), Tag::kAttnOut, DType::kF32, hq, s);
+  Tensor o(dev.mem(), Tag::kAttnOut, DType::kF32, s, hq * d),
+      lse(dev.mem(), Tag::kAttnOut, DType::kF32, hq, s);
   AttnProblem p{q, k, v, hq, hk, d};
   attention_forward(dev, p, o, lse);
   Tensor delta(dev.mem(), Tag::kAttnGrad, DType::kF32, hq, s);
   attention_delta(dev, o, dout, d, delta);
-  Tensor dq(dev.mem(), Tag::kAttnGrad, DType::kF32, s, hq * d), dk(dev.mem(), Tag::kAttnGrad, DType::kF32, s, hk * d),
+  Tensor dq(dev.mem(), Tag::kAttnGrad, DType::kF32, s, hq * d),
+      dk(dev.mem(), Tag::kAttnGrad, DType::kF32, s, hk * d),
       dv(dev.mem(), Tag::kAttnGrad, DType::kF32, s, hk * d);
   test::fill_value(dq, 0);
   test::fill_value(dk, 0);
   test::fill_value(dv, 0);
   attention_backward(dev, p, dout, lse, delta, dq, dk, dv);
 
-  auto loss = [&](const std::vector<double>& qq, const std::vector<double>& kk, const std::vector<double>& vv) {
+  auto loss = [&](const std::vector<double>& qq, const std::vector<double>& kk,
+                  const std::vector<double>& vv) {
     std::vector<double> oo(size_t(s * hq * d)), ll(size_t(hq * s));
     ref::attention_forward<double>(in.dims, test::cview(qq, s, hq * d), test::cview(kk, s, hk * d),
-                                   test::cview(vv, s, hk * d), test::view(oo, s, hq * d), test::view(ll, hq, s));
+                                   test::cview(vv, s, hk * d), test::view(oo, s, hq * d),
+                                   test::view(ll, hq, s));
     double L = 0;
     for (size_t i = 0; i < oo.size(); ++i) L += oo[i] * in.dout[i];
     return L;
@@ -280,9 +341,11 @@ TEST(AttnKernelContract, GradientsMatchFiniteDifferences) {
 TEST(AttnKernelContract, MetaDeviceCountsWorkspaceOnly) {
   Device dev({DeviceKind::kMeta, int64_t(1) << 50, 0});
   const int64_t s = int64_t(1) << 20;
-  Tensor q(dev.mem(), Tag::kQkv, DType::kBF16, s, 32 * 128), k(dev.mem(), Tag::kQkv, DType::kBF16, s, 8 * 128),
+  Tensor q(dev.mem(), Tag::kQkv, DType::kBF16, s, 32 * 128),
+      k(dev.mem(), Tag::kQkv, DType::kBF16, s, 8 * 128),
       v(dev.mem(), Tag::kQkv, DType::kBF16, s, 8 * 128);
-  Tensor o(dev.mem(), Tag::kAttnOut, DType::kBF16, s, 32 * 128), lse(dev.mem(), Tag::kAttnOut, DType::kF32, 32, s);
+  Tensor o(dev.mem(), Tag::kAttnOut, DType::kBF16, s, 32 * 128),
+      lse(dev.mem(), Tag::kAttnOut, DType::kF32, 32, s);
   const int64_t before = dev.mem().current();
   dev.mem().reset_peak();
   attention_forward(dev, {q, k, v, 32, 8, 128}, o, lse);

@@ -1,6 +1,7 @@
-// CPU flash-attention kernels (internal to kernels/): tiles of attention_tiles.h, oneDNN sgemm
-// per tile, vectorised online softmax. Workspace comes from the caller (attention.cpp), sized
-// by attn_*_workspace_bytes().
+// CPU flash-attention kernels (internal to kernels/): tiles of attention_tiles.h, AVX2/FMA
+// micro-kernels of attn_micro.h on packed K/V/Q/dO tiles, vectorised online softmax (see
+// docs/kernels.md). Workspace comes from the caller (attention.cpp), sized by
+// attn_*_workspace_bytes().
 #pragma once
 
 #include "kernels/attention.h"
