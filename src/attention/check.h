@@ -6,9 +6,10 @@
 //       weight gradients always) and 2 eps_bf16 max|local| for bf16-stored y, dx: only the order
 //       of a few sums differs (stage slices of Wo, the group's sum of gradient shards), so a
 //       handful of ulp of the largest value, or one rounding flip in bf16;
-//   merge (ring, fpdt): |err| <= 4 |local - fp64| + the above, with |local - fp64| the oracle's
-//       own error against the naive fp64 block: merging partial softmax results changes the
-//       arithmetic, so the bound is relative to what the kernel's precision allows.
+//   merge (ring, usp, fpdt, and any strategy with KV heads replicated over ranks, K < C):
+//       |err| <= 4 |local - fp64| + the above, with |local - fp64| the oracle's own error
+//       against the naive fp64 block: merging partial results changes the arithmetic, so the
+//       bound is relative to what the kernel's precision allows.
 // Every rank returns the same result. Rank 0 computes the oracle (local, and the fp64 block for
 // merge strategies) once per process for each shape and seed, and reuses it.
 #pragma once

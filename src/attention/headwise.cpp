@@ -42,8 +42,12 @@ SeqLayout HeadwiseAttention::layout() const {
   return layout_;
 }
 
+// Data movement keeps local's reduction order up to a few sums, except where partial results
+// are combined: a ring core's softmax merge, and K < C, where the replicas' dK/dV partial sums
+// are added in another order than local's single accumulation.
 AttentionStrategy::ErrorClass HeadwiseAttention::error_class() const {
-  return core_->merges_partials() ? ErrorClass::kMerge : ErrorClass::kDataMovement;
+  return core_->merges_partials() || sch_.replicated() ? ErrorClass::kMerge
+                                                       : ErrorClass::kDataMovement;
 }
 
 void HeadwiseAttention::attend_forward(int stage, Buffers& b) {

@@ -57,7 +57,8 @@ class AttentionStrategy {
 
   // How results relate to `local` (the tolerance rule of `check`): data-movement strategies
   // reproduce local's arithmetic up to the order of a few sums; merge-based ones combine
-  // partial softmax results and are bounded relative to the kernel's own error.
+  // partial results (softmax partials, replicated heads' gradient partials) and are bounded
+  // relative to the kernel's own error against fp64.
   enum class ErrorClass { kDataMovement, kMerge };
   virtual ErrorClass error_class() const { return ErrorClass::kDataMovement; }
   // The collective calls and bytes this rank sends in one forward + backward, when the
