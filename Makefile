@@ -2,8 +2,8 @@
 # need when missing, configure and build in build/, then run.
 BUILD ?= build
 JOBS ?= $(shell nproc)
-APT_PACKAGES := cmake g++ make pkg-config libdnnl-dev libopenmpi-dev openmpi-bin libcli11-dev \
-	nlohmann-json3-dev libfmt-dev libgtest-dev libbenchmark-dev python3
+APT_PACKAGES := cmake g++ make libdnnl-dev libopenmpi-dev openmpi-bin libcli11-dev \
+	nlohmann-json3-dev libfmt-dev libgtest-dev
 
 # One thread per rank (OpenMP spin-waiting with more threads than cores is 3-4x slower), and
 # OpenMPI may run as root in containers and CI.
@@ -27,6 +27,8 @@ configure: deps
 build: configure
 	cmake --build $(BUILD) -j $(JOBS)
 
+# Debian's python3, where python3-matplotlib is installed.
+PYTHON ?= /usr/bin/python3
 MPIRUN := mpirun --allow-run-as-root --oversubscribe --bind-to none -x OMP_NUM_THREADS=1
 DEMO_RANKS ?= 2
 
@@ -40,7 +42,7 @@ test: build
 bench: build
 	@dpkg -s python3-matplotlib >/dev/null 2>&1 || { sudo=""; [ "$$(id -u)" -eq 0 ] || sudo=sudo; \
 	  $$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq python3-matplotlib; }
-	python3 bench/run_benchmarks.py --build $(BUILD)
+	$(PYTHON) bench/run_benchmarks.py --build $(BUILD)
 
 format:
 	clang-format -i $$(git ls-files '*.h' '*.cpp')
