@@ -23,7 +23,8 @@ AttentionConfig ShapeOptions::config() const {
 }
 
 void add_shape_options(CLI::App& cmd, ShapeOptions& o, bool with_strategy) {
-  cmd.add_option("--seq-len,-S", o.seq_len, "global sequence length S (tokens)")->capture_default_str();
+  cmd.add_option("--seq-len,-S", o.seq_len, "global sequence length S (tokens)")
+      ->capture_default_str();
   cmd.add_option("--heads,-H", o.heads, "query heads H")->capture_default_str();
   cmd.add_option("--kv-heads,-K", o.kv_heads, "key/value heads K")->capture_default_str();
   cmd.add_option("--head-dim,-d", o.head_dim, "head dimension d")->capture_default_str();
@@ -50,12 +51,18 @@ int64_t parse_bytes(const std::string& s) {
     throw ConfigError("cannot read '" + s + "' as a byte size; write e.g. 80G, 512M or 1048576");
   }
   double mult = 1;
-  if (unit.empty() || unit == "b") mult = 1;
-  else if (unit == "k" || unit == "kb" || unit == "kib") mult = 1024.0;
-  else if (unit == "m" || unit == "mb" || unit == "mib") mult = 1024.0 * 1024;
-  else if (unit == "g" || unit == "gb" || unit == "gib") mult = 1024.0 * 1024 * 1024;
-  else if (unit == "t" || unit == "tb" || unit == "tib") mult = 1024.0 * 1024 * 1024 * 1024;
-  else throw ConfigError("unknown size unit in '" + s + "'; use K, M, G or T");
+  if (unit.empty() || unit == "b")
+    mult = 1;
+  else if (unit == "k" || unit == "kb" || unit == "kib")
+    mult = 1024.0;
+  else if (unit == "m" || unit == "mb" || unit == "mib")
+    mult = 1024.0 * 1024;
+  else if (unit == "g" || unit == "gb" || unit == "gib")
+    mult = 1024.0 * 1024 * 1024;
+  else if (unit == "t" || unit == "tb" || unit == "tib")
+    mult = 1024.0 * 1024 * 1024 * 1024;
+  else
+    throw ConfigError("unknown size unit in '" + s + "'; use K, M, G or T");
   if (v <= 0) throw ConfigError("byte size '" + s + "' must be positive");
   return int64_t(std::llround(v * mult));
 }

@@ -29,23 +29,31 @@ int plan(const Options& opt, const AttentionConfig& cfg) {
   auto strat = make_strategy(opt.method, {dev, comm, cfg});
   BlockTensors t = make_block_tensors(dev, cfg, strat->layout().positions(0), 1);
   const BlockRun r = run_block(*strat, dev, t);
-  nlohmann::json j = {{"method", opt.method},         {"ranks", opt.meta_ranks},
-                      {"device", "meta"},             {"seq_len", cfg.seq_len},
-                      {"heads", cfg.heads},           {"kv_heads", cfg.kv_heads},
-                      {"head_dim", cfg.head_dim},     {"head_chunk", cfg.head_chunk},
-                      {"ulysses_degree", cfg.ulysses_degree}, {"chunks", cfg.chunks},
-                      {"dtype", dtype_name(cfg.dtype)}, {"peak_bytes", r.peak_bytes},
+  nlohmann::json j = {{"method", opt.method},
+                      {"ranks", opt.meta_ranks},
+                      {"device", "meta"},
+                      {"seq_len", cfg.seq_len},
+                      {"heads", cfg.heads},
+                      {"kv_heads", cfg.kv_heads},
+                      {"head_dim", cfg.head_dim},
+                      {"head_chunk", cfg.head_chunk},
+                      {"ulysses_degree", cfg.ulysses_degree},
+                      {"chunks", cfg.chunks},
+                      {"dtype", dtype_name(cfg.dtype)},
+                      {"peak_bytes", r.peak_bytes},
                       {"attn_peak_bytes", r.attn_peak_bytes},
                       {"attn_formula_bytes", strat->attn_formula_bytes()},
-                      {"comm_bytes", comm.stats().total_bytes()}, {"comm_calls", comm.stats().total_calls()}};
+                      {"comm_bytes", comm.stats().total_bytes()},
+                      {"comm_calls", comm.stats().total_calls()}};
   if (opt.json) {
     std::printf("%s\n", j.dump().c_str());
   } else {
-    std::printf("%s planned for rank 0 of %d, S=%lld: peak %s, attention intermediates %s, "
-                "%lld collective calls sending %s\n",
-                opt.method.c_str(), opt.meta_ranks, (long long)cfg.seq_len, format_bytes(r.peak_bytes).c_str(),
-                format_bytes(r.attn_peak_bytes).c_str(), (long long)comm.stats().total_calls(),
-                format_bytes(comm.stats().total_bytes()).c_str());
+    std::printf(
+        "%s planned for rank 0 of %d, S=%lld: peak %s, attention intermediates %s, "
+        "%lld collective calls sending %s\n",
+        opt.method.c_str(), opt.meta_ranks, (long long)cfg.seq_len,
+        format_bytes(r.peak_bytes).c_str(), format_bytes(r.attn_peak_bytes).c_str(),
+        (long long)comm.stats().total_calls(), format_bytes(comm.stats().total_bytes()).c_str());
   }
   return 0;
 }
@@ -70,7 +78,8 @@ int run(Process& proc, const Options& opt) {
     fwd = std::min(fwd, double(times[0]));
     bwd = std::min(bwd, double(times[1]));
   }
-  std::vector<int64_t> mine{last.peak_bytes, last.attn_peak_bytes}, all(size_t(2 * proc.world.size()));
+  std::vector<int64_t> mine{last.peak_bytes, last.attn_peak_bytes},
+      all(size_t(2 * proc.world.size()));
   proc.world.all_gather(mine.data(), all.data(), 2 * sizeof(int64_t));
   int64_t peak = 0, attn = 0;
   for (int j = 0; j < proc.world.size(); ++j) {
@@ -82,15 +91,24 @@ int run(Process& proc, const Options& opt) {
   for (int i = 0; i < kNumTags; ++i)
     if (last.peak_by_tag.v[size_t(i)] != 0) tags[tag_name(Tag(i))] = last.peak_by_tag.v[size_t(i)];
   const double tps = double(cfg.seq_len) / (fwd + bwd);
-  nlohmann::json j = {{"method", opt.method},        {"ranks", proc.world.size()},
-                      {"seq_len", cfg.seq_len},      {"heads", cfg.heads},
-                      {"kv_heads", cfg.kv_heads},    {"head_dim", cfg.head_dim},
-                      {"head_chunk", cfg.head_chunk}, {"ulysses_degree", cfg.ulysses_degree},
-                      {"chunks", cfg.chunks},        {"dtype", dtype_name(cfg.dtype)},
-                      {"iters", opt.iters},          {"fwd_s", fwd},
-                      {"bwd_s", bwd},                {"tokens_per_s", tps},
-                      {"peak_bytes", peak},          {"peak_by_tag", tags},
-                      {"attn_peak_bytes", attn},     {"attn_formula_bytes", strat->attn_formula_bytes()}};
+  nlohmann::json j = {{"method", opt.method},
+                      {"ranks", proc.world.size()},
+                      {"seq_len", cfg.seq_len},
+                      {"heads", cfg.heads},
+                      {"kv_heads", cfg.kv_heads},
+                      {"head_dim", cfg.head_dim},
+                      {"head_chunk", cfg.head_chunk},
+                      {"ulysses_degree", cfg.ulysses_degree},
+                      {"chunks", cfg.chunks},
+                      {"dtype", dtype_name(cfg.dtype)},
+                      {"iters", opt.iters},
+                      {"fwd_s", fwd},
+                      {"bwd_s", bwd},
+                      {"tokens_per_s", tps},
+                      {"peak_bytes", peak},
+                      {"peak_by_tag", tags},
+                      {"attn_peak_bytes", attn},
+                      {"attn_formula_bytes", strat->attn_formula_bytes()}};
   if (opt.json) {
     std::printf("%s\n", j.dump().c_str());
   } else {
@@ -109,8 +127,10 @@ Runner add_bench_attention(CLI::App& cmd) {
   opt->shape.seq_len = 16384;
   cmd.add_option("--method,-m", opt->method, "strategy to time")->capture_default_str();
   add_shape_options(cmd, opt->shape, true);
-  cmd.add_option("--iters", opt->iters, "timed iterations (minimum reported)")->capture_default_str();
-  cmd.add_option("--memory-budget", opt->budget, "device arena budget per rank")->capture_default_str();
+  cmd.add_option("--iters", opt->iters, "timed iterations (minimum reported)")
+      ->capture_default_str();
+  cmd.add_option("--memory-budget", opt->budget, "device arena budget per rank")
+      ->capture_default_str();
   cmd.add_option("--meta-ranks", opt->meta_ranks,
                  "plan on the meta device as rank 0 of this many ranks (no data, no timing)");
   cmd.add_flag("--json", opt->json, "print one JSON object (rank 0)");

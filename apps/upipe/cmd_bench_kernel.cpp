@@ -34,7 +34,8 @@ double now() {
 void fill(const Mat& m, uint64_t seed) {
   std::vector<float> row(size_t(m.cols));
   for (int64_t r = 0; r < m.rows; ++r) {
-    for (int64_t c = 0; c < m.cols; ++c) row[size_t(c)] = float(normal_at(seed, uint64_t(r * m.cols + c)));
+    for (int64_t c = 0; c < m.cols; ++c)
+      row[size_t(c)] = float(normal_at(seed, uint64_t(r * m.cols + c)));
     from_f32(row.data(), m.at(r, 0), m.dtype, m.cols);
   }
 }
@@ -109,7 +110,8 @@ int run(Process& proc, const Options& opt) {
   const double err = sampled_error(p, o, dq, dout);
   const double tol = t == f32 ? 1e-4 : 2e-2;
   if (!(err <= tol)) {
-    std::fprintf(stderr, "upipe bench kernel: sampled relative error %.3g exceeds %.1g\n", err, tol);
+    std::fprintf(stderr, "upipe bench kernel: sampled relative error %.3g exceeds %.1g\n", err,
+                 tol);
     return 1;
   }
   double fwd = 1e30, bwd = 1e30, gm = 1e30;
@@ -139,23 +141,33 @@ int run(Process& proc, const Options& opt) {
   const double fwd_tf = fwd_flops / fwd / 1e12, bwd_tf = 2.5 * fwd_flops / bwd / 1e12;
   const double gemm_tf = 2.0 * double(gn) * double(gn) * double(d) / gm / 1e12;
   if (!proc.root()) return 0;
-  nlohmann::json j = {{"seq_len", s},          {"heads", c.heads},
-                      {"kv_heads", c.kv_heads}, {"head_dim", d},
-                      {"dtype", dtype_name(t)}, {"iters", opt.iters},
-                      {"fwd_s", fwd},          {"bwd_s", bwd},
-                      {"fwd_tflops", fwd_tf},  {"bwd_tflops", bwd_tf},
-                      {"gemm_tflops", gemm_tf}, {"fwd_vs_gemm", fwd_tf / gemm_tf},
-                      {"bwd_vs_gemm", bwd_tf / gemm_tf}, {"gemm_shape", {gn, gn, d}},
-                      {"peak_bytes", peak},    {"max_rel_err_sampled", err}};
+  nlohmann::json j = {{"seq_len", s},
+                      {"heads", c.heads},
+                      {"kv_heads", c.kv_heads},
+                      {"head_dim", d},
+                      {"dtype", dtype_name(t)},
+                      {"iters", opt.iters},
+                      {"fwd_s", fwd},
+                      {"bwd_s", bwd},
+                      {"fwd_tflops", fwd_tf},
+                      {"bwd_tflops", bwd_tf},
+                      {"gemm_tflops", gemm_tf},
+                      {"fwd_vs_gemm", fwd_tf / gemm_tf},
+                      {"bwd_vs_gemm", bwd_tf / gemm_tf},
+                      {"gemm_shape", {gn, gn, d}},
+                      {"peak_bytes", peak},
+                      {"max_rel_err_sampled", err}};
   if (opt.json) {
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf("attention kernel  S=%lld H=%d K=%d d=%lld %s, one thread\n", (long long)s, c.heads,
                 c.kv_heads, (long long)d, dtype_name(t));
-    std::printf("  forward   %9.4f s  %7.1f GFLOP/s  (%.2fx GEMM)\n", fwd, fwd_tf * 1e3, fwd_tf / gemm_tf);
-    std::printf("  backward  %9.4f s  %7.1f GFLOP/s  (%.2fx GEMM)\n", bwd, bwd_tf * 1e3, bwd_tf / gemm_tf);
-    std::printf("  GEMM %lldx%lldx%lld       %7.1f GFLOP/s\n", (long long)gn, (long long)gn, (long long)d,
-                gemm_tf * 1e3);
+    std::printf("  forward   %9.4f s  %7.1f GFLOP/s  (%.2fx GEMM)\n", fwd, fwd_tf * 1e3,
+                fwd_tf / gemm_tf);
+    std::printf("  backward  %9.4f s  %7.1f GFLOP/s  (%.2fx GEMM)\n", bwd, bwd_tf * 1e3,
+                bwd_tf / gemm_tf);
+    std::printf("  GEMM %lldx%lldx%lld       %7.1f GFLOP/s\n", (long long)gn, (long long)gn,
+                (long long)d, gemm_tf * 1e3);
     std::printf("  peak %s, sampled max relative error %.2e\n", format_bytes(peak).c_str(), err);
   }
   return 0;
@@ -167,7 +179,8 @@ Runner add_bench_kernel(CLI::App& cmd) {
   auto opt = std::make_shared<Options>();
   opt->shape.seq_len = 8192;
   add_shape_options(cmd, opt->shape, false);
-  cmd.add_option("--iters", opt->iters, "timed repetitions (the minimum is reported)")->capture_default_str();
+  cmd.add_option("--iters", opt->iters, "timed repetitions (the minimum is reported)")
+      ->capture_default_str();
   cmd.add_flag("--json", opt->json, "print one JSON object");
   return [opt](Process& p) { return run(p, *opt); };
 }

@@ -29,12 +29,13 @@ int64_t planned_attn_peak(const std::string& method, const AttentionConfig& cfg,
 int run(Process& proc, const Options& opt) {
   const int c = proc.world.size();
   const bool root = proc.root();
-  const std::vector<std::string> methods =
-      c == 1 ? std::vector<std::string>{"local", "upipe"} : std::vector<std::string>{"ulysses", "upipe"};
+  const std::vector<std::string> methods = c == 1 ? std::vector<std::string>{"local", "upipe"}
+                                                  : std::vector<std::string>{"ulysses", "upipe"};
   if (root)
-    std::printf("upipe demo on %d rank(s), one thread each. Attention block H=%d K=%d d=%d %s;\n"
-                "upipe runs U=C=%d query heads per stage.\n\n",
-                c, opt.shape.heads, opt.shape.kv_heads, opt.shape.head_dim, opt.shape.dtype.c_str(), c);
+    std::printf(
+        "upipe demo on %d rank(s), one thread each. Attention block H=%d K=%d d=%d %s;\n"
+        "upipe runs U=C=%d query heads per stage.\n\n",
+        c, opt.shape.heads, opt.shape.kv_heads, opt.shape.head_dim, opt.shape.dtype.c_str(), c);
 
   // 1. Correctness against the single-rank oracle.
   ShapeOptions small = opt.shape;
@@ -45,11 +46,12 @@ int run(Process& proc, const Options& opt) {
     const CheckResult r = check_strategy(m, small.config(), proc.world);
     failures += r.passed ? 0 : 1;
     if (root)
-      std::printf("check %-8s vs local, S=1024: %s (max |err| y %.1e, dx %.1e, dWq %.1e; "
-                  "measured intermediates %s = formula %s)\n",
-                  m.c_str(), r.passed ? "PASSED" : "FAILED", r.max_abs_err.at("y"),
-                  r.max_abs_err.at("dx"), r.max_abs_err.at("dwq"),
-                  format_bytes(r.attn_peak_bytes).c_str(), format_bytes(r.attn_formula_bytes).c_str());
+      std::printf(
+          "check %-8s vs local, S=1024: %s (max |err| y %.1e, dx %.1e, dWq %.1e; "
+          "measured intermediates %s = formula %s)\n",
+          m.c_str(), r.passed ? "PASSED" : "FAILED", r.max_abs_err.at("y"), r.max_abs_err.at("dx"),
+          r.max_abs_err.at("dwq"), format_bytes(r.attn_peak_bytes).c_str(),
+          format_bytes(r.attn_formula_bytes).c_str());
   }
 
   // 2. Measured forward + backward.
@@ -71,7 +73,8 @@ int run(Process& proc, const Options& opt) {
       proc.world.all_reduce(times, 2, DType::kF32, ReduceOp::kMax);
       if (root)
         std::printf("%8lld %-8s %9.3f %9.3f %11.0f %14s %14s\n", (long long)s, m.c_str(), times[0],
-                    times[1], double(s) / (times[0] + times[1]), format_bytes(r.attn_peak_bytes).c_str(),
+                    times[1], double(s) / (times[0] + times[1]),
+                    format_bytes(r.attn_peak_bytes).c_str(),
                     format_bytes(strat->attn_formula_bytes()).c_str());
       failures += r.attn_peak_bytes == strat->attn_formula_bytes() ? 0 : 1;
     }
@@ -85,12 +88,14 @@ int run(Process& proc, const Options& opt) {
     big.head_dim = 128;
     big.dtype = DType::kBF16;
     big.rope_theta = 500000.0;
-    std::printf("\nPlanned on the meta device (exact, nothing allocated): Llama-3-8B attention block\n"
-                "(H=32 K=8 d=128, bf16), 8 ranks, per-rank attention intermediates:\n");
+    std::printf(
+        "\nPlanned on the meta device (exact, nothing allocated): Llama-3-8B attention block\n"
+        "(H=32 K=8 d=128, bf16), 8 ranks, per-rank attention intermediates:\n");
     std::printf("%10s %14s %14s %8s\n", "S", "ulysses", "upipe U=8", "ratio");
     for (int64_t s : {int64_t(128) << 10, int64_t(512) << 10, int64_t(1) << 20, int64_t(4) << 20}) {
       big.seq_len = s;
-      const int64_t u = planned_attn_peak("ulysses", big, 8), p = planned_attn_peak("upipe", big, 8);
+      const int64_t u = planned_attn_peak("ulysses", big, 8),
+                    p = planned_attn_peak("upipe", big, 8);
       std::printf("%9lldK %14s %14s %8.2f\n", (long long)(s >> 10), format_bytes(u).c_str(),
                   format_bytes(p).c_str(), double(p) / double(u));
     }

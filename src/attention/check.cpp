@@ -123,9 +123,9 @@ CheckResult check_strategy(const std::string& method, const AttentionConfig& cfg
       res.attn_peak_bytes = std::max(res.attn_peak_bytes, all[size_t(2 * j + 1)]);
     }
   }
-  const std::vector<double> got[6] = {
-      gathered(world, layout, t.y), gathered(world, layout, t.dx), summed(world, t.gq),
-      summed(world, t.gk),             summed(world, t.gv),              summed(world, t.go)};
+  const std::vector<double> got[6] = {gathered(world, layout, t.y), gathered(world, layout, t.dx),
+                                      summed(world, t.gq),          summed(world, t.gk),
+                                      summed(world, t.gv),          summed(world, t.go)};
   const bool merge = strat->error_class() == AttentionStrategy::ErrorClass::kMerge;
   res.rule = merge ? "merge: err <= 4 |local - fp64| + 16 eps_fp32 max|local|"
                    : "data movement: err <= 16 eps_fp32 max|local| (fp32 tensors), "

@@ -20,7 +20,7 @@ struct AttentionConfig {
   int chunks = 0;          // N: sequence chunks of fpdt / upipe-fpdt (0 = default)
 
   int64_t model_dim() const { return int64_t(heads) * head_dim; }  // D = H*d
-  int group() const { return heads / kv_heads; }                    // G = H/K
+  int group() const { return heads / kv_heads; }                   // G = H/K
   // Throws ConfigError naming what to change when the shape itself is invalid.
   void validate_shape() const;
 };

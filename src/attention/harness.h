@@ -11,9 +11,9 @@
 namespace upipe {
 
 struct BlockTensors {
-  Tensor x, dy, y, dx;      // (rows, D), tag act
-  Tensor wq, wk, wv, wo;    // weights, tag params
-  Tensor gq, gk, gv, go;    // fp32 weight gradients, tag grads
+  Tensor x, dy, y, dx;    // (rows, D), tag act
+  Tensor wq, wk, wv, wo;  // weights, tag params
+  Tensor gq, gk, gv, go;  // fp32 weight gradients, tag grads
   AttentionWeights weights() const { return {wq, wk, wv, wo}; }
   AttentionGrads grads() const { return {gq, gk, gv, go}; }
 };
@@ -25,8 +25,8 @@ BlockTensors make_block_tensors(Device& dev, const AttentionConfig& cfg, const R
 
 struct BlockRun {
   double fwd_s = 0, bwd_s = 0;
-  int64_t peak_bytes = 0;    // device arena peak during forward + backward
-  TagBytes peak_by_tag;      // per-tag bytes at that peak
+  int64_t peak_bytes = 0;       // device arena peak during forward + backward
+  TagBytes peak_by_tag;         // per-tag bytes at that peak
   int64_t attn_peak_bytes = 0;  // peak of the attention-intermediate tags (SPEC.md)
 };
 

@@ -13,7 +13,11 @@ void LocalCore::backward(const AttnProblem& p, const Mat& dout, const Mat& lse, 
   attention_backward(dev_, p, dout, lse, delta, dq, dk, dv);
 }
 
-int64_t LocalCore::forward_bytes(int, int) const { return attn_fwd_workspace_bytes(d_, t_); }
-int64_t LocalCore::backward_bytes(int, int) const { return attn_bwd_workspace_bytes(d_, t_); }
+int64_t LocalCore::forward_bytes(int, int) const {
+  return attn_fwd_workspace_bytes(d_, t_);
+}
+int64_t LocalCore::backward_bytes(int, int) const {
+  return attn_bwd_workspace_bytes(d_, t_);
+}
 
 }  // namespace upipe

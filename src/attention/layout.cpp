@@ -78,7 +78,8 @@ RowPositions SeqLayout::positions(int rank) const {
 
 namespace upipe {
 
-void shard_rows(Device& dev, const SeqLayout& layout, int rank, const Mat& global, const Mat& local) {
+void shard_rows(Device& dev, const SeqLayout& layout, int rank, const Mat& global,
+                const Mat& local) {
   UPIPE_CHECK(global.rows == layout.seq_len && local.rows == layout.local_rows() &&
                   global.cols == local.cols,
               "shard_rows: global {}x{}, local {}x{}, layout S={} C={}", global.rows, global.cols,

@@ -43,7 +43,8 @@ class Communicator;
 class Device;
 
 // Copies rank `rank`'s rows of a global (S, cols) tensor into its (S/C, cols) shard.
-void shard_rows(Device& dev, const SeqLayout& layout, int rank, const Mat& global, const Mat& local);
+void shard_rows(Device& dev, const SeqLayout& layout, int rank, const Mat& global,
+                const Mat& local);
 // Every rank receives the whole (S, cols) tensor in global row order from the ranks' shards
 // (an all-gather, then rows placed by the layout); staging comes from dev's device arena.
 void gather_rows(Device& dev, Communicator& comm, const SeqLayout& layout, const Mat& local,

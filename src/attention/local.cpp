@@ -55,8 +55,8 @@ void LocalAttention::forward(const Mat& x, const AttentionWeights& w, const Mat&
   gemm(dev(), f.o, false, w.wo, true, y);  // y = o Wo^T
 }
 
-void LocalAttention::backward(const Mat& x, const Mat& dy, const AttentionWeights& w,
-                              const Mat& dx, const AttentionGrads& g) {
+void LocalAttention::backward(const Mat& x, const Mat& dy, const AttentionWeights& w, const Mat& dx,
+                              const AttentionGrads& g) {
   const AttentionConfig& c = cfg();
   const int64_t s = x.rows, d = c.head_dim;
   Arena& mem = dev().mem();
@@ -123,6 +123,8 @@ int64_t local_attn_peak_bytes(const AttentionConfig& c) {
   return std::max({proj_q, proj_kv, attn_fwd, out_proj, do_proj, dwo, attn_bwd, dx_proj, dw_proj});
 }
 
-int64_t LocalAttention::attn_formula_bytes() const { return local_attn_peak_bytes(cfg()); }
+int64_t LocalAttention::attn_formula_bytes() const {
+  return local_attn_peak_bytes(cfg());
+}
 
 }  // namespace upipe

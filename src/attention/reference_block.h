@@ -13,8 +13,8 @@ namespace upipe::ref {
 
 template <class T>
 struct BlockData {
-  std::vector<T> x, dy, wq, wk, wv, wo;      // inputs (S, D), weights as in AttentionWeights
-  std::vector<T> y, dx, gq, gk, gv, go;      // outputs
+  std::vector<T> x, dy, wq, wk, wv, wo;  // inputs (S, D), weights as in AttentionWeights
+  std::vector<T> y, dx, gq, gk, gv, go;  // outputs
 };
 
 template <class T>
@@ -26,7 +26,8 @@ void attention_block(const AttentionConfig& c, BlockData<T>& b) {
   auto CV = [](const std::vector<T>& v, int64_t r, int64_t cc) {
     return View<const T>{v.data(), r, cc, cc};
   };
-  std::vector<T> q = mk(s * qc), k = mk(s * kc), v = mk(s * kc), o = mk(s * qc), lse = mk(c.heads * s);
+  std::vector<T> q = mk(s * qc), k = mk(s * kc), v = mk(s * kc), o = mk(s * qc),
+                 lse = mk(c.heads * s);
   gemm<T>(CV(b.x, s, dm), false, CV(b.wq, qc, dm), true, V(q, s, qc));
   gemm<T>(CV(b.x, s, dm), false, CV(b.wk, kc, dm), true, V(k, s, kc));
   gemm<T>(CV(b.x, s, dm), false, CV(b.wv, kc, dm), true, V(v, s, kc));
@@ -35,7 +36,8 @@ void attention_block(const AttentionConfig& c, BlockData<T>& b) {
   rope<T>(V(q, s, qc), int(d), pos.data(), c.rope_theta, +1);
   rope<T>(V(k, s, kc), int(d), pos.data(), c.rope_theta, +1);
   AttnDims dims{s, s, c.heads, c.kv_heads, int(d)};
-  attention_forward<T>(dims, CV(q, s, qc), CV(k, s, kc), CV(v, s, kc), V(o, s, qc), V(lse, c.heads, s));
+  attention_forward<T>(dims, CV(q, s, qc), CV(k, s, kc), CV(v, s, kc), V(o, s, qc),
+                       V(lse, c.heads, s));
   b.y = mk(s * dm);
   gemm<T>(CV(o, s, qc), false, CV(b.wo, dm, qc), true, V(b.y, s, dm));
   // Backward.
@@ -43,8 +45,8 @@ void attention_block(const AttentionConfig& c, BlockData<T>& b) {
   gemm<T>(CV(b.dy, s, dm), false, CV(b.wo, dm, qc), false, V(dout, s, qc));
   b.go = mk(dm * qc);
   gemm<T>(CV(b.dy, s, dm), true, CV(o, s, qc), false, V(b.go, dm, qc));
-  attention_backward<T>(dims, CV(q, s, qc), CV(k, s, kc), CV(v, s, kc), CV(dout, s, qc), V(dq, s, qc),
-                        V(dk, s, kc), V(dv, s, kc));
+  attention_backward<T>(dims, CV(q, s, qc), CV(k, s, kc), CV(v, s, kc), CV(dout, s, qc),
+                        V(dq, s, qc), V(dk, s, kc), V(dv, s, kc));
   rope<T>(V(dq, s, qc), int(d), pos.data(), c.rope_theta, -1);
   rope<T>(V(dk, s, kc), int(d), pos.data(), c.rope_theta, -1);
   b.dx = mk(s * dm);

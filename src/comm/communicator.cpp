@@ -3,8 +3,8 @@
 namespace upipe {
 
 const char* comm_op_name(CommOp op) {
-  static const char* kNames[] = {"all_to_all",     "all_to_allv", "all_gather", "reduce_scatter",
-                                 "all_reduce",     "broadcast",   "sendrecv",   "barrier"};
+  static const char* kNames[] = {"all_to_all", "all_to_allv", "all_gather", "reduce_scatter",
+                                 "all_reduce", "broadcast",   "sendrecv",   "barrier"};
   static_assert(sizeof(kNames) / sizeof(kNames[0]) == kNumCommOps);
   return kNames[static_cast<int>(op)];
 }

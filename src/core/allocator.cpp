@@ -8,7 +8,9 @@ namespace upipe {
 
 HostCachingAllocator::HostCachingAllocator(int64_t cache_limit) : cache_limit_(cache_limit) {}
 
-HostCachingAllocator::~HostCachingAllocator() { trim(); }
+HostCachingAllocator::~HostCachingAllocator() {
+  trim();
+}
 
 int64_t HostCachingAllocator::rounded(int64_t bytes) {
   const int64_t page = 4096;

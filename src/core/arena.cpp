@@ -8,10 +8,9 @@
 namespace upipe {
 
 const char* tag_name(Tag t) {
-  static const char* kNames[] = {"params", "grads",     "optim",       "act",        "qkv",
-                                 "a2a",    "attn_out",  "kv_resident", "attn_grad",  "ring",
-                                 "offload", "workspace", "mlp",         "logits",     "ckpt",
-                                 "other"};
+  static const char* kNames[] = {
+      "params",    "grads", "optim",   "act",       "qkv", "a2a",    "attn_out", "kv_resident",
+      "attn_grad", "ring",  "offload", "workspace", "mlp", "logits", "ckpt",     "other"};
   static_assert(sizeof(kNames) / sizeof(kNames[0]) == kNumTags);
   return kNames[static_cast<int>(t)];
 }
@@ -103,9 +102,13 @@ int Arena::start_watch(TagMask mask) {
   return -1;
 }
 
-int64_t Arena::watch_peak(int id) const { return watches_.at(size_t(id)).peak; }
+int64_t Arena::watch_peak(int id) const {
+  return watches_.at(size_t(id)).peak;
+}
 
-void Arena::stop_watch(int id) { watches_.at(size_t(id)).active = false; }
+void Arena::stop_watch(int id) {
+  watches_.at(size_t(id)).active = false;
+}
 
 Buffer::Buffer(Arena& arena, int64_t bytes, Tag tag)
     : arena_(&arena), data_(arena.allocate(bytes, tag)), bytes_(bytes), tag_(tag) {}

@@ -9,9 +9,15 @@ int g_rank = -1;
 FatalHandler g_handler = nullptr;
 }  // namespace
 
-void set_log_rank(int rank) { g_rank = rank; }
-int log_rank() { return g_rank; }
-void set_fatal_handler(FatalHandler h) { g_handler = h; }
+void set_log_rank(int rank) {
+  g_rank = rank;
+}
+int log_rank() {
+  return g_rank;
+}
+void set_fatal_handler(FatalHandler h) {
+  g_handler = h;
+}
 
 void fatal(const char* file, int line, const std::string& msg) {
   std::fprintf(stderr, "[rank %d] %s:%d: %s\n", g_rank, file, line, msg.c_str());

@@ -20,7 +20,9 @@ void set_fatal_handler(FatalHandler h);
 [[noreturn]] void fatal(const char* file, int line, const std::string& msg);
 
 namespace detail {
-inline std::string check_msg() { return {}; }
+inline std::string check_msg() {
+  return {};
+}
 template <class... A>
 std::string check_msg(fmt::format_string<A...> f, A&&... a) {
   return fmt::format(f, std::forward<A>(a)...);
@@ -31,11 +33,11 @@ std::string check_msg(fmt::format_string<A...> f, A&&... a) {
 
 }  // namespace upipe
 
-#define UPIPE_CHECK(cond, ...)                                                             \
-  do {                                                                                     \
-    if (!(cond)) [[unlikely]]                                                              \
-      ::upipe::detail::check_failed(__FILE__, __LINE__, #cond,                             \
-                                    ::upipe::detail::check_msg(__VA_ARGS__));              \
+#define UPIPE_CHECK(cond, ...)                                                \
+  do {                                                                        \
+    if (!(cond)) [[unlikely]]                                                 \
+      ::upipe::detail::check_failed(__FILE__, __LINE__, #cond,                \
+                                    ::upipe::detail::check_msg(__VA_ARGS__)); \
   } while (0)
 
 #ifdef NDEBUG

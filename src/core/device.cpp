@@ -4,7 +4,9 @@
 
 namespace upipe {
 
-const char* device_kind_name(DeviceKind k) { return k == DeviceKind::kCpu ? "cpu" : "meta"; }
+const char* device_kind_name(DeviceKind k) {
+  return k == DeviceKind::kCpu ? "cpu" : "meta";
+}
 
 Device::Device(const DeviceOptions& opt) : kind_(opt.kind) {
   if (kind_ == DeviceKind::kMeta) {

@@ -9,8 +9,12 @@ namespace upipe {
 
 enum class DType : uint8_t { kF32, kBF16 };
 
-inline int64_t dtype_size(DType t) { return t == DType::kF32 ? 4 : 2; }
-inline const char* dtype_name(DType t) { return t == DType::kF32 ? "fp32" : "bf16"; }
+inline int64_t dtype_size(DType t) {
+  return t == DType::kF32 ? 4 : 2;
+}
+inline const char* dtype_name(DType t) {
+  return t == DType::kF32 ? "fp32" : "bf16";
+}
 // Parses "fp32" / "bf16"; throws ConfigError otherwise.
 DType parse_dtype(const std::string& s);
 

@@ -63,6 +63,8 @@ class Tensor {
 
 // Byte size of a (rows, cols) matrix of dtype t: the one size function allocation and
 // formulas share.
-inline int64_t mat_bytes(int64_t rows, int64_t cols, DType t) { return rows * cols * dtype_size(t); }
+inline int64_t mat_bytes(int64_t rows, int64_t cols, DType t) {
+  return rows * cols * dtype_size(t);
+}
 
 }  // namespace upipe

@@ -42,7 +42,8 @@ void attention_forward(Device& dev, const AttnProblem& p, const Mat& o, const Ma
 
 void attention_accumulate_init(Device& dev, const Mat& acc, const Mat& m, const Mat& l) {
   if (dev.is_meta()) return;
-  for (int64_t r = 0; r < acc.rows; ++r) std::fill_n(static_cast<float*>(acc.at(r, 0)), acc.cols, 0.0f);
+  for (int64_t r = 0; r < acc.rows; ++r)
+    std::fill_n(static_cast<float*>(acc.at(r, 0)), acc.cols, 0.0f);
   for (int64_t r = 0; r < m.rows; ++r) {
     std::fill_n(static_cast<float*>(m.at(r, 0)), m.cols, -INFINITY);
     std::fill_n(static_cast<float*>(l.at(r, 0)), l.cols, 0.0f);
@@ -68,9 +69,9 @@ void attention_finalize(Device& dev, const Mat& acc, const Mat& m, const Mat& l,
 }
 
 void lse_merge(Device& dev, const Mat& o, const Mat& lse, const Mat& o2, const Mat& lse2, int d) {
-  UPIPE_CHECK(o.rows == o2.rows && o.cols == o2.cols && lse.rows == lse2.rows &&
-                  lse.cols == lse2.cols,
-              "lse_merge operands differ in shape");
+  UPIPE_CHECK(
+      o.rows == o2.rows && o.cols == o2.cols && lse.rows == lse2.rows && lse.cols == lse2.cols,
+      "lse_merge operands differ in shape");
   if (dev.is_meta()) return;
   cpu::lse_merge(o, lse, o2, lse2, d);
 }

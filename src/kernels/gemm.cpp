@@ -19,7 +19,8 @@ void sgemm_raw(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
 
 int64_t gemm_workspace_bytes(int64_t m, int64_t n, int64_t k, DType a, DType b, DType c) {
   if (a == DType::kF32 && b == DType::kF32 && c == DType::kF32) return 0;
-  const int64_t mb = std::min(m, kGemmTile), nb = std::min(n, kGemmTile), kb = std::min(k, kGemmTile);
+  const int64_t mb = std::min(m, kGemmTile), nb = std::min(n, kGemmTile),
+                kb = std::min(k, kGemmTile);
   int64_t elems = 0;
   if (a != DType::kF32) elems += mb * kb;
   if (b != DType::kF32) elems += kb * nb;
@@ -59,8 +60,7 @@ void gemm(Device& dev, const Mat& a, bool trans_a, const Mat& b, bool trans_b, c
   UPIPE_CHECK(k == kb && c.rows == m && c.cols == n,
               "gemm shape mismatch: op(A) {}x{}, op(B) {}x{}, C {}x{}", m, k, kb, n, c.rows,
               c.cols);
-  const bool all_f32 =
-      a.dtype == DType::kF32 && b.dtype == DType::kF32 && c.dtype == DType::kF32;
+  const bool all_f32 = a.dtype == DType::kF32 && b.dtype == DType::kF32 && c.dtype == DType::kF32;
   if (all_f32) {
     if (dev.is_meta()) return;
     sgemm_raw(trans_a, trans_b, m, n, k, alpha, a.f32(), a.ld, b.f32(), b.ld, beta, c.f32(), c.ld);
@@ -68,7 +68,8 @@ void gemm(Device& dev, const Mat& a, bool trans_a, const Mat& b, bool trans_b, c
   }
   Buffer ws(dev.mem(), gemm_workspace_bytes(m, n, k, a.dtype, b.dtype, c.dtype), Tag::kWorkspace);
   if (dev.is_meta() || m == 0 || n == 0) return;
-  const int64_t mt = std::min(m, kGemmTile), nt = std::min(n, kGemmTile), kt = std::min(k, kGemmTile);
+  const int64_t mt = std::min(m, kGemmTile), nt = std::min(n, kGemmTile),
+                kt = std::min(k, kGemmTile);
   float* cursor = static_cast<float*>(ws.data());
   float* a32 = a.dtype != DType::kF32 ? std::exchange(cursor, cursor + mt * kt) : nullptr;
   float* b32 = b.dtype != DType::kF32 ? std::exchange(cursor, cursor + kt * nt) : nullptr;
@@ -93,10 +94,14 @@ void gemm(Device& dev, const Mat& a, bool trans_a, const Mat& b, bool trans_b, c
         const float* bp = b32;
         int64_t lda = nk, ldb = nc;
         bool ta = false, tb = false;
-        if (a32) stage(a, trans_a, m0, nr, k0, nk, a32);
-        else ap = op_at(a, trans_a, m0, k0), lda = a.ld, ta = trans_a;
-        if (b32) stage(b, trans_b, k0, nk, n0, nc, b32);
-        else bp = op_at(b, trans_b, k0, n0), ldb = b.ld, tb = trans_b;
+        if (a32)
+          stage(a, trans_a, m0, nr, k0, nk, a32);
+        else
+          ap = op_at(a, trans_a, m0, k0), lda = a.ld, ta = trans_a;
+        if (b32)
+          stage(b, trans_b, k0, nk, n0, nc, b32);
+        else
+          bp = op_at(b, trans_b, k0, n0), ldb = b.ld, tb = trans_b;
         sgemm_raw(ta, tb, nr, nc, nk, alpha, ap, lda, bp, ldb, beta_k, cp, ldc);
         beta_k = 1.0f;
       }

@@ -9,7 +9,9 @@
 namespace upipe {
 
 // fp32 row staging: three rows of D.
-inline int64_t rmsnorm_workspace_bytes(int64_t cols) { return 3 * cols * 4; }
+inline int64_t rmsnorm_workspace_bytes(int64_t cols) {
+  return 3 * cols * 4;
+}
 
 // x, y: (T, D); w: (1, D).
 void rmsnorm_forward(Device& dev, const Mat& x, const Mat& w, float eps, const Mat& y);

@@ -12,7 +12,8 @@ void zero(Device& dev, const Mat& x) {
     std::memset(x.data, 0, size_t(x.bytes()));
     return;
   }
-  for (int64_t r = 0; r < x.rows; ++r) std::memset(x.at(r, 0), 0, size_t(x.cols * dtype_size(x.dtype)));
+  for (int64_t r = 0; r < x.rows; ++r)
+    std::memset(x.at(r, 0), 0, size_t(x.cols * dtype_size(x.dtype)));
 }
 
 void copy(Device& dev, const Mat& dst, const Mat& src) {

@@ -2,7 +2,9 @@
 
 namespace upipe::test {
 std::unique_ptr<Communicator> g_world;
-Communicator& world() { return *g_world; }
+Communicator& world() {
+  return *g_world;
+}
 }  // namespace upipe::test
 
 int main(int argc, char** argv) {

@@ -12,7 +12,9 @@ using test::world;
 
 // v as a tensor of dtype t holds it (distinct rows are exact in fp32; bf16 checks placement of
 // the rounded values).
-float stored(float v, DType t) { return t == DType::kF32 ? v : bf16_to_f32(f32_to_bf16(v)); }
+float stored(float v, DType t) {
+  return t == DType::kF32 ? v : bf16_to_f32(f32_to_bf16(v));
+}
 
 std::vector<SeqLayout> layouts(int c) {
   const int64_t s = 48 * 8;  // divisible by 2C and N*C for every C and N used
@@ -46,7 +48,8 @@ TEST(LayoutMpi, ShardAndGatherRoundTrip) {
       gather_rows(dev, world(), l, local, back);
       Tensor back32(dev.mem(), Tag::kOther, DType::kF32, l.seq_len, 3);
       copy(dev, back32, back);
-      for (int64_t i = 0; i < l.seq_len * 3; ++i) ASSERT_EQ(back32.f32()[i], global.f32()[i]) << l.name();
+      for (int64_t i = 0; i < l.seq_len * 3; ++i)
+        ASSERT_EQ(back32.f32()[i], global.f32()[i]) << l.name();
     }
   }
 }

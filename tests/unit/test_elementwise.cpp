@@ -65,13 +65,14 @@ TEST(Rope, ShardIndependentBitwise) {
   Device dev;
   const int d = 64;
   const int64_t rows = 300, split = 77;
-  Tensor x(dev.mem(), Tag::kQkv, DType::kF32, rows, 2 * d), y(dev.mem(), Tag::kQkv, DType::kF32, rows, 2 * d);
+  Tensor x(dev.mem(), Tag::kQkv, DType::kF32, rows, 2 * d),
+      y(dev.mem(), Tag::kQkv, DType::kF32, rows, 2 * d);
   test::fill_normal(x, 9);
   test::fill_normal(y, 9);
   rope_forward(dev, x, d, RowPositions::contiguous(rows, 5000), 500000.0);
   rope_forward(dev, y.mat().rows_of(0, split), d, RowPositions::contiguous(split, 5000), 500000.0);
-  rope_forward(dev, y.mat().rows_of(split, rows - split), d, RowPositions::contiguous(rows - split, 5000 + split),
-               500000.0);
+  rope_forward(dev, y.mat().rows_of(split, rows - split), d,
+               RowPositions::contiguous(rows - split, 5000 + split), 500000.0);
   EXPECT_EQ(read(x), read(y));
 }
 
@@ -107,13 +108,13 @@ TEST(RmsNorm, ForwardBackwardMatchReference) {
   const auto xv = read(x), wv = read(w), dyv = read(dy);
   std::vector<double> y64(xv.size()), dx64(xv.size()), dw64(size_t(n), 0.0);
   ref::rmsnorm_forward<double>(cview(xv, t, n), wv.data(), 1e-5, view(y64, t, n));
-  ref::rmsnorm_backward<double>(cview(xv, t, n), wv.data(), 1e-5, cview(dyv, t, n), view(dx64, t, n),
-                                dw64.data());
+  ref::rmsnorm_backward<double>(cview(xv, t, n), wv.data(), 1e-5, cview(dyv, t, n),
+                                view(dx64, t, n), dw64.data());
   const auto x32 = cast<float>(xv), w32 = cast<float>(wv), dy32 = cast<float>(dyv);
   std::vector<float> y32(xv.size()), dx32(xv.size()), dw32(size_t(n), 0.f);
   ref::rmsnorm_forward<float>(cview(x32, t, n), w32.data(), 1e-5, view(y32, t, n));
-  ref::rmsnorm_backward<float>(cview(x32, t, n), w32.data(), 1e-5, cview(dy32, t, n), view(dx32, t, n),
-                               dw32.data());
+  ref::rmsnorm_backward<float>(cview(x32, t, n), w32.data(), 1e-5, cview(dy32, t, n),
+                               view(dx32, t, n), dw32.data());
   expect_close(read(y), y64, cast<double>(y32), "y");
   expect_close(read(dx), dx64, cast<double>(dx32), "dx");
   expect_close(read(dw), dw64, cast<double>(dw32), "dw");
@@ -158,8 +159,8 @@ TEST(SwiGlu, ForwardBackwardMatchReference) {
   const auto a32 = cast<float>(av), b32 = cast<float>(bv), dh32 = cast<float>(dhv);
   std::vector<float> h32(av.size()), da32(av.size()), db32(av.size());
   ref::swiglu_forward<float>(cview(a32, t, f), cview(b32, t, f), view(h32, t, f));
-  ref::swiglu_backward<float>(cview(a32, t, f), cview(b32, t, f), cview(dh32, t, f), view(da32, t, f),
-                              view(db32, t, f));
+  ref::swiglu_backward<float>(cview(a32, t, f), cview(b32, t, f), cview(dh32, t, f),
+                              view(da32, t, f), view(db32, t, f));
   expect_close(read(h), h64, cast<double>(h32), "h");
   expect_close(read(da), da64, cast<double>(da32), "da");
   expect_close(read(db), db64, cast<double>(db32), "db");

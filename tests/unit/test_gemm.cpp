@@ -47,13 +47,16 @@ TEST_P(GemmTest, MatchesReference) {
 }
 
 const DType F = DType::kF32, B = DType::kBF16;
-INSTANTIATE_TEST_SUITE_P(
-    All, GemmTest,
-    ::testing::Values(GemmCase{37, 29, 53, false, false, F, F, F, 0}, GemmCase{37, 29, 53, true, false, F, F, F, 1},
-                      GemmCase{37, 29, 53, false, true, F, F, F, 0}, GemmCase{37, 29, 53, true, true, F, F, F, 1},
-                      GemmCase{300, 40, 64, false, true, B, B, B, 0}, GemmCase{300, 40, 64, false, true, B, B, B, 1},
-                      GemmCase{300, 40, 64, true, false, F, B, F, 1}, GemmCase{70, 513, 33, false, false, B, F, B, 0},
-                      GemmCase{1, 1, 1, false, false, F, F, F, 0}));
+INSTANTIATE_TEST_SUITE_P(All, GemmTest,
+                         ::testing::Values(GemmCase{37, 29, 53, false, false, F, F, F, 0},
+                                           GemmCase{37, 29, 53, true, false, F, F, F, 1},
+                                           GemmCase{37, 29, 53, false, true, F, F, F, 0},
+                                           GemmCase{37, 29, 53, true, true, F, F, F, 1},
+                                           GemmCase{300, 40, 64, false, true, B, B, B, 0},
+                                           GemmCase{300, 40, 64, false, true, B, B, B, 1},
+                                           GemmCase{300, 40, 64, true, false, F, B, F, 1},
+                                           GemmCase{70, 513, 33, false, false, B, F, B, 0},
+                                           GemmCase{1, 1, 1, false, false, F, F, F, 0}));
 
 }  // namespace
 }  // namespace upipe

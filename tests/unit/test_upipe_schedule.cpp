@@ -93,7 +93,8 @@ TEST(UpipeSchedule, InvalidUIsRejectedWithValidChoices) {
     make_upipe_schedule(shape(32, 8), 4, 6);
     FAIL();
   } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("valid values: 4, 8, 16, 32"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("valid values: 4, 8, 16, 32"), std::string::npos)
+        << e.what();
   }
   EXPECT_THROW(make_upipe_schedule(shape(24, 6), 4, 0), ConfigError);  // K=6 vs C=4
 }

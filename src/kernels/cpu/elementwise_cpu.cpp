@@ -10,8 +10,12 @@ namespace upipe {
 namespace {
 
 // Loads row r of x as fp32 into buf (x.cols elements) and stores it back.
-void load_row(const Mat& x, int64_t r, float* buf) { to_f32(x.at(r, 0), x.dtype, buf, x.cols); }
-void store_row(const Mat& x, int64_t r, const float* buf) { from_f32(buf, x.at(r, 0), x.dtype, x.cols); }
+void load_row(const Mat& x, int64_t r, float* buf) {
+  to_f32(x.at(r, 0), x.dtype, buf, x.cols);
+}
+void store_row(const Mat& x, int64_t r, const float* buf) {
+  from_f32(buf, x.at(r, 0), x.dtype, x.cols);
+}
 
 // cos/sin of pos * inv_freq[i] for consecutive positions. Exact fp64 sincos at every multiple
 // of kRopeAnchor, then rotation by inv_freq[i] in fp64 (error ~1e-15 after 63 steps): a
@@ -58,8 +62,7 @@ class RopeAngles {
   double inv_[512], step_c_[512], step_s_[512], c_[512], s_[512];
 };
 
-void rope_apply(Device& dev, const Mat& x, int d, const RowPositions& pos, double theta,
-                int sign) {
+void rope_apply(Device& dev, const Mat& x, int d, const RowPositions& pos, double theta, int sign) {
   UPIPE_CHECK(d % 2 == 0 && d <= 1024 && x.cols % d == 0, "rope needs even d <= 1024 dividing {}",
               x.cols);
   UPIPE_CHECK(pos.total_rows() == x.rows, "rope positions cover {} rows, x has {}",
@@ -72,8 +75,10 @@ void rope_apply(Device& dev, const Mat& x, int d, const RowPositions& pos, doubl
   int64_t r = 0;
   for (const RowPositions::Run& run : pos.runs) {
     for (int64_t t = 0; t < run.rows; ++t, ++r) {
-      if (t == 0) angles.seek(run.pos);
-      else angles.advance();
+      if (t == 0)
+        angles.seek(run.pos);
+      else
+        angles.advance();
       for (int i = 0; i < half; ++i) {
         cs[i] = float(angles.cos(i));
         sn[i] = float(sign * angles.sin(i));
@@ -95,7 +100,9 @@ void rope_apply(Device& dev, const Mat& x, int d, const RowPositions& pos, doubl
   }
 }
 
-float silu(float x) { return x / (1.0f + std::exp(-x)); }
+float silu(float x) {
+  return x / (1.0f + std::exp(-x));
+}
 
 }  // namespace
 
@@ -143,9 +150,9 @@ void rmsnorm_forward(Device& dev, const Mat& x, const Mat& w, float eps, const M
 
 void rmsnorm_backward(Device& dev, const Mat& x, const Mat& w, float eps, const Mat& dy,
                       const Mat& dx, const Mat& dw) {
-  UPIPE_CHECK(dw.dtype == DType::kF32 && dw.cols == x.cols && dy.rows == x.rows &&
-                  dx.rows == x.rows,
-              "rmsnorm backward shapes");
+  UPIPE_CHECK(
+      dw.dtype == DType::kF32 && dw.cols == x.cols && dy.rows == x.rows && dx.rows == x.rows,
+      "rmsnorm backward shapes");
   Buffer ws(dev.mem(), rmsnorm_workspace_bytes(x.cols), Tag::kWorkspace);
   if (dev.is_meta()) return;
   float* xr = static_cast<float*>(ws.data());

@@ -24,8 +24,8 @@ struct AttnDims {
 
 // Probabilities of query row i, head h, into p (sk); returns the log-sum-exp (-inf if none).
 template <class T>
-T attention_row(const AttnDims& a, const View<const T>& q, const View<const T>& k, int h,
-                int64_t i, std::vector<T>& p) {
+T attention_row(const AttnDims& a, const View<const T>& q, const View<const T>& k, int h, int64_t i,
+                std::vector<T>& p) {
   const int kvh = h / (a.hq / a.hk);
   const T scale = T(a.softmax_scale());
   T mx = -std::numeric_limits<T>::infinity();
@@ -73,10 +73,10 @@ void attention_forward(const AttnDims& a, const View<const T>& q, const View<con
 // Accumulates (+=) dq (sq, hq*d), dk, dv (sk, hk*d). store_o rounds o the way the tested
 // implementation stores it (bf16 storage) before delta = rowsum(do * o) is formed.
 template <class T, class StoreO = T (*)(T)>
-void attention_backward(const AttnDims& a, const View<const T>& q, const View<const T>& k,
-                        const View<const T>& v, const View<const T>& dout, const View<T>& dq,
-                        const View<T>& dk, const View<T>& dv,
-                        StoreO store_o = [](T x) { return x; }) {
+void attention_backward(
+    const AttnDims& a, const View<const T>& q, const View<const T>& k, const View<const T>& v,
+    const View<const T>& dout, const View<T>& dq, const View<T>& dk, const View<T>& dv,
+    StoreO store_o = [](T x) { return x; }) {
   std::vector<T> p(size_t(a.sk)), orow(size_t(a.d));
   const int g = a.hq / a.hk;
   const T scale = T(a.softmax_scale());
