@@ -272,15 +272,11 @@ void ChunkedAttention::backward(const Mat& x, const Mat& dy, const AttentionWeig
       project_q(env(), xi, pos, w.wq, s, b.a2a, b.q);
       attend_forward(s, i, b, h);
       // do = dy Wo[:, stage heads], projected into the all-to-all layout and sent head-sharded.
-      for (int j = 0; j < sch_.ranks; ++j)
-        gemm(dev(), dyi, false, w.wo.cols_of(int64_t(sch_.q_head(s, j)) * d, md), false,
-             a2a_block(b.a2a, t, rows, md, j));
+      project_do(env(), dyi, w.wo, s, b.a2a);
       comm().all_to_all(b.a2a.data(), b.dout.data(), mat_bytes(rows, md, t));
       // dWo[:, stage heads] += dy^T o needs o back in sequence layout.
       comm().all_to_all(b.o.data(), b.a2a.data(), mat_bytes(rows, md, t));
-      for (int j = 0; j < sch_.ranks; ++j)
-        gemm(dev(), dyi, true, a2a_block(b.a2a, t, rows, md, j), false,
-             g.wo.cols_of(int64_t(sch_.q_head(s, j)) * d, md), 1.0f, gbeta);
+      accumulate_dwo(env(), dyi, s, b.a2a, g.wo, gbeta);
       attention_delta(dev(), b.o, b.dout, int(d), b.rsum);
       attend_backward(s, i, b, h);
       // dq back to sequence layout; RoPE backward; dx += dq Wq[stage rows]; dWq[stage rows].
@@ -314,10 +310,11 @@ int64_t fpdt_attn_peak_bytes(const AttentionConfig& c, const UpipeSchedule& s, i
   // Largest transient: the attention kernel's tiles or a bf16 GEMM staging buffer.
   const int64_t ws_fwd = std::max(
       {attn_f, ws(rows, md, dm, t, t, t), ws(rows, pd, dm, t, t, t), ws(rows, dm, md, t, t, f32)});
-  const int64_t ws_bwd = std::max({attn_f, attn_b, ws(rows, md, dm, t, t, t),
-                                   ws(rows, pd, dm, t, t, t), ws(dm, md, rows, t, t, f32),
-                                   ws(rows, dm, md, f32, t, f32), ws(md, dm, rows, f32, t, f32),
-                                   ws(rows, dm, pd, f32, t, f32), ws(pd, dm, rows, f32, t, f32)});
+  const int64_t ws_bwd =
+      std::max({attn_f, attn_b, ws(rows, md, dm, t, t, t), ws(rows, pd, dm, t, t, t),
+                project_do_bytes(c, s, rows), accumulate_dwo_bytes(c, s, rows),
+                ws(rows, dm, md, f32, t, f32), ws(md, dm, rows, f32, t, f32),
+                ws(rows, dm, pd, f32, t, f32), ws(pd, dm, rows, f32, t, f32)});
   const int64_t slots = 4 * mat_bytes(n, rd, t);  // 2 slots x (k, v)
   const int64_t stat = mat_bytes(s.m, n, f32);    // one (m, n) row statistic
   // q, o; the fp32 accumulator (dq in backward); running max, sum (delta), lse.

@@ -108,6 +108,37 @@ void return_kv_grads(const StageEnv& e, const Mat& x, const RowPositions& pos, c
   }
 }
 
+void project_do(const StageEnv& e, const Mat& dy, const Mat& wo, int stage, const Buffer& staging) {
+  const int64_t d = e.cfg.head_dim, md = int64_t(e.sch.m) * d, rows = dy.rows;
+  Tensor cols(e.dev.mem(), Tag::kWorkspace, wo.dtype, wo.rows, md);
+  for (int j = 0; j < e.sch.ranks; ++j) {
+    copy(e.dev, cols, wo.cols_of(int64_t(e.sch.q_head(stage, j)) * d, md));
+    gemm(e.dev, dy, false, cols, false, a2a_block(staging, e.cfg.dtype, rows, md, j));
+  }
+}
+
+int64_t project_do_bytes(const AttentionConfig& c, const UpipeSchedule& s, int64_t rows) {
+  const int64_t md = int64_t(s.m) * c.head_dim, dm = c.model_dim();
+  const DType t = c.dtype;
+  return mat_bytes(dm, md, t) + gemm_workspace_bytes(rows, md, dm, t, t, t);
+}
+
+void accumulate_dwo(const StageEnv& e, const Mat& dy, int stage, const Buffer& staging,
+                    const Mat& gwo, float beta) {
+  const int64_t d = e.cfg.head_dim, md = int64_t(e.sch.m) * d, rows = dy.rows;
+  Tensor tmp(e.dev.mem(), Tag::kWorkspace, DType::kF32, md, dy.cols);
+  for (int j = 0; j < e.sch.ranks; ++j) {
+    gemm(e.dev, a2a_block(staging, e.cfg.dtype, rows, md, j), true, dy, false, tmp);
+    add_transposed(e.dev, gwo.cols_of(int64_t(e.sch.q_head(stage, j)) * d, md), tmp, beta);
+  }
+}
+
+int64_t accumulate_dwo_bytes(const AttentionConfig& c, const UpipeSchedule& s, int64_t rows) {
+  const int64_t md = int64_t(s.m) * c.head_dim, dm = c.model_dim();
+  const DType t = c.dtype;
+  return mat_bytes(md, dm, DType::kF32) + gemm_workspace_bytes(md, dm, rows, t, t, DType::kF32);
+}
+
 void add_headwise_pass_comm(CommStats& st, const AttentionConfig& c, const UpipeSchedule& s,
                             int64_t rows, bool backward) {
   const int64_t d = c.head_dim, md = int64_t(s.m) * d;

@@ -49,6 +49,21 @@ void return_kv_grads(const StageEnv& e, const Mat& x, const RowPositions& pos, c
                      const Mat& wv, int set, const Mat& dk, const Mat& dv, const Buffer& staging,
                      const Mat& dx, const Mat& gk, const Mat& gv, float dw_beta);
 
+// Staging blocks j of the backward's do: dy (rows, D) times the Wo columns of the stage's heads
+// on rank j. Each block's columns are first copied to a contiguous (D, m*d) buffer: oneDNN runs
+// a narrow B with a wide row stride at about half speed.
+void project_do(const StageEnv& e, const Mat& dy, const Mat& wo, int stage, const Buffer& staging);
+// Peak workspace of project_do.
+int64_t project_do_bytes(const AttentionConfig& c, const UpipeSchedule& s, int64_t rows);
+
+// gwo[:, columns of rank j's stage heads] = beta gwo[...] + dy^T o_j for the o blocks (rows, m*d)
+// in staging, computed as (o_j^T dy)^T through an fp32 (m*d, D) buffer: oneDNN's transposed-A
+// GEMM with a narrow N runs at about half speed.
+void accumulate_dwo(const StageEnv& e, const Mat& dy, int stage, const Buffer& staging,
+                    const Mat& gwo, float beta);
+// Peak workspace of accumulate_dwo.
+int64_t accumulate_dwo_bytes(const AttentionConfig& c, const UpipeSchedule& s, int64_t rows);
+
 // The all-to-all calls and bytes of one forward (backward = false) or backward pass over every
 // KV set and stage, for `rows` local rows (S/C for headwise, S/(N C) per fpdt chunk): k and v per
 // set (+ dk, dv), q and o per stage (+ do, dq).

@@ -130,15 +130,11 @@ void HeadwiseAttention::backward(const Mat& x, const Mat& dy, const AttentionWei
     project_q(env(), x, pos_, w.wq, s, b.a2a, b.q);
     attend_forward(s, b);
     // do = dy Wo[:, stage heads], projected into the all-to-all layout and sent head-sharded.
-    for (int j = 0; j < sch_.ranks; ++j)
-      gemm(dev(), dy, false, w.wo.cols_of(int64_t(sch_.q_head(s, j)) * d, md), false,
-           a2a_block(b.a2a, t, sl, md, j));
+    project_do(env(), dy, w.wo, s, b.a2a);
     group().all_to_all(b.a2a.data(), b.dout.data(), mat_bytes(sl, md, t));
     // dWo[:, stage heads] = dy^T o needs o back in sequence layout.
     group().all_to_all(b.o.data(), b.a2a.data(), mat_bytes(sl, md, t));
-    for (int j = 0; j < sch_.ranks; ++j)
-      gemm(dev(), dy, true, a2a_block(b.a2a, t, sl, md, j), false,
-           g.wo.cols_of(int64_t(sch_.q_head(s, j)) * d, md));
+    accumulate_dwo(env(), dy, s, b.a2a, g.wo, 0.0f);
     attention_delta(dev(), b.o, b.dout, int(d), b.delta);
     zero(dev(), b.dq);
     for (const HeadRun& r : head_runs(sch_, s)) {
@@ -188,10 +184,10 @@ int64_t headwise_attn_peak_bytes(const AttentionConfig& c, const UpipeSchedule& 
     }
   const int64_t ws_fwd = std::max(
       {core_f, ws(sl, md, dm, t, t, t), ws(sl, pd, dm, t, t, t), ws(sl, dm, md, t, t, f32)});
-  const int64_t ws_bwd =
-      std::max({core_f, core_b, ws(sl, md, dm, t, t, t), ws(sl, pd, dm, t, t, t),
-                ws(dm, md, sl, t, t, f32), ws(sl, dm, md, f32, t, f32), ws(md, dm, sl, f32, t, f32),
-                ws(sl, dm, pd, f32, t, f32), ws(pd, dm, sl, f32, t, f32)});
+  const int64_t ws_bwd = std::max({core_f, core_b, ws(sl, md, dm, t, t, t), ws(sl, pd, dm, t, t, t),
+                                   project_do_bytes(c, s, sl), accumulate_dwo_bytes(c, s, sl),
+                                   ws(sl, dm, md, f32, t, f32), ws(md, dm, sl, f32, t, f32),
+                                   ws(sl, dm, pd, f32, t, f32), ws(pd, dm, sl, f32, t, f32)});
   const int64_t kv = 2 * mat_bytes(n, rd, t), lse = mat_bytes(s.m, n, f32);
   const int64_t acc = t == f32 ? 0 : mat_bytes(sl, dm, f32);  // fp32 y / dx accumulator (bf16)
   const int64_t fwd = kv + n * md * dtype_size(t) + 2 * mat_bytes(n, md, t) + lse + acc + ws_fwd;

@@ -46,4 +46,21 @@ void add_into(Device& dev, const Mat& dst, const Mat& src) {
   }
 }
 
+void add_transposed(Device& dev, const Mat& dst, const Mat& src, float beta) {
+  UPIPE_CHECK(dst.dtype == DType::kF32 && src.dtype == DType::kF32 && dst.rows == src.cols &&
+                  dst.cols == src.rows,
+              "add_transposed: dst {}x{}, src {}x{}", dst.rows, dst.cols, src.rows, src.cols);
+  if (dev.is_meta()) return;
+  // Blocks of 32 x 32 keep both sides in cache.
+  for (int64_t r0 = 0; r0 < dst.rows; r0 += 32)
+    for (int64_t c0 = 0; c0 < dst.cols; c0 += 32)
+      for (int64_t r = r0; r < std::min(dst.rows, r0 + 32); ++r) {
+        float* d = static_cast<float*>(dst.at(r, 0));
+        for (int64_t c = c0; c < std::min(dst.cols, c0 + 32); ++c) {
+          const float v = *static_cast<const float*>(src.at(c, r));
+          d[c] = beta == 0.0f ? v : beta * d[c] + v;
+        }
+      }
+}
+
 }  // namespace upipe

@@ -11,5 +11,7 @@ void zero(Device& dev, const Mat& x);
 void copy(Device& dev, const Mat& dst, const Mat& src);
 // dst += src, both fp32.
 void add_into(Device& dev, const Mat& dst, const Mat& src);
+// dst (r, c) = beta * dst + src^T, src (c, r); both fp32.
+void add_transposed(Device& dev, const Mat& dst, const Mat& src, float beta);
 
 }  // namespace upipe
