@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "apps/upipe/commands.h"
+#include "apps/upipe/report.h"
 #include "attention/harness.h"
 #include "comm/fake/fake_comm.h"
 #include "core/errors.h"
@@ -29,22 +30,14 @@ int plan(const Options& opt, const AttentionConfig& cfg) {
   auto strat = make_strategy(opt.method, {dev, comm, cfg});
   BlockTensors t = make_block_tensors(dev, cfg, strat->layout().positions(0), 1);
   const BlockRun r = run_block(*strat, dev, t);
-  nlohmann::json j = {{"method", opt.method},
-                      {"ranks", opt.meta_ranks},
-                      {"device", "meta"},
-                      {"seq_len", cfg.seq_len},
-                      {"heads", cfg.heads},
-                      {"kv_heads", cfg.kv_heads},
-                      {"head_dim", cfg.head_dim},
-                      {"head_chunk", cfg.head_chunk},
-                      {"ulysses_degree", cfg.ulysses_degree},
-                      {"chunks", cfg.chunks},
-                      {"dtype", dtype_name(cfg.dtype)},
-                      {"peak_bytes", r.peak_bytes},
-                      {"attn_peak_bytes", r.attn_peak_bytes},
-                      {"attn_formula_bytes", strat->attn_formula_bytes()},
-                      {"comm_bytes", comm.stats().total_bytes()},
-                      {"comm_calls", comm.stats().total_calls()}};
+  nlohmann::json j = config_json(opt.method, cfg);
+  j.update({{"ranks", opt.meta_ranks},
+            {"device", "meta"},
+            {"peak_bytes", r.peak_bytes},
+            {"peak_by_tag", tags_json(r.peak_by_tag)},
+            {"attn_peak_bytes", r.attn_peak_bytes},
+            {"attn_formula_bytes", strat->attn_formula_bytes()},
+            {"comm", comm_json(comm.stats())}});
   if (opt.json) {
     std::printf("%s\n", j.dump().c_str());
   } else {
@@ -87,28 +80,17 @@ int run(Process& proc, const Options& opt) {
     attn = std::max(attn, all[size_t(2 * j + 1)]);
   }
   if (!proc.root()) return 0;
-  nlohmann::json tags = nlohmann::json::object();
-  for (int i = 0; i < kNumTags; ++i)
-    if (last.peak_by_tag.v[size_t(i)] != 0) tags[tag_name(Tag(i))] = last.peak_by_tag.v[size_t(i)];
   const double tps = double(cfg.seq_len) / (fwd + bwd);
-  nlohmann::json j = {{"method", opt.method},
-                      {"ranks", proc.world.size()},
-                      {"seq_len", cfg.seq_len},
-                      {"heads", cfg.heads},
-                      {"kv_heads", cfg.kv_heads},
-                      {"head_dim", cfg.head_dim},
-                      {"head_chunk", cfg.head_chunk},
-                      {"ulysses_degree", cfg.ulysses_degree},
-                      {"chunks", cfg.chunks},
-                      {"dtype", dtype_name(cfg.dtype)},
-                      {"iters", opt.iters},
-                      {"fwd_s", fwd},
-                      {"bwd_s", bwd},
-                      {"tokens_per_s", tps},
-                      {"peak_bytes", peak},
-                      {"peak_by_tag", tags},
-                      {"attn_peak_bytes", attn},
-                      {"attn_formula_bytes", strat->attn_formula_bytes()}};
+  nlohmann::json j = config_json(opt.method, cfg);
+  j.update({{"ranks", proc.world.size()},
+            {"iters", opt.iters},
+            {"fwd_s", fwd},
+            {"bwd_s", bwd},
+            {"tokens_per_s", tps},
+            {"peak_bytes", peak},
+            {"peak_by_tag", tags_json(last.peak_by_tag)},
+            {"attn_peak_bytes", attn},
+            {"attn_formula_bytes", strat->attn_formula_bytes()}});
   if (opt.json) {
     std::printf("%s\n", j.dump().c_str());
   } else {

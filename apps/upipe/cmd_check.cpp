@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "apps/upipe/commands.h"
+#include "apps/upipe/report.h"
 #include "attention/check.h"
 
 namespace upipe::app {
@@ -18,15 +19,6 @@ struct Options {
   bool json = false;
 };
 
-nlohmann::json comm_json(const CommStats& s) {
-  nlohmann::json j = nlohmann::json::object();
-  for (int op = 0; op < kNumCommOps; ++op)
-    if (s.calls[size_t(op)] > 0)
-      j[comm_op_name(CommOp(op))] = {{"calls", s.calls[size_t(op)]},
-                                     {"bytes", s.bytes_sent[size_t(op)]}};
-  return j;
-}
-
 int run(Process& proc, const Options& opt) {
   const AttentionConfig cfg = opt.shape.config();
   CheckOptions co;
@@ -34,29 +26,19 @@ int run(Process& proc, const Options& opt) {
   co.device_budget = parse_bytes(opt.budget);
   const CheckResult r = check_strategy(opt.method, cfg, proc.world, co);
   if (proc.root()) {
-    nlohmann::json tags = nlohmann::json::object();
-    for (int i = 0; i < kNumTags; ++i)
-      if (r.peak_by_tag.v[size_t(i)] != 0) tags[tag_name(Tag(i))] = r.peak_by_tag.v[size_t(i)];
-    nlohmann::json j = {{"method", r.method},
-                        {"ranks", r.ranks},
-                        {"seq_len", cfg.seq_len},
-                        {"heads", cfg.heads},
-                        {"kv_heads", cfg.kv_heads},
-                        {"head_dim", cfg.head_dim},
-                        {"head_chunk", cfg.head_chunk},
-                        {"ulysses_degree", cfg.ulysses_degree},
-                        {"dtype", dtype_name(cfg.dtype)},
-                        {"max_abs_err", r.max_abs_err},
-                        {"tolerance", r.tolerance},
-                        {"tolerance_rule", r.rule},
-                        {"passed", r.passed},
-                        {"peak_bytes", r.peak_bytes},
-                        {"peak_by_tag", tags},
-                        {"attn_peak_bytes", r.attn_peak_bytes},
-                        {"attn_formula_bytes", r.attn_formula_bytes},
-                        {"comm", comm_json(r.comm)},
-                        {"fwd_s", r.fwd_s},
-                        {"bwd_s", r.bwd_s}};
+    nlohmann::json j = config_json(r.method, cfg);
+    j.update({{"ranks", r.ranks},
+              {"max_abs_err", r.max_abs_err},
+              {"tolerance", r.tolerance},
+              {"tolerance_rule", r.rule},
+              {"passed", r.passed},
+              {"peak_bytes", r.peak_bytes},
+              {"peak_by_tag", tags_json(r.peak_by_tag)},
+              {"attn_peak_bytes", r.attn_peak_bytes},
+              {"attn_formula_bytes", r.attn_formula_bytes},
+              {"comm", comm_json(r.comm)},
+              {"fwd_s", r.fwd_s},
+              {"bwd_s", r.bwd_s}});
     if (r.comm_expected) j["comm_expected"] = comm_json(*r.comm_expected);
     if (opt.json) {
       std::printf("%s\n", j.dump().c_str());

@@ -1,0 +1,33 @@
+#include "apps/upipe/report.h"
+
+namespace upipe::app {
+
+nlohmann::json config_json(const std::string& method, const AttentionConfig& cfg) {
+  return {{"method", method},
+          {"seq_len", cfg.seq_len},
+          {"heads", cfg.heads},
+          {"kv_heads", cfg.kv_heads},
+          {"head_dim", cfg.head_dim},
+          {"dtype", dtype_name(cfg.dtype)},
+          {"head_chunk", cfg.head_chunk},
+          {"ulysses_degree", cfg.ulysses_degree},
+          {"chunks", cfg.chunks}};
+}
+
+nlohmann::json tags_json(const TagBytes& b) {
+  nlohmann::json j = nlohmann::json::object();
+  for (int i = 0; i < kNumTags; ++i)
+    if (b.v[size_t(i)] != 0) j[tag_name(Tag(i))] = b.v[size_t(i)];
+  return j;
+}
+
+nlohmann::json comm_json(const CommStats& s) {
+  nlohmann::json j = nlohmann::json::object();
+  for (int op = 0; op < kNumCommOps; ++op)
+    if (s.calls[size_t(op)] > 0)
+      j[comm_op_name(CommOp(op))] = {{"calls", s.calls[size_t(op)]},
+                                     {"bytes", s.bytes_sent[size_t(op)]}};
+  return j;
+}
+
+}  // namespace upipe::app

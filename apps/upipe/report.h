@@ -1,0 +1,20 @@
+// JSON pieces every `upipe` command reports the same way: the block configuration, per-tag bytes
+// and communication counters.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include "attention/config.h"
+#include "comm/communicator.h"
+#include "core/arena.h"
+
+namespace upipe::app {
+
+// method, seq_len, heads, kv_heads, head_dim, dtype and the strategy knobs.
+nlohmann::json config_json(const std::string& method, const AttentionConfig& cfg);
+// {tag: bytes} of the non-zero tags.
+nlohmann::json tags_json(const TagBytes& b);
+// {op: {calls, bytes}} of the ops that were called.
+nlohmann::json comm_json(const CommStats& s);
+
+}  // namespace upipe::app
