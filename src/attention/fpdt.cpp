@@ -168,15 +168,8 @@ void ChunkedAttention::store_grads(const Host& h, int set, int chunk, const Slot
 // Query chunk qi of run r against key chunk kj held in kv, at their global positions.
 AttnProblem ChunkedAttention::problem(const HeadRun& r, const Buffers& b, const Slot& kv, int qi,
                                       int kj) const {
-  const int d = cfg().head_dim;
-  const int64_t n = cfg().seq_len / n_, qc = int64_t(r.q0) * d, kc = int64_t(r.k0) * d;
-  const int64_t qn = int64_t(r.nh) * d, kn = int64_t(r.nk) * d;
-  AttnProblem p{b.q.mat().cols_of(qc, qn),
-                kv.k.mat().cols_of(kc, kn),
-                kv.v.mat().cols_of(kc, kn),
-                r.nh,
-                r.nk,
-                d};
+  const int64_t n = cfg().seq_len / n_;
+  AttnProblem p = run_problem(r, b.q, kv.k, kv.v, cfg().head_dim);
   p.q_pos0 = qi * n;
   p.k_pos0 = kj * n;
   return p;

@@ -108,6 +108,12 @@ void return_kv_grads(const StageEnv& e, const Mat& x, const RowPositions& pos, c
   }
 }
 
+AttnProblem run_problem(const HeadRun& r, const Mat& q, const Mat& k, const Mat& v, int d) {
+  const int64_t qc = int64_t(r.q0) * d, kc = int64_t(r.k0) * d;
+  const int64_t qn = int64_t(r.nh) * d, kn = int64_t(r.nk) * d;
+  return AttnProblem{q.cols_of(qc, qn), k.cols_of(kc, kn), v.cols_of(kc, kn), r.nh, r.nk, d};
+}
+
 void project_do(const StageEnv& e, const Mat& dy, const Mat& wo, int stage, const Buffer& staging) {
   const int64_t d = e.cfg.head_dim, md = int64_t(e.sch.m) * d, rows = dy.rows;
   Tensor cols(e.dev.mem(), Tag::kWorkspace, wo.dtype, wo.rows, md);

@@ -15,6 +15,7 @@
 #include "comm/communicator.h"
 #include "core/device.h"
 #include "core/tensor.h"
+#include "kernels/attention.h"
 #include "kernels/rope.h"
 
 namespace upipe {
@@ -48,6 +49,10 @@ void project_kv(const StageEnv& e, const Mat& x, const RowPositions& pos, const 
 void return_kv_grads(const StageEnv& e, const Mat& x, const RowPositions& pos, const Mat& wk,
                      const Mat& wv, int set, const Mat& dk, const Mat& dv, const Buffer& staging,
                      const Mat& dx, const Mat& gk, const Mat& gv, float dw_beta);
+
+// The kernel problem of one head run: the run's query heads of q (n, m*d) against the KV heads
+// it reads in k, v (n', R*d); positions default to row 0 = position 0.
+AttnProblem run_problem(const HeadRun& r, const Mat& q, const Mat& k, const Mat& v, int d);
 
 // Staging blocks j of the backward's do: dy (rows, D) times the Wo columns of the stage's heads
 // on rank j. Each block's columns are first copied to a contiguous (D, m*d) buffer: oneDNN runs

@@ -53,13 +53,8 @@ AttentionStrategy::ErrorClass HeadwiseAttention::error_class() const {
 void HeadwiseAttention::attend_forward(int stage, Buffers& b) {
   const int d = cfg().head_dim;
   for (const HeadRun& r : head_runs(sch_, stage)) {
-    AttnProblem p{b.q.mat().cols_of(int64_t(r.q0) * d, int64_t(r.nh) * d),
-                  b.kres.mat().cols_of(int64_t(r.k0) * d, int64_t(r.nk) * d),
-                  b.vres.mat().cols_of(int64_t(r.k0) * d, int64_t(r.nk) * d),
-                  r.nh,
-                  r.nk,
-                  d};
-    core_->forward(p, b.o.mat().cols_of(int64_t(r.q0) * d, int64_t(r.nh) * d),
+    core_->forward(run_problem(r, b.q, b.kres, b.vres, d),
+                   b.o.mat().cols_of(int64_t(r.q0) * d, int64_t(r.nh) * d),
                    b.lse.mat().rows_of(r.q0, r.nh));
   }
 }
@@ -140,15 +135,10 @@ void HeadwiseAttention::backward(const Mat& x, const Mat& dy, const AttentionWei
     for (const HeadRun& r : head_runs(sch_, s)) {
       const int64_t qc = int64_t(r.q0) * d, qn = int64_t(r.nh) * d;
       const int64_t kc = int64_t(r.k0) * d, kn = int64_t(r.nk) * d;
-      AttnProblem p{b.q.mat().cols_of(qc, qn),
-                    b.kres.mat().cols_of(kc, kn),
-                    b.vres.mat().cols_of(kc, kn),
-                    r.nh,
-                    r.nk,
-                    int(d)};
-      core_->backward(p, b.dout.mat().cols_of(qc, qn), b.lse.mat().rows_of(r.q0, r.nh),
-                      b.delta.mat().rows_of(r.q0, r.nh), b.dq.mat().cols_of(qc, qn),
-                      b.dkres.mat().cols_of(kc, kn), b.dvres.mat().cols_of(kc, kn));
+      core_->backward(run_problem(r, b.q, b.kres, b.vres, int(d)), b.dout.mat().cols_of(qc, qn),
+                      b.lse.mat().rows_of(r.q0, r.nh), b.delta.mat().rows_of(r.q0, r.nh),
+                      b.dq.mat().cols_of(qc, qn), b.dkres.mat().cols_of(kc, kn),
+                      b.dvres.mat().cols_of(kc, kn));
     }
     // dq back to sequence layout; RoPE backward; dx += dq Wq[stage rows]; dWq[stage rows].
     group().all_to_all(b.dq.data(), b.a2a.data(), mat_bytes(sl, md, f32));

@@ -141,14 +141,8 @@ TEST(AttnKernelContract, HeadSubsetIsBitwiseEqual) {
   Device dev;
   const int hq = 8, hk = 2, d = 32;
   const int64_t s = 520;
-  Tensor q(dev.mem(), Tag::kQkv, DType::kF32, s, hq * d),
-      k(dev.mem(), Tag::kQkv, DType::kF32, s, hk * d),
-      v(dev.mem(), Tag::kQkv, DType::kF32, s, hk * d),
-      dout(dev.mem(), Tag::kQkv, DType::kF32, s, hq * d);
-  test::fill_normal(q, 1);
-  test::fill_normal(k, 2);
-  test::fill_normal(v, 3);
-  test::fill_normal(dout, 4);
+  Tensor q, k, v, dout;
+  make_inputs({s, s, hq, hk, d, 0, 0, true, DType::kF32}, dev, q, k, v, dout);
   Tensor o(dev.mem(), Tag::kAttnOut, DType::kF32, s, hq * d),
       lse(dev.mem(), Tag::kAttnOut, DType::kF32, hq, s);
   attention_forward(dev, {q, k, v, hq, hk, d}, o, lse);
@@ -190,14 +184,8 @@ TEST(AttnKernelContract, QueryPrefixIsBitwiseEqual) {
   Device dev;
   const int hq = 4, hk = 2, d = 64;
   const int64_t s = 700, s2 = 307;
-  Tensor q(dev.mem(), Tag::kQkv, DType::kF32, s, hq * d),
-      k(dev.mem(), Tag::kQkv, DType::kF32, s, hk * d),
-      v(dev.mem(), Tag::kQkv, DType::kF32, s, hk * d),
-      dout(dev.mem(), Tag::kQkv, DType::kF32, s, hq * d);
-  test::fill_normal(q, 1);
-  test::fill_normal(k, 2);
-  test::fill_normal(v, 3);
-  test::fill_normal(dout, 4);
+  Tensor q, k, v, dout;
+  make_inputs({s, s, hq, hk, d, 0, 0, true, DType::kF32}, dev, q, k, v, dout);
   auto run = [&](int64_t rows, Tensor& o, Tensor& lse, Tensor& dq) {
     o = Tensor(dev.mem(), Tag::kAttnOut, DType::kF32, rows, hq * d);
     lse = Tensor(dev.mem(), Tag::kAttnOut, DType::kF32, hq, rows);
