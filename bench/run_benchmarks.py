@@ -164,6 +164,30 @@ def section_all(quick):
     return "\n".join(text), None
 
 
+PLAN_VARIANTS = [  # (label, method, knobs): the variants the strategy docs discuss
+    ("upipe U=8", "upipe", ["--head-chunk", "8"]),
+    ("usp u=2", "usp", ["--ulysses-degree", "2"]),
+    ("usp u=4", "usp", ["--ulysses-degree", "4"]),
+    ("upipe-ring u=1 U=1", "upipe-ring", ["--ulysses-degree", "1", "--head-chunk", "1"]),
+    ("upipe-ring u=2 U=2", "upipe-ring", ["--ulysses-degree", "2", "--head-chunk", "2"]),
+    ("upipe-ring u=4 U=4", "upipe-ring", ["--ulysses-degree", "4", "--head-chunk", "4"]),
+    ("fpdt N=16", "fpdt", ["--chunks", "16"]),
+    ("fpdt N=64", "fpdt", ["--chunks", "64"]),
+    ("upipe-fpdt U=8 N=16", "upipe-fpdt", ["--chunks", "16", "--head-chunk", "8"]),
+    ("upipe-fpdt U=8 N=64", "upipe-fpdt", ["--chunks", "64", "--head-chunk", "8"]),
+]
+
+
+def plan_cmd(s, method, knobs):
+    return ["bench", "attention", "--meta-ranks", "8", "--seq-len", str(s), "--heads", "32", "--kv-heads", "8",
+            "--head-dim", "128", "--dtype", "bf16", "--rope-theta", "500000", "--method", method] + knobs
+
+
+def comm_cell(j, op):
+    c = j["comm"].get(op)
+    return "—" if not c else "%s (%d calls)" % (gib(c["bytes"]), c["calls"])
+
+
 def section_plan(quick):
     lens = [2**17, 2**19, 2**20, 2**22]
     extra = {"upipe": ["--head-chunk", "8"], "usp": ["--ulysses-degree", "4"],
@@ -171,11 +195,9 @@ def section_plan(quick):
              "upipe-fpdt": ["--chunks", "8", "--head-chunk", "8"]}
     series, rows, cmds = {}, [], []
     for method in ALL_METHODS:
-        row = [method]
+        row = [method + (" " + " ".join(extra[method]) if method in extra else "")]
         for s in lens:
-            cmd, j, err = run(["bench", "attention", "--meta-ranks", "8", "--seq-len", str(s), "--heads", "32",
-                               "--kv-heads", "8", "--head-dim", "128", "--dtype", "bf16", "--method", method]
-                              + extra.get(method, []))
+            cmd, j, err = run(plan_cmd(s, method, extra.get(method, [])))
             cmds.append(cmd)
             if j is None:
                 row.append("n/a")
@@ -183,11 +205,28 @@ def section_plan(quick):
             series.setdefault(method, []).append((s, j["attn_peak_bytes"]))
             row.append(gib(j["attn_peak_bytes"]))
         rows.append(row)
+    # Variants at 1M and 4M tokens, with the collective traffic of one layer (forward + backward).
+    vrows = []
+    for label, method, knobs in [("ulysses", "ulysses", []), ("ring", "ring", [])] + PLAN_VARIANTS:
+        cells = [label]
+        for s in (2**20, 2**22):
+            cmd, j, err = run(plan_cmd(s, method, knobs))
+            cmds.append(cmd)
+            cells.append(gib(j["attn_peak_bytes"]) if j else "n/a")
+            if s == 2**20:
+                comm = j
+        cells += [comm_cell(comm, "all_to_all") if comm else "n/a",
+                  comm_cell(comm, "all_to_allv") if comm else "n/a",
+                  comm_cell(comm, "sendrecv") if comm else "n/a"]
+        vrows.append(cells)
     text = ["## Planned: Llama-3-8B attention block on 8 ranks (meta device)",
             "H=32, K=8, d=128, bf16; per-rank attention intermediates computed by running the strategy's own "
             "code on the meta device (allocations counted, nothing backed) — the same numbers a real run "
             "measures (tests/unit/test_meta.cpp).", "",
-            table(["method"] + ["S=%dK" % (s // 1024) for s in lens], rows), "", "Commands (one per cell):",
+            table(["method"] + ["S=%dK" % (s // 1024) for s in lens], rows), "",
+            "Variants, with the bytes one rank sends per layer (forward + backward) at S=1024K:", "",
+            table(["variant", "attn peak S=1024K", "attn peak S=4096K", "all-to-all", "all-to-all-v",
+                   "sendrecv"], vrows), "", "Commands (one per cell):",
             "```", *cmds, "```"]
     return "\n".join(text), series
 
