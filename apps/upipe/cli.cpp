@@ -14,7 +14,7 @@ AttentionConfig ShapeOptions::config() const {
   c.kv_heads = kv_heads;
   c.head_dim = head_dim;
   c.dtype = parse_dtype(dtype);
-  c.rope_theta = rope_theta;
+  c.rope.theta = rope_theta;
   c.head_chunk = head_chunk;
   c.ulysses_degree = ulysses_degree;
   c.chunks = chunks;

@@ -25,7 +25,7 @@ struct Options {
 // --meta-ranks C: plan instead of run. Rank 0 of C on the meta device (fake communicator):
 // exact bytes and communication, no data, no timing.
 int plan(const Options& opt, const AttentionConfig& cfg) {
-  Device dev({DeviceKind::kMeta, parse_bytes(opt.budget), parse_bytes(opt.budget)});
+  Device dev({BackendKind::kMeta, parse_bytes(opt.budget), parse_bytes(opt.budget)});
   FakeCommunicator comm(0, opt.meta_ranks);
   auto strat = make_strategy(opt.method, {dev, comm, cfg});
   BlockTensors t = make_block_tensors(dev, cfg, strat->layout().positions(0), 1);
@@ -56,7 +56,7 @@ int run(Process& proc, const Options& opt) {
   if (opt.iters < 1) throw ConfigError("--iters must be at least 1");
   if (opt.meta_ranks > 0) return proc.root() ? plan(opt, cfg) : 0;
   const int64_t budget = parse_bytes(opt.budget);
-  Device dev({DeviceKind::kCpu, budget, budget});
+  Device dev({BackendKind::kCpu, budget, budget});
   auto strat = make_strategy(opt.method, {dev, proc.world, cfg});
   BlockTensors t = make_block_tensors(dev, cfg, strat->layout().positions(proc.rank()), 1);
   run_block(*strat, dev, t);  // warm-up

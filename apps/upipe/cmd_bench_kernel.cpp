@@ -11,12 +11,13 @@
 #include <nlohmann/json.hpp>
 
 #include "apps/upipe/commands.h"
-#include "core/device.h"
+#include "backend/attention.h"
+#include "backend/device.h"
+#include "backend/gemm.h"
+#include "backend/reference/attention_ref.h"
+#include "backend/tensor_ops.h"
 #include "core/errors.h"
 #include "core/rng.h"
-#include "kernels/attention.h"
-#include "kernels/gemm.h"
-#include "kernels/reference/attention_ref.h"
 
 namespace upipe::app {
 namespace {
@@ -31,33 +32,26 @@ double now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-void fill(const Mat& m, uint64_t seed) {
-  std::vector<float> row(size_t(m.cols));
-  for (int64_t r = 0; r < m.rows; ++r) {
-    for (int64_t c = 0; c < m.cols; ++c)
-      row[size_t(c)] = float(normal_at(seed, uint64_t(r * m.cols + c)));
-    from_f32(row.data(), m.at(r, 0), m.dtype, m.cols);
-  }
+void fill_random(Device& dev, const Mat& m, uint64_t seed) {
+  std::vector<float> v(size_t(m.rows * m.cols));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = float(normal_at(seed, uint64_t(i)));
+  upload(dev, v.data(), m);
 }
 
-std::vector<double> read_rows(const Mat& m, int64_t r0, int64_t n) {
-  std::vector<double> out(size_t(n * m.cols));
-  std::vector<float> row(size_t(m.cols));
-  for (int64_t r = 0; r < n; ++r) {
-    to_f32(m.at(r0 + r, 0), m.dtype, row.data(), m.cols);
-    std::copy(row.begin(), row.end(), out.begin() + r * m.cols);
-  }
-  return out;
+std::vector<double> read_rows(Device& dev, const Mat& m, int64_t r0, int64_t n) {
+  const std::vector<float> f = download(dev, m.rows_of(r0, n));
+  return std::vector<double>(f.begin(), f.end());
 }
 
 // Max |fast - fp64| over sampled query rows of o and of dq, each relative to the largest
 // |fp64| value of its tensor in those rows.
-double sampled_error(const AttnProblem& p, const Mat& o, const Mat& dq, const Mat& dout) {
-  const std::vector<double> k = read_rows(p.k, 0, p.sk()), v = read_rows(p.v, 0, p.sk());
+double sampled_error(Device& dev, const AttnProblem& p, const Mat& o, const Mat& dq,
+                     const Mat& dout) {
+  const std::vector<double> k = read_rows(dev, p.k, 0, p.sk()), v = read_rows(dev, p.v, 0, p.sk());
   double mo = 0, mdq = 0, eo = 0, edq = 0;
   const int64_t s = p.sq(), qc = p.q.cols, kc = p.k.cols;
   for (int64_t i : {int64_t(0), s / 3, s - 1}) {
-    const std::vector<double> q = read_rows(p.q, i, 1), d = read_rows(dout, i, 1);
+    const std::vector<double> q = read_rows(dev, p.q, i, 1), d = read_rows(dev, dout, i, 1);
     ref::AttnDims dims{1, p.sk(), p.hq, p.hk, p.d, i, 0, p.causal};
     const size_t nq = static_cast<size_t>(qc), nk = static_cast<size_t>(p.sk() * kc);
     std::vector<double> o64(nq), lse(static_cast<size_t>(p.hq)), dq64(nq, 0.0), dk(nk, 0.0),
@@ -69,7 +63,7 @@ double sampled_error(const AttnProblem& p, const Mat& o, const Mat& dq, const Ma
                                     {v.data(), p.sk(), kc, kc}, {d.data(), 1, qc, qc},
                                     {dq64.data(), 1, qc, qc}, {dk.data(), p.sk(), kc, kc},
                                     {dv.data(), p.sk(), kc, kc});
-    const std::vector<double> of = read_rows(o, i, 1), dqf = read_rows(dq, i, 1);
+    const std::vector<double> of = read_rows(dev, o, i, 1), dqf = read_rows(dev, dq, i, 1);
     for (int64_t c = 0; c < qc; ++c) {
       mo = std::max(mo, std::abs(o64[size_t(c)]));
       mdq = std::max(mdq, std::abs(dq64[size_t(c)]));
@@ -92,22 +86,22 @@ int run(Process& proc, const Options& opt) {
   Tensor dout(mem, Tag::kAttnGrad, t, s, qc), delta(mem, Tag::kAttnGrad, f32, c.heads, s);
   Tensor dq(mem, Tag::kAttnGrad, f32, s, qc), dk(mem, Tag::kAttnGrad, f32, s, kc),
       dv(mem, Tag::kAttnGrad, f32, s, kc);
-  fill(q, 1);
-  fill(k, 2);
-  fill(v, 3);
-  fill(dout, 4);
+  fill_random(dev, q, 1);
+  fill_random(dev, k, 2);
+  fill_random(dev, v, 3);
+  fill_random(dev, dout, 4);
   const AttnProblem p{q, k, v, c.heads, c.kv_heads, int(d)};
   auto backward = [&] {
-    dev.fill_zero(dq.data(), dq.bytes());
-    dev.fill_zero(dk.data(), dk.bytes());
-    dev.fill_zero(dv.data(), dv.bytes());
+    zero(dev, dq);
+    zero(dev, dk);
+    zero(dev, dv);
     attention_delta(dev, o, dout, int(d), delta);
     attention_backward(dev, p, dout, lse, delta, dq, dk, dv);
   };
   // Correctness first.
   attention_forward(dev, p, o, lse);
   backward();
-  const double err = sampled_error(p, o, dq, dout);
+  const double err = sampled_error(dev, p, o, dq, dout);
   const double tol = t == f32 ? 1e-4 : 2e-2;
   if (!(err <= tol)) {
     std::fprintf(stderr, "upipe bench kernel: sampled relative error %.3g exceeds %.1g\n", err,
@@ -128,8 +122,8 @@ int run(Process& proc, const Options& opt) {
   {
     Tensor a(mem, Tag::kWorkspace, f32, gn, d), b(mem, Tag::kWorkspace, f32, gn, d),
         cc(mem, Tag::kWorkspace, f32, gn, gn);
-    fill(a, 5);
-    fill(b, 6);
+    fill_random(dev, a, 5);
+    fill_random(dev, b, 6);
     gemm(dev, a, false, b, true, cc);
     for (int it = 0; it < opt.iters; ++it) {
       const double t0 = now();

@@ -19,7 +19,7 @@ struct Options {
 };
 
 int64_t planned_attn_peak(const std::string& method, const AttentionConfig& cfg, int ranks) {
-  Device dev({DeviceKind::kMeta, int64_t(1) << 50, int64_t(1) << 50});
+  Device dev({BackendKind::kMeta, int64_t(1) << 50, int64_t(1) << 50});
   FakeCommunicator comm(0, ranks);
   auto s = make_strategy(method, {dev, comm, cfg});
   BlockTensors t = make_block_tensors(dev, cfg, s->layout().positions(0), 1);
@@ -87,7 +87,7 @@ int run(Process& proc, const Options& opt) {
     big.kv_heads = 8;
     big.head_dim = 128;
     big.dtype = DType::kBF16;
-    big.rope_theta = 500000.0;
+    big.rope.theta = 500000.0;
     std::printf(
         "\nPlanned on the meta device (exact, nothing allocated): Llama-3-8B attention block\n"
         "(H=32 K=8 d=128, bf16), 8 ranks, per-rank attention intermediates:\n");

@@ -9,6 +9,7 @@
 #include "attention/harness.h"
 #include "attention/local.h"
 #include "attention/reference_block.h"
+#include "backend/tensor_ops.h"
 #include "comm/fake/fake_comm.h"
 
 namespace upipe {
@@ -16,14 +17,9 @@ namespace {
 
 constexpr const char* kNames[] = {"y", "dx", "dwq", "dwk", "dwv", "dwo"};
 
-std::vector<double> read_all(const Mat& m) {
-  std::vector<double> v(static_cast<size_t>(m.rows * m.cols));
-  std::vector<float> row(static_cast<size_t>(m.cols));
-  for (int64_t r = 0; r < m.rows; ++r) {
-    to_f32(m.at(r, 0), m.dtype, row.data(), m.cols);
-    for (int64_t c = 0; c < m.cols; ++c) v[size_t(r * m.cols + c)] = row[size_t(c)];
-  }
-  return v;
+std::vector<double> read_all(Device& dev, const Mat& m) {
+  const std::vector<float> f = download(dev, m);
+  return std::vector<double>(f.begin(), f.end());
 }
 
 // The whole (S, cols) tensor from every rank's shard, in global row order.
@@ -31,12 +27,11 @@ std::vector<double> gathered(Communicator& comm, const SeqLayout& layout, const 
   Device scratch;
   Tensor global(scratch.mem(), Tag::kOther, shard.dtype, layout.seq_len, shard.cols);
   gather_rows(scratch, comm, layout, shard, global);
-  return read_all(global);
+  return read_all(scratch, global);
 }
 
-std::vector<double> summed(Communicator& comm, const Mat& g) {
-  std::vector<double> v = read_all(g);
-  std::vector<float> f(v.begin(), v.end());
+std::vector<double> summed(Device& dev, Communicator& comm, const Mat& g) {
+  std::vector<float> f = download(dev, g);
   comm.all_reduce(f.data(), int64_t(f.size()), DType::kF32, ReduceOp::kSum);
   return std::vector<double>(f.begin(), f.end());
 }
@@ -71,7 +66,7 @@ const Oracle& oracle(const AttentionConfig& cfg, uint64_t seed, bool with_fp64) 
   using Key = std::tuple<int64_t, int, int, int, DType, double, uint64_t>;
   static std::map<Key, Oracle> cache;
   Oracle& o = cache[Key{cfg.seq_len, cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.dtype,
-                        cfg.rope_theta, seed}];
+                        cfg.rope.theta, seed}];
   if (!o.want[0].empty() && (o.local_err || !with_fp64)) return o;
   Device odev;
   FakeCommunicator one(0, 1);
@@ -80,15 +75,15 @@ const Oracle& oracle(const AttentionConfig& cfg, uint64_t seed, bool with_fp64) 
   run_block(local, odev, lt);
   const Mat* outs[6] = {&lt.y.mat(),  &lt.dx.mat(), &lt.gq.mat(),
                         &lt.gk.mat(), &lt.gv.mat(), &lt.go.mat()};
-  for (int i = 0; i < 6; ++i) o.want[i] = read_all(*outs[i]);
+  for (int i = 0; i < 6; ++i) o.want[i] = read_all(odev, *outs[i]);
   if (!with_fp64) return o;
   ref::BlockData<double> b;
-  b.x = read_all(lt.x);
-  b.dy = read_all(lt.dy);
-  b.wq = read_all(lt.wq);
-  b.wk = read_all(lt.wk);
-  b.wv = read_all(lt.wv);
-  b.wo = read_all(lt.wo);
+  b.x = read_all(odev, lt.x);
+  b.dy = read_all(odev, lt.dy);
+  b.wq = read_all(odev, lt.wq);
+  b.wk = read_all(odev, lt.wk);
+  b.wv = read_all(odev, lt.wv);
+  b.wo = read_all(odev, lt.wo);
   ref::attention_block<double>(cfg, b);
   const std::vector<double>* r64[6] = {&b.y, &b.dx, &b.gq, &b.gk, &b.gv, &b.go};
   o.local_err.emplace(6, 0.0);
@@ -100,7 +95,7 @@ const Oracle& oracle(const AttentionConfig& cfg, uint64_t seed, bool with_fp64) 
 
 CheckResult check_strategy(const std::string& method, const AttentionConfig& cfg,
                            Communicator& world, const CheckOptions& opt) {
-  Device dev({DeviceKind::kCpu, opt.device_budget, opt.device_budget});
+  Device dev({BackendKind::kCpu, opt.device_budget, opt.device_budget});
   auto strat = make_strategy(method, {dev, world, cfg});
   const SeqLayout layout = strat->layout();
   BlockTensors t = make_block_tensors(dev, cfg, layout.positions(world.rank()), opt.seed);
@@ -124,8 +119,8 @@ CheckResult check_strategy(const std::string& method, const AttentionConfig& cfg
     }
   }
   const std::vector<double> got[6] = {gathered(world, layout, t.y), gathered(world, layout, t.dx),
-                                      summed(world, t.gq),          summed(world, t.gk),
-                                      summed(world, t.gv),          summed(world, t.go)};
+                                      summed(dev, world, t.gq),     summed(dev, world, t.gk),
+                                      summed(dev, world, t.gv),     summed(dev, world, t.go)};
   const bool merge = strat->error_class() == AttentionStrategy::ErrorClass::kMerge;
   res.rule = merge ? "merge: err <= 4 |local - fp64| + 16 eps_fp32 max|local|"
                    : "data movement: err <= 16 eps_fp32 max|local| (fp32 tensors), "

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <string>
 
+#include "backend/backend.h"
 #include "core/dtype.h"
 
 namespace upipe {
@@ -14,7 +15,7 @@ struct AttentionConfig {
   int kv_heads = 0;     // K
   int head_dim = 0;     // d
   DType dtype = DType::kF32;
-  double rope_theta = 10000.0;
+  RopeParams rope;         // theta and optional llama3 scaling
   int head_chunk = 0;      // U: query heads per UPipe stage (0 = the strategy's default)
   int ulysses_degree = 0;  // u: Ulysses group size of usp / upipe-ring (0 = all ranks)
   int chunks = 0;          // N: sequence chunks of fpdt / upipe-fpdt (0 = default)

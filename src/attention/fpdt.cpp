@@ -4,11 +4,10 @@
 
 #include <algorithm>
 
+#include "backend/attention.h"
+#include "backend/gemm.h"
+#include "backend/tensor_ops.h"
 #include "core/errors.h"
-#include "kernels/attention.h"
-#include "kernels/attention_tiles.h"
-#include "kernels/gemm.h"
-#include "kernels/tensor_ops.h"
 
 namespace upipe {
 
@@ -134,8 +133,9 @@ ChunkedAttention::Host ChunkedAttention::allocate_host(bool backward) const {
   if (backward) {
     h.dk = Buffer(host, mat_bytes(c.seq_len, cols, DType::kF32), Tag::kOffload);
     h.dv = Buffer(host, mat_bytes(c.seq_len, cols, DType::kF32), Tag::kOffload);
-    dev().fill_zero(h.dk.data(), h.dk.bytes());
-    dev().fill_zero(h.dv.data(), h.dv.bytes());
+    const int64_t n = h.dk.bytes() / 4;
+    zero(dev(), Mat{h.dk.data(), DType::kF32, 1, n, n});
+    zero(dev(), Mat{h.dv.data(), DType::kF32, 1, n, n});
   }
   return h;
 }
@@ -146,23 +146,31 @@ void ChunkedAttention::offload_kv(const Mat& xi, const AttentionWeights& w, int 
                                   Buffers& b, const Host& h) {
   const Slot& s = b.slot[0];
   project_kv(env(), xi, chunk_pos_[size_t(chunk)], w.wk, w.wv, set, b.a2a, s.k, s.v);
-  dev().copy(host_block(h.k, s.k.bytes(), n_, set, chunk), s.k.data(), s.k.bytes());
-  dev().copy(host_block(h.v, s.v.bytes(), n_, set, chunk), s.v.data(), s.v.bytes());
+  dev().copy(host_block(h.k, s.k.bytes(), n_, set, chunk), s.k.data(), s.k.bytes(),
+             CopyKind::kDeviceToHost);
+  dev().copy(host_block(h.v, s.v.bytes(), n_, set, chunk), s.v.data(), s.v.bytes(),
+             CopyKind::kDeviceToHost);
 }
 
 void ChunkedAttention::fetch_kv(const Host& h, int set, int chunk, const Slot& s) {
-  dev().copy(s.k.data(), host_block(h.k, s.k.bytes(), n_, set, chunk), s.k.bytes());
-  dev().copy(s.v.data(), host_block(h.v, s.v.bytes(), n_, set, chunk), s.v.bytes());
+  dev().copy(s.k.data(), host_block(h.k, s.k.bytes(), n_, set, chunk), s.k.bytes(),
+             CopyKind::kHostToDevice);
+  dev().copy(s.v.data(), host_block(h.v, s.v.bytes(), n_, set, chunk), s.v.bytes(),
+             CopyKind::kHostToDevice);
 }
 
 void ChunkedAttention::fetch_grads(const Host& h, int set, int chunk, const Slot& s) {
-  dev().copy(s.dk.data(), host_block(h.dk, s.dk.bytes(), n_, set, chunk), s.dk.bytes());
-  dev().copy(s.dv.data(), host_block(h.dv, s.dv.bytes(), n_, set, chunk), s.dv.bytes());
+  dev().copy(s.dk.data(), host_block(h.dk, s.dk.bytes(), n_, set, chunk), s.dk.bytes(),
+             CopyKind::kHostToDevice);
+  dev().copy(s.dv.data(), host_block(h.dv, s.dv.bytes(), n_, set, chunk), s.dv.bytes(),
+             CopyKind::kHostToDevice);
 }
 
 void ChunkedAttention::store_grads(const Host& h, int set, int chunk, const Slot& s) {
-  dev().copy(host_block(h.dk, s.dk.bytes(), n_, set, chunk), s.dk.data(), s.dk.bytes());
-  dev().copy(host_block(h.dv, s.dv.bytes(), n_, set, chunk), s.dv.data(), s.dv.bytes());
+  dev().copy(host_block(h.dk, s.dk.bytes(), n_, set, chunk), s.dk.data(), s.dk.bytes(),
+             CopyKind::kDeviceToHost);
+  dev().copy(host_block(h.dv, s.dv.bytes(), n_, set, chunk), s.dv.data(), s.dv.bytes(),
+             CopyKind::kDeviceToHost);
 }
 
 // Query chunk qi of run r against key chunk kj held in kv, at their global positions.
@@ -276,7 +284,7 @@ void ChunkedAttention::backward(const Mat& x, const Mat& dy, const AttentionWeig
       comm().all_to_all(b.acc.data(), b.a2a.data(), mat_bytes(rows, md, f32));
       for (int j = 0; j < sch_.ranks; ++j) {
         const Mat blk = a2a_block(b.a2a, f32, rows, md, j);
-        rope_backward(dev(), blk, int(d), pos, c.rope_theta);
+        rope_backward(dev(), blk, int(d), pos, c.rope);
         const int64_t row0 = int64_t(sch_.q_head(s, j)) * d;
         gemm(dev(), blk, false, w.wq.rows_of(row0, md), false, dxi, 1.0f,
              s == 0 && j == 0 ? 0.0f : 1.0f);
@@ -293,19 +301,23 @@ void ChunkedAttention::backward(const Mat& x, const Mat& dy, const AttentionWeig
   }
 }
 
-int64_t fpdt_attn_peak_bytes(const AttentionConfig& c, const UpipeSchedule& s, int chunks) {
+int64_t fpdt_attn_peak_bytes(const Backend& be, const AttentionConfig& c, const UpipeSchedule& s,
+                             int chunks) {
   const int64_t n = c.seq_len / chunks, rows = n / s.ranks, d = c.head_dim, dm = c.model_dim();
   const int64_t md = int64_t(s.m) * d, rd = int64_t(s.kv_per_rank) * d;
   const int64_t pd = s.replicated() ? d : rd;  // rows of Wk/Wv one projection GEMM produces
   const DType t = c.dtype, f32 = DType::kF32;
-  auto ws = gemm_workspace_bytes;
-  const int64_t attn_f = attn_fwd_workspace_bytes(d, t), attn_b = attn_bwd_workspace_bytes(d, t);
+  auto ws = [&](int64_t m_, int64_t n_, int64_t k_, DType a_, DType b_, DType c_) {
+    return gemm_workspace_bytes(be, m_, n_, k_, a_, b_, c_);
+  };
+  const int64_t attn_f = attention_fwd_workspace_bytes(be, int(d), t),
+                attn_b = attention_bwd_workspace_bytes(be, int(d), t);
   // Largest transient: the attention kernel's tiles or a bf16 GEMM staging buffer.
   const int64_t ws_fwd = std::max(
       {attn_f, ws(rows, md, dm, t, t, t), ws(rows, pd, dm, t, t, t), ws(rows, dm, md, t, t, f32)});
   const int64_t ws_bwd =
       std::max({attn_f, attn_b, ws(rows, md, dm, t, t, t), ws(rows, pd, dm, t, t, t),
-                project_do_bytes(c, s, rows), accumulate_dwo_bytes(c, s, rows),
+                project_do_bytes(be, c, s, rows), accumulate_dwo_bytes(be, c, s, rows),
                 ws(rows, dm, md, f32, t, f32), ws(md, dm, rows, f32, t, f32),
                 ws(rows, dm, pd, f32, t, f32), ws(pd, dm, rows, f32, t, f32)});
   const int64_t slots = 4 * mat_bytes(n, rd, t);  // 2 slots x (k, v)
@@ -333,7 +345,7 @@ CommStats fpdt_comm_expected(const AttentionConfig& c, const UpipeSchedule& s, i
 }
 
 int64_t ChunkedAttention::attn_formula_bytes() const {
-  return fpdt_attn_peak_bytes(cfg(), sch_, n_);
+  return fpdt_attn_peak_bytes(dev().backend(), cfg(), sch_, n_);
 }
 
 int64_t ChunkedAttention::host_formula_bytes() const {

@@ -19,7 +19,7 @@
 #include "attention/head_stage.h"
 #include "attention/strategy.h"
 #include "attention/upipe_schedule.h"
-#include "kernels/attention.h"
+#include "backend/attention.h"
 
 namespace upipe {
 
@@ -70,7 +70,8 @@ class ChunkedAttention final : public AttentionStrategy {
 };
 
 // Per-rank peak of the attention intermediates in the device arena (docs/strategies-fpdt.md).
-int64_t fpdt_attn_peak_bytes(const AttentionConfig& cfg, const UpipeSchedule& s, int chunks);
+int64_t fpdt_attn_peak_bytes(const Backend& be, const AttentionConfig& cfg, const UpipeSchedule& s,
+                             int chunks);
 // Per-rank peak of the host (offload) arena: K/V of every chunk, plus fp32 dK/dV in backward.
 int64_t fpdt_host_peak_bytes(const AttentionConfig& cfg, const UpipeSchedule& s);
 // The collective calls and bytes this rank sends in one forward + backward.

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <vector>
 
+#include "backend/tensor_ops.h"
 #include "core/rng.h"
 
 namespace upipe {
@@ -13,8 +14,9 @@ constexpr uint64_t kSeedX = 1, kSeedDy = 2, kSeedWq = 3, kSeedWk = 4, kSeedWv = 
 
 // Fills rows of m whose global row index is given by `rows`; element (g, c) is
 // stddev * normal(seed, g * cols + c).
+// Values are made on the host and uploaded (nothing is made for a device that does not compute).
 void fill_rows(Device& dev, const Mat& m, const RowPositions& rows, uint64_t seed, double stddev) {
-  if (dev.is_meta()) return;
+  if (!dev.backend().computes()) return;
   std::vector<float> buf(size_t(m.cols));
   int64_t r = 0;
   for (const RowPositions::Run& run : rows.runs) {
@@ -22,7 +24,7 @@ void fill_rows(Device& dev, const Mat& m, const RowPositions& rows, uint64_t see
       const uint64_t g = uint64_t(run.pos + t);
       for (int64_t c = 0; c < m.cols; ++c)
         buf[size_t(c)] = float(stddev * normal_at(seed, g * uint64_t(m.cols) + uint64_t(c)));
-      from_f32(buf.data(), m.at(r, 0), m.dtype, m.cols);
+      upload(dev, buf.data(), m.rows_of(r, 1));
     }
   }
 }

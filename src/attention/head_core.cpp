@@ -1,7 +1,5 @@
 #include "attention/head_core.h"
 
-#include "kernels/attention_tiles.h"
-
 namespace upipe {
 
 void LocalCore::forward(const AttnProblem& p, const Mat& o, const Mat& lse) {
@@ -14,10 +12,10 @@ void LocalCore::backward(const AttnProblem& p, const Mat& dout, const Mat& lse, 
 }
 
 int64_t LocalCore::forward_bytes(int, int) const {
-  return attn_fwd_workspace_bytes(d_, t_);
+  return attention_fwd_workspace_bytes(dev_.backend(), d_, t_);
 }
 int64_t LocalCore::backward_bytes(int, int) const {
-  return attn_bwd_workspace_bytes(d_, t_);
+  return attention_bwd_workspace_bytes(dev_.backend(), d_, t_);
 }
 
 }  // namespace upipe

@@ -5,9 +5,9 @@
 // sends, for the formulas.
 #pragma once
 
+#include "backend/attention.h"
+#include "backend/device.h"
 #include "comm/communicator.h"
-#include "core/device.h"
-#include "kernels/attention.h"
 
 namespace upipe {
 

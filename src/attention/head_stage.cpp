@@ -2,8 +2,8 @@
 
 #include <algorithm>
 
-#include "kernels/gemm.h"
-#include "kernels/tensor_ops.h"
+#include "backend/gemm.h"
+#include "backend/tensor_ops.h"
 
 namespace upipe {
 
@@ -21,7 +21,7 @@ void project_q(const StageEnv& e, const Mat& x, const RowPositions& pos, const M
     const Mat blk = a2a_block(staging, c.dtype, sl, int64_t(m) * d, j);
     gemm(e.dev, x, false, wq.rows_of(int64_t(e.sch.q_head(stage, j)) * d, int64_t(m) * d), true,
          blk);
-    rope_forward(e.dev, blk, d, pos, c.rope_theta);
+    rope_forward(e.dev, blk, d, pos, c.rope);
   }
   e.comm.all_to_all(staging.data(), q.data, mat_bytes(sl, int64_t(m) * d, c.dtype));
 }
@@ -41,7 +41,7 @@ void project_kv(const StageEnv& e, const Mat& x, const RowPositions& pos, const 
         const Mat blk = a2a_block(staging, t, sl, int64_t(r) * d, j);
         gemm(e.dev, x, false, wmat.rows_of(int64_t(s.kv_head(set, j)) * d, int64_t(r) * d), true,
              blk);
-        if (pass == 0) rope_forward(e.dev, blk, d, pos, c.rope_theta);
+        if (pass == 0) rope_forward(e.dev, blk, d, pos, c.rope);
       }
       e.comm.all_to_all(staging.data(), (pass == 0 ? k : v).data, mat_bytes(sl, int64_t(r) * d, t));
     }
@@ -61,7 +61,7 @@ void project_kv(const StageEnv& e, const Mat& x, const RowPositions& pos, const 
     for (int a = 0; a < kh; ++a) {
       const Mat blk = a2a_block(staging, t, sl, d, a);
       gemm(e.dev, x, false, wmat.rows_of(int64_t(a) * d, d), true, blk);
-      if (pass == 0) rope_forward(e.dev, blk, d, pos, c.rope_theta);
+      if (pass == 0) rope_forward(e.dev, blk, d, pos, c.rope);
     }
     e.comm.all_to_allv(staging.data(), sb.data(), sd.data(), (pass == 0 ? k : v).data, rb.data(),
                        rd.data());
@@ -89,7 +89,7 @@ void return_kv_grads(const StageEnv& e, const Mat& x, const RowPositions& pos, c
       e.comm.all_to_all(src.data, staging.data(), mat_bytes(sl, rd, f32));
       for (int j = 0; j < cr; ++j) {
         const Mat blk = a2a_block(staging, f32, sl, rd, j);
-        if (pass == 0) rope_backward(e.dev, blk, d, pos, c.rope_theta);
+        if (pass == 0) rope_backward(e.dev, blk, d, pos, c.rope);
         const int64_t row0 = int64_t(s.kv_head(set, j)) * d;
         apply(blk, wmat.rows_of(row0, rd), gmat.rows_of(row0, rd));
       }
@@ -102,7 +102,7 @@ void return_kv_grads(const StageEnv& e, const Mat& x, const RowPositions& pos, c
       const Mat sum = a2a_block(staging, f32, sl, d, a * rep);
       for (int j = a * rep + 1; j < (a + 1) * rep; ++j)
         add_into(e.dev, sum, a2a_block(staging, f32, sl, d, j));
-      if (pass == 0) rope_backward(e.dev, sum, d, pos, c.rope_theta);
+      if (pass == 0) rope_backward(e.dev, sum, d, pos, c.rope);
       apply(sum, wmat.rows_of(int64_t(a) * d, d), gmat.rows_of(int64_t(a) * d, d));
     }
   }
@@ -123,10 +123,11 @@ void project_do(const StageEnv& e, const Mat& dy, const Mat& wo, int stage, cons
   }
 }
 
-int64_t project_do_bytes(const AttentionConfig& c, const UpipeSchedule& s, int64_t rows) {
+int64_t project_do_bytes(const Backend& be, const AttentionConfig& c, const UpipeSchedule& s,
+                         int64_t rows) {
   const int64_t md = int64_t(s.m) * c.head_dim, dm = c.model_dim();
   const DType t = c.dtype;
-  return mat_bytes(dm, md, t) + gemm_workspace_bytes(rows, md, dm, t, t, t);
+  return mat_bytes(dm, md, t) + gemm_workspace_bytes(be, rows, md, dm, t, t, t);
 }
 
 void accumulate_dwo(const StageEnv& e, const Mat& dy, int stage, const Buffer& staging,
@@ -139,10 +140,11 @@ void accumulate_dwo(const StageEnv& e, const Mat& dy, int stage, const Buffer& s
   }
 }
 
-int64_t accumulate_dwo_bytes(const AttentionConfig& c, const UpipeSchedule& s, int64_t rows) {
+int64_t accumulate_dwo_bytes(const Backend& be, const AttentionConfig& c, const UpipeSchedule& s,
+                             int64_t rows) {
   const int64_t md = int64_t(s.m) * c.head_dim, dm = c.model_dim();
   const DType t = c.dtype;
-  return mat_bytes(md, dm, DType::kF32) + gemm_workspace_bytes(md, dm, rows, t, t, DType::kF32);
+  return mat_bytes(md, dm, DType::kF32) + gemm_workspace_bytes(be, md, dm, rows, t, t, DType::kF32);
 }
 
 void add_headwise_pass_comm(CommStats& st, const AttentionConfig& c, const UpipeSchedule& s,

@@ -12,11 +12,11 @@
 
 #include "attention/config.h"
 #include "attention/upipe_schedule.h"
+#include "backend/attention.h"
+#include "backend/device.h"
+#include "backend/rope.h"
 #include "comm/communicator.h"
-#include "core/device.h"
 #include "core/tensor.h"
-#include "kernels/attention.h"
-#include "kernels/rope.h"
 
 namespace upipe {
 
@@ -59,7 +59,8 @@ AttnProblem run_problem(const HeadRun& r, const Mat& q, const Mat& k, const Mat&
 // a narrow B with a wide row stride at about half speed.
 void project_do(const StageEnv& e, const Mat& dy, const Mat& wo, int stage, const Buffer& staging);
 // Peak workspace of project_do.
-int64_t project_do_bytes(const AttentionConfig& c, const UpipeSchedule& s, int64_t rows);
+int64_t project_do_bytes(const Backend& be, const AttentionConfig& c, const UpipeSchedule& s,
+                         int64_t rows);
 
 // gwo[:, columns of rank j's stage heads] = beta gwo[...] + dy^T o_j for the o blocks (rows, m*d)
 // in staging, computed as (o_j^T dy)^T through an fp32 (m*d, D) buffer: oneDNN's transposed-A
@@ -67,7 +68,8 @@ int64_t project_do_bytes(const AttentionConfig& c, const UpipeSchedule& s, int64
 void accumulate_dwo(const StageEnv& e, const Mat& dy, int stage, const Buffer& staging,
                     const Mat& gwo, float beta);
 // Peak workspace of accumulate_dwo.
-int64_t accumulate_dwo_bytes(const AttentionConfig& c, const UpipeSchedule& s, int64_t rows);
+int64_t accumulate_dwo_bytes(const Backend& be, const AttentionConfig& c, const UpipeSchedule& s,
+                             int64_t rows);
 
 // The all-to-all calls and bytes of one forward (backward = false) or backward pass over every
 // KV set and stage, for `rows` local rows (S/C for headwise, S/(N C) per fpdt chunk): k and v per

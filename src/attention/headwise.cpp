@@ -2,8 +2,8 @@
 
 #include <algorithm>
 
-#include "kernels/gemm.h"
-#include "kernels/tensor_ops.h"
+#include "backend/gemm.h"
+#include "backend/tensor_ops.h"
 
 namespace upipe {
 
@@ -144,7 +144,7 @@ void HeadwiseAttention::backward(const Mat& x, const Mat& dy, const AttentionWei
     group().all_to_all(b.dq.data(), b.a2a.data(), mat_bytes(sl, md, f32));
     for (int j = 0; j < sch_.ranks; ++j) {
       const Mat blk = a2a_block(b.a2a, f32, sl, md, j);
-      rope_backward(dev(), blk, int(d), pos_, c.rope_theta);
+      rope_backward(dev(), blk, int(d), pos_, c.rope);
       const int64_t row0 = int64_t(sch_.q_head(s, j)) * d;
       gemm(dev(), blk, false, w.wq.rows_of(row0, md), false, dxout, 1.0f, first_dx ? 0.0f : 1.0f);
       first_dx = false;
@@ -158,13 +158,15 @@ void HeadwiseAttention::backward(const Mat& x, const Mat& dy, const AttentionWei
   if (t != f32) copy(dev(), dx, dxacc);
 }
 
-int64_t headwise_attn_peak_bytes(const AttentionConfig& c, const UpipeSchedule& s,
-                                 const HeadCore& core, int ranks) {
+int64_t headwise_attn_peak_bytes(const Backend& be, const AttentionConfig& c,
+                                 const UpipeSchedule& s, const HeadCore& core, int ranks) {
   const int64_t sl = c.seq_len / ranks, n = sl * s.ranks, d = c.head_dim, dm = c.model_dim();
   const int64_t md = int64_t(s.m) * d, rd = int64_t(s.kv_per_rank) * d;
   const int64_t pd = s.replicated() ? d : rd;  // rows of Wk/Wv one projection GEMM produces
   const DType t = c.dtype, f32 = DType::kF32;
-  auto ws = gemm_workspace_bytes;
+  auto ws = [&](int64_t m_, int64_t n_, int64_t k_, DType a_, DType b_, DType c_) {
+    return gemm_workspace_bytes(be, m_, n_, k_, a_, b_, c_);
+  };
   // Largest transient: the attention core (its largest call) or a bf16 GEMM staging buffer.
   int64_t core_f = 0, core_b = 0;
   for (int stage = 0; stage < s.stages(); ++stage)
@@ -174,10 +176,11 @@ int64_t headwise_attn_peak_bytes(const AttentionConfig& c, const UpipeSchedule& 
     }
   const int64_t ws_fwd = std::max(
       {core_f, ws(sl, md, dm, t, t, t), ws(sl, pd, dm, t, t, t), ws(sl, dm, md, t, t, f32)});
-  const int64_t ws_bwd = std::max({core_f, core_b, ws(sl, md, dm, t, t, t), ws(sl, pd, dm, t, t, t),
-                                   project_do_bytes(c, s, sl), accumulate_dwo_bytes(c, s, sl),
-                                   ws(sl, dm, md, f32, t, f32), ws(md, dm, sl, f32, t, f32),
-                                   ws(sl, dm, pd, f32, t, f32), ws(pd, dm, sl, f32, t, f32)});
+  const int64_t ws_bwd =
+      std::max({core_f, core_b, ws(sl, md, dm, t, t, t), ws(sl, pd, dm, t, t, t),
+                project_do_bytes(be, c, s, sl), accumulate_dwo_bytes(be, c, s, sl),
+                ws(sl, dm, md, f32, t, f32), ws(md, dm, sl, f32, t, f32),
+                ws(sl, dm, pd, f32, t, f32), ws(pd, dm, sl, f32, t, f32)});
   const int64_t kv = 2 * mat_bytes(n, rd, t), lse = mat_bytes(s.m, n, f32);
   const int64_t acc = t == f32 ? 0 : mat_bytes(sl, dm, f32);  // fp32 y / dx accumulator (bf16)
   const int64_t fwd = kv + n * md * dtype_size(t) + 2 * mat_bytes(n, md, t) + lse + acc + ws_fwd;
@@ -187,7 +190,7 @@ int64_t headwise_attn_peak_bytes(const AttentionConfig& c, const UpipeSchedule& 
 }
 
 int64_t HeadwiseAttention::attn_formula_bytes() const {
-  return headwise_attn_peak_bytes(cfg(), sch_, *core_, comm().size());
+  return headwise_attn_peak_bytes(dev().backend(), cfg(), sch_, *core_, comm().size());
 }
 
 std::optional<CommStats> HeadwiseAttention::comm_expected() const {

@@ -63,8 +63,8 @@ class HeadwiseAttention final : public AttentionStrategy {
 
 // Per-rank peak of the attention intermediates (docs/strategies.md, docs/strategies-ring.md)
 // on a CP group of `ranks` ranks of S/C rows, with all-to-all groups of s.ranks of them.
-int64_t headwise_attn_peak_bytes(const AttentionConfig& cfg, const UpipeSchedule& s,
-                                 const HeadCore& core, int ranks);
+int64_t headwise_attn_peak_bytes(const Backend& be, const AttentionConfig& cfg,
+                                 const UpipeSchedule& s, const HeadCore& core, int ranks);
 
 // The collective calls and bytes this rank sends in one forward + backward (the core's
 // messages included).

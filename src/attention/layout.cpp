@@ -3,10 +3,10 @@
 #include <algorithm>
 #include <numeric>
 
+#include "backend/device.h"
+#include "backend/tensor_ops.h"
 #include "comm/communicator.h"
 #include "core/check.h"
-#include "core/device.h"
-#include "kernels/tensor_ops.h"
 
 namespace upipe {
 

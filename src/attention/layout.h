@@ -17,8 +17,8 @@
 
 #include <cstdint>
 
+#include "backend/rope.h"
 #include "core/tensor.h"
-#include "kernels/rope.h"
 
 namespace upipe {
 

@@ -2,10 +2,9 @@
 
 #include <algorithm>
 
-#include "kernels/attention.h"
-#include "kernels/attention_tiles.h"
-#include "kernels/gemm.h"
-#include "kernels/tensor_ops.h"
+#include "backend/attention.h"
+#include "backend/gemm.h"
+#include "backend/tensor_ops.h"
 
 namespace upipe {
 
@@ -35,8 +34,8 @@ Fwd run_forward(Device& dev, const AttentionConfig& c, const Mat& x, const Atten
   f.v = Tensor(mem, Tag::kQkv, c.dtype, s, c.kv_heads * d);
   gemm(dev, x, false, w.wv, true, f.v);
   const RowPositions pos = RowPositions::contiguous(s, 0);
-  rope_forward(dev, f.q, int(d), pos, c.rope_theta);
-  rope_forward(dev, f.k, int(d), pos, c.rope_theta);
+  rope_forward(dev, f.q, int(d), pos, c.rope);
+  rope_forward(dev, f.k, int(d), pos, c.rope);
   f.o = Tensor(mem, Tag::kAttnOut, c.dtype, s, c.heads * d);
   f.lse = Tensor(mem, Tag::kAttnOut, DType::kF32, c.heads, s);
   AttnProblem p{f.q, f.k, f.v, c.heads, c.kv_heads, int(d)};
@@ -70,9 +69,9 @@ void LocalAttention::backward(const Mat& x, const Mat& dy, const AttentionWeight
   Tensor dq(mem, Tag::kAttnGrad, DType::kF32, s, c.heads * d);
   Tensor dk(mem, Tag::kAttnGrad, DType::kF32, s, c.kv_heads * d);
   Tensor dv(mem, Tag::kAttnGrad, DType::kF32, s, c.kv_heads * d);
-  dev().fill_zero(dq.data(), dq.bytes());
-  dev().fill_zero(dk.data(), dk.bytes());
-  dev().fill_zero(dv.data(), dv.bytes());
+  zero(dev(), dq);
+  zero(dev(), dk);
+  zero(dev(), dv);
   AttnProblem p{f.q, f.k, f.v, c.heads, c.kv_heads, int(d)};
   attention_backward(dev(), p, dout, f.lse, delta, dq, dk, dv);
   dout.reset();
@@ -82,8 +81,8 @@ void LocalAttention::backward(const Mat& x, const Mat& dy, const AttentionWeight
   f.k.reset();
   f.v.reset();
   const RowPositions pos = RowPositions::contiguous(s, 0);
-  rope_backward(dev(), dq, int(d), pos, c.rope_theta);
-  rope_backward(dev(), dk, int(d), pos, c.rope_theta);
+  rope_backward(dev(), dq, int(d), pos, c.rope);
+  rope_backward(dev(), dk, int(d), pos, c.rope);
   // dx = dq Wq + dk Wk + dv Wv, accumulated in fp32 and rounded once when dx is bf16.
   Tensor dxacc;
   if (c.dtype != DType::kF32) dxacc = Tensor(mem, Tag::kAttnGrad, DType::kF32, s, c.model_dim());
@@ -98,7 +97,7 @@ void LocalAttention::backward(const Mat& x, const Mat& dy, const AttentionWeight
   gemm(dev(), dv, true, x, false, g.wv);
 }
 
-int64_t local_attn_peak_bytes(const AttentionConfig& c) {
+int64_t local_attn_peak_bytes(const Backend& be, const AttentionConfig& c) {
   const int64_t s = c.seq_len, d = c.head_dim, dm = c.model_dim();
   const DType t = c.dtype, f32 = DType::kF32;
   const int64_t q = mat_bytes(s, c.heads * d, t), kv = mat_bytes(s, c.kv_heads * d, t);
@@ -106,17 +105,18 @@ int64_t local_attn_peak_bytes(const AttentionConfig& c) {
   const int64_t o = q, lse = mat_bytes(c.heads, s, f32), dout = q, delta = lse;
   const int64_t dq = mat_bytes(s, c.heads * d, f32), dkv = mat_bytes(s, c.kv_heads * d, f32);
   auto ws = [&](int64_t m, int64_t n, int64_t k, DType a, DType b, DType cc) {
-    return gemm_workspace_bytes(m, n, k, a, b, cc);
+    return gemm_workspace_bytes(be, m, n, k, a, b, cc);
   };
   // Forward (also the recompute at the start of backward).
   const int64_t proj_q = q + ws(s, c.heads * d, dm, t, t, t);
   const int64_t proj_kv = qkv + ws(s, c.kv_heads * d, dm, t, t, t);
-  const int64_t attn_fwd = qkv + o + lse + attn_fwd_workspace_bytes(d, t);
+  const int64_t attn_fwd = qkv + o + lse + attention_fwd_workspace_bytes(be, int(d), t);
   const int64_t out_proj = o + ws(s, dm, c.heads * d, t, t, t);
   // Backward.
   const int64_t do_proj = qkv + o + lse + dout + ws(s, c.heads * d, dm, t, t, t);
   const int64_t dwo = qkv + o + lse + dout + ws(dm, c.heads * d, s, t, t, f32);
-  const int64_t attn_bwd = qkv + lse + dout + delta + dq + 2 * dkv + attn_bwd_workspace_bytes(d, t);
+  const int64_t attn_bwd =
+      qkv + lse + dout + delta + dq + 2 * dkv + attention_bwd_workspace_bytes(be, int(d), t);
   const int64_t dxacc = t == f32 ? 0 : mat_bytes(s, dm, f32);
   const int64_t dx_proj = dq + 2 * dkv + dxacc + ws(s, dm, c.heads * d, f32, t, f32);
   const int64_t dw_proj = dq + 2 * dkv + ws(c.heads * d, dm, s, f32, t, f32);
@@ -124,7 +124,7 @@ int64_t local_attn_peak_bytes(const AttentionConfig& c) {
 }
 
 int64_t LocalAttention::attn_formula_bytes() const {
-  return local_attn_peak_bytes(cfg());
+  return local_attn_peak_bytes(dev().backend(), cfg());
 }
 
 }  // namespace upipe

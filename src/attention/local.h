@@ -18,6 +18,6 @@ class LocalAttention final : public AttentionStrategy {
 };
 
 // Peak attention-intermediate bytes of `local` (docs/memory.md), a pure function of cfg.
-int64_t local_attn_peak_bytes(const AttentionConfig& cfg);
+int64_t local_attn_peak_bytes(const Backend& be, const AttentionConfig& cfg);
 
 }  // namespace upipe

@@ -6,8 +6,8 @@
 #include <vector>
 
 #include "attention/config.h"
-#include "kernels/reference/attention_ref.h"
-#include "kernels/reference/elementwise_ref.h"
+#include "backend/reference/attention_ref.h"
+#include "backend/reference/elementwise_ref.h"
 
 namespace upipe::ref {
 
@@ -33,8 +33,9 @@ void attention_block(const AttentionConfig& c, BlockData<T>& b) {
   gemm<T>(CV(b.x, s, dm), false, CV(b.wv, kc, dm), true, V(v, s, kc));
   std::vector<int64_t> pos(static_cast<size_t>(s));
   for (int64_t i = 0; i < s; ++i) pos[size_t(i)] = i;
-  rope<T>(V(q, s, qc), int(d), pos.data(), c.rope_theta, +1);
-  rope<T>(V(k, s, kc), int(d), pos.data(), c.rope_theta, +1);
+  const std::vector<double> inv_freq = rope_inv_freq(c.rope, int(d));
+  rope<T>(V(q, s, qc), int(d), pos.data(), inv_freq, +1);
+  rope<T>(V(k, s, kc), int(d), pos.data(), inv_freq, +1);
   AttnDims dims{s, s, c.heads, c.kv_heads, int(d)};
   attention_forward<T>(dims, CV(q, s, qc), CV(k, s, kc), CV(v, s, kc), V(o, s, qc),
                        V(lse, c.heads, s));
@@ -47,8 +48,8 @@ void attention_block(const AttentionConfig& c, BlockData<T>& b) {
   gemm<T>(CV(b.dy, s, dm), true, CV(o, s, qc), false, V(b.go, dm, qc));
   attention_backward<T>(dims, CV(q, s, qc), CV(k, s, kc), CV(v, s, kc), CV(dout, s, qc),
                         V(dq, s, qc), V(dk, s, kc), V(dv, s, kc));
-  rope<T>(V(dq, s, qc), int(d), pos.data(), c.rope_theta, -1);
-  rope<T>(V(dk, s, kc), int(d), pos.data(), c.rope_theta, -1);
+  rope<T>(V(dq, s, qc), int(d), pos.data(), inv_freq, -1);
+  rope<T>(V(dk, s, kc), int(d), pos.data(), inv_freq, -1);
   b.dx = mk(s * dm);
   std::vector<T> tmp = mk(s * dm);
   gemm<T>(CV(dq, s, qc), false, CV(b.wq, qc, dm), false, V(b.dx, s, dm));

@@ -2,10 +2,9 @@
 
 #include <algorithm>
 
-#include "kernels/attention.h"
-#include "kernels/attention_tiles.h"
-#include "kernels/gemm.h"
-#include "kernels/tensor_ops.h"
+#include "backend/attention.h"
+#include "backend/gemm.h"
+#include "backend/tensor_ops.h"
 
 namespace upipe {
 
@@ -21,10 +20,10 @@ void RingAttention::project(const Mat& x, const AttentionWeights& w, Tensor& q, 
   const int64_t sl = x.rows, d = c.head_dim;
   q = Tensor(dev().mem(), Tag::kQkv, c.dtype, sl, c.heads * d);
   gemm(dev(), x, false, w.wq, true, q);
-  rope_forward(dev(), q, int(d), pos_, c.rope_theta);
+  rope_forward(dev(), q, int(d), pos_, c.rope);
   kv = KvRing(dev(), comm().size(), sl, c.kv_heads * d, c.dtype);
   gemm(dev(), x, false, w.wk, true, kv.k());
-  rope_forward(dev(), kv.k(), int(d), pos_, c.rope_theta);
+  rope_forward(dev(), kv.k(), int(d), pos_, c.rope);
   gemm(dev(), x, false, w.wv, true, kv.v());
 }
 
@@ -94,8 +93,8 @@ void RingAttention::backward(const Mat& x, const Mat& dy, const AttentionWeights
   delta.reset();
   lse.reset();
   const Mat dk = ring_dk(dkv, sl, kd), dv = ring_dv(dkv, sl, kd);
-  rope_backward(dev(), dq, d, pos_, c.rope_theta);
-  rope_backward(dev(), dk, d, pos_, c.rope_theta);
+  rope_backward(dev(), dq, d, pos_, c.rope);
+  rope_backward(dev(), dk, d, pos_, c.rope);
   // dx = dq Wq + dk Wk + dv Wv, accumulated in fp32 and rounded once when dx is bf16.
   Tensor dxacc;
   if (t != f32) dxacc = Tensor(mem, Tag::kAttnGrad, f32, sl, hd);
@@ -110,11 +109,13 @@ void RingAttention::backward(const Mat& x, const Mat& dy, const AttentionWeights
   gemm(dev(), dv, true, x, false, g.wv);
 }
 
-int64_t ring_attn_peak_bytes(const AttentionConfig& c, int ranks) {
+int64_t ring_attn_peak_bytes(const Backend& be, const AttentionConfig& c, int ranks) {
   const int64_t sl = c.seq_len / ranks, d = c.head_dim, dm = c.model_dim();
   const int64_t hd = c.heads * d, kd = c.kv_heads * d;
   const DType t = c.dtype, f32 = DType::kF32;
-  auto ws = gemm_workspace_bytes;
+  auto ws = [&](int64_t m_, int64_t n_, int64_t k_, DType a_, DType b_, DType c_) {
+    return gemm_workspace_bytes(be, m_, n_, k_, a_, b_, c_);
+  };
   const int64_t q = mat_bytes(sl, hd, t), o = q, dout = q;
   const int64_t kvr = kv_ring_slots(ranks) * ring_block_bytes(sl, kd, t);
   const int64_t acc = mat_bytes(sl, hd, f32), ml = 2 * mat_bytes(c.heads, sl, f32);
@@ -125,7 +126,7 @@ int64_t ring_attn_peak_bytes(const AttentionConfig& c, int ranks) {
   // Projections (forward, and the recompute opening backward).
   const int64_t proj_q = q + ws(sl, hd, dm, t, t, t);
   const int64_t proj_kv = q + kvr + ws(sl, kd, dm, t, t, t);
-  const int64_t ring_fwd = q + kvr + acc + ml + attn_fwd_workspace_bytes(d, t);
+  const int64_t ring_fwd = q + kvr + acc + ml + attention_fwd_workspace_bytes(be, int(d), t);
   // Forward: q and the ring are gone before o exists.
   const int64_t fwd_final = acc + ml + o + lse;
   const int64_t out_proj = o + ws(sl, dm, hd, t, t, t);
@@ -135,7 +136,7 @@ int64_t ring_attn_peak_bytes(const AttentionConfig& c, int ranks) {
   const int64_t dwo = q + kvr + o + lse + dout + ws(dm, hd, sl, t, t, f32);
   const int64_t delta_ph = q + kvr + o + lse + dout + delta;
   const int64_t ring_bwd =
-      q + kvr + lse + dout + delta + dq + dkvr + attn_bwd_workspace_bytes(d, t);
+      q + kvr + lse + dout + delta + dq + dkvr + attention_bwd_workspace_bytes(be, int(d), t);
   const int64_t dx_proj =
       dq + home + dxacc + std::max(ws(sl, dm, hd, f32, t, f32), ws(sl, dm, kd, f32, t, f32));
   const int64_t dw_proj =
@@ -145,7 +146,7 @@ int64_t ring_attn_peak_bytes(const AttentionConfig& c, int ranks) {
 }
 
 int64_t RingAttention::attn_formula_bytes() const {
-  return ring_attn_peak_bytes(cfg(), comm().size());
+  return ring_attn_peak_bytes(dev().backend(), cfg(), comm().size());
 }
 
 CommStats ring_comm_expected(const AttentionConfig& c, int ranks) {

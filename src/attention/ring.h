@@ -37,7 +37,7 @@ class RingAttention final : public AttentionStrategy {
 };
 
 // Per-rank peak of the attention intermediates (docs/strategies-ring.md) on C ranks.
-int64_t ring_attn_peak_bytes(const AttentionConfig& cfg, int ranks);
+int64_t ring_attn_peak_bytes(const Backend& be, const AttentionConfig& cfg, int ranks);
 // The point-to-point calls and bytes this rank sends in one forward + backward.
 CommStats ring_comm_expected(const AttentionConfig& cfg, int ranks);
 

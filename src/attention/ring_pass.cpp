@@ -2,8 +2,8 @@
 
 #include <utility>
 
-#include "kernels/attention.h"
-#include "kernels/tensor_ops.h"
+#include "backend/attention.h"
+#include "backend/tensor_ops.h"
 
 namespace upipe {
 namespace {

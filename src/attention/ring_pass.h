@@ -21,8 +21,8 @@
 #include <memory>
 
 #include "attention/layout.h"
+#include "backend/device.h"
 #include "comm/communicator.h"
-#include "core/device.h"
 #include "core/tensor.h"
 
 namespace upipe {

@@ -12,8 +12,8 @@
 
 #include "attention/config.h"
 #include "attention/layout.h"
+#include "backend/device.h"
 #include "comm/communicator.h"
-#include "core/device.h"
 #include "core/tensor.h"
 
 namespace upipe {

@@ -5,10 +5,10 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/device.h"
+#include "backend/device.h"
+#include "backend/reference/ref_view.h"
 #include "core/rng.h"
 #include "core/tensor.h"
-#include "kernels/reference/ref_view.h"
 
 namespace upipe::test {
 

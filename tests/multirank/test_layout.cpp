@@ -2,7 +2,7 @@
 // positions name, and gathering the shards gives the global tensor back, for every layout
 // (which positions each rank holds is tested in tests/unit/test_layout.cpp).
 #include "attention/layout.h"
-#include "kernels/tensor_ops.h"
+#include "backend/tensor_ops.h"
 #include "multirank/mpi_test_main.h"
 
 namespace upipe {

@@ -7,10 +7,10 @@
 
 #include <limits>
 
+#include "backend/attention.h"
+#include "backend/cpu/attention_tiles.h"
+#include "backend/reference/attention_ref.h"
 #include "common/test_util.h"
-#include "kernels/attention.h"
-#include "kernels/attention_tiles.h"
-#include "kernels/reference/attention_ref.h"
 
 namespace upipe {
 namespace {
@@ -69,7 +69,7 @@ TEST_P(AttnKernel, ForwardAndBackwardWithinTwiceBaselineError) {
   const int64_t before = dev.mem().current();
   dev.mem().reset_peak();
   attention_forward(dev, p, o, lse);
-  EXPECT_EQ(dev.mem().peak() - before, attn_fwd_workspace_bytes(c.d, c.dtype));
+  EXPECT_EQ(dev.mem().peak() - before, attention_fwd_workspace_bytes(dev.backend(), c.d, c.dtype));
   Tensor delta(dev.mem(), Tag::kAttnGrad, DType::kF32, c.hq, c.sq);
   attention_delta(dev, o, dout, c.d, delta);
   Tensor dq(dev.mem(), Tag::kAttnGrad, DType::kF32, c.sq, qc);
@@ -81,7 +81,8 @@ TEST_P(AttnKernel, ForwardAndBackwardWithinTwiceBaselineError) {
   const int64_t before_b = dev.mem().current();
   dev.mem().reset_peak();
   attention_backward(dev, p, dout, lse, delta, dq, dk, dv);
-  EXPECT_EQ(dev.mem().peak() - before_b, attn_bwd_workspace_bytes(c.d, c.dtype));
+  EXPECT_EQ(dev.mem().peak() - before_b,
+            attention_bwd_workspace_bytes(dev.backend(), c.d, c.dtype));
 
   // fp64 reference and the same-precision (fp32 math, outputs stored like the fast kernel's)
   // naive baseline, on the same stored inputs.
@@ -327,7 +328,7 @@ TEST(AttnKernelContract, GradientsMatchFiniteDifferences) {
 }
 
 TEST(AttnKernelContract, MetaDeviceCountsWorkspaceOnly) {
-  Device dev({DeviceKind::kMeta, int64_t(1) << 50, 0});
+  Device dev({BackendKind::kMeta, int64_t(1) << 50, 0});
   const int64_t s = int64_t(1) << 20;
   Tensor q(dev.mem(), Tag::kQkv, DType::kBF16, s, 32 * 128),
       k(dev.mem(), Tag::kQkv, DType::kBF16, s, 8 * 128),
@@ -337,7 +338,8 @@ TEST(AttnKernelContract, MetaDeviceCountsWorkspaceOnly) {
   const int64_t before = dev.mem().current();
   dev.mem().reset_peak();
   attention_forward(dev, {q, k, v, 32, 8, 128}, o, lse);
-  EXPECT_EQ(dev.mem().peak() - before, attn_fwd_workspace_bytes(128, DType::kBF16));
+  EXPECT_EQ(dev.mem().peak() - before,
+            attention_fwd_workspace_bytes(dev.backend(), 128, DType::kBF16));
 }
 
 }  // namespace

@@ -1,8 +1,8 @@
 // Arena accounting (tags, peaks, watches, typed OOM), Buffer ownership, dtype conversion, RNG.
 #include <gtest/gtest.h>
 
+#include "backend/device.h"
 #include "core/arena.h"
-#include "core/device.h"
 #include "core/errors.h"
 #include "core/rng.h"
 #include "core/tensor.h"
@@ -97,7 +97,7 @@ TEST(Allocator, CachesBlocksBySize) {
 }
 
 TEST(Device, MetaCountsWithoutBacking) {
-  Device dev({DeviceKind::kMeta, int64_t(1) << 50, 0});
+  Device dev({BackendKind::kMeta, int64_t(1) << 50, 0});
   Tensor t(dev.mem(), Tag::kQkv, DType::kBF16, int64_t(1) << 20, 4096);
   EXPECT_EQ(t.data(), nullptr);
   EXPECT_EQ(dev.mem().current(), (int64_t(1) << 20) * 4096 * 2);

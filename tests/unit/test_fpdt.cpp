@@ -19,7 +19,7 @@ struct Measured {
 };
 
 Measured run_meta(const std::string& method, const AttentionConfig& cfg, int c, int rank) {
-  Device dev({DeviceKind::kMeta, int64_t(1) << 50, int64_t(1) << 50});
+  Device dev({BackendKind::kMeta, int64_t(1) << 50, int64_t(1) << 50});
   FakeCommunicator comm(rank, c);
   auto s = make_strategy(method, {dev, comm, cfg});
   const auto& chunked = dynamic_cast<const ChunkedAttention&>(*s);

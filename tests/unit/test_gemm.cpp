@@ -4,9 +4,9 @@
 
 #include <tuple>
 
+#include "backend/gemm.h"
+#include "backend/reference/elementwise_ref.h"
 #include "common/test_util.h"
-#include "kernels/gemm.h"
-#include "kernels/reference/elementwise_ref.h"
 
 namespace upipe {
 namespace {
@@ -39,7 +39,8 @@ TEST_P(GemmTest, MatchesReference) {
   const int64_t before = dev.mem().current();
   dev.mem().reset_peak();
   gemm(dev, a, g.ta, b, g.tb, c, 0.5f, g.beta);
-  EXPECT_EQ(dev.mem().peak() - before, gemm_workspace_bytes(g.m, g.n, g.k, g.a, g.b, g.c));
+  EXPECT_EQ(dev.mem().peak() - before,
+            gemm_workspace_bytes(dev.backend(), g.m, g.n, g.k, g.a, g.b, g.c));
   // fp32 accumulation error grows like sqrt(k) eps; storing C in bf16 adds half a bf16 ulp.
   const double out_eps = g.c == DType::kF32 ? 0 : 1.0 / 256;
   const double tol = 1e-5 * std::sqrt(double(g.k)) * 4 + out_eps * test::max_abs(ref);

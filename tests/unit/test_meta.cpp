@@ -15,7 +15,7 @@ void check_meta(const test::StrategyCase& sc, int c, int64_t seq_len) {
   AttentionConfig cfg = sc.cfg;
   cfg.seq_len = seq_len;
   for (int rank : {0, c - 1}) {
-    Device dev({DeviceKind::kMeta, int64_t(1) << 50, int64_t(1) << 50});
+    Device dev({BackendKind::kMeta, int64_t(1) << 50, int64_t(1) << 50});
     FakeCommunicator comm(rank, c);
     auto s = make_strategy(sc.method, {dev, comm, cfg});
     BlockTensors t = make_block_tensors(dev, cfg, s->layout().positions(rank), 1);

@@ -13,7 +13,7 @@
 
 #include "core/dtype.h"
 
-namespace upipe {
+namespace upipe::cpu {
 
 constexpr int64_t kAttnFwdBq = 768;  // query rows per forward tile
 constexpr int64_t kAttnFwdBk = 512;  // key rows per forward tile
@@ -54,4 +54,4 @@ inline int64_t attn_bwd_workspace_bytes(int64_t d, DType t) {
   return f * 4;
 }
 
-}  // namespace upipe
+}  // namespace upipe::cpu

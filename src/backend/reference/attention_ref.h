@@ -8,7 +8,7 @@
 #include <limits>
 #include <vector>
 
-#include "kernels/reference/ref_view.h"
+#include "backend/reference/ref_view.h"
 
 namespace upipe::ref {
 

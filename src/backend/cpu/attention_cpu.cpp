@@ -1,13 +1,13 @@
-#include "kernels/cpu/attention_cpu.h"
+#include "backend/cpu/attention_cpu.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
 
-#include "kernels/attention_tiles.h"
-#include "kernels/cpu/attn_micro.h"
-#include "kernels/cpu/vec_math.h"
+#include "backend/cpu/attention_tiles.h"
+#include "backend/cpu/attn_micro.h"
+#include "backend/cpu/vec_math.h"
 
 namespace upipe::cpu {
 namespace {

@@ -4,18 +4,44 @@
 
 #include <cmath>
 
-#include "kernels/reference/ref_view.h"
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/reference/ref_view.h"
 
 namespace upipe::ref {
 
-// Rotate-half RoPE on x (rows, heads*d): row r at position pos[r]; sign -1 applies the inverse
-// rotation (the backward).
+// RoPE inverse frequencies theta^(-2i/d), i < d/2, with Hugging Face transformers' "llama3"
+// rescaling when enabled, written out as transformers writes it (masks over wavelengths).
+inline std::vector<double> rope_inv_freq(const RopeParams& rp, int d) {
+  std::vector<double> f;
+  for (int i = 0; i < d; i += 2) f.push_back(1.0 / std::pow(rp.theta, double(i) / d));
+  if (!rp.scaling.enabled) return f;
+  const RopeScaling& s = rp.scaling;
+  const double old_ctx = double(s.original_max_position);
+  const double low_freq_wavelen = old_ctx / s.low_freq_factor;
+  const double high_freq_wavelen = old_ctx / s.high_freq_factor;
+  for (double& inv : f) {
+    const double wavelen = 2 * M_PI / inv;
+    double llama = wavelen > low_freq_wavelen ? inv / s.factor : inv;
+    const double smooth =
+        (old_ctx / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+    const double smoothed = (1 - smooth) * llama / s.factor + smooth * llama;
+    const bool medium = !(wavelen < high_freq_wavelen) && !(wavelen > low_freq_wavelen);
+    inv = medium ? smoothed : llama;
+  }
+  return f;
+}
+
+// Rotate-half RoPE on x (rows, heads*d): row r at position pos[r] with the d/2 frequencies
+// inv_freq; sign -1 applies the inverse rotation (the backward).
 template <class T>
-void rope(const View<T>& x, int d, const int64_t* pos, double theta, int sign) {
+void rope(const View<T>& x, int d, const int64_t* pos, const std::vector<double>& inv_freq,
+          int sign) {
   const int64_t heads = x.cols / d;
   for (int64_t r = 0; r < x.rows; ++r) {
     for (int i = 0; i < d / 2; ++i) {
-      const double ang = double(pos[r]) * std::pow(theta, -2.0 * i / d);
+      const double ang = double(pos[r]) * inv_freq[size_t(i)];
       const T c = T(std::cos(ang)), s = T(sign * std::sin(ang));
       for (int64_t h = 0; h < heads; ++h) {
         T& a = x(r, h * d + i);

@@ -4,7 +4,7 @@
 // attn_*_workspace_bytes().
 #pragma once
 
-#include "kernels/attention.h"
+#include "backend/attention.h"
 
 namespace upipe::cpu {
 

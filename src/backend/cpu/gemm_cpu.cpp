@@ -1,11 +1,11 @@
-#include "kernels/gemm.h"
+#include "backend/cpu/gemm_cpu.h"
 
 #include <oneapi/dnnl/dnnl.h>
 
 #include <algorithm>
 #include <utility>
 
-namespace upipe {
+namespace upipe::cpu {
 
 void sgemm_raw(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
@@ -17,7 +17,9 @@ void sgemm_raw(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
               n, k);
 }
 
-int64_t gemm_workspace_bytes(int64_t m, int64_t n, int64_t k, DType a, DType b, DType c) {
+int64_t gemm_workspace_bytes(const GemmShape& s) {
+  const int64_t m = s.m, n = s.n, k = s.k;
+  const DType a = s.a, b = s.b, c = s.c;
   if (a == DType::kF32 && b == DType::kF32 && c == DType::kF32) return 0;
   const int64_t mb = std::min(m, kGemmTile), nb = std::min(n, kGemmTile),
                 kb = std::min(k, kGemmTile);
@@ -53,24 +55,21 @@ const float* op_at(const Mat& x, bool trans, int64_t r, int64_t c) {
 
 }  // namespace
 
-void gemm(Device& dev, const Mat& a, bool trans_a, const Mat& b, bool trans_b, const Mat& c,
-          float alpha, float beta) {
-  const int64_t m = trans_a ? a.cols : a.rows, k = trans_a ? a.rows : a.cols;
-  const int64_t kb = trans_b ? b.cols : b.rows, n = trans_b ? b.rows : b.cols;
-  UPIPE_CHECK(k == kb && c.rows == m && c.cols == n,
-              "gemm shape mismatch: op(A) {}x{}, op(B) {}x{}, C {}x{}", m, k, kb, n, c.rows,
-              c.cols);
+void gemm(const GemmArgs& g, void* ws) {
+  const Mat &a = g.a, &b = g.b, &c = g.c;
+  const bool trans_a = g.trans_a, trans_b = g.trans_b;
+  const float alpha = g.alpha, beta = g.beta;
+  const GemmShape s = g.shape();
+  const int64_t m = s.m, n = s.n, k = s.k;
   const bool all_f32 = a.dtype == DType::kF32 && b.dtype == DType::kF32 && c.dtype == DType::kF32;
   if (all_f32) {
-    if (dev.is_meta()) return;
     sgemm_raw(trans_a, trans_b, m, n, k, alpha, a.f32(), a.ld, b.f32(), b.ld, beta, c.f32(), c.ld);
     return;
   }
-  Buffer ws(dev.mem(), gemm_workspace_bytes(m, n, k, a.dtype, b.dtype, c.dtype), Tag::kWorkspace);
-  if (dev.is_meta() || m == 0 || n == 0) return;
+  if (m == 0 || n == 0) return;
   const int64_t mt = std::min(m, kGemmTile), nt = std::min(n, kGemmTile),
                 kt = std::min(k, kGemmTile);
-  float* cursor = static_cast<float*>(ws.data());
+  float* cursor = static_cast<float*>(ws);
   float* a32 = a.dtype != DType::kF32 ? std::exchange(cursor, cursor + mt * kt) : nullptr;
   float* b32 = b.dtype != DType::kF32 ? std::exchange(cursor, cursor + kt * nt) : nullptr;
   float* c32 = c.dtype != DType::kF32 ? cursor : nullptr;
@@ -111,4 +110,4 @@ void gemm(Device& dev, const Mat& a, bool trans_a, const Mat& b, bool trans_b, c
   }
 }
 
-}  // namespace upipe
+}  // namespace upipe::cpu

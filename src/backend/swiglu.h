@@ -1,15 +1,11 @@
 // SwiGLU gate: h = silu(a) * b on (T, F) tiles, and its backward (da, db).
 #pragma once
 
-#include "core/device.h"
-#include "core/tensor.h"
+#include "backend/device.h"
 
 namespace upipe {
 
-// fp32 row staging: three rows of F.
-inline int64_t swiglu_workspace_bytes(int64_t cols) {
-  return 3 * cols * 4;
-}
+int64_t swiglu_workspace_bytes(const Backend& be, int64_t cols);
 
 void swiglu_forward(Device& dev, const Mat& a, const Mat& b, const Mat& h);
 void swiglu_backward(Device& dev, const Mat& a, const Mat& b, const Mat& dh, const Mat& da,

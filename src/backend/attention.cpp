@@ -1,9 +1,7 @@
-#include "kernels/attention.h"
+// Front-ends of the attention ops: shape checks, workspace from the arena, backend dispatch.
+#include "backend/attention.h"
 
 #include <cmath>
-
-#include "kernels/attention_tiles.h"
-#include "kernels/cpu/attention_cpu.h"
 
 namespace upipe {
 
@@ -13,7 +11,7 @@ float AttnProblem::softmax_scale() const {
 
 namespace {
 
-void check_problem(const AttnProblem& p) {
+void check_problem(const Backend& be, const AttnProblem& p) {
   UPIPE_CHECK(p.hq > 0 && p.hk > 0 && p.d > 0 && p.hq % p.hk == 0,
               "attention heads: hq={} hk={} d={} (hq must be a multiple of hk)", p.hq, p.hk, p.d);
   UPIPE_CHECK(p.q.cols == int64_t(p.hq) * p.d, "q has {} columns, expected hq*d = {}", p.q.cols,
@@ -22,6 +20,9 @@ void check_problem(const AttnProblem& p) {
               "k/v shapes ({}x{}, {}x{}) do not match hk*d = {}", p.k.rows, p.k.cols, p.v.rows,
               p.v.cols, int64_t(p.hk) * p.d);
   UPIPE_CHECK(p.q.dtype == p.k.dtype && p.k.dtype == p.v.dtype, "q, k, v dtypes differ");
+  UPIPE_CHECK(be.attention_supports({p.d, p.q.dtype}),
+              "the {} backend has no attention for d={} {}", backend_kind_name(be.kind()), p.d,
+              dtype_name(p.q.dtype));
 }
 
 void check_rowstat(const Mat& x, int hq, int64_t sq, const char* what) {
@@ -31,61 +32,73 @@ void check_rowstat(const Mat& x, int hq, int64_t sq, const char* what) {
 
 }  // namespace
 
+int64_t attention_fwd_workspace_bytes(const Backend& be, int d, DType t) {
+  return be.attention_fwd_workspace_bytes({d, t});
+}
+
+int64_t attention_bwd_workspace_bytes(const Backend& be, int d, DType t) {
+  return be.attention_bwd_workspace_bytes({d, t});
+}
+
 void attention_forward(Device& dev, const AttnProblem& p, const Mat& o, const Mat& lse) {
-  check_problem(p);
+  Backend& be = dev.backend();
+  check_problem(be, p);
   UPIPE_CHECK(o.rows == p.sq() && o.cols == p.q.cols, "o shape {}x{}", o.rows, o.cols);
   check_rowstat(lse, p.hq, p.sq(), "lse");
-  Buffer ws(dev.mem(), attn_fwd_workspace_bytes(p.d, p.q.dtype), Tag::kWorkspace);
-  if (dev.is_meta()) return;
-  cpu::attention_forward(p, &o, &lse, nullptr, nullptr, nullptr, static_cast<float*>(ws.data()));
+  Buffer ws(dev.mem(), attention_fwd_workspace_bytes(be, p.d, p.q.dtype), Tag::kWorkspace);
+  AttnFwdArgs a;
+  a.p = p;
+  a.o = o;
+  a.lse = lse;
+  be.attention_forward(a, ws.data());
 }
 
 void attention_accumulate_init(Device& dev, const Mat& acc, const Mat& m, const Mat& l) {
-  if (dev.is_meta()) return;
-  for (int64_t r = 0; r < acc.rows; ++r)
-    std::fill_n(static_cast<float*>(acc.at(r, 0)), acc.cols, 0.0f);
-  for (int64_t r = 0; r < m.rows; ++r) {
-    std::fill_n(static_cast<float*>(m.at(r, 0)), m.cols, -INFINITY);
-    std::fill_n(static_cast<float*>(l.at(r, 0)), l.cols, 0.0f);
-  }
+  dev.backend().attention_accumulate_init(acc, m, l);
 }
 
 void attention_forward_accumulate(Device& dev, const AttnProblem& p, const Mat& acc, const Mat& m,
                                   const Mat& l) {
-  check_problem(p);
+  Backend& be = dev.backend();
+  check_problem(be, p);
   UPIPE_CHECK(acc.dtype == DType::kF32 && acc.rows == p.sq() && acc.cols == p.q.cols,
               "acc must be fp32 {}x{}", p.sq(), p.q.cols);
   check_rowstat(m, p.hq, p.sq(), "m");
   check_rowstat(l, p.hq, p.sq(), "l");
-  Buffer ws(dev.mem(), attn_fwd_workspace_bytes(p.d, p.q.dtype), Tag::kWorkspace);
-  if (dev.is_meta()) return;
-  cpu::attention_forward(p, nullptr, nullptr, &acc, &m, &l, static_cast<float*>(ws.data()));
+  Buffer ws(dev.mem(), attention_fwd_workspace_bytes(be, p.d, p.q.dtype), Tag::kWorkspace);
+  AttnFwdArgs a;
+  a.p = p;
+  a.acc = acc;
+  a.m = m;
+  a.l = l;
+  a.accumulate = true;
+  be.attention_forward(a, ws.data());
 }
 
 void attention_finalize(Device& dev, const Mat& acc, const Mat& m, const Mat& l, int d,
                         const Mat& o, const Mat& lse) {
-  if (dev.is_meta()) return;
-  cpu::attention_finalize(acc, m, l, d, o, lse);
+  UPIPE_CHECK(acc.rows == o.rows && acc.cols == o.cols && m.cols == acc.rows,
+              "attention_finalize shapes");
+  dev.backend().attention_finalize(acc, m, l, d, o, lse);
 }
 
 void lse_merge(Device& dev, const Mat& o, const Mat& lse, const Mat& o2, const Mat& lse2, int d) {
   UPIPE_CHECK(
       o.rows == o2.rows && o.cols == o2.cols && lse.rows == lse2.rows && lse.cols == lse2.cols,
       "lse_merge operands differ in shape");
-  if (dev.is_meta()) return;
-  cpu::lse_merge(o, lse, o2, lse2, d);
+  dev.backend().lse_merge(o, lse, o2, lse2, d);
 }
 
 void attention_delta(Device& dev, const Mat& o, const Mat& dout, int d, const Mat& delta) {
   UPIPE_CHECK(o.rows == dout.rows && o.cols == dout.cols, "o and do shapes differ");
   check_rowstat(delta, int(o.cols / d), o.rows, "delta");
-  if (dev.is_meta()) return;
-  cpu::attention_delta(o, dout, d, delta);
+  dev.backend().attention_delta(o, dout, d, delta);
 }
 
 void attention_backward(Device& dev, const AttnProblem& p, const Mat& dout, const Mat& lse,
                         const Mat& delta, const Mat& dq, const Mat& dk, const Mat& dv) {
-  check_problem(p);
+  Backend& be = dev.backend();
+  check_problem(be, p);
   check_rowstat(lse, p.hq, p.sq(), "lse");
   check_rowstat(delta, p.hq, p.sq(), "delta");
   UPIPE_CHECK(dout.rows == p.sq() && dout.cols == p.q.cols && dout.dtype == p.q.dtype,
@@ -95,9 +108,8 @@ void attention_backward(Device& dev, const AttnProblem& p, const Mat& dout, cons
   UPIPE_CHECK(dq.rows == p.sq() && dq.cols == p.q.cols && dk.rows == p.sk() &&
                   dk.cols == p.k.cols && dv.rows == p.sk() && dv.cols == p.k.cols,
               "gradient shapes do not match q, k, v");
-  Buffer ws(dev.mem(), attn_bwd_workspace_bytes(p.d, p.q.dtype), Tag::kWorkspace);
-  if (dev.is_meta()) return;
-  cpu::attention_backward(p, dout, lse, delta, dq, dk, dv, static_cast<float*>(ws.data()));
+  Buffer ws(dev.mem(), attention_bwd_workspace_bytes(be, p.d, p.q.dtype), Tag::kWorkspace);
+  be.attention_backward({p, dout, lse, delta, dq, dk, dv}, ws.data());
 }
 
 }  // namespace upipe

@@ -8,27 +8,13 @@
 // i when k_pos0 + j <= q_pos0 + i. Ring and chunked strategies call the kernel on blocks.
 //
 // Rows that see no key get o = 0 and lse = -inf (and contribute nothing in backward).
-// Reduction-order contract: see attention_tiles.h.
+// Reduction-order contract (CPU): see cpu/attention_tiles.h and docs/kernels.md. AttnProblem is
+// in backend.h. Each call takes its workspace from the device arena (tag workspace).
 #pragma once
 
-#include "core/device.h"
-#include "core/tensor.h"
+#include "backend/device.h"
 
 namespace upipe {
-
-struct AttnProblem {
-  Mat q;  // (sq, hq*d)
-  Mat k;  // (sk, hk*d)
-  Mat v;  // (sk, hk*d)
-  int hq = 0, hk = 0, d = 0;
-  int64_t q_pos0 = 0, k_pos0 = 0;
-  bool causal = true;
-  float scale = 0.0f;  // 0 means 1/sqrt(d)
-
-  int64_t sq() const { return q.rows; }
-  int64_t sk() const { return k.rows; }
-  float softmax_scale() const;
-};
 
 // Normalised output: o (sq, hq*d) in q's dtype, lse (hq, sq) fp32 natural-log log-sum-exp.
 void attention_forward(Device& dev, const AttnProblem& p, const Mat& o, const Mat& lse);
@@ -55,5 +41,9 @@ void attention_delta(Device& dev, const Mat& o, const Mat& dout, int d, const Ma
 // forward's final lse and delta over all keys, so it can be called key block by key block.
 void attention_backward(Device& dev, const AttnProblem& p, const Mat& dout, const Mat& lse,
                         const Mat& delta, const Mat& dq, const Mat& dk, const Mat& dv);
+
+// Workspace of one forward / backward call with head dim d on dtype t (the backend's query).
+int64_t attention_fwd_workspace_bytes(const Backend& be, int d, DType t);
+int64_t attention_bwd_workspace_bytes(const Backend& be, int d, DType t);
 
 }  // namespace upipe

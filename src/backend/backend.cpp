@@ -1,0 +1,60 @@
+#include "backend/backend.h"
+
+#include <cmath>
+#include <numbers>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/meta/meta_backend.h"
+#include "core/check.h"
+
+namespace upipe {
+
+const char* backend_kind_name(BackendKind k) {
+  return k == BackendKind::kCpu ? "cpu" : "meta";
+}
+
+std::unique_ptr<Backend> make_backend(BackendKind kind, BackendKind plans_for) {
+  if (kind == BackendKind::kMeta) {
+    UPIPE_CHECK(plans_for != BackendKind::kMeta, "a meta backend plans for a computing backend");
+    return std::make_unique<MetaBackend>(make_backend(plans_for));
+  }
+  return std::make_unique<CpuBackend>();
+}
+
+std::vector<double> RopeParams::inv_freq(int d) const {
+  std::vector<double> f(size_t(d / 2));
+  for (int i = 0; i < d / 2; ++i) f[size_t(i)] = std::pow(theta, -2.0 * i / d);
+  if (!scaling.enabled) return f;
+  // Hugging Face transformers' rope_type "llama3" (_compute_llama3_parameters): wavelengths
+  // longer than original/low_freq_factor are slowed by `factor`, shorter than
+  // original/high_freq_factor kept, and those between interpolated smoothly.
+  const RopeScaling& s = scaling;
+  const double orig = double(s.original_max_position);
+  const double low_wavelen = orig / s.low_freq_factor, high_wavelen = orig / s.high_freq_factor;
+  for (double& v : f) {
+    const double wavelen = 2 * std::numbers::pi / v;
+    if (wavelen > low_wavelen) {
+      v /= s.factor;
+    } else if (wavelen >= high_wavelen) {
+      const double smooth =
+          (orig / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+      v = (1 - smooth) * v / s.factor + smooth * v;
+    }
+  }
+  return f;
+}
+
+int64_t RowPositions::total_rows() const {
+  int64_t n = 0;
+  for (const Run& r : runs) n += r.rows;
+  return n;
+}
+
+std::vector<int64_t> RowPositions::expand() const {
+  std::vector<int64_t> v;
+  for (const Run& r : runs)
+    for (int64_t t = 0; t < r.rows; ++t) v.push_back(r.pos + t);
+  return v;
+}
+
+}  // namespace upipe

@@ -1,0 +1,176 @@
+// The op interface every computation of the engine goes through (ggml-style: a small table of
+// documented ops). A Backend computes; the front-end functions of this directory (gemm.h,
+// attention.h, rope.h, rmsnorm.h, swiglu.h, tensor_ops.h) validate shapes, take each op's
+// workspace from the device arena (tag workspace) at the size the backend's query states, and
+// call the backend. Strategies and the model see only the front-ends and the queries, never
+// which backend runs.
+//
+// Implementations: cpu/ (oneDNN GEMM, AVX2/FMA flash attention), meta/ (answers the queries of
+// the backend it plans for, computes nothing; the planner's device), and later cuda/.
+// docs/backend.md states the contract each op must satisfy and how a backend is tested
+// (tests/unit/test_backend_ops.cpp runs every op of every computing backend against
+// reference/).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "core/allocator.h"
+#include "core/dtype.h"
+#include "core/tensor.h"
+
+namespace upipe {
+
+enum class BackendKind { kCpu, kMeta };
+const char* backend_kind_name(BackendKind k);
+
+// An ordered queue of copies and kernels (a CUDA stream later). The CPU backend runs
+// everything at once, in order; the default stream (id 0) is the one every op uses.
+struct Stream {
+  int id = 0;
+};
+
+enum class CopyKind { kHostToDevice, kDeviceToHost, kDeviceToDevice, kHostToHost };
+
+// ---- Op parameters (plain structs; views carry their own strides) ----
+
+// C = alpha op(A) op(B) + beta C, fp32 accumulation; operands fp32 or bf16 in any mix.
+struct GemmShape {
+  int64_t m = 0, n = 0, k = 0;  // op(A): (m, k), op(B): (k, n), C: (m, n)
+  DType a = DType::kF32, b = DType::kF32, c = DType::kF32;
+};
+struct GemmArgs {
+  Mat a;
+  bool trans_a = false;
+  Mat b;
+  bool trans_b = false;
+  Mat c;
+  float alpha = 1.0f, beta = 0.0f;
+  GemmShape shape() const;
+};
+
+// Causal flash attention on head-major views (see attention.h for the layout and the
+// reduction-order contract).
+struct AttnProblem {
+  Mat q;  // (sq, hq*d)
+  Mat k;  // (sk, hk*d)
+  Mat v;  // (sk, hk*d)
+  int hq = 0, hk = 0, d = 0;
+  int64_t q_pos0 = 0, k_pos0 = 0;
+  bool causal = true;
+  float scale = 0.0f;  // 0 means 1/sqrt(d)
+
+  int64_t sq() const { return q.rows; }
+  int64_t sk() const { return k.rows; }
+  float softmax_scale() const;
+};
+// What the attention workspace depends on.
+struct AttnShape {
+  int d = 0;
+  DType t = DType::kF32;
+};
+// Forward: either normalised (o, lse) or an online-softmax continuation (acc, m, l).
+struct AttnFwdArgs {
+  AttnProblem p;
+  Mat o, lse;     // (sq, hq*d) q's dtype, (hq, sq) fp32
+  Mat acc, m, l;  // (sq, hq*d) fp32, (hq, sq) fp32, (hq, sq) fp32
+  bool accumulate = false;
+};
+struct AttnBwdArgs {
+  AttnProblem p;
+  Mat dout, lse, delta;  // (sq, hq*d), (hq, sq) fp32, (hq, sq) fp32
+  Mat dq, dk, dv;        // fp32, accumulated
+};
+
+// Rotary embedding frequencies: theta^(-2i/d), optionally rescaled by the Llama-3.1 "llama3"
+// rule of Hugging Face transformers (factor, low/high frequency factors, original context).
+struct RopeScaling {
+  bool enabled = false;
+  double factor = 1.0, low_freq_factor = 1.0, high_freq_factor = 4.0;
+  int64_t original_max_position = 8192;
+};
+struct RopeParams {
+  double theta = 10000.0;
+  RopeScaling scaling;
+  // The d/2 inverse frequencies, in fp64: the one definition the kernels and references share.
+  std::vector<double> inv_freq(int d) const;
+};
+
+// Maps the local rows of a shard to global positions as runs: rows [start, start+len) hold
+// positions [pos, pos+len). Contiguous shards have one run, zigzag shards two.
+struct RowPositions {
+  struct Run {
+    int64_t rows, pos;
+  };
+  std::vector<Run> runs;
+  static RowPositions contiguous(int64_t rows, int64_t pos0) { return {{{rows, pos0}}}; }
+  int64_t total_rows() const;
+  // Positions of each local row, expanded (tests and references).
+  std::vector<int64_t> expand() const;
+};
+
+// ---- The interface ----
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual BackendKind kind() const = 0;
+  // Whether ops write results (false for meta: allocations are counted, nothing runs).
+  virtual bool computes() const = 0;
+
+  // Memory behind the device and host arenas.
+  virtual std::unique_ptr<Allocator> make_device_allocator() const = 0;
+  virtual std::unique_ptr<Allocator> make_host_allocator() const = 0;
+  // Byte copies between or within the arenas, ordered on `stream`.
+  virtual void copy(void* dst, const void* src, int64_t bytes, CopyKind kind, Stream s) = 0;
+  // Blocks until everything queued on s is done.
+  virtual void sync(Stream s) = 0;
+
+  // Workspace each op takes from the device arena (bytes, exact) and whether it is supported.
+  virtual int64_t gemm_workspace_bytes(const GemmShape& s) const = 0;
+  virtual int64_t attention_fwd_workspace_bytes(const AttnShape& s) const = 0;
+  virtual int64_t attention_bwd_workspace_bytes(const AttnShape& s) const = 0;
+  virtual int64_t rmsnorm_workspace_bytes(int64_t group) const = 0;
+  virtual int64_t swiglu_workspace_bytes(int64_t cols) const = 0;
+  virtual bool gemm_supports(const GemmShape& s) const = 0;
+  virtual bool attention_supports(const AttnShape& s) const = 0;
+
+  // Ops. ws points at the op's workspace (its query's size). Views may be strided.
+  virtual void gemm(const GemmArgs& a, void* ws) = 0;
+  virtual void attention_forward(const AttnFwdArgs& a, void* ws) = 0;
+  virtual void attention_backward(const AttnBwdArgs& a, void* ws) = 0;
+  // acc = 0, m = -inf, l = 0.
+  virtual void attention_accumulate_init(const Mat& acc, const Mat& m, const Mat& l) = 0;
+  // o = acc / l, lse = m + log(l); rows with l = 0 get o = 0, lse = -inf.
+  virtual void attention_finalize(const Mat& acc, const Mat& m, const Mat& l, int d, const Mat& o,
+                                  const Mat& lse) = 0;
+  // (o, lse) <- merge((o, lse), (o2, lse2)) over disjoint key sets.
+  virtual void lse_merge(const Mat& o, const Mat& lse, const Mat& o2, const Mat& lse2, int d) = 0;
+  // delta (hq, sq) = rowsum(do * o) per head.
+  virtual void attention_delta(const Mat& o, const Mat& dout, int d, const Mat& delta) = 0;
+  // In-place rotation of every d-wide head of x (rows, heads*d); sign -1 is the backward.
+  virtual void rope(const Mat& x, int d, const RowPositions& pos, const RopeParams& rp,
+                    int sign) = 0;
+  // y = x / rms(x) * w over each `group`-wide column group of x (rows, cols); w: (1, group).
+  // group = cols is the model's RMSNorm, group = d Qwen3's per-head QK-norm.
+  virtual void rmsnorm_forward(const Mat& x, const Mat& w, int64_t group, float eps, const Mat& y,
+                               void* ws) = 0;
+  // dx = d(y)/d(x)^T dy (dx may alias dy); dw (1, group) fp32 accumulated (+=).
+  virtual void rmsnorm_backward(const Mat& x, const Mat& w, int64_t group, float eps, const Mat& dy,
+                                const Mat& dx, const Mat& dw, void* ws) = 0;
+  virtual void swiglu_forward(const Mat& a, const Mat& b, const Mat& h, void* ws) = 0;
+  virtual void swiglu_backward(const Mat& a, const Mat& b, const Mat& dh, const Mat& da,
+                               const Mat& db, void* ws) = 0;
+  // Elementwise data movement on views.
+  virtual void fill(const Mat& x, float value) = 0;
+  virtual void convert(const Mat& dst, const Mat& src) = 0;   // dtypes may differ
+  virtual void add_into(const Mat& dst, const Mat& src) = 0;  // fp32 dst += fp32 src
+  // dst (r, c) = beta dst + src^T, fp32.
+  virtual void add_transposed(const Mat& dst, const Mat& src, float beta) = 0;
+};
+
+// The backend of `kind`; a meta backend answers the queries of `plans_for`.
+std::unique_ptr<Backend> make_backend(BackendKind kind, BackendKind plans_for = BackendKind::kCpu);
+
+}  // namespace upipe

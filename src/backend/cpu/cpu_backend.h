@@ -1,0 +1,49 @@
+// The CPU backend: oneDNN GEMM, the AVX2/FMA flash-attention kernels and the elementwise kernels
+// of this directory, on host memory (the device arena is simulated HBM). Every op runs
+// synchronously on the calling thread, so streams are trivially ordered.
+#pragma once
+
+#include "backend/backend.h"
+
+namespace upipe {
+
+class CpuBackend final : public Backend {
+ public:
+  BackendKind kind() const override { return BackendKind::kCpu; }
+  bool computes() const override { return true; }
+  std::unique_ptr<Allocator> make_device_allocator() const override;
+  std::unique_ptr<Allocator> make_host_allocator() const override;
+  void copy(void* dst, const void* src, int64_t bytes, CopyKind kind, Stream s) override;
+  void sync(Stream) override {}
+
+  int64_t gemm_workspace_bytes(const GemmShape& s) const override;
+  int64_t attention_fwd_workspace_bytes(const AttnShape& s) const override;
+  int64_t attention_bwd_workspace_bytes(const AttnShape& s) const override;
+  int64_t rmsnorm_workspace_bytes(int64_t group) const override;
+  int64_t swiglu_workspace_bytes(int64_t cols) const override;
+  bool gemm_supports(const GemmShape& s) const override;
+  bool attention_supports(const AttnShape& s) const override;
+
+  void gemm(const GemmArgs& a, void* ws) override;
+  void attention_forward(const AttnFwdArgs& a, void* ws) override;
+  void attention_backward(const AttnBwdArgs& a, void* ws) override;
+  void attention_accumulate_init(const Mat& acc, const Mat& m, const Mat& l) override;
+  void attention_finalize(const Mat& acc, const Mat& m, const Mat& l, int d, const Mat& o,
+                          const Mat& lse) override;
+  void lse_merge(const Mat& o, const Mat& lse, const Mat& o2, const Mat& lse2, int d) override;
+  void attention_delta(const Mat& o, const Mat& dout, int d, const Mat& delta) override;
+  void rope(const Mat& x, int d, const RowPositions& pos, const RopeParams& rp, int sign) override;
+  void rmsnorm_forward(const Mat& x, const Mat& w, int64_t group, float eps, const Mat& y,
+                       void* ws) override;
+  void rmsnorm_backward(const Mat& x, const Mat& w, int64_t group, float eps, const Mat& dy,
+                        const Mat& dx, const Mat& dw, void* ws) override;
+  void swiglu_forward(const Mat& a, const Mat& b, const Mat& h, void* ws) override;
+  void swiglu_backward(const Mat& a, const Mat& b, const Mat& dh, const Mat& da, const Mat& db,
+                       void* ws) override;
+  void fill(const Mat& x, float value) override;
+  void convert(const Mat& dst, const Mat& src) override;
+  void add_into(const Mat& dst, const Mat& src) override;
+  void add_transposed(const Mat& dst, const Mat& src, float beta) override;
+};
+
+}  // namespace upipe

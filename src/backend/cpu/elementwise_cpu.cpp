@@ -1,0 +1,233 @@
+// CPU implementations of RoPE, RMSNorm (whole rows or per head) and SwiGLU, and the
+// elementwise data-movement ops.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "backend/cpu/cpu_ops.h"
+
+namespace upipe::cpu {
+namespace {
+
+// Loads row r of x as fp32 into buf (x.cols elements) and stores it back.
+void load_row(const Mat& x, int64_t r, float* buf) {
+  to_f32(x.at(r, 0), x.dtype, buf, x.cols);
+}
+void store_row(const Mat& x, int64_t r, const float* buf) {
+  from_f32(buf, x.at(r, 0), x.dtype, x.cols);
+}
+
+// cos/sin of pos * inv_freq[i] for consecutive positions. Exact fp64 sincos at every multiple
+// of kRopeAnchor, then rotation by inv_freq[i] in fp64 (error ~1e-15 after 63 steps): a
+// position's values depend only on the position, never on where a shard starts, and cost a
+// few FMAs instead of a sincos.
+constexpr int64_t kRopeAnchor = 64;
+
+class RopeAngles {
+ public:
+  RopeAngles(int half, const std::vector<double>& inv_freq) : half_(half) {
+    for (int i = 0; i < half; ++i) {
+      inv_[i] = inv_freq[size_t(i)];
+      step_c_[i] = std::cos(inv_[i]);
+      step_s_[i] = std::sin(inv_[i]);
+    }
+  }
+  // Positions the generator at `pos` (anchor, then steps forward).
+  void seek(int64_t pos) {
+    pos_ = pos - pos % kRopeAnchor;
+    for (int i = 0; i < half_; ++i) {
+      c_[i] = std::cos(double(pos_) * inv_[i]);
+      s_[i] = std::sin(double(pos_) * inv_[i]);
+    }
+    while (pos_ < pos) advance();
+  }
+  void advance() {
+    ++pos_;
+    if (pos_ % kRopeAnchor == 0) {
+      seek(pos_);
+      return;
+    }
+    for (int i = 0; i < half_; ++i) {
+      const double c = c_[i] * step_c_[i] - s_[i] * step_s_[i];
+      s_[i] = s_[i] * step_c_[i] + c_[i] * step_s_[i];
+      c_[i] = c;
+    }
+  }
+  double cos(int i) const { return c_[i]; }
+  double sin(int i) const { return s_[i]; }
+
+ private:
+  int half_;
+  int64_t pos_ = 0;
+  double inv_[512], step_c_[512], step_s_[512], c_[512], s_[512];
+};
+
+float silu(float x) {
+  return x / (1.0f + std::exp(-x));
+}
+
+}  // namespace
+
+void rope(const Mat& x, int d, const RowPositions& pos, const RopeParams& rp, int sign) {
+  const int half = d / 2;
+  const int64_t heads = x.cols / d;
+  RopeAngles angles(half, rp.inv_freq(d));
+  float cs[512], sn[512], a[512], b[512], ya[512], yb[512];
+  int64_t r = 0;
+  for (const RowPositions::Run& run : pos.runs) {
+    for (int64_t t = 0; t < run.rows; ++t, ++r) {
+      if (t == 0)
+        angles.seek(run.pos);
+      else
+        angles.advance();
+      for (int i = 0; i < half; ++i) {
+        cs[i] = float(angles.cos(i));
+        sn[i] = float(sign * angles.sin(i));
+      }
+      for (int64_t h = 0; h < heads; ++h) {
+        char* base = static_cast<char*>(x.at(r, h * d));
+        char* second = base + half * dtype_size(x.dtype);
+        to_f32(base, x.dtype, a, half);
+        to_f32(second, x.dtype, b, half);
+#pragma omp simd
+        for (int i = 0; i < half; ++i) {
+          ya[i] = a[i] * cs[i] - b[i] * sn[i];
+          yb[i] = b[i] * cs[i] + a[i] * sn[i];
+        }
+        from_f32(ya, base, x.dtype, half);
+        from_f32(yb, second, x.dtype, half);
+      }
+    }
+  }
+}
+
+// x (rows, cols) is normalised over each `group`-wide column group; ws: 3 group floats.
+void rmsnorm_forward(const Mat& x, const Mat& w, int64_t group, float eps, const Mat& y,
+                     float* ws) {
+  float* row = ws;
+  float* wf = row + group;
+  to_f32(w.at(0, 0), w.dtype, wf, group);
+  const int64_t n = group;
+  for (int64_t r = 0; r < x.rows; ++r)
+    for (int64_t c0 = 0; c0 < x.cols; c0 += n) {
+      to_f32(x.at(r, c0), x.dtype, row, n);
+      float ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
+      for (int64_t c = 0; c < n; ++c) ss += row[c] * row[c];
+      const float inv = 1.0f / std::sqrt(ss / float(n) + eps);
+#pragma omp simd
+      for (int64_t c = 0; c < n; ++c) row[c] = row[c] * inv * wf[c];
+      from_f32(row, y.at(r, c0), y.dtype, n);
+    }
+}
+
+void rmsnorm_backward(const Mat& x, const Mat& w, int64_t group, float eps, const Mat& dy,
+                      const Mat& dx, const Mat& dw, float* ws) {
+  float* xr = ws;
+  float* gr = xr + group;
+  float* wf = gr + group;
+  to_f32(w.at(0, 0), w.dtype, wf, group);
+  float* dwp = dw.f32();
+  const int64_t n = group;
+  for (int64_t r = 0; r < x.rows; ++r)
+    for (int64_t c0 = 0; c0 < x.cols; c0 += n) {
+      to_f32(x.at(r, c0), x.dtype, xr, n);
+      to_f32(dy.at(r, c0), dy.dtype, gr, n);
+      float ss = 0.0f, dot = 0.0f;
+#pragma omp simd reduction(+ : ss, dot)
+      for (int64_t c = 0; c < n; ++c) {
+        ss += xr[c] * xr[c];
+        dot += wf[c] * gr[c] * xr[c];
+      }
+      const float inv = 1.0f / std::sqrt(ss / float(n) + eps);
+      const float k = dot * inv * inv * inv / float(n);
+#pragma omp simd
+      for (int64_t c = 0; c < n; ++c) {
+        dwp[c] += gr[c] * xr[c] * inv;
+        gr[c] = wf[c] * gr[c] * inv - xr[c] * k;
+      }
+      from_f32(gr, dx.at(r, c0), dx.dtype, n);
+    }
+}
+
+void swiglu_forward(const Mat& a, const Mat& b, const Mat& h, float* ws) {
+  float* ar = ws;
+  float* br = ar + a.cols;
+  for (int64_t r = 0; r < a.rows; ++r) {
+    load_row(a, r, ar);
+    load_row(b, r, br);
+    for (int64_t c = 0; c < a.cols; ++c) ar[c] = silu(ar[c]) * br[c];
+    store_row(h, r, ar);
+  }
+}
+
+void swiglu_backward(const Mat& a, const Mat& b, const Mat& dh, const Mat& da, const Mat& db,
+                     float* ws) {
+  float* ar = ws;
+  float* br = ar + a.cols;
+  float* gr = br + a.cols;
+  for (int64_t r = 0; r < a.rows; ++r) {
+    load_row(a, r, ar);
+    load_row(b, r, br);
+    load_row(dh, r, gr);
+    for (int64_t c = 0; c < a.cols; ++c) {
+      const float x = ar[c], sg = 1.0f / (1.0f + std::exp(-x));
+      const float g = gr[c];
+      ar[c] = g * br[c] * sg * (1.0f + x * (1.0f - sg));
+      br[c] = g * x * sg;
+    }
+    store_row(da, r, ar);
+    store_row(db, r, br);
+  }
+}
+
+void fill(const Mat& x, float value) {
+  if (value == 0.0f) {
+    for (int64_t r = 0; r < x.rows; ++r)
+      std::memset(x.at(r, 0), 0, size_t(x.cols * dtype_size(x.dtype)));
+    return;
+  }
+  float row[1024];
+  std::fill_n(row, 1024, value);
+  for (int64_t r = 0; r < x.rows; ++r)
+    for (int64_t c0 = 0; c0 < x.cols; c0 += 1024)
+      from_f32(row, x.at(r, c0), x.dtype, std::min<int64_t>(1024, x.cols - c0));
+}
+
+void convert(const Mat& dst, const Mat& src) {
+  if (dst.dtype == src.dtype) {
+    for (int64_t r = 0; r < src.rows; ++r)
+      std::memcpy(dst.at(r, 0), src.at(r, 0), size_t(src.cols * dtype_size(src.dtype)));
+    return;
+  }
+  float row[1024];
+  for (int64_t r = 0; r < src.rows; ++r)
+    for (int64_t c0 = 0; c0 < src.cols; c0 += 1024) {
+      const int64_t n = std::min<int64_t>(1024, src.cols - c0);
+      to_f32(src.at(r, c0), src.dtype, row, n);
+      from_f32(row, dst.at(r, c0), dst.dtype, n);
+    }
+}
+
+void add_into(const Mat& dst, const Mat& src) {
+  for (int64_t r = 0; r < src.rows; ++r) {
+    float* d = static_cast<float*>(dst.at(r, 0));
+    const float* s = static_cast<const float*>(src.at(r, 0));
+    for (int64_t c = 0; c < src.cols; ++c) d[c] += s[c];
+  }
+}
+
+void add_transposed(const Mat& dst, const Mat& src, float beta) {
+  // Blocks of 32 x 32 keep both sides in cache.
+  for (int64_t r0 = 0; r0 < dst.rows; r0 += 32)
+    for (int64_t c0 = 0; c0 < dst.cols; c0 += 32)
+      for (int64_t r = r0; r < std::min(dst.rows, r0 + 32); ++r) {
+        float* d = static_cast<float*>(dst.at(r, 0));
+        for (int64_t c = c0; c < std::min(dst.cols, c0 + 32); ++c) {
+          const float v = *static_cast<const float*>(src.at(c, r));
+          d[c] = beta == 0.0f ? v : beta * d[c] + v;
+        }
+      }
+}
+
+}  // namespace upipe::cpu

@@ -1,0 +1,44 @@
+// A rank's device: its backend (cpu, meta, later cuda), the device arena (simulated HBM on CPU,
+// real HBM on GPU) and the host arena (offload target), both backed by memory the backend
+// provides. Everything that touches device memory goes through the backend: the op front-ends
+// of this directory, and the copies below.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "backend/backend.h"
+#include "core/arena.h"
+
+namespace upipe {
+
+struct DeviceOptions {
+  BackendKind kind = BackendKind::kCpu;
+  int64_t device_budget = int64_t(1) << 40;   // bytes
+  int64_t host_budget = int64_t(1) << 40;     // bytes
+  BackendKind plans_for = BackendKind::kCpu;  // meta: whose workspace sizes to count
+};
+
+class Device {
+ public:
+  explicit Device(const DeviceOptions& opt = {});
+  Device(const Device&) = delete;
+  Device& operator=(const Device&) = delete;
+
+  Backend& backend() const { return *backend_; }
+  Arena& mem() { return *mem_; }    // device arena
+  Arena& host() { return *host_; }  // host arena
+
+  // Byte copies between or within the arenas, ordered on the default stream (device<->host is
+  // the offload path).
+  void copy(void* dst, const void* src, int64_t bytes, CopyKind kind) {
+    if (bytes > 0) backend_->copy(dst, src, bytes, kind, Stream{});
+  }
+
+ private:
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Allocator> mem_backing_, host_backing_;
+  std::unique_ptr<Arena> mem_, host_;
+};
+
+}  // namespace upipe

@@ -1,0 +1,26 @@
+// Small data-movement ops on matrix views (zero, fill, copy with conversion, add), and the
+// transfers between host code and device tensors: host code never reads or writes device memory
+// itself, it uploads and downloads through the backend's copies.
+#pragma once
+
+#include <vector>
+
+#include "backend/device.h"
+
+namespace upipe {
+
+void zero(Device& dev, const Mat& x);
+void fill(Device& dev, const Mat& x, float value);
+// dst = src (same shape; dtypes may differ, converted through fp32).
+void copy(Device& dev, const Mat& dst, const Mat& src);
+// dst += src, both fp32.
+void add_into(Device& dev, const Mat& dst, const Mat& src);
+// dst (r, c) = beta * dst + src^T, src (c, r); both fp32.
+void add_transposed(Device& dev, const Mat& dst, const Mat& src, float beta);
+
+// dst (device, any dtype) <- src, rows * cols fp32 values in row-major order (host).
+void upload(Device& dev, const float* src, const Mat& dst);
+// The values of src (device, any dtype) as fp32, row-major (host).
+std::vector<float> download(Device& dev, const Mat& src);
+
+}  // namespace upipe
