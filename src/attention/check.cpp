@@ -1,5 +1,7 @@
 #include "attention/check.h"
 
+#include <fmt/format.h>
+
 #include <cmath>
 #include <map>
 #include <optional>
@@ -15,7 +17,7 @@
 namespace upipe {
 namespace {
 
-constexpr const char* kNames[] = {"y", "dx", "dwq", "dwk", "dwv", "dwo"};
+constexpr const char* kNames[] = {"y", "dx", "dwq", "dwk", "dwv", "dwo", "dwqn", "dwkn"};
 
 std::vector<double> read_all(Device& dev, const Mat& m) {
   const std::vector<float> f = download(dev, m);
@@ -52,30 +54,45 @@ double eps_of(DType t) {
   return t == DType::kF32 ? std::ldexp(1.0, -23) : std::ldexp(1.0, -8);
 }
 
-// What a strategy is compared with: `local` on the whole sequence and, for merge strategies,
-// local's own error against the fp64 block (the tolerance rule's |local - fp64|).
+// What a strategy is compared with: `local` on the whole sequence and, for strategies that
+// merge partial results, local's own error against the fp64 block (the rule's |local - fp64|).
 struct Oracle {
-  std::vector<double> want[6];                   // local's y, dx, dWq, dWk, dWv, dWo
+  std::vector<std::vector<double>> want;         // local's tensors, in kNames order
   std::optional<std::vector<double>> local_err;  // per tensor, when computed
 };
 
-// The inputs are a pure function of (shape, seed), so the oracle is computed once per process
-// and shape: the multi-rank table compares many strategies with the same `local` run, and the
-// naive fp64 block dominates a test case's time.
+int tensor_count(const AttentionConfig& cfg) {
+  return cfg.qk_norm ? 8 : 6;
+}
+
+std::vector<const Mat*> outputs(const BlockTensors& t, int n) {
+  std::vector<const Mat*> v{&t.y.mat(),  &t.dx.mat(), &t.gq.mat(),  &t.gk.mat(),
+                            &t.gv.mat(), &t.go.mat(), &t.gqn.mat(), &t.gkn.mat()};
+  v.resize(size_t(n));
+  return v;
+}
+
+// The inputs are a pure function of (config, seed), so the oracle is computed once per process
+// and configuration: the multi-rank table compares many strategies with the same `local` run,
+// and the naive fp64 block dominates a test case's time.
 const Oracle& oracle(const AttentionConfig& cfg, uint64_t seed, bool with_fp64) {
-  using Key = std::tuple<int64_t, int, int, int, DType, double, uint64_t>;
-  static std::map<Key, Oracle> cache;
-  Oracle& o = cache[Key{cfg.seq_len, cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.dtype,
-                        cfg.rope.theta, seed}];
-  if (!o.want[0].empty() && (o.local_err || !with_fp64)) return o;
+  static std::map<std::string, Oracle> cache;
+  const RopeScaling& rs = cfg.rope.scaling;
+  const std::string key = fmt::format(
+      "{} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {}", cfg.seq_len, cfg.heads, cfg.kv_heads,
+      cfg.head_dim, cfg.model_dim(), dtype_name(cfg.dtype), cfg.fp32_residual, cfg.qk_norm,
+      cfg.norm_eps, cfg.rope.theta, rs.enabled, rs.factor, rs.low_freq_factor, rs.high_freq_factor,
+      rs.original_max_position, seed);
+  Oracle& o = cache[key];
+  if (!o.want.empty() && (o.local_err || !with_fp64)) return o;
+  const int n = tensor_count(cfg);
   Device odev;
   FakeCommunicator one(0, 1);
   LocalAttention local({odev, one, cfg});
   BlockTensors lt = make_block_tensors(odev, cfg, RowPositions::contiguous(cfg.seq_len, 0), seed);
   run_block(local, odev, lt);
-  const Mat* outs[6] = {&lt.y.mat(),  &lt.dx.mat(), &lt.gq.mat(),
-                        &lt.gk.mat(), &lt.gv.mat(), &lt.go.mat()};
-  for (int i = 0; i < 6; ++i) o.want[i] = read_all(odev, *outs[i]);
+  o.want.clear();
+  for (const Mat* m : outputs(lt, n)) o.want.push_back(read_all(odev, *m));
   if (!with_fp64) return o;
   ref::BlockData<double> b;
   b.x = read_all(odev, lt.x);
@@ -84,10 +101,14 @@ const Oracle& oracle(const AttentionConfig& cfg, uint64_t seed, bool with_fp64) 
   b.wk = read_all(odev, lt.wk);
   b.wv = read_all(odev, lt.wv);
   b.wo = read_all(odev, lt.wo);
+  if (cfg.qk_norm) {
+    b.wqn = read_all(odev, lt.wqn);
+    b.wkn = read_all(odev, lt.wkn);
+  }
   ref::attention_block<double>(cfg, b);
-  const std::vector<double>* r64[6] = {&b.y, &b.dx, &b.gq, &b.gk, &b.gv, &b.go};
-  o.local_err.emplace(6, 0.0);
-  for (int i = 0; i < 6; ++i) (*o.local_err)[size_t(i)] = max_diff(o.want[i], *r64[i]);
+  const std::vector<double>* r64[] = {&b.y, &b.dx, &b.gq, &b.gk, &b.gv, &b.go, &b.gqn, &b.gkn};
+  o.local_err.emplace(size_t(n), 0.0);
+  for (int i = 0; i < n; ++i) (*o.local_err)[size_t(i)] = max_diff(o.want[size_t(i)], *r64[i]);
   return o;
 }
 
@@ -118,26 +139,51 @@ CheckResult check_strategy(const std::string& method, const AttentionConfig& cfg
       res.attn_peak_bytes = std::max(res.attn_peak_bytes, all[size_t(2 * j + 1)]);
     }
   }
-  const std::vector<double> got[6] = {gathered(world, layout, t.y), gathered(world, layout, t.dx),
-                                      summed(dev, world, t.gq),     summed(dev, world, t.gk),
-                                      summed(dev, world, t.gv),     summed(dev, world, t.go)};
-  const bool merge = strat->error_class() == AttentionStrategy::ErrorClass::kMerge;
-  res.rule = merge ? "merge: err <= 4 |local - fp64| + 16 eps_fp32 max|local|"
-                   : "data movement: err <= 16 eps_fp32 max|local| (fp32 tensors), "
-                     "2 eps_bf16 max|local| (bf16 tensors)";
-  std::vector<double> verdict(13, 0.0);  // passed flag, then err and tolerance per tensor
+  const int n = tensor_count(cfg);
+  std::vector<std::vector<double>> got;
+  for (int i = 0; i < n; ++i) {
+    const Mat& m = *outputs(t, n)[size_t(i)];
+    got.push_back(i < 2 ? gathered(world, layout, m) : summed(dev, world, m));
+  }
+  // Which tensors the merge rule bounds: all of them for strategies that merge softmax partials;
+  // with KV heads replicated over ranks (K < C) those that depend on the replicas' dK/dV sums,
+  // added in another order than local's single accumulation; and always the QK-norm weight
+  // gradients, (1, d) sums of S x heads terms whose order follows the sharding.
+  const AttentionStrategy::ErrorClass ec = strat->error_class();
+  auto merged = [&](int i) {
+    const std::string nm = kNames[i];
+    return ec == AttentionStrategy::ErrorClass::kMerge || nm == "dwqn" || nm == "dwkn" ||
+           (ec == AttentionStrategy::ErrorClass::kReplicaSums &&
+            (nm == "dx" || nm == "dwk" || nm == "dwv"));
+  };
+  const std::string merge_rule = "err <= 4 |local - fp64| + the data-movement bound";
+  const std::string move_rule =
+      "err <= 16 eps_fp32 max|local| (fp32 tensors), 2 eps_bf16 max|local| (bf16 y, dx)";
+  if (ec == AttentionStrategy::ErrorClass::kMerge)
+    res.rule = "merge (every tensor): " + merge_rule + "; data movement bound: " + move_rule;
+  else if (ec == AttentionStrategy::ErrorClass::kReplicaSums)
+    res.rule = std::string("merge for dx, dwk, dwv (replicated KV heads' gradient sums)") +
+               (cfg.qk_norm ? ", dwqn, dwkn (long reductions)" : "") + ": " + merge_rule +
+               "; data movement for the others: " + move_rule;
+  else if (cfg.qk_norm)
+    res.rule = "merge for dwqn, dwkn (long reductions): " + merge_rule +
+               "; data movement for the others: " + move_rule;
+  else
+    res.rule = "data movement: " + move_rule;
+  bool any_merge = false;
+  for (int i = 0; i < n; ++i) any_merge = any_merge || merged(i);
+  std::vector<double> verdict(size_t(1 + 2 * n), 0.0);  // passed, then err and tolerance each
   if (world.rank() == 0) {
-    const Oracle& o = oracle(cfg, opt.seed, merge);
-    const std::vector<double>* want = o.want;
-    const std::vector<double> local_err = o.local_err.value_or(std::vector<double>(6, 0.0));
+    const Oracle& o = oracle(cfg, opt.seed, any_merge);
     bool ok = true;
-    for (int i = 0; i < 6; ++i) {
-      const double scale = max_abs(want[i]);
-      const bool bf16 = i < 2 && cfg.dtype == DType::kBF16;  // y, dx are stored in the block dtype
+    for (int i = 0; i < n; ++i) {
+      const std::vector<double>& want = o.want[size_t(i)];
+      const double scale = max_abs(want);
+      const bool bf16 = i < 2 && cfg.out_dtype() == DType::kBF16;  // y, dx in the output dtype
       const double move =
           bf16 ? 2 * eps_of(DType::kBF16) * scale : 16 * eps_of(DType::kF32) * scale;
-      const double tol = merge ? 4 * local_err[size_t(i)] + move : move;
-      const double err = max_diff(got[i], want[i]);
+      const double tol = merged(i) ? 4 * (*o.local_err)[size_t(i)] + move : move;
+      const double err = max_diff(got[size_t(i)], want);
       verdict[size_t(1 + 2 * i)] = err;
       verdict[size_t(2 + 2 * i)] = tol;
       ok = ok && err <= tol;
@@ -146,7 +192,7 @@ CheckResult check_strategy(const std::string& method, const AttentionConfig& cfg
   }
   world.broadcast(verdict.data(), int64_t(verdict.size() * sizeof(double)), 0);
   res.passed = verdict[0] == 1.0;
-  for (int i = 0; i < 6; ++i) {
+  for (int i = 0; i < n; ++i) {
     res.max_abs_err[kNames[i]] = verdict[size_t(1 + 2 * i)];
     res.tolerance[kNames[i]] = verdict[size_t(2 + 2 * i)];
   }

@@ -6,10 +6,16 @@
 //       weight gradients always) and 2 eps_bf16 max|local| for bf16-stored y, dx: only the order
 //       of a few sums differs (stage slices of Wo, the group's sum of gradient shards), so a
 //       handful of ulp of the largest value, or one rounding flip in bf16;
-//   merge (ring, usp, fpdt, and any strategy with KV heads replicated over ranks, K < C):
-//       |err| <= 4 |local - fp64| + the above, with |local - fp64| the oracle's own error
-//       against the naive fp64 block: merging partial results changes the arithmetic, so the
-//       bound is relative to what the kernel's precision allows.
+//   merge (ring, usp, fpdt): |err| <= 4 |local - fp64| + the above, with |local - fp64| the
+//       oracle's own error against the naive fp64 block: merging partial results changes the
+//       arithmetic, so the bound is relative to what the kernel's precision allows;
+//   replica sums (ulysses, upipe with K < C: KV heads replicated over ranks): the merge bound
+//       for dx, dWk, dWv, dWkn, which depend on the replicas' dK/dV partial sums, and the data
+//       movement bound for the others;
+//   the QK-norm weight gradients dWqn, dWkn always take the merge bound: each is a (1, d) sum
+//   of S x heads terms, added in an order that follows the sharding.
+// CheckResult::rule states the rule applied.
+// Tensors: y, dx, dwq, dwk, dwv, dwo, and dwqn, dwkn with QK-norm.
 // Every rank returns the same result. Rank 0 computes the oracle (local, and the fp64 block for
 // merge strategies) once per process for each shape and seed, and reuses it.
 #pragma once
@@ -32,7 +38,7 @@ struct CheckResult {
   int ranks = 1;
   bool passed = false;
   std::string rule;
-  std::map<std::string, double> max_abs_err, tolerance;  // y, dx, dwq, dwk, dwv, dwo
+  std::map<std::string, double> max_abs_err, tolerance;  // y, dx, dwq, ... (check.h)
   int64_t peak_bytes = 0;                                // max over ranks
   TagBytes peak_by_tag;                                  // of rank 0, at its peak
   int64_t attn_peak_bytes = 0;                           // max over ranks

@@ -4,8 +4,10 @@
 
 #include <algorithm>
 
+#include "attention/fp_accumulator.h"
 #include "backend/attention.h"
 #include "backend/gemm.h"
+#include "backend/rmsnorm.h"
 #include "backend/tensor_ops.h"
 #include "core/errors.h"
 
@@ -63,8 +65,8 @@ struct ChunkedAttention::Buffers {
   Tensor o;           // (n, m*d)                                          attn_out
   Tensor lse;         // (m, n) fp32                                       attn_out
   Tensor dout;        // (n, m*d)                                          attn_grad (backward)
-  Tensor out_acc;     // (S/(N C), D) fp32, bf16 only: the chunk's y or dx attn_out / attn_grad
 };
+// Besides these, an FpAccumulator of the chunk's rows of y or dx when those are not fp32.
 
 // This rank's head-sharded K/V columns of every chunk, in the host arena. Block (set t, chunk
 // j), at index t N + j, is the (S/N, R*d) matrix of set t's resident heads over global chunk j.
@@ -119,7 +121,6 @@ ChunkedAttention::Buffers ChunkedAttention::allocate(bool backward) const {
   if (backward) b.dout = Tensor(mem, Tag::kAttnGrad, t, n, md);
   // y and dx collect one partial product per stage and rank (dx also the returning dK/dV); in
   // bf16 the chunk's rows are accumulated in fp32 and rounded once, as local's GEMMs do.
-  if (t != f32) b.out_acc = Tensor(mem, out, f32, rows, c.model_dim());
   return b;
 }
 
@@ -133,9 +134,6 @@ ChunkedAttention::Host ChunkedAttention::allocate_host(bool backward) const {
   if (backward) {
     h.dk = Buffer(host, mat_bytes(c.seq_len, cols, DType::kF32), Tag::kOffload);
     h.dv = Buffer(host, mat_bytes(c.seq_len, cols, DType::kF32), Tag::kOffload);
-    const int64_t n = h.dk.bytes() / 4;
-    zero(dev(), Mat{h.dk.data(), DType::kF32, 1, n, n});
-    zero(dev(), Mat{h.dv.data(), DType::kF32, 1, n, n});
   }
   return h;
 }
@@ -145,7 +143,7 @@ ChunkedAttention::Host ChunkedAttention::allocate_host(bool backward) const {
 void ChunkedAttention::offload_kv(const Mat& xi, const AttentionWeights& w, int set, int chunk,
                                   Buffers& b, const Host& h) {
   const Slot& s = b.slot[0];
-  project_kv(env(), xi, chunk_pos_[size_t(chunk)], w.wk, w.wv, set, b.a2a, s.k, s.v);
+  project_kv(env(), xi, chunk_pos_[size_t(chunk)], w, set, b.a2a, s.k, s.v);
   dev().copy(host_block(h.k, s.k.bytes(), n_, set, chunk), s.k.data(), s.k.bytes(),
              CopyKind::kDeviceToHost);
   dev().copy(host_block(h.v, s.v.bytes(), n_, set, chunk), s.v.data(), s.v.bytes(),
@@ -208,14 +206,22 @@ void ChunkedAttention::attend_forward(int stage, int i, Buffers& b, const Host& 
 void ChunkedAttention::attend_backward(int stage, int i, Buffers& b, const Host& h) {
   const int set = sch_.set_of(stage), d = cfg().head_dim;
   const std::vector<HeadRun> runs = head_runs(sch_, stage);
-  zero(dev(), b.acc);
-  fetch_kv(h, set, 0, b.slot[0]);
-  fetch_grads(h, set, 0, b.slot[0]);
-  for (int j = 0; j <= i; ++j) {
-    if (j < i) {
-      fetch_kv(h, set, j + 1, b.slot[(j + 1) % 2]);
-      fetch_grads(h, set, j + 1, b.slot[(j + 1) % 2]);
+  // The last query chunk is processed first: its set's first stage is the first to touch each
+  // key chunk's accumulators, which start from zero instead of the host.
+  const bool first_touch = i == n_ - 1 && sch_.starts_set(stage);
+  auto load = [&](int j, const Slot& slot) {
+    fetch_kv(h, set, j, slot);
+    if (first_touch) {
+      zero(dev(), slot.dk);
+      zero(dev(), slot.dv);
+    } else {
+      fetch_grads(h, set, j, slot);
     }
+  };
+  zero(dev(), b.acc);
+  load(0, b.slot[0]);
+  for (int j = 0; j <= i; ++j) {
+    if (j < i) load(j + 1, b.slot[(j + 1) % 2]);
     const Slot& kv = b.slot[j % 2];
     for (const HeadRun& r : runs) {
       const int64_t qc = int64_t(r.q0) * d, qn = int64_t(r.nh) * d;
@@ -229,37 +235,38 @@ void ChunkedAttention::attend_backward(int stage, int i, Buffers& b, const Host&
   }
 }
 
-void ChunkedAttention::forward(const Mat& x, const AttentionWeights& w, const Mat& y) {
+void ChunkedAttention::forward(const Mat& x, const AttentionWeights& w, const Mat& y, float beta) {
   const AttentionConfig& c = cfg();
-  const int64_t rows = x.rows / n_, d = c.head_dim, md = int64_t(sch_.m) * d;
+  const int64_t rows = x.rows / n_, md = int64_t(sch_.m) * c.head_dim;
   const DType t = c.dtype;
   Buffers b = allocate(false);
   const Host h = allocate_host(false);
   for (int i = 0; i < n_; ++i) {
     const Mat xi = x.rows_of(i * rows, rows);
     for (int set = 0; set < sch_.sets; ++set) offload_kv(xi, w, set, i, b, h);
-    const Mat yi = t == DType::kF32 ? y.rows_of(i * rows, rows) : b.out_acc.mat();
+    FpAccumulator yacc(dev(), y.rows_of(i * rows, rows), beta, Tag::kAttnOut);
     for (int s = 0; s < sch_.stages(); ++s) {
-      project_q(env(), xi, chunk_pos_[size_t(i)], w.wq, s, b.a2a, b.q);
+      project_q(env(), xi, chunk_pos_[size_t(i)], w, s, b.a2a, b.q);
       attend_forward(s, i, b, h);
       comm().all_to_all(b.o.data(), b.a2a.data(), mat_bytes(rows, md, t));
-      for (int j = 0; j < sch_.ranks; ++j) {
-        const Mat wo = w.wo.cols_of(int64_t(sch_.q_head(s, j)) * d, md);
-        gemm(dev(), a2a_block(b.a2a, t, rows, md, j), false, wo, true, yi, 1.0f,
-             s == 0 && j == 0 ? 0.0f : 1.0f);
-      }
+      accumulate_out(env(), w.wo, s, b.a2a, yacc.target(), s == 0 ? yacc.beta() : 1.0f);
     }
-    if (t != DType::kF32) copy(dev(), y.rows_of(i * rows, rows), b.out_acc);
+    yacc.finish();
   }
 }
 
 void ChunkedAttention::backward(const Mat& x, const Mat& dy, const AttentionWeights& w,
-                                const Mat& dx, const AttentionGrads& g) {
+                                const Mat& dx, const AttentionGrads& g, float dx_beta,
+                                float dw_beta) {
   const AttentionConfig& c = cfg();
   const int64_t rows = x.rows / n_, d = c.head_dim, md = int64_t(sch_.m) * d;
   const DType t = c.dtype, f32 = DType::kF32;
   Buffers b = allocate(true);
   const Host h = allocate_host(true);
+  if (c.qk_norm && dw_beta == 0.0f) {
+    zero(dev(), g.wqn);
+    zero(dev(), g.wkn);
+  }
   // Query chunk i reads key chunks 0..i, so all K/V are offloaded before the last chunk starts.
   for (int i = 0; i < n_; ++i)
     for (int set = 0; set < sch_.sets; ++set)
@@ -267,10 +274,10 @@ void ChunkedAttention::backward(const Mat& x, const Mat& dy, const AttentionWeig
   for (int i = n_ - 1; i >= 0; --i) {
     const Mat xi = x.rows_of(i * rows, rows), dyi = dy.rows_of(i * rows, rows);
     const RowPositions& pos = chunk_pos_[size_t(i)];
-    const Mat dxi = t == f32 ? dx.rows_of(i * rows, rows) : b.out_acc.mat();
-    const float gbeta = i == n_ - 1 ? 0.0f : 1.0f;  // weight gradients sum over chunks
+    FpAccumulator dxacc(dev(), dx.rows_of(i * rows, rows), dx_beta, Tag::kAttnGrad);
+    const float gbeta = i == n_ - 1 ? dw_beta : 1.0f;  // weight gradients sum over chunks
     for (int s = 0; s < sch_.stages(); ++s) {
-      project_q(env(), xi, pos, w.wq, s, b.a2a, b.q);
+      project_q(env(), xi, pos, w, s, b.a2a, b.q);
       attend_forward(s, i, b, h);
       // do = dy Wo[:, stage heads], projected into the all-to-all layout and sent head-sharded.
       project_do(env(), dyi, w.wo, s, b.a2a);
@@ -280,24 +287,18 @@ void ChunkedAttention::backward(const Mat& x, const Mat& dy, const AttentionWeig
       accumulate_dwo(env(), dyi, s, b.a2a, g.wo, gbeta);
       attention_delta(dev(), b.o, b.dout, int(d), b.rsum);
       attend_backward(s, i, b, h);
-      // dq back to sequence layout; RoPE backward; dx += dq Wq[stage rows]; dWq[stage rows].
+      // dq back to sequence layout: dx += dq Wq[stage rows]; dWq[stage rows].
       comm().all_to_all(b.acc.data(), b.a2a.data(), mat_bytes(rows, md, f32));
-      for (int j = 0; j < sch_.ranks; ++j) {
-        const Mat blk = a2a_block(b.a2a, f32, rows, md, j);
-        rope_backward(dev(), blk, int(d), pos, c.rope);
-        const int64_t row0 = int64_t(sch_.q_head(s, j)) * d;
-        gemm(dev(), blk, false, w.wq.rows_of(row0, md), false, dxi, 1.0f,
-             s == 0 && j == 0 ? 0.0f : 1.0f);
-        gemm(dev(), blk, true, xi, false, g.wq.rows_of(row0, md), 1.0f, gbeta);
-      }
+      return_q_grads(env(), xi, pos, w, s, b.a2a, dxacc.target(), g, s == 0 ? dxacc.beta() : 1.0f,
+                     gbeta);
     }
     // Every query chunk >= i is done, so chunk i's dK/dV are complete: return them now.
     for (int set = 0; set < sch_.sets; ++set) {
       fetch_grads(h, set, i, b.slot[0]);
-      return_kv_grads(env(), xi, pos, w.wk, w.wv, set, b.slot[0].dk, b.slot[0].dv, b.a2a, dxi, g.wk,
-                      g.wv, gbeta);
+      return_kv_grads(env(), xi, pos, w, set, b.slot[0].dk, b.slot[0].dv, b.a2a, dxacc.target(), g,
+                      gbeta);
     }
-    if (t != f32) copy(dev(), dx.rows_of(i * rows, rows), b.out_acc);
+    dxacc.finish();
   }
 }
 
@@ -312,19 +313,19 @@ int64_t fpdt_attn_peak_bytes(const Backend& be, const AttentionConfig& c, const 
   };
   const int64_t attn_f = attention_fwd_workspace_bytes(be, int(d), t),
                 attn_b = attention_bwd_workspace_bytes(be, int(d), t);
-  // Largest transient: the attention kernel's tiles or a bf16 GEMM staging buffer.
-  const int64_t ws_fwd = std::max(
-      {attn_f, ws(rows, md, dm, t, t, t), ws(rows, pd, dm, t, t, t), ws(rows, dm, md, t, t, f32)});
-  const int64_t ws_bwd =
-      std::max({attn_f, attn_b, ws(rows, md, dm, t, t, t), ws(rows, pd, dm, t, t, t),
-                project_do_bytes(be, c, s, rows), accumulate_dwo_bytes(be, c, s, rows),
-                ws(rows, dm, md, f32, t, f32), ws(md, dm, rows, f32, t, f32),
-                ws(rows, dm, pd, f32, t, f32), ws(pd, dm, rows, f32, t, f32)});
+  // Largest transient: the attention kernel's tiles, a GEMM or QK-norm workspace, the QK-norm's
+  // recomputed pre-norm block.
+  const int64_t norm = c.qk_norm ? rmsnorm_workspace_bytes(be, d) : 0;
+  const int64_t proj = std::max({ws(rows, md, dm, t, t, t), ws(rows, pd, dm, t, t, t), norm});
+  const int64_t ws_fwd = std::max({attn_f, proj, ws(rows, dm, md, t, t, f32)});
+  const int64_t ws_bwd = std::max(
+      {attn_f, attn_b, proj, project_do_bytes(be, c, s, rows), accumulate_dwo_bytes(be, c, s, rows),
+       return_q_grads_bytes(be, c, s, rows), return_kv_grads_bytes(be, c, s, rows, f32)});
   const int64_t slots = 4 * mat_bytes(n, rd, t);  // 2 slots x (k, v)
   const int64_t stat = mat_bytes(s.m, n, f32);    // one (m, n) row statistic
   // q, o; the fp32 accumulator (dq in backward); running max, sum (delta), lse.
   const int64_t stage = 2 * mat_bytes(n, md, t) + mat_bytes(n, md, f32) + 3 * stat;
-  const int64_t out_acc = t == f32 ? 0 : mat_bytes(rows, dm, f32);
+  const int64_t out_acc = FpAccumulator::bytes(rows, dm, c.out_dtype());
   const int64_t fwd = slots + n * md * dtype_size(t) + stage + out_acc + ws_fwd;
   const int64_t bwd = slots + 4 * mat_bytes(n, rd, f32) + n * md * 4 + stage + mat_bytes(n, md, t) +
                       out_acc + ws_bwd;

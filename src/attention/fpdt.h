@@ -36,9 +36,9 @@ class ChunkedAttention final : public AttentionStrategy {
   ChunkedAttention(const StrategyContext& ctx, std::string name, int head_chunk);
   std::string name() const override { return name_; }
   SeqLayout layout() const override;
-  void forward(const Mat& x, const AttentionWeights& w, const Mat& y) override;
+  void forward(const Mat& x, const AttentionWeights& w, const Mat& y, float beta) override;
   void backward(const Mat& x, const Mat& dy, const AttentionWeights& w, const Mat& dx,
-                const AttentionGrads& g) override;
+                const AttentionGrads& g, float dx_beta, float dw_beta) override;
   int64_t attn_formula_bytes() const override;
   ErrorClass error_class() const override { return ErrorClass::kMerge; }
   std::optional<CommStats> comm_expected() const override;

@@ -11,15 +11,16 @@
 namespace upipe {
 
 struct BlockTensors {
-  Tensor x, dy, y, dx;    // (rows, D), tag act
-  Tensor wq, wk, wv, wo;  // weights, tag params
-  Tensor gq, gk, gv, go;  // fp32 weight gradients, tag grads
-  AttentionWeights weights() const { return {wq, wk, wv, wo}; }
-  AttentionGrads grads() const { return {gq, gk, gv, go}; }
+  Tensor x;                         // (rows, D) cfg.dtype, tag act
+  Tensor dy, y, dx;                 // (rows, D) cfg.out_dtype(), tag act
+  Tensor wq, wk, wv, wo, wqn, wkn;  // weights (QK-norm ones only with cfg.qk_norm), tag params
+  Tensor gq, gk, gv, go, gqn, gkn;  // fp32 weight gradients, tag grads
+  AttentionWeights weights() const { return {wq, wk, wv, wo, wqn, wkn}; }
+  AttentionGrads grads() const { return {gq, gk, gv, go, gqn, gkn}; }
 };
 
-// x, dy ~ N(0, 1) and weights ~ N(0, 1/D), each element a pure function of (seed, global
-// index), so every sharding sees the same global tensors.
+// x, dy ~ N(0, 1), weights ~ N(0, 1/D) and QK-norm weights ~ 1 + N(0, 1/4), each element a pure
+// function of (seed, global index), so every sharding sees the same global tensors.
 BlockTensors make_block_tensors(Device& dev, const AttentionConfig& cfg, const RowPositions& rows,
                                 uint64_t seed);
 
@@ -30,7 +31,8 @@ struct BlockRun {
   int64_t attn_peak_bytes = 0;  // peak of the attention-intermediate tags (SPEC.md)
 };
 
-// One forward and one backward of `s` on t. The arena's peak is reset first.
-BlockRun run_block(AttentionStrategy& s, Device& dev, BlockTensors& t);
+// One forward and one backward of `s` on t, overwriting (accumulate = false) or adding to
+// (true: beta = 1) y, dx and the gradients. The arena's peak is reset first.
+BlockRun run_block(AttentionStrategy& s, Device& dev, BlockTensors& t, bool accumulate = false);
 
 }  // namespace upipe

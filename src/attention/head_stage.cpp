@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "backend/gemm.h"
+#include "backend/rmsnorm.h"
 #include "backend/tensor_ops.h"
 
 namespace upipe {
@@ -12,22 +13,54 @@ Mat a2a_block(const Buffer& buf, DType t, int64_t rows, int64_t cols, int j) {
              cols, cols};
 }
 
-void project_q(const StageEnv& e, const Mat& x, const RowPositions& pos, const Mat& wq, int stage,
-               const Buffer& staging, const Mat& q) {
+void project_q(const StageEnv& e, const Mat& x, const RowPositions& pos, const AttentionWeights& w,
+               int stage, const Buffer& staging, const Mat& q) {
   const AttentionConfig& c = e.cfg;
   const int d = c.head_dim, m = e.sch.m;
   const int64_t sl = x.rows;
   for (int j = 0; j < e.sch.ranks; ++j) {
     const Mat blk = a2a_block(staging, c.dtype, sl, int64_t(m) * d, j);
-    gemm(e.dev, x, false, wq.rows_of(int64_t(e.sch.q_head(stage, j)) * d, int64_t(m) * d), true,
+    gemm(e.dev, x, false, w.wq.rows_of(int64_t(e.sch.q_head(stage, j)) * d, int64_t(m) * d), true,
          blk);
+    if (c.qk_norm) rmsnorm_forward(e.dev, blk, w.wqn, c.norm_eps, blk, d);
     rope_forward(e.dev, blk, d, pos, c.rope);
   }
   e.comm.all_to_all(staging.data(), q.data, mat_bytes(sl, int64_t(m) * d, c.dtype));
 }
 
-void project_kv(const StageEnv& e, const Mat& x, const RowPositions& pos, const Mat& wk,
-                const Mat& wv, int set, const Buffer& staging, const Mat& k, const Mat& v) {
+namespace {
+
+// A k block (rows, heads*d) fresh from its projection: QK-norm and RoPE in place.
+void finish_k(const StageEnv& e, const Mat& blk, const AttentionWeights& w,
+              const RowPositions& pos) {
+  const AttentionConfig& c = e.cfg;
+  if (c.qk_norm) rmsnorm_forward(e.dev, blk, w.wkn, c.norm_eps, blk, c.head_dim);
+  rope_forward(e.dev, blk, c.head_dim, pos, c.rope);
+}
+
+// QK-norm backward in place on grad (rows, heads*d) fp32 at the norm's output: recomputes the
+// pre-norm values x wrows^T and accumulates the norm weight's gradient into gnorm.
+void norm_backward(const StageEnv& e, const Mat& x, const Mat& wrows, const Mat& wnorm,
+                   const Mat& grad, const Mat& gnorm) {
+  const AttentionConfig& c = e.cfg;
+  Tensor pre(e.dev.mem(), Tag::kQkv, c.dtype, grad.rows, grad.cols);
+  gemm(e.dev, x, false, wrows, true, pre);
+  rmsnorm_backward(e.dev, pre, wnorm, c.norm_eps, grad, grad, gnorm, c.head_dim);
+}
+
+int64_t norm_backward_bytes(const Backend& be, const AttentionConfig& c, int64_t rows,
+                            int64_t cols) {
+  if (!c.qk_norm) return 0;
+  const DType t = c.dtype;
+  return mat_bytes(rows, cols, t) +
+         std::max(gemm_workspace_bytes(be, rows, cols, c.model_dim(), t, t, t),
+                  rmsnorm_workspace_bytes(be, c.head_dim));
+}
+
+}  // namespace
+
+void project_kv(const StageEnv& e, const Mat& x, const RowPositions& pos, const AttentionWeights& w,
+                int set, const Buffer& staging, const Mat& k, const Mat& v) {
   const AttentionConfig& c = e.cfg;
   const UpipeSchedule& s = e.sch;
   const int cr = s.ranks, d = c.head_dim;
@@ -36,12 +69,12 @@ void project_kv(const StageEnv& e, const Mat& x, const RowPositions& pos, const 
   if (!s.replicated()) {
     const int r = s.kv_per_rank;
     for (int pass = 0; pass < 2; ++pass) {
-      const Mat& wmat = pass == 0 ? wk : wv;
+      const Mat& wmat = pass == 0 ? w.wk : w.wv;
       for (int j = 0; j < cr; ++j) {
         const Mat blk = a2a_block(staging, t, sl, int64_t(r) * d, j);
         gemm(e.dev, x, false, wmat.rows_of(int64_t(s.kv_head(set, j)) * d, int64_t(r) * d), true,
              blk);
-        if (pass == 0) rope_forward(e.dev, blk, d, pos, c.rope);
+        if (pass == 0) finish_k(e, blk, w, pos);
       }
       e.comm.all_to_all(staging.data(), (pass == 0 ? k : v).data, mat_bytes(sl, int64_t(r) * d, t));
     }
@@ -57,42 +90,76 @@ void project_kv(const StageEnv& e, const Mat& x, const RowPositions& pos, const 
     rd[size_t(j)] = j * blk_bytes;
   }
   for (int pass = 0; pass < 2; ++pass) {
-    const Mat& wmat = pass == 0 ? wk : wv;
+    const Mat& wmat = pass == 0 ? w.wk : w.wv;
     for (int a = 0; a < kh; ++a) {
       const Mat blk = a2a_block(staging, t, sl, d, a);
       gemm(e.dev, x, false, wmat.rows_of(int64_t(a) * d, d), true, blk);
-      if (pass == 0) rope_forward(e.dev, blk, d, pos, c.rope);
+      if (pass == 0) finish_k(e, blk, w, pos);
     }
     e.comm.all_to_allv(staging.data(), sb.data(), sd.data(), (pass == 0 ? k : v).data, rb.data(),
                        rd.data());
   }
 }
 
-void return_kv_grads(const StageEnv& e, const Mat& x, const RowPositions& pos, const Mat& wk,
-                     const Mat& wv, int set, const Mat& dk, const Mat& dv, const Buffer& staging,
-                     const Mat& dx, const Mat& gk, const Mat& gv, float dw_beta) {
+void accumulate_out(const StageEnv& e, const Mat& wo, int stage, const Buffer& staging,
+                    const Mat& y, float beta) {
+  const int64_t d = e.cfg.head_dim, md = int64_t(e.sch.m) * d;
+  for (int j = 0; j < e.sch.ranks; ++j)
+    gemm(e.dev, a2a_block(staging, e.cfg.dtype, y.rows, md, j), false,
+         wo.cols_of(int64_t(e.sch.q_head(stage, j)) * d, md), true, y, 1.0f, j == 0 ? beta : 1.0f);
+}
+
+void return_q_grads(const StageEnv& e, const Mat& x, const RowPositions& pos,
+                    const AttentionWeights& w, int stage, const Buffer& staging, const Mat& dx,
+                    const AttentionGrads& g, float dx_beta, float dw_beta) {
+  const AttentionConfig& c = e.cfg;
+  const int64_t d = c.head_dim, md = int64_t(e.sch.m) * d;
+  for (int j = 0; j < e.sch.ranks; ++j) {
+    const Mat blk = a2a_block(staging, DType::kF32, x.rows, md, j);
+    const int64_t row0 = int64_t(e.sch.q_head(stage, j)) * d;
+    const Mat wq = w.wq.rows_of(row0, md);
+    rope_backward(e.dev, blk, int(d), pos, c.rope);
+    if (c.qk_norm) norm_backward(e, x, wq, w.wqn, blk, g.wqn);
+    gemm(e.dev, blk, false, wq, false, dx, 1.0f, j == 0 ? dx_beta : 1.0f);
+    gemm(e.dev, blk, true, x, false, g.wq.rows_of(row0, md), 1.0f, dw_beta);
+  }
+}
+
+int64_t return_q_grads_bytes(const Backend& be, const AttentionConfig& c, const UpipeSchedule& s,
+                             int64_t rows) {
+  const int64_t md = int64_t(s.m) * c.head_dim, dm = c.model_dim();
+  const DType t = c.dtype, f32 = DType::kF32;
+  return std::max({norm_backward_bytes(be, c, rows, md),
+                   gemm_workspace_bytes(be, rows, dm, md, f32, t, f32),
+                   gemm_workspace_bytes(be, md, dm, rows, f32, t, f32)});
+}
+
+void return_kv_grads(const StageEnv& e, const Mat& x, const RowPositions& pos,
+                     const AttentionWeights& w, int set, const Mat& dk, const Mat& dv,
+                     const Buffer& staging, const Mat& dx, const AttentionGrads& g, float dw_beta) {
   const AttentionConfig& c = e.cfg;
   const UpipeSchedule& s = e.sch;
   const int cr = s.ranks, d = c.head_dim;
   const int64_t sl = x.rows;
   const DType f32 = DType::kF32;
-  auto apply = [&](const Mat& grad, const Mat& wrows, const Mat& grows) {
-    gemm(e.dev, grad, false, wrows, false, dx, 1.0f, 1.0f);   // dx += dk Wk
-    gemm(e.dev, grad, true, x, false, grows, 1.0f, dw_beta);  // dWk rows = dk^T x
+  // grad: (sl, heads*d) fp32 of the k (pass 0) or v (pass 1) heads at rows wrows of Wk / Wv.
+  auto apply = [&](int pass, const Mat& grad, int64_t row0, int64_t nrows) {
+    const Mat wrows = (pass == 0 ? w.wk : w.wv).rows_of(row0, nrows);
+    if (pass == 0) {
+      rope_backward(e.dev, grad, d, pos, c.rope);
+      if (c.qk_norm) norm_backward(e, x, wrows, w.wkn, grad, g.wkn);
+    }
+    gemm(e.dev, grad, false, wrows, false, dx, 1.0f, 1.0f);  // dx += dk Wk
+    gemm(e.dev, grad, true, x, false, (pass == 0 ? g.wk : g.wv).rows_of(row0, nrows), 1.0f,
+         dw_beta);  // dWk rows = dk^T x
   };
   for (int pass = 0; pass < 2; ++pass) {
     const Mat& src = pass == 0 ? dk : dv;
-    const Mat& wmat = pass == 0 ? wk : wv;
-    const Mat& gmat = pass == 0 ? gk : gv;
     if (!s.replicated()) {
       const int64_t rd = int64_t(s.kv_per_rank) * d;
       e.comm.all_to_all(src.data, staging.data(), mat_bytes(sl, rd, f32));
-      for (int j = 0; j < cr; ++j) {
-        const Mat blk = a2a_block(staging, f32, sl, rd, j);
-        if (pass == 0) rope_backward(e.dev, blk, d, pos, c.rope);
-        const int64_t row0 = int64_t(s.kv_head(set, j)) * d;
-        apply(blk, wmat.rows_of(row0, rd), gmat.rows_of(row0, rd));
-      }
+      for (int j = 0; j < cr; ++j)
+        apply(pass, a2a_block(staging, f32, sl, rd, j), int64_t(s.kv_head(set, j)) * d, rd);
       continue;
     }
     // K < C: block j holds the contribution of rank j's replica; sum the replicas of each head.
@@ -102,10 +169,19 @@ void return_kv_grads(const StageEnv& e, const Mat& x, const RowPositions& pos, c
       const Mat sum = a2a_block(staging, f32, sl, d, a * rep);
       for (int j = a * rep + 1; j < (a + 1) * rep; ++j)
         add_into(e.dev, sum, a2a_block(staging, f32, sl, d, j));
-      if (pass == 0) rope_backward(e.dev, sum, d, pos, c.rope);
-      apply(sum, wmat.rows_of(int64_t(a) * d, d), gmat.rows_of(int64_t(a) * d, d));
+      apply(pass, sum, int64_t(a) * d, d);
     }
   }
+}
+
+int64_t return_kv_grads_bytes(const Backend& be, const AttentionConfig& c, const UpipeSchedule& s,
+                              int64_t rows, DType dx) {
+  const int64_t pd = s.replicated() ? c.head_dim : int64_t(s.kv_per_rank) * c.head_dim;
+  const int64_t dm = c.model_dim();
+  const DType t = c.dtype, f32 = DType::kF32;
+  return std::max({norm_backward_bytes(be, c, rows, pd),
+                   gemm_workspace_bytes(be, rows, dm, pd, f32, t, dx),
+                   gemm_workspace_bytes(be, pd, dm, rows, f32, t, f32)});
 }
 
 AttnProblem run_problem(const HeadRun& r, const Mat& q, const Mat& k, const Mat& v, int d) {
@@ -144,7 +220,8 @@ int64_t accumulate_dwo_bytes(const Backend& be, const AttentionConfig& c, const 
                              int64_t rows) {
   const int64_t md = int64_t(s.m) * c.head_dim, dm = c.model_dim();
   const DType t = c.dtype;
-  return mat_bytes(md, dm, DType::kF32) + gemm_workspace_bytes(be, md, dm, rows, t, t, DType::kF32);
+  return mat_bytes(md, dm, DType::kF32) +
+         gemm_workspace_bytes(be, md, dm, rows, t, c.out_dtype(), DType::kF32);
 }
 
 void add_headwise_pass_comm(CommStats& st, const AttentionConfig& c, const UpipeSchedule& s,

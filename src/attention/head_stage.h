@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "attention/config.h"
+#include "attention/strategy.h"
 #include "attention/upipe_schedule.h"
 #include "backend/attention.h"
 #include "backend/device.h"
@@ -34,21 +35,41 @@ struct StageEnv {
 Mat a2a_block(const Buffer& buf, DType t, int64_t rows, int64_t cols, int j);
 
 // q (n, m*d) <- the stage's query heads of every rank's x rows: x (rows, D) at positions pos,
-// projected per destination rank into staging (C blocks (rows, m*d)), RoPE, all-to-all.
-void project_q(const StageEnv& e, const Mat& x, const RowPositions& pos, const Mat& wq, int stage,
-               const Buffer& staging, const Mat& q);
+// projected per destination rank into staging (C blocks (rows, m*d)), QK-norm, RoPE,
+// all-to-all.
+void project_q(const StageEnv& e, const Mat& x, const RowPositions& pos, const AttentionWeights& w,
+               int stage, const Buffer& staging, const Mat& q);
 
 // k, v (n, R*d) <- KV set `set` (K < C: the one replicated head) of every rank's x rows, the
-// same way; k gets RoPE.
-void project_kv(const StageEnv& e, const Mat& x, const RowPositions& pos, const Mat& wk,
-                const Mat& wv, int set, const Buffer& staging, const Mat& k, const Mat& v);
+// same way; k gets QK-norm and RoPE.
+void project_kv(const StageEnv& e, const Mat& x, const RowPositions& pos, const AttentionWeights& w,
+                int set, const Buffer& staging, const Mat& k, const Mat& v);
+
+// y (rows, D) = beta y + the stage's o blocks (C blocks (rows, m*d) in staging, back in sequence
+// layout) times their slices of Wo.
+void accumulate_out(const StageEnv& e, const Mat& wo, int stage, const Buffer& staging,
+                    const Mat& y, float beta);
+
+// The stage's fp32 dq blocks (C blocks (rows, m*d) in staging, back in sequence layout): RoPE and
+// QK-norm backward (recomputing the pre-norm q), dx (rows, D) = dx_beta dx + dq Wq[stage rows],
+// gq rows = dw_beta gq rows + dq^T x; g.wqn += (zero it first).
+void return_q_grads(const StageEnv& e, const Mat& x, const RowPositions& pos,
+                    const AttentionWeights& w, int stage, const Buffer& staging, const Mat& dx,
+                    const AttentionGrads& g, float dx_beta, float dw_beta);
+// Peak workspace of return_q_grads.
+int64_t return_q_grads_bytes(const Backend& be, const AttentionConfig& c, const UpipeSchedule& s,
+                             int64_t rows);
 
 // Sends the set's fp32 gradients dk, dv (n, R*d) back to sequence layout through staging
-// (fp32-sized), sums the replicas of a K < C head, applies RoPE backward to dk and accumulates
-// dx (rows, D) += dk Wk + dv Wv; gk, gv rows = dk^T x + dw_beta * gk, gv rows.
-void return_kv_grads(const StageEnv& e, const Mat& x, const RowPositions& pos, const Mat& wk,
-                     const Mat& wv, int set, const Mat& dk, const Mat& dv, const Buffer& staging,
-                     const Mat& dx, const Mat& gk, const Mat& gv, float dw_beta);
+// (fp32-sized), sums the replicas of a K < C head, applies RoPE and QK-norm backward to dk and
+// accumulates dx (rows, D) += dk Wk + dv Wv; gk, gv rows = dk^T x + dw_beta * gk, gv rows;
+// g.wkn +=.
+void return_kv_grads(const StageEnv& e, const Mat& x, const RowPositions& pos,
+                     const AttentionWeights& w, int set, const Mat& dk, const Mat& dv,
+                     const Buffer& staging, const Mat& dx, const AttentionGrads& g, float dw_beta);
+// Peak workspace of return_kv_grads.
+int64_t return_kv_grads_bytes(const Backend& be, const AttentionConfig& c, const UpipeSchedule& s,
+                              int64_t rows, DType dx);
 
 // The kernel problem of one head run: the run's query heads of q (n, m*d) against the KV heads
 // it reads in k, v (n', R*d); positions default to row 0 = position 0.

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 
+#include "attention/fp_accumulator.h"
 #include "backend/gemm.h"
+#include "backend/rmsnorm.h"
 #include "backend/tensor_ops.h"
 
 namespace upipe {
@@ -46,8 +48,8 @@ SeqLayout HeadwiseAttention::layout() const {
 // are combined: a ring core's softmax merge, and K < C, where the replicas' dK/dV partial sums
 // are added in another order than local's single accumulation.
 AttentionStrategy::ErrorClass HeadwiseAttention::error_class() const {
-  return core_->merges_partials() || sch_.replicated() ? ErrorClass::kMerge
-                                                       : ErrorClass::kDataMovement;
+  if (core_->merges_partials()) return ErrorClass::kMerge;
+  return sch_.replicated() ? ErrorClass::kReplicaSums : ErrorClass::kDataMovement;
 }
 
 void HeadwiseAttention::attend_forward(int stage, Buffers& b) {
@@ -59,7 +61,7 @@ void HeadwiseAttention::attend_forward(int stage, Buffers& b) {
   }
 }
 
-void HeadwiseAttention::forward(const Mat& x, const AttentionWeights& w, const Mat& y) {
+void HeadwiseAttention::forward(const Mat& x, const AttentionWeights& w, const Mat& y, float beta) {
   const AttentionConfig& c = cfg();
   const int64_t sl = x.rows, n = sl * sch_.ranks, d = c.head_dim, md = int64_t(sch_.m) * d;
   const int64_t rd = int64_t(sch_.kv_per_rank) * d;
@@ -72,28 +74,22 @@ void HeadwiseAttention::forward(const Mat& x, const AttentionWeights& w, const M
   b.q = Tensor(mem, Tag::kQkv, t, n, md);
   b.o = Tensor(mem, Tag::kAttnOut, t, n, md);
   b.lse = Tensor(mem, Tag::kAttnOut, DType::kF32, sch_.m, n);
-  // y collects one partial product per stage and rank; in bf16 it is accumulated in fp32 and
-  // rounded once, as local's single GEMM does.
-  Tensor yacc;
-  if (t != DType::kF32) yacc = Tensor(mem, Tag::kAttnOut, DType::kF32, sl, c.model_dim());
-  const Mat yout = t == DType::kF32 ? y : yacc.mat();
+  // y collects one partial product per stage and rank: an fp32 y (a residual stream) takes them
+  // directly; a bf16 y is accumulated in fp32 and rounded once, as local's single GEMM does.
+  FpAccumulator yacc(dev(), y, beta, Tag::kAttnOut);
   for (int s = 0; s < sch_.stages(); ++s) {
-    if (sch_.starts_set(s))
-      project_kv(env(), x, pos_, w.wk, w.wv, sch_.set_of(s), b.a2a, b.kres, b.vres);
-    project_q(env(), x, pos_, w.wq, s, b.a2a, b.q);
+    if (sch_.starts_set(s)) project_kv(env(), x, pos_, w, sch_.set_of(s), b.a2a, b.kres, b.vres);
+    project_q(env(), x, pos_, w, s, b.a2a, b.q);
     attend_forward(s, b);
     group().all_to_all(b.o.data(), b.a2a.data(), mat_bytes(sl, md, t));
-    for (int j = 0; j < sch_.ranks; ++j) {
-      const Mat wo = w.wo.cols_of(int64_t(sch_.q_head(s, j)) * d, md);
-      gemm(dev(), a2a_block(b.a2a, t, sl, md, j), false, wo, true, yout, 1.0f,
-           s == 0 && j == 0 ? 0.0f : 1.0f);
-    }
+    accumulate_out(env(), w.wo, s, b.a2a, yacc.target(), s == 0 ? yacc.beta() : 1.0f);
   }
-  if (t != DType::kF32) copy(dev(), y, yacc);
+  yacc.finish();
 }
 
 void HeadwiseAttention::backward(const Mat& x, const Mat& dy, const AttentionWeights& w,
-                                 const Mat& dx, const AttentionGrads& g) {
+                                 const Mat& dx, const AttentionGrads& g, float dx_beta,
+                                 float dw_beta) {
   const AttentionConfig& c = cfg();
   const int64_t sl = x.rows, n = sl * sch_.ranks, d = c.head_dim, md = int64_t(sch_.m) * d;
   const int64_t rd = int64_t(sch_.kv_per_rank) * d;
@@ -111,25 +107,26 @@ void HeadwiseAttention::backward(const Mat& x, const Mat& dy, const AttentionWei
   b.dout = Tensor(mem, Tag::kAttnGrad, t, n, md);
   b.delta = Tensor(mem, Tag::kAttnGrad, f32, sch_.m, n);
   b.dq = Tensor(mem, Tag::kAttnGrad, f32, n, md);
-  Tensor dxacc;  // fp32 accumulation of dx in bf16, as in forward
-  if (t != f32) dxacc = Tensor(mem, Tag::kAttnGrad, f32, sl, c.model_dim());
-  const Mat dxout = t == f32 ? dx : dxacc.mat();
-  bool first_dx = true;
+  FpAccumulator dxacc(dev(), dx, dx_beta, Tag::kAttnGrad);  // as y in forward
+  if (c.qk_norm && dw_beta == 0.0f) {
+    zero(dev(), g.wqn);
+    zero(dev(), g.wkn);
+  }
   for (int s = 0; s < sch_.stages(); ++s) {
     const int set = sch_.set_of(s);
     if (sch_.starts_set(s)) {
-      project_kv(env(), x, pos_, w.wk, w.wv, set, b.a2a, b.kres, b.vres);
+      project_kv(env(), x, pos_, w, set, b.a2a, b.kres, b.vres);
       zero(dev(), b.dkres);
       zero(dev(), b.dvres);
     }
-    project_q(env(), x, pos_, w.wq, s, b.a2a, b.q);
+    project_q(env(), x, pos_, w, s, b.a2a, b.q);
     attend_forward(s, b);
     // do = dy Wo[:, stage heads], projected into the all-to-all layout and sent head-sharded.
     project_do(env(), dy, w.wo, s, b.a2a);
     group().all_to_all(b.a2a.data(), b.dout.data(), mat_bytes(sl, md, t));
     // dWo[:, stage heads] = dy^T o needs o back in sequence layout.
     group().all_to_all(b.o.data(), b.a2a.data(), mat_bytes(sl, md, t));
-    accumulate_dwo(env(), dy, s, b.a2a, g.wo, 0.0f);
+    accumulate_dwo(env(), dy, s, b.a2a, g.wo, dw_beta);
     attention_delta(dev(), b.o, b.dout, int(d), b.delta);
     zero(dev(), b.dq);
     for (const HeadRun& r : head_runs(sch_, s)) {
@@ -140,22 +137,15 @@ void HeadwiseAttention::backward(const Mat& x, const Mat& dy, const AttentionWei
                       b.dq.mat().cols_of(qc, qn), b.dkres.mat().cols_of(kc, kn),
                       b.dvres.mat().cols_of(kc, kn));
     }
-    // dq back to sequence layout; RoPE backward; dx += dq Wq[stage rows]; dWq[stage rows].
+    // dq back to sequence layout: dx += dq Wq[stage rows]; dWq[stage rows].
     group().all_to_all(b.dq.data(), b.a2a.data(), mat_bytes(sl, md, f32));
-    for (int j = 0; j < sch_.ranks; ++j) {
-      const Mat blk = a2a_block(b.a2a, f32, sl, md, j);
-      rope_backward(dev(), blk, int(d), pos_, c.rope);
-      const int64_t row0 = int64_t(sch_.q_head(s, j)) * d;
-      gemm(dev(), blk, false, w.wq.rows_of(row0, md), false, dxout, 1.0f, first_dx ? 0.0f : 1.0f);
-      first_dx = false;
-      gemm(dev(), blk, true, x, false, g.wq.rows_of(row0, md));
-    }
+    return_q_grads(env(), x, pos_, w, s, b.a2a, dxacc.target(), g, s == 0 ? dxacc.beta() : 1.0f,
+                   dw_beta);
     // The set's dK/dV go back once; dx already holds a dq term, dWk/dWv rows are written once.
     if ((s + 1) % sch_.stages_per_set == 0)
-      return_kv_grads(env(), x, pos_, w.wk, w.wv, set, b.dkres, b.dvres, b.a2a, dxout, g.wk, g.wv,
-                      0.0f);
+      return_kv_grads(env(), x, pos_, w, set, b.dkres, b.dvres, b.a2a, dxacc.target(), g, dw_beta);
   }
-  if (t != f32) copy(dev(), dx, dxacc);
+  dxacc.finish();
 }
 
 int64_t headwise_attn_peak_bytes(const Backend& be, const AttentionConfig& c,
@@ -174,15 +164,16 @@ int64_t headwise_attn_peak_bytes(const Backend& be, const AttentionConfig& c,
       core_f = std::max(core_f, core.forward_bytes(r.nh, r.nk));
       core_b = std::max(core_b, core.backward_bytes(r.nh, r.nk));
     }
-  const int64_t ws_fwd = std::max(
-      {core_f, ws(sl, md, dm, t, t, t), ws(sl, pd, dm, t, t, t), ws(sl, dm, md, t, t, f32)});
-  const int64_t ws_bwd =
-      std::max({core_f, core_b, ws(sl, md, dm, t, t, t), ws(sl, pd, dm, t, t, t),
-                project_do_bytes(be, c, s, sl), accumulate_dwo_bytes(be, c, s, sl),
-                ws(sl, dm, md, f32, t, f32), ws(md, dm, sl, f32, t, f32),
-                ws(sl, dm, pd, f32, t, f32), ws(pd, dm, sl, f32, t, f32)});
+  // Projections: the GEMM into a staging block, then QK-norm in place.
+  const int64_t norm = c.qk_norm ? rmsnorm_workspace_bytes(be, d) : 0;
+  const int64_t proj = std::max({ws(sl, md, dm, t, t, t), ws(sl, pd, dm, t, t, t), norm});
+  const int64_t ws_fwd = std::max({core_f, proj, ws(sl, dm, md, t, t, f32)});
+  const int64_t ws_bwd = std::max(
+      {core_f, core_b, proj, project_do_bytes(be, c, s, sl), accumulate_dwo_bytes(be, c, s, sl),
+       return_q_grads_bytes(be, c, s, sl), return_kv_grads_bytes(be, c, s, sl, f32)});
   const int64_t kv = 2 * mat_bytes(n, rd, t), lse = mat_bytes(s.m, n, f32);
-  const int64_t acc = t == f32 ? 0 : mat_bytes(sl, dm, f32);  // fp32 y / dx accumulator (bf16)
+  // fp32 accumulator of y / dx unless they are fp32 themselves.
+  const int64_t acc = FpAccumulator::bytes(sl, dm, c.out_dtype());
   const int64_t fwd = kv + n * md * dtype_size(t) + 2 * mat_bytes(n, md, t) + lse + acc + ws_fwd;
   const int64_t bwd = kv + 2 * mat_bytes(n, rd, f32) + n * md * 4 + 3 * mat_bytes(n, md, t) +
                       2 * lse + mat_bytes(n, md, f32) + acc + ws_bwd;

@@ -10,9 +10,9 @@ class LocalAttention final : public AttentionStrategy {
   explicit LocalAttention(const StrategyContext& ctx);
   std::string name() const override { return "local"; }
   SeqLayout layout() const override;
-  void forward(const Mat& x, const AttentionWeights& w, const Mat& y) override;
+  void forward(const Mat& x, const AttentionWeights& w, const Mat& y, float beta) override;
   void backward(const Mat& x, const Mat& dy, const AttentionWeights& w, const Mat& dx,
-                const AttentionGrads& g) override;
+                const AttentionGrads& g, float dx_beta, float dw_beta) override;
   int64_t attn_formula_bytes() const override;
   std::optional<CommStats> comm_expected() const override { return CommStats{}; }
 };

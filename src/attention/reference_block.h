@@ -1,6 +1,7 @@
-// The whole attention block (projections, RoPE, causal GQA attention, o-projection), forward and
-// backward, with the naive reference kernels in math type T: the fp64 oracle that tolerances of
-// merge-based strategies are measured against. Plain vectors: it is an oracle, not engine code.
+// The whole attention block (projections, optional QK-norm, RoPE, causal GQA attention,
+// o-projection), forward and backward, with the naive reference kernels in math type T: the fp64
+// oracle that tolerances of merge-based strategies are measured against. Plain vectors: it is an
+// oracle, not engine code.
 #pragma once
 
 #include <vector>
@@ -13,8 +14,8 @@ namespace upipe::ref {
 
 template <class T>
 struct BlockData {
-  std::vector<T> x, dy, wq, wk, wv, wo;  // inputs (S, D), weights as in AttentionWeights
-  std::vector<T> y, dx, gq, gk, gv, go;  // outputs
+  std::vector<T> x, dy, wq, wk, wv, wo, wqn, wkn;  // inputs (S, D), weights (AttentionWeights)
+  std::vector<T> y, dx, gq, gk, gv, go, gqn, gkn;  // outputs (gqn, gkn with cfg.qk_norm)
 };
 
 template <class T>
@@ -34,6 +35,13 @@ void attention_block(const AttentionConfig& c, BlockData<T>& b) {
   std::vector<int64_t> pos(static_cast<size_t>(s));
   for (int64_t i = 0; i < s; ++i) pos[size_t(i)] = i;
   const std::vector<double> inv_freq = rope_inv_freq(c.rope, int(d));
+  // QK-norm: every d-wide head is a row of the (S*heads, d) view.
+  std::vector<T> q_pre = q, k_pre = k;
+  if (c.qk_norm) {
+    rmsnorm_forward<T>(CV(q_pre, s * c.heads, d), b.wqn.data(), c.norm_eps, V(q, s * c.heads, d));
+    rmsnorm_forward<T>(CV(k_pre, s * c.kv_heads, d), b.wkn.data(), c.norm_eps,
+                       V(k, s * c.kv_heads, d));
+  }
   rope<T>(V(q, s, qc), int(d), pos.data(), inv_freq, +1);
   rope<T>(V(k, s, kc), int(d), pos.data(), inv_freq, +1);
   AttnDims dims{s, s, c.heads, c.kv_heads, int(d)};
@@ -50,6 +58,15 @@ void attention_block(const AttentionConfig& c, BlockData<T>& b) {
                         V(dq, s, qc), V(dk, s, kc), V(dv, s, kc));
   rope<T>(V(dq, s, qc), int(d), pos.data(), inv_freq, -1);
   rope<T>(V(dk, s, kc), int(d), pos.data(), inv_freq, -1);
+  if (c.qk_norm) {
+    b.gqn = mk(d);
+    b.gkn = mk(d);
+    const std::vector<T> dqn = dq, dkn = dk;
+    rmsnorm_backward<T>(CV(q_pre, s * c.heads, d), b.wqn.data(), c.norm_eps,
+                        CV(dqn, s * c.heads, d), V(dq, s * c.heads, d), b.gqn.data());
+    rmsnorm_backward<T>(CV(k_pre, s * c.kv_heads, d), b.wkn.data(), c.norm_eps,
+                        CV(dkn, s * c.kv_heads, d), V(dk, s * c.kv_heads, d), b.gkn.data());
+  }
   b.dx = mk(s * dm);
   std::vector<T> tmp = mk(s * dm);
   gemm<T>(CV(dq, s, qc), false, CV(b.wq, qc, dm), false, V(b.dx, s, dm));

@@ -18,19 +18,21 @@
 
 namespace upipe {
 
-// Compute copies of the block's weights, in the block's dtype. D = H*d.
+// Compute copies of the block's weights, in the block's dtype. D may differ from H*d.
 struct AttentionWeights {
-  Mat wq;  // (H*d, D)
-  Mat wk;  // (K*d, D)
-  Mat wv;  // (K*d, D)
-  Mat wo;  // (D, H*d)
+  Mat wq;   // (H*d, D)
+  Mat wk;   // (K*d, D)
+  Mat wv;   // (K*d, D)
+  Mat wo;   // (D, H*d)
+  Mat wqn;  // (1, d) QK-norm weight of q (cfg.qk_norm only)
+  Mat wkn;  // (1, d) QK-norm weight of k (cfg.qk_norm only)
 };
 
-// fp32 weight gradients, same shapes as the weights. A strategy writes this rank's
-// contribution (its tokens); summing over the CP group gives the full gradient (the model's
-// ZeRO reduce-scatter does that).
+// fp32 weight gradients, same shapes as the weights. A strategy writes (or adds, see backward)
+// this rank's contribution (its tokens); summing over the CP group gives the full gradient (the
+// model's ZeRO reduce-scatter does that).
 struct AttentionGrads {
-  Mat wq, wk, wv, wo;
+  Mat wq, wk, wv, wo, wqn, wkn;
 };
 
 struct StrategyContext {
@@ -46,20 +48,24 @@ class AttentionStrategy {
 
   virtual std::string name() const = 0;
   virtual SeqLayout layout() const = 0;
-  // x, y: (S/C, D) this rank's shard, rows in layout() order.
-  virtual void forward(const Mat& x, const AttentionWeights& w, const Mat& y) = 0;
-  // x, dy, dx: (S/C, D). Writes dx and g (this rank's contribution, overwritten).
+  // x (S/C, D) in cfg.dtype, y (S/C, D) in cfg.out_dtype(): this rank's shard, rows in layout()
+  // order. y = beta y + block(x), beta 0 or 1: with beta = 1 the block accumulates into a
+  // residual stream and, when y is fp32, needs no (S/C, D) buffer of its own.
+  virtual void forward(const Mat& x, const AttentionWeights& w, const Mat& y, float beta) = 0;
+  // dy, dx: (S/C, D) in cfg.out_dtype(). dx = dx_beta dx + d block / dx; every gradient of g =
+  // dw_beta g + this rank's contribution (dw_beta = 1 accumulates micro-batches); both 0 or 1.
   virtual void backward(const Mat& x, const Mat& dy, const AttentionWeights& w, const Mat& dx,
-                        const AttentionGrads& g) = 0;
+                        const AttentionGrads& g, float dx_beta, float dw_beta) = 0;
   // Closed-form per-rank peak of the attention intermediates over forward + backward
   // (docs/memory.md), in bytes.
   virtual int64_t attn_formula_bytes() const = 0;
 
-  // How results relate to `local` (the tolerance rule of `check`): data-movement strategies
-  // reproduce local's arithmetic up to the order of a few sums; merge-based ones combine
-  // partial results (softmax partials, replicated heads' gradient partials) and are bounded
-  // relative to the kernel's own error against fp64.
-  enum class ErrorClass { kDataMovement, kMerge };
+  // How results relate to `local` (the tolerance rule of `check`, check.h): data-movement
+  // strategies reproduce local's arithmetic up to the order of a few sums; merge-based ones
+  // combine softmax partials and are bounded relative to the kernel's own error against fp64;
+  // kReplicaSums is data movement except for the tensors that depend on the summed dK/dV
+  // partials of KV heads replicated over ranks (K < C).
+  enum class ErrorClass { kDataMovement, kReplicaSums, kMerge };
   virtual ErrorClass error_class() const { return ErrorClass::kDataMovement; }
   // The collective calls and bytes this rank sends in one forward + backward, when the
   // strategy documents them (tests compare them with the communicator's counters).
