@@ -98,7 +98,7 @@ SeqLayout ChunkedAttention::layout() const {
 
 ChunkedAttention::Buffers ChunkedAttention::allocate(bool backward) const {
   const AttentionConfig& c = cfg();
-  const int64_t n = c.seq_len / n_, rows = n / sch_.ranks, d = c.head_dim;
+  const int64_t n = c.seq_len / n_, d = c.head_dim;
   const int64_t md = int64_t(sch_.m) * d, rd = int64_t(sch_.kv_per_rank) * d;
   const DType t = c.dtype, f32 = DType::kF32;
   Arena& mem = dev().mem();

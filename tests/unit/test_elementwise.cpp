@@ -29,6 +29,12 @@ void expect_close(const std::vector<double>& fast, const std::vector<double>& r6
 
 using test::cast;
 
+RopeParams rope_theta(double theta) {
+  RopeParams r;
+  r.theta = theta;
+  return r;
+}
+
 TEST(Rope, MatchesReferenceAtLargeZigzagPositions) {
   Device dev;
   const int d = 64, heads = 3;
@@ -40,11 +46,11 @@ TEST(Rope, MatchesReferenceAtLargeZigzagPositions) {
   auto x64 = read(x);
   auto x32 = cast<float>(x64);
   const auto p = pos.expand();
-  rope_forward(dev, x, d, pos, RopeParams{.theta = 500000.0});
+  rope_forward(dev, x, d, pos, rope_theta(500000.0));
   ref::rope<double>(view(x64, rows, heads * d), d, p.data(),
-                    ref::rope_inv_freq(RopeParams{.theta = 500000.0}, d), +1);
+                    ref::rope_inv_freq(rope_theta(500000.0), d), +1);
   ref::rope<float>(view(x32, rows, heads * d), d, p.data(),
-                   ref::rope_inv_freq(RopeParams{.theta = 500000.0}, d), +1);
+                   ref::rope_inv_freq(rope_theta(500000.0), d), +1);
   expect_close(read(x), x64, cast<double>(x32), "rope");
 }
 
@@ -55,9 +61,9 @@ TEST(Rope, BackwardInvertsForward) {
   test::fill_normal(x, 4);
   const auto before = read(x);
   const RowPositions pos = RowPositions::contiguous(64, 123456);
-  rope_forward(dev, x, d, pos, RopeParams{.theta = 10000.0});
+  rope_forward(dev, x, d, pos, rope_theta(10000.0));
   EXPECT_GT(test::max_abs_diff(read(x), before), 0.1);
-  rope_backward(dev, x, d, pos, RopeParams{.theta = 10000.0});
+  rope_backward(dev, x, d, pos, rope_theta(10000.0));
   EXPECT_LE(test::max_abs_diff(read(x), before), 4 * kEps32 * test::max_abs(before));
 }
 
@@ -71,11 +77,11 @@ TEST(Rope, ShardIndependentBitwise) {
       y(dev.mem(), Tag::kQkv, DType::kF32, rows, 2 * d);
   test::fill_normal(x, 9);
   test::fill_normal(y, 9);
-  rope_forward(dev, x, d, RowPositions::contiguous(rows, 5000), RopeParams{.theta = 500000.0});
+  rope_forward(dev, x, d, RowPositions::contiguous(rows, 5000), rope_theta(500000.0));
   rope_forward(dev, y.mat().rows_of(0, split), d, RowPositions::contiguous(split, 5000),
-               RopeParams{.theta = 500000.0});
+               rope_theta(500000.0));
   rope_forward(dev, y.mat().rows_of(split, rows - split), d,
-               RowPositions::contiguous(rows - split, 5000 + split), RopeParams{.theta = 500000.0});
+               RowPositions::contiguous(rows - split, 5000 + split), rope_theta(500000.0));
   EXPECT_EQ(read(x), read(y));
 }
 
@@ -87,8 +93,8 @@ TEST(Rope, Bf16InPlace) {
   auto x64 = read(x);
   const RowPositions pos = RowPositions::contiguous(40, 1000);
   const auto p = pos.expand();
-  rope_forward(dev, x, d, pos, RopeParams{.theta = 10000.0});
-  ref::rope<double>(view(x64, 40, 4 * d), d, p.data(), ref::rope_inv_freq(RopeParams{.theta = 10000.0}, d),
+  rope_forward(dev, x, d, pos, rope_theta(10000.0));
+  ref::rope<double>(view(x64, 40, 4 * d), d, p.data(), ref::rope_inv_freq(rope_theta(10000.0), d),
                     +1);
   // One bf16 rounding of the result.
   EXPECT_LE(test::max_abs_diff(read(x), x64), test::max_abs(x64) / 256);
