@@ -72,7 +72,7 @@ float reduce_input(int q, int64_t i) {
   return float((q + i) % 13);
 }
 
-// The buffers of one rank and the predicted results. `blk` is B/n bytes.
+// One rank's buffers for `op` on a total of B bytes (all-reduce works in place in `send`).
 struct Buffers {
   Buffer send, recv;
   int64_t send_bytes = 0, recv_bytes = 0;
