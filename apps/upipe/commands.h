@@ -14,6 +14,7 @@ using Runner = std::function<int(Process&)>;
 Runner add_demo(CLI::App& app);
 Runner add_bench_kernel(CLI::App& bench);
 Runner add_bench_attention(CLI::App& bench);
+Runner add_bench_comm(CLI::App& bench);
 Runner add_check(CLI::App& app);
 
 }  // namespace upipe::app

@@ -27,6 +27,9 @@ int main(int argc, char** argv) {
   runners[kernel] = app::add_bench_kernel(*kernel);
   CLI::App* battn = bench->add_subcommand("attention", "one strategy's forward + backward");
   runners[battn] = app::add_bench_attention(*battn);
+  CLI::App* bcomm =
+      bench->add_subcommand("comm", "one collective: engine (blocking, non-blocking) vs plain MPI");
+  runners[bcomm] = app::add_bench_comm(*bcomm);
   CLI::App* check = cli.add_subcommand("check", "verify a strategy against `local`");
   runners[check] = app::add_check(*check);
 

@@ -71,16 +71,16 @@ void validate_usp(const std::string& method, const AttentionConfig& c, int ranks
 
 std::unique_ptr<AttentionStrategy> make_usp(const std::string& method, const StrategyContext& ctx) {
   const AttentionConfig& c = ctx.cfg;
-  const int ranks = ctx.comm.size(), rank = ctx.comm.rank();
+  const int ranks = ctx.comm.size();
   validate_usp(method, c, ranks);
-  const int u = usp_degree(c, ranks), r = ranks / u;
+  const int u = usp_degree(c, ranks);
   const int head_chunk = method == "usp" ? c.heads : c.head_chunk;
   if (plain_ring(method, u)) return std::make_unique<RingAttention>(ctx, method);
   if (no_ring(method, u, ranks))
     return std::make_unique<HeadwiseAttention>(ctx, method, head_chunk);
   // Group g = rank / u holds member j = rank % u; the ring joins the members j of all groups.
-  auto group = ctx.comm.split(rank / u, rank % u, u);
-  auto ring = ctx.comm.split(rank % u, rank / u, r);
+  auto group = ctx.comm.split([u](int q) { return SplitKey{q / u, q % u}; });
+  auto ring = ctx.comm.split([u](int q) { return SplitKey{q % u, q / u}; });
   auto core = std::make_unique<RingCore>(ctx.dev, std::move(ring), c.seq_len, c.head_dim, c.dtype);
   return std::make_unique<HeadwiseAttention>(
       ctx, method, head_chunk,

@@ -1,5 +1,7 @@
 #include "comm/communicator.h"
 
+#include "core/check.h"
+
 namespace upipe {
 
 const char* comm_op_name(CommOp op) {
@@ -19,6 +21,23 @@ int64_t CommStats::total_calls() const {
   int64_t s = 0;
   for (int64_t c : calls) s += c;
   return s;
+}
+
+SplitPlace split_place(const SplitRule& rule, int rank, int size) {
+  UPIPE_CHECK(rank >= 0 && rank < size, "rank {} of {}", rank, size);
+  const SplitKey me = rule(rank);
+  SplitPlace p;
+  for (int r = 0; r < size; ++r) {
+    const SplitKey k = r == rank ? me : rule(r);
+    UPIPE_CHECK(k.color >= 0 && k.key >= 0,
+                "split rule gives rank {} color {} key {}; both must be "
+                "non-negative",
+                r, k.color, k.key);
+    if (k.color != me.color) continue;
+    ++p.size;
+    if (k.key < me.key || (k.key == me.key && r < rank)) ++p.rank;
+  }
+  return p;
 }
 
 }  // namespace upipe

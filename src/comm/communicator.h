@@ -5,10 +5,12 @@
 // this rank sends to other ranks, so tests can check the communication volume of a schedule.
 // A group made by split() counts its traffic toward its parent too, so the CP group's totals
 // include what a strategy sends over its sub-groups (USP's Ulysses groups and ring).
+// Non-blocking forms (i*) count when they are started, exactly as their blocking forms do.
 #pragma once
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -45,13 +47,30 @@ struct CommStats {
   int64_t total_calls() const;
 };
 
-// A pending point-to-point transfer. wait() blocks until it is complete; destroying an
-// unfinished Work waits for it.
+// A pending transfer (point-to-point or collective). wait() blocks until it is complete and
+// may be called again; destroying an unfinished Work waits for it.
 class Work {
  public:
   virtual ~Work() = default;
   virtual void wait() = 0;
 };
+
+// split(): every rank of the parent evaluates the same rule, which gives each parent rank its
+// color and key. Ranks with equal color form a group, ordered by key, ties by parent rank
+// (MPI_Comm_split's order). Colors and keys must be non-negative.
+struct SplitKey {
+  int color = 0;
+  int key = 0;
+};
+using SplitRule = std::function<SplitKey(int parent_rank)>;
+
+struct SplitPlace {
+  int rank = 0;  // this rank's index in its group
+  int size = 0;  // ranks in the group
+};
+// Where parent rank `rank` of `size` lands under `rule`: the pure function both backends use
+// (the MPI backend checks MPI_Comm_split's answer against it).
+SplitPlace split_place(const SplitRule& rule, int rank, int size);
 
 class Communicator {
  public:
@@ -76,14 +95,24 @@ class Communicator {
   // both are).
   virtual void sendrecv(const void* send, int64_t send_bytes, int dst, void* recv,
                         int64_t recv_bytes, int src) = 0;
-  // Non-blocking sendrecv; the buffers must stay untouched until wait().
+  virtual void barrier() = 0;
+
+  // Non-blocking forms, same arguments and results as the blocking ones. The buffers must stay
+  // untouched until wait(). Every rank starts the same collectives in the same order; several
+  // may be in flight at once.
+  virtual std::unique_ptr<Work> iall_to_all(const void* send, void* recv,
+                                            int64_t bytes_per_rank) = 0;
+  virtual std::unique_ptr<Work> iall_gather(const void* send, void* recv,
+                                            int64_t bytes_per_rank) = 0;
+  virtual std::unique_ptr<Work> ireduce_scatter(const void* send, void* recv, int64_t count,
+                                                DType t, ReduceOp op) = 0;
+  virtual std::unique_ptr<Work> iall_reduce(void* buf, int64_t count, DType t, ReduceOp op) = 0;
   virtual std::unique_ptr<Work> isendrecv(const void* send, int64_t send_bytes, int dst, void* recv,
                                           int64_t recv_bytes, int src) = 0;
-  virtual void barrier() = 0;
-  // Ranks with the same color form a new group, ordered by key (ties by rank). group_size is
-  // the number of ranks sharing this color: the fake backend cannot learn it from the other
-  // ranks, and the real ones check it. The parent must outlive the group.
-  virtual std::unique_ptr<Communicator> split(int color, int key, int group_size) = 0;
+
+  // The group this rank joins under `rule` (see SplitRule); every rank of this communicator
+  // calls split with the same rule. The parent must outlive the group.
+  virtual std::unique_ptr<Communicator> split(const SplitRule& rule) = 0;
 
   const CommStats& stats() const { return stats_; }
   void reset_stats() { stats_ = CommStats{}; }

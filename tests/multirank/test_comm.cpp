@@ -1,7 +1,11 @@
 // The MPI communicator on real ranks, with inputs built so every result is exactly
 // predictable, and the call/byte counters checked against the fake (meta) backend replaying
-// the same calls.
+// the same calls. Non-blocking collectives are checked against their blocking forms and with
+// two in flight at once; split() is checked against MPI_Comm_split's ordering.
+#include <algorithm>
+#include <cstring>
 #include <numeric>
+#include <utility>
 #include <vector>
 
 #include "comm/fake/fake_comm.h"
@@ -11,6 +15,81 @@ namespace upipe {
 namespace {
 
 using test::world;
+
+// The value rank q contributes at element j of a reduction: a small integer, exact in fp32 and
+// bf16 and in any sum of up to 8 of them, so every reduction order gives the same bits.
+float reduce_input(int q, int j) {
+  return float((3 * q + j) % 11);
+}
+
+float reduced(int n, int j, ReduceOp op) {
+  float acc = reduce_input(0, j);
+  for (int q = 1; q < n; ++q)
+    acc = op == ReduceOp::kSum ? acc + reduce_input(q, j) : std::max(acc, reduce_input(q, j));
+  return acc;
+}
+
+std::vector<uint8_t> reduce_inputs(int q, int count, DType t) {
+  std::vector<float> v(static_cast<size_t>(count));
+  for (int j = 0; j < count; ++j) v[size_t(j)] = reduce_input(q, j);
+  std::vector<uint8_t> out(size_t(count) * size_t(dtype_size(t)));
+  from_f32(v.data(), out.data(), t, count);
+  return out;
+}
+
+std::vector<float> as_f32(const std::vector<uint8_t>& b, DType t) {
+  std::vector<float> v(b.size() / size_t(dtype_size(t)));
+  to_f32(b.data(), t, v.data(), int64_t(v.size()));
+  return v;
+}
+
+// Each non-blocking collective against its blocking form on the same inputs (identical bytes)
+// and against the predicted result; checks only when `check` (the fake backend moves no data).
+void exercise_nonblocking(Communicator& c, bool check) {
+  const int r = c.rank(), n = c.size(), per = 5;
+  {
+    std::vector<int32_t> send(size_t(n * per)), a(send.size(), -1), b(send.size(), -2);
+    for (int i = 0; i < n * per; ++i) send[size_t(i)] = r * 1000 + i;
+    c.all_to_all(send.data(), a.data(), per * 4);
+    c.iall_to_all(send.data(), b.data(), per * 4)->wait();
+    if (check) {
+      EXPECT_EQ(a, b);
+      for (int j = 0; j < n; ++j) EXPECT_EQ(b[size_t(j * per)], j * 1000 + r * per);
+    }
+  }
+  {
+    std::vector<int32_t> send(static_cast<size_t>(per)), a(size_t(n * per), -1), b(a.size(), -2);
+    for (int k = 0; k < per; ++k) send[size_t(k)] = r * 1000 + k;
+    c.all_gather(send.data(), a.data(), per * 4);
+    c.iall_gather(send.data(), b.data(), per * 4)->wait();
+    if (check) {
+      EXPECT_EQ(a, b);
+      for (int j = 0; j < n; ++j) EXPECT_EQ(b[size_t(j * per + per - 1)], j * 1000 + per - 1);
+    }
+  }
+  for (DType t : {DType::kF32, DType::kBF16}) {
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax}) {
+      const std::vector<uint8_t> send = reduce_inputs(r, n * per, t);
+      std::vector<uint8_t> a(size_t(per) * size_t(dtype_size(t)), 0xAA), b(a.size(), 0x55);
+      c.reduce_scatter(send.data(), a.data(), per, t, op);
+      c.ireduce_scatter(send.data(), b.data(), per, t, op)->wait();
+      if (check) {
+        EXPECT_EQ(a, b) << dtype_name(t);
+        const std::vector<float> got = as_f32(b, t);
+        for (int k = 0; k < per; ++k)
+          EXPECT_EQ(got[size_t(k)], reduced(n, r * per + k, op)) << dtype_name(t);
+      }
+      std::vector<uint8_t> x = reduce_inputs(r, per, t), y = x;
+      c.all_reduce(x.data(), per, t, op);
+      c.iall_reduce(y.data(), per, t, op)->wait();
+      if (check) {
+        EXPECT_EQ(x, y) << dtype_name(t);
+        const std::vector<float> got = as_f32(y, t);
+        for (int k = 0; k < per; ++k) EXPECT_EQ(got[size_t(k)], reduced(n, k, op)) << dtype_name(t);
+      }
+    }
+  }
+}
 
 // Runs the same sequence of calls on any communicator; returns nothing, checks results only
 // when `check` (the fake backend moves no data).
@@ -113,6 +192,7 @@ void exercise(Communicator& c, bool check) {
       EXPECT_EQ(in2, next * 7);
     }
   }
+  exercise_nonblocking(c, check);
   c.barrier();
 }
 
@@ -132,16 +212,69 @@ TEST(Comm, FakeBackendCountsWhatMpiCounts) {
     EXPECT_EQ(fake.stats().bytes_sent[size_t(op)], w.stats().bytes_sent[size_t(op)])
         << comm_op_name(CommOp(op));
   }
-  // all_to_all of 3 ints per rank: 12 bytes to each other rank.
-  EXPECT_EQ(w.stats().bytes_of(CommOp::kAllToAll), 12 * (w.size() - 1));
+  // all_to_all of 3 ints per rank, then 5 ints blocking and 5 non-blocking: 12 + 20 + 20 bytes
+  // to each other rank.
+  EXPECT_EQ(w.stats().calls_of(CommOp::kAllToAll), 3);
+  EXPECT_EQ(w.stats().bytes_of(CommOp::kAllToAll), 52 * (w.size() - 1));
+}
+
+// Two collectives in flight at once: both are started before either is waited for, and they
+// are waited for in the opposite order. Blocks of 64K elements exceed MPI's eager limit, so
+// the transfers really overlap.
+TEST(Comm, TwoNonBlockingCollectivesOverlap) {
+  Communicator& c = world();
+  const int r = c.rank(), n = c.size(), per = 1 << 16;
+  const size_t un = size_t(n), up = size_t(per);
+  {
+    // all-gather: element k of rank q is q*per + k. reduce-scatter (fp32 sum): element i of
+    // rank q's input is (q+1) * (i % 97), so block r sums to n(n+1)/2 * ((r*per + k) % 97).
+    std::vector<int32_t> gsend(up), grecv(un * up, -1);
+    for (int k = 0; k < per; ++k) gsend[size_t(k)] = r * per + k;
+    std::vector<float> rsend(un * up), rrecv(up, -1.0f);
+    for (size_t i = 0; i < rsend.size(); ++i) rsend[i] = float((r + 1) * int(i % 97));
+    auto gather = c.iall_gather(gsend.data(), grecv.data(), per * 4);
+    auto scatter = c.ireduce_scatter(rsend.data(), rrecv.data(), per, DType::kF32, ReduceOp::kSum);
+    scatter->wait();
+    gather->wait();
+    for (size_t i = 0; i < grecv.size(); ++i) ASSERT_EQ(grecv[i], int32_t(i)) << i;
+    const float tri = float(n * (n + 1) / 2);
+    for (int k = 0; k < per; ++k)
+      ASSERT_EQ(rrecv[size_t(k)], tri * float((size_t(r) * up + size_t(k)) % 97)) << k;
+  }
+  {
+    // Two all-to-alls: in the first, block j of rank q carries q*n + j; the second sends the
+    // negation. Each received block holds its value in every element.
+    std::vector<int32_t> s1(un * up), s2(un * up), r1(un * up, 0), r2(un * up, 0);
+    for (int j = 0; j < n; ++j)
+      for (int k = 0; k < per; ++k) {
+        s1[size_t(j) * up + size_t(k)] = r * n + j;
+        s2[size_t(j) * up + size_t(k)] = -(r * n + j);
+      }
+    auto w1 = c.iall_to_all(s1.data(), r1.data(), per * 4);
+    auto w2 = c.iall_to_all(s2.data(), r2.data(), per * 4);
+    w2->wait();
+    w1->wait();
+    w1->wait();  // waiting twice is allowed
+    for (int j = 0; j < n; ++j)
+      for (int k = 0; k < per; k += 1021) {
+        ASSERT_EQ(r1[size_t(j) * up + size_t(k)], j * n + r);
+        ASSERT_EQ(r2[size_t(j) * up + size_t(k)], -(j * n + r));
+      }
+  }
+  {
+    // A Work destroyed unfinished waits: the result is complete once the handle is gone.
+    std::vector<float> v(up, float(r + 1));
+    { auto w = c.iall_reduce(v.data(), per, DType::kF32, ReduceOp::kSum); }
+    EXPECT_EQ(v[up - 1], float(n * (n + 1) / 2));
+  }
 }
 
 TEST(Comm, SplitIntoGridGroups) {
   Communicator& w = world();
   const int n = w.size();
   const int u = n >= 4 ? 2 : 1;  // groups of u consecutive ranks, and the orthogonal groups
-  auto row = w.split(w.rank() / u, w.rank() % u, u);
-  auto col = w.split(w.rank() % u, w.rank() / u, n / u);
+  auto row = w.split([u](int q) { return SplitKey{q / u, q % u}; });
+  auto col = w.split([u](int q) { return SplitKey{q % u, q / u}; });
   EXPECT_EQ(row->size(), u);
   EXPECT_EQ(row->rank(), w.rank() % u);
   EXPECT_EQ(col->size(), n / u);
@@ -155,6 +288,53 @@ TEST(Comm, SplitIntoGridGroups) {
   exercise(*col, true);
 }
 
+// The fake backend places a rank where MPI_Comm_split does (sorted by key, ties by rank) for
+// rules whose keys are reversed, tied, or scattered, and MPI's groups hold the ranks the rule
+// predicts, in that order (checked by gathering the world ranks of each group).
+TEST(Comm, FakeSplitOrdersRanksLikeMpi) {
+  Communicator& w = world();
+  const int n = w.size();
+  const std::vector<std::pair<const char*, SplitRule>> rules = {
+      {"reversed keys",
+       [n](int q) {
+         return SplitKey{0, n - 1 - q};
+       }},
+      {"all keys tied",
+       [](int q) {
+         return SplitKey{0, 7};
+       }},
+      {"two colors, reversed",
+       [n](int q) {
+         return SplitKey{q % 2, n - q};
+       }},
+      {"ties within colors",
+       [](int q) {
+         return SplitKey{q % 3, q / 4};
+       }},
+      {"scattered keys",
+       [](int q) {
+         return SplitKey{q / 5, (7 * q + 3) % 5};
+       }},
+  };
+  for (const auto& [name, rule] : rules) {
+    const SplitKey me = rule(w.rank());
+    std::vector<std::pair<int, int>> order;  // (key, world rank) of this rank's color
+    for (int q = 0; q < n; ++q)
+      if (rule(q).color == me.color) order.emplace_back(rule(q).key, q);
+    std::sort(order.begin(), order.end());
+    auto mpi = w.split(rule);
+    FakeCommunicator fake_world(w.rank(), n);
+    auto fake = fake_world.split(rule);
+    EXPECT_EQ(fake->rank(), mpi->rank()) << name;
+    EXPECT_EQ(fake->size(), mpi->size()) << name;
+    ASSERT_EQ(mpi->size(), int(order.size())) << name;
+    int32_t mine = w.rank();
+    std::vector<int32_t> members(order.size(), -1);
+    mpi->all_gather(&mine, members.data(), 4);
+    for (size_t i = 0; i < order.size(); ++i) EXPECT_EQ(members[i], order[i].second) << name;
+  }
+}
+
 // A group's traffic also shows in the counters of the communicator it was split from (a
 // strategy's sub-group traffic is part of the CP group's volume), for both backends.
 TEST(Comm, SplitGroupsCountTowardTheirParent) {
@@ -162,17 +342,20 @@ TEST(Comm, SplitGroupsCountTowardTheirParent) {
   const int n = w.size(), u = n % 2 == 0 ? 2 : 1;
   FakeCommunicator fake(w.rank(), n);
   for (Communicator* c : {&w, static_cast<Communicator*>(&fake)}) {
-    auto row = c->split(c->rank() / u, c->rank() % u, u);
-    auto col = row->split(0, row->rank(), u);  // a group of a group
+    auto row = c->split([u](int q) { return SplitKey{q / u, q % u}; });
+    auto col = row->split([](int q) { return SplitKey{0, q}; });  // a group of a group
     c->reset_stats();
     int32_t out = 1, in = 0;
     col->sendrecv(&out, 4, (col->rank() + 1) % u, &in, 4, (col->rank() + u - 1) % u);
     std::vector<int32_t> send(size_t(2 * u), 3), recv(send.size());
     row->all_to_all(send.data(), recv.data(), 8);
+    col->iall_gather(send.data(), recv.data(), 4)->wait();
     EXPECT_EQ(c->stats().calls_of(CommOp::kSendRecv), 1);
     EXPECT_EQ(c->stats().bytes_of(CommOp::kSendRecv), u > 1 ? 4 : 0);
     EXPECT_EQ(c->stats().calls_of(CommOp::kAllToAll), 1);
     EXPECT_EQ(c->stats().bytes_of(CommOp::kAllToAll), 8 * (u - 1));
+    EXPECT_EQ(c->stats().calls_of(CommOp::kAllGather), 1);
+    EXPECT_EQ(c->stats().bytes_of(CommOp::kAllGather), 4 * (u - 1));
     EXPECT_EQ(row->stats().calls_of(CommOp::kSendRecv), 1);
   }
 }
@@ -186,6 +369,11 @@ TEST(Comm, LargeMessageUsesUnitDatatype) {
   for (int j = 0; j < w.size(); ++j)
     send[size_t(j) * size_t(bytes) + size_t(bytes) - 1] = uint8_t(10 * w.rank() + j);
   w.all_to_all(send.data(), recv.data(), bytes);
+  for (int j = 0; j < w.size(); ++j)
+    EXPECT_EQ(recv[size_t(j) * size_t(bytes) + size_t(bytes) - 1], uint8_t(10 * j + w.rank()));
+  // The non-blocking form keeps its unit datatype alive until the transfer completes.
+  std::fill(recv.begin(), recv.end(), uint8_t(0));
+  w.iall_to_all(send.data(), recv.data(), bytes)->wait();
   for (int j = 0; j < w.size(); ++j)
     EXPECT_EQ(recv[size_t(j) * size_t(bytes) + size_t(bytes) - 1], uint8_t(10 * j + w.rank()));
 }

@@ -49,20 +49,43 @@ void FakeCommunicator::sendrecv(const void*, int64_t send_bytes, int dst, void*,
   record(CommOp::kSendRecv, dst == rank_ ? 0 : send_bytes);
 }
 
+void FakeCommunicator::barrier() {
+  record(CommOp::kBarrier, 0);
+}
+
+std::unique_ptr<Work> FakeCommunicator::iall_to_all(const void* send, void* recv,
+                                                    int64_t bytes_per_rank) {
+  all_to_all(send, recv, bytes_per_rank);
+  return std::make_unique<DoneWork>();
+}
+
+std::unique_ptr<Work> FakeCommunicator::iall_gather(const void* send, void* recv,
+                                                    int64_t bytes_per_rank) {
+  all_gather(send, recv, bytes_per_rank);
+  return std::make_unique<DoneWork>();
+}
+
+std::unique_ptr<Work> FakeCommunicator::ireduce_scatter(const void* send, void* recv, int64_t count,
+                                                        DType t, ReduceOp op) {
+  reduce_scatter(send, recv, count, t, op);
+  return std::make_unique<DoneWork>();
+}
+
+std::unique_ptr<Work> FakeCommunicator::iall_reduce(void* buf, int64_t count, DType t,
+                                                    ReduceOp op) {
+  all_reduce(buf, count, t, op);
+  return std::make_unique<DoneWork>();
+}
+
 std::unique_ptr<Work> FakeCommunicator::isendrecv(const void* send, int64_t send_bytes, int dst,
                                                   void* recv, int64_t recv_bytes, int src) {
   sendrecv(send, send_bytes, dst, recv, recv_bytes, src);
   return std::make_unique<DoneWork>();
 }
 
-void FakeCommunicator::barrier() {
-  record(CommOp::kBarrier, 0);
-}
-
-std::unique_ptr<Communicator> FakeCommunicator::split(int, int key, int group_size) {
-  UPIPE_CHECK(group_size >= 1 && key >= 0 && key < group_size,
-              "fake split needs key in [0, group_size): key {} group_size {}", key, group_size);
-  auto c = std::make_unique<FakeCommunicator>(key, group_size);
+std::unique_ptr<Communicator> FakeCommunicator::split(const SplitRule& rule) {
+  const SplitPlace p = split_place(rule, rank_, size_);
+  auto c = std::make_unique<FakeCommunicator>(p.rank, p.size);
   c->parent_ = this;
   return c;
 }

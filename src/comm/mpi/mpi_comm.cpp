@@ -27,10 +27,10 @@ void abort_handler(int code) {
 // A count of `bytes` as (count, datatype) with count fitting an int: large messages use a
 // contiguous unit type so multi-GiB transfers work.
 struct ByteCount {
-  int count;
-  MPI_Datatype type;
-  bool owned;
-  explicit ByteCount(int64_t bytes) : count(0), type(MPI_BYTE), owned(false) {
+  int count = 0;
+  MPI_Datatype type = MPI_BYTE;
+  bool owned = false;
+  explicit ByteCount(int64_t bytes) {
     if (bytes <= INT_MAX) {
       count = int(bytes);
       return;
@@ -43,8 +43,16 @@ struct ByteCount {
     owned = true;
     count = int(bytes / unit);
   }
+  ByteCount(const ByteCount&) = delete;
+  ByteCount& operator=(const ByteCount&) = delete;
   ~ByteCount() {
-    if (owned) MPI_Type_free(&type);
+    if (owned) MPI_CHECK(MPI_Type_free(&type));
+  }
+  // Hands the datatype's ownership to the caller (MPI_DATATYPE_NULL when none was made).
+  MPI_Datatype release() {
+    if (!owned) return MPI_DATATYPE_NULL;
+    owned = false;
+    return type;
   }
 };
 
@@ -73,19 +81,37 @@ std::pair<MPI_Datatype, MPI_Op> reduce_type(DType t, ReduceOp op) {
   return {MPI_UINT16_T, op == ReduceOp::kSum ? g_bf16_sum : g_bf16_max};
 }
 
+// Up to two requests and the large-message datatypes they use; the datatypes are freed only
+// once the requests complete.
 class MpiWork final : public Work {
  public:
   MpiWork() = default;
+  MpiWork(const MpiWork&) = delete;
+  MpiWork& operator=(const MpiWork&) = delete;
   ~MpiWork() override { wait(); }
   void wait() override {
-    if (n_ == 0) return;
-    MPI_CHECK(MPI_Waitall(n_, reqs_, MPI_STATUSES_IGNORE));
+    if (n_ > 0) MPI_CHECK(MPI_Waitall(n_, reqs_, MPI_STATUSES_IGNORE));
     n_ = 0;
+    for (MPI_Datatype& t : types_)
+      if (t != MPI_DATATYPE_NULL) MPI_CHECK(MPI_Type_free(&t));
   }
-  MPI_Request* add() { return &reqs_[n_++]; }
+  MPI_Request* add() {
+    UPIPE_CHECK(n_ < kMaxRequests, "MpiWork holds at most {} requests", kMaxRequests);
+    return &reqs_[n_++];
+  }
+  void keep(ByteCount& c) {
+    for (MPI_Datatype& t : types_)
+      if (t == MPI_DATATYPE_NULL) {
+        t = c.release();
+        return;
+      }
+    UPIPE_CHECK(false, "MpiWork keeps at most {} datatypes", kMaxRequests);
+  }
 
  private:
-  MPI_Request reqs_[2];
+  static constexpr int kMaxRequests = 2;
+  MPI_Request reqs_[kMaxRequests];
+  MPI_Datatype types_[kMaxRequests] = {MPI_DATATYPE_NULL, MPI_DATATYPE_NULL};
   int n_ = 0;
 };
 
@@ -128,7 +154,7 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, bool owned) : comm_(comm), owned
 }
 
 MpiCommunicator::~MpiCommunicator() {
-  if (owned_) MPI_Comm_free(&comm_);
+  if (owned_) MPI_CHECK(MPI_Comm_free(&comm_));
 }
 
 void MpiCommunicator::all_to_all(const void* send, void* recv, int64_t bytes_per_rank) {
@@ -186,6 +212,51 @@ void MpiCommunicator::sendrecv(const void* send, int64_t send_bytes, int dst, vo
   isendrecv(send, send_bytes, dst, recv, recv_bytes, src)->wait();
 }
 
+void MpiCommunicator::barrier() {
+  record(CommOp::kBarrier, 0);
+  MPI_CHECK(MPI_Barrier(comm_));
+}
+
+std::unique_ptr<Work> MpiCommunicator::iall_to_all(const void* send, void* recv,
+                                                   int64_t bytes_per_rank) {
+  record(CommOp::kAllToAll, bytes_per_rank * (size_ - 1));
+  auto w = std::make_unique<MpiWork>();
+  ByteCount c(bytes_per_rank);
+  MPI_CHECK(MPI_Ialltoall(send, c.count, c.type, recv, c.count, c.type, comm_, w->add()));
+  w->keep(c);
+  return w;
+}
+
+std::unique_ptr<Work> MpiCommunicator::iall_gather(const void* send, void* recv,
+                                                   int64_t bytes_per_rank) {
+  record(CommOp::kAllGather, bytes_per_rank * (size_ - 1));
+  auto w = std::make_unique<MpiWork>();
+  ByteCount c(bytes_per_rank);
+  MPI_CHECK(MPI_Iallgather(send, c.count, c.type, recv, c.count, c.type, comm_, w->add()));
+  w->keep(c);
+  return w;
+}
+
+std::unique_ptr<Work> MpiCommunicator::ireduce_scatter(const void* send, void* recv, int64_t count,
+                                                       DType t, ReduceOp op) {
+  record(CommOp::kReduceScatter, count * dtype_size(t) * (size_ - 1));
+  auto [type, mop] = reduce_type(t, op);
+  auto w = std::make_unique<MpiWork>();
+  MPI_CHECK(MPI_Ireduce_scatter_block(send, recv, to_int(count, "reduce_scatter count"), type, mop,
+                                      comm_, w->add()));
+  return w;
+}
+
+std::unique_ptr<Work> MpiCommunicator::iall_reduce(void* buf, int64_t count, DType t, ReduceOp op) {
+  const int64_t bytes = count * dtype_size(t);
+  record(CommOp::kAllReduce, size_ > 1 ? 2 * bytes * (size_ - 1) / size_ : 0);
+  auto [type, mop] = reduce_type(t, op);
+  auto w = std::make_unique<MpiWork>();
+  MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf, to_int(count, "all_reduce count"), type, mop, comm_,
+                           w->add()));
+  return w;
+}
+
 std::unique_ptr<Work> MpiCommunicator::isendrecv(const void* send, int64_t send_bytes, int dst,
                                                  void* recv, int64_t recv_bytes, int src) {
   record(CommOp::kSendRecv, dst == rank_ ? 0 : send_bytes);
@@ -193,20 +264,21 @@ std::unique_ptr<Work> MpiCommunicator::isendrecv(const void* send, int64_t send_
   ByteCount rc(recv_bytes), sc(send_bytes);
   MPI_CHECK(MPI_Irecv(recv, rc.count, rc.type, src, kP2pTag, comm_, w->add()));
   MPI_CHECK(MPI_Isend(send, sc.count, sc.type, dst, kP2pTag, comm_, w->add()));
+  w->keep(rc);
+  w->keep(sc);
   return w;
 }
 
-void MpiCommunicator::barrier() {
-  record(CommOp::kBarrier, 0);
-  MPI_CHECK(MPI_Barrier(comm_));
-}
-
-std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key, int group_size) {
+std::unique_ptr<Communicator> MpiCommunicator::split(const SplitRule& rule) {
+  const SplitPlace want = split_place(rule, rank_, size_);
+  const SplitKey me = rule(rank_);
   MPI_Comm sub;
-  MPI_CHECK(MPI_Comm_split(comm_, color, key, &sub));
+  MPI_CHECK(MPI_Comm_split(comm_, me.color, me.key, &sub));
   auto c = std::make_unique<MpiCommunicator>(sub, true);
-  UPIPE_CHECK(c->size() == group_size, "split gave a group of {} ranks, expected {}", c->size(),
-              group_size);
+  UPIPE_CHECK(c->size() == want.size && c->rank() == want.rank,
+              "split gave rank {} of {}, the rule gives rank {} of {}; every rank must pass the "
+              "same rule",
+              c->rank(), c->size(), want.rank, want.size);
   c->parent_ = this;
   return c;
 }

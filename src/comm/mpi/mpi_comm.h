@@ -1,6 +1,8 @@
 // The MPI backend (OpenMPI): one rank per process. MpiRuntime initialises MPI, installs the
 // fatal handler (MPI_Abort, so a failure on one rank ends the job instead of hanging the
-// others) and hands out the world communicator. Every MPI return code is checked.
+// others) and hands out the world communicator. Every MPI return code is checked. Blocking
+// collectives call MPI's blocking forms; the i* forms call MPI_I* and return a Work that owns
+// the request(s) and any large-message datatype until they complete.
 #pragma once
 
 #include <mpi.h>
@@ -38,10 +40,15 @@ class MpiCommunicator final : public Communicator {
   void broadcast(void* buf, int64_t bytes, int root) override;
   void sendrecv(const void* send, int64_t send_bytes, int dst, void* recv, int64_t recv_bytes,
                 int src) override;
+  void barrier() override;
+  std::unique_ptr<Work> iall_to_all(const void* send, void* recv, int64_t bytes_per_rank) override;
+  std::unique_ptr<Work> iall_gather(const void* send, void* recv, int64_t bytes_per_rank) override;
+  std::unique_ptr<Work> ireduce_scatter(const void* send, void* recv, int64_t count, DType t,
+                                        ReduceOp op) override;
+  std::unique_ptr<Work> iall_reduce(void* buf, int64_t count, DType t, ReduceOp op) override;
   std::unique_ptr<Work> isendrecv(const void* send, int64_t send_bytes, int dst, void* recv,
                                   int64_t recv_bytes, int src) override;
-  void barrier() override;
-  std::unique_ptr<Communicator> split(int color, int key, int group_size) override;
+  std::unique_ptr<Communicator> split(const SplitRule& rule) override;
   MPI_Comm handle() const { return comm_; }
 
  private:
