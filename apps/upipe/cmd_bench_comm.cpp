@@ -23,9 +23,9 @@
 #include <vector>
 
 #include "apps/upipe/commands.h"
+#include "backend/device.h"
 #include "comm/mpi/mpi_comm.h"
 #include "core/arena.h"
-#include "core/device.h"
 #include "core/errors.h"
 
 namespace upipe::app {
