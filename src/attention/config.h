@@ -29,7 +29,7 @@ struct AttentionConfig {
   int64_t model_dim() const { return hidden > 0 ? hidden : q_dim(); }      // D
   int64_t q_dim() const { return int64_t(heads) * head_dim; }              // H*d
   int64_t kv_dim() const { return int64_t(kv_heads) * head_dim; }          // K*d
-  int group() const { return heads / kv_heads; }                           // G = H/K
+  int gqa_group() const { return heads / kv_heads; }                       // G = H/K
   DType out_dtype() const { return fp32_residual ? DType::kF32 : dtype; }  // of y, dy, dx
   // Throws ConfigError naming what to change when the shape itself is invalid.
   void validate_shape() const;

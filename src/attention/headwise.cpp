@@ -1,204 +1,437 @@
 #include "attention/headwise.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 
 #include "attention/fp_accumulator.h"
 #include "backend/gemm.h"
 #include "backend/rmsnorm.h"
 #include "backend/tensor_ops.h"
+#include "core/errors.h"
 
 namespace upipe {
 
-// The buffers one forward or backward allocates once and reuses in every stage. n = u S/C rows
-// after the all-to-all (S for Ulysses and UPipe), m query heads per rank per stage, R resident
-// KV heads.
-struct HeadwiseAttention::Buffers {
-  Tensor kres, vres;    // (n, R*d)          kv_resident
-  Tensor dkres, dvres;  // (n, R*d) fp32     attn_grad (backward)
-  Buffer a2a;           // C blocks (S/C, m*d), fp32-sized in backward   a2a
-  Tensor q, o;          // (n, m*d)          qkv, attn_out
-  Tensor lse;           // (m, n) fp32       attn_out
-  Tensor dout;          // (n, m*d)          attn_grad (backward)
-  Tensor delta;         // (m, n) fp32       attn_grad (backward)
-  Tensor dq;            // (n, m*d) fp32     attn_grad (backward)
-};
-
-HeadwiseAttention::HeadwiseAttention(const StrategyContext& ctx, std::string name, int head_chunk)
-    : HeadwiseAttention(
-          ctx, std::move(name), head_chunk,
-          {nullptr, std::make_unique<LocalCore>(ctx.dev, ctx.cfg.head_dim, ctx.cfg.dtype),
-           SeqLayout{LayoutKind::kContiguous, ctx.cfg.seq_len, ctx.comm.size(), 1}}) {}
-
-HeadwiseAttention::HeadwiseAttention(const StrategyContext& ctx, std::string name, int head_chunk,
-                                     HeadwiseGroup group)
-    : AttentionStrategy(ctx),
-      name_(std::move(name)),
-      own_group_(std::move(group.comm)),
-      a2a_(own_group_ ? own_group_.get() : &ctx.comm),
-      layout_(group.layout),
-      sch_(make_upipe_schedule(ctx.cfg, a2a_->size(), head_chunk)),
-      core_(std::move(group.core)),
-      pos_(layout_.positions(ctx.comm.rank())) {}
-
-SeqLayout HeadwiseAttention::layout() const {
-  return layout_;
+int fpdt_chunks(const AttentionConfig& cfg, int ranks) {
+  const int64_t s = cfg.seq_len, c = ranks;
+  if (cfg.chunks < 0)
+    throw ConfigError(
+        fmt::format("--chunks must be positive, or 0 for the default (the largest N <= {} dividing "
+                    "seq-len / ranks); got {}",
+                    kFpdtDefaultChunks, cfg.chunks));
+  // The largest n <= want with s divisible by n C (0 when s is not divisible by C).
+  auto largest_dividing = [&](int want) {
+    int n = want;
+    while (n > 0 && s % (n * c) != 0) --n;
+    return n;
+  };
+  if (cfg.chunks == 0) {
+    const int n = largest_dividing(kFpdtDefaultChunks);
+    const int64_t nc = kFpdtDefaultChunks * c;
+    if (n == 0)
+      throw ConfigError(fmt::format(
+          "seq-len ({}) must be divisible by the number of ranks ({}), and by N x ranks for N "
+          "chunks; try --seq-len {}",
+          s, c, (s / nc + 1) * nc));
+    return n;
+  }
+  const int64_t nc = int64_t(cfg.chunks) * c;
+  if (s % nc != 0) {
+    const int fits = largest_dividing(cfg.chunks);
+    throw ConfigError(fmt::format(
+        "seq-len ({}) must be divisible by chunks x ranks ({} x {} = {}); try {}--seq-len {}", s,
+        cfg.chunks, c, nc, fits > 0 ? fmt::format("--chunks {} or ", fits) : "",
+        (s / nc + 1) * nc));
+  }
+  return cfg.chunks;
 }
 
+// K/V of one key chunk of the current set, and in backward their dK/dV accumulators. n = C x
+// (rows per rank of a chunk) tokens, R resident KV heads. N = 1 has one slot, the resident set;
+// N > 1 two, the double buffer of chunks fetched from the host.
+struct HeadwiseAttention::Slot {
+  Tensor k, v;    // (n, R*d)          kv_resident
+  Tensor dk, dv;  // (n, R*d) fp32     attn_grad (backward)
+};
+
+// The device buffers one forward or backward allocates once and reuses for every chunk and
+// stage; m query heads per rank per stage.
+struct HeadwiseAttention::Buffers {
+  Slot slot[2];
+  Buffer a2a;   // C blocks (rows, m*d), fp32-sized in backward            a2a
+  Tensor q, o;  // (n, m*d)                                                qkv, attn_out
+  Tensor lse;   // (m, n) fp32                                             attn_out
+  // fp32 (n, m*d): the online-softmax sum (N > 1); dq in backward.        attn_out / attn_grad
+  Tensor acc;
+  Tensor rmax, rsum;  // (m, n) fp32: running max and sum (N > 1); rsum holds delta in backward
+  Tensor dout;        // (n, m*d)                                          attn_grad (backward)
+  Tensor delta;       // (m, n) fp32 (N = 1, backward)                     attn_grad
+  const Mat& delta_of(int n) const { return n > 1 ? rsum.mat() : delta.mat(); }
+};
+// Besides these, an FpAccumulator of the chunk's rows of y or dx when those are not fp32.
+
+// This rank's head-sharded K/V columns of every chunk, in the host arena (N > 1). Block (set t,
+// chunk j), at index t N + j, is the (n, R*d) matrix of set t's resident heads over chunk j.
+struct HeadwiseAttention::Host {
+  Buffer k, v;    // sets * N blocks, block dtype          offload
+  Buffer dk, dv;  // sets * N blocks, fp32 (backward)      offload
+};
+
+namespace {
+
+void* host_block(const Buffer& buf, int64_t block_bytes, int chunks, int set, int chunk) {
+  return static_cast<char*>(buf.data()) + (int64_t(set) * chunks + chunk) * block_bytes;
+}
+
+SeqLayout own_layout(const StrategyContext& ctx, int chunks) {
+  const AttentionConfig& c = ctx.cfg;
+  return chunks > 1 ? SeqLayout{LayoutKind::kChunked, c.seq_len, ctx.comm.size(), chunks}
+                    : SeqLayout{LayoutKind::kContiguous, c.seq_len, ctx.comm.size(), 1};
+}
+
+}  // namespace
+
+HeadwiseAttention::HeadwiseAttention(const StrategyContext& ctx, std::string name, int head_chunk,
+                                     int chunks)
+    : AttentionStrategy(ctx),
+      name_(std::move(name)),
+      a2a_(&ctx.comm),
+      layout_(own_layout(ctx, chunks)),
+      sch_(make_upipe_schedule(ctx.cfg, ctx.comm.size(), head_chunk)),
+      n_(chunks),
+      core_(std::make_unique<LocalCore>(ctx.dev, ctx.cfg.head_dim, ctx.cfg.dtype)) {
+  const RowPositions pos = layout_.positions(ctx.comm.rank());
+  if (n_ == 1)
+    chunk_pos_.push_back(pos);
+  else
+    for (const RowPositions::Run& run : pos.runs) chunk_pos_.push_back(RowPositions{{run}});
+}
+
+HeadwiseAttention::HeadwiseAttention(const StrategyContext& ctx, std::string name, int head_chunk,
+                                     UlyssesGroup group)
+    : AttentionStrategy(ctx),
+      name_(std::move(name)),
+      own_a2a_(std::move(group.comm)),
+      a2a_(own_a2a_.get()),
+      layout_(group.layout),
+      sch_(make_upipe_schedule(ctx.cfg, a2a_->size(), head_chunk)),
+      n_(1),
+      core_(std::move(group.core)),
+      chunk_pos_{layout_.positions(ctx.comm.rank())} {}
+
 // Data movement keeps local's reduction order up to a few sums, except where partial results
-// are combined: a ring core's softmax merge, and K < C, where the replicas' dK/dV partial sums
-// are added in another order than local's single accumulation.
+// are combined: online softmax over key chunks or a ring core's merge, and K < C, where the
+// replicas' dK/dV partial sums are added in another order than local's single accumulation.
 AttentionStrategy::ErrorClass HeadwiseAttention::error_class() const {
-  if (core_->merges_partials()) return ErrorClass::kMerge;
+  if (n_ > 1 || core_->merges_partials()) return ErrorClass::kMerge;
   return sch_.replicated() ? ErrorClass::kReplicaSums : ErrorClass::kDataMovement;
 }
 
-void HeadwiseAttention::attend_forward(int stage, Buffers& b) {
-  const int d = cfg().head_dim;
-  for (const HeadRun& r : head_runs(sch_, stage)) {
-    core_->forward(run_problem(r, b.q, b.kres, b.vres, d),
-                   b.o.mat().cols_of(int64_t(r.q0) * d, int64_t(r.nh) * d),
-                   b.lse.mat().rows_of(r.q0, r.nh));
+HeadwiseAttention::Buffers HeadwiseAttention::allocate(bool backward) const {
+  const AttentionConfig& c = cfg();
+  const int64_t n = c.seq_len / comm().size() / n_ * sch_.ranks, d = c.head_dim;
+  const int64_t md = int64_t(sch_.m) * d, rd = int64_t(sch_.kv_per_rank) * d;
+  const DType t = c.dtype, f32 = DType::kF32;
+  Arena& mem = dev().mem();
+  Buffers b;
+  for (int i = 0; i < (n_ > 1 ? 2 : 1); ++i) {
+    Slot& s = b.slot[i];
+    s.k = Tensor(mem, Tag::kKvResident, t, n, rd);
+    s.v = Tensor(mem, Tag::kKvResident, t, n, rd);
+    if (!backward) continue;
+    s.dk = Tensor(mem, Tag::kAttnGrad, f32, n, rd);
+    s.dv = Tensor(mem, Tag::kAttnGrad, f32, n, rd);
+  }
+  b.a2a = Buffer(mem, n * md * (backward ? 4 : dtype_size(t)), Tag::kA2a);
+  b.q = Tensor(mem, Tag::kQkv, t, n, md);
+  b.o = Tensor(mem, Tag::kAttnOut, t, n, md);
+  b.lse = Tensor(mem, Tag::kAttnOut, f32, sch_.m, n);
+  const Tag out = backward ? Tag::kAttnGrad : Tag::kAttnOut;
+  if (backward || n_ > 1) b.acc = Tensor(mem, out, f32, n, md);
+  if (n_ > 1) {
+    b.rmax = Tensor(mem, Tag::kAttnOut, f32, sch_.m, n);
+    b.rsum = Tensor(mem, out, f32, sch_.m, n);
+  }
+  if (backward) b.dout = Tensor(mem, Tag::kAttnGrad, t, n, md);
+  if (backward && n_ == 1) b.delta = Tensor(mem, Tag::kAttnGrad, f32, sch_.m, n);
+  return b;
+}
+
+HeadwiseAttention::Host HeadwiseAttention::allocate_host(bool backward) const {
+  Host h;
+  if (n_ == 1) return h;
+  const AttentionConfig& c = cfg();
+  const int64_t cols = int64_t(sch_.sets) * sch_.kv_per_rank * c.head_dim;
+  Arena& host = dev().host();
+  h.k = Buffer(host, mat_bytes(c.seq_len, cols, c.dtype), Tag::kOffload);
+  h.v = Buffer(host, mat_bytes(c.seq_len, cols, c.dtype), Tag::kOffload);
+  if (backward) {
+    h.dk = Buffer(host, mat_bytes(c.seq_len, cols, DType::kF32), Tag::kOffload);
+    h.dv = Buffer(host, mat_bytes(c.seq_len, cols, DType::kF32), Tag::kOffload);
+  }
+  return h;
+}
+
+void HeadwiseAttention::project_set(const Mat& x, const AttentionWeights& w, int set, int chunk,
+                                    Buffers& b, const Host& h) {
+  const int64_t rows = x.rows / n_;
+  const Slot& s = b.slot[0];
+  project_kv(env(), x.rows_of(chunk * rows, rows), chunk_pos_[size_t(chunk)], w, set, b.a2a, s.k,
+             s.v);
+  if (n_ == 1) return;
+  dev().copy(host_block(h.k, s.k.bytes(), n_, set, chunk), s.k.data(), s.k.bytes(),
+             CopyKind::kDeviceToHost);
+  dev().copy(host_block(h.v, s.v.bytes(), n_, set, chunk), s.v.data(), s.v.bytes(),
+             CopyKind::kDeviceToHost);
+}
+
+void HeadwiseAttention::fetch_kv(const Host& h, int set, int chunk, const Slot& s) {
+  dev().copy(s.k.data(), host_block(h.k, s.k.bytes(), n_, set, chunk), s.k.bytes(),
+             CopyKind::kHostToDevice);
+  dev().copy(s.v.data(), host_block(h.v, s.v.bytes(), n_, set, chunk), s.v.bytes(),
+             CopyKind::kHostToDevice);
+}
+
+void HeadwiseAttention::fetch_grads(const Host& h, int set, int chunk, const Slot& s) {
+  dev().copy(s.dk.data(), host_block(h.dk, s.dk.bytes(), n_, set, chunk), s.dk.bytes(),
+             CopyKind::kHostToDevice);
+  dev().copy(s.dv.data(), host_block(h.dv, s.dv.bytes(), n_, set, chunk), s.dv.bytes(),
+             CopyKind::kHostToDevice);
+}
+
+void HeadwiseAttention::store_grads(const Host& h, int set, int chunk, const Slot& s) {
+  dev().copy(host_block(h.dk, s.dk.bytes(), n_, set, chunk), s.dk.data(), s.dk.bytes(),
+             CopyKind::kDeviceToHost);
+  dev().copy(host_block(h.dv, s.dv.bytes(), n_, set, chunk), s.dv.data(), s.dv.bytes(),
+             CopyKind::kDeviceToHost);
+}
+
+// Query chunk qi of run r against key chunk kj held in kv, at their global positions (N = 1:
+// row 0 is position 0, or the core knows its own placement).
+AttnProblem HeadwiseAttention::problem(const HeadRun& r, const Buffers& b, const Slot& kv, int qi,
+                                       int kj) const {
+  const int64_t n = b.q.rows();
+  AttnProblem p = run_problem(r, b.q, kv.k, kv.v, cfg().head_dim);
+  p.q_pos0 = qi * n;
+  p.k_pos0 = kj * n;
+  return p;
+}
+
+// N > 1: online softmax over key chunks 0..i, double-buffered: chunk j+1 is fetched into the
+// other slot before chunk j is used, which a device with asynchronous copies overlaps with the
+// attention of chunk j (on CPU copies are memcpy).
+void HeadwiseAttention::attend_forward(int stage, int i, Buffers& b, const Host& h) {
+  const int set = sch_.set_of(stage), d = cfg().head_dim;
+  const std::vector<HeadRun> runs = head_runs(sch_, stage);
+  if (n_ == 1) {
+    for (const HeadRun& r : runs)
+      core_->forward(problem(r, b, b.slot[0], 0, 0),
+                     b.o.mat().cols_of(int64_t(r.q0) * d, int64_t(r.nh) * d),
+                     b.lse.mat().rows_of(r.q0, r.nh));
+    return;
+  }
+  attention_accumulate_init(dev(), b.acc, b.rmax, b.rsum);
+  fetch_kv(h, set, 0, b.slot[0]);
+  for (int j = 0; j <= i; ++j) {
+    if (j < i) fetch_kv(h, set, j + 1, b.slot[(j + 1) % 2]);
+    const Slot& kv = b.slot[j % 2];
+    for (const HeadRun& r : runs)
+      attention_forward_accumulate(
+          dev(), problem(r, b, kv, i, j), b.acc.mat().cols_of(int64_t(r.q0) * d, int64_t(r.nh) * d),
+          b.rmax.mat().rows_of(r.q0, r.nh), b.rsum.mat().rows_of(r.q0, r.nh));
+  }
+  attention_finalize(dev(), b.acc, b.rmax, b.rsum, d, b.o, b.lse);
+}
+
+// N > 1: each key chunk is fetched with its offloaded accumulators, double buffered as in
+// forward, and the accumulators go back to the host. The last query chunk is processed first:
+// its set's first stage is the first to touch each key chunk's accumulators, which then start
+// from zero instead of the host.
+void HeadwiseAttention::attend_backward(int stage, int i, Buffers& b, const Host& h) {
+  const int set = sch_.set_of(stage), d = cfg().head_dim;
+  const std::vector<HeadRun> runs = head_runs(sch_, stage);
+  auto run_kernel = [&](const HeadRun& r, const Slot& kv, int j) {
+    const int64_t qc = int64_t(r.q0) * d, qn = int64_t(r.nh) * d;
+    const int64_t kc = int64_t(r.k0) * d, kn = int64_t(r.nk) * d;
+    const AttnProblem p = problem(r, b, kv, i, j);
+    const Mat dout = b.dout.mat().cols_of(qc, qn), lse = b.lse.mat().rows_of(r.q0, r.nh);
+    const Mat delta = b.delta_of(n_).rows_of(r.q0, r.nh), dq = b.acc.mat().cols_of(qc, qn);
+    const Mat dk = kv.dk.mat().cols_of(kc, kn), dv = kv.dv.mat().cols_of(kc, kn);
+    if (n_ == 1)
+      core_->backward(p, dout, lse, delta, dq, dk, dv);
+    else
+      attention_backward(dev(), p, dout, lse, delta, dq, dk, dv);
+  };
+  zero(dev(), b.acc);
+  if (n_ == 1) {
+    for (const HeadRun& r : runs) run_kernel(r, b.slot[0], 0);
+    return;
+  }
+  const bool first_touch = i == n_ - 1 && sch_.starts_set(stage);
+  auto load = [&](int j, const Slot& slot) {
+    fetch_kv(h, set, j, slot);
+    if (first_touch) {
+      zero(dev(), slot.dk);
+      zero(dev(), slot.dv);
+    } else {
+      fetch_grads(h, set, j, slot);
+    }
+  };
+  load(0, b.slot[0]);
+  for (int j = 0; j <= i; ++j) {
+    if (j < i) load(j + 1, b.slot[(j + 1) % 2]);
+    const Slot& kv = b.slot[j % 2];
+    for (const HeadRun& r : runs) run_kernel(r, kv, j);
+    store_grads(h, set, j, kv);
   }
 }
 
 void HeadwiseAttention::forward(const Mat& x, const AttentionWeights& w, const Mat& y, float beta) {
   const AttentionConfig& c = cfg();
-  const int64_t sl = x.rows, n = sl * sch_.ranks, d = c.head_dim, md = int64_t(sch_.m) * d;
-  const int64_t rd = int64_t(sch_.kv_per_rank) * d;
-  const DType t = c.dtype;
-  Arena& mem = dev().mem();
-  Buffers b;
-  b.kres = Tensor(mem, Tag::kKvResident, t, n, rd);
-  b.vres = Tensor(mem, Tag::kKvResident, t, n, rd);
-  b.a2a = Buffer(mem, n * md * dtype_size(t), Tag::kA2a);
-  b.q = Tensor(mem, Tag::kQkv, t, n, md);
-  b.o = Tensor(mem, Tag::kAttnOut, t, n, md);
-  b.lse = Tensor(mem, Tag::kAttnOut, DType::kF32, sch_.m, n);
-  // y collects one partial product per stage and rank: an fp32 y (a residual stream) takes them
-  // directly; a bf16 y is accumulated in fp32 and rounded once, as local's single GEMM does.
-  FpAccumulator yacc(dev(), y, beta, Tag::kAttnOut);
-  for (int s = 0; s < sch_.stages(); ++s) {
-    if (sch_.starts_set(s)) project_kv(env(), x, pos_, w, sch_.set_of(s), b.a2a, b.kres, b.vres);
-    project_q(env(), x, pos_, w, s, b.a2a, b.q);
-    attend_forward(s, b);
-    group().all_to_all(b.o.data(), b.a2a.data(), mat_bytes(sl, md, t));
-    accumulate_out(env(), w.wo, s, b.a2a, yacc.target(), s == 0 ? yacc.beta() : 1.0f);
+  const int64_t rows = x.rows / n_, md = int64_t(sch_.m) * c.head_dim;
+  Buffers b = allocate(false);
+  const Host h = allocate_host(false);
+  for (int i = 0; i < n_; ++i) {
+    const Mat xi = x.rows_of(i * rows, rows);
+    // y collects one partial product per stage and rank: an fp32 y (a residual stream) takes
+    // them directly; a bf16 y is accumulated in fp32 and rounded once, as local's GEMM does.
+    FpAccumulator yacc(dev(), y.rows_of(i * rows, rows), beta, Tag::kAttnOut);
+    for (int s = 0; s < sch_.stages(); ++s) {
+      // Key chunks < i of the set were projected (and offloaded) in earlier query chunks.
+      if (sch_.starts_set(s)) project_set(x, w, sch_.set_of(s), i, b, h);
+      project_q(env(), xi, chunk_pos_[size_t(i)], w, s, b.a2a, b.q);
+      attend_forward(s, i, b, h);
+      a2a_comm().all_to_all(b.o.data(), b.a2a.data(), mat_bytes(rows, md, c.dtype));
+      accumulate_out(env(), w.wo, s, b.a2a, yacc.target(), s == 0 ? yacc.beta() : 1.0f);
+    }
+    yacc.finish();
   }
-  yacc.finish();
 }
 
 void HeadwiseAttention::backward(const Mat& x, const Mat& dy, const AttentionWeights& w,
                                  const Mat& dx, const AttentionGrads& g, float dx_beta,
                                  float dw_beta) {
   const AttentionConfig& c = cfg();
-  const int64_t sl = x.rows, n = sl * sch_.ranks, d = c.head_dim, md = int64_t(sch_.m) * d;
-  const int64_t rd = int64_t(sch_.kv_per_rank) * d;
+  const int64_t rows = x.rows / n_, d = c.head_dim, md = int64_t(sch_.m) * d;
   const DType t = c.dtype, f32 = DType::kF32;
-  Arena& mem = dev().mem();
-  Buffers b;
-  b.kres = Tensor(mem, Tag::kKvResident, t, n, rd);
-  b.vres = Tensor(mem, Tag::kKvResident, t, n, rd);
-  b.dkres = Tensor(mem, Tag::kAttnGrad, f32, n, rd);
-  b.dvres = Tensor(mem, Tag::kAttnGrad, f32, n, rd);
-  b.a2a = Buffer(mem, n * md * 4, Tag::kA2a);
-  b.q = Tensor(mem, Tag::kQkv, t, n, md);
-  b.o = Tensor(mem, Tag::kAttnOut, t, n, md);
-  b.lse = Tensor(mem, Tag::kAttnOut, f32, sch_.m, n);
-  b.dout = Tensor(mem, Tag::kAttnGrad, t, n, md);
-  b.delta = Tensor(mem, Tag::kAttnGrad, f32, sch_.m, n);
-  b.dq = Tensor(mem, Tag::kAttnGrad, f32, n, md);
-  FpAccumulator dxacc(dev(), dx, dx_beta, Tag::kAttnGrad);  // as y in forward
+  Buffers b = allocate(true);
+  const Host h = allocate_host(true);
   if (c.qk_norm && dw_beta == 0.0f) {
     zero(dev(), g.wqn);
     zero(dev(), g.wkn);
   }
-  for (int s = 0; s < sch_.stages(); ++s) {
-    const int set = sch_.set_of(s);
-    if (sch_.starts_set(s)) {
-      project_kv(env(), x, pos_, w, set, b.a2a, b.kres, b.vres);
-      zero(dev(), b.dkres);
-      zero(dev(), b.dvres);
+  for (int i = n_ - 1; i >= 0; --i) {
+    const Mat xi = x.rows_of(i * rows, rows), dyi = dy.rows_of(i * rows, rows);
+    const RowPositions& pos = chunk_pos_[size_t(i)];
+    FpAccumulator dxacc(dev(), dx.rows_of(i * rows, rows), dx_beta, Tag::kAttnGrad);  // as y
+    const float gbeta = i == n_ - 1 ? dw_beta : 1.0f;  // weight gradients sum over chunks
+    for (int s = 0; s < sch_.stages(); ++s) {
+      const int set = sch_.set_of(s);
+      if (sch_.starts_set(s)) {
+        if (n_ == 1) {
+          project_set(x, w, set, 0, b, h);
+          zero(dev(), b.slot[0].dk);
+          zero(dev(), b.slot[0].dv);
+        } else if (i == n_ - 1) {
+          // The first query chunk processed reads every key chunk: offload the set's K/V.
+          for (int j = 0; j < n_; ++j) project_set(x, w, set, j, b, h);
+        }
+      }
+      project_q(env(), xi, pos, w, s, b.a2a, b.q);
+      attend_forward(s, i, b, h);
+      // do = dy Wo[:, stage heads], projected into the all-to-all layout and sent head-sharded.
+      project_do(env(), dyi, w.wo, s, b.a2a);
+      a2a_comm().all_to_all(b.a2a.data(), b.dout.data(), mat_bytes(rows, md, t));
+      // dWo[:, stage heads] = dy^T o needs o back in sequence layout.
+      a2a_comm().all_to_all(b.o.data(), b.a2a.data(), mat_bytes(rows, md, t));
+      accumulate_dwo(env(), dyi, s, b.a2a, g.wo, gbeta);
+      attention_delta(dev(), b.o, b.dout, int(d), b.delta_of(n_));
+      attend_backward(s, i, b, h);
+      // dq back to sequence layout: dx += dq Wq[stage rows]; dWq[stage rows].
+      a2a_comm().all_to_all(b.acc.data(), b.a2a.data(), mat_bytes(rows, md, f32));
+      return_q_grads(env(), xi, pos, w, s, b.a2a, dxacc.target(), g, s == 0 ? dxacc.beta() : 1.0f,
+                     gbeta);
+      // The set's last stage of the last query chunk that reads key chunk i is done: its dK/dV
+      // are complete and go back once; dWk/dWv rows are written once per chunk.
+      if ((s + 1) % sch_.stages_per_set == 0) {
+        if (n_ > 1) fetch_grads(h, set, i, b.slot[0]);
+        return_kv_grads(env(), xi, pos, w, set, b.slot[0].dk, b.slot[0].dv, b.a2a, dxacc.target(),
+                        g, gbeta);
+      }
     }
-    project_q(env(), x, pos_, w, s, b.a2a, b.q);
-    attend_forward(s, b);
-    // do = dy Wo[:, stage heads], projected into the all-to-all layout and sent head-sharded.
-    project_do(env(), dy, w.wo, s, b.a2a);
-    group().all_to_all(b.a2a.data(), b.dout.data(), mat_bytes(sl, md, t));
-    // dWo[:, stage heads] = dy^T o needs o back in sequence layout.
-    group().all_to_all(b.o.data(), b.a2a.data(), mat_bytes(sl, md, t));
-    accumulate_dwo(env(), dy, s, b.a2a, g.wo, dw_beta);
-    attention_delta(dev(), b.o, b.dout, int(d), b.delta);
-    zero(dev(), b.dq);
-    for (const HeadRun& r : head_runs(sch_, s)) {
-      const int64_t qc = int64_t(r.q0) * d, qn = int64_t(r.nh) * d;
-      const int64_t kc = int64_t(r.k0) * d, kn = int64_t(r.nk) * d;
-      core_->backward(run_problem(r, b.q, b.kres, b.vres, int(d)), b.dout.mat().cols_of(qc, qn),
-                      b.lse.mat().rows_of(r.q0, r.nh), b.delta.mat().rows_of(r.q0, r.nh),
-                      b.dq.mat().cols_of(qc, qn), b.dkres.mat().cols_of(kc, kn),
-                      b.dvres.mat().cols_of(kc, kn));
-    }
-    // dq back to sequence layout: dx += dq Wq[stage rows]; dWq[stage rows].
-    group().all_to_all(b.dq.data(), b.a2a.data(), mat_bytes(sl, md, f32));
-    return_q_grads(env(), x, pos_, w, s, b.a2a, dxacc.target(), g, s == 0 ? dxacc.beta() : 1.0f,
-                   dw_beta);
-    // The set's dK/dV go back once; dx already holds a dq term, dWk/dWv rows are written once.
-    if ((s + 1) % sch_.stages_per_set == 0)
-      return_kv_grads(env(), x, pos_, w, set, b.dkres, b.dvres, b.a2a, dxacc.target(), g, dw_beta);
+    dxacc.finish();
   }
-  dxacc.finish();
 }
 
 int64_t headwise_attn_peak_bytes(const Backend& be, const AttentionConfig& c,
-                                 const UpipeSchedule& s, const HeadCore& core, int ranks) {
-  const int64_t sl = c.seq_len / ranks, n = sl * s.ranks, d = c.head_dim, dm = c.model_dim();
-  const int64_t md = int64_t(s.m) * d, rd = int64_t(s.kv_per_rank) * d;
+                                 const UpipeSchedule& s, const HeadCore& core, int ranks,
+                                 int chunks) {
+  const int64_t rows = c.seq_len / ranks / chunks, n = rows * s.ranks, d = c.head_dim;
+  const int64_t dm = c.model_dim(), md = int64_t(s.m) * d, rd = int64_t(s.kv_per_rank) * d;
   const int64_t pd = s.replicated() ? d : rd;  // rows of Wk/Wv one projection GEMM produces
   const DType t = c.dtype, f32 = DType::kF32;
   auto ws = [&](int64_t m_, int64_t n_, int64_t k_, DType a_, DType b_, DType c_) {
     return gemm_workspace_bytes(be, m_, n_, k_, a_, b_, c_);
   };
-  // Largest transient: the attention core (its largest call) or a bf16 GEMM staging buffer.
+  // Largest transient: the attention core (its largest call), a GEMM or QK-norm workspace, or
+  // the QK-norm's recomputed pre-norm block of a gradient return.
   int64_t core_f = 0, core_b = 0;
   for (int stage = 0; stage < s.stages(); ++stage)
     for (const HeadRun& r : head_runs(s, stage)) {
       core_f = std::max(core_f, core.forward_bytes(r.nh, r.nk));
       core_b = std::max(core_b, core.backward_bytes(r.nh, r.nk));
     }
-  // Projections: the GEMM into a staging block, then QK-norm in place.
   const int64_t norm = c.qk_norm ? rmsnorm_workspace_bytes(be, d) : 0;
-  const int64_t proj = std::max({ws(sl, md, dm, t, t, t), ws(sl, pd, dm, t, t, t), norm});
-  const int64_t ws_fwd = std::max({core_f, proj, ws(sl, dm, md, t, t, f32)});
+  const int64_t proj = std::max({ws(rows, md, dm, t, t, t), ws(rows, pd, dm, t, t, t), norm});
+  const int64_t ws_fwd = std::max({core_f, proj, ws(rows, dm, md, t, t, f32)});
   const int64_t ws_bwd = std::max(
-      {core_f, core_b, proj, project_do_bytes(be, c, s, sl), accumulate_dwo_bytes(be, c, s, sl),
-       return_q_grads_bytes(be, c, s, sl), return_kv_grads_bytes(be, c, s, sl, f32)});
-  const int64_t kv = 2 * mat_bytes(n, rd, t), lse = mat_bytes(s.m, n, f32);
-  // fp32 accumulator of y / dx unless they are fp32 themselves.
-  const int64_t acc = FpAccumulator::bytes(sl, dm, c.out_dtype());
-  const int64_t fwd = kv + n * md * dtype_size(t) + 2 * mat_bytes(n, md, t) + lse + acc + ws_fwd;
-  const int64_t bwd = kv + 2 * mat_bytes(n, rd, f32) + n * md * 4 + 3 * mat_bytes(n, md, t) +
-                      2 * lse + mat_bytes(n, md, f32) + acc + ws_bwd;
+      {core_f, core_b, proj, project_do_bytes(be, c, s, rows), accumulate_dwo_bytes(be, c, s, rows),
+       return_q_grads_bytes(be, c, s, rows), return_kv_grads_bytes(be, c, s, rows, f32)});
+  const int64_t slots = chunks > 1 ? 2 : 1;
+  const int64_t kv = slots * 2 * mat_bytes(n, rd, t), dkv = slots * 2 * mat_bytes(n, rd, f32);
+  const int64_t stat = mat_bytes(s.m, n, f32);  // one (m, n) row statistic: lse, delta, ...
+  const int64_t qo = 2 * mat_bytes(n, md, t), acc = mat_bytes(n, md, f32);
+  // Online softmax (N > 1): the running sum, max and sum; rsum doubles as delta in backward.
+  const int64_t online = chunks > 1 ? acc + 2 * stat : 0;
+  const int64_t out_acc = FpAccumulator::bytes(rows, dm, c.out_dtype());  // y / dx rows
+  const int64_t fwd = kv + n * md * dtype_size(t) + qo + stat + online + out_acc + ws_fwd;
+  // Backward: lse and delta (N = 1) or lse, max and sum-as-delta (N > 1); do; dq.
+  const int64_t bwd_stats = (chunks > 1 ? 3 : 2) * stat;
+  const int64_t bwd =
+      kv + dkv + n * md * 4 + qo + bwd_stats + mat_bytes(n, md, t) + acc + out_acc + ws_bwd;
   return std::max(fwd, bwd);
 }
 
+int64_t headwise_host_peak_bytes(const AttentionConfig& c, const UpipeSchedule& s, int chunks) {
+  if (chunks == 1) return 0;
+  const int64_t cols = int64_t(s.sets) * s.kv_per_rank * c.head_dim;
+  return 2 * mat_bytes(c.seq_len, cols, c.dtype) + 2 * mat_bytes(c.seq_len, cols, DType::kF32);
+}
+
 int64_t HeadwiseAttention::attn_formula_bytes() const {
-  return headwise_attn_peak_bytes(dev().backend(), cfg(), sch_, *core_, comm().size());
+  return headwise_attn_peak_bytes(dev().backend(), cfg(), sch_, *core_, comm().size(), n_);
+}
+
+int64_t HeadwiseAttention::host_formula_bytes() const {
+  return headwise_host_peak_bytes(cfg(), sch_, n_);
 }
 
 std::optional<CommStats> HeadwiseAttention::comm_expected() const {
-  return headwise_comm_expected(cfg(), sch_, *core_, comm().size());
+  return headwise_comm_expected(cfg(), sch_, *core_, comm().size(), n_);
 }
 
 CommStats headwise_comm_expected(const AttentionConfig& c, const UpipeSchedule& s,
-                                 const HeadCore& core, int ranks) {
+                                 const HeadCore& core, int ranks, int chunks) {
   CommStats st;
-  for (bool backward : {false, true}) {  // backward recomputes the forward's traffic
-    add_headwise_pass_comm(st, c, s, c.seq_len / ranks, backward);
-    for (int stage = 0; stage < s.stages(); ++stage)
-      for (const HeadRun& r : head_runs(s, stage)) {  // the core's messages, if any
-        core.add_forward_comm(st, r.nh, r.nk);
-        if (backward) core.add_backward_comm(st, r.nh, r.nk);
-      }
-  }
+  for (bool backward : {false, true})  // backward recomputes the forward's traffic
+    for (int i = 0; i < chunks; ++i) {
+      add_headwise_pass_comm(st, c, s, c.seq_len / ranks / chunks, backward);
+      for (int stage = 0; stage < s.stages(); ++stage)
+        for (const HeadRun& r : head_runs(s, stage)) {  // the core's messages, if any
+          core.add_forward_comm(st, r.nh, r.nk);
+          if (backward) core.add_backward_comm(st, r.nh, r.nk);
+        }
+    }
   return st;
 }
 

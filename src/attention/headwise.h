@@ -1,19 +1,29 @@
-// Headwise-chunked Ulysses: UPipe(U), and Ulysses as its U = H case.
+// The headwise engine: Ulysses, UPipe(U), FPDT(N) and UPipe+FPDT are one algorithm with two
+// knobs, the query heads per stage U (H gives Ulysses) and the sequence chunks N (1 keeps the
+// whole shard at once).
 //
 // Each stage projects only its query heads (rows of Wq) straight into the all-to-all layout,
-// sends them head-sharded, runs attention against the resident KV set, sends the output back
-// and applies the stage's slice of Wo, accumulating into y: no (S/C, H, d) output buffer
+// sends them head-sharded, runs attention against the KV set that reads them, sends the output
+// back and applies the stage's slice of Wo, accumulating into y: no (S/C, H, d) output buffer
 // exists. The same q / o / all-to-all buffers serve every stage; a KV set crosses the network
-// once and stays resident while every query head reading it is processed (upipe_schedule.h).
-// Backward mirrors it stage by stage: dq returns per stage, dK/dV accumulate over the set and
-// return once. docs/strategies.md has the schedule, memory formula and communication volume.
+// once and is kept while every query head reading it is processed (upipe_schedule.h). Backward
+// mirrors it stage by stage: dq returns per stage, dK/dV accumulate over the set and return once.
 //
-// By default the all-to-all spans the whole CP group and the attention between the all-to-alls
-// is local (LocalCore). USP and UPipe+ring (usp.h) give it a Ulysses group split from the CP
-// group, a ring core across the groups and the zigzag grid layout instead.
+// N = 1: the set's K/V stay resident on the device (tag kv_resident) and the attention between
+// the all-to-alls is a HeadCore: LocalCore on the whole sequence, or a ring core across Ulysses
+// groups (USP, UPipe+ring: usp.h). N > 1 (FPDT): the shard is cut into N chunks (the chunked
+// layout: rank r holds sub-chunk r of every global chunk, so the all-to-all of local chunk i
+// yields global chunk i); each (set, chunk) of K/V is offloaded to the host arena when projected,
+// and query chunk i attends to key chunks 0..i fetched back through a double buffer, merging by
+// online softmax. Backward walks the query chunks from last to first and keeps dK/dV
+// accumulators on the host; a (set, chunk) is complete, and returns, when its set's last stage
+// of that query chunk is done. Device buffers scale with S/N and U, not S or H.
+// docs/strategies.md and docs/strategies-fpdt.md have the schedules, the memory formulas and the
+// communication volume.
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "attention/head_core.h"
 #include "attention/head_stage.h"
@@ -22,53 +32,82 @@
 
 namespace upipe {
 
-// Where the engine's all-to-all runs and what attention runs between its all-to-alls.
-struct HeadwiseGroup {
-  std::unique_ptr<Communicator> comm;  // the Ulysses group of u ranks, split from the CP group
+// N used for fpdt / upipe-fpdt when --chunks is 0: the largest N <= 4 with seq-len divisible by
+// N C.
+constexpr int kFpdtDefaultChunks = 4;
+
+// N for fpdt / upipe-fpdt on `ranks` ranks (cfg.chunks, or the default for 0). Throws
+// ConfigError with what to change when the sequence cannot be cut into N chunks of C sub-chunks.
+int fpdt_chunks(const AttentionConfig& cfg, int ranks);
+
+// A Ulysses group split from the CP group (USP, UPipe+ring): where the all-to-all runs, the
+// attention between the all-to-alls, and the rows of every rank of the CP group.
+struct UlyssesGroup {
+  std::unique_ptr<Communicator> comm;  // u ranks
   std::unique_ptr<HeadCore> core;      // attention over the group's u S/C tokens
-  SeqLayout layout;                    // rows of every rank of the CP group
+  SeqLayout layout;
 };
 
 class HeadwiseAttention final : public AttentionStrategy {
  public:
-  // head_chunk: U (H gives Ulysses). The all-to-all runs over ctx.comm.
-  HeadwiseAttention(const StrategyContext& ctx, std::string name, int head_chunk);
-  // The same with the all-to-all inside group.comm and group.core between the all-to-alls.
+  // head_chunk: U (H gives Ulysses / FPDT); chunks: N. The all-to-all spans ctx.comm.
+  HeadwiseAttention(const StrategyContext& ctx, std::string name, int head_chunk, int chunks);
+  // N = 1 with the all-to-all inside group.comm and group.core between the all-to-alls.
   HeadwiseAttention(const StrategyContext& ctx, std::string name, int head_chunk,
-                    HeadwiseGroup group);
+                    UlyssesGroup group);
   std::string name() const override { return name_; }
-  SeqLayout layout() const override;
+  SeqLayout layout() const override { return layout_; }
   void forward(const Mat& x, const AttentionWeights& w, const Mat& y, float beta) override;
   void backward(const Mat& x, const Mat& dy, const AttentionWeights& w, const Mat& dx,
                 const AttentionGrads& g, float dx_beta, float dw_beta) override;
   int64_t attn_formula_bytes() const override;
+  int64_t host_formula_bytes() const override;
   ErrorClass error_class() const override;
   std::optional<CommStats> comm_expected() const override;
   const UpipeSchedule& schedule() const { return sch_; }
+  int chunks() const { return n_; }
 
  private:
+  struct Slot;
   struct Buffers;
-  Communicator& group() const { return *a2a_; }
-  StageEnv env() const { return {dev(), group(), cfg(), sch_}; }
-  void attend_forward(int stage, Buffers& b);
+  struct Host;
+  Communicator& a2a_comm() const { return *a2a_; }
+  StageEnv env() const { return {dev(), a2a_comm(), cfg(), sch_}; }
+  Buffers allocate(bool backward) const;
+  Host allocate_host(bool backward) const;
+  // Projects K/V chunk `chunk` of KV set `set` into slot 0 (offloading it when N > 1).
+  void project_set(const Mat& x, const AttentionWeights& w, int set, int chunk, Buffers& b,
+                   const Host& h);
+  void fetch_kv(const Host& h, int set, int chunk, const Slot& s);
+  void fetch_grads(const Host& h, int set, int chunk, const Slot& s);
+  void store_grads(const Host& h, int set, int chunk, const Slot& s);
+  AttnProblem problem(const HeadRun& r, const Buffers& b, const Slot& kv, int qi, int kj) const;
+  // o, lse of the stage's heads over query chunk i (N = 1: the whole shard).
+  void attend_forward(int stage, int i, Buffers& b, const Host& h);
+  // dq (into b.acc) of the stage's heads over query chunk i, and dK/dV contributions.
+  void attend_backward(int stage, int i, Buffers& b, const Host& h);
 
   std::string name_;
-  std::unique_ptr<Communicator> own_group_;  // the split group, when not the CP group itself
-  Communicator* a2a_;                        // where the all-to-all runs: u ranks
+  std::unique_ptr<Communicator> own_a2a_;  // the Ulysses group, when not the CP group itself
+  Communicator* a2a_;                      // where the all-to-all runs
   SeqLayout layout_;
   UpipeSchedule sch_;
+  int n_;  // N
   std::unique_ptr<HeadCore> core_;
-  RowPositions pos_;  // global positions of this rank's rows
+  std::vector<RowPositions> chunk_pos_;  // global positions of this rank's rows of each chunk
 };
 
-// Per-rank peak of the attention intermediates (docs/strategies.md, docs/strategies-ring.md)
-// on a CP group of `ranks` ranks of S/C rows, with all-to-all groups of s.ranks of them.
+// Per-rank peak of the attention intermediates in the device arena on a CP group of `ranks`
+// ranks, the all-to-all over s.ranks of them, with N sequence chunks.
 int64_t headwise_attn_peak_bytes(const Backend& be, const AttentionConfig& cfg,
-                                 const UpipeSchedule& s, const HeadCore& core, int ranks);
-
-// The collective calls and bytes this rank sends in one forward + backward (the core's
-// messages included).
+                                 const UpipeSchedule& s, const HeadCore& core, int ranks,
+                                 int chunks);
+// Per-rank peak of the host (offload) arena: with N > 1 the K/V of every chunk, plus fp32
+// dK/dV in backward; 0 with N = 1.
+int64_t headwise_host_peak_bytes(const AttentionConfig& cfg, const UpipeSchedule& s, int chunks);
+// The collective calls and bytes this rank sends in one forward + backward (the core's messages
+// included).
 CommStats headwise_comm_expected(const AttentionConfig& cfg, const UpipeSchedule& s,
-                                 const HeadCore& core, int ranks);
+                                 const HeadCore& core, int ranks, int chunks);
 
 }  // namespace upipe

@@ -19,7 +19,7 @@ int64_t SeqLayout::divisor() const {
     case LayoutKind::kChunked:
       return int64_t(chunks) * ranks;
     case LayoutKind::kZigzagGrid:
-      return std::lcm(int64_t(ranks), 2 * int64_t(ranks / group));
+      return std::lcm(int64_t(ranks), 2 * int64_t(ranks / ulysses_degree));
   }
   return ranks;
 }
@@ -57,10 +57,10 @@ RowPositions SeqLayout::positions(int rank) const {
       break;
     }
     case LayoutKind::kZigzagGrid: {
-      // Slice [j n, (j+1) n) of the group's list [chunk g, chunk 2r-1-g], n = S/C.
-      UPIPE_CHECK(group >= 1 && ranks % group == 0, "group {} does not divide {} ranks", group,
-                  ranks);
-      const int r = ranks / group, g = rank / group, j = rank % group;
+      // Slice [j n, (j+1) n) of group g's list [chunk g, chunk 2r-1-g], n = S/C.
+      UPIPE_CHECK(ulysses_degree >= 1 && ranks % ulysses_degree == 0,
+                  "ulysses_degree {} does not divide {} ranks", ulysses_degree, ranks);
+      const int r = ranks / ulysses_degree, g = rank / ulysses_degree, j = rank % ulysses_degree;
       const int64_t c = seq_len / (2 * int64_t(r)), n = seq_len / ranks;
       const int64_t lo = j * n, hi = lo + n;
       const RowPositions::Run chunk[2] = {{c, g * c}, {c, (2 * int64_t(r) - 1 - g) * c}};

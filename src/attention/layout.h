@@ -26,10 +26,10 @@ enum class LayoutKind { kContiguous, kZigzag, kChunked, kZigzagGrid };
 
 struct SeqLayout {
   LayoutKind kind = LayoutKind::kContiguous;
-  int64_t seq_len = 0;  // S
-  int ranks = 1;        // C
-  int chunks = 1;       // N (chunked only)
-  int group = 1;        // u: ranks per Ulysses group (zigzag grid only)
+  int64_t seq_len = 0;     // S
+  int ranks = 1;           // C
+  int chunks = 1;          // N (chunked only)
+  int ulysses_degree = 1;  // u: ranks per Ulysses group (zigzag grid only)
 
   int64_t local_rows() const { return seq_len / ranks; }
   // Global positions of rank r's rows, as runs.

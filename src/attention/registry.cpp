@@ -1,7 +1,6 @@
 // make_strategy(): validation of a method's configuration and construction.
 #include <fmt/format.h>
 
-#include "attention/fpdt.h"
 #include "attention/headwise.h"
 #include "attention/local.h"
 #include "attention/ring.h"
@@ -30,16 +29,19 @@ std::unique_ptr<AttentionStrategy> make_strategy(const std::string& method,
   };
   if (method == "ulysses") {
     need_divisible(c, "the number of ranks");
-    return std::make_unique<HeadwiseAttention>(ctx, "ulysses", ctx.cfg.heads);
+    return std::make_unique<HeadwiseAttention>(ctx, "ulysses", ctx.cfg.heads, 1);
   }
   if (method == "upipe") {
     need_divisible(c, "the number of ranks");
-    return std::make_unique<HeadwiseAttention>(ctx, "upipe", ctx.cfg.head_chunk);
+    return std::make_unique<HeadwiseAttention>(ctx, "upipe", ctx.cfg.head_chunk, 1);
   }
   // fpdt / upipe-fpdt check S against N C themselves (fpdt_chunks), after the head schedule.
-  if (method == "fpdt") return std::make_unique<ChunkedAttention>(ctx, "fpdt", ctx.cfg.heads);
-  if (method == "upipe-fpdt")
-    return std::make_unique<ChunkedAttention>(ctx, "upipe-fpdt", ctx.cfg.head_chunk);
+  if (method == "fpdt" || method == "upipe-fpdt") {
+    make_upipe_schedule(ctx.cfg, c, method == "fpdt" ? ctx.cfg.heads : ctx.cfg.head_chunk);
+    return std::make_unique<HeadwiseAttention>(
+        ctx, method, method == "fpdt" ? ctx.cfg.heads : ctx.cfg.head_chunk,
+        fpdt_chunks(ctx.cfg, c));
+  }
   if (method == "ring") {
     need_divisible(2 * int64_t(c),
                    "twice the number of ranks: zigzag cuts the sequence into 2C chunks");

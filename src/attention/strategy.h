@@ -59,6 +59,9 @@ class AttentionStrategy {
   // Closed-form per-rank peak of the attention intermediates over forward + backward
   // (docs/memory.md), in bytes.
   virtual int64_t attn_formula_bytes() const = 0;
+  // Closed-form per-rank peak of what the strategy keeps in the host arena (offloaded K/V and
+  // their gradients), in bytes; 0 for strategies that offload nothing.
+  virtual int64_t host_formula_bytes() const { return 0; }
 
   // How results relate to `local` (the tolerance rule of `check`, check.h): data-movement
   // strategies reproduce local's arithmetic up to the order of a few sums; merge-based ones

@@ -12,7 +12,7 @@ namespace upipe {
 int UpipeSchedule::q_head(int stage, int rank) const {
   if (replicated()) return rank * (heads / ranks) + stage * m;
   const int t = stage / stages_per_set, sigma = stage % stages_per_set;
-  return kv_head(t, rank) * group + sigma * m;
+  return kv_head(t, rank) * gqa_group + sigma * m;
 }
 
 int UpipeSchedule::kv_head(int set, int rank) const {
@@ -21,7 +21,7 @@ int UpipeSchedule::kv_head(int set, int rank) const {
 }
 
 std::vector<HeadRun> head_runs(const UpipeSchedule& s, int stage) {
-  const int m = s.m, g = s.group;
+  const int m = s.m, g = s.gqa_group;
   if (s.replicated()) return {{0, m, 0, 1}};
   const int base = (stage % s.stages_per_set) * m;  // offset within the rank's set heads
   if (m % g == 0) return {{0, m, base / g, m / g}};
@@ -75,15 +75,15 @@ UpipeSchedule make_upipe_schedule(const AttentionConfig& cfg, int c, int head_ch
   s.kv_heads = k;
   s.heads_per_stage = u;
   s.m = u / c;
-  s.group = h / k;
+  s.gqa_group = h / k;
   if (s.replicated()) {
     s.kv_per_rank = 1;
     s.sets = 1;
     s.stages_per_set = h / u;
   } else {
-    const int g = std::gcd(s.m, s.group);
+    const int g = std::gcd(s.m, s.gqa_group);
     s.kv_per_rank = s.m / g;
-    s.stages_per_set = s.group / g;
+    s.stages_per_set = s.gqa_group / g;
     s.sets = (k / c) / s.kv_per_rank;
   }
   return s;

@@ -27,7 +27,7 @@ struct UpipeSchedule {
   int kv_heads = 1;         // K
   int heads_per_stage = 1;  // U
   int m = 1;                // U / C: query heads per rank per stage
-  int group = 1;            // G = H / K
+  int gqa_group = 1;        // G = H / K
   int kv_per_rank = 1;      // R: resident KV heads per rank per set
   int stages_per_set = 1;
   int sets = 1;

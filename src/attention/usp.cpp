@@ -77,14 +77,14 @@ std::unique_ptr<AttentionStrategy> make_usp(const std::string& method, const Str
   const int head_chunk = method == "usp" ? c.heads : c.head_chunk;
   if (plain_ring(method, u)) return std::make_unique<RingAttention>(ctx, method);
   if (no_ring(method, u, ranks))
-    return std::make_unique<HeadwiseAttention>(ctx, method, head_chunk);
+    return std::make_unique<HeadwiseAttention>(ctx, method, head_chunk, 1);
   // Group g = rank / u holds member j = rank % u; the ring joins the members j of all groups.
   auto group = ctx.comm.split([u](int q) { return SplitKey{q / u, q % u}; });
   auto ring = ctx.comm.split([u](int q) { return SplitKey{q % u, q / u}; });
   auto core = std::make_unique<RingCore>(ctx.dev, std::move(ring), c.seq_len, c.head_dim, c.dtype);
   return std::make_unique<HeadwiseAttention>(
       ctx, method, head_chunk,
-      HeadwiseGroup{std::move(group), std::move(core), usp_layout(method, c, ranks, u)});
+      UlyssesGroup{std::move(group), std::move(core), usp_layout(method, c, ranks, u)});
 }
 
 }  // namespace upipe

@@ -5,7 +5,6 @@
 // multi-rank strategy table.
 #include <gtest/gtest.h>
 
-#include "attention/fpdt.h"
 #include "attention/harness.h"
 #include "comm/fake/fake_comm.h"
 #include "multirank/strategy_cases.h"
@@ -22,12 +21,10 @@ Measured run_meta(const std::string& method, const AttentionConfig& cfg, int c, 
   Device dev({BackendKind::kMeta, int64_t(1) << 50, int64_t(1) << 50});
   FakeCommunicator comm(rank, c);
   auto s = make_strategy(method, {dev, comm, cfg});
-  const auto& chunked = dynamic_cast<const ChunkedAttention&>(*s);
   BlockTensors t = make_block_tensors(dev, cfg, s->layout().positions(rank), 1);
   dev.host().reset_peak();
   const BlockRun r = run_block(*s, dev, t);
-  return {r.attn_peak_bytes, s->attn_formula_bytes(), dev.host().peak(),
-          chunked.host_formula_bytes()};
+  return {r.attn_peak_bytes, s->attn_formula_bytes(), dev.host().peak(), s->host_formula_bytes()};
 }
 
 // Llama-3-8B attention: H = 32, K = 8, d = 128, bf16.

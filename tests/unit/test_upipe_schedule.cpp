@@ -40,7 +40,7 @@ void check_schedule(int h, int k, int c, int u) {
         ASSERT_GE(q, 0);
         ASSERT_LT(q, h);
         ++seen[size_t(q)];
-        const int kv = q / s.group;
+        const int kv = q / s.gqa_group;
         EXPECT_GE(kv, kv0) << "query head " << q << " reads a KV head not resident on rank " << j;
         EXPECT_LT(kv, kv0 + s.kv_per_rank) << "query head " << q << " on rank " << j;
       }
