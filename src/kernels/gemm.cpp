@@ -1,34 +1,338 @@
+// GEMM through oneDNN's matmul primitive in user-scratchpad mode, so the primitive's scratch
+// comes from the arena. Created primitives are cached per thread, keyed by the whole problem.
 #include "kernels/gemm.h"
 
+#include <fmt/format.h>
 #include <oneapi/dnnl/dnnl.h>
 
 #include <algorithm>
+#include <bit>
+#include <cstdint>
+#include <limits>
+#include <list>
+#include <memory>
+#include <string>
+#include <unordered_map>
 #include <utility>
 
 namespace upipe {
+namespace {
 
-void sgemm_raw(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-               const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
-               int64_t ldc) {
-  if (m == 0 || n == 0) return;
-  const dnnl_status_t st = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a,
-                                      lda, b, ldb, beta, c, ldc);
-  UPIPE_CHECK(st == dnnl_success, "dnnl_sgemm failed with status {} (m={} n={} k={})", int(st), m,
-              n, k);
+// Created matmuls kept per thread. A training step uses a few dozen shapes (every stage of a
+// strategy and every layer repeat them); the bound only stops a shape sweep from hoarding JIT
+// code.
+constexpr size_t kMaxCachedMatmuls = 256;
+constexpr size_t kMaxCachedBounds = 4096;
+// oneDNN carves its scratchpad at 64-byte offsets; the staging floats follow it.
+constexpr int64_t kScratchAlign = 64;
+
+const char* status_name(dnnl_status_t st) {
+  switch (st) {
+    case dnnl_success:
+      return "success";
+    case dnnl_out_of_memory:
+      return "out_of_memory";
+    case dnnl_invalid_arguments:
+      return "invalid_arguments";
+    case dnnl_unimplemented:
+      return "unimplemented";
+    case dnnl_iterator_ends:
+      return "iterator_ends";
+    case dnnl_runtime_error:
+      return "runtime_error";
+    case dnnl_not_required:
+      return "not_required";
+  }
+  return "unknown";
 }
 
-int64_t gemm_workspace_bytes(int64_t m, int64_t n, int64_t k, DType a, DType b, DType c) {
-  if (a == DType::kF32 && b == DType::kF32 && c == DType::kF32) return 0;
+// One fp32 matmul on row-major operands: C(m, n) = alpha op(A) op(B) + beta C. The oneDNN
+// implementation chosen is the first, in oneDNN's order, whose scratchpad fits scratch_limit
+// (the bytes the caller reserved).
+struct MatmulKey {
+  int64_t m, n, k, lda, ldb, ldc;
+  bool ta, tb;
+  float alpha, beta;
+  int64_t scratch_limit;
+  bool operator==(const MatmulKey&) const = default;
+};
+
+struct MatmulKeyHash {
+  size_t operator()(const MatmulKey& p) const {
+    uint64_t h = 0xcbf29ce484222325ull;
+    auto mix = [&h](uint64_t v) { h = (h ^ v) * 0x100000001b3ull + (h >> 29); };
+    for (int64_t v : {p.m, p.n, p.k, p.lda, p.ldb, p.ldc, p.scratch_limit}) mix(uint64_t(v));
+    mix(uint64_t(p.ta) | uint64_t(p.tb) << 1);
+    mix(std::bit_cast<uint32_t>(p.alpha) | uint64_t(std::bit_cast<uint32_t>(p.beta)) << 32);
+    return size_t(h);
+  }
+};
+
+std::string describe(const MatmulKey& p) {
+  return fmt::format(
+      "fp32 matmul m={} n={} k={} lda={} ldb={} ldc={} trans_a={} trans_b={} "
+      "alpha={} beta={}",
+      p.m, p.n, p.k, p.lda, p.ldb, p.ldc, p.ta, p.tb, p.alpha, p.beta);
+}
+
+}  // namespace
+}  // namespace upipe
+
+// A macro so the failure names the call site's line; every oneDNN status goes through it.
+#define UPIPE_DNNL_CHECK(call, key)                                             \
+  do {                                                                          \
+    const dnnl_status_t st_ = (call);                                           \
+    UPIPE_CHECK(st_ == dnnl_success, "oneDNN {} returned {} for the {}", #call, \
+                ::upipe::status_name(st_), ::upipe::describe(key));             \
+  } while (0)
+
+namespace upipe {
+namespace {
+
+struct PdDelete {
+  void operator()(dnnl_primitive_desc_t p) const { dnnl_primitive_desc_destroy(p); }
+};
+struct PrimDelete {
+  void operator()(dnnl_primitive_t p) const { dnnl_primitive_destroy(p); }
+};
+struct MemDelete {
+  void operator()(dnnl_memory_t p) const { dnnl_memory_destroy(p); }
+};
+struct AttrDelete {
+  void operator()(dnnl_primitive_attr_t p) const { dnnl_primitive_attr_destroy(p); }
+};
+struct PostOpsDelete {
+  void operator()(dnnl_post_ops_t p) const { dnnl_post_ops_destroy(p); }
+};
+struct IterDelete {
+  void operator()(dnnl_primitive_desc_iterator_t p) const {
+    dnnl_primitive_desc_iterator_destroy(p);
+  }
+};
+struct StreamDelete {
+  void operator()(dnnl_stream_t p) const { dnnl_stream_destroy(p); }
+};
+using PdPtr = std::unique_ptr<dnnl_primitive_desc, PdDelete>;
+using PrimPtr = std::unique_ptr<dnnl_primitive, PrimDelete>;
+using MemPtr = std::unique_ptr<dnnl_memory, MemDelete>;
+
+dnnl_engine_t engine() {
+  static const dnnl_engine_t eng = [] {
+    dnnl_engine_t e = nullptr;
+    const dnnl_status_t st = dnnl_engine_create(&e, dnnl_cpu, 0);
+    UPIPE_CHECK(st == dnnl_success, "oneDNN could not create its CPU engine: {}", status_name(st));
+    return e;
+  }();
+  return eng;
+}
+
+dnnl_stream_t stream() {
+  thread_local const std::unique_ptr<dnnl_stream, StreamDelete> s = [] {
+    dnnl_stream_t p = nullptr;
+    const dnnl_status_t st = dnnl_stream_create(&p, engine(), dnnl_stream_default_flags);
+    UPIPE_CHECK(st == dnnl_success, "oneDNN could not create a CPU stream: {}", status_name(st));
+    return std::unique_ptr<dnnl_stream, StreamDelete>(p);
+  }();
+  return s.get();
+}
+
+int64_t scratchpad_bytes(const_dnnl_primitive_desc_t pd) {
+  return int64_t(
+      dnnl_memory_desc_get_size(dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0)));
+}
+
+// The primitive descriptor for `key`: alpha as output scales, beta as a sum post-op, transposes
+// and leading dimensions as strides, scratchpad owned by the caller.
+PdPtr create_pd(const MatmulKey& key) {
+  dnnl_memory_desc_t a_md, b_md, c_md;
+  const dnnl_dims_t a_dims = {key.m, key.k}, b_dims = {key.k, key.n}, c_dims = {key.m, key.n};
+  const dnnl_dims_t a_str = {key.ta ? 1 : key.lda, key.ta ? key.lda : 1};
+  const dnnl_dims_t b_str = {key.tb ? 1 : key.ldb, key.tb ? key.ldb : 1};
+  const dnnl_dims_t c_str = {key.ldc, 1};
+  UPIPE_DNNL_CHECK(dnnl_memory_desc_init_by_strides(&a_md, 2, a_dims, dnnl_f32, a_str), key);
+  UPIPE_DNNL_CHECK(dnnl_memory_desc_init_by_strides(&b_md, 2, b_dims, dnnl_f32, b_str), key);
+  UPIPE_DNNL_CHECK(dnnl_memory_desc_init_by_strides(&c_md, 2, c_dims, dnnl_f32, c_str), key);
+  dnnl_matmul_desc_t desc;
+  UPIPE_DNNL_CHECK(dnnl_matmul_desc_init(&desc, &a_md, &b_md, nullptr, &c_md), key);
+
+  dnnl_primitive_attr_t raw_attr = nullptr;
+  UPIPE_DNNL_CHECK(dnnl_primitive_attr_create(&raw_attr), key);
+  const std::unique_ptr<dnnl_primitive_attr, AttrDelete> attr(raw_attr);
+  UPIPE_DNNL_CHECK(dnnl_primitive_attr_set_scratchpad_mode(attr.get(), dnnl_scratchpad_mode_user),
+                   key);
+  if (key.alpha != 1.0f)
+    UPIPE_DNNL_CHECK(dnnl_primitive_attr_set_output_scales(attr.get(), 1, 0, &key.alpha), key);
+  if (key.beta != 0.0f) {
+    dnnl_post_ops_t raw_po = nullptr;
+    UPIPE_DNNL_CHECK(dnnl_post_ops_create(&raw_po), key);
+    const std::unique_ptr<dnnl_post_ops, PostOpsDelete> po(raw_po);
+    UPIPE_DNNL_CHECK(dnnl_post_ops_append_sum(po.get(), key.beta), key);
+    UPIPE_DNNL_CHECK(dnnl_primitive_attr_set_post_ops(attr.get(), po.get()), key);
+  }
+
+  dnnl_primitive_desc_iterator_t raw_it = nullptr;
+  UPIPE_DNNL_CHECK(
+      dnnl_primitive_desc_iterator_create(&raw_it, &desc, attr.get(), engine(), nullptr), key);
+  const std::unique_ptr<dnnl_primitive_desc_iterator, IterDelete> it(raw_it);
+  for (;;) {
+    PdPtr pd(dnnl_primitive_desc_iterator_fetch(it.get()));
+    UPIPE_CHECK(pd != nullptr, "oneDNN returned no primitive descriptor for the {}", describe(key));
+    if (scratchpad_bytes(pd.get()) <= key.scratch_limit) return pd;
+    const dnnl_status_t st = dnnl_primitive_desc_iterator_next(it.get());
+    UPIPE_CHECK(st == dnnl_success,
+                "oneDNN has no implementation of the {} whose scratchpad fits the {} bytes "
+                "gemm_workspace_bytes reserved (last status {})",
+                describe(key), key.scratch_limit, status_name(st));
+  }
+}
+
+// A created matmul and the memory objects its calls rebind to the operands.
+class Matmul {
+ public:
+  explicit Matmul(const MatmulKey& key) : key_(key), pd_(create_pd(key)) {
+    scratch_bytes_ = scratchpad_bytes(pd_.get());
+  }
+
+  // a: op(A) at lda, b: op(B) at ldb, c: (m, n) at ldc; scratch: scratchpad bytes, 64-aligned.
+  void run(const float* a, const float* b, float* c, void* scratch) {
+    if (!prim_) create();
+    UPIPE_DNNL_CHECK(dnnl_memory_set_data_handle(mem_[0].get(), const_cast<float*>(a)), key_);
+    UPIPE_DNNL_CHECK(dnnl_memory_set_data_handle(mem_[1].get(), const_cast<float*>(b)), key_);
+    UPIPE_DNNL_CHECK(dnnl_memory_set_data_handle(mem_[2].get(), c), key_);
+    dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, mem_[0].get()},
+                               {DNNL_ARG_WEIGHTS, mem_[1].get()},
+                               {DNNL_ARG_DST, mem_[2].get()},
+                               {DNNL_ARG_SCRATCHPAD, mem_[3].get()}};
+    int nargs = 3;
+    if (scratch_bytes_ > 0) {
+      UPIPE_DNNL_CHECK(dnnl_memory_set_data_handle(mem_[3].get(), scratch), key_);
+      nargs = 4;
+    }
+    UPIPE_DNNL_CHECK(dnnl_primitive_execute(prim_.get(), stream(), nargs, args), key_);
+    UPIPE_DNNL_CHECK(dnnl_stream_wait(stream()), key_);
+  }
+
+ private:
+  void create() {
+    dnnl_primitive_t p = nullptr;
+    UPIPE_DNNL_CHECK(dnnl_primitive_create(&p, pd_.get()), key_);
+    prim_.reset(p);
+    const dnnl_query_t queries[4] = {dnnl_query_src_md, dnnl_query_weights_md, dnnl_query_dst_md,
+                                     dnnl_query_scratchpad_md};
+    for (int i = 0; i < 4; ++i) {
+      dnnl_memory_t m = nullptr;
+      UPIPE_DNNL_CHECK(
+          dnnl_memory_create(&m, dnnl_primitive_desc_query_md(pd_.get(), queries[i], 0), engine(),
+                             DNNL_MEMORY_NONE),
+          key_);
+      mem_[i].reset(m);
+    }
+  }
+
+  MatmulKey key_;
+  PdPtr pd_;
+  int64_t scratch_bytes_ = 0;
+  PrimPtr prim_;
+  MemPtr mem_[4];  // src, weights, dst, scratchpad
+};
+
+// Least-recently-used map; get() creates a missing entry with make().
+template <class K, class V, class H>
+class LruCache {
+ public:
+  explicit LruCache(size_t capacity) : capacity_(capacity) {}
+
+  template <class Make>
+  V& get(const K& key, Make&& make) {
+    if (auto it = index_.find(key); it != index_.end()) {
+      order_.splice(order_.begin(), order_, it->second);
+      return it->second->second;
+    }
+    V value = make();
+    if (index_.size() == capacity_) {
+      index_.erase(order_.back().first);
+      order_.pop_back();
+    }
+    order_.emplace_front(key, std::move(value));
+    index_.emplace(key, order_.begin());
+    return order_.front().second;
+  }
+
+ private:
+  using Entry = std::pair<K, V>;
+  size_t capacity_;
+  std::list<Entry> order_;
+  std::unordered_map<K, typename std::list<Entry>::iterator, H> index_;
+};
+
+Matmul& cached_matmul(const MatmulKey& key) {
+  thread_local LruCache<MatmulKey, Matmul, MatmulKeyHash> cache(kMaxCachedMatmuls);
+  return cache.get(key, [&] { return Matmul(key); });
+}
+
+int64_t round_up(int64_t x, int64_t a) {
+  return (x + a - 1) / a * a;
+}
+
+// Scratchpad bytes reserved for the matmuls of an (m, n, k) problem: the most oneDNN's preferred
+// implementation asks for with dense operands, over both transposes of each operand and beta zero
+// or not. A call whose strides need more runs on the next implementation that fits (the gemm-based
+// one needs none), so the reservation depends on the shape alone, as the memory formulas require.
+int64_t scratch_bound(int64_t m, int64_t n, int64_t k) {
+  if (m == 0 || n == 0 || k == 0) return 0;
+  struct Shape {
+    int64_t m, n, k;
+    bool operator==(const Shape&) const = default;
+  };
+  struct ShapeHash {
+    size_t operator()(const Shape& s) const {
+      return std::hash<int64_t>()(s.m) ^ std::hash<int64_t>()(s.n) * 31 ^
+             std::hash<int64_t>()(s.k) * 1009;
+    }
+  };
+  thread_local LruCache<Shape, int64_t, ShapeHash> cache(kMaxCachedBounds);
+  return cache.get(Shape{m, n, k}, [&] {
+    int64_t bound = 0;
+    for (int variant = 0; variant < 8; ++variant) {
+      const bool ta = variant & 1, tb = variant & 2;
+      const MatmulKey key{m,
+                          n,
+                          k,
+                          ta ? m : k,
+                          tb ? k : n,
+                          n,
+                          ta,
+                          tb,
+                          1.0f,
+                          float(variant >> 2),
+                          std::numeric_limits<int64_t>::max()};
+      bound = std::max(bound, scratchpad_bytes(create_pd(key).get()));
+    }
+    return round_up(bound, kScratchAlign);
+  });
+}
+
+// The workspace of one gemm() call: the scratchpad first (the buffer's start is page-aligned),
+// then the fp32 staging blocks of the bf16 operands.
+struct Workspace {
+  int64_t scratch = 0, a_elems = 0, b_elems = 0, c_elems = 0;
+  int64_t bytes() const { return scratch + (a_elems + b_elems + c_elems) * 4; }
+};
+
+Workspace workspace(int64_t m, int64_t n, int64_t k, DType a, DType b, DType c) {
+  Workspace w;
+  if (a == DType::kF32 && b == DType::kF32 && c == DType::kF32) {
+    w.scratch = scratch_bound(m, n, k);
+    return w;
+  }
   const int64_t mb = std::min(m, kGemmTile), nb = std::min(n, kGemmTile),
                 kb = std::min(k, kGemmTile);
-  int64_t elems = 0;
-  if (a != DType::kF32) elems += mb * kb;
-  if (b != DType::kF32) elems += kb * nb;
-  if (c != DType::kF32) elems += mb * nb;
-  return elems * 4;
+  w.scratch = scratch_bound(mb, nb, kb);
+  if (a != DType::kF32) w.a_elems = mb * kb;
+  if (b != DType::kF32) w.b_elems = kb * nb;
+  if (c != DType::kF32) w.c_elems = mb * nb;
+  return w;
 }
-
-namespace {
 
 // Copies the block of op(X) at rows [r0, r0+nr), columns [c0, c0+nc) into a dense fp32 (nr, nc)
 // buffer.
@@ -51,7 +355,17 @@ const float* op_at(const Mat& x, bool trans, int64_t r, int64_t c) {
   return static_cast<const float*>(trans ? x.at(c, r) : x.at(r, c));
 }
 
+// C = beta C for a k = 0 product; beta = 0 overwrites, so stale NaNs do not survive.
+void scale(float* c, int64_t ldc, int64_t rows, int64_t cols, float beta) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < cols; ++j) c[r * ldc + j] = beta == 0.0f ? 0.0f : beta * c[r * ldc + j];
+}
+
 }  // namespace
+
+int64_t gemm_workspace_bytes(int64_t m, int64_t n, int64_t k, DType a, DType b, DType c) {
+  return workspace(m, n, k, a, b, c).bytes();
+}
 
 void gemm(Device& dev, const Mat& a, bool trans_a, const Mat& b, bool trans_b, const Mat& c,
           float alpha, float beta) {
@@ -60,20 +374,23 @@ void gemm(Device& dev, const Mat& a, bool trans_a, const Mat& b, bool trans_b, c
   UPIPE_CHECK(k == kb && c.rows == m && c.cols == n,
               "gemm shape mismatch: op(A) {}x{}, op(B) {}x{}, C {}x{}", m, k, kb, n, c.rows,
               c.cols);
+  const Workspace w = workspace(m, n, k, a.dtype, b.dtype, c.dtype);
+  Buffer ws(dev.mem(), w.bytes(), Tag::kWorkspace);
+  if (dev.is_meta() || m == 0 || n == 0) return;
+  void* scratch = ws.data();
   const bool all_f32 = a.dtype == DType::kF32 && b.dtype == DType::kF32 && c.dtype == DType::kF32;
   if (all_f32) {
-    if (dev.is_meta()) return;
-    sgemm_raw(trans_a, trans_b, m, n, k, alpha, a.f32(), a.ld, b.f32(), b.ld, beta, c.f32(), c.ld);
+    if (k == 0) return scale(c.f32(), c.ld, m, n, beta);
+    const MatmulKey key{m, n, k, a.ld, b.ld, c.ld, trans_a, trans_b, alpha, beta, w.scratch};
+    cached_matmul(key).run(a.f32(), b.f32(), c.f32(), scratch);
     return;
   }
-  Buffer ws(dev.mem(), gemm_workspace_bytes(m, n, k, a.dtype, b.dtype, c.dtype), Tag::kWorkspace);
-  if (dev.is_meta() || m == 0 || n == 0) return;
   const int64_t mt = std::min(m, kGemmTile), nt = std::min(n, kGemmTile),
                 kt = std::min(k, kGemmTile);
-  float* cursor = static_cast<float*>(ws.data());
-  float* a32 = a.dtype != DType::kF32 ? std::exchange(cursor, cursor + mt * kt) : nullptr;
-  float* b32 = b.dtype != DType::kF32 ? std::exchange(cursor, cursor + kt * nt) : nullptr;
-  float* c32 = c.dtype != DType::kF32 ? cursor : nullptr;
+  float* cursor = reinterpret_cast<float*>(static_cast<char*>(ws.data()) + w.scratch);
+  float* a32 = w.a_elems ? std::exchange(cursor, cursor + w.a_elems) : nullptr;
+  float* b32 = w.b_elems ? std::exchange(cursor, cursor + w.b_elems) : nullptr;
+  float* c32 = w.c_elems ? cursor : nullptr;
   for (int64_t m0 = 0; m0 < m; m0 += mt) {
     const int64_t nr = std::min(mt, m - m0);
     for (int64_t n0 = 0; n0 < n; n0 += nt) {
@@ -81,13 +398,9 @@ void gemm(Device& dev, const Mat& a, bool trans_a, const Mat& b, bool trans_b, c
       const Mat cblk = c.block(m0, nr, n0, nc);
       float* cp = c32 ? c32 : static_cast<float*>(cblk.data);
       const int64_t ldc = c32 ? nc : c.ld;
+      if (c32 && beta != 0.0f) stage(cblk, false, 0, nr, 0, nc, c32);
+      if (k == 0) scale(cp, ldc, nr, nc, beta);
       float beta_k = beta;
-      if (c32 && beta != 0.0f) {
-        stage(cblk, false, 0, nr, 0, nc, c32);
-      }
-      if (k == 0 && c32) {
-        for (int64_t i = 0; i < nr * nc; ++i) c32[i] *= beta;
-      }
       for (int64_t k0 = 0; k0 < k; k0 += kt) {
         const int64_t nk = std::min(kt, k - k0);
         const float* ap = a32;
@@ -102,7 +415,8 @@ void gemm(Device& dev, const Mat& a, bool trans_a, const Mat& b, bool trans_b, c
           stage(b, trans_b, k0, nk, n0, nc, b32);
         else
           bp = op_at(b, trans_b, k0, n0), ldb = b.ld, tb = trans_b;
-        sgemm_raw(ta, tb, nr, nc, nk, alpha, ap, lda, bp, ldb, beta_k, cp, ldc);
+        const MatmulKey key{nr, nc, nk, lda, ldb, ldc, ta, tb, alpha, beta_k, w.scratch};
+        cached_matmul(key).run(ap, bp, cp, scratch);
         beta_k = 1.0f;
       }
       if (c32)
