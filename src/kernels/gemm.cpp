@@ -1,5 +1,7 @@
-// GEMM through oneDNN's matmul primitive in user-scratchpad mode, so the primitive's scratch
-// comes from the arena. Created primitives are cached per thread, keyed by the whole problem.
+// GEMM through oneDNN: its matmul primitive in user-scratchpad mode (scratch from the arena) where
+// that runs the brgemm implementation, which keeps all its buffers in the scratchpad, and sgemm
+// elsewhere (see kMatmulMaxN). Created primitives are cached per thread, keyed by the whole
+// problem.
 #include "kernels/gemm.h"
 
 #include <fmt/format.h>
@@ -12,16 +14,23 @@
 #include <list>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <utility>
 
 namespace upipe {
 namespace {
 
-// Created matmuls kept per thread. A training step uses a few dozen shapes (every stage of a
+// Widest N that runs on the matmul primitive. Measured on AVX-512 (docs/kernels.md): oneDNN 2.6's
+// brgemm matmul beats sgemm by 5-60% up to N = 256 (every block of the bf16 path, the per-stage
+// projections) and loses 5-30% beyond, where sgemm's own driver is the faster one. The
+// gemm-based matmul oneDNN falls back to calls that same driver and, with a sum post-op, adds a
+// pass over C; so those problems call sgemm directly.
+constexpr int64_t kMatmulMaxN = 256;
+// Created products kept per thread. A training step uses a few dozen shapes (every stage of a
 // strategy and every layer repeat them); the bound only stops a shape sweep from hoarding JIT
 // code.
-constexpr size_t kMaxCachedMatmuls = 256;
+constexpr size_t kMaxCachedProducts = 256;
 constexpr size_t kMaxCachedBounds = 4096;
 // oneDNN carves its scratchpad at 64-byte offsets; the staging floats follow it.
 constexpr int64_t kScratchAlign = 64;
@@ -46,19 +55,19 @@ const char* status_name(dnnl_status_t st) {
   return "unknown";
 }
 
-// One fp32 matmul on row-major operands: C(m, n) = alpha op(A) op(B) + beta C. The oneDNN
-// implementation chosen is the first, in oneDNN's order, whose scratchpad fits scratch_limit
-// (the bytes the caller reserved).
-struct MatmulKey {
+// One fp32 product on row-major operands: C(m, n) = alpha op(A) op(B) + beta C. It runs on the
+// matmul primitive when N <= kMatmulMaxN, oneDNN's implementation for it is brgemm and its
+// scratchpad fits scratch_limit (the bytes the caller reserved); on sgemm otherwise.
+struct ProductKey {
   int64_t m, n, k, lda, ldb, ldc;
   bool ta, tb;
   float alpha, beta;
   int64_t scratch_limit;
-  bool operator==(const MatmulKey&) const = default;
+  bool operator==(const ProductKey&) const = default;
 };
 
-struct MatmulKeyHash {
-  size_t operator()(const MatmulKey& p) const {
+struct ProductKeyHash {
+  size_t operator()(const ProductKey& p) const {
     uint64_t h = 0xcbf29ce484222325ull;
     auto mix = [&h](uint64_t v) { h = (h ^ v) * 0x100000001b3ull + (h >> 29); };
     for (int64_t v : {p.m, p.n, p.k, p.lda, p.ldb, p.ldc, p.scratch_limit}) mix(uint64_t(v));
@@ -68,7 +77,7 @@ struct MatmulKeyHash {
   }
 };
 
-std::string describe(const MatmulKey& p) {
+std::string describe(const ProductKey& p) {
   return fmt::format(
       "fp32 matmul m={} n={} k={} lda={} ldb={} ldc={} trans_a={} trans_b={} "
       "alpha={} beta={}",
@@ -104,11 +113,6 @@ struct AttrDelete {
 struct PostOpsDelete {
   void operator()(dnnl_post_ops_t p) const { dnnl_post_ops_destroy(p); }
 };
-struct IterDelete {
-  void operator()(dnnl_primitive_desc_iterator_t p) const {
-    dnnl_primitive_desc_iterator_destroy(p);
-  }
-};
 struct StreamDelete {
   void operator()(dnnl_stream_t p) const { dnnl_stream_destroy(p); }
 };
@@ -143,7 +147,7 @@ int64_t scratchpad_bytes(const_dnnl_primitive_desc_t pd) {
 
 // The primitive descriptor for `key`: alpha as output scales, beta as a sum post-op, transposes
 // and leading dimensions as strides, scratchpad owned by the caller.
-PdPtr create_pd(const MatmulKey& key) {
+PdPtr create_pd(const ProductKey& key) {
   dnnl_memory_desc_t a_md, b_md, c_md;
   const dnnl_dims_t a_dims = {key.m, key.k}, b_dims = {key.k, key.n}, c_dims = {key.m, key.n};
   const dnnl_dims_t a_str = {key.ta ? 1 : key.lda, key.ta ? key.lda : 1};
@@ -170,31 +174,36 @@ PdPtr create_pd(const MatmulKey& key) {
     UPIPE_DNNL_CHECK(dnnl_primitive_attr_set_post_ops(attr.get(), po.get()), key);
   }
 
-  dnnl_primitive_desc_iterator_t raw_it = nullptr;
-  UPIPE_DNNL_CHECK(
-      dnnl_primitive_desc_iterator_create(&raw_it, &desc, attr.get(), engine(), nullptr), key);
-  const std::unique_ptr<dnnl_primitive_desc_iterator, IterDelete> it(raw_it);
-  for (;;) {
-    PdPtr pd(dnnl_primitive_desc_iterator_fetch(it.get()));
-    UPIPE_CHECK(pd != nullptr, "oneDNN returned no primitive descriptor for the {}", describe(key));
-    if (scratchpad_bytes(pd.get()) <= key.scratch_limit) return pd;
-    const dnnl_status_t st = dnnl_primitive_desc_iterator_next(it.get());
-    UPIPE_CHECK(st == dnnl_success,
-                "oneDNN has no implementation of the {} whose scratchpad fits the {} bytes "
-                "gemm_workspace_bytes reserved (last status {})",
-                describe(key), key.scratch_limit, status_name(st));
-  }
+  dnnl_primitive_desc_t pd = nullptr;
+  UPIPE_DNNL_CHECK(dnnl_primitive_desc_create(&pd, &desc, attr.get(), engine(), nullptr), key);
+  return PdPtr(pd);
 }
 
-// A created matmul and the memory objects its calls rebind to the operands.
-class Matmul {
+// oneDNN's choice for `key` when it is the brgemm matmul (all of its buffers in the scratchpad),
+// else null. The scratchpad limit is not checked here.
+PdPtr brgemm_pd(const ProductKey& key) {
+  if (key.n > kMatmulMaxN) return nullptr;
+  PdPtr pd = create_pd(key);
+  const char* impl = nullptr;
+  UPIPE_DNNL_CHECK(dnnl_primitive_desc_query(pd.get(), dnnl_query_impl_info_str, 0, &impl), key);
+  return std::string_view(impl).starts_with("brg") ? std::move(pd) : nullptr;
+}
+
+// A product ready to run: the created primitive and the memory objects its calls rebind to the
+// operands, or nothing (sgemm).
+class Product {
  public:
-  explicit Matmul(const MatmulKey& key) : key_(key), pd_(create_pd(key)) {
-    scratch_bytes_ = scratchpad_bytes(pd_.get());
+  explicit Product(const ProductKey& key) : key_(key), pd_(brgemm_pd(key)) {
+    if (pd_) scratch_bytes_ = scratchpad_bytes(pd_.get());
+    if (scratch_bytes_ > key.scratch_limit) {
+      pd_.reset();
+      scratch_bytes_ = 0;
+    }
   }
 
   // a: op(A) at lda, b: op(B) at ldb, c: (m, n) at ldc; scratch: scratchpad bytes, 64-aligned.
   void run(const float* a, const float* b, float* c, void* scratch) {
+    if (!pd_) return sgemm(a, b, c);
     if (!prim_) create();
     UPIPE_DNNL_CHECK(dnnl_memory_set_data_handle(mem_[0].get(), const_cast<float*>(a)), key_);
     UPIPE_DNNL_CHECK(dnnl_memory_set_data_handle(mem_[1].get(), const_cast<float*>(b)), key_);
@@ -213,6 +222,13 @@ class Matmul {
   }
 
  private:
+  void sgemm(const float* a, const float* b, float* c) const {
+    const ProductKey& p = key_;
+    UPIPE_DNNL_CHECK(dnnl_sgemm(p.ta ? 'T' : 'N', p.tb ? 'T' : 'N', p.m, p.n, p.k, p.alpha, a,
+                                p.lda, b, p.ldb, p.beta, c, p.ldc),
+                     p);
+  }
+
   void create() {
     dnnl_primitive_t p = nullptr;
     UPIPE_DNNL_CHECK(dnnl_primitive_create(&p, pd_.get()), key_);
@@ -229,7 +245,7 @@ class Matmul {
     }
   }
 
-  MatmulKey key_;
+  ProductKey key_;
   PdPtr pd_;
   int64_t scratch_bytes_ = 0;
   PrimPtr prim_;
@@ -265,19 +281,19 @@ class LruCache {
   std::unordered_map<K, typename std::list<Entry>::iterator, H> index_;
 };
 
-Matmul& cached_matmul(const MatmulKey& key) {
-  thread_local LruCache<MatmulKey, Matmul, MatmulKeyHash> cache(kMaxCachedMatmuls);
-  return cache.get(key, [&] { return Matmul(key); });
+Product& cached_product(const ProductKey& key) {
+  thread_local LruCache<ProductKey, Product, ProductKeyHash> cache(kMaxCachedProducts);
+  return cache.get(key, [&] { return Product(key); });
 }
 
 int64_t round_up(int64_t x, int64_t a) {
   return (x + a - 1) / a * a;
 }
 
-// Scratchpad bytes reserved for the matmuls of an (m, n, k) problem: the most oneDNN's preferred
-// implementation asks for with dense operands, over both transposes of each operand and beta zero
-// or not. A call whose strides need more runs on the next implementation that fits (the gemm-based
-// one needs none), so the reservation depends on the shape alone, as the memory formulas require.
+// Scratchpad bytes reserved for the products of an (m, n, k) problem: the most the brgemm matmul
+// asks for with dense operands, over both transposes of each operand and beta zero or not. A call
+// whose strides need more runs on sgemm, so the reservation depends on the shape alone, as the
+// memory formulas require.
 int64_t scratch_bound(int64_t m, int64_t n, int64_t k) {
   if (m == 0 || n == 0 || k == 0) return 0;
   struct Shape {
@@ -295,18 +311,18 @@ int64_t scratch_bound(int64_t m, int64_t n, int64_t k) {
     int64_t bound = 0;
     for (int variant = 0; variant < 8; ++variant) {
       const bool ta = variant & 1, tb = variant & 2;
-      const MatmulKey key{m,
-                          n,
-                          k,
-                          ta ? m : k,
-                          tb ? k : n,
-                          n,
-                          ta,
-                          tb,
-                          1.0f,
-                          float(variant >> 2),
-                          std::numeric_limits<int64_t>::max()};
-      bound = std::max(bound, scratchpad_bytes(create_pd(key).get()));
+      const ProductKey key{m,
+                           n,
+                           k,
+                           ta ? m : k,
+                           tb ? k : n,
+                           n,
+                           ta,
+                           tb,
+                           1.0f,
+                           float(variant >> 2),
+                           std::numeric_limits<int64_t>::max()};
+      if (const PdPtr pd = brgemm_pd(key)) bound = std::max(bound, scratchpad_bytes(pd.get()));
     }
     return round_up(bound, kScratchAlign);
   });
@@ -381,8 +397,8 @@ void gemm(Device& dev, const Mat& a, bool trans_a, const Mat& b, bool trans_b, c
   const bool all_f32 = a.dtype == DType::kF32 && b.dtype == DType::kF32 && c.dtype == DType::kF32;
   if (all_f32) {
     if (k == 0) return scale(c.f32(), c.ld, m, n, beta);
-    const MatmulKey key{m, n, k, a.ld, b.ld, c.ld, trans_a, trans_b, alpha, beta, w.scratch};
-    cached_matmul(key).run(a.f32(), b.f32(), c.f32(), scratch);
+    const ProductKey key{m, n, k, a.ld, b.ld, c.ld, trans_a, trans_b, alpha, beta, w.scratch};
+    cached_product(key).run(a.f32(), b.f32(), c.f32(), scratch);
     return;
   }
   const int64_t mt = std::min(m, kGemmTile), nt = std::min(n, kGemmTile),
@@ -415,8 +431,8 @@ void gemm(Device& dev, const Mat& a, bool trans_a, const Mat& b, bool trans_b, c
           stage(b, trans_b, k0, nk, n0, nc, b32);
         else
           bp = op_at(b, trans_b, k0, n0), ldb = b.ld, tb = trans_b;
-        const MatmulKey key{nr, nc, nk, lda, ldb, ldc, ta, tb, alpha, beta_k, w.scratch};
-        cached_matmul(key).run(ap, bp, cp, scratch);
+        const ProductKey key{nr, nc, nk, lda, ldb, ldc, ta, tb, alpha, beta_k, w.scratch};
+        cached_product(key).run(ap, bp, cp, scratch);
         beta_k = 1.0f;
       }
       if (c32)
