@@ -34,6 +34,7 @@ constexpr size_t kMaxCachedProducts = 256;
 constexpr size_t kMaxCachedBounds = 4096;
 // oneDNN carves its scratchpad at 64-byte offsets; the staging floats follow it.
 constexpr int64_t kScratchAlign = 64;
+constexpr int64_t kNoLimit = std::numeric_limits<int64_t>::max();
 
 const char* status_name(dnnl_status_t st) {
   switch (st) {
@@ -311,17 +312,8 @@ int64_t scratch_bound(int64_t m, int64_t n, int64_t k) {
     int64_t bound = 0;
     for (int variant = 0; variant < 8; ++variant) {
       const bool ta = variant & 1, tb = variant & 2;
-      const ProductKey key{m,
-                           n,
-                           k,
-                           ta ? m : k,
-                           tb ? k : n,
-                           n,
-                           ta,
-                           tb,
-                           1.0f,
-                           float(variant >> 2),
-                           std::numeric_limits<int64_t>::max()};
+      const ProductKey key{m,  n,  k,    ta ? m : k,          tb ? k : n, n,
+                           ta, tb, 1.0f, float(variant >> 2), kNoLimit};
       if (const PdPtr pd = brgemm_pd(key)) bound = std::max(bound, scratchpad_bytes(pd.get()));
     }
     return round_up(bound, kScratchAlign);
