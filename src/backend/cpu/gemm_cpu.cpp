@@ -1,36 +1,346 @@
+// GEMM through oneDNN: its matmul primitive in user-scratchpad mode (scratch from the arena) where
+// that runs the brgemm implementation, which keeps all its buffers in the scratchpad, and sgemm
+// elsewhere (see kMatmulMaxN). Created primitives are cached per thread, keyed by the whole
+// problem.
 #include "backend/cpu/gemm_cpu.h"
 
+#include <fmt/format.h>
 #include <oneapi/dnnl/dnnl.h>
 
 #include <algorithm>
+#include <bit>
+#include <cstdint>
+#include <limits>
+#include <list>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <unordered_map>
 #include <utility>
 
 namespace upipe::cpu {
+namespace {
 
-void sgemm_raw(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-               const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
-               int64_t ldc) {
-  if (m == 0 || n == 0) return;
-  const dnnl_status_t st = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a,
-                                      lda, b, ldb, beta, c, ldc);
-  UPIPE_CHECK(st == dnnl_success, "dnnl_sgemm failed with status {} (m={} n={} k={})", int(st), m,
-              n, k);
+// Widest N that runs on the matmul primitive. Measured on AVX-512 (docs/kernels.md): oneDNN 2.6's
+// brgemm matmul beats sgemm by 5-60% up to N = 256 (every block of the bf16 path, the per-stage
+// projections) and loses 5-30% beyond, where sgemm's own driver is the faster one. The
+// gemm-based matmul oneDNN falls back to calls that same driver and, with a sum post-op, adds a
+// pass over C; so those problems call sgemm directly.
+constexpr int64_t kMatmulMaxN = 256;
+// Created products kept per thread. A training step uses a few dozen shapes (every stage of a
+// strategy and every layer repeat them); the bound only stops a shape sweep from hoarding JIT
+// code.
+constexpr size_t kMaxCachedProducts = 256;
+constexpr size_t kMaxCachedBounds = 4096;
+// oneDNN carves its scratchpad at 64-byte offsets; the staging floats follow it.
+constexpr int64_t kScratchAlign = 64;
+constexpr int64_t kNoLimit = std::numeric_limits<int64_t>::max();
+
+const char* status_name(dnnl_status_t st) {
+  switch (st) {
+    case dnnl_success:
+      return "success";
+    case dnnl_out_of_memory:
+      return "out_of_memory";
+    case dnnl_invalid_arguments:
+      return "invalid_arguments";
+    case dnnl_unimplemented:
+      return "unimplemented";
+    case dnnl_iterator_ends:
+      return "iterator_ends";
+    case dnnl_runtime_error:
+      return "runtime_error";
+    case dnnl_not_required:
+      return "not_required";
+  }
+  return "unknown";
 }
 
-int64_t gemm_workspace_bytes(const GemmShape& s) {
-  const int64_t m = s.m, n = s.n, k = s.k;
-  const DType a = s.a, b = s.b, c = s.c;
-  if (a == DType::kF32 && b == DType::kF32 && c == DType::kF32) return 0;
+// One fp32 product on row-major operands: C(m, n) = alpha op(A) op(B) + beta C. It runs on the
+// matmul primitive when N <= kMatmulMaxN, oneDNN's implementation for it is brgemm and its
+// scratchpad fits scratch_limit (the bytes the caller reserved); on sgemm otherwise.
+struct ProductKey {
+  int64_t m, n, k, lda, ldb, ldc;
+  bool ta, tb;
+  float alpha, beta;
+  int64_t scratch_limit;
+  bool operator==(const ProductKey&) const = default;
+};
+
+struct ProductKeyHash {
+  size_t operator()(const ProductKey& p) const {
+    uint64_t h = 0xcbf29ce484222325ull;
+    auto mix = [&h](uint64_t v) { h = (h ^ v) * 0x100000001b3ull + (h >> 29); };
+    for (int64_t v : {p.m, p.n, p.k, p.lda, p.ldb, p.ldc, p.scratch_limit}) mix(uint64_t(v));
+    mix(uint64_t(p.ta) | uint64_t(p.tb) << 1);
+    mix(std::bit_cast<uint32_t>(p.alpha) | uint64_t(std::bit_cast<uint32_t>(p.beta)) << 32);
+    return size_t(h);
+  }
+};
+
+std::string describe(const ProductKey& p) {
+  return fmt::format(
+      "fp32 matmul m={} n={} k={} lda={} ldb={} ldc={} trans_a={} trans_b={} "
+      "alpha={} beta={}",
+      p.m, p.n, p.k, p.lda, p.ldb, p.ldc, p.ta, p.tb, p.alpha, p.beta);
+}
+
+}  // namespace
+}  // namespace upipe::cpu
+
+// A macro so the failure names the call site's line; every oneDNN status goes through it.
+#define UPIPE_DNNL_CHECK(call, key)                                             \
+  do {                                                                          \
+    const dnnl_status_t st_ = (call);                                           \
+    UPIPE_CHECK(st_ == dnnl_success, "oneDNN {} returned {} for the {}", #call, \
+                ::upipe::cpu::status_name(st_), ::upipe::cpu::describe(key));   \
+  } while (0)
+
+namespace upipe::cpu {
+namespace {
+
+struct PdDelete {
+  void operator()(dnnl_primitive_desc_t p) const { dnnl_primitive_desc_destroy(p); }
+};
+struct PrimDelete {
+  void operator()(dnnl_primitive_t p) const { dnnl_primitive_destroy(p); }
+};
+struct MemDelete {
+  void operator()(dnnl_memory_t p) const { dnnl_memory_destroy(p); }
+};
+struct AttrDelete {
+  void operator()(dnnl_primitive_attr_t p) const { dnnl_primitive_attr_destroy(p); }
+};
+struct PostOpsDelete {
+  void operator()(dnnl_post_ops_t p) const { dnnl_post_ops_destroy(p); }
+};
+struct StreamDelete {
+  void operator()(dnnl_stream_t p) const { dnnl_stream_destroy(p); }
+};
+using PdPtr = std::unique_ptr<dnnl_primitive_desc, PdDelete>;
+using PrimPtr = std::unique_ptr<dnnl_primitive, PrimDelete>;
+using MemPtr = std::unique_ptr<dnnl_memory, MemDelete>;
+
+dnnl_engine_t engine() {
+  static const dnnl_engine_t eng = [] {
+    dnnl_engine_t e = nullptr;
+    const dnnl_status_t st = dnnl_engine_create(&e, dnnl_cpu, 0);
+    UPIPE_CHECK(st == dnnl_success, "oneDNN could not create its CPU engine: {}", status_name(st));
+    return e;
+  }();
+  return eng;
+}
+
+dnnl_stream_t stream() {
+  thread_local const std::unique_ptr<dnnl_stream, StreamDelete> s = [] {
+    dnnl_stream_t p = nullptr;
+    const dnnl_status_t st = dnnl_stream_create(&p, engine(), dnnl_stream_default_flags);
+    UPIPE_CHECK(st == dnnl_success, "oneDNN could not create a CPU stream: {}", status_name(st));
+    return std::unique_ptr<dnnl_stream, StreamDelete>(p);
+  }();
+  return s.get();
+}
+
+int64_t scratchpad_bytes(const_dnnl_primitive_desc_t pd) {
+  return int64_t(
+      dnnl_memory_desc_get_size(dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0)));
+}
+
+// The primitive descriptor for `key`: alpha as output scales, beta as a sum post-op, transposes
+// and leading dimensions as strides, scratchpad owned by the caller.
+PdPtr create_pd(const ProductKey& key) {
+  dnnl_memory_desc_t a_md, b_md, c_md;
+  const dnnl_dims_t a_dims = {key.m, key.k}, b_dims = {key.k, key.n}, c_dims = {key.m, key.n};
+  const dnnl_dims_t a_str = {key.ta ? 1 : key.lda, key.ta ? key.lda : 1};
+  const dnnl_dims_t b_str = {key.tb ? 1 : key.ldb, key.tb ? key.ldb : 1};
+  const dnnl_dims_t c_str = {key.ldc, 1};
+  UPIPE_DNNL_CHECK(dnnl_memory_desc_init_by_strides(&a_md, 2, a_dims, dnnl_f32, a_str), key);
+  UPIPE_DNNL_CHECK(dnnl_memory_desc_init_by_strides(&b_md, 2, b_dims, dnnl_f32, b_str), key);
+  UPIPE_DNNL_CHECK(dnnl_memory_desc_init_by_strides(&c_md, 2, c_dims, dnnl_f32, c_str), key);
+  dnnl_matmul_desc_t desc;
+  UPIPE_DNNL_CHECK(dnnl_matmul_desc_init(&desc, &a_md, &b_md, nullptr, &c_md), key);
+
+  dnnl_primitive_attr_t raw_attr = nullptr;
+  UPIPE_DNNL_CHECK(dnnl_primitive_attr_create(&raw_attr), key);
+  const std::unique_ptr<dnnl_primitive_attr, AttrDelete> attr(raw_attr);
+  UPIPE_DNNL_CHECK(dnnl_primitive_attr_set_scratchpad_mode(attr.get(), dnnl_scratchpad_mode_user),
+                   key);
+  if (key.alpha != 1.0f)
+    UPIPE_DNNL_CHECK(dnnl_primitive_attr_set_output_scales(attr.get(), 1, 0, &key.alpha), key);
+  if (key.beta != 0.0f) {
+    dnnl_post_ops_t raw_po = nullptr;
+    UPIPE_DNNL_CHECK(dnnl_post_ops_create(&raw_po), key);
+    const std::unique_ptr<dnnl_post_ops, PostOpsDelete> po(raw_po);
+    UPIPE_DNNL_CHECK(dnnl_post_ops_append_sum(po.get(), key.beta), key);
+    UPIPE_DNNL_CHECK(dnnl_primitive_attr_set_post_ops(attr.get(), po.get()), key);
+  }
+
+  dnnl_primitive_desc_t pd = nullptr;
+  UPIPE_DNNL_CHECK(dnnl_primitive_desc_create(&pd, &desc, attr.get(), engine(), nullptr), key);
+  return PdPtr(pd);
+}
+
+// oneDNN's choice for `key` when it is the brgemm matmul (all of its buffers in the scratchpad),
+// else null. The scratchpad limit is not checked here.
+PdPtr brgemm_pd(const ProductKey& key) {
+  if (key.n > kMatmulMaxN) return nullptr;
+  PdPtr pd = create_pd(key);
+  const char* impl = nullptr;
+  UPIPE_DNNL_CHECK(dnnl_primitive_desc_query(pd.get(), dnnl_query_impl_info_str, 0, &impl), key);
+  return std::string_view(impl).starts_with("brg") ? std::move(pd) : nullptr;
+}
+
+// A product ready to run: the created primitive and the memory objects its calls rebind to the
+// operands, or nothing (sgemm).
+class Product {
+ public:
+  explicit Product(const ProductKey& key) : key_(key), pd_(brgemm_pd(key)) {
+    if (pd_) scratch_bytes_ = scratchpad_bytes(pd_.get());
+    if (scratch_bytes_ > key.scratch_limit) {
+      pd_.reset();
+      scratch_bytes_ = 0;
+    }
+  }
+
+  // a: op(A) at lda, b: op(B) at ldb, c: (m, n) at ldc; scratch: scratchpad bytes, 64-aligned.
+  void run(const float* a, const float* b, float* c, void* scratch) {
+    if (!pd_) return sgemm(a, b, c);
+    if (!prim_) create();
+    UPIPE_DNNL_CHECK(dnnl_memory_set_data_handle(mem_[0].get(), const_cast<float*>(a)), key_);
+    UPIPE_DNNL_CHECK(dnnl_memory_set_data_handle(mem_[1].get(), const_cast<float*>(b)), key_);
+    UPIPE_DNNL_CHECK(dnnl_memory_set_data_handle(mem_[2].get(), c), key_);
+    dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, mem_[0].get()},
+                               {DNNL_ARG_WEIGHTS, mem_[1].get()},
+                               {DNNL_ARG_DST, mem_[2].get()},
+                               {DNNL_ARG_SCRATCHPAD, mem_[3].get()}};
+    int nargs = 3;
+    if (scratch_bytes_ > 0) {
+      UPIPE_DNNL_CHECK(dnnl_memory_set_data_handle(mem_[3].get(), scratch), key_);
+      nargs = 4;
+    }
+    UPIPE_DNNL_CHECK(dnnl_primitive_execute(prim_.get(), stream(), nargs, args), key_);
+    UPIPE_DNNL_CHECK(dnnl_stream_wait(stream()), key_);
+  }
+
+ private:
+  void sgemm(const float* a, const float* b, float* c) const {
+    const ProductKey& p = key_;
+    UPIPE_DNNL_CHECK(dnnl_sgemm(p.ta ? 'T' : 'N', p.tb ? 'T' : 'N', p.m, p.n, p.k, p.alpha, a,
+                                p.lda, b, p.ldb, p.beta, c, p.ldc),
+                     p);
+  }
+
+  void create() {
+    dnnl_primitive_t p = nullptr;
+    UPIPE_DNNL_CHECK(dnnl_primitive_create(&p, pd_.get()), key_);
+    prim_.reset(p);
+    const dnnl_query_t queries[4] = {dnnl_query_src_md, dnnl_query_weights_md, dnnl_query_dst_md,
+                                     dnnl_query_scratchpad_md};
+    for (int i = 0; i < 4; ++i) {
+      dnnl_memory_t m = nullptr;
+      UPIPE_DNNL_CHECK(
+          dnnl_memory_create(&m, dnnl_primitive_desc_query_md(pd_.get(), queries[i], 0), engine(),
+                             DNNL_MEMORY_NONE),
+          key_);
+      mem_[i].reset(m);
+    }
+  }
+
+  ProductKey key_;
+  PdPtr pd_;
+  int64_t scratch_bytes_ = 0;
+  PrimPtr prim_;
+  MemPtr mem_[4];  // src, weights, dst, scratchpad
+};
+
+// Least-recently-used map; get() creates a missing entry with make().
+template <class K, class V, class H>
+class LruCache {
+ public:
+  explicit LruCache(size_t capacity) : capacity_(capacity) {}
+
+  template <class Make>
+  V& get(const K& key, Make&& make) {
+    if (auto it = index_.find(key); it != index_.end()) {
+      order_.splice(order_.begin(), order_, it->second);
+      return it->second->second;
+    }
+    V value = make();
+    if (index_.size() == capacity_) {
+      index_.erase(order_.back().first);
+      order_.pop_back();
+    }
+    order_.emplace_front(key, std::move(value));
+    index_.emplace(key, order_.begin());
+    return order_.front().second;
+  }
+
+ private:
+  using Entry = std::pair<K, V>;
+  size_t capacity_;
+  std::list<Entry> order_;
+  std::unordered_map<K, typename std::list<Entry>::iterator, H> index_;
+};
+
+Product& cached_product(const ProductKey& key) {
+  thread_local LruCache<ProductKey, Product, ProductKeyHash> cache(kMaxCachedProducts);
+  return cache.get(key, [&] { return Product(key); });
+}
+
+int64_t round_up(int64_t x, int64_t a) {
+  return (x + a - 1) / a * a;
+}
+
+// Scratchpad bytes reserved for the products of an (m, n, k) problem: the most the brgemm matmul
+// asks for with dense operands, over both transposes of each operand and beta zero or not. A call
+// whose strides need more runs on sgemm, so the reservation depends on the shape alone, as the
+// memory formulas require.
+int64_t scratch_bound(int64_t m, int64_t n, int64_t k) {
+  if (m == 0 || n == 0 || k == 0) return 0;
+  struct Shape {
+    int64_t m, n, k;
+    bool operator==(const Shape&) const = default;
+  };
+  struct ShapeHash {
+    size_t operator()(const Shape& s) const {
+      return std::hash<int64_t>()(s.m) ^ std::hash<int64_t>()(s.n) * 31 ^
+             std::hash<int64_t>()(s.k) * 1009;
+    }
+  };
+  thread_local LruCache<Shape, int64_t, ShapeHash> cache(kMaxCachedBounds);
+  return cache.get(Shape{m, n, k}, [&] {
+    int64_t bound = 0;
+    for (int variant = 0; variant < 8; ++variant) {
+      const bool ta = variant & 1, tb = variant & 2;
+      const ProductKey key{m,  n,  k,    ta ? m : k,          tb ? k : n, n,
+                           ta, tb, 1.0f, float(variant >> 2), kNoLimit};
+      if (const PdPtr pd = brgemm_pd(key)) bound = std::max(bound, scratchpad_bytes(pd.get()));
+    }
+    return round_up(bound, kScratchAlign);
+  });
+}
+
+// The workspace of one gemm() call: the scratchpad first (the buffer's start is page-aligned),
+// then the fp32 staging blocks of the bf16 operands.
+struct Workspace {
+  int64_t scratch = 0, a_elems = 0, b_elems = 0, c_elems = 0;
+  int64_t bytes() const { return scratch + (a_elems + b_elems + c_elems) * 4; }
+};
+
+Workspace workspace(int64_t m, int64_t n, int64_t k, DType a, DType b, DType c) {
+  Workspace w;
+  if (a == DType::kF32 && b == DType::kF32 && c == DType::kF32) {
+    w.scratch = scratch_bound(m, n, k);
+    return w;
+  }
   const int64_t mb = std::min(m, kGemmTile), nb = std::min(n, kGemmTile),
                 kb = std::min(k, kGemmTile);
-  int64_t elems = 0;
-  if (a != DType::kF32) elems += mb * kb;
-  if (b != DType::kF32) elems += kb * nb;
-  if (c != DType::kF32) elems += mb * nb;
-  return elems * 4;
+  w.scratch = scratch_bound(mb, nb, kb);
+  if (a != DType::kF32) w.a_elems = mb * kb;
+  if (b != DType::kF32) w.b_elems = kb * nb;
+  if (c != DType::kF32) w.c_elems = mb * nb;
+  return w;
 }
-
-namespace {
 
 // Copies the block of op(X) at rows [r0, r0+nr), columns [c0, c0+nc) into a dense fp32 (nr, nc)
 // buffer.
@@ -53,7 +363,17 @@ const float* op_at(const Mat& x, bool trans, int64_t r, int64_t c) {
   return static_cast<const float*>(trans ? x.at(c, r) : x.at(r, c));
 }
 
+// C = beta C for a k = 0 product; beta = 0 overwrites, so stale NaNs do not survive.
+void scale(float* c, int64_t ldc, int64_t rows, int64_t cols, float beta) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < cols; ++j) c[r * ldc + j] = beta == 0.0f ? 0.0f : beta * c[r * ldc + j];
+}
+
 }  // namespace
+
+int64_t gemm_workspace_bytes(const GemmShape& s) {
+  return workspace(s.m, s.n, s.k, s.a, s.b, s.c).bytes();
+}
 
 void gemm(const GemmArgs& g, void* ws) {
   const Mat &a = g.a, &b = g.b, &c = g.c;
@@ -61,18 +381,22 @@ void gemm(const GemmArgs& g, void* ws) {
   const float alpha = g.alpha, beta = g.beta;
   const GemmShape s = g.shape();
   const int64_t m = s.m, n = s.n, k = s.k;
+  const Workspace w = workspace(m, n, k, a.dtype, b.dtype, c.dtype);
+  if (m == 0 || n == 0) return;
+  void* scratch = ws;
   const bool all_f32 = a.dtype == DType::kF32 && b.dtype == DType::kF32 && c.dtype == DType::kF32;
   if (all_f32) {
-    sgemm_raw(trans_a, trans_b, m, n, k, alpha, a.f32(), a.ld, b.f32(), b.ld, beta, c.f32(), c.ld);
+    if (k == 0) return scale(c.f32(), c.ld, m, n, beta);
+    const ProductKey key{m, n, k, a.ld, b.ld, c.ld, trans_a, trans_b, alpha, beta, w.scratch};
+    cached_product(key).run(a.f32(), b.f32(), c.f32(), scratch);
     return;
   }
-  if (m == 0 || n == 0) return;
   const int64_t mt = std::min(m, kGemmTile), nt = std::min(n, kGemmTile),
                 kt = std::min(k, kGemmTile);
-  float* cursor = static_cast<float*>(ws);
-  float* a32 = a.dtype != DType::kF32 ? std::exchange(cursor, cursor + mt * kt) : nullptr;
-  float* b32 = b.dtype != DType::kF32 ? std::exchange(cursor, cursor + kt * nt) : nullptr;
-  float* c32 = c.dtype != DType::kF32 ? cursor : nullptr;
+  float* cursor = reinterpret_cast<float*>(static_cast<char*>(ws) + w.scratch);
+  float* a32 = w.a_elems ? std::exchange(cursor, cursor + w.a_elems) : nullptr;
+  float* b32 = w.b_elems ? std::exchange(cursor, cursor + w.b_elems) : nullptr;
+  float* c32 = w.c_elems ? cursor : nullptr;
   for (int64_t m0 = 0; m0 < m; m0 += mt) {
     const int64_t nr = std::min(mt, m - m0);
     for (int64_t n0 = 0; n0 < n; n0 += nt) {
@@ -80,13 +404,9 @@ void gemm(const GemmArgs& g, void* ws) {
       const Mat cblk = c.block(m0, nr, n0, nc);
       float* cp = c32 ? c32 : static_cast<float*>(cblk.data);
       const int64_t ldc = c32 ? nc : c.ld;
+      if (c32 && beta != 0.0f) stage(cblk, false, 0, nr, 0, nc, c32);
+      if (k == 0) scale(cp, ldc, nr, nc, beta);
       float beta_k = beta;
-      if (c32 && beta != 0.0f) {
-        stage(cblk, false, 0, nr, 0, nc, c32);
-      }
-      if (k == 0 && c32) {
-        for (int64_t i = 0; i < nr * nc; ++i) c32[i] *= beta;
-      }
       for (int64_t k0 = 0; k0 < k; k0 += kt) {
         const int64_t nk = std::min(kt, k - k0);
         const float* ap = a32;
@@ -101,7 +421,8 @@ void gemm(const GemmArgs& g, void* ws) {
           stage(b, trans_b, k0, nk, n0, nc, b32);
         else
           bp = op_at(b, trans_b, k0, n0), ldb = b.ld, tb = trans_b;
-        sgemm_raw(ta, tb, nr, nc, nk, alpha, ap, lda, bp, ldb, beta_k, cp, ldc);
+        const ProductKey key{nr, nc, nk, lda, ldb, ldc, ta, tb, alpha, beta_k, w.scratch};
+        cached_product(key).run(ap, bp, cp, scratch);
         beta_k = 1.0f;
       }
       if (c32)
