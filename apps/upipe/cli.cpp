@@ -19,7 +19,12 @@ AttentionConfig ShapeOptions::config() const {
   c.dtype = parse_dtype(dtype);
   c.rope.theta = rope_theta;
   c.rope.scaling = parse_rope_scaling(rope_scaling);
-  c.hidden = hidden_size;
+  if (hidden_size) {
+    if (*hidden_size <= 0)
+      throw ConfigError(
+          fmt::format("--hidden-size must be positive (got {}); omit it for H*d", *hidden_size));
+    c.hidden = *hidden_size;
+  }
   c.qk_norm = qk_norm;
   if (!residual_dtype.empty()) {
     const DType r = parse_dtype(residual_dtype);
@@ -42,17 +47,17 @@ void add_shape_options(CLI::App& cmd, ShapeOptions& o, bool with_strategy) {
   cmd.add_option("--kv-heads,-K", o.kv_heads, "key/value heads K")->capture_default_str();
   cmd.add_option("--head-dim,-d", o.head_dim, "head dimension d")->capture_default_str();
   cmd.add_option("--dtype", o.dtype, "storage dtype: fp32 or bf16")->capture_default_str();
+  cmd.add_option("--rope-theta", o.rope_theta, "RoPE base")->capture_default_str();
+  if (!with_strategy) return;
   cmd.add_option("--hidden-size", o.hidden_size,
                  "model width D (default H*d); Wq is (H*d, D), Wo (D, H*d)");
   cmd.add_option("--residual-dtype", o.residual_dtype,
                  "dtype of y, dy, dx (the residual stream the block accumulates into): fp32 or "
                  "the --dtype (default)");
   cmd.add_flag("--qk-norm", o.qk_norm, "Qwen3 QK-norm: RMSNorm over d of every q and k head");
-  cmd.add_option("--rope-theta", o.rope_theta, "RoPE base")->capture_default_str();
   cmd.add_option("--rope-scaling", o.rope_scaling,
                  "RoPE frequency scaling: llama3:FACTOR:LOW:HIGH:ORIG (Llama-3.1: "
                  "llama3:8:1:4:8192) or none");
-  if (!with_strategy) return;
   cmd.add_option("--head-chunk,-U", o.head_chunk,
                  "upipe/upipe-fpdt: query heads per stage U (0 = C)");
   cmd.add_option("--ulysses-degree,-u", o.ulysses_degree,

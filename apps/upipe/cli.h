@@ -4,6 +4,7 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "attention/config.h"
@@ -16,16 +17,17 @@ struct ShapeOptions {
   int heads = 8, kv_heads = 2, head_dim = 64;
   std::string dtype = "fp32";
   double rope_theta = 10000.0;
-  std::string rope_scaling;  // "llama3:FACTOR:LOW:HIGH:ORIG" or empty
-  int64_t hidden_size = 0;   // 0 = H*d
+  std::string rope_scaling;            // "llama3:FACTOR:LOW:HIGH:ORIG" or empty
+  std::optional<int64_t> hidden_size;  // unset: H*d
   bool qk_norm = false;
   std::string residual_dtype;  // y, dy, dx: "fp32", or empty/the dtype
   int head_chunk = 0, ulysses_degree = 0, chunks = 0;
   AttentionConfig config() const;  // validates the shape (ConfigError)
 };
 
-// --seq-len --heads --kv-heads --head-dim --hidden-size --dtype --residual-dtype --qk-norm
-// --rope-theta --rope-scaling; with_strategy adds --head-chunk --ulysses-degree --chunks.
+// --seq-len --heads --kv-heads --head-dim --dtype --rope-theta; with_strategy (the commands that
+// run the whole block) adds --hidden-size --residual-dtype --qk-norm --rope-scaling and the
+// strategy knobs --head-chunk --ulysses-degree --chunks.
 void add_shape_options(CLI::App& cmd, ShapeOptions& o, bool with_strategy);
 
 // "llama3:8:1:4:8192" -> the llama3 rule with factor 8, low/high frequency factors 1 and 4 and

@@ -1,10 +1,10 @@
-// The pieces of one headwise (Ulysses / UPipe) stage that the whole-sequence engine
-// (headwise.cpp) and the sequence-chunked one (fpdt.cpp) share: projecting a stage's query
-// heads or a KV set straight into the all-to-all layout, and the return of a KV set's gradients
-// to sequence layout (the head runs the kernel is called on are in upipe_schedule.h).
+// The pieces of one stage of the headwise engine (headwise.h: Ulysses, UPipe, FPDT): projecting a
+// stage's query heads or a KV set straight into the all-to-all layout, the output projection,
+// and the return of a stage's dq and a KV set's dK/dV to sequence layout (the head runs the
+// kernel is called on are in upipe_schedule.h).
 //
-// Every helper works on x rows at given global positions: the whole shard (S/C rows) for
-// headwise, one sub-chunk (S/(N C) rows) for fpdt. After the all-to-all, a head-sharded buffer
+// Every helper works on x rows at given global positions: the whole shard (S/C rows) with N = 1,
+// one sub-chunk (S/(N C) rows) with N > 1. After the all-to-all, a head-sharded buffer
 // holds C times those rows, rank 0's first, so it covers n = C * rows tokens in rank order.
 #pragma once
 

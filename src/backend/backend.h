@@ -93,7 +93,8 @@ struct RopeScaling {
 struct RopeParams {
   double theta = 10000.0;
   RopeScaling scaling;
-  // The d/2 inverse frequencies, in fp64: the one definition the kernels and references share.
+  // The d/2 inverse frequencies, in fp64, that every backend's RoPE uses (reference/ writes the
+  // same rule out independently, as transformers does, to test it).
   std::vector<double> inv_freq(int d) const;
 };
 

@@ -1,4 +1,4 @@
-// CPU flash-attention kernels (internal to kernels/): tiles of attention_tiles.h, AVX2/FMA
+// CPU flash-attention kernels (internal to backend/cpu): tiles of attention_tiles.h, AVX2/FMA
 // micro-kernels of attn_micro.h on packed K/V/Q/dO tiles, vectorised online softmax (see
 // docs/kernels.md). Workspace comes from the caller (attention.cpp), sized by
 // attn_*_workspace_bytes().

@@ -1,6 +1,6 @@
 // Naive causal GQA attention, forward and backward: one query row at a time, a score row of
 // sk values (never an S x S matrix), no tiling, no online softmax. Same layouts and masking
-// rules as kernels/attention.h.
+// rules as backend/attention.h.
 #pragma once
 
 #include <algorithm>

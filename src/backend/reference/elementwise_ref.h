@@ -1,4 +1,4 @@
-// Naive references for RoPE, RMSNorm, SwiGLU and GEMM (see kernels/rope.h, rmsnorm.h,
+// Naive references for RoPE, RMSNorm, SwiGLU and GEMM (see backend/rope.h, rmsnorm.h,
 // swiglu.h, gemm.h for the contracts).
 #pragma once
 
