@@ -169,6 +169,16 @@ ModelConfig parse_json(const json& j, const std::string& source) {
     f.fail("mlp_bias", "= true is not supported; upipe's MLP has no bias");
   if (f.boolean("use_sliding_window", false))
     f.fail("use_sliding_window", "= true is not supported; upipe runs full causal attention");
+  // transformers 5 may list each layer's attention type; only full causal attention runs here.
+  if (f.has("layer_types")) {
+    const json& lt = f.at("layer_types");
+    if (!lt.is_array()) f.fail("layer_types", fmt::format("must be an array (got {})", lt.dump()));
+    for (size_t i = 0; i < lt.size(); ++i)
+      if (lt[i] != "full_attention")
+        f.fail("layer_types",
+               fmt::format("[{}] = {} is not supported; upipe runs \"full_attention\"", i,
+                           lt[i].dump()));
+  }
   std::string act = f.string("hidden_act", "silu");
   if (act != "silu")
     f.fail("hidden_act",

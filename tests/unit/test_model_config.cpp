@@ -222,6 +222,10 @@ TEST(ModelConfig, RefusalsNameFileAndField) {
   expect_error(with(R"(, "attention_bias": true)"), {f, "'attention_bias' = true"});
   expect_error(with(R"(, "mlp_bias": true)"), {f, "'mlp_bias' = true"});
   expect_error(with(R"(, "use_sliding_window": true)"), {f, "'use_sliding_window'"});
+  expect_error(with(R"(, "layer_types": ["full_attention", "sliding_attention"])"),
+               {f, "'layer_types'", "[1] = \"sliding_attention\""});
+  EXPECT_NO_THROW(parse_model_config(
+      llama_json(R"(, "layer_types": ["full_attention", "full_attention"])"), f));
   expect_error(with(R"(, "torch_dtype": "int8")"), {f, "'torch_dtype'", "int8"});
   expect_error(with(R"(, "dtype": "float8_e4m3fn")"), {f, "'dtype'", "float8"});
   expect_error(with(R"(, "hidden_size": "4096")"), {f, "'hidden_size' must be an integer"});
