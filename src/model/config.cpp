@@ -1,0 +1,367 @@
+#include "model/config.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "core/errors.h"
+
+namespace upipe {
+
+namespace {
+
+using nlohmann::json;
+
+// Field readers over one JSON object; every error names the source file and the field path.
+class Fields {
+ public:
+  Fields(const json& obj, const std::string& source, std::string prefix = "")
+      : obj_(obj), source_(source), prefix_(std::move(prefix)) {}
+
+  bool has(const char* key) const { return obj_.contains(key) && !obj_.at(key).is_null(); }
+  const json& at(const char* key) const { return obj_.at(key); }
+  std::string path(const char* key) const { return prefix_ + key; }
+
+  [[noreturn]] void fail(const char* key, const std::string& problem) const {
+    throw ConfigError(fmt::format("{}: field '{}' {}", source_, path(key), problem));
+  }
+
+  int64_t integer(const char* key) const {
+    if (!has(key)) fail(key, "is missing");
+    const json& v = at(key);
+    if (!v.is_number_integer()) fail(key, fmt::format("must be an integer (got {})", v.dump()));
+    int64_t x = v.get<int64_t>();
+    if (x <= 0) fail(key, fmt::format("must be positive (got {})", x));
+    return x;
+  }
+  int64_t integer(const char* key, int64_t dflt) const { return has(key) ? integer(key) : dflt; }
+  int int32(const char* key) const {
+    int64_t x = integer(key);
+    if (x > 1 << 30) fail(key, fmt::format("is too large (got {})", x));
+    return int(x);
+  }
+  int int32(const char* key, int dflt) const { return has(key) ? int32(key) : dflt; }
+
+  double number(const char* key) const {
+    if (!has(key)) fail(key, "is missing");
+    const json& v = at(key);
+    if (!v.is_number()) fail(key, fmt::format("must be a number (got {})", v.dump()));
+    double x = v.get<double>();
+    if (!(x > 0) || !std::isfinite(x))
+      fail(key, fmt::format("must be positive and finite (got {})", v.dump()));
+    return x;
+  }
+  double number(const char* key, double dflt) const { return has(key) ? number(key) : dflt; }
+
+  bool boolean(const char* key, bool dflt) const {
+    if (!has(key)) return dflt;
+    const json& v = at(key);
+    if (!v.is_boolean()) fail(key, fmt::format("must be true or false (got {})", v.dump()));
+    return v.get<bool>();
+  }
+
+  std::string string(const char* key, const std::string& dflt) const {
+    if (!has(key)) return dflt;
+    const json& v = at(key);
+    if (!v.is_string()) fail(key, fmt::format("must be a string (got {})", v.dump()));
+    return v.get<std::string>();
+  }
+
+ private:
+  const json& obj_;
+  const std::string& source_;
+  std::string prefix_;
+};
+
+// The llama3 frequency rule's four fields; transformers requires all of them.
+RopeScaling parse_llama3_scaling(const Fields& f) {
+  RopeScaling s;
+  s.enabled = true;
+  s.factor = f.number("factor");
+  s.low_freq_factor = f.number("low_freq_factor");
+  s.high_freq_factor = f.number("high_freq_factor");
+  s.original_max_position = f.integer("original_max_position_embeddings");
+  if (s.factor < 1) f.fail("factor", fmt::format("must be >= 1 (got {})", s.factor));
+  if (!(s.high_freq_factor > s.low_freq_factor))
+    f.fail("high_freq_factor", fmt::format("must exceed low_freq_factor ({} <= {})",
+                                           s.high_freq_factor, s.low_freq_factor));
+  return s;
+}
+
+// The RoPE type of a rope_scaling / rope_parameters object: "default" (or absent) means plain
+// RoPE, "llama3" the Llama-3.1 rule; anything else changes the math and is refused.
+RopeScaling parse_rope_type(const Fields& f) {
+  const char* key = f.has("rope_type") ? "rope_type" : "type";
+  std::string type = f.string(key, "default");
+  if (type == "default") return RopeScaling{};
+  if (type == "llama3") return parse_llama3_scaling(f);
+  f.fail(key, fmt::format("= \"{}\" is not supported; upipe runs \"default\" or \"llama3\"", type));
+}
+
+// Both forms found in the wild: rope_theta + rope_scaling (hub files, transformers 4) and
+// rope_parameters (written by transformers 5).
+RopeParams parse_rope(const Fields& top, const std::string& source) {
+  RopeParams rope;
+  if (top.has("rope_parameters")) {
+    const json& rp = top.at("rope_parameters");
+    if (!rp.is_object())
+      top.fail("rope_parameters", fmt::format("must be an object (got {})", rp.dump()));
+    Fields f(rp, source, "rope_parameters.");
+    rope.theta = f.number("rope_theta");
+    rope.scaling = parse_rope_type(f);
+    if (top.has("rope_theta") && top.number("rope_theta") != rope.theta)
+      top.fail("rope_theta", fmt::format("({}) contradicts rope_parameters.rope_theta ({})",
+                                         top.number("rope_theta"), rope.theta));
+    return rope;
+  }
+  rope.theta = top.number("rope_theta", 10000.0);  // transformers' default for both families
+  if (top.has("rope_scaling")) {
+    const json& rs = top.at("rope_scaling");
+    if (!rs.is_object())
+      top.fail("rope_scaling", fmt::format("must be an object or null (got {})", rs.dump()));
+    rope.scaling = parse_rope_type(Fields(rs, source, "rope_scaling."));
+  }
+  return rope;
+}
+
+ModelConfig parse_json(const json& j, const std::string& source) {
+  if (!j.is_object()) throw ConfigError(fmt::format("{}: expected a JSON object", source));
+  Fields f(j, source);
+  ModelConfig m;
+  m.source = source;
+  std::string type = f.string("model_type", "");
+  if (type == "llama")
+    m.family = ModelFamily::kLlama;
+  else if (type == "qwen3")
+    m.family = ModelFamily::kQwen3;
+  else if (type.empty())
+    f.fail("model_type", "is missing; upipe reads \"llama\" or \"qwen3\"");
+  else
+    f.fail("model_type",
+           fmt::format("= \"{}\" is not supported; upipe reads \"llama\" or \"qwen3\"", type));
+
+  m.hidden_size = f.integer("hidden_size");
+  m.intermediate_size = f.integer("intermediate_size");
+  m.num_hidden_layers = f.int32("num_hidden_layers");
+  m.num_attention_heads = f.int32("num_attention_heads");
+  m.num_key_value_heads = f.int32("num_key_value_heads", m.num_attention_heads);
+  m.vocab_size = f.integer("vocab_size");
+  // transformers' defaults: Qwen3Config has head_dim = 128; LlamaConfig uses hidden / heads.
+  int dflt_head_dim = m.family == ModelFamily::kQwen3
+                          ? 128
+                          : int(m.hidden_size / std::max(1, m.num_attention_heads));
+  m.head_dim = f.int32("head_dim", dflt_head_dim);
+  m.rms_norm_eps = f.number("rms_norm_eps", 1e-6);
+  m.tie_word_embeddings = f.boolean("tie_word_embeddings", false);
+  m.qk_norm = m.family == ModelFamily::kQwen3;
+  m.max_position_embeddings =
+      f.integer("max_position_embeddings", m.family == ModelFamily::kQwen3 ? 32768 : 2048);
+  m.rope = parse_rope(f, source);
+
+  if (f.boolean("attention_bias", false))
+    f.fail("attention_bias", "= true is not supported; upipe's projections have no bias");
+  if (f.boolean("mlp_bias", false))
+    f.fail("mlp_bias", "= true is not supported; upipe's MLP has no bias");
+  if (f.boolean("use_sliding_window", false))
+    f.fail("use_sliding_window", "= true is not supported; upipe runs full causal attention");
+  // transformers 5 may list each layer's attention type; only full causal attention runs here.
+  if (f.has("layer_types")) {
+    const json& lt = f.at("layer_types");
+    if (!lt.is_array()) f.fail("layer_types", fmt::format("must be an array (got {})", lt.dump()));
+    for (size_t i = 0; i < lt.size(); ++i)
+      if (lt[i] != "full_attention")
+        f.fail("layer_types",
+               fmt::format("[{}] = {} is not supported; upipe runs \"full_attention\"", i,
+                           lt[i].dump()));
+  }
+  std::string act = f.string("hidden_act", "silu");
+  if (act != "silu")
+    f.fail("hidden_act",
+           fmt::format("= \"{}\" is not supported; upipe's MLP is SwiGLU (\"silu\")", act));
+  // torch_dtype (transformers 4) was renamed dtype (transformers 5).
+  const char* dtype_key = f.has("dtype") ? "dtype" : "torch_dtype";
+  m.torch_dtype = f.string(dtype_key, "");
+  if (!m.torch_dtype.empty() && m.torch_dtype != "float32" && m.torch_dtype != "bfloat16" &&
+      m.torch_dtype != "float16")
+    f.fail(dtype_key, fmt::format("= \"{}\" is not supported; upipe reads float32, bfloat16 or "
+                                  "float16 checkpoints",
+                                  m.torch_dtype));
+  m.validate();
+  return m;
+}
+
+// Sources: the config.json files of the Hugging Face hub repositories named beside each preset
+// (meta-llama/Meta-Llama-3-8B, meta-llama/Llama-3.1-8B, meta-llama/Meta-Llama-3-70B,
+// Qwen/Qwen3-8B, Qwen/Qwen3-32B), reduced to the fields upipe reads. They go through the same
+// parser as user files.
+struct Preset {
+  const char* name;
+  const char* json;
+};
+const Preset kPresets[] = {
+    {"llama3-8b",  // meta-llama/Meta-Llama-3-8B
+     R"({"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
+         "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+         "vocab_size": 128256, "max_position_embeddings": 8192, "rms_norm_eps": 1e-05,
+         "rope_theta": 500000.0, "rope_scaling": null, "tie_word_embeddings": false,
+         "hidden_act": "silu", "attention_bias": false, "torch_dtype": "bfloat16"})"},
+    {"llama3.1-8b",  // meta-llama/Llama-3.1-8B
+     R"({"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
+         "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+         "vocab_size": 128256, "max_position_embeddings": 131072, "rms_norm_eps": 1e-05,
+         "rope_theta": 500000.0,
+         "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                          "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+         "tie_word_embeddings": false, "hidden_act": "silu", "attention_bias": false,
+         "mlp_bias": false, "torch_dtype": "bfloat16"})"},
+    {"llama3-70b",  // meta-llama/Meta-Llama-3-70B
+     R"({"model_type": "llama", "hidden_size": 8192, "intermediate_size": 28672,
+         "num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8,
+         "vocab_size": 128256, "max_position_embeddings": 8192, "rms_norm_eps": 1e-05,
+         "rope_theta": 500000.0, "rope_scaling": null, "tie_word_embeddings": false,
+         "hidden_act": "silu", "attention_bias": false, "torch_dtype": "bfloat16"})"},
+    {"qwen3-8b",  // Qwen/Qwen3-8B
+     R"({"model_type": "qwen3", "hidden_size": 4096, "intermediate_size": 12288,
+         "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8,
+         "head_dim": 128, "vocab_size": 151936, "max_position_embeddings": 40960,
+         "rms_norm_eps": 1e-06, "rope_theta": 1000000, "rope_scaling": null,
+         "tie_word_embeddings": false, "hidden_act": "silu", "attention_bias": false,
+         "use_sliding_window": false, "torch_dtype": "bfloat16"})"},
+    {"qwen3-32b",  // Qwen/Qwen3-32B
+     R"({"model_type": "qwen3", "hidden_size": 5120, "intermediate_size": 25600,
+         "num_hidden_layers": 64, "num_attention_heads": 64, "num_key_value_heads": 8,
+         "head_dim": 128, "vocab_size": 151936, "max_position_embeddings": 40960,
+         "rms_norm_eps": 1e-06, "rope_theta": 1000000, "rope_scaling": null,
+         "tie_word_embeddings": false, "hidden_act": "silu", "attention_bias": false,
+         "use_sliding_window": false, "torch_dtype": "bfloat16"})"},
+    // Small shapes for tests; tiny-qwen3 has d != D/H, QK-norm and tied embeddings.
+    {"tiny",
+     R"({"model_type": "llama", "hidden_size": 64, "intermediate_size": 160,
+         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+         "vocab_size": 256, "max_position_embeddings": 4096, "rms_norm_eps": 1e-05,
+         "rope_theta": 10000.0, "tie_word_embeddings": false, "torch_dtype": "float32"})"},
+    {"tiny-qwen3",
+     R"({"model_type": "qwen3", "hidden_size": 64, "intermediate_size": 160,
+         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+         "head_dim": 32, "vocab_size": 256, "max_position_embeddings": 4096,
+         "rms_norm_eps": 1e-06, "rope_theta": 1000000, "tie_word_embeddings": true,
+         "torch_dtype": "float32"})"},
+};
+
+std::string preset_list() {
+  std::string s;
+  for (const std::string& n : model_preset_names()) s += (s.empty() ? "" : ", ") + n;
+  return s;
+}
+
+}  // namespace
+
+const char* model_family_name(ModelFamily f) {
+  return f == ModelFamily::kLlama ? "llama" : "qwen3";
+}
+
+void ModelConfig::validate() const {
+  auto fail = [&](const char* field, const std::string& problem) {
+    throw ConfigError(fmt::format("{}: field '{}' {}", source, field, problem));
+  };
+  if (hidden_size <= 0) fail("hidden_size", "must be positive");
+  if (intermediate_size <= 0) fail("intermediate_size", "must be positive");
+  if (num_hidden_layers <= 0) fail("num_hidden_layers", "must be positive");
+  if (num_attention_heads <= 0) fail("num_attention_heads", "must be positive");
+  if (num_key_value_heads <= 0) fail("num_key_value_heads", "must be positive");
+  if (vocab_size <= 0) fail("vocab_size", "must be positive");
+  if (num_attention_heads % num_key_value_heads != 0)
+    fail("num_key_value_heads", fmt::format("({}) must divide num_attention_heads ({})",
+                                            num_key_value_heads, num_attention_heads));
+  if (head_dim <= 0 || head_dim % 2 != 0 || head_dim > 1024)
+    fail("head_dim", fmt::format("must be even and in [2, 1024] (got {})", head_dim));
+  if (!(rms_norm_eps > 0) || !std::isfinite(rms_norm_eps))
+    fail("rms_norm_eps", fmt::format("must be positive and finite (got {})", rms_norm_eps));
+  if (!(rope.theta > 0) || !std::isfinite(rope.theta))
+    fail("rope_theta", fmt::format("must be positive and finite (got {})", rope.theta));
+}
+
+ModelConfig parse_model_config(const std::string& json_text, const std::string& source) {
+  json j;
+  try {
+    j = json::parse(json_text);
+  } catch (const json::parse_error& e) {
+    throw ConfigError(fmt::format("{}: not valid JSON: {}", source, e.what()));
+  }
+  return parse_json(j, source);
+}
+
+const std::vector<std::string>& model_preset_names() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> v;
+    for (const Preset& p : kPresets) v.push_back(p.name);
+    return v;
+  }();
+  return names;
+}
+
+bool is_model_preset(const std::string& name) {
+  const auto& v = model_preset_names();
+  return std::find(v.begin(), v.end(), name) != v.end();
+}
+
+ModelConfig model_preset(const std::string& name) {
+  for (const Preset& p : kPresets)
+    if (name == p.name) return parse_model_config(p.json, "preset " + name);
+  throw ConfigError(fmt::format("unknown model preset '{}'; presets: {}", name, preset_list()));
+}
+
+ModelConfig load_model_config(const std::string& path_or_preset) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::path path = path_or_preset;
+  if (fs::is_directory(path, ec)) {
+    path /= "config.json";
+    if (!fs::is_regular_file(path, ec))
+      throw ConfigError(fmt::format("{}: directory holds no config.json", path_or_preset));
+  } else if (!fs::exists(path, ec)) {
+    if (is_model_preset(path_or_preset)) return model_preset(path_or_preset);
+    throw ConfigError(
+        fmt::format("'{}' is neither a config.json, a directory holding one, nor a preset ({})",
+                    path_or_preset, preset_list()));
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw ConfigError(fmt::format("{}: cannot open for reading", path.string()));
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) throw ConfigError(fmt::format("{}: read error", path.string()));
+  return parse_model_config(text.str(), path.string());
+}
+
+AttentionConfig to_attention_config(const ModelConfig& m) {
+  AttentionConfig a;
+  a.heads = m.num_attention_heads;
+  a.kv_heads = m.num_key_value_heads;
+  a.head_dim = m.head_dim;
+  a.hidden = m.hidden_size;
+  a.qk_norm = m.qk_norm;
+  a.norm_eps = float(m.rms_norm_eps);
+  a.rope = m.rope;
+  return a;
+}
+
+int64_t layer_parameter_count(const ModelConfig& m) {
+  const int64_t d_model = m.hidden_size;
+  int64_t attn = d_model * m.q_dim() * 2 + d_model * m.kv_dim() * 2;  // q, o; k, v
+  int64_t mlp = 3 * d_model * m.intermediate_size;                    // gate, up, down
+  int64_t norms = 2 * d_model + (m.qk_norm ? 2 * int64_t(m.head_dim) : 0);
+  return attn + mlp + norms;
+}
+
+int64_t parameter_count(const ModelConfig& m) {
+  int64_t embed = m.vocab_size * m.hidden_size;
+  return embed + m.num_hidden_layers * layer_parameter_count(m) + m.hidden_size +
+         (m.tie_word_embeddings ? 0 : embed);
+}
+
+}  // namespace upipe
