@@ -110,7 +110,8 @@ Runner add_demo(CLI::App& cmd) {
   opt->shape.heads = 16;
   opt->shape.kv_heads = 4;
   add_shape_options(cmd, opt->shape, false);
-  cmd.add_option("--seq-lens", opt->seq_lens, "sequence lengths to time");
+  cmd.add_option("--seq-lens", opt->seq_lens, "sequence lengths to time")
+      ->check(integer_in<int64_t>(1, kMaxTensorElements));
   return [opt](Process& p) { return run(p, *opt); };
 }
 

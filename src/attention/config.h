@@ -8,6 +8,17 @@
 
 namespace upipe {
 
+// Bounds on the shape inputs (validate_shape). Heads and head_dim: far beyond any model (Llama-3
+// 405B has 128 heads of 128). S x H x d: 2^50 elements (4 PiB in fp32), so every byte count,
+// including the checker's fp64 copies and sums of a few dozen tensors, stays well inside int64.
+// RoPE theta: real models use 1e4 to 1e8; below 1 the frequencies grow instead of decaying.
+inline constexpr int kMaxHeads = 65536;
+inline constexpr int kMaxHeadDim = 1024;
+inline constexpr int kMaxTensorElementsLog2 = 50;
+inline constexpr int64_t kMaxTensorElements = int64_t(1) << kMaxTensorElementsLog2;
+inline constexpr double kMinRopeTheta = 1.0;
+inline constexpr double kMaxRopeTheta = 1e12;
+
 struct AttentionConfig {
   int64_t seq_len = 0;  // S: global tokens
   int heads = 0;        // H
@@ -21,7 +32,8 @@ struct AttentionConfig {
 
   int64_t model_dim() const { return int64_t(heads) * head_dim; }  // D = H*d
   int group() const { return heads / kv_heads; }                   // G = H/K
-  // Throws ConfigError naming what to change when the shape itself is invalid.
+  // Throws ConfigError naming what to change when the shape or a knob is out of its bounds
+  // (the knobs' fit to the rank count is checked by the strategies).
   void validate_shape() const;
 };
 
