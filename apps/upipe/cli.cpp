@@ -1,8 +1,9 @@
 #include "apps/upipe/cli.h"
 
 #include <fmt/format.h>
-#include <cctype>
 
+#include <cctype>
+#include <charconv>
 #include <cmath>
 #include <vector>
 
@@ -16,7 +17,11 @@ AttentionConfig ShapeOptions::config() const {
   c.heads = heads;
   c.kv_heads = kv_heads;
   c.head_dim = head_dim;
-  c.dtype = parse_dtype(dtype);
+  try {
+    c.dtype = parse_dtype(dtype);
+  } catch (const ConfigError& e) {
+    throw ConfigError(fmt::format("--dtype: {}", e.what()));
+  }
   c.rope.theta = rope_theta;
   c.rope.scaling = parse_rope_scaling(rope_scaling);
   if (hidden_size) {
@@ -40,17 +45,57 @@ AttentionConfig ShapeOptions::config() const {
   return c;
 }
 
+template <class T>
+CLI::Validator integer_in(T lo, T hi) {
+  const std::string range = fmt::format("[{}, {}]", lo, hi);
+  return CLI::Validator(
+      [lo, hi, range](std::string& s) -> std::string {
+        T v{};
+        const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+        if (ec == std::errc() && end == s.data() + s.size() && v >= lo && v <= hi) return {};
+        return fmt::format("'{}' is not a whole number in {}; give one in that range", s, range);
+      },
+      "INT in " + range);
+}
+template CLI::Validator integer_in<int>(int, int);
+template CLI::Validator integer_in<int64_t>(int64_t, int64_t);
+template CLI::Validator integer_in<uint64_t>(uint64_t, uint64_t);
+
+CLI::Validator number_in(double lo, double hi) {
+  const std::string range = fmt::format("[{:g}, {:g}]", lo, hi);
+  return CLI::Validator(
+      [lo, hi, range](std::string& s) -> std::string {
+        double v = 0;
+        const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+        if (ec == std::errc() && end == s.data() + s.size() && std::isfinite(v) && v >= lo &&
+            v <= hi)
+          return {};
+        return fmt::format("'{}' is not a finite number in {}; give one in that range", s, range);
+      },
+      "NUMBER in " + range);
+}
+
 void add_shape_options(CLI::App& cmd, ShapeOptions& o, bool with_strategy) {
   cmd.add_option("--seq-len,-S", o.seq_len, "global sequence length S (tokens)")
-      ->capture_default_str();
-  cmd.add_option("--heads,-H", o.heads, "query heads H")->capture_default_str();
-  cmd.add_option("--kv-heads,-K", o.kv_heads, "key/value heads K")->capture_default_str();
-  cmd.add_option("--head-dim,-d", o.head_dim, "head dimension d")->capture_default_str();
+      ->capture_default_str()
+      ->check(integer_in<int64_t>(1, kMaxTensorElements));
+  cmd.add_option("--heads,-H", o.heads, "query heads H")
+      ->capture_default_str()
+      ->check(integer_in<int>(1, kMaxHeads));
+  cmd.add_option("--kv-heads,-K", o.kv_heads, "key/value heads K (dividing H)")
+      ->capture_default_str()
+      ->check(integer_in<int>(1, kMaxHeads));
+  cmd.add_option("--head-dim,-d", o.head_dim, "head dimension d (even)")
+      ->capture_default_str()
+      ->check(integer_in<int>(2, kMaxHeadDim));
   cmd.add_option("--dtype", o.dtype, "storage dtype: fp32 or bf16")->capture_default_str();
-  cmd.add_option("--rope-theta", o.rope_theta, "RoPE base")->capture_default_str();
+  cmd.add_option("--rope-theta", o.rope_theta, "RoPE base")
+      ->capture_default_str()
+      ->check(number_in(kMinRopeTheta, kMaxRopeTheta));
   if (!with_strategy) return;
   cmd.add_option("--hidden-size", o.hidden_size,
-                 "model width D (default H*d); Wq is (H*d, D), Wo (D, H*d)");
+                 "model width D (default H*d); Wq is (H*d, D), Wo (D, H*d)")
+      ->check(integer_in<int64_t>(1, kMaxHiddenSize));
   cmd.add_option("--residual-dtype", o.residual_dtype,
                  "dtype of y, dy, dx (the residual stream the block accumulates into): fp32 or "
                  "the --dtype (default)");
@@ -59,11 +104,14 @@ void add_shape_options(CLI::App& cmd, ShapeOptions& o, bool with_strategy) {
                  "RoPE frequency scaling: llama3:FACTOR:LOW:HIGH:ORIG (Llama-3.1: "
                  "llama3:8:1:4:8192) or none");
   cmd.add_option("--head-chunk,-U", o.head_chunk,
-                 "upipe/upipe-fpdt: query heads per stage U (0 = C)");
+                 "upipe/upipe-fpdt: query heads per stage U (0 = C)")
+      ->check(integer_in<int>(0, kMaxHeads));
   cmd.add_option("--ulysses-degree,-u", o.ulysses_degree,
-                 "usp/upipe-ring: ranks per Ulysses group u (0 = all)");
+                 "usp/upipe-ring: ranks per Ulysses group u (0 = all)")
+      ->check(integer_in<int>(0, kMaxMetaRanks));
   cmd.add_option("--chunks,-N", o.chunks,
-                 "fpdt/upipe-fpdt: sequence chunks N (0 = the largest N <= 4 dividing S/C)");
+                 "fpdt/upipe-fpdt: sequence chunks N (0 = the largest N <= 4 dividing S/C)")
+      ->check(integer_in<int>(0, std::numeric_limits<int>::max()));
 }
 
 RopeScaling parse_rope_scaling(const std::string& s) {
@@ -106,32 +154,37 @@ RopeScaling parse_rope_scaling(const std::string& s) {
   return r;
 }
 
-int64_t parse_bytes(const std::string& s) {
+int64_t parse_bytes(const std::string& s, const char* flag) {
+  const std::string example = "write e.g. 80G, 512M or 1048576";
   size_t i = 0;
   while (i < s.size() && (std::isdigit(static_cast<unsigned char>(s[i])) || s[i] == '.')) ++i;
+  double v = 0;
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + i, v);
+  if (i == 0 || ec != std::errc() || end != s.data() + i)
+    throw ConfigError(fmt::format("{}: cannot read '{}' as a byte size; {}", flag, s, example));
   std::string unit = s.substr(i);
   for (char& ch : unit) ch = char(std::tolower(static_cast<unsigned char>(ch)));
-  double v = 0;
-  try {
-    v = std::stod(s.substr(0, i));
-  } catch (...) {
-    throw ConfigError("cannot read '" + s + "' as a byte size; write e.g. 80G, 512M or 1048576");
-  }
-  double mult = 1;
+  int shift = 0;
   if (unit.empty() || unit == "b")
-    mult = 1;
+    shift = 0;
   else if (unit == "k" || unit == "kb" || unit == "kib")
-    mult = 1024.0;
+    shift = 10;
   else if (unit == "m" || unit == "mb" || unit == "mib")
-    mult = 1024.0 * 1024;
+    shift = 20;
   else if (unit == "g" || unit == "gb" || unit == "gib")
-    mult = 1024.0 * 1024 * 1024;
+    shift = 30;
   else if (unit == "t" || unit == "tb" || unit == "tib")
-    mult = 1024.0 * 1024 * 1024 * 1024;
+    shift = 40;
   else
-    throw ConfigError("unknown size unit in '" + s + "'; use K, M, G or T");
-  if (v <= 0) throw ConfigError("byte size '" + s + "' must be positive");
-  return int64_t(std::llround(v * mult));
+    throw ConfigError(fmt::format("{}: unknown size unit in '{}'; use K, M, G or T", flag, s));
+  const double bytes = std::ldexp(v, shift);
+  if (!(bytes >= 1))
+    throw ConfigError(
+        fmt::format("{}: '{}' is less than one byte; give a positive size, {}", flag, s, example));
+  if (bytes > double(kMaxBudget))
+    throw ConfigError(fmt::format("{}: '{}' is more than {} (1 EiB); give a smaller size", flag, s,
+                                  kMaxBudgetText));
+  return int64_t(std::floor(bytes));
 }
 
 }  // namespace upipe::app

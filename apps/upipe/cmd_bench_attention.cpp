@@ -24,8 +24,8 @@ struct Options {
 
 // --meta-ranks C: plan instead of run. Rank 0 of C on the meta device (fake communicator):
 // exact bytes and communication, no data, no timing.
-int plan(const Options& opt, const AttentionConfig& cfg) {
-  Device dev({BackendKind::kMeta, parse_bytes(opt.budget), parse_bytes(opt.budget)});
+int plan(const Options& opt, const AttentionConfig& cfg, int64_t budget) {
+  Device dev({BackendKind::kMeta, budget, budget});
   FakeCommunicator comm(0, opt.meta_ranks);
   auto strat = make_strategy(opt.method, {dev, comm, cfg});
   BlockTensors t = make_block_tensors(dev, cfg, strat->layout().positions(0), 1);
@@ -53,9 +53,8 @@ int plan(const Options& opt, const AttentionConfig& cfg) {
 
 int run(Process& proc, const Options& opt) {
   const AttentionConfig cfg = opt.shape.config();
-  if (opt.iters < 1) throw ConfigError("--iters must be at least 1");
-  if (opt.meta_ranks > 0) return proc.root() ? plan(opt, cfg) : 0;
   const int64_t budget = parse_bytes(opt.budget);
+  if (opt.meta_ranks > 0) return proc.root() ? plan(opt, cfg, budget) : 0;
   Device dev({BackendKind::kCpu, budget, budget});
   auto strat = make_strategy(opt.method, {dev, proc.world, cfg});
   BlockTensors t = make_block_tensors(dev, cfg, strat->layout().positions(proc.rank()), 1);
@@ -110,11 +109,13 @@ Runner add_bench_attention(CLI::App& cmd) {
   cmd.add_option("--method,-m", opt->method, "strategy to time")->capture_default_str();
   add_shape_options(cmd, opt->shape, true);
   cmd.add_option("--iters", opt->iters, "timed iterations (minimum reported)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(integer_in<int>(1, kMaxIters));
   cmd.add_option("--memory-budget", opt->budget, "device arena budget per rank")
       ->capture_default_str();
   cmd.add_option("--meta-ranks", opt->meta_ranks,
-                 "plan on the meta device as rank 0 of this many ranks (no data, no timing)");
+                 "plan on the meta device as rank 0 of this many ranks (no data, no timing)")
+      ->check(integer_in<int>(0, kMaxMetaRanks));
   cmd.add_flag("--json", opt->json, "print one JSON object (rank 0)");
   return [opt](Process& p) { return run(p, *opt); };
 }

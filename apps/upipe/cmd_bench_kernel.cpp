@@ -76,7 +76,6 @@ double sampled_error(Device& dev, const AttnProblem& p, const Mat& o, const Mat&
 
 int run(Process& proc, const Options& opt) {
   const AttentionConfig c = opt.shape.config();
-  if (opt.iters < 1) throw ConfigError("--iters must be at least 1");
   Device dev;
   Arena& mem = dev.mem();
   const int64_t s = c.seq_len, d = c.head_dim, qc = c.heads * d, kc = c.kv_heads * d;
@@ -174,7 +173,8 @@ Runner add_bench_kernel(CLI::App& cmd) {
   opt->shape.seq_len = 8192;
   add_shape_options(cmd, opt->shape, false);
   cmd.add_option("--iters", opt->iters, "timed repetitions (the minimum is reported)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(integer_in<int>(1, kMaxIters));
   cmd.add_flag("--json", opt->json, "print one JSON object");
   return [opt](Process& p) { return run(p, *opt); };
 }

@@ -67,7 +67,9 @@ Runner add_check(CLI::App& cmd) {
                  "local, ulysses, upipe, ring, usp, upipe-ring, fpdt, upipe-fpdt")
       ->capture_default_str();
   add_shape_options(cmd, opt->shape, true);
-  cmd.add_option("--seed", opt->seed, "input seed")->capture_default_str();
+  cmd.add_option("--seed", opt->seed, "input seed")
+      ->capture_default_str()
+      ->check(integer_in<uint64_t>(0, std::numeric_limits<uint64_t>::max()));
   cmd.add_option("--memory-budget", opt->budget, "device arena budget per rank, e.g. 80G")
       ->capture_default_str();
   cmd.add_flag("--json", opt->json, "print one JSON object (rank 0)");

@@ -27,6 +27,12 @@ int64_t planned_attn_peak(const std::string& method, const AttentionConfig& cfg,
 }
 
 int run(Process& proc, const Options& opt) {
+  for (int64_t s : opt.seq_lens) {  // refuse bad input before any work
+    ShapeOptions so = opt.shape;
+    so.seq_len = s;
+    so.config();
+  }
+
   const int c = proc.world.size();
   const bool root = proc.root();
   const std::vector<std::string> methods = c == 1 ? std::vector<std::string>{"local", "upipe"}
@@ -110,7 +116,8 @@ Runner add_demo(CLI::App& cmd) {
   opt->shape.heads = 16;
   opt->shape.kv_heads = 4;
   add_shape_options(cmd, opt->shape, false);
-  cmd.add_option("--seq-lens", opt->seq_lens, "sequence lengths to time");
+  cmd.add_option("--seq-lens", opt->seq_lens, "sequence lengths to time")
+      ->check(integer_in<int64_t>(1, kMaxTensorElements));
   return [opt](Process& p) { return run(p, *opt); };
 }
 

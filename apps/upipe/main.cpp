@@ -1,7 +1,9 @@
 // `upipe`: the command-line entry point. It owns the error boundary: bad input (ConfigError) is
-// detected identically on every rank, reported in one line per rank, and every rank exits with
-// status 2; out-of-memory and other failures on any rank end the whole job through MPI_Abort,
-// so no rank is left waiting in a collective.
+// detected identically on every rank before any communication (or, for the planner, on rank 0
+// alone), so rank 0 reports it in one line and every rank exits with status 2. Failures of one
+// rank end the whole job through MPI_Abort, naming the rank, so no rank is left waiting in a
+// collective: out-of-memory with status 3, a size overflow that input validation did not catch
+// (SizeError) with status 2, anything else with status 1.
 #include <cstdio>
 #include <map>
 
@@ -47,8 +49,12 @@ int main(int argc, char** argv) {
       if (cmd->parsed() && run) return run(proc);
     throw ConfigError("no command given; try upipe --help");
   } catch (const ConfigError& e) {
-    std::fprintf(stderr, "upipe: error [rank %d]: %s\n", proc.rank(), e.what());
+    if (proc.root()) std::fprintf(stderr, "upipe: error: %s\n", e.what());
     return 2;
+  } catch (const SizeError& e) {
+    std::fprintf(stderr, "upipe: error [rank %d]: %s\n", proc.rank(), e.what());
+    std::fflush(stderr);
+    MpiRuntime::abort_job(2);
   } catch (const OutOfMemoryError& e) {
     std::fprintf(stderr, "upipe: [rank %d] %s\n", proc.rank(), e.what());
     std::fflush(stderr);

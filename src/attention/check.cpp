@@ -38,15 +38,23 @@ std::vector<double> summed(Device& dev, Communicator& comm, const Mat& g) {
   return std::vector<double>(f.begin(), f.end());
 }
 
+// Both are NaN when any value is not finite (std::max would silently drop a NaN), so a
+// non-finite output or reference can never pass `err <= tol`.
 double max_abs(const std::vector<double>& v) {
   double m = 0;
-  for (double x : v) m = std::max(m, std::abs(x));
+  for (double x : v) {
+    if (!std::isfinite(x)) return std::nan("");
+    m = std::max(m, std::abs(x));
+  }
   return m;
 }
 
 double max_diff(const std::vector<double>& a, const std::vector<double>& b) {
   double m = 0;
-  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(a[i] - b[i]));
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!std::isfinite(a[i]) || !std::isfinite(b[i])) return std::nan("");
+    m = std::max(m, std::abs(a[i] - b[i]));
+  }
   return m;
 }
 
@@ -186,7 +194,7 @@ CheckResult check_strategy(const std::string& method, const AttentionConfig& cfg
       const double err = max_diff(got[size_t(i)], want);
       verdict[size_t(1 + 2 * i)] = err;
       verdict[size_t(2 + 2 * i)] = tol;
-      ok = ok && err <= tol;
+      ok = ok && std::isfinite(err) && std::isfinite(tol) && err <= tol;
     }
     verdict[0] = ok ? 1.0 : 0.0;
   }

@@ -9,6 +9,18 @@
 
 namespace upipe {
 
+// Bounds on the shape inputs (validate_shape). Heads and head_dim: far beyond any model (Llama-3
+// 405B has 128 heads of 128). S x H x d: 2^50 elements (4 PiB in fp32), so every byte count,
+// including the checker's fp64 copies and sums of a few dozen tensors, stays well inside int64.
+// RoPE theta: real models use 1e4 to 1e8; below 1 the frequencies grow instead of decaying.
+inline constexpr int kMaxHeads = 65536;
+inline constexpr int kMaxHeadDim = 1024;
+inline constexpr int64_t kMaxHiddenSize = int64_t(1) << 20;  // D: 64x Llama-3-405B's 16384
+inline constexpr int kMaxTensorElementsLog2 = 50;
+inline constexpr int64_t kMaxTensorElements = int64_t(1) << kMaxTensorElementsLog2;
+inline constexpr double kMinRopeTheta = 1.0;
+inline constexpr double kMaxRopeTheta = 1e12;
+
 struct AttentionConfig {
   int64_t seq_len = 0;        // S: global tokens
   int heads = 0;              // H
@@ -31,7 +43,8 @@ struct AttentionConfig {
   int64_t kv_dim() const { return int64_t(kv_heads) * head_dim; }          // K*d
   int gqa_group() const { return heads / kv_heads; }                       // G = H/K
   DType out_dtype() const { return fp32_residual ? DType::kF32 : dtype; }  // of y, dy, dx
-  // Throws ConfigError naming what to change when the shape itself is invalid.
+  // Throws ConfigError naming what to change when the shape or a knob is out of its bounds
+  // (the knobs' fit to the rank count is checked by the strategies).
   void validate_shape() const;
 };
 

@@ -19,11 +19,24 @@ int fpdt_chunks(const AttentionConfig& cfg, int ranks) {
         fmt::format("--chunks must be positive, or 0 for the default (the largest N <= {} dividing "
                     "seq-len / ranks); got {}",
                     kFpdtDefaultChunks, cfg.chunks));
-  // The largest n <= want with s divisible by n C (0 when s is not divisible by C).
+  // The largest n <= want with s divisible by n C (0 when s is not divisible by C): the
+  // largest divisor of m = S/C up to want, counting down from a small want, else from the
+  // divisor pairs (i, m/i) with i <= sqrt(m), so a huge --chunks is refused at once.
   auto largest_dividing = [&](int want) {
-    int n = want;
-    while (n > 0 && s % (n * c) != 0) --n;
-    return n;
+    if (s % c != 0) return 0;
+    const int64_t m = s / c;
+    if (int64_t(want) * want <= m) {
+      int n = want;
+      while (n > 1 && m % n != 0) --n;
+      return n;
+    }
+    int64_t best = 1;
+    for (int64_t i = 1; i * i <= m; ++i) {
+      if (m % i != 0) continue;
+      if (i <= want) best = std::max(best, i);
+      if (m / i <= want) best = std::max(best, m / i);
+    }
+    return int(best);
   };
   if (cfg.chunks == 0) {
     const int n = largest_dividing(kFpdtDefaultChunks);
@@ -34,6 +47,12 @@ int fpdt_chunks(const AttentionConfig& cfg, int ranks) {
           "chunks; try --seq-len {}",
           s, c, (s / nc + 1) * nc));
     return n;
+  }
+  if (cfg.chunks > s / c) {
+    const int fits = largest_dividing(int(std::min<int64_t>(cfg.chunks, s / c)));
+    throw ConfigError(fmt::format(
+        "--chunks ({}) must be at most seq-len / ranks ({} / {}); try {}", cfg.chunks, s, c,
+        fits > 0 ? fmt::format("--chunks {}", fits) : "a --seq-len divisible by the ranks"));
   }
   const int64_t nc = int64_t(cfg.chunks) * c;
   if (s % nc != 0) {

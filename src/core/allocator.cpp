@@ -1,10 +1,33 @@
 #include "core/allocator.h"
 
+#include <fmt/format.h>
+#include <sys/mman.h>
+
+#include <unistd.h>
+
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
-#include <new>
+#include <mutex>
+
+#include "core/arena.h"
+#include "core/check.h"
 
 namespace upipe {
+
+namespace {
+
+// Bytes every HostCachingAllocator of the process holds from the system (live and cached). The
+// kernel overcommits, so a request beyond physical memory would "succeed" and the process would
+// be killed when it touches the pages; refusing it instead gives a typed out-of-memory error.
+std::atomic<int64_t> g_held{0};
+
+int64_t physical_bytes() {
+  static const int64_t b = int64_t(sysconf(_SC_PHYS_PAGES)) * int64_t(sysconf(_SC_PAGESIZE));
+  return b;
+}
+
+}  // namespace
 
 HostCachingAllocator::HostCachingAllocator(int64_t cache_limit) : cache_limit_(cache_limit) {}
 
@@ -14,7 +37,7 @@ HostCachingAllocator::~HostCachingAllocator() {
 
 int64_t HostCachingAllocator::rounded(int64_t bytes) {
   const int64_t page = 4096;
-  return bytes <= 0 ? page : (bytes + page - 1) / page * page;
+  return bytes <= 0 ? page : (bytes / page + (bytes % page != 0)) * page;
 }
 
 void* HostCachingAllocator::allocate(int64_t bytes) {
@@ -26,8 +49,17 @@ void* HostCachingAllocator::allocate(int64_t bytes) {
     cached_ -= n;
     return p;
   }
+  if (g_held + n > physical_bytes()) trim();  // the cache may hold what the system lacks
+  if (g_held + n > physical_bytes())
+    throw BackingExhausted(fmt::format("this machine has {} of memory and this process holds {}",
+                                       format_bytes(physical_bytes()), format_bytes(g_held)));
   void* p = std::aligned_alloc(4096, size_t(n));
-  if (!p) throw std::bad_alloc();
+  if (!p) {
+    trim();
+    p = std::aligned_alloc(4096, size_t(n));
+  }
+  if (!p) throw BackingExhausted(fmt::format("the system could not allocate {}", format_bytes(n)));
+  g_held += n;
   return p;
 }
 
@@ -40,9 +72,103 @@ void HostCachingAllocator::release(void* p, int64_t bytes) {
 }
 
 void HostCachingAllocator::trim() {
-  for (auto& [n, p] : free_) std::free(p);
+  for (auto& [n, p] : free_) {
+    std::free(p);
+    g_held -= n;
+  }
   free_.clear();
   cached_ = 0;
+}
+
+namespace {
+
+// The process-wide meta range: [base, base + size), free blocks by offset -> length.
+class MetaRange {
+ public:
+  // Never destroyed: arenas owned by static objects may release into it at exit.
+  static MetaRange& get() {
+    static MetaRange* r = new MetaRange;
+    return *r;
+  }
+
+  int64_t size() const { return size_; }
+
+  void* allocate(int64_t bytes) {
+    const int64_t a = Allocator::kAlignment;
+    const int64_t n = bytes <= 0 ? a : (bytes / a + (bytes % a != 0)) * a;
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = free_.begin(); it != free_.end(); ++it) {
+      if (it->second < n) continue;
+      const int64_t off = it->first, len = it->second;
+      free_.erase(it);
+      if (len > n) free_.emplace(off + n, len - n);
+      return base_ + off;
+    }
+    throw BackingExhausted(fmt::format(
+        "the meta device's reserved address range ({}) has no free block of {}; plan fewer "
+        "bytes at once in one process",
+        format_bytes(size_), format_bytes(n)));
+  }
+
+  void release(void* p, int64_t bytes) {
+    const int64_t a = Allocator::kAlignment;
+    const int64_t n = bytes <= 0 ? a : (bytes / a + (bytes % a != 0)) * a;
+    const int64_t off = static_cast<char*>(p) - base_;
+    UPIPE_CHECK(off >= 0 && off + n <= size_, "meta release of an address outside the range");
+    std::lock_guard<std::mutex> lock(mu_);
+    auto next = free_.lower_bound(off);
+    UPIPE_CHECK(next == free_.end() || next->first >= off + n, "meta block released twice");
+    int64_t start = off, len = n;
+    if (next != free_.begin()) {
+      auto prev = std::prev(next);
+      UPIPE_CHECK(prev->first + prev->second <= off, "meta block released twice");
+      if (prev->first + prev->second == off) {
+        start = prev->first;
+        len += prev->second;
+        free_.erase(prev);
+      }
+    }
+    if (next != free_.end() && next->first == off + n) {
+      len += next->second;
+      free_.erase(next);
+    }
+    free_.emplace(start, len);
+  }
+
+ private:
+  MetaRange() {
+    for (int64_t want = MetaAllocator::kMetaReserve; want >= (int64_t(1) << 30); want /= 2) {
+      void* p = mmap(nullptr, size_t(want), PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                     -1, 0);
+      if (p == MAP_FAILED) continue;
+      base_ = static_cast<char*>(p);
+      size_ = want;
+      free_.emplace(0, want);
+      return;
+    }
+    UPIPE_CHECK(false,
+                "could not reserve even 1 GiB of address space for the meta device; "
+                "check `ulimit -v`");
+  }
+
+  std::mutex mu_;
+  char* base_ = nullptr;
+  int64_t size_ = 0;
+  std::map<int64_t, int64_t> free_;
+};
+
+}  // namespace
+
+void* MetaAllocator::allocate(int64_t bytes) {
+  return MetaRange::get().allocate(bytes);
+}
+
+void MetaAllocator::release(void* p, int64_t bytes) {
+  if (p) MetaRange::get().release(p, bytes);
+}
+
+int64_t MetaAllocator::reserved_bytes() {
+  return MetaRange::get().size();
 }
 
 }  // namespace upipe

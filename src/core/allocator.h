@@ -1,21 +1,24 @@
 // Backing memory behind an arena. The arena does the accounting (tags, budget, peaks); an
 // Allocator only hands out bytes. Host memory is cached by size so a training loop that repeats
 // the same allocations touches fresh pages once (first touch costs ~0.45 s/GiB here). The meta
-// allocator backs nothing: the planner counts bytes without owning them. A CUDA allocator will
-// sit beside these.
+// allocator backs nothing: the planner counts bytes without owning them, yet every meta tensor
+// gets a real, distinct, aligned address (see MetaAllocator), so view arithmetic on it is defined
+// behaviour. A CUDA allocator will sit beside these.
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <vector>
+#include <new>
+#include <string>
 
 namespace upipe {
 
 class Allocator {
  public:
   virtual ~Allocator() = default;
-  // Returns memory aligned to kAlignment, or nullptr when not backed (meta).
+  // Returns a non-null address aligned to kAlignment (never dereferenced when !backed()).
+  // Throws BackingExhausted when the memory (or, for meta, the address range) cannot be had.
   virtual void* allocate(int64_t bytes) = 0;
   virtual void release(void* p, int64_t bytes) = 0;
   virtual bool backed() const = 0;
@@ -40,11 +43,32 @@ class HostCachingAllocator final : public Allocator {
   int64_t cache_limit_;
 };
 
+// What an allocator throws when it cannot back a request; the arena turns it into an
+// OutOfMemoryError naming the tag.
+class BackingExhausted : public std::bad_alloc {
+ public:
+  explicit BackingExhausted(std::string what) : what_(std::move(what)) {}
+  const char* what() const noexcept override { return what_.c_str(); }
+
+ private:
+  std::string what_;
+};
+
+// Addresses without memory. The first meta allocation in a process reserves one large virtual
+// range (PROT_NONE, MAP_NORESERVE: never readable, writable or committed, so it costs no memory)
+// shared by every MetaAllocator of the process; each allocation gets a distinct, kAlignment-
+// aligned block of it (address-ordered first fit, blocks coalesce on release). The range is
+// kMetaReserve bytes (smaller, halving, if the system refuses that much), enough for planning
+// several TiB of live bytes at once, e.g. 8 simulated ranks x (80 GiB device + 256 GiB host).
+// A request that does not fit throws BackingExhausted. Dereferencing a meta address faults.
 class MetaAllocator final : public Allocator {
  public:
-  void* allocate(int64_t) override { return nullptr; }
-  void release(void*, int64_t) override {}
+  static constexpr int64_t kMetaReserve = int64_t(16) << 40;  // 16 TiB
+  void* allocate(int64_t bytes) override;
+  void release(void* p, int64_t bytes) override;
   bool backed() const override { return false; }
+  // Bytes of the process-wide reserved range (reserving it if needed).
+  static int64_t reserved_bytes();
 };
 
 }  // namespace upipe

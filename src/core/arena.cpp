@@ -50,7 +50,7 @@ std::string Arena::describe(const TagBytes& b) {
 
 void* Arena::allocate(int64_t bytes, Tag tag) {
   UPIPE_CHECK(bytes >= 0, "negative allocation of {} bytes", bytes);
-  if (current_ + bytes > budget_) {
+  if (bytes > budget_ - current_) {
     std::string msg = fmt::format(
         "out of memory in {} arena: tag '{}' requested {} ({} B) with {} of {} in use ({}); "
         "raise the memory budget or choose a configuration with a smaller peak",
@@ -58,7 +58,18 @@ void* Arena::allocate(int64_t bytes, Tag tag) {
         format_bytes(budget_), describe(cur_));
     throw OutOfMemoryError(msg, name_, tag_name(tag), bytes, describe(cur_));
   }
-  void* p = backing_.allocate(bytes);
+  void* p = nullptr;
+  try {
+    p = backing_.allocate(bytes);
+  } catch (const std::bad_alloc& e) {
+    std::string msg = fmt::format(
+        "out of memory in {} arena: tag '{}' requested {} ({} B) within the budget, but {} "
+        "({} of {} in use: {}); lower the memory budget to what this machine has or choose a "
+        "configuration with a smaller peak",
+        name_, tag_name(tag), format_bytes(bytes), bytes, e.what(), format_bytes(current_),
+        format_bytes(budget_), describe(cur_));
+    throw OutOfMemoryError(msg, name_, tag_name(tag), bytes, describe(cur_));
+  }
   on_change(tag, bytes);
   return p;
 }

@@ -1,6 +1,8 @@
 // Typed errors. ConfigError: bad user input, detected identically on every rank before any
-// communication, so every rank can report it and exit cleanly. OutOfMemoryError: an arena
-// budget was exceeded on one rank; the app ends the whole job from that rank.
+// communication, so every rank can exit cleanly and rank 0 reports it. OutOfMemoryError: an
+// arena budget was exceeded (or the system could not back an allocation) on one rank; the app
+// ends the whole job from that rank. SizeError: a size computation overflowed 64 bits on one
+// rank (input validation should have refused it first); the app ends the job from that rank.
 #pragma once
 
 #include <cstdint>
@@ -15,6 +17,11 @@ class Error : public std::runtime_error {
 };
 
 class ConfigError : public Error {
+ public:
+  using Error::Error;
+};
+
+class SizeError : public Error {
  public:
   using Error::Error;
 };

@@ -7,9 +7,18 @@
 
 #include "core/arena.h"
 #include "core/check.h"
+#include "core/checked.h"
 #include "core/dtype.h"
 
 namespace upipe {
+
+// Byte size of a (rows, cols) matrix of dtype t: the one size function allocation and
+// formulas share. Checked: SizeError when the product leaves int64.
+inline int64_t mat_bytes(int64_t rows, int64_t cols, DType t) {
+  if (rows < 0 || cols < 0) [[unlikely]]
+    throw SizeError(fmt::format("negative matrix shape ({}, {})", rows, cols));
+  return checked_mul(checked_mul(rows, cols, "matrix elements"), dtype_size(t), "matrix bytes");
+}
 
 // A row-major matrix view: element (r, c) lives at data + (r * ld + c) * dtype_size(dtype).
 struct Mat {
@@ -19,8 +28,9 @@ struct Mat {
 
   int64_t numel() const { return rows * cols; }
   bool contiguous() const { return ld == cols || rows <= 1; }
-  int64_t bytes() const { return numel() * dtype_size(dtype); }
-  // Address of element (r, c); arithmetic only, valid for meta (null) data too.
+  int64_t bytes() const { return mat_bytes(rows, cols, dtype); }
+  // Address of element (r, c); arithmetic only. Meta tensors have real, never-dereferenced
+  // addresses (MetaAllocator), so this is defined behaviour on every device.
   void* at(int64_t r, int64_t c) const {
     return static_cast<char*>(data) + (r * ld + c) * dtype_size(dtype);
   }
@@ -41,7 +51,7 @@ class Tensor {
  public:
   Tensor() = default;
   Tensor(Arena& arena, Tag tag, DType dtype, int64_t rows, int64_t cols)
-      : buf_(arena, rows * cols * dtype_size(dtype), tag),
+      : buf_(arena, mat_bytes(rows, cols, dtype), tag),
         mat_{buf_.data(), dtype, rows, cols, cols} {}
   const Mat& mat() const { return mat_; }
   operator const Mat&() const { return mat_; }
@@ -60,11 +70,5 @@ class Tensor {
   Buffer buf_;
   Mat mat_;
 };
-
-// Byte size of a (rows, cols) matrix of dtype t: the one size function allocation and
-// formulas share.
-inline int64_t mat_bytes(int64_t rows, int64_t cols, DType t) {
-  return rows * cols * dtype_size(t);
-}
 
 }  // namespace upipe

@@ -53,6 +53,7 @@ double max_abs_diff(const std::vector<A>& a, const std::vector<B>& b) {
   for (size_t i = 0; i < a.size(); ++i) {
     const double x = double(a[i]), y = double(b[i]);
     if (std::isinf(x) && std::isinf(y) && x == y) continue;
+    if (std::isnan(x - y)) return x - y;  // std::max would drop it and hide a NaN output
     m = std::max(m, std::abs(x - y));
   }
   return m;

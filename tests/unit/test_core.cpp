@@ -1,8 +1,13 @@
-// Arena accounting (tags, peaks, watches, typed OOM), Buffer ownership, dtype conversion, RNG.
+// Arena accounting (tags, peaks, watches, typed OOM), Buffer ownership, meta addresses, checked
+// size arithmetic, dtype conversion, RNG.
 #include <gtest/gtest.h>
 
-#include "backend/device.h"
+#include <memory>
+#include <vector>
+
 #include "core/arena.h"
+#include "core/checked.h"
+#include "backend/device.h"
 #include "core/errors.h"
 #include "core/rng.h"
 #include "core/tensor.h"
@@ -96,11 +101,85 @@ TEST(Allocator, CachesBlocksBySize) {
   EXPECT_EQ(alloc.cached_bytes(), 0);
 }
 
+TEST(Allocator, RefusesMoreThanTheMachineHas) {
+  HostCachingAllocator backing;
+  Arena a("device", int64_t(1) << 60, backing);
+  try {
+    Buffer x(a, int64_t(1) << 52, Tag::kMlp);  // 4 PiB: within the budget, beyond any machine
+    FAIL() << "expected OutOfMemoryError";
+  } catch (const OutOfMemoryError& e) {
+    EXPECT_EQ(e.tag, "mlp");
+    EXPECT_NE(std::string(e.what()).find("this machine has"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(a.current(), 0);
+}
+
 TEST(Device, MetaCountsWithoutBacking) {
   Device dev({BackendKind::kMeta, int64_t(1) << 50, 0});
   Tensor t(dev.mem(), Tag::kQkv, DType::kBF16, int64_t(1) << 20, 4096);
-  EXPECT_EQ(t.data(), nullptr);
+  EXPECT_NE(t.data(), nullptr);  // a real, never-dereferenced address
   EXPECT_EQ(dev.mem().current(), (int64_t(1) << 20) * 4096 * 2);
+}
+
+TEST(MetaAllocator, DistinctAlignedAddressesReusedAfterRelease) {
+  MetaAllocator m;
+  void* a = m.allocate(0);
+  void* b = m.allocate(100);
+  void* c = m.allocate(int64_t(1) << 40);
+  for (void* p : {a, b, c}) {
+    EXPECT_NE(p, nullptr);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % Allocator::kAlignment, 0u);
+  }
+  EXPECT_NE(a, b);
+  EXPECT_GE(static_cast<char*>(c) - static_cast<char*>(b), 100);
+  m.release(b, 100);
+  void* d = m.allocate(64);  // first fit: the released block
+  EXPECT_EQ(d, b);
+  m.release(d, 64);
+  m.release(a, 0);
+  m.release(c, int64_t(1) << 40);
+}
+
+TEST(MetaAllocator, HoldsEightPlannedRanksOfDeviceAndHostMemory) {
+  ASSERT_GE(MetaAllocator::reserved_bytes(), int64_t(8) * (int64_t(80 + 256) << 30));
+  std::vector<std::unique_ptr<Device>> ranks;
+  std::vector<Tensor> held;
+  for (int r = 0; r < 8; ++r) {
+    ranks.push_back(std::make_unique<Device>(
+        DeviceOptions{BackendKind::kMeta, int64_t(80) << 30, int64_t(256) << 30}));
+    held.emplace_back(ranks.back()->mem(), Tag::kAct, DType::kF32, int64_t(80) << 20, 256);
+    held.emplace_back(ranks.back()->host(), Tag::kOffload, DType::kF32, int64_t(256) << 20, 256);
+  }
+  held.clear();
+}
+
+TEST(MetaAllocator, ExhaustedRangeIsAnOutOfMemoryErrorNamingTheTag) {
+  MetaAllocator m;
+  EXPECT_THROW(m.allocate(MetaAllocator::reserved_bytes() + 1), BackingExhausted);
+  Device dev({BackendKind::kMeta, int64_t(1) << 62, 0});
+  try {
+    Tensor t(dev.mem(), Tag::kA2a, DType::kF32, int64_t(1) << 50, 64);
+    FAIL() << "expected OutOfMemoryError";
+  } catch (const OutOfMemoryError& e) {
+    EXPECT_EQ(e.tag, "a2a");
+    EXPECT_NE(std::string(e.what()).find("reserved address range"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(dev.mem().current(), 0);
+}
+
+TEST(Checked, SizesThatOverflowThrowInsteadOfWrapping) {
+  EXPECT_EQ(mat_bytes(3, 5, DType::kBF16), 30);
+  EXPECT_THROW(mat_bytes(int64_t(1) << 62, 2, DType::kF32), SizeError);
+  EXPECT_THROW(mat_bytes(int64_t(1) << 31, int64_t(1) << 31, DType::kF32), SizeError);
+  EXPECT_THROW(mat_bytes(-1, 4, DType::kF32), SizeError);
+  EXPECT_THROW(checked_add(INT64_MAX, 1), SizeError);
+  int64_t out = 0;
+  EXPECT_TRUE(mul_fits(out, {1 << 20, 1 << 20, 1 << 20}));
+  EXPECT_EQ(out, int64_t(1) << 60);
+  EXPECT_FALSE(mul_fits(out, {1 << 20, 1 << 20, 1 << 20, 1 << 20}));
+  Device dev({BackendKind::kMeta, int64_t(1) << 62, 0});
+  EXPECT_THROW(Tensor(dev.mem(), Tag::kQkv, DType::kF32, int64_t(1) << 61, 4), SizeError);
+  EXPECT_EQ(dev.mem().current(), 0);
 }
 
 TEST(Rng, CounterBasedIsShardIndependentAndNormal) {

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# The CLI's error boundary against bad input, found by fuzzing: every case runs under mpirun on
+# NP ranks and must end with exit status 2 and exactly one line "upipe: error: ..." (printed by
+# rank 0) containing the expected text, never a crash, a hang, a wrong PASSED or a plan.
+# Usage: bad_input.sh UPIPE_BINARY MPIRUN [MPIRUN ARGS...]
+set -u
+upipe=$1
+shift
+np=${NP:-2}
+failures=0
+
+# expect TEXT ARGS...: upipe ARGS on $np ranks exits 2 with one error line containing TEXT.
+expect() {
+  local text=$1
+  shift
+  local out rc lines
+  out=$(timeout 120 "$@" -np "$np" "$upipe" "${CASE[@]}" 2>&1)
+  rc=$?
+  lines=$(printf '%s\n' "$out" | grep -c '^upipe: error: ')
+  if [ "$rc" -ne 2 ] || [ "$lines" -ne 1 ] || ! printf '%s\n' "$out" | grep -q -F -e "$text"; then
+    echo "FAIL: upipe ${CASE[*]} -> exit $rc, $lines error line(s), want exit 2, one line with '$text':"
+    printf '%s\n' "$out" | head -20
+    failures=$((failures + 1))
+  else
+    echo "ok: upipe ${CASE[*]} -> $(printf '%s\n' "$out" | grep '^upipe: error: ')"
+  fi
+}
+
+run_case() {
+  local text=$1
+  shift
+  CASE=("$@")
+  expect "$text" "${MPIRUN[@]}"
+}
+
+MPIRUN=("$@")
+# Non-finite or out-of-range RoPE theta (a NaN reference used to print PASSED).
+run_case "--rope-theta" check --rope-theta nan
+run_case "--rope-theta" check --rope-theta -1
+run_case "--rope-theta" check --rope-theta inf
+run_case "--rope-theta" check --rope-theta ''
+# Sizes that overflow 64-bit byte counts (segfault, wrong plan, negative suggestions before).
+run_case "--seq-len" bench kernel --seq-len 4611686018427387904
+run_case "--seq-len" bench attention --meta-ranks 8 --seq-len 4611686018427387904
+run_case "--seq-len" check --seq-len 9223372036854775807
+run_case "try --seq-len 2199023255552 or less" bench attention --meta-ranks 8 --seq-len 1125899906842624
+run_case "--seq-len" check --seq-len 99999999999999999999999
+run_case "--seq-len" check --seq-len -5
+run_case "--seq-len" check --seq-len 0
+# Shape bounds.
+run_case "--heads" check --heads 2147483647 --kv-heads 1 --seq-len 2
+run_case "--heads" check --heads 1.5
+run_case "--heads" check --heads ''
+run_case "--kv-heads" check --kv-heads 16
+run_case "--kv-heads" check --kv-heads -2
+run_case "--head-dim" check --head-dim 7
+run_case "--head-dim" check --head-dim 0
+run_case "--head-dim" check --head-dim 2048
+run_case "--dtype" check --dtype foo
+run_case "--dtype" check --dtype ''
+run_case "unknown method" check --method unknown
+run_case "unknown method" check --method ''
+# Strategy knobs.
+run_case "--chunks" check --method fpdt --chunks 2147483647
+run_case "--chunks" check --method fpdt --chunks -1
+run_case "--chunks" bench attention --meta-ranks 8 --method fpdt --chunks 1000000 --seq-len 1099511627776
+run_case "--head-chunk" check --head-chunk -4
+run_case "--head-chunk" check --head-chunk 3
+run_case "--ulysses-degree" check --method usp --ulysses-degree -1
+# Other numeric flags.
+run_case "--memory-budget" check --memory-budget 99999999999T
+run_case "--memory-budget" check --memory-budget 0.0001
+run_case "--memory-budget" check --memory-budget ''
+run_case "--memory-budget" check --memory-budget 1.2.3G
+run_case "--memory-budget" check --memory-budget -4G
+run_case "--memory-budget" check --memory-budget 4X
+run_case "--meta-ranks" bench attention --meta-ranks -1
+run_case "--meta-ranks" bench attention --meta-ranks 1e9
+run_case "--seed" check --seed -1
+run_case "--seed" check --seed 1.5
+run_case "--iters" bench attention --iters 0
+run_case "--iters" bench kernel --iters nan
+run_case "--seq-lens" demo --seq-lens 1024 -1
+
+if [ "$failures" -ne 0 ]; then
+  echo "$failures case(s) failed"
+  exit 1
+fi
+echo "all cases exit 2 with one error line"
