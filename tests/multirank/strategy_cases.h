@@ -25,6 +25,7 @@
 #pragma once
 
 #include <algorithm>
+#include <ostream>
 #include <set>
 #include <string>
 #include <vector>
@@ -38,6 +39,11 @@ struct StrategyCase {
   AttentionConfig cfg;
   std::string name;
 };
+
+// gtest prints a case by its name.
+inline void PrintTo(const StrategyCase& c, std::ostream* os) {
+  *os << c.name;
+}
 
 // Whether usp / upipe-ring with Ulysses degree u fits H and K.
 inline bool usp_heads_ok(int h, int k, int u) {
