@@ -35,6 +35,12 @@
 #include "core/rng.h"
 
 namespace upipe {
+
+// gtest prints a backend by its name.
+void PrintTo(BackendKind k, std::ostream* os) {
+  *os << backend_kind_name(k);
+}
+
 namespace {
 
 using test::cast;
