@@ -203,7 +203,7 @@ int64_t project_do_bytes(const Backend& be, const AttentionConfig& c, const Upip
                          int64_t rows) {
   const int64_t md = int64_t(s.m) * c.head_dim, dm = c.model_dim();
   const DType t = c.dtype;
-  return mat_bytes(dm, md, t) + gemm_workspace_bytes(be, rows, md, dm, t, t, t);
+  return mat_bytes(dm, md, t) + gemm_workspace_bytes(be, rows, md, dm, c.out_dtype(), t, t);
 }
 
 void accumulate_dwo(const StageEnv& e, const Mat& dy, int stage, const Buffer& staging,

@@ -10,9 +10,22 @@
 //                   them), u = 1 for upipe-ring (UPipe stages of plain ring passes), and usp's
 //                   two degenerate degrees once each (u = 1 is ring, u = C is Ulysses).
 //   fpdt(N), upipe-fpdt(N, U): the ulysses/upipe head rules; S divisible by N C (S = 256).
+// Two groups of cases on top, for every method the rules admit on C ranks:
+//   block options: H = 8, K = 4, d = 32, S = 256 (252 on 3 ranks) with hidden size D != H d,
+//                   Qwen3 QK-norm and llama3 RoPE scaling (factor 8, frequency factors 1 and 4,
+//                   original context 256, so the rescaled band lies inside these positions):
+//                   one fp32 case (D = 200) and one bf16 case with an fp32 residual (D = 320).
+//                   Every method uses the same shape, so rank 0 computes the oracle once.
+//                   U = C (upipe, upipe-fpdt), u = the largest proper divisor of C (usp,
+//                   upipe-ring; 1 when C is prime) with U = 2u when that divides H, N = 2.
+//   long shards (C = 2 only): S = 2048, so each rank holds 1024 rows, more than the largest
+//                   kernel tile (768 forward query rows): H = 4, K = 1, d = 16 (small: the
+//                   rank-0 fp64 oracle is shared by all and is the slow part), U = 2, N = 2
+//                   (fpdt chunks of 1024 rows), usp and upipe-ring with u = 1.
 #pragma once
 
 #include <algorithm>
+#include <ostream>
 #include <set>
 #include <string>
 #include <vector>
@@ -27,10 +40,23 @@ struct StrategyCase {
   std::string name;
 };
 
+// gtest prints a case by its name.
+inline void PrintTo(const StrategyCase& c, std::ostream* os) {
+  *os << c.name;
+}
+
 // Whether usp / upipe-ring with Ulysses degree u fits H and K.
 inline bool usp_heads_ok(int h, int k, int u) {
   return h % u == 0 && (k % u == 0 || u % k == 0);
 }
+
+// What the option groups of the table set beyond the shape and the method's knobs.
+struct BlockOptions {
+  int64_t seq_len = 0;  // 0: the table's default for the method
+  int head_dim = 32;
+  int64_t hidden = 0;
+  bool qk_norm = false, llama3 = false, fp32_residual = false;
+};
 
 inline std::vector<StrategyCase> strategy_cases(int c) {
   struct Shape {
@@ -39,16 +65,21 @@ inline std::vector<StrategyCase> strategy_cases(int c) {
   const Shape shapes[] = {{8, 8}, {8, 4}, {16, 4}, {16, 2}, {8, 1}};
   std::vector<StrategyCase> out;
   // deg: Ulysses degree (usp, upipe-ring); n: sequence chunks (fpdt, upipe-fpdt).
-  auto add_case = [&](const std::string& method, Shape sh, int u, int deg, DType t, int n = 0) {
+  auto add_case = [&](const std::string& method, Shape sh, int u, int deg, DType t, int n = 0,
+                      const BlockOptions& opt = {}) {
     AttentionConfig cfg;
     const bool ring = method == "ring" || deg > 0;
     const bool merge = ring || n > 0;
     const int64_t grain = ring ? 2 * c : c;  // zigzag needs 2C | S
     // Merge strategies run at S = 256: the rank-0 fp64 oracle is the slowest part of the suite.
-    cfg.seq_len = (merge ? 256 : 512) / grain * grain;
+    cfg.seq_len = opt.seq_len > 0 ? opt.seq_len : (merge ? 256 : 512) / grain * grain;
     cfg.heads = sh.h;
     cfg.kv_heads = sh.k;
-    cfg.head_dim = 32;
+    cfg.head_dim = opt.head_dim;
+    cfg.hidden = opt.hidden;
+    cfg.qk_norm = opt.qk_norm;
+    cfg.fp32_residual = opt.fp32_residual;
+    if (opt.llama3) cfg.rope.scaling = {true, 8.0, 1.0, 4.0, 256};
     cfg.dtype = t;
     cfg.head_chunk = u;
     cfg.ulysses_degree = deg;
@@ -58,7 +89,13 @@ inline std::vector<StrategyCase> strategy_cases(int c) {
     name += "_H" + std::to_string(sh.h) + "K" + std::to_string(sh.k);
     if (u) name += "_U" + std::to_string(u);
     if (n) name += "_N" + std::to_string(n);
+    if (opt.seq_len > 0) name += "_S" + std::to_string(opt.seq_len);
+    if (opt.head_dim != 32) name += "_d" + std::to_string(opt.head_dim);
+    if (opt.hidden > 0) name += "_D" + std::to_string(opt.hidden);
+    if (opt.qk_norm) name += "_qknorm";
+    if (opt.llama3) name += "_llama3";
     if (t != DType::kF32) name += "_bf16";
+    if (opt.fp32_residual) name += "_f32res";
     std::replace(name.begin(), name.end(), '-', '_');  // test names allow [A-Za-z0-9_] only
     out.push_back({method, cfg, name});
   };
@@ -112,6 +149,46 @@ inline std::vector<StrategyCase> strategy_cases(int c) {
   add_chunked("upipe-fpdt", {8, 1}, c, DType::kF32, 2);
   add_chunked("fpdt", {8, 4}, 0, DType::kBF16, 4);
   add_chunked("upipe-fpdt", {8, 4}, c, DType::kBF16, 2);
+
+  // Block options: every method on one shape (one oracle), fp32 and bf16 with an fp32 residual.
+  const Shape opt_shape{8, 4};
+  const bool opt_heads_ok = opt_shape.h % c == 0 && (opt_shape.k % c == 0 || c % opt_shape.k == 0);
+  int opt_deg = 1;  // largest proper divisor of C
+  for (int deg = 2; deg < c; ++deg)
+    if (c % deg == 0 && usp_heads_ok(opt_shape.h, opt_shape.k, deg)) opt_deg = deg;
+  const int opt_u = opt_shape.h % (2 * opt_deg) == 0 ? 2 * opt_deg : opt_deg;
+  for (DType t : {DType::kF32, DType::kBF16}) {
+    BlockOptions opt;
+    opt.seq_len = 256 / (2 * c) * (2 * c);
+    opt.hidden = t == DType::kF32 ? 200 : 320;
+    opt.qk_norm = opt.llama3 = true;
+    opt.fp32_residual = t != DType::kF32;
+    if (c == 1) add_case("local", opt_shape, 0, 0, t, 0, opt);
+    if (opt_heads_ok) {
+      add_case("ulysses", opt_shape, 0, 0, t, 0, opt);
+      add_case("upipe", opt_shape, c, 0, t, 0, opt);
+      add_case("fpdt", opt_shape, 0, 0, t, 2, opt);
+      add_case("upipe-fpdt", opt_shape, c, 0, t, 2, opt);
+    }
+    add_case("ring", opt_shape, 0, 0, t, 0, opt);
+    add_case("usp", opt_shape, 0, opt_deg, t, 0, opt);
+    if (c > 1) add_case("upipe-ring", opt_shape, opt_u, opt_deg, t, 0, opt);
+  }
+
+  // Long shards: more rows per rank than the largest kernel tile, on 2 ranks.
+  if (c == 2) {
+    BlockOptions opt;
+    opt.seq_len = 2048;
+    opt.head_dim = 16;
+    const Shape sh{4, 1};
+    add_case("ulysses", sh, 0, 0, DType::kF32, 0, opt);
+    add_case("upipe", sh, 2, 0, DType::kF32, 0, opt);
+    add_case("ring", sh, 0, 0, DType::kF32, 0, opt);
+    add_case("usp", sh, 0, 1, DType::kF32, 0, opt);
+    add_case("upipe-ring", sh, 2, 1, DType::kF32, 0, opt);
+    add_case("fpdt", sh, 0, 0, DType::kF32, 2, opt);
+    add_case("upipe-fpdt", sh, 2, 0, DType::kF32, 2, opt);
+  }
   return out;
 }
 
