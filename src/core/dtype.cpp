@@ -11,6 +11,7 @@ DType parse_dtype(const std::string& s) {
 }
 
 void to_f32(const void* src, DType t, float* dst, int64_t n) {
+  if (n <= 0) return;  // an empty view may have null pointers, which memcpy must not see
   if (t == DType::kF32) {
     std::memcpy(dst, src, size_t(n) * 4);
     return;
@@ -20,6 +21,7 @@ void to_f32(const void* src, DType t, float* dst, int64_t n) {
 }
 
 void from_f32(const float* src, void* dst, DType t, int64_t n) {
+  if (n <= 0) return;
   if (t == DType::kF32) {
     std::memcpy(dst, src, size_t(n) * 4);
     return;
