@@ -2,9 +2,9 @@
 
 #include <algorithm>
 #include <array>
-#include <cmath>
 
 #include "backend/gemm.h"
+#include "backend/loss.h"
 #include "backend/tensor_ops.h"
 
 namespace upipe {
@@ -20,31 +20,6 @@ void check_config(const LmLossConfig& c) {
 std::array<int64_t, 2> tile_rows(const LmLossConfig& c, int64_t rows) {
   const int64_t t = std::min(c.tile_rows, rows);
   return {t, rows % c.tile_rows == 0 ? t : rows % c.tile_rows};
-}
-
-// In place on a (t, V) fp32 tile of logits: each labelled row becomes scale * (softmax - onehot),
-// an unlabelled row 0. Returns the tile's sum of -log softmax[label] (unscaled).
-double cross_entropy_rows(float* logits, int64_t t, int64_t v, const int32_t* labels, float scale) {
-  double loss = 0;
-  for (int64_t r = 0; r < t; ++r) {
-    float* row = logits + r * v;
-    if (labels[r] < 0) {
-      std::fill_n(row, v, 0.0f);
-      continue;
-    }
-    const float m = *std::max_element(row, row + v);
-    const float target = row[labels[r]];
-    double sum = 0;
-    for (int64_t j = 0; j < v; ++j) {
-      row[j] = std::exp(row[j] - m);
-      sum += row[j];
-    }
-    loss += double(m) + std::log(sum) - double(target);
-    const float p = float(double(scale) / sum);
-    for (int64_t j = 0; j < v; ++j) row[j] *= p;
-    row[labels[r]] -= scale;
-  }
-  return loss;
 }
 
 }  // namespace
@@ -75,21 +50,15 @@ double lm_loss(Device& dev, const LmLossConfig& c, const Mat& h, const Mat& w,
               dw_beta);
   // Zeroed up front rather than by the first tile's beta, so rows = 0 still gives dW = 0.
   if (dw_beta == 0.0f) zero(dev, dw);
-  const bool computes = dev.backend().computes();
   double loss = 0;
   for (int64_t r0 = 0; r0 < rows; r0 += c.tile_rows) {
     const int64_t t = std::min(c.tile_rows, rows - r0);
-    const Mat ht = h.rows_of(r0, t);                            // (T, D)
-    Tensor logits(dev.mem(), Tag::kLogits, DType::kF32, t, v);  // (T, V)
-    gemm(dev, ht, false, w, true, logits);                      // h W^T
-    {
-      Tensor host(dev.host(), Tag::kLogits, DType::kF32, t, v);  // (T, V)
-      dev.copy(host.data(), logits.data(), logits.bytes(), CopyKind::kDeviceToHost);
-      if (computes) loss += cross_entropy_rows(host.f32(), t, v, labels.data() + r0, scale);
-      dev.copy(logits.data(), host.data(), logits.bytes(), CopyKind::kHostToDevice);
-    }
-    gemm(dev, logits, false, w, false, dh.rows_of(r0, t));  // dh = G W
-    gemm(dev, logits, true, ht, false, dw, 1.0f, 1.0f);     // dW += G^T h
+    const Mat ht = h.rows_of(r0, t);                                                   // (T, D)
+    Tensor logits(dev.mem(), Tag::kLogits, DType::kF32, t, v);                         // (T, V)
+    gemm(dev, ht, false, w, true, logits);                                             // h W^T
+    loss += cross_entropy(dev, logits, labels.subspan(size_t(r0), size_t(t)), scale);  // G
+    gemm(dev, logits, false, w, false, dh.rows_of(r0, t));                             // dh = G W
+    gemm(dev, logits, true, ht, false, dw, 1.0f, 1.0f);  // dW += G^T h
   }
   return double(scale) * loss;
 }
@@ -106,11 +75,6 @@ int64_t lm_loss_peak_bytes(const Backend& be, const LmLossConfig& c, int64_t row
                                         gemm_workspace_bytes(be, n, d, v, f32, t, c.grad_dtype),
                                         gemm_workspace_bytes(be, v, d, n, f32, t, f32)}));
   return peak;
-}
-
-int64_t lm_loss_host_peak_bytes(const LmLossConfig& c, int64_t rows) {
-  check_config(c);
-  return mat_bytes(std::min(c.tile_rows, rows), c.vocab, DType::kF32);
 }
 
 }  // namespace upipe

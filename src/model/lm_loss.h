@@ -1,13 +1,8 @@
 // The LM head fused with cross-entropy, tiled over rows: logits = h W^T exist only as (T, V) fp32
 // tiles (tag logits), never (S/C, V). Each tile's loss and its gradient (softmax - onehot) are
-// computed at once, by a log-sum-exp in fp32 (row sums in fp64), and turned straight into dh and
-// dW, so forward and backward are one call.
-//
-// The backend has no softmax/cross-entropy op yet, so the per-row step runs on the host: each
-// (T, V) tile is copied into the host arena (tag logits), reduced and turned into its gradient
-// there, and copied back. That keeps every byte counted and runs on every backend, at the cost
-// of two (T, V) transfers per tile; a backend op with its own workspace query should replace it
-// (a GPU would want it on the device).
+// computed at once by the backend's cross-entropy op (backend/loss.h: a log-sum-exp in fp32 with
+// row sums in fp64, in place on the tile), and turned straight into dh and dW, so forward and
+// backward are one call.
 #pragma once
 
 #include <cstdint>
@@ -43,7 +38,5 @@ double lm_loss(Device& dev, const LmLossConfig& c, const Mat& h, const Mat& w,
 // (T, V) logits tile plus the largest of its three GEMMs' workspaces. Independent of rows once
 // rows >= T.
 int64_t lm_loss_peak_bytes(const Backend& be, const LmLossConfig& c, int64_t rows);
-// Peak host-arena bytes: the (T, V) fp32 tile the host step works on.
-int64_t lm_loss_host_peak_bytes(const LmLossConfig& c, int64_t rows);
 
 }  // namespace upipe
