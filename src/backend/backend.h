@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "core/allocator.h"
@@ -160,6 +161,10 @@ class Backend {
   // dx = d(y)/d(x)^T dy (dx may alias dy); dw (1, group) fp32 accumulated (+=).
   virtual void rmsnorm_backward(const Mat& x, const Mat& w, int64_t group, float eps, const Mat& dy,
                                 const Mat& dx, const Mat& dw, void* ws) = 0;
+  // Cross-entropy of a (T, V) fp32 tile of logits, in place: each row r with labels[r] >= 0
+  // becomes scale * (softmax(row) - onehot(labels[r])), a row with label -1 becomes 0. Returns the
+  // tile's sum of -log softmax(row)[labels[r]] (unscaled). labels: T ids on the host.
+  virtual double cross_entropy(const Mat& logits, std::span<const int32_t> labels, float scale) = 0;
   virtual void swiglu_forward(const Mat& a, const Mat& b, const Mat& h, void* ws) = 0;
   virtual void swiglu_backward(const Mat& a, const Mat& b, const Mat& dh, const Mat& da,
                                const Mat& db, void* ws) = 0;

@@ -1,8 +1,9 @@
 // Every op of the Backend interface (backend/backend.h), run through its front-end on every
 // backend that computes, against the naive references of backend/reference/ (ggml's
 // test-backend-ops): gemm, attention forward (normalised, and online accumulate + finalize),
-// delta, backward, lse_merge, rope, rmsnorm (whole row and per head), swiglu, fill, convert,
-// add_into, add_transposed and upload/download, on strided views and both storage dtypes.
+// delta, backward, lse_merge, rope, rmsnorm (whole row and per head), swiglu, cross-entropy,
+// fill, convert, add_into, add_transposed and upload/download, on strided views and both storage
+// dtypes.
 // A new backend is one more entry of kComputing.
 //
 // Tolerance rule (the one of test_attention_kernel.cpp and test_elementwise.cpp): the
@@ -25,6 +26,7 @@
 
 #include "backend/attention.h"
 #include "backend/gemm.h"
+#include "backend/loss.h"
 #include "backend/reference/attention_ref.h"
 #include "backend/reference/elementwise_ref.h"
 #include "backend/rmsnorm.h"
@@ -486,6 +488,53 @@ void swiglu_ops(Ops& o) {
   }
 }
 
+// ---- cross-entropy (the fused LM head's per-tile step), in place ----
+
+// Naive cross-entropy in math type T: grad = scale (softmax - onehot), 0 for label -1; returns
+// the sum of -log softmax[label].
+template <class T>
+double cross_entropy_ref(std::vector<T>& x, int64_t rows, int64_t v,
+                         const std::vector<int32_t>& labels, double scale) {
+  double loss = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    T* row = x.data() + r * v;
+    if (labels[size_t(r)] < 0) {
+      std::fill_n(row, v, T(0));
+      continue;
+    }
+    T m = row[0];
+    for (int64_t j = 1; j < v; ++j) m = std::max(m, row[j]);
+    T sum = 0;
+    for (int64_t j = 0; j < v; ++j) sum += std::exp(row[j] - m);
+    loss += double(m + std::log(sum) - row[labels[size_t(r)]]);
+    for (int64_t j = 0; j < v; ++j) row[j] = T(scale) * std::exp(row[j] - m) / sum;
+    row[labels[size_t(r)]] -= T(scale);
+  }
+  return loss;
+}
+
+void cross_entropy_ops(Ops& o) {
+  const int64_t rows = 13, v = 1001, pad = 3;
+  const double scale = 1.0 / 12;
+  std::vector<int32_t> labels(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) labels[size_t(r)] = int32_t((r * 389) % v);
+  labels[4] = -1;
+  labels[size_t(rows - 1)] = -1;  // the sequence's last token predicts nothing
+  labels[7] = int32_t(v - 1);
+  const Mat x = o.make(F, rows, v, pad);
+  const auto xv = o.init(x, 800, 4.0);
+  double loss = 0;
+  o.call("cross_entropy", 0, [&] { loss = cross_entropy(o.dev(), x, labels, float(scale)); });
+  if (!o.verify()) return;
+  std::vector<double> x64 = xv;
+  std::vector<float> x32 = cast<float>(xv);
+  const double l64 = cross_entropy_ref(x64, rows, v, labels, scale);
+  const double l32 = cross_entropy_ref(x32, rows, v, labels, scale);
+  expect_rule("cross_entropy grad", o.get(x), x64, cast<double>(x32));
+  EXPECT_LE(std::abs(loss - l64), 2 * std::abs(l32 - l64) + 4 * kEps32 * std::abs(l64))
+      << "cross_entropy loss " << loss << " vs fp64 " << l64;
+}
+
 // ---- data movement: fill, convert, add_into, add_transposed, upload/download (exact) ----
 
 void data_ops(Ops& o) {
@@ -565,6 +614,7 @@ void all_ops(Ops& o) {
   rope_ops(o);
   rmsnorm_ops(o);
   swiglu_ops(o);
+  cross_entropy_ops(o);
   data_ops(o);
 }
 
@@ -595,6 +645,9 @@ TEST_P(BackendOps, RmsNorm) {
 }
 TEST_P(BackendOps, SwiGlu) {
   run(swiglu_ops);
+}
+TEST_P(BackendOps, CrossEntropy) {
+  run(cross_entropy_ops);
 }
 TEST_P(BackendOps, DataMovement) {
   run(data_ops);

@@ -100,6 +100,10 @@ void CpuBackend::rmsnorm_backward(const Mat& x, const Mat& w, int64_t group, flo
   cpu::rmsnorm_backward(x, w, group, eps, dy, dx, dw, static_cast<float*>(ws));
 }
 
+double CpuBackend::cross_entropy(const Mat& logits, std::span<const int32_t> labels, float scale) {
+  return cpu::cross_entropy(logits, labels, scale);
+}
+
 void CpuBackend::swiglu_forward(const Mat& a, const Mat& b, const Mat& h, void* ws) {
   cpu::swiglu_forward(a, b, h, static_cast<float*>(ws));
 }

@@ -37,6 +37,7 @@ class CpuBackend final : public Backend {
                        void* ws) override;
   void rmsnorm_backward(const Mat& x, const Mat& w, int64_t group, float eps, const Mat& dy,
                         const Mat& dx, const Mat& dw, void* ws) override;
+  double cross_entropy(const Mat& logits, std::span<const int32_t> labels, float scale) override;
   void swiglu_forward(const Mat& a, const Mat& b, const Mat& h, void* ws) override;
   void swiglu_backward(const Mat& a, const Mat& b, const Mat& dh, const Mat& da, const Mat& db,
                        void* ws) override;

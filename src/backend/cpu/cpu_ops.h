@@ -11,6 +11,7 @@ void rope(const Mat& x, int d, const RowPositions& pos, const RopeParams& rp, in
 void rmsnorm_forward(const Mat& x, const Mat& w, int64_t group, float eps, const Mat& y, float* ws);
 void rmsnorm_backward(const Mat& x, const Mat& w, int64_t group, float eps, const Mat& dy,
                       const Mat& dx, const Mat& dw, float* ws);
+double cross_entropy(const Mat& logits, std::span<const int32_t> labels, float scale);
 // ws: 3 * cols floats.
 void swiglu_forward(const Mat& a, const Mat& b, const Mat& h, float* ws);
 void swiglu_backward(const Mat& a, const Mat& b, const Mat& dh, const Mat& da, const Mat& db,

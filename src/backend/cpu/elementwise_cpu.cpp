@@ -150,6 +150,32 @@ void rmsnorm_backward(const Mat& x, const Mat& w, int64_t group, float eps, cons
     }
 }
 
+// Max-subtracted log-sum-exp in fp32 with the row sum in fp64.
+double cross_entropy(const Mat& logits, std::span<const int32_t> labels, float scale) {
+  const int64_t v = logits.cols;
+  double loss = 0;
+  for (int64_t r = 0; r < logits.rows; ++r) {
+    float* row = static_cast<float*>(logits.at(r, 0));
+    const int32_t label = labels[size_t(r)];
+    if (label < 0) {
+      std::fill_n(row, v, 0.0f);
+      continue;
+    }
+    const float m = *std::max_element(row, row + v);
+    const float target = row[label];
+    double sum = 0;
+    for (int64_t j = 0; j < v; ++j) {
+      row[j] = std::exp(row[j] - m);
+      sum += row[j];
+    }
+    loss += double(m) + std::log(sum) - double(target);
+    const float p = float(double(scale) / sum);
+    for (int64_t j = 0; j < v; ++j) row[j] *= p;
+    row[label] -= scale;
+  }
+  return loss;
+}
+
 void swiglu_forward(const Mat& a, const Mat& b, const Mat& h, float* ws) {
   float* ar = ws;
   float* br = ar + a.cols;

@@ -51,6 +51,7 @@ class MetaBackend final : public Backend {
   void rmsnorm_forward(const Mat&, const Mat&, int64_t, float, const Mat&, void*) override {}
   void rmsnorm_backward(const Mat&, const Mat&, int64_t, float, const Mat&, const Mat&, const Mat&,
                         void*) override {}
+  double cross_entropy(const Mat&, std::span<const int32_t>, float) override { return 0.0; }
   void swiglu_forward(const Mat&, const Mat&, const Mat&, void*) override {}
   void swiglu_backward(const Mat&, const Mat&, const Mat&, const Mat&, const Mat&, void*) override {
   }

@@ -1,0 +1,80 @@
+#include "model/lm_loss.h"
+
+#include <algorithm>
+#include <array>
+
+#include "backend/gemm.h"
+#include "backend/loss.h"
+#include "backend/tensor_ops.h"
+
+namespace upipe {
+namespace {
+
+void check_config(const LmLossConfig& c) {
+  UPIPE_CHECK(c.hidden > 0 && c.vocab > 0, "lm_loss hidden ({}) and vocab ({}) must be > 0",
+              c.hidden, c.vocab);
+  UPIPE_CHECK(c.tile_rows > 0, "lm_loss tile_rows must be > 0, got {}", c.tile_rows);
+}
+
+// The full tile's rows and the last tile's (equal when T divides rows).
+std::array<int64_t, 2> tile_rows(const LmLossConfig& c, int64_t rows) {
+  const int64_t t = std::min(c.tile_rows, rows);
+  return {t, rows % c.tile_rows == 0 ? t : rows % c.tile_rows};
+}
+
+}  // namespace
+
+double lm_loss(Device& dev, const LmLossConfig& c, const Mat& h, const Mat& w,
+               std::span<const int32_t> labels, float scale, const Mat& dh, const Mat& dw,
+               float dw_beta) {
+  check_config(c);
+  const int64_t rows = h.rows, d = c.hidden, v = c.vocab;
+  UPIPE_CHECK(h.cols == d && h.dtype == c.dtype, "lm_loss h is ({}, {}) {}, expected (rows, {}) {}",
+              h.rows, h.cols, dtype_name(h.dtype), d, dtype_name(c.dtype));
+  UPIPE_CHECK(w.rows == v && w.cols == d && w.dtype == c.dtype,
+              "lm_loss W is ({}, {}) {}, expected ({}, {}) {}", w.rows, w.cols, dtype_name(w.dtype),
+              v, d, dtype_name(c.dtype));
+  UPIPE_CHECK(dh.rows == rows && dh.cols == d && dh.dtype == c.grad_dtype,
+              "lm_loss dh is ({}, {}) {}, expected ({}, {}) {}", dh.rows, dh.cols,
+              dtype_name(dh.dtype), rows, d, dtype_name(c.grad_dtype));
+  UPIPE_CHECK(dw.rows == v && dw.cols == d && dw.dtype == DType::kF32,
+              "lm_loss dW is ({}, {}) {}, expected ({}, {}) f32", dw.rows, dw.cols,
+              dtype_name(dw.dtype), v, d);
+  UPIPE_CHECK(int64_t(labels.size()) == rows, "lm_loss has {} labels for {} rows", labels.size(),
+              rows);
+  for (size_t i = 0; i < labels.size(); ++i)
+    UPIPE_CHECK(labels[i] >= -1 && labels[i] < v,
+                "lm_loss label {} of row {} is outside [0, {}) and not -1 (no prediction)",
+                labels[i], i, v);
+  UPIPE_CHECK(dw_beta == 0.0f || dw_beta == 1.0f, "lm_loss dw_beta must be 0 or 1, got {}",
+              dw_beta);
+  // Zeroed up front rather than by the first tile's beta, so rows = 0 still gives dW = 0.
+  if (dw_beta == 0.0f) zero(dev, dw);
+  double loss = 0;
+  for (int64_t r0 = 0; r0 < rows; r0 += c.tile_rows) {
+    const int64_t t = std::min(c.tile_rows, rows - r0);
+    const Mat ht = h.rows_of(r0, t);                                                   // (T, D)
+    Tensor logits(dev.mem(), Tag::kLogits, DType::kF32, t, v);                         // (T, V)
+    gemm(dev, ht, false, w, true, logits);                                             // h W^T
+    loss += cross_entropy(dev, logits, labels.subspan(size_t(r0), size_t(t)), scale);  // G
+    gemm(dev, logits, false, w, false, dh.rows_of(r0, t));                             // dh = G W
+    gemm(dev, logits, true, ht, false, dw, 1.0f, 1.0f);  // dW += G^T h
+  }
+  return double(scale) * loss;
+}
+
+int64_t lm_loss_peak_bytes(const Backend& be, const LmLossConfig& c, int64_t rows) {
+  check_config(c);
+  if (rows == 0) return 0;
+  const int64_t d = c.hidden, v = c.vocab;
+  const DType t = c.dtype, f32 = DType::kF32;
+  int64_t peak = 0;
+  for (int64_t n : tile_rows(c, rows))
+    peak = std::max(peak, mat_bytes(n, v, f32) +
+                              std::max({gemm_workspace_bytes(be, n, v, d, t, t, f32),
+                                        gemm_workspace_bytes(be, n, d, v, f32, t, c.grad_dtype),
+                                        gemm_workspace_bytes(be, v, d, n, f32, t, f32)}));
+  return peak;
+}
+
+}  // namespace upipe
