@@ -1,0 +1,172 @@
+#include "model/decoder.h"
+
+#include <fmt/format.h>
+
+#include <vector>
+
+#include "backend/rmsnorm.h"
+#include "backend/tensor_ops.h"
+#include "core/errors.h"
+#include "model/hf_names.h"
+#include "model/lm_loss.h"
+#include "model/mlp.h"
+
+namespace upipe {
+
+ParamMap allocate_params(Device& dev, const ModelConfig& m, DType dtype, Tag tag) {
+  ParamMap p;
+  for (const HfTensorSpec& s : hf_tensors(m)) {
+    const int64_t rows = s.shape.size() == 1 ? 1 : s.shape[0];
+    const int64_t cols = s.shape.back();
+    p.emplace(s.name, Tensor(dev.mem(), tag, dtype, rows, cols));
+  }
+  return p;
+}
+
+namespace {
+
+AttentionConfig block_config(const ModelConfig& m, const DecoderOptions& opt) {
+  AttentionConfig c = to_attention_config(m);
+  c.seq_len = opt.attn.seq_len;
+  c.dtype = opt.attn.dtype;
+  c.fp32_residual = true;
+  c.head_chunk = opt.attn.head_chunk;
+  c.ulysses_degree = opt.attn.ulysses_degree;
+  c.chunks = opt.attn.chunks;
+  return c;
+}
+
+std::string layer_name(const ModelConfig& m, int l, LayerWeight w) {
+  return hf_layer_tensor(m, l, w).name;
+}
+
+}  // namespace
+
+Decoder::Decoder(Device& dev, Communicator& cp, const ModelConfig& m, const DecoderOptions& opt)
+    : dev_(dev), cp_(cp), m_(m), opt_(opt) {
+  m_.validate();
+  if (opt.tile_tokens <= 0)
+    throw ConfigError(fmt::format("--tile-tokens must be positive (got {})", opt.tile_tokens));
+  opt_.attn = block_config(m, opt);
+  strat_ = make_strategy(opt.method, {dev, cp, opt_.attn});
+}
+
+const Tensor& Decoder::param(const ParamMap& p, const std::string& name) const {
+  const auto it = p.find(name);
+  UPIPE_CHECK(it != p.end(), "parameter {} is missing", name);
+  return it->second;
+}
+
+AttentionWeights Decoder::attn_weights(const ParamMap& p, int l) const {
+  AttentionWeights w{param(p, layer_name(m_, l, LayerWeight::kQ)),
+                     param(p, layer_name(m_, l, LayerWeight::kK)),
+                     param(p, layer_name(m_, l, LayerWeight::kV)),
+                     param(p, layer_name(m_, l, LayerWeight::kO)),
+                     {},
+                     {}};
+  if (m_.qk_norm) {
+    w.wqn = param(p, layer_name(m_, l, LayerWeight::kQNorm));
+    w.wkn = param(p, layer_name(m_, l, LayerWeight::kKNorm));
+  }
+  return w;
+}
+
+AttentionGrads Decoder::attn_grads(const ParamMap& p, int l) const {
+  const AttentionWeights w = attn_weights(p, l);
+  return {w.wq, w.wk, w.wv, w.wo, w.wqn, w.wkn};
+}
+
+double Decoder::loss_and_grads(std::span<const int32_t> tokens, const ParamMap& w,
+                               const ParamMap& g) {
+  const AttentionConfig& c = opt_.attn;
+  const int64_t s = c.seq_len, d = m_.hidden_size;
+  UPIPE_CHECK(int64_t(tokens.size()) == s, "{} tokens for a sequence of {}", tokens.size(), s);
+  const DType t = c.dtype, f32 = DType::kF32;
+  const float eps = float(m_.rms_norm_eps);
+  Arena& mem = dev_.mem();
+  const std::vector<int64_t> pos = strat_->layout().positions(cp_.rank()).expand();
+  const int64_t rows = int64_t(pos.size());
+  const MlpConfig mc{d, m_.intermediate_size, opt_.tile_tokens, t, true};
+  auto mlp_w = [&](const ParamMap& p, int l) {
+    return MlpWeights{param(p, layer_name(m_, l, LayerWeight::kGate)),
+                      param(p, layer_name(m_, l, LayerWeight::kUp)),
+                      param(p, layer_name(m_, l, LayerWeight::kDown))};
+  };
+  auto norm_w = [&](const ParamMap& p, int l, LayerWeight which) -> const Mat& {
+    return param(p, layer_name(m_, l, which)).mat();
+  };
+  const Mat embed = param(w, hf_model_tensor(m_, ModelWeight::kEmbed).name);
+  const Mat gembed = param(g, hf_model_tensor(m_, ModelWeight::kEmbed).name);
+  const std::string head_name =
+      hf_model_tensor(m_, m_.tie_word_embeddings ? ModelWeight::kEmbed : ModelWeight::kLmHead).name;
+  const std::string final_name = hf_model_tensor(m_, ModelWeight::kFinalNorm).name;
+
+  // Embedding: the residual stream x (rows, D) fp32 gets the rows of this rank's tokens.
+  Tensor x(mem, Tag::kAct, f32, rows, d);
+  for (int64_t r = 0; r < rows; ++r)
+    copy(dev_, x.mat().rows_of(r, 1), embed.rows_of(tokens[size_t(pos[size_t(r)])], 1));
+  // Forward: keep each layer's input (the checkpoint), accumulate both blocks into x.
+  std::vector<Tensor> ckpt;
+  Tensor h(mem, Tag::kAct, t, rows, d);  // a norm's output, the blocks' input
+  for (int l = 0; l < m_.num_hidden_layers; ++l) {
+    ckpt.emplace_back(mem, Tag::kCkpt, f32, rows, d);
+    copy(dev_, ckpt.back(), x);
+    rmsnorm_forward(dev_, x, norm_w(w, l, LayerWeight::kInputNorm), eps, h);
+    strat_->forward(h, attn_weights(w, l), x, 1.0f);
+    rmsnorm_forward(dev_, x, norm_w(w, l, LayerWeight::kPostAttnNorm), eps, h);
+    mlp_forward(dev_, mc, h, mlp_w(w, l), x, 1.0f);
+  }
+  // Final norm and the fused LM head + loss: labels are the next global position's token.
+  rmsnorm_forward(dev_, x, param(w, final_name), eps, h);
+  std::vector<int32_t> labels(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r)
+    labels[size_t(r)] = pos[size_t(r)] + 1 < s ? tokens[size_t(pos[size_t(r)] + 1)] : -1;
+  const LmLossConfig lc{d, m_.vocab_size, opt_.tile_tokens, t, f32};
+  Tensor dx(mem, Tag::kAct, f32, rows, d);  // d loss / d residual stream
+  Tensor dh(mem, Tag::kAct, f32, rows, d);
+  zero(dev_, gembed);  // a tied head's gradient and the embedding's rows both add into it
+  double loss = lm_loss(dev_, lc, h, param(w, head_name), labels, float(1.0 / double(s - 1)), dh,
+                        param(g, head_name), m_.tie_word_embeddings ? 1.0f : 0.0f);
+  const Mat gfinal = param(g, final_name);
+  zero(dev_, gfinal);
+  rmsnorm_backward(dev_, x, param(w, final_name), eps, dh, dx, gfinal);
+  // Backward, layer by layer from the last: recompute the layer from its checkpoint.
+  Tensor xm(mem, Tag::kAct, f32, rows, d);  // the residual between attention and MLP
+  for (int l = m_.num_hidden_layers - 1; l >= 0; --l) {
+    const Mat xl = ckpt[size_t(l)];
+    rmsnorm_forward(dev_, xl, norm_w(w, l, LayerWeight::kInputNorm), eps, h);
+    copy(dev_, xm, xl);
+    strat_->forward(h, attn_weights(w, l), xm, 1.0f);
+    Tensor h2(mem, Tag::kAct, t, rows, d);
+    rmsnorm_forward(dev_, xm, norm_w(w, l, LayerWeight::kPostAttnNorm), eps, h2);
+    const Mat gpost = norm_w(g, l, LayerWeight::kPostAttnNorm),
+              gin = norm_w(g, l, LayerWeight::kInputNorm);
+    zero(dev_, gpost);
+    zero(dev_, gin);
+    // MLP: dh = d/dh2, then through the post-attention norm into the residual gradient.
+    mlp_backward(dev_, mc, h2, dx, mlp_w(w, l), dh,
+                 MlpGrads{param(g, layer_name(m_, l, LayerWeight::kGate)),
+                          param(g, layer_name(m_, l, LayerWeight::kUp)),
+                          param(g, layer_name(m_, l, LayerWeight::kDown))},
+                 0.0f, 0.0f);
+    h2.reset();
+    rmsnorm_backward(dev_, xm, norm_w(w, l, LayerWeight::kPostAttnNorm), eps, dh, dh, gpost);
+    add_into(dev_, dx, dh);
+    // Attention: d/dh, then through the input norm.
+    strat_->backward(h, dx, attn_weights(w, l), dh, attn_grads(g, l), 0.0f, 0.0f);
+    rmsnorm_backward(dev_, xl, norm_w(w, l, LayerWeight::kInputNorm), eps, dh, dh, gin);
+    add_into(dev_, dx, dh);
+    ckpt[size_t(l)].reset();
+  }
+  // Embedding backward: every row's gradient adds into its token's row.
+  for (int64_t r = 0; r < rows; ++r)
+    add_into(dev_, gembed.rows_of(tokens[size_t(pos[size_t(r)])], 1), dx.mat().rows_of(r, 1));
+  // The ranks' partial losses, summed in rank order in fp64 (the same on every rank).
+  std::vector<double> parts(static_cast<size_t>(cp_.size()));
+  cp_.all_gather(&loss, parts.data(), sizeof(double));
+  loss = 0;
+  for (double v : parts) loss += v;
+  return loss;
+}
+
+}  // namespace upipe
