@@ -16,5 +16,6 @@ Runner add_bench_kernel(CLI::App& bench);
 Runner add_bench_attention(CLI::App& bench);
 Runner add_bench_comm(CLI::App& bench);
 Runner add_check(CLI::App& app);
+Runner add_eval(CLI::App& app);
 
 }  // namespace upipe::app

@@ -34,6 +34,8 @@ int main(int argc, char** argv) {
   runners[bcomm] = app::add_bench_comm(*bcomm);
   CLI::App* check = cli.add_subcommand("check", "verify a strategy against `local`");
   runners[check] = app::add_check(*check);
+  CLI::App* eval = cli.add_subcommand("eval", "a model's loss and gradients on one sequence");
+  runners[eval] = app::add_eval(*eval);
 
   try {
     try {

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <chrono>
 #include <vector>
 
 #include "backend/rmsnorm.h"
@@ -24,6 +25,10 @@ ParamMap allocate_params(Device& dev, const ModelConfig& m, DType dtype, Tag tag
 }
 
 namespace {
+
+double now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
 
 AttentionConfig block_config(const ModelConfig& m, const DecoderOptions& opt) {
   AttentionConfig c = to_attention_config(m);
@@ -101,6 +106,7 @@ double Decoder::loss_and_grads(std::span<const int32_t> tokens, const ParamMap& 
       hf_model_tensor(m_, m_.tie_word_embeddings ? ModelWeight::kEmbed : ModelWeight::kLmHead).name;
   const std::string final_name = hf_model_tensor(m_, ModelWeight::kFinalNorm).name;
 
+  const double t0 = now();
   // Embedding: the residual stream x (rows, D) fp32 gets the rows of this rank's tokens.
   Tensor x(mem, Tag::kAct, f32, rows, d);
   for (int64_t r = 0; r < rows; ++r)
@@ -127,6 +133,8 @@ double Decoder::loss_and_grads(std::span<const int32_t> tokens, const ParamMap& 
   zero(dev_, gembed);  // a tied head's gradient and the embedding's rows both add into it
   double loss = lm_loss(dev_, lc, h, param(w, head_name), labels, float(1.0 / double(s - 1)), dh,
                         param(g, head_name), m_.tie_word_embeddings ? 1.0f : 0.0f);
+  const double t1 = now();
+  fwd_s_ = t1 - t0;
   const Mat gfinal = param(g, final_name);
   zero(dev_, gfinal);
   rmsnorm_backward(dev_, x, param(w, final_name), eps, dh, dx, gfinal);
@@ -161,6 +169,7 @@ double Decoder::loss_and_grads(std::span<const int32_t> tokens, const ParamMap& 
   // Embedding backward: every row's gradient adds into its token's row.
   for (int64_t r = 0; r < rows; ++r)
     add_into(dev_, gembed.rows_of(tokens[size_t(pos[size_t(r)])], 1), dx.mat().rows_of(r, 1));
+  bwd_s_ = now() - t1;
   // The ranks' partial losses, summed in rank order in fp64 (the same on every rank).
   std::vector<double> parts(static_cast<size_t>(cp_.size()));
   cp_.all_gather(&loss, parts.data(), sizeof(double));

@@ -48,6 +48,9 @@ class Decoder {
   // rank's contribution to every gradient (g, fp32, overwritten; the CP group's sum is the full
   // gradient) and returns the loss of the whole sequence (the same on every rank).
   double loss_and_grads(std::span<const int32_t> tokens, const ParamMap& w, const ParamMap& g);
+  // Wall time of the last call's forward (to the loss) and backward, seconds.
+  double forward_seconds() const { return fwd_s_; }
+  double backward_seconds() const { return bwd_s_; }
 
  private:
   const Tensor& param(const ParamMap& p, const std::string& name) const;
@@ -59,6 +62,7 @@ class Decoder {
   ModelConfig m_;
   DecoderOptions opt_;
   std::unique_ptr<AttentionStrategy> strat_;
+  double fwd_s_ = 0, bwd_s_ = 0;
 };
 
 }  // namespace upipe

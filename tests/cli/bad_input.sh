@@ -81,6 +81,12 @@ run_case "--seed" check --seed 1.5
 run_case "--iters" bench attention --iters 0
 run_case "--iters" bench kernel --iters nan
 run_case "--seq-lens" demo --seq-lens 1024 -1
+fix=$(cd "$(dirname "$0")/../fixtures/hf" && pwd)
+run_case "config.json" eval --model /nonexistent --seq-len 8
+run_case "--seq-len 600 is longer" eval --model "$fix/llama" --tokens "$fix/llama/tokens.npy" --seq-len 600
+run_case "seq-len (9)" eval --model tiny --seq-len 9 --method ring
+run_case "at least 2 tokens" eval --model tiny --seq-len 1
+run_case "cannot open token file" eval --model tiny --tokens /nonexistent.npy
 
 if [ "$failures" -ne 0 ]; then
   echo "$failures case(s) failed"

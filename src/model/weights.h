@@ -1,0 +1,22 @@
+// A model's parameters on a device: read from a Hugging Face checkpoint (model.safetensors, or
+// sharded with model.safetensors.index.json) or, for a preset / a directory without weights,
+// initialised deterministically (N(0, 0.02) matrices, unit norms, a pure function of (seed,
+// name, index), so every rank and every run sees the same model).
+#pragma once
+
+#include <string>
+
+#include "model/config.h"
+#include "model/decoder.h"
+
+namespace upipe {
+
+// Whether `dir` (a directory) holds safetensors weights.
+bool has_checkpoint(const std::string& dir);
+
+// Parameters of m in `dtype` on dev (tag params): from the checkpoint in `dir` when it has one
+// (every tensor checked for name and shape), else random with `seed`.
+ParamMap load_params(Device& dev, const ModelConfig& m, const std::string& dir, DType dtype,
+                     uint64_t seed);
+
+}  // namespace upipe
