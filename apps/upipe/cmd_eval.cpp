@@ -29,6 +29,7 @@ struct Options {
   uint64_t seed = 1;
   std::string budget = "1T";
   std::string save_grads;
+  bool offload_checkpoints = false;
   bool json = false;
 };
 
@@ -58,14 +59,16 @@ int run(Process& proc, const Options& opt) {
   dopt.attn.ulysses_degree = opt.ulysses_degree;
   dopt.attn.chunks = opt.chunks;
   dopt.tile_tokens = opt.tile_tokens;
+  dopt.offload_checkpoints = opt.offload_checkpoints;
   const int64_t budget = parse_bytes(opt.budget);
   Device dev({BackendKind::kCpu, budget, budget});
   Decoder dec(dev, proc.world, m, dopt);
   const ParamMap w = load_params(dev, m, opt.model, dopt.attn.dtype, opt.seed);
   const ParamMap g = allocate_params(dev, m, DType::kF32, Tag::kGrads);
   dev.mem().reset_peak();
+  dev.host().reset_peak();
   const double loss = dec.loss_and_grads(tokens, w, g);
-  const int64_t peak = dev.mem().peak();
+  const int64_t peak = dev.mem().peak(), host_peak = dev.host().peak();
   const TagBytes at_peak = dev.mem().at_peak_by_tag();
   // Full gradients: the sum of the ranks' contributions.
   nlohmann::json norms = nlohmann::json::object();
@@ -97,6 +100,7 @@ int run(Process& proc, const Options& opt) {
                       {"dtype", opt.dtype},
                       {"peak_bytes", *std::max_element(peaks.begin(), peaks.end())},
                       {"peak_by_tag", tags_json(at_peak)},
+                      {"host_peak_bytes", host_peak},
                       {"grad_norm", std::sqrt(total)},
                       {"grad_norms", norms},
                       {"fwd_s", dec.forward_seconds()},
@@ -147,6 +151,8 @@ Runner add_eval(CLI::App& cmd) {
       ->capture_default_str();
   cmd.add_option("--save-grads", opt->save_grads,
                  "write the fp32 gradients (summed over ranks) as FILE.safetensors");
+  cmd.add_flag("--offload-checkpoints", opt->offload_checkpoints,
+               "keep the layer checkpoints in the host arena, fetched back one layer ahead");
   cmd.add_flag("--json", opt->json, "print one JSON object (rank 0)");
   return [opt](Process& p) { return run(p, *opt); };
 }

@@ -112,11 +112,16 @@ double Decoder::loss_and_grads(std::span<const int32_t> tokens, const ParamMap& 
   for (int64_t r = 0; r < rows; ++r)
     copy(dev_, x.mat().rows_of(r, 1), embed.rows_of(tokens[size_t(pos[size_t(r)])], 1));
   // Forward: keep each layer's input (the checkpoint), accumulate both blocks into x.
+  // Checkpoints: in the device arena, or (offload) in the host arena with two device slots that
+  // the backward fills one layer ahead (a device with asynchronous copies overlaps the fetch
+  // of layer l-1 with layer l's work; on the CPU the copy is a memcpy).
+  const bool offload = opt_.offload_checkpoints;
   std::vector<Tensor> ckpt;
   Tensor h(mem, Tag::kAct, t, rows, d);  // a norm's output, the blocks' input
   for (int l = 0; l < m_.num_hidden_layers; ++l) {
-    ckpt.emplace_back(mem, Tag::kCkpt, f32, rows, d);
-    copy(dev_, ckpt.back(), x);
+    ckpt.emplace_back(offload ? dev_.host() : mem, Tag::kCkpt, f32, rows, d);
+    dev_.copy(ckpt.back().data(), x.data(), x.bytes(),
+              offload ? CopyKind::kDeviceToHost : CopyKind::kDeviceToDevice);
     rmsnorm_forward(dev_, x, norm_w(w, l, LayerWeight::kInputNorm), eps, h);
     strat_->forward(h, attn_weights(w, l), x, 1.0f);
     rmsnorm_forward(dev_, x, norm_w(w, l, LayerWeight::kPostAttnNorm), eps, h);
@@ -140,8 +145,16 @@ double Decoder::loss_and_grads(std::span<const int32_t> tokens, const ParamMap& 
   rmsnorm_backward(dev_, x, param(w, final_name), eps, dh, dx, gfinal);
   // Backward, layer by layer from the last: recompute the layer from its checkpoint.
   Tensor xm(mem, Tag::kAct, f32, rows, d);  // the residual between attention and MLP
+  Tensor slot[2];
+  auto fetch = [&](int l) {
+    Tensor& dst = slot[l % 2];
+    if (!dst.data()) dst = Tensor(mem, Tag::kCkpt, f32, rows, d);
+    dev_.copy(dst.data(), ckpt[size_t(l)].data(), dst.bytes(), CopyKind::kHostToDevice);
+  };
+  if (offload && m_.num_hidden_layers > 0) fetch(m_.num_hidden_layers - 1);
   for (int l = m_.num_hidden_layers - 1; l >= 0; --l) {
-    const Mat xl = ckpt[size_t(l)];
+    if (offload && l > 0) fetch(l - 1);  // the next layer's checkpoint, ahead of use
+    const Mat xl = offload ? slot[l % 2].mat() : ckpt[size_t(l)].mat();
     rmsnorm_forward(dev_, xl, norm_w(w, l, LayerWeight::kInputNorm), eps, h);
     copy(dev_, xm, xl);
     strat_->forward(h, attn_weights(w, l), xm, 1.0f);

@@ -4,12 +4,12 @@
 //
 // The residual stream is fp32 and every block accumulates into it (beta = 1), so no block keeps
 // an (S/C, D) output of its own. Full activation checkpointing: forward keeps each layer's input
-// (tag ckpt) and backward recomputes the layer from it (the attention forward runs twice per
-// layer per step: once in forward, once to rebuild the MLP's input in backward, plus the
-// strategy's own recompute inside its backward). The loss has transformers' `labels =
-// input_ids` semantics: the mean over the S-1 next-token predictions of the whole sequence;
-// a row's label is the token at the next global position, whichever rank holds it, so every
-// layout (contiguous, zigzag, chunked, grid) gets its labels right.
+// (tag ckpt; in the host arena with offload_checkpoints) and backward recomputes the layer from it
+// (the attention forward runs twice per layer per step: once in forward, once to rebuild the MLP's
+// input in backward, plus the strategy's own recompute inside its backward). The loss has
+// transformers' `labels = input_ids` semantics: the mean over the S-1 next-token predictions of the
+// whole sequence; a row's label is the token at the next global position, whichever rank holds it,
+// so every layout (contiguous, zigzag, chunked, grid) gets its labels right.
 #pragma once
 
 #include <cstdint>
@@ -35,6 +35,9 @@ struct DecoderOptions {
   AttentionConfig attn;          // seq_len, dtype (compute) and the strategy knobs; the block's
                                  // shape fields are filled from the model
   int64_t tile_tokens = 1024;    // T of the tiled MLP and the fused LM head
+  // Keep the layer checkpoints in the host arena (tag ckpt) instead of the device's; backward
+  // fetches them back one layer ahead into two device slots.
+  bool offload_checkpoints = false;
 };
 
 class Decoder {

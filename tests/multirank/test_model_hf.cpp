@@ -74,6 +74,16 @@ void check_model(const std::string& model) {
     opt.tile_tokens = 96;  // several tiles, the last one shorter
     Decoder dec(dev, comm, m, opt);
     const double loss = dec.loss_and_grads(tokens, w, g);
+    if (method == methods(comm.size()).front()) {  // offloaded checkpoints change no bit
+      DecoderOptions off = opt;
+      off.offload_checkpoints = true;
+      const ParamMap g2 = allocate_params(dev, m, DType::kF32, Tag::kGrads);
+      Decoder dec2(dev, comm, m, off);
+      EXPECT_EQ(dec2.loss_and_grads(tokens, w, g2), loss) << model << " " << method;
+      for (const auto& [name, t] : g)
+        EXPECT_EQ(download(dev, g2.at(name)), download(dev, t)) << model << " " << name;
+      EXPECT_GT(dev.host().peak(), 0) << "the checkpoints went to the host arena";
+    }
     EXPECT_LE(std::abs(loss - loss64), 1e-5 * std::abs(loss64))
         << model << " " << method << ": loss " << loss << " vs transformers fp64 " << loss64;
     for (const HfTensorSpec& s : hf_tensors(m)) {
