@@ -1,8 +1,12 @@
 // Helpers shared by the tests: fill tensors from the counter RNG, read them as fp64, compare.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <cstdint>
+#include <limits>
+#include <string>
 #include <vector>
 
 #include "backend/device.h"
@@ -78,6 +82,18 @@ inline std::vector<double> rounded(const std::vector<double>& v, DType t) {
   for (size_t i = 0; i < v.size(); ++i)
     out[i] = t == DType::kF32 ? double(float(v[i])) : double(bf16_to_f32(f32_to_bf16(float(v[i]))));
   return out;
+}
+
+inline constexpr double kEps32 = std::numeric_limits<float>::epsilon();
+
+// The tolerance rule of a fast kernel against its fp64 reference: its error within 2x the error
+// of a naive same-precision baseline, plus a floor of 4 fp32 ulp of the largest value.
+inline void expect_close(const std::vector<double>& fast, const std::vector<double>& r64,
+                         const std::vector<double>& base, const std::string& what) {
+  ASSERT_EQ(fast.size(), r64.size()) << what;
+  const double err = max_abs_diff(fast, r64), base_err = max_abs_diff(base, r64);
+  EXPECT_LE(err, 2 * base_err + 4 * kEps32 * max_abs(r64))
+      << what << ": fast " << err << ", same-precision baseline " << base_err;
 }
 
 }  // namespace upipe::test

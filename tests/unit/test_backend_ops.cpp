@@ -53,16 +53,13 @@ using test::view;
 // for it must match its workspace.
 const BackendKind kComputing[] = {BackendKind::kCpu};
 
-constexpr double kEps32 = std::numeric_limits<float>::epsilon();
+using test::kEps32;
 constexpr DType F = DType::kF32, B = DType::kBF16;
 
 // The backend's error against fp64 within 2x the same-precision baseline's, plus 4 fp32 ulp.
 void expect_rule(const std::string& what, const std::vector<double>& fast,
                  const std::vector<double>& r64, const std::vector<double>& base) {
-  ASSERT_EQ(fast.size(), r64.size()) << what;
-  const double err = test::max_abs_diff(fast, r64), base_err = test::max_abs_diff(base, r64);
-  EXPECT_LE(err, 2 * base_err + 4 * kEps32 * test::max_abs(r64))
-      << what << ": backend " << err << ", fp32 baseline " << base_err;
+  test::expect_close(fast, r64, base, what);
 }
 
 // Values as an output of dtype t stores them.

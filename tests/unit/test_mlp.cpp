@@ -18,14 +18,8 @@ namespace {
 using test::cview;
 using test::view;
 
-constexpr double kEps32 = std::numeric_limits<float>::epsilon();
-
-void expect_close(const std::vector<double>& fast, const std::vector<double>& r64,
-                  const std::vector<double>& base, const char* what) {
-  const double err = test::max_abs_diff(fast, r64), base_err = test::max_abs_diff(base, r64);
-  EXPECT_LE(err, 2 * base_err + 4 * kEps32 * test::max_abs(r64))
-      << what << ": fast " << err << " baseline " << base_err;
-}
+using test::expect_close;
+using test::kEps32;
 
 // Values as stored in dtype t (the baseline rounds where the block stores; the fp64 reference
 // does not round at all).
