@@ -220,6 +220,21 @@ def section_plan(quick):
                   comm_cell(comm, "all_to_allv") if comm else "n/a",
                   comm_cell(comm, "sendrecv") if comm else "n/a"]
         vrows.append(cells)
+    # The block's output dtype (docs/memory.md, "What the block allocates in each mode"): a bf16
+    # y / dx needs an fp32 (S/C, D) accumulator, an fp32 residual stream does not.
+    mrows = []
+    for label, knobs in [("bf16 (default)", []), ("fp32 (--residual-dtype fp32)", ["--residual-dtype", "fp32"])]:
+        cmd = ["bench", "attention", "--meta-ranks", "8", "--method", "upipe", "--seq-len", str(2**20),
+               "--heads", "64", "--kv-heads", "8", "--head-dim", "128", "--dtype", "bf16"] + knobs
+        shown, j, err = run(cmd)
+        cmds.append(shown)
+        if j is None:
+            mrows.append([label, "failed: " + err, "", "", ""])
+            continue
+        tags = j["peak_by_tag"]
+        mrows.append([label, "%d B (%s)" % (j["attn_peak_bytes"], gib(j["attn_peak_bytes"])),
+                      "%d B" % j["attn_formula_bytes"], "%d B" % tags.get("attn_grad", 0),
+                      "%d B" % tags.get("workspace", 0), gib(j["peak_bytes"])])
     text = ["## Planned: Llama-3-8B attention block on 8 ranks (meta device)",
             "H=32, K=8, d=128, bf16; per-rank attention intermediates computed by running the strategy's own "
             "code on the meta device (allocations counted, nothing backed) — the same numbers a real run "
@@ -227,7 +242,12 @@ def section_plan(quick):
             table(["method"] + ["S=%dK" % (s // 1024) for s in lens], rows), "",
             "Variants, with the bytes one rank sends per layer (forward + backward) at S=1024K:", "",
             table(["variant", "attn peak S=1024K", "attn peak S=4096K", "all-to-all", "all-to-all-v",
-                   "sendrecv"], vrows), "", "Commands (one per cell):",
+                   "sendrecv"], vrows), "",
+            "Output dtype of the block (y, dy, dx), upipe U=C, H=64, K=8, d=128 (D=8192), S=1024K, bf16 "
+            "compute, 8 ranks (docs/memory.md explains the difference: the fp32 (S/C, D) dx accumulator):", "",
+            table(["y, dy, dx", "attention peak", "formula", "attn_grad at the peak",
+                   "workspace at the peak", "rank's total peak"], mrows), "",
+            "Commands (one per cell):",
             "```", *cmds, "```"]
     return "\n".join(text), series
 

@@ -73,8 +73,9 @@ int run(Process& proc, const Options& opt) {
   // Full gradients: the sum of the ranks' contributions.
   nlohmann::json norms = nlohmann::json::object();
   double total = 0;
-  std::vector<std::vector<float>> full;
+  std::vector<std::vector<float>> full;  // kept alive for items' data pointers
   std::vector<SafetensorsWriteItem> items;
+  full.reserve(g.size());
   for (const auto& [name, t] : g) {
     std::vector<float> v = download(dev, t);
     proc.world.all_reduce(v.data(), int64_t(v.size()), DType::kF32, ReduceOp::kSum);

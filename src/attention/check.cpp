@@ -149,10 +149,10 @@ CheckResult check_strategy(const std::string& method, const AttentionConfig& cfg
   }
   const int n = tensor_count(cfg);
   std::vector<std::vector<double>> got;
-  for (int i = 0; i < n; ++i) {
-    const Mat& m = *outputs(t, n)[size_t(i)];
-    got.push_back(i < 2 ? gathered(world, layout, m) : summed(dev, world, m));
-  }
+  const std::vector<const Mat*> outs = outputs(t, n);
+  for (int i = 0; i < n; ++i)
+    got.push_back(i < 2 ? gathered(world, layout, *outs[size_t(i)])
+                        : summed(dev, world, *outs[size_t(i)]));
   // Which tensors the merge rule bounds: all of them for strategies that merge softmax partials;
   // with KV heads replicated over ranks (K < C) those that depend on the replicas' dK/dV sums,
   // added in another order than local's single accumulation; and always the QK-norm weight
