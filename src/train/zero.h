@@ -78,6 +78,7 @@ class Zero3 final : public ParamSource {
   Mat exp_avg(int unit) const { return units_[size_t(unit)].m.mat(); }
   Mat exp_avg_sq(int unit) const { return units_[size_t(unit)].v.mat(); }
   Communicator& world() { return world_; }
+  Device& device() { return dev_; }
 
  private:
   struct Unit {
