@@ -87,7 +87,8 @@ TokenFileInfo inspect_npy(const std::string& path, std::ifstream& f, int64_t siz
     throw ConfigError(fmt::format("{}: Fortran-ordered arrays are not supported", path));
   const std::string shape = header_field(header, "shape", path);
   int64_t n = 0;
-  if (std::sscanf(shape.c_str(), "(%ld,)", &n) != 1 || shape.find(',') != shape.rfind(','))
+  int used = -1;  // set only when the whole "(N,)" matched: "(1,3)" is 2-D, not 1 id
+  if (std::sscanf(shape.c_str(), "(%ld,)%n", &n, &used) != 1 || used != int(shape.size()))
     throw ConfigError(fmt::format("{}: token arrays must be 1-D, got shape {}", path, shape));
   if (descr == "'<i4'")
     info.width = 4, info.is_signed = true;

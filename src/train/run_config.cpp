@@ -263,6 +263,8 @@ std::string closest_run_key(const std::string& key) {
     // "lr" is closest to "train.lr": a bare name is compared with the part after the section.
     if (key.find('.') == std::string::npos)
       d = std::min(d, edit_distance(key, std::string_view(k.name).substr(k.name.find('.') + 1)));
+    // A truncated key ("train.warmup") is nearest to the key it begins.
+    if (!key.empty() && k.name.find(key) != std::string::npos) d = std::min<size_t>(d, 1);
     if (d < best_d) best_d = d, best = k.name;
   }
   return best;
