@@ -128,7 +128,8 @@ Runner add_eval(CLI::App& cmd) {
                  "Hugging Face model directory (config.json + safetensors), or a preset: "
                  "llama3-8b, llama3.1-8b, llama3-70b, qwen3-8b, qwen3-32b, tiny (random weights)")
       ->capture_default_str();
-  cmd.add_option("--tokens", opt->tokens, "token ids: a 1-D .npy (int32/int64/uint16/uint32) or an llm.c .bin");
+  cmd.add_option("--tokens", opt->tokens,
+                 "token ids: a 1-D .npy (int32/int64/uint16/uint32) or an llm.c .bin");
   cmd.add_option("--seq-len,-S", opt->seq_len,
                  "tokens to use (default: all of --tokens; required without it)")
       ->check(integer_in<int64_t>(0, int64_t(1) << 40));

@@ -28,8 +28,8 @@ void read_at(std::ifstream& f, const std::string& path, int64_t offset, int64_t 
   f.seekg(offset);
   f.read(out, n);
   if (f.gcount() != n)
-    throw ConfigError(fmt::format("{}: truncated: cannot read {} bytes at offset {}", path, n,
-                                  offset));
+    throw ConfigError(
+        fmt::format("{}: truncated: cannot read {} bytes at offset {}", path, n, offset));
 }
 
 std::ifstream open_or_throw(const std::string& path) {
@@ -116,8 +116,9 @@ TokenFileInfo inspect_bin(const std::string& path, std::ifstream& f, int64_t siz
   info.format = TokenFormat::kBin;
   constexpr int64_t header_bytes = kBinHeaderInts * 4;
   if (size < header_bytes)
-    throw ConfigError(fmt::format("{}: truncated: an llm.c .bin header is {} bytes, the file has {}",
-                                  path, header_bytes, size));
+    throw ConfigError(
+        fmt::format("{}: truncated: an llm.c .bin header is {} bytes, the file has {}", path,
+                    header_bytes, size));
   int32_t h[3];
   read_at(f, path, 0, sizeof(h), reinterpret_cast<char*>(h));
   if (h[0] == kBinMagicU16 && h[1] == kBinVersionU16)
@@ -153,8 +154,7 @@ TokenFileInfo inspect_token_file(const std::string& path) {
   if (size >= 6 && std::memcmp(magic, "\x93NUMPY", 6) == 0) return inspect_npy(path, f, size);
   int32_t m = 0;
   if (size >= 4) std::memcpy(&m, magic, 4);
-  if (m == kBinMagicU16 || m == kBinMagicU32 ||
-      std::filesystem::path(path).extension() == ".bin")
+  if (m == kBinMagicU16 || m == kBinMagicU32 || std::filesystem::path(path).extension() == ".bin")
     return inspect_bin(path, f, size);
   throw ConfigError(fmt::format(
       "{} is neither a .npy file (no \\x93NUMPY magic) nor an llm.c .bin token file (magic {} "
@@ -238,8 +238,8 @@ void write_bin_tokens(const std::string& path, std::span<const int32_t> ids, int
   f.write(reinterpret_cast<const char*>(header.data()), kBinHeaderInts * 4);
   for (size_t i = 0; i < ids.size(); ++i) {
     if (ids[i] < 0 || ids[i] >= limit)
-      throw ConfigError(fmt::format("{}: id {} at index {} does not fit {} bytes", path, ids[i], i,
-                                    width));
+      throw ConfigError(
+          fmt::format("{}: id {} at index {} does not fit {} bytes", path, ids[i], i, width));
     if (width == 2) {
       const uint16_t u = uint16_t(ids[i]);
       f.write(reinterpret_cast<const char*>(&u), 2);

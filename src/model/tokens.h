@@ -24,10 +24,10 @@ enum class TokenFormat { kNpy, kBin };
 struct TokenFileInfo {
   std::string path;
   TokenFormat format = TokenFormat::kNpy;
-  int width = 0;             // bytes per id: 2, 4 or 8
-  bool is_signed = false;    // int32 / int64 .npy
-  int64_t data_offset = 0;   // byte offset of id 0
-  int64_t count = 0;         // ids in the file
+  int width = 0;            // bytes per id: 2, 4 or 8
+  bool is_signed = false;   // int32 / int64 .npy
+  int64_t data_offset = 0;  // byte offset of id 0
+  int64_t count = 0;        // ids in the file
 };
 
 // The header of a .npy or .bin token file, told apart by its magic (not its name); throws

@@ -42,9 +42,12 @@ DataKind parse_data_kind(const std::string& s) {
 
 const char* data_kind_name(DataKind k) {
   switch (k) {
-    case DataKind::kFiles: return "files";
-    case DataKind::kRandom: return "random";
-    case DataKind::kCopy: return "copy";
+    case DataKind::kFiles:
+      return "files";
+    case DataKind::kRandom:
+      return "random";
+    case DataKind::kCopy:
+      return "copy";
   }
   return "?";
 }
@@ -70,19 +73,20 @@ std::vector<std::string> expand_token_paths(const std::string& path) {
       if (e.is_regular_file() && is_token_file(e.path())) out.push_back(e.path().string());
     if (ec) throw ConfigError(fmt::format("data.path: cannot list '{}': {}", path, ec.message()));
     if (out.empty())
-      throw ConfigError(fmt::format("data.path: the directory '{}' holds no .npy or .bin file", path));
+      throw ConfigError(
+          fmt::format("data.path: the directory '{}' holds no .npy or .bin file", path));
     std::sort(out.begin(), out.end());
     return out;
   }
-  if (!fs::exists(path, ec))
-    throw ConfigError(fmt::format("data.path: '{}' does not exist", path));
+  if (!fs::exists(path, ec)) throw ConfigError(fmt::format("data.path: '{}' does not exist", path));
   return {path};
 }
 
 DataSource::DataSource(const DataOptions& o) : opt_(o) {
   if (o.seq_len < 2)
     throw ConfigError(fmt::format("train.seq_len must be >= 2, got {}", o.seq_len));
-  if (o.vocab < 1) throw ConfigError(fmt::format("the vocabulary size must be >= 1, got {}", o.vocab));
+  if (o.vocab < 1)
+    throw ConfigError(fmt::format("the vocabulary size must be >= 1, got {}", o.vocab));
   if (o.dp_size < 1 || o.micro_steps < 1)
     throw ConfigError(fmt::format("data: DP size ({}) and train.micro_steps ({}) must be >= 1",
                                   o.dp_size, o.micro_steps));
@@ -92,7 +96,8 @@ DataSource::DataSource(const DataOptions& o) : opt_(o) {
         o.seq_len, o.seq_len + 1));
   if (o.kind != DataKind::kFiles) return;
   if (o.path.empty())
-    throw ConfigError("data.path is required when data.kind = \"files\" (a token file, directory or glob)");
+    throw ConfigError(
+        "data.path is required when data.kind = \"files\" (a token file, directory or glob)");
   starts_.push_back(0);
   for (const std::string& p : expand_token_paths(o.path)) {
     files_.push_back(inspect_token_file(p));
@@ -112,10 +117,10 @@ DataSource::DataSource(const DataOptions& o) : opt_(o) {
 }
 
 int64_t DataSource::global_index(int64_t step, int micro, int dp_rank) const {
-  UPIPE_CHECK(step >= 0 && micro >= 0 && micro < opt_.micro_steps && dp_rank >= 0 &&
-                  dp_rank < opt_.dp_size,
-              "step {} micro {} dp_rank {} outside the run's {} micro-steps x {} DP ranks", step,
-              micro, dp_rank, opt_.micro_steps, opt_.dp_size);
+  UPIPE_CHECK(
+      step >= 0 && micro >= 0 && micro < opt_.micro_steps && dp_rank >= 0 && dp_rank < opt_.dp_size,
+      "step {} micro {} dp_rank {} outside the run's {} micro-steps x {} DP ranks", step, micro,
+      dp_rank, opt_.micro_steps, opt_.dp_size);
   const int64_t m = checked_add(checked_mul(step, opt_.micro_steps, "sequence index"), micro);
   return checked_add(checked_mul(m, opt_.dp_size, "sequence index"), dp_rank);
 }

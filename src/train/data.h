@@ -26,12 +26,12 @@ const char* data_kind_name(DataKind k);
 
 struct DataOptions {
   DataKind kind = DataKind::kRandom;
-  std::string path;          // files: a token file, a directory of .npy/.bin files, or a glob
-  int64_t seq_len = 0;       // S, tokens per sequence
-  int64_t vocab = 0;         // V: ids are drawn from / checked against [0, V)
+  std::string path;     // files: a token file, a directory of .npy/.bin files, or a glob
+  int64_t seq_len = 0;  // S, tokens per sequence
+  int64_t vocab = 0;    // V: ids are drawn from / checked against [0, V)
   uint64_t seed = 1;
-  int dp_size = 1;           // data-parallel groups (world / CP)
-  int micro_steps = 1;       // sequences per DP rank per optimizer step
+  int dp_size = 1;      // data-parallel groups (world / CP)
+  int micro_steps = 1;  // sequences per DP rank per optimizer step
   // files: read every id once at construction and refuse the data (ConfigError) if one is
   // outside [0, V), so a bad id cannot stop one rank in the middle of a run. Off, an id is
   // checked only when its window is read (a ConfigError thrown by sample()).

@@ -72,7 +72,8 @@ MetricsWriter::MetricsWriter(const std::string& path, int64_t resume_step) : pat
       if (!t.flush()) throw ConfigError(fmt::format("metrics.path: cannot write {}", tmp));
     }
     std::filesystem::rename(tmp, path, ec);
-    if (ec) throw ConfigError(fmt::format("metrics.path: cannot replace {}: {}", path, ec.message()));
+    if (ec)
+      throw ConfigError(fmt::format("metrics.path: cannot replace {}: {}", path, ec.message()));
     out_.open(path, std::ios::app);
   } else {
     out_.open(path, std::ios::trunc);
@@ -143,10 +144,9 @@ void ProgressDisplay::update(const StepMetrics& m) {
   if (mode_ == ProgressMode::kBar) {
     std::fputs("\r\x1b[2K", out_);  // clear the old bar
     if (log) std::fprintf(out_, "%s\n", format_step_line(m, total_).c_str());
-    bar_ = fmt::format("{} loss {:.4f} | {} tok/s/rank | ETA {}",
-                       format_progress_bar(m.step, total_), m.loss,
-                       format_count(int64_t(std::llround(m.tokens_per_s))),
-                       format_duration(m.eta_s));
+    bar_ = fmt::format(
+        "{} loss {:.4f} | {} tok/s/rank | ETA {}", format_progress_bar(m.step, total_), m.loss,
+        format_count(int64_t(std::llround(m.tokens_per_s))), format_duration(m.eta_s));
     std::fputs(bar_.c_str(), out_);
   } else if (log) {
     std::fprintf(out_, "%s\n", format_step_line(m, total_).c_str());
@@ -184,9 +184,9 @@ std::string format_startup_table(const StartupInfo& s) {
       {"ranks", fmt::format("{} = {} DP x {} CP", int64_t(s.dp) * s.cp, s.dp, s.cp)},
       {"method", method},
       {"dtype", s.dtype},
-      {"sequence", fmt::format("{} tokens, {} micro-step(s), {} tokens per step",
-                               format_count(s.seq_len), s.micro_steps,
-                               fits ? format_count(per_step) : "?")},
+      {"sequence",
+       fmt::format("{} tokens, {} micro-step(s), {} tokens per step", format_count(s.seq_len),
+                   s.micro_steps, fits ? format_count(per_step) : "?")},
       {"steps", format_count(s.steps)},
       {"data", s.data},
       {"memory budget", fmt::format("{} per rank", format_bytes(s.budget_bytes))},

@@ -16,18 +16,18 @@
 namespace upipe {
 
 struct StepMetrics {
-  int64_t step = 0;                  // 1-based number of the step just finished
-  double loss = 0;                   // mean next-token loss of the step's global batch
-  std::optional<double> copy_loss;   // copy task: mean loss over the copied half
-  double grad_norm = 0;              // global gradient norm before clipping
-  double lr = 0;                     // learning rate the step used
-  double tokens_per_s = 0;           // training tokens per second, per rank
-  double mfu = 0;                    // achieved FLOP/s / measured GEMM FLOP/s, in [0, 1]
-  int64_t peak_bytes = 0;            // device arena peak of the step (max over ranks)
+  int64_t step = 0;                            // 1-based number of the step just finished
+  double loss = 0;                             // mean next-token loss of the step's global batch
+  std::optional<double> copy_loss;             // copy task: mean loss over the copied half
+  double grad_norm = 0;                        // global gradient norm before clipping
+  double lr = 0;                               // learning rate the step used
+  double tokens_per_s = 0;                     // training tokens per second, per rank
+  double mfu = 0;                              // achieved FLOP/s / measured GEMM FLOP/s, in [0, 1]
+  int64_t peak_bytes = 0;                      // device arena peak of the step (max over ranks)
   std::map<std::string, int64_t> peak_by_tag;  // tag name -> bytes live at that peak
-  int64_t budget_bytes = 0;          // device arena budget per rank
-  double step_s = 0;                 // wall time of the step
-  double eta_s = 0;                  // estimated seconds to the last step
+  int64_t budget_bytes = 0;                    // device arena budget per rank
+  double step_s = 0;                           // wall time of the step
+  double eta_s = 0;                            // estimated seconds to the last step
 };
 
 // One JSON object, no newline; keys in this order: step, loss, copy_loss (only when set),
@@ -86,17 +86,17 @@ class ProgressDisplay {
 
 // The start-up table's values.
 struct StartupInfo {
-  std::string model;                 // "tiny (preset)" or the directory
+  std::string model;  // "tiny (preset)" or the directory
   int64_t parameters = 0;
-  int dp = 1, cp = 1;                // ranks = dp * cp
+  int dp = 1, cp = 1;  // ranks = dp * cp
   std::string method;
   std::vector<std::pair<std::string, std::string>> knobs;  // {"head_chunk", "4"}, ...
   std::string dtype;
-  int64_t budget_bytes = 0;          // per rank
+  int64_t budget_bytes = 0;  // per rank
   int64_t seq_len = 0;
   int micro_steps = 1;
   int64_t steps = 0;
-  std::string data;                  // "copy", "files: DIR (N tokens in K files)", ...
+  std::string data;  // "copy", "files: DIR (N tokens in K files)", ...
 };
 // An aligned two-column table, one row per field, ending in a newline.
 std::string format_startup_table(const StartupInfo& s);

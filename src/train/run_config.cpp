@@ -2,13 +2,13 @@
 
 #include <fmt/format.h>
 
+#include <toml++/toml.h>
 #include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <fstream>
 #include <limits>
 #include <sstream>
-#include <toml++/toml.h>
 #include <variant>
 
 #include "core/errors.h"
@@ -60,8 +60,7 @@ std::vector<Field> fields(RunConfig& c) {
       {"train.offload_checkpoints", &c.train.offload_checkpoints,
        "keep layer checkpoints in the host arena"},
       {"data.kind", &c.data.kind, "files, random or copy"},
-      {"data.path", &c.data.path,
-       "files: a .npy/.bin token file, a directory of them, or a glob"},
+      {"data.path", &c.data.path, "files: a .npy/.bin token file, a directory of them, or a glob"},
       {"checkpoint.dir", &c.checkpoint.dir, "where checkpoints go; \"\" = no checkpoints"},
       {"checkpoint.interval", &c.checkpoint.interval,
        "steps between checkpoints; 0 = only at the end"},
@@ -143,8 +142,8 @@ Field* find_field(std::vector<Field>& fs, const std::string& key) {
 }
 
 [[noreturn]] void unknown_key(const std::string& where, const std::string& key) {
-  throw ConfigError(fmt::format("{}unknown key '{}'; did you mean '{}'?", where, key,
-                                closest_run_key(key)));
+  throw ConfigError(
+      fmt::format("{}unknown key '{}'; did you mean '{}'?", where, key, closest_run_key(key)));
 }
 
 template <class Int>
@@ -229,7 +228,8 @@ void set_from_text(const Field& f, const std::string& text) {
 }
 
 [[noreturn]] void bad(const std::string& key, const std::string& what) {
-  throw ConfigError(fmt::format("{} {}; set it in the run file or with --{}=VALUE", key, what, key));
+  throw ConfigError(
+      fmt::format("{} {}; set it in the run file or with --{}=VALUE", key, what, key));
 }
 
 bool one_of(const std::string& v, std::initializer_list<const char*> options) {
@@ -311,10 +311,10 @@ void apply_overrides(RunConfig& c, std::span<const std::string> args) {
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a.rfind("--", 0) != 0 || a.size() == 2)
-      throw ConfigError(fmt::format(
-          "unexpected argument '{}'; overrides are written --section.key=value, e.g. "
-          "--train.steps=100",
-          a));
+      throw ConfigError(
+          fmt::format("unexpected argument '{}'; overrides are written --section.key=value, e.g. "
+                      "--train.steps=100",
+                      a));
     const size_t eq = a.find('=');
     if (eq != std::string::npos) {
       apply_override(c, a.substr(2, eq - 2), a.substr(eq + 1));
@@ -342,7 +342,8 @@ void validate(const RunConfig& c) {
         fmt::format("'{}' is unknown; choose local, ulysses, upipe, ring, usp, upipe-ring, fpdt "
                     "or upipe-fpdt",
                     p.method));
-  if (p.head_chunk < 0) bad("parallel.head_chunk", fmt::format("must be >= 0, got {}", p.head_chunk));
+  if (p.head_chunk < 0)
+    bad("parallel.head_chunk", fmt::format("must be >= 0, got {}", p.head_chunk));
   if (p.ulysses_degree < 0)
     bad("parallel.ulysses_degree", fmt::format("must be >= 0, got {}", p.ulysses_degree));
   if (p.chunks < 0) bad("parallel.chunks", fmt::format("must be >= 0, got {}", p.chunks));
@@ -397,8 +398,8 @@ void validate(const RunConfig& c) {
         fmt::format("must be at least one byte and at most 1073741824 (1 EiB), got {}",
                     c.memory.budget_gib));
   if (!(c.comm.timeout_s > 0) || !std::isfinite(c.comm.timeout_s))
-    bad("comm.timeout_s", fmt::format("must be a finite number of seconds > 0, got {}",
-                                      c.comm.timeout_s));
+    bad("comm.timeout_s",
+        fmt::format("must be a finite number of seconds > 0, got {}", c.comm.timeout_s));
 }
 
 RunConfig load_run_config(const std::string& path, std::span<const std::string> overrides) {

@@ -20,11 +20,11 @@ struct RunConfig {
     bool operator==(const Model&) const = default;
   } model;
   struct Parallel {
-    int cp_size = 0;            // ranks per context-parallel group; 0 = all ranks (DP = 1)
+    int cp_size = 0;  // ranks per context-parallel group; 0 = all ranks (DP = 1)
     std::string method = "upipe";
-    int head_chunk = 0;         // upipe: query heads per stage U; 0 = C
-    int ulysses_degree = 0;     // usp / upipe-ring: ranks per Ulysses group; 0 = default
-    int chunks = 0;             // fpdt: sequence chunks N; 0 = default
+    int head_chunk = 0;      // upipe: query heads per stage U; 0 = C
+    int ulysses_degree = 0;  // usp / upipe-ring: ranks per Ulysses group; 0 = default
+    int chunks = 0;          // fpdt: sequence chunks N; 0 = default
     bool operator==(const Parallel&) const = default;
   } parallel;
   struct Train {
@@ -36,10 +36,10 @@ struct RunConfig {
     int64_t warmup_steps = 10;  // linear warmup from 0
     double weight_decay = 0.1;  // AdamW decoupled weight decay
     double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
-    double grad_clip = 1.0;     // global gradient norm limit; 0 = no clipping
-    int64_t seed = 1;           // weights (random init) and data
-    std::string dtype = "fp32";  // compute dtype: fp32 | bf16 (master weights stay fp32)
-    int64_t tile_tokens = 1024;  // rows per MLP / LM-head tile T
+    double grad_clip = 1.0;            // global gradient norm limit; 0 = no clipping
+    int64_t seed = 1;                  // weights (random init) and data
+    std::string dtype = "fp32";        // compute dtype: fp32 | bf16 (master weights stay fp32)
+    int64_t tile_tokens = 1024;        // rows per MLP / LM-head tile T
     bool offload_checkpoints = false;  // layer checkpoints in the host arena
     bool operator==(const Train&) const = default;
   } train;
@@ -49,23 +49,23 @@ struct RunConfig {
     bool operator==(const Data&) const = default;
   } data;
   struct Checkpoint {
-    std::string dir;            // "" = no checkpoints
-    int64_t interval = 0;       // steps between checkpoints; 0 = only at the end
-    int keep = 3;               // complete checkpoints kept (older ones deleted)
+    std::string dir;       // "" = no checkpoints
+    int64_t interval = 0;  // steps between checkpoints; 0 = only at the end
+    int keep = 3;          // complete checkpoints kept (older ones deleted)
     bool operator==(const Checkpoint&) const = default;
   } checkpoint;
   struct Metrics {
-    std::string path;           // JSONL file, one object per step; "" = none
-    int64_t log_interval = 1;   // steps between log lines
+    std::string path;               // JSONL file, one object per step; "" = none
+    int64_t log_interval = 1;       // steps between log lines
     std::string progress = "auto";  // auto (bar on a terminal) | bar | lines
     bool operator==(const Metrics&) const = default;
   } metrics;
   struct Memory {
-    double budget_gib = 1024;   // device arena budget per rank, GiB
+    double budget_gib = 1024;  // device arena budget per rank, GiB
     bool operator==(const Memory&) const = default;
   } memory;
   struct Comm {
-    double timeout_s = 600;     // a collective or step without progress this long ends the job
+    double timeout_s = 600;  // a collective or step without progress this long ends the job
     bool operator==(const Comm&) const = default;
   } comm;
   bool operator==(const RunConfig&) const = default;

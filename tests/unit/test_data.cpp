@@ -167,8 +167,9 @@ TEST(Data, FilesAreOneStreamReadByWindows) {
   }
   EXPECT_GT(starts.size(), 150u);  // offsets spread over the stream
   // Some windows cross a file boundary (300 and 550).
-  EXPECT_TRUE(std::any_of(starts.begin(), starts.end(),
-                          [](int64_t w) { return (w < 300 && w + 128 > 300) || (w < 550 && w + 128 > 550); }));
+  EXPECT_TRUE(std::any_of(starts.begin(), starts.end(), [](int64_t w) {
+    return (w < 300 && w + 128 > 300) || (w < 550 && w + 128 > 550);
+  }));
   // Deterministic: a second source reads the same windows; another seed reads others.
   const DataSource again(o);
   EXPECT_EQ(again.sample(3, 0, 0), d.sample(3, 0, 0));
@@ -178,7 +179,8 @@ TEST(Data, FilesAreOneStreamReadByWindows) {
 
 TEST(Data, FilesByNameAndGlob) {
   Corpus c;
-  EXPECT_EQ(expand_token_paths(c.dir.file("c.bin")), (std::vector<std::string>{c.dir.file("c.bin")}));
+  EXPECT_EQ(expand_token_paths(c.dir.file("c.bin")),
+            (std::vector<std::string>{c.dir.file("c.bin")}));
   EXPECT_EQ(expand_token_paths(c.dir.file("*.bin")),
             (std::vector<std::string>{c.dir.file("a.bin"), c.dir.file("c.bin")}));
   EXPECT_EQ(expand_token_paths(c.dir.path().string()).size(), 3u);

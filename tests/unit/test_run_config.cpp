@@ -131,8 +131,7 @@ TEST(RunConfig, TomlErrorsNameFileLineAndKey) {
                       {"unknown key 'trian.steps'", "'train.steps'"});
   expect_config_error([] { parse_run_toml("steps = 10\n", "r.toml"); },
                       {"r.toml:1:", "'steps' is not a [section]", "'train.steps'"});
-  expect_config_error([] { parse_run_toml("[train]\nsteps = \n", "bad.toml"); },
-                      {"bad.toml:2:"});
+  expect_config_error([] { parse_run_toml("[train]\nsteps = \n", "bad.toml"); }, {"bad.toml:2:"});
 }
 
 TEST(RunConfig, Int64KeysTakeLargeValues) {

@@ -28,8 +28,8 @@ std::string bin_bytes(int32_t magic, int32_t version, int32_t count, const std::
 
 // A version-1 .npy of a 1-D array with dtype `descr`.
 std::string npy_bytes(const std::string& descr, int64_t n, const std::string& data) {
-  std::string h = "{'descr': '" + descr + "', 'fortran_order': False, 'shape': (" +
-                  std::to_string(n) + ",), }";
+  std::string h =
+      "{'descr': '" + descr + "', 'fortran_order': False, 'shape': (" + std::to_string(n) + ",), }";
   while ((10 + h.size() + 1) % 64 != 0) h += ' ';
   h += '\n';
   std::string s("\x93NUMPY\x01\x00", 8);
@@ -124,8 +124,9 @@ TEST(Tokens, FormatComesFromTheMagicNotTheName) {
 TEST(Tokens, BrokenBinFilesAreRefused) {
   TempDir d;
   const std::vector<uint16_t> ids = {1, 2, 3, 4};
-  expect_config_error([&] { read_tokens(d.write("short.bin", bin_bytes(20240520, 1, 5, ids)), 10); },
-                      {"short.bin", "truncated", "5 ids"});
+  expect_config_error(
+      [&] { read_tokens(d.write("short.bin", bin_bytes(20240520, 1, 5, ids)), 10); },
+      {"short.bin", "truncated", "5 ids"});
   expect_config_error([&] { read_tokens(d.write("long.bin", bin_bytes(20240520, 1, 3, ids)), 10); },
                       {"long.bin", "trailing bytes", "3 ids"});
   expect_config_error([&] { read_tokens(d.write("head.bin", std::string(100, '\0')), 10); },
@@ -156,8 +157,9 @@ TEST(Tokens, BrokenNpyFilesAreRefused) {
   std::string two_d = npy_bytes("<i4", 3, raw(i4));
   two_d.replace(two_d.find("(3,)"), 4, "(1,3)");
   expect_config_error([&] { read_tokens(d.write("m.npy", two_d), 10); }, {"m.npy", "1-D"});
-  expect_config_error([&] { read_tokens(d.write("h.npy", std::string("\x93NUMPY\x01\x00\xff\x00", 10)), 10); },
-                      {"h.npy", "truncated .npy header"});
+  expect_config_error(
+      [&] { read_tokens(d.write("h.npy", std::string("\x93NUMPY\x01\x00\xff\x00", 10)), 10); },
+      {"h.npy", "truncated .npy header"});
 }
 
 }  // namespace
