@@ -37,10 +37,10 @@ int run(Process& proc, const Options& opt) {
   const ModelConfig m = load_model_config(opt.model);
   std::vector<int32_t> tokens;
   if (!opt.tokens.empty()) {
-    tokens = read_npy_tokens(opt.tokens, m.vocab_size);
+    tokens = read_tokens(opt.tokens, m.vocab_size);
   } else {  // no file: uniform random ids, the same on every rank
     if (opt.seq_len <= 0)
-      throw ConfigError("give --tokens FILE.npy, or --seq-len S for random tokens");
+      throw ConfigError("give --tokens FILE (.npy or .bin), or --seq-len S for random tokens");
     tokens.resize(static_cast<size_t>(opt.seq_len));
     for (size_t i = 0; i < tokens.size(); ++i)
       tokens[i] =
@@ -128,7 +128,8 @@ Runner add_eval(CLI::App& cmd) {
                  "Hugging Face model directory (config.json + safetensors), or a preset: "
                  "llama3-8b, llama3.1-8b, llama3-70b, qwen3-8b, qwen3-32b, tiny (random weights)")
       ->capture_default_str();
-  cmd.add_option("--tokens", opt->tokens, "1-D .npy of int32/int64/uint16/uint32 token ids");
+  cmd.add_option("--tokens", opt->tokens,
+                 "token ids: a 1-D .npy (int32/int64/uint16/uint32) or an llm.c .bin");
   cmd.add_option("--seq-len,-S", opt->seq_len,
                  "tokens to use (default: all of --tokens; required without it)")
       ->check(integer_in<int64_t>(0, int64_t(1) << 40));

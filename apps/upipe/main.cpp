@@ -36,6 +36,9 @@ int main(int argc, char** argv) {
   runners[check] = app::add_check(*check);
   CLI::App* eval = cli.add_subcommand("eval", "a model's loss and gradients on one sequence");
   runners[eval] = app::add_eval(*eval);
+  CLI::App* tokenize =
+      cli.add_subcommand("tokenize", "bytes of a text file -> llm.c .bin tokens (vocabulary 256)");
+  runners[tokenize] = app::add_tokenize(*tokenize);
 
   try {
     try {
