@@ -33,9 +33,10 @@ def main():
     torch.manual_seed(args.seed)
     with open(args.config) as f:
         cfg = json.load(f)
+    cfg.pop("torch_dtype", None)  # the model is built in fp32 below, whatever the file says
     config = transformers.AutoConfig.for_model(**cfg)
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=args.attn,
-                                                          torch_dtype=torch.float32)
+                                                          dtype=torch.float32)
     model.train()
     ids = torch.randint(0, config.vocab_size, (1, args.seq_len))
 
@@ -46,7 +47,7 @@ def main():
         t1 = time.perf_counter()
         loss.backward()
         t2 = time.perf_counter()
-        return t1 - t0, t2 - t1, float(loss)
+        return t1 - t0, t2 - t1, float(loss.detach())
 
     step()  # warm-up
     runs = [step() for _ in range(args.iters)]
