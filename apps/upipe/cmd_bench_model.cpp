@@ -93,9 +93,10 @@ int run(Process& proc, const Options& opt) {
     std::printf("%s, %lld tokens, %s on %d rank(s), %s: loss %.6f\n", m.source.c_str(),
                 (long long)opt.seq_len, opt.model.method.c_str(), proc.world.size(),
                 opt.model.dtype.c_str(), loss);
-    std::printf("  step %.3f s (forward %.3f s, backward %.3f s; median of %d), %.0f tokens/s, "
-                "%.3f model TFLOP/s\n",
-                t, median(fwd), median(bwd), opt.iters, tps, tflops);
+    std::printf(
+        "  step %.3f s (forward %.3f s, backward %.3f s; median of %d), %.0f tokens/s, "
+        "%.3f model TFLOP/s\n",
+        t, median(fwd), median(bwd), opt.iters, tps, tflops);
     std::printf("  peak %s per rank (max)\n", format_bytes(peak).c_str());
   }
   return 0;

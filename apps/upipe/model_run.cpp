@@ -53,7 +53,8 @@ std::string name_model_fields(std::string msg, const ModelConfig& m) {
                                                         {"--heads", "num_attention_heads"}};
   for (const auto& [flag, field] : fields)
     for (size_t at = msg.find(flag); at != std::string::npos; at = msg.find(flag, at + 1))
-      msg.replace(at, std::char_traits<char>::length(flag), fmt::format("{} of {}", field, m.source));
+      msg.replace(at, std::char_traits<char>::length(flag),
+                  fmt::format("{} of {}", field, m.source));
   return msg;
 }
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""`upipe eval`'s bad inputs under mpirun: each case ends every rank with exit status 2 and
+"""`upipe eval`'s (and `upipe bench model`'s) bad inputs under mpirun: each case ends every rank with exit status 2 and
 exactly one line "upipe: error: ..." (rank 0's) naming the file, tensor or field to fix — never a
 crash, a hang or a loss. The bad models and token files are built in a temporary directory from
 the committed fixture tests/fixtures/hf/llama (Debian's python3, standard library only).
@@ -133,6 +133,13 @@ def build(root):
          "num_attention_heads of $TMP/heads3/config.json", "eval", "--model", d, "--seq-len", "16", "--method", "ulysses")
     case("--head-chunk", "eval", "--model", FIXTURE, "--tokens", tokens, "--method", "upipe", "--head-chunk", "3")
     case("--chunks", "eval", "--model", FIXTURE, "--tokens", tokens, "--method", "fpdt", "--chunks", "7")
+    # `upipe bench model` shares eval's model loading and checks.
+    case("seq-len (9)", "bench", "model", "--model", FIXTURE, "--seq-len", "9", "--method", "ulysses")
+    case("--seq-len", "bench", "model", "--model", "tiny", "--seq-len", "1")
+    case("--iters", "bench", "model", "--model", "tiny", "--iters", "0")
+    case("field 'model_type' = \"gpt2\"", "bench", "model", "--model", os.path.join(root, "gpt2"), "--seq-len", "8")
+    case("tensor 'model.layers.0.mlp.gate_proj.weight': has shape [64, 160]", "bench", "model", "--model",
+         os.path.join(root, "wrong_shape"), "--seq-len", "16", "--method", "ulysses")
     return cases
 
 

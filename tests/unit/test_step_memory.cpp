@@ -32,34 +32,34 @@ TEST(StepMemory, MetaStepPeaksAtTheClosedForm) {
         for (const std::string& method : methods(c))
           for (DType t : {DType::kF32, DType::kBF16})
             for (int64_t tile : {40, 384})
-            for (bool offload : {false, true}) {
-              DecoderOptions opt;
-              opt.method = method;
-              opt.attn.seq_len = s;
-              opt.attn.dtype = t;
-              opt.tile_tokens = tile;
-              opt.offload_checkpoints = offload;
-              Device dev({BackendKind::kMeta, int64_t(1) << 40, int64_t(1) << 40});
-              FakeCommunicator comm(rank, c);
-              Decoder dec(dev, comm, m, opt);
-              const ParamMap w = allocate_params(dev, m, t, Tag::kParams);
-              const ParamMap g = allocate_params(dev, m, DType::kF32, Tag::kGrads);
-              dev.mem().reset_peak();
-              dev.host().reset_peak();
-              dec.loss_and_grads(tokens, w, g);
-              const DecoderStepBytes want = decoder_step_bytes(
-                  dev.backend(), m, opt, s / c, dec.strategy().attn_formula_bytes());
-              const std::string what = std::string(preset) + " " + method + " " + dtype_name(t) +
-                                       (offload ? " offload" : "") + " rank " +
-                                       std::to_string(rank) + " of " + std::to_string(c);
-              EXPECT_EQ(dev.mem().peak(), want.peak) << what;
-              EXPECT_EQ(dev.mem().peak_by_tag().v[size_t(Tag::kCkpt)], want.ckpt) << what;
-              EXPECT_EQ(dev.mem().peak_by_tag().v[size_t(Tag::kAct)], want.act) << what;
-              EXPECT_EQ(dev.host().peak_by_tag().v[size_t(Tag::kCkpt)], want.ckpt_host) << what;
-              EXPECT_EQ(dev.mem().peak_by_tag().v[size_t(Tag::kParams)], want.params) << what;
-              EXPECT_EQ(dev.mem().peak_by_tag().v[size_t(Tag::kGrads)], want.grads) << what;
-              ++checked;
-            }
+              for (bool offload : {false, true}) {
+                DecoderOptions opt;
+                opt.method = method;
+                opt.attn.seq_len = s;
+                opt.attn.dtype = t;
+                opt.tile_tokens = tile;
+                opt.offload_checkpoints = offload;
+                Device dev({BackendKind::kMeta, int64_t(1) << 40, int64_t(1) << 40});
+                FakeCommunicator comm(rank, c);
+                Decoder dec(dev, comm, m, opt);
+                const ParamMap w = allocate_params(dev, m, t, Tag::kParams);
+                const ParamMap g = allocate_params(dev, m, DType::kF32, Tag::kGrads);
+                dev.mem().reset_peak();
+                dev.host().reset_peak();
+                dec.loss_and_grads(tokens, w, g);
+                const DecoderStepBytes want = decoder_step_bytes(
+                    dev.backend(), m, opt, s / c, dec.strategy().attn_formula_bytes());
+                const std::string what = std::string(preset) + " " + method + " " + dtype_name(t) +
+                                         (offload ? " offload" : "") + " rank " +
+                                         std::to_string(rank) + " of " + std::to_string(c);
+                EXPECT_EQ(dev.mem().peak(), want.peak) << what;
+                EXPECT_EQ(dev.mem().peak_by_tag().v[size_t(Tag::kCkpt)], want.ckpt) << what;
+                EXPECT_EQ(dev.mem().peak_by_tag().v[size_t(Tag::kAct)], want.act) << what;
+                EXPECT_EQ(dev.host().peak_by_tag().v[size_t(Tag::kCkpt)], want.ckpt_host) << what;
+                EXPECT_EQ(dev.mem().peak_by_tag().v[size_t(Tag::kParams)], want.params) << what;
+                EXPECT_EQ(dev.mem().peak_by_tag().v[size_t(Tag::kGrads)], want.grads) << what;
+                ++checked;
+              }
   }
   EXPECT_EQ(checked, 3 * (2 * 3 + 2 * 2 * 6) * 8);
 }
