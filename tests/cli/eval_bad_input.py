@@ -123,7 +123,7 @@ def build(root):
     case("float.npy", "eval", "--model", FIXTURE, "--tokens", os.path.join(root, "float.npy"))
     with open(os.path.join(root, "text.npy"), "w") as f:
         f.write("1 2 3 4\n")
-    case("text.npy is not a .npy file", "eval", "--model", FIXTURE, "--tokens", os.path.join(root, "text.npy"))
+    case("text.npy is neither a .npy file", "eval", "--model", FIXTURE, "--tokens", os.path.join(root, "text.npy"))
     # S not allowed by the method: the sequence does not split over the ranks, the heads do not.
     case("seq-len (9)", "eval", "--model", FIXTURE, "--tokens", tokens, "--seq-len", "9", "--method", "ulysses")
     case("seq-len (10)", "eval", "--model", FIXTURE, "--tokens", tokens, "--seq-len", "10", "--method", "ring")
