@@ -3,7 +3,8 @@
 // alone), so rank 0 reports it in one line and every rank exits with status 2. Failures of one
 // rank end the whole job through MPI_Abort, naming the rank, so no rank is left waiting in a
 // collective: out-of-memory with status 3, a size overflow that input validation did not catch
-// (SizeError) with status 2, anything else with status 1.
+// (SizeError) with status 2, anything else with status 1. A collective that makes no progress
+// for --timeout seconds (a rank stuck or dead) ends the job through the watchdog, status 4.
 #include <cstdio>
 #include <map>
 
@@ -11,6 +12,7 @@
 #include "comm/mpi/mpi_comm.h"
 #include "core/check.h"
 #include "core/errors.h"
+#include "core/watchdog.h"
 
 int main(int argc, char** argv) {
   using namespace upipe;
@@ -36,6 +38,9 @@ int main(int argc, char** argv) {
   runners[check] = app::add_check(*check);
   CLI::App* eval = cli.add_subcommand("eval", "a model's loss and gradients on one sequence");
   runners[eval] = app::add_eval(*eval);
+  double timeout_s = kDefaultWatchdogTimeoutS;
+  for (CLI::App* cmd : {demo, kernel, battn, bcomm, check, eval})
+    app::add_timeout_option(*cmd, timeout_s);
 
   try {
     try {
@@ -47,6 +52,7 @@ int main(int argc, char** argv) {
       }
       throw ConfigError(e.what());
     }
+    Watchdog::start(timeout_s);
     for (auto& [cmd, run] : runners)
       if (cmd->parsed() && run) return run(proc);
     throw ConfigError("no command given; try upipe --help");
