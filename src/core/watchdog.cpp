@@ -131,15 +131,21 @@ std::string Watchdog::message(double idle_s) {
       log_rank(), idle_s, where);
 }
 
-WatchdogOp::WatchdogOp(const char* op) : prev_(g_op.exchange(op, std::memory_order_relaxed)) {
-  g_armed.fetch_add(1, std::memory_order_relaxed);
+namespace {
+void arm(int delta) {
+  g_armed.store(g_armed.load(std::memory_order_relaxed) + delta, std::memory_order_relaxed);
   watchdog_beat();
+}
+}  // namespace
+
+WatchdogOp::WatchdogOp(const char* op) : prev_(g_op.load(std::memory_order_relaxed)) {
+  g_op.store(op, std::memory_order_relaxed);
+  arm(+1);
 }
 
 WatchdogOp::~WatchdogOp() {
   g_op.store(prev_, std::memory_order_relaxed);
-  g_armed.fetch_sub(1, std::memory_order_relaxed);
-  watchdog_beat();
+  arm(-1);
 }
 
 WatchdogContext::WatchdogContext(std::string label) {
@@ -147,8 +153,7 @@ WatchdogContext::WatchdogContext(std::string label) {
     std::lock_guard lock(g_context_mu);
     g_contexts.push_back(std::move(label));
   }
-  g_armed.fetch_add(1, std::memory_order_relaxed);
-  watchdog_beat();
+  arm(+1);
 }
 
 WatchdogContext::~WatchdogContext() {
@@ -156,8 +161,7 @@ WatchdogContext::~WatchdogContext() {
     std::lock_guard lock(g_context_mu);
     g_contexts.pop_back();
   }
-  g_armed.fetch_sub(1, std::memory_order_relaxed);
-  watchdog_beat();
+  arm(-1);
 }
 
 }  // namespace upipe

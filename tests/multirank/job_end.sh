@@ -9,6 +9,8 @@
 #          mpirun exits 0.
 #   int    SIGINT to mpirun (Ctrl-C) with --mca odls_base_sigkill_timeout 10: every rank still
 #          stops cleanly (mpirun's own status is 1 by OpenMPI's design; printed, not asserted).
+#   ctrlc  tools/mpirun_graceful.sh runs mpirun; SIGINT to the script's whole process group (what
+#          a terminal's Ctrl-C does): every rank stops cleanly and the script exits 0.
 # Usage: job_end.sh CASE JOB_BINARY MPIRUN [MPIRUN ARGS...]
 set -u
 case_=$1
@@ -70,12 +72,21 @@ stop | sleep | kill)
   fi
   no_leftovers
   ;;
-usr1 | term | int)
+usr1 | term | int | ctrlc)
   np=3
   extra=()
   [ "$case_" = int ] && extra=(--mca odls_base_sigkill_timeout 10)
-  timeout 120 "${MPIRUN[@]}" "${extra[@]}" -np $np "$bin" signal >"$out" 2>&1 &
-  job=$!
+  if [ "$case_" = ctrlc ]; then
+    # Job control on: the script runs in its own process group, as a terminal's foreground job.
+    set -m
+    bash "$(dirname "$0")/../../tools/mpirun_graceful.sh" "${MPIRUN[@]}" -np $np "$bin" signal \
+      >"$out" 2>&1 &
+    job=$!
+    set +m
+  else
+    timeout 120 "${MPIRUN[@]}" "${extra[@]}" -np $np "$bin" signal >"$out" 2>&1 &
+    job=$!
+  fi
   wait_ready $np
   sleep 0.5
   mpirun_pid=$(pgrep -P $job | head -1)
@@ -85,6 +96,7 @@ usr1 | term | int)
   usr1) kill -USR1 "$mpirun_pid" ;;
   term) kill -TERM "$(pids | sed -n 2p)" ;;
   int) kill -INT "$mpirun_pid" ;;
+  ctrlc) kill -INT -- -"$job" ;;
   esac
   wait $job
   rc=$?
