@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/errors.h"
+#include "core/watchdog.h"
 
 namespace upipe::app {
 
@@ -185,6 +186,14 @@ int64_t parse_bytes(const std::string& s, const char* flag) {
     throw ConfigError(fmt::format("{}: '{}' is more than {} (1 EiB); give a smaller size", flag, s,
                                   kMaxBudgetText));
   return int64_t(std::floor(bytes));
+}
+
+void add_timeout_option(CLI::App& cmd, double& timeout_s) {
+  timeout_s = kDefaultWatchdogTimeoutS;
+  cmd.add_option("--timeout", timeout_s,
+                 "seconds a collective may make no progress before the job is ended (0 = never)")
+      ->check(number_in(0, 1e7))
+      ->capture_default_str();
 }
 
 }  // namespace upipe::app

@@ -51,6 +51,10 @@ CLI::Validator number_in(double lo, double hi);
 // "80G", "512MiB", "1.5g", "4096" -> bytes in [1, kMaxBudget]; throws ConfigError naming `flag`.
 int64_t parse_bytes(const std::string& s, const char* flag = "--memory-budget");
 
+// --timeout S on a command that communicates: the watchdog's timeout in seconds (0 = none;
+// default kDefaultWatchdogTimeoutS, core/watchdog.h). main() starts the watchdog with it.
+void add_timeout_option(CLI::App& cmd, double& timeout_s);
+
 // Per-process state every command gets.
 struct Process {
   Communicator& world;

@@ -18,6 +18,8 @@ Runner add_bench_comm(CLI::App& bench);
 Runner add_bench_model(CLI::App& bench);
 Runner add_check(CLI::App& app);
 Runner add_eval(CLI::App& app);
+Runner add_train(CLI::App& app);
+Runner add_export(CLI::App& app);
 Runner add_tokenize(CLI::App& app);
 
 }  // namespace upipe::app

@@ -3,7 +3,8 @@
 // alone), so rank 0 reports it in one line and every rank exits with status 2. Failures of one
 // rank end the whole job through MPI_Abort, naming the rank, so no rank is left waiting in a
 // collective: out-of-memory with status 3, a size overflow that input validation did not catch
-// (SizeError) with status 2, anything else with status 1.
+// (SizeError) with status 2, anything else with status 1. A collective that makes no progress
+// for --timeout seconds (a rank stuck or dead) ends the job through the watchdog, status 4.
 #include <cstdio>
 #include <map>
 
@@ -11,6 +12,7 @@
 #include "comm/mpi/mpi_comm.h"
 #include "core/check.h"
 #include "core/errors.h"
+#include "core/watchdog.h"
 
 int main(int argc, char** argv) {
   using namespace upipe;
@@ -41,6 +43,16 @@ int main(int argc, char** argv) {
   CLI::App* tokenize =
       cli.add_subcommand("tokenize", "bytes of a text file -> llm.c .bin tokens (vocabulary 256)");
   runners[tokenize] = app::add_tokenize(*tokenize);
+  CLI::App* train = cli.add_subcommand(
+      "train", "train a model: ZeRO-3 over DP x CP, any attention strategy (docs/training.md)");
+  runners[train] = app::add_train(*train);
+  CLI::App* exp =
+      cli.add_subcommand("export", "a training checkpoint as a Hugging Face folder (one process)");
+  runners[exp] = app::add_export(*exp);
+  // `upipe train` takes its timeout from the run file (comm.timeout_s).
+  double timeout_s = kDefaultWatchdogTimeoutS;
+  for (CLI::App* cmd : {demo, kernel, battn, bcomm, bmodel, check, eval})
+    app::add_timeout_option(*cmd, timeout_s);
 
   try {
     try {
@@ -52,6 +64,7 @@ int main(int argc, char** argv) {
       }
       throw ConfigError(e.what());
     }
+    Watchdog::start(timeout_s);
     for (auto& [cmd, run] : runners)
       if (cmd->parsed() && run) return run(proc);
     throw ConfigError("no command given; try upipe --help");

@@ -81,6 +81,8 @@ run_case "--seed" check --seed 1.5
 run_case "--iters" bench attention --iters 0
 run_case "--iters" bench kernel --iters nan
 run_case "--seq-lens" demo --seq-lens 1024 -1
+run_case "--timeout" check --timeout -1
+run_case "--timeout" bench comm --timeout nan
 fix=$(cd "$(dirname "$0")/../fixtures/hf" && pwd)
 run_case "config.json" eval --model /nonexistent --seq-len 8
 run_case "--seq-len 600 is longer" eval --model "$fix/llama" --tokens "$fix/llama/tokens.npy" --seq-len 600

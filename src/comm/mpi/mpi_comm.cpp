@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "core/watchdog.h"
 
 namespace upipe {
 namespace {
@@ -85,12 +86,15 @@ std::pair<MPI_Datatype, MPI_Op> reduce_type(DType t, ReduceOp op) {
 // once the requests complete.
 class MpiWork final : public Work {
  public:
-  MpiWork() = default;
+  explicit MpiWork(CommOp op) : op_(op) {}
   MpiWork(const MpiWork&) = delete;
   MpiWork& operator=(const MpiWork&) = delete;
   ~MpiWork() override { wait(); }
   void wait() override {
-    if (n_ > 0) MPI_CHECK(MPI_Waitall(n_, reqs_, MPI_STATUSES_IGNORE));
+    if (n_ > 0) {
+      WatchdogOp scope(comm_op_name(op_));
+      MPI_CHECK(MPI_Waitall(n_, reqs_, MPI_STATUSES_IGNORE));
+    }
     n_ = 0;
     for (MPI_Datatype& t : types_)
       if (t != MPI_DATATYPE_NULL) MPI_CHECK(MPI_Type_free(&t));
@@ -113,6 +117,7 @@ class MpiWork final : public Work {
   MPI_Request reqs_[kMaxRequests];
   MPI_Datatype types_[kMaxRequests] = {MPI_DATATYPE_NULL, MPI_DATATYPE_NULL};
   int n_ = 0;
+  CommOp op_;  // names the wait for the watchdog
 };
 
 constexpr int kP2pTag = 17;
@@ -159,6 +164,7 @@ MpiCommunicator::~MpiCommunicator() {
 
 void MpiCommunicator::all_to_all(const void* send, void* recv, int64_t bytes_per_rank) {
   record(CommOp::kAllToAll, bytes_per_rank * (size_ - 1));
+  WatchdogOp scope(comm_op_name(CommOp::kAllToAll));
   ByteCount c(bytes_per_rank);
   MPI_CHECK(MPI_Alltoall(send, c.count, c.type, recv, c.count, c.type, comm_));
 }
@@ -176,12 +182,14 @@ void MpiCommunicator::all_to_allv(const void* send, const int64_t* send_bytes,
     if (i != rank_) sent += send_bytes[i];
   }
   record(CommOp::kAllToAllV, sent);
+  WatchdogOp scope(comm_op_name(CommOp::kAllToAllV));
   MPI_CHECK(MPI_Alltoallv(send, sc.data(), sd.data(), MPI_BYTE, recv, rc.data(), rd.data(),
                           MPI_BYTE, comm_));
 }
 
 void MpiCommunicator::all_gather(const void* send, void* recv, int64_t bytes_per_rank) {
   record(CommOp::kAllGather, bytes_per_rank * (size_ - 1));
+  WatchdogOp scope(comm_op_name(CommOp::kAllGather));
   ByteCount c(bytes_per_rank);
   MPI_CHECK(MPI_Allgather(send, c.count, c.type, recv, c.count, c.type, comm_));
 }
@@ -189,6 +197,7 @@ void MpiCommunicator::all_gather(const void* send, void* recv, int64_t bytes_per
 void MpiCommunicator::reduce_scatter(const void* send, void* recv, int64_t count, DType t,
                                      ReduceOp op) {
   record(CommOp::kReduceScatter, count * dtype_size(t) * (size_ - 1));
+  WatchdogOp scope(comm_op_name(CommOp::kReduceScatter));
   auto [type, mop] = reduce_type(t, op);
   MPI_CHECK(MPI_Reduce_scatter_block(send, recv, to_int(count, "reduce_scatter count"), type, mop,
                                      comm_));
@@ -197,12 +206,14 @@ void MpiCommunicator::reduce_scatter(const void* send, void* recv, int64_t count
 void MpiCommunicator::all_reduce(void* buf, int64_t count, DType t, ReduceOp op) {
   const int64_t bytes = count * dtype_size(t);
   record(CommOp::kAllReduce, size_ > 1 ? 2 * bytes * (size_ - 1) / size_ : 0);
+  WatchdogOp scope(comm_op_name(CommOp::kAllReduce));
   auto [type, mop] = reduce_type(t, op);
   MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, to_int(count, "all_reduce count"), type, mop, comm_));
 }
 
 void MpiCommunicator::broadcast(void* buf, int64_t bytes, int root) {
   record(CommOp::kBroadcast, rank_ == root ? bytes * (size_ - 1) : 0);
+  WatchdogOp scope(comm_op_name(CommOp::kBroadcast));
   ByteCount c(bytes);
   MPI_CHECK(MPI_Bcast(buf, c.count, c.type, root, comm_));
 }
@@ -214,13 +225,15 @@ void MpiCommunicator::sendrecv(const void* send, int64_t send_bytes, int dst, vo
 
 void MpiCommunicator::barrier() {
   record(CommOp::kBarrier, 0);
+  WatchdogOp scope(comm_op_name(CommOp::kBarrier));
   MPI_CHECK(MPI_Barrier(comm_));
 }
 
 std::unique_ptr<Work> MpiCommunicator::iall_to_all(const void* send, void* recv,
                                                    int64_t bytes_per_rank) {
   record(CommOp::kAllToAll, bytes_per_rank * (size_ - 1));
-  auto w = std::make_unique<MpiWork>();
+  WatchdogOp scope(comm_op_name(CommOp::kAllToAll));
+  auto w = std::make_unique<MpiWork>(CommOp::kAllToAll);
   ByteCount c(bytes_per_rank);
   MPI_CHECK(MPI_Ialltoall(send, c.count, c.type, recv, c.count, c.type, comm_, w->add()));
   w->keep(c);
@@ -230,7 +243,8 @@ std::unique_ptr<Work> MpiCommunicator::iall_to_all(const void* send, void* recv,
 std::unique_ptr<Work> MpiCommunicator::iall_gather(const void* send, void* recv,
                                                    int64_t bytes_per_rank) {
   record(CommOp::kAllGather, bytes_per_rank * (size_ - 1));
-  auto w = std::make_unique<MpiWork>();
+  WatchdogOp scope(comm_op_name(CommOp::kAllGather));
+  auto w = std::make_unique<MpiWork>(CommOp::kAllGather);
   ByteCount c(bytes_per_rank);
   MPI_CHECK(MPI_Iallgather(send, c.count, c.type, recv, c.count, c.type, comm_, w->add()));
   w->keep(c);
@@ -240,8 +254,9 @@ std::unique_ptr<Work> MpiCommunicator::iall_gather(const void* send, void* recv,
 std::unique_ptr<Work> MpiCommunicator::ireduce_scatter(const void* send, void* recv, int64_t count,
                                                        DType t, ReduceOp op) {
   record(CommOp::kReduceScatter, count * dtype_size(t) * (size_ - 1));
+  WatchdogOp scope(comm_op_name(CommOp::kReduceScatter));
   auto [type, mop] = reduce_type(t, op);
-  auto w = std::make_unique<MpiWork>();
+  auto w = std::make_unique<MpiWork>(CommOp::kReduceScatter);
   MPI_CHECK(MPI_Ireduce_scatter_block(send, recv, to_int(count, "reduce_scatter count"), type, mop,
                                       comm_, w->add()));
   return w;
@@ -250,8 +265,9 @@ std::unique_ptr<Work> MpiCommunicator::ireduce_scatter(const void* send, void* r
 std::unique_ptr<Work> MpiCommunicator::iall_reduce(void* buf, int64_t count, DType t, ReduceOp op) {
   const int64_t bytes = count * dtype_size(t);
   record(CommOp::kAllReduce, size_ > 1 ? 2 * bytes * (size_ - 1) / size_ : 0);
+  WatchdogOp scope(comm_op_name(CommOp::kAllReduce));
   auto [type, mop] = reduce_type(t, op);
-  auto w = std::make_unique<MpiWork>();
+  auto w = std::make_unique<MpiWork>(CommOp::kAllReduce);
   MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf, to_int(count, "all_reduce count"), type, mop, comm_,
                            w->add()));
   return w;
@@ -260,7 +276,8 @@ std::unique_ptr<Work> MpiCommunicator::iall_reduce(void* buf, int64_t count, DTy
 std::unique_ptr<Work> MpiCommunicator::isendrecv(const void* send, int64_t send_bytes, int dst,
                                                  void* recv, int64_t recv_bytes, int src) {
   record(CommOp::kSendRecv, dst == rank_ ? 0 : send_bytes);
-  auto w = std::make_unique<MpiWork>();
+  WatchdogOp scope(comm_op_name(CommOp::kSendRecv));
+  auto w = std::make_unique<MpiWork>(CommOp::kSendRecv);
   ByteCount rc(recv_bytes), sc(send_bytes);
   MPI_CHECK(MPI_Irecv(recv, rc.count, rc.type, src, kP2pTag, comm_, w->add()));
   MPI_CHECK(MPI_Isend(send, sc.count, sc.type, dst, kP2pTag, comm_, w->add()));
@@ -273,7 +290,10 @@ std::unique_ptr<Communicator> MpiCommunicator::split(const SplitRule& rule) {
   const SplitPlace want = split_place(rule, rank_, size_);
   const SplitKey me = rule(rank_);
   MPI_Comm sub;
-  MPI_CHECK(MPI_Comm_split(comm_, me.color, me.key, &sub));
+  {
+    WatchdogOp scope("split");
+    MPI_CHECK(MPI_Comm_split(comm_, me.color, me.key, &sub));
+  }
   auto c = std::make_unique<MpiCommunicator>(sub, true);
   UPIPE_CHECK(c->size() == want.size && c->rank() == want.rank,
               "split gave rank {} of {}, the rule gives rank {} of {}; every rank must pass the "

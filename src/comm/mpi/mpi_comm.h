@@ -2,7 +2,9 @@
 // fatal handler (MPI_Abort, so a failure on one rank ends the job instead of hanging the
 // others) and hands out the world communicator. Every MPI return code is checked. Blocking
 // collectives call MPI's blocking forms; the i* forms call MPI_I* and return a Work that owns
-// the request(s) and any large-message datatype until they complete.
+// the request(s) and any large-message datatype until they complete. Every call and every
+// Work::wait runs inside a WatchdogOp naming its collective (core/watchdog.h), so a started
+// watchdog ends the job when one of them makes no progress.
 #pragma once
 
 #include <mpi.h>
