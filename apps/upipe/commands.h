@@ -19,6 +19,8 @@ Runner add_bench_model(CLI::App& bench);
 Runner add_check(CLI::App& app);
 Runner add_eval(CLI::App& app);
 Runner add_train(CLI::App& app);
+// `upipe demo`: upipe train on the copy task with the demo's settings (cmd_train.cpp).
+Runner add_demo_train(CLI::App& app);
 Runner add_export(CLI::App& app);
 Runner add_tokenize(CLI::App& app);
 

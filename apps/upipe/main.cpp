@@ -23,8 +23,17 @@ int main(int argc, char** argv) {
   CLI::App cli{"upipe: headwise-chunked Ulysses context parallelism for long-context training"};
   cli.require_subcommand(1);
   std::map<CLI::App*, app::Runner> runners;
-  CLI::App* demo = cli.add_subcommand("demo", "built-in demonstration");
-  runners[demo] = app::add_demo(*demo);
+  CLI::App* demo = cli.add_subcommand(
+      "demo", "built-in demonstration: train the tiny model on the copy task (run-file overrides "
+              "such as --train.steps=500 apply)");
+  CLI::App* demo_attn =
+      demo->add_subcommand("attention", "UPipe and Ulysses checked against local, timed, planned");
+  {
+    app::Runner attention = app::add_demo(*demo_attn), training = app::add_demo_train(*demo);
+    runners[demo] = [demo_attn, attention, training](app::Process& p) {
+      return demo_attn->parsed() ? attention(p) : training(p);
+    };
+  }
   CLI::App* bench = cli.add_subcommand("bench", "benchmarks (physical units, JSON with --json)");
   bench->require_subcommand(1);
   CLI::App* kernel = bench->add_subcommand("kernel", "attention kernel vs GEMM on one rank");
@@ -51,7 +60,7 @@ int main(int argc, char** argv) {
   runners[exp] = app::add_export(*exp);
   // `upipe train` takes its timeout from the run file (comm.timeout_s).
   double timeout_s = kDefaultWatchdogTimeoutS;
-  for (CLI::App* cmd : {demo, kernel, battn, bcomm, bmodel, check, eval})
+  for (CLI::App* cmd : {demo_attn, kernel, battn, bcomm, bmodel, check, eval})
     app::add_timeout_option(*cmd, timeout_s);
 
   try {

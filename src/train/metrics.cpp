@@ -1,9 +1,12 @@
 #include "train/metrics.h"
 
+#include <fcntl.h>
+
 #include <fmt/format.h>
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -125,7 +128,17 @@ std::string format_progress_bar(int64_t step, int64_t total, int width) {
 }
 
 bool stdout_is_terminal() {
-  return isatty(STDOUT_FILENO) == 1;
+  if (isatty(STDOUT_FILENO) != 1) return false;
+  // OpenMPI gives its ranks a pseudo-terminal for stdout whatever mpirun's own stdout is, so a
+  // rank's isatty says nothing about the user's screen. Under mpirun, ask mpirun's stdout (the
+  // rank's parent on the launching node); when it cannot be read, plain lines are the safe choice.
+  if (std::getenv("OMPI_COMM_WORLD_SIZE") == nullptr) return true;
+  const std::string parent_stdout = fmt::format("/proc/{}/fd/1", int(getppid()));
+  const int fd = ::open(parent_stdout.c_str(), O_WRONLY | O_NOCTTY);
+  if (fd < 0) return false;
+  const bool tty = isatty(fd) == 1;
+  ::close(fd);
+  return tty;
 }
 
 ProgressMode parse_progress_mode(const std::string& s, bool terminal) {

@@ -80,7 +80,7 @@ run_case "--seed" check --seed -1
 run_case "--seed" check --seed 1.5
 run_case "--iters" bench attention --iters 0
 run_case "--iters" bench kernel --iters nan
-run_case "--seq-lens" demo --seq-lens 1024 -1
+run_case "--seq-lens" demo attention --seq-lens 1024 -1
 run_case "--timeout" check --timeout -1
 run_case "--timeout" bench comm --timeout nan
 fix=$(cd "$(dirname "$0")/../fixtures/hf" && pwd)

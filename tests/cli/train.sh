@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# `upipe train` end to end under mpirun (2 ranks), one case per argument:
+#   learns   the copy task: the copied half's loss falls from ~log V to below 0.5 in 600 steps
+#   resume   a run stopped by SIGUSR1 (checkpoint, exit 0) and resumed ends with rank files
+#            bitwise equal to an uninterrupted run's; the metrics file has every step once;
+#            export -> a Hugging Face folder that `upipe eval` loads; resume on 1 rank reshards
+#   kill     a rank killed with SIGKILL mid-run ends the job (non-zero) within 30 s, and the
+#            newest complete checkpoint still resumes
+#   hang     a rank stopped with SIGSTOP ends the job within comm.timeout_s + a few seconds,
+#            with the watchdog naming the step
+# Usage: train.sh UPIPE MPIRUN... -- CASE
+set -u
+upipe=$1
+shift
+mpirun=()
+while [ "$1" != "--" ]; do mpirun+=("$1"); shift; done
+shift
+case_name=$1
+tmp=$(mktemp -d)
+trap 'pkill -KILL -f "$tmp" 2>/dev/null; rm -rf "$tmp"' EXIT
+fail() { echo "FAIL ($case_name): $*"; exit 1; }
+# Small, fast steps: tiny model, S = 64.
+small=(--train.seq_len=64 --train.tile_tokens=64 --metrics.progress=lines --metrics.log_interval=1000)
+
+# The value of `key` in the last line of a JSONL file.
+last() { python3 -c "import json,sys; print(json.loads(open(sys.argv[1]).read().splitlines()[-1])[sys.argv[2]])" "$1" "$2"; }
+lines() { [ -f "$1" ] && wc -l < "$1" || echo 0; }
+# Waits until the JSONL file has at least n lines (at most 60 s).
+wait_lines() { for _ in $(seq 600); do [ "$(lines "$1")" -ge "$2" ] && return 0; sleep 0.1; done; fail "no progress in $1"; }
+
+case $case_name in
+learns)
+  timeout 300 "${mpirun[@]}" -np 2 "$upipe" demo --train.steps=600 --metrics.path="$tmp/m.jsonl" \
+    --metrics.log_interval=100 > "$tmp/out" 2>&1 || { cat "$tmp/out"; fail "demo failed"; }
+  cat "$tmp/out" | tail -12
+  first=$(head -1 "$tmp/m.jsonl" | python3 -c "import json,sys; print(json.load(sys.stdin)['copy_loss'])")
+  final=$(last "$tmp/m.jsonl" copy_loss)
+  echo "copy loss: step 1 $first, step 600 $final (log 256 = 5.545)"
+  python3 -c "import sys; f,l=float(sys.argv[1]),float(sys.argv[2]); sys.exit(0 if f > 5.0 and l < 0.5 else 1)" \
+    "$first" "$final" || fail "copy loss $first -> $final, want > 5.0 -> < 0.5"
+  ;;
+resume)
+  args=("${small[@]}" --train.steps=300 --checkpoint.keep=2)
+  timeout 300 "${mpirun[@]}" -np 2 "$upipe" train "${args[@]}" --checkpoint.dir="$tmp/a" \
+    > "$tmp/a.out" 2>&1 || { cat "$tmp/a.out"; fail "straight run failed"; }
+  # In the background without `timeout`, so that $! is mpirun (ctest's TIMEOUT bounds the test).
+  "${mpirun[@]}" -np 2 "$upipe" train "${args[@]}" --checkpoint.dir="$tmp/b" \
+    --metrics.path="$tmp/b.jsonl" > "$tmp/b.out" 2>&1 &
+  job=$!
+  wait_lines "$tmp/b.jsonl" 20
+  kill -USR1 $job
+  wait $job; rc=$?
+  [ $rc -eq 0 ] || { cat "$tmp/b.out"; fail "stopped run exited $rc, want 0"; }
+  grep -q "stopped by signal" "$tmp/b.out" || { cat "$tmp/b.out"; fail "no clean-stop message"; }
+  stopped=$(ls "$tmp/b" | grep -c step_) ; [ "$stopped" -ge 1 ] || fail "no checkpoint at the stop"
+  [ -d "$tmp/b/step_00000300" ] && fail "the run finished before the signal; cannot test resume"
+  timeout 300 "${mpirun[@]}" -np 2 "$upipe" train "${args[@]}" --checkpoint.dir="$tmp/b" \
+    --metrics.path="$tmp/b.jsonl" --resume > "$tmp/c.out" 2>&1 || { cat "$tmp/c.out"; fail "resume failed"; }
+  grep "^start:" "$tmp/c.out"
+  for f in rank_00000.safetensors rank_00001.safetensors; do
+    cmp "$tmp/a/step_00000300/$f" "$tmp/b/step_00000300/$f" || fail "$f differs after resume"
+  done
+  python3 - "$tmp/b.jsonl" <<'PY' || fail "metrics file after resume"
+import json, sys
+steps = [json.loads(l)["step"] for l in open(sys.argv[1])]
+sys.exit(0 if steps == list(range(1, 301)) else 1)
+PY
+  echo "stopped at $(grep -o 'after step [0-9]*' "$tmp/b.out"), resumed to 300: rank files identical"
+  # Export, then evaluate the exported folder.
+  "${mpirun[@]}" -np 1 "$upipe" export "$tmp/b" "$tmp/hf" --dtype fp32 || fail "export failed"
+  [ -f "$tmp/hf/config.json" ] && [ -f "$tmp/hf/model.safetensors" ] || fail "export wrote no folder"
+  "${mpirun[@]}" -np 2 "$upipe" eval --model "$tmp/hf" --seq-len 64 --method ulysses --json \
+    > "$tmp/eval.json" || fail "eval of the exported folder failed"
+  # Resharding: the 2-rank checkpoint continues on 1 rank.
+  timeout 300 "${mpirun[@]}" -np 1 "$upipe" train "${small[@]}" --train.steps=302 \
+    --checkpoint.dir="$tmp/b" --resume > "$tmp/d.out" 2>&1 || { cat "$tmp/d.out"; fail "1-rank resume failed"; }
+  grep -q "resharded" "$tmp/d.out" || { cat "$tmp/d.out"; fail "no resharding on 1 rank"; }
+  [ -f "$tmp/b/step_00000302/DONE" ] || fail "the resharded run wrote no checkpoint"
+  ;;
+kill)
+  "${mpirun[@]}" -np 2 "$upipe" train "${small[@]}" --train.steps=100000 \
+    --checkpoint.dir="$tmp/k" --checkpoint.interval=20 --metrics.path="$tmp/k.jsonl" \
+    > "$tmp/k.out" 2>&1 &
+  job=$!
+  wait_lines "$tmp/k.jsonl" 50
+  victim=$(pgrep -f "upipe train.*$tmp/k" | tail -1)
+  start=$(date +%s)
+  kill -KILL "$victim"
+  wait $job; rc=$?
+  took=$(( $(date +%s) - start ))
+  echo "rank $victim killed: the job ended with status $rc after ${took} s"
+  [ $rc -ne 0 ] || fail "status 0 after a killed rank"
+  [ $took -le 30 ] || fail "took ${took} s (> 30 s)"
+  pgrep -f "upipe train.*$tmp/k" && fail "rank processes left behind"
+  # The newest complete checkpoint resumes and trains two more steps.
+  newest=$(ls "$tmp/k" | grep -v tmp | sort | tail -1)
+  n=$((10#${newest#step_}))
+  timeout 300 "${mpirun[@]}" -np 2 "$upipe" train "${small[@]}" --train.steps=$((n + 2)) \
+    --checkpoint.dir="$tmp/k" --resume > "$tmp/r.out" 2>&1 || { cat "$tmp/r.out"; fail "resume after the kill failed"; }
+  grep "^start:" "$tmp/r.out"
+  [ -f "$tmp/k/step_$(printf %08d $((n + 2)))/DONE" ] || fail "no checkpoint after resuming from $newest"
+  ;;
+hang)
+  "${mpirun[@]}" -np 2 "$upipe" train "${small[@]}" --train.steps=100000 \
+    --comm.timeout_s=3 --metrics.path="$tmp/h.jsonl" > "$tmp/h.out" 2>&1 &
+  job=$!
+  wait_lines "$tmp/h.jsonl" 20
+  victim=$(pgrep -f "upipe train.*$tmp/h" | tail -1)
+  start=$(date +%s)
+  kill -STOP "$victim"
+  wait $job; rc=$?
+  took=$(( $(date +%s) - start ))
+  echo "rank $victim stopped: the job ended with status $rc after ${took} s"
+  grep "no progress" "$tmp/h.out" | head -3
+  [ $rc -ne 0 ] || fail "status 0 after a stopped rank"
+  [ $took -le 20 ] || fail "took ${took} s (> 20 s with a 3 s timeout)"
+  grep -q "no progress for .* (step [0-9]*" "$tmp/h.out" || { cat "$tmp/h.out"; fail "no watchdog message naming the step"; }
+  ;;
+*) fail "unknown case" ;;
+esac
+echo "PASS $case_name"
