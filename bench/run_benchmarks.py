@@ -4,7 +4,7 @@
 Nothing on the results page is typed by hand: every number comes from a `upipe bench` run made
 by this script, whose command lines are printed next to the tables. Usage:
 
-    python3 bench/run_benchmarks.py [--build build] [--quick] [--only kernel,memory,speed,all,plan,comm]
+    python3 bench/run_benchmarks.py [--build build] [--quick] [--only kernel,memory,speed,all,plan,comm,model]
 
 Sections
   kernel  `upipe bench kernel`: attention forward/backward vs a oneDNN GEMM, one thread.
@@ -13,6 +13,8 @@ Sections
   all     every strategy side by side on the same configuration (time and peak).
   plan    meta-device plan of a Llama-3-8B attention block on 8 ranks, S up to 4M tokens.
   comm    `upipe bench comm`: each collective through the communicator vs plain MPI, 2 and 4 ranks.
+  model   `upipe bench model` (a whole Llama decoder's training step, 1 and 2 ranks) vs PyTorch eager
+          (transformers on the CPU, one thread, fp32; skipped with a note without TORCH_PYTHON).
 """
 import argparse
 import datetime
@@ -21,9 +23,12 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MPI = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-x", "OMP_NUM_THREADS=1"]
+# The python with torch + transformers for the PyTorch baseline of the model section.
+TORCH_PYTHON = os.environ.get("TORCH_PYTHON", "/tmp/hf/bin/python")
 ALL_METHODS = ["ulysses", "upipe", "ring", "usp", "upipe-ring", "fpdt", "upipe-fpdt"]
 
 
@@ -294,6 +299,92 @@ def section_comm(quick):
     return "\n".join(text), None
 
 
+# The model section's decoder: Llama-3 shape (GQA 4:1, d=64, SwiGLU), small enough that one step
+# takes about a second on one core. Both engines read this same config.json (random weights).
+MODEL_CONFIG = {"model_type": "llama", "hidden_size": 512, "intermediate_size": 1408, "num_hidden_layers": 2,
+                "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 64, "vocab_size": 8192,
+                "max_position_embeddings": 4096, "rms_norm_eps": 1e-05, "rope_theta": 500000.0,
+                "tie_word_embeddings": False, "torch_dtype": "float32"}
+
+
+def run_torch(config, s, iters, attn):
+    """The PyTorch eager step on the same model: (command string, parsed JSON or None, error)."""
+    script = os.path.join(ROOT, "bench", "bench_model_torch.py")
+    args = ["--config", config, "--seq-len", str(s), "--iters", str(iters), "--attn", attn]
+    shown = " ".join([TORCH_PYTHON, "bench/bench_model_torch.py", "--config", "DIR/config.json"] + args[2:])
+    print("+ " + shown, flush=True)
+    p = subprocess.run([TORCH_PYTHON, script] + args, capture_output=True, text=True,
+                       env=dict(os.environ, OMP_NUM_THREADS="1"))
+    if p.returncode != 0:
+        err = (p.stderr.strip().splitlines() or ["exit %d" % p.returncode])[-1]
+        print("  failed: " + err, flush=True)
+        return shown, None, err
+    return shown, json.loads([l for l in p.stdout.splitlines() if l.startswith("{")][-1]), None
+
+
+def section_model(quick):
+    s, iters = (512, 2) if quick else (1024, 3)
+    reps = 1 if quick else 2
+    have_torch = os.path.exists(TORCH_PYTHON)
+    with tempfile.TemporaryDirectory(prefix="upipe_bench_model_") as d:
+        config = os.path.join(d, "config.json")
+        with open(config, "w") as f:
+            json.dump(MODEL_CONFIG, f)
+        base = ["bench", "model", "--model", "CONFIG", "--seq-len", str(s), "--iters", str(iters), "--dtype", "fp32"]
+        runs = [("upipe local", 1, ["--method", "local"]), ("upipe upipe (U=C)", 2, ["--method", "upipe"])]
+        torch_runs = [("PyTorch eager, sdpa", "sdpa"), ("PyTorch eager, eager attention", "eager")]
+        best, cmds = {}, []
+        faster = lambda j, label: label not in best or j["step_s"] < best[label]["step_s"]
+        # Interleaved repetitions, best of each (this VM's speed drifts; see the speed section).
+        for _ in range(reps):
+            for label, ranks, knobs in runs:
+                shown, j, err = run([a.replace("CONFIG", d) for a in base] + knobs, ranks=ranks if ranks > 1 else None)
+                shown = shown.replace(d, "DIR")
+                if shown not in cmds:
+                    cmds.append(shown)
+                if j is not None and faster(j, label):
+                    best[label] = j
+            for label, attn in torch_runs if have_torch else []:
+                shown, j, err = run_torch(config, s, iters, attn)
+                if shown not in cmds:
+                    cmds.append(shown)
+                if j is not None and faster(j, label):
+                    best[label] = j
+    torch_best = min((best[l]["step_s"] for l, _ in torch_runs if l in best), default=None)
+    rows = []
+    for label in [r[0] for r in runs] + [t[0] for t in torch_runs]:
+        j = best.get(label)
+        if j is None:
+            if label.startswith("upipe") or have_torch:
+                rows.append([label, "failed", "", "", "", "", "", ""])
+            continue
+        ratio = "%.2f×" % (torch_best / j["step_s"]) if torch_best else "—"
+        rows.append([label, j.get("ranks", 1), "%.3f" % j["step_s"], "%.3f" % j["fwd_s"], "%.3f" % j["bwd_s"],
+                     "%.0f" % j["tokens_per_s"], mib(j["peak_bytes"]) if "peak_bytes" in j else "—", ratio])
+    m = MODEL_CONFIG
+    text = ["## Whole model: upipe vs PyTorch eager (CPU, one thread per rank, fp32)",
+            "Llama decoder, D=%d, F=%d, L=%d, H=%d, K=%d, d=%d, V=%d (%.1f M parameters), S=%d random tokens, "
+            "random weights, fp32. One training step = forward to transformers' `labels = input_ids` loss and "
+            "backward to every gradient. upipe: `upipe bench model` (full activation checkpointing: each layer "
+            "is recomputed in backward, so it does more arithmetic than PyTorch; T=1024 tiles); PyTorch: "
+            "transformers %s, torch %s, `torch.set_num_threads(1)`, no checkpointing "
+            "(bench/bench_model_torch.py). Each row is the median of %d steps after a warm-up, best of %d "
+            "interleaved runs; 2-rank times are the slower rank's, with both ranks on this machine's %d shared "
+            "cores. *vs PyTorch* = the faster PyTorch step time / this row's step time (> 1: upipe is faster)."
+            % (m["hidden_size"], m["intermediate_size"], m["num_hidden_layers"], m["num_attention_heads"],
+               m["num_key_value_heads"], m["head_dim"], m["vocab_size"],
+               best["upipe local"]["parameters"] / 1e6 if "upipe local" in best else float("nan"), s,
+               best.get("PyTorch eager, sdpa", {}).get("transformers", "?"),
+               best.get("PyTorch eager, sdpa", {}).get("torch", "?"), iters, reps, os.cpu_count()), ""]
+    if not have_torch:
+        text += ["PyTorch baseline skipped: %s not found (set TORCH_PYTHON to a python with torch and "
+                 "transformers)." % TORCH_PYTHON, ""]
+    text += [table(["implementation", "ranks", "step s", "fwd s", "bwd s", "tokens/s", "peak per rank",
+                    "vs PyTorch"], rows), "",
+             "Commands (DIR/config.json holds the configuration above):", "```", *cmds, "```"]
+    return "\n".join(text), None
+
+
 def plot_plan(series, path):
     try:
         import matplotlib
@@ -354,7 +445,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     ap.add_argument("--quick", action="store_true", help="smaller sizes (minutes instead of tens of minutes)")
-    ap.add_argument("--only", default="kernel,memory,speed,all,plan,comm",
+    ap.add_argument("--only", default="kernel,memory,speed,all,plan,comm,model",
                     help="sections to run; the page keeps the others from its previous version")
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "results.md"))
     args = ap.parse_args()
@@ -371,7 +462,8 @@ def main():
     stamp = "_Generated by `bench/run_benchmarks.py%s --only %%s` on %s at commit %s (%s, %d cores)._" % (
         " --quick" if args.quick else "", datetime.date.today().isoformat(), commit, cpu, os.cpu_count())
     sections = {"kernel": section_kernel, "memory": section_memory, "speed": section_speed,
-                "all": section_all, "plan": section_plan, "comm": section_comm}
+                "all": section_all, "plan": section_plan, "comm": section_comm,
+                "model": section_model}
     fresh = []
     for name in args.only.split(","):
         text, data = sections[name](args.quick)

@@ -15,7 +15,9 @@ Runner add_demo(CLI::App& app);
 Runner add_bench_kernel(CLI::App& bench);
 Runner add_bench_attention(CLI::App& bench);
 Runner add_bench_comm(CLI::App& bench);
+Runner add_bench_model(CLI::App& bench);
 Runner add_check(CLI::App& app);
 Runner add_eval(CLI::App& app);
+Runner add_tokenize(CLI::App& app);
 
 }  // namespace upipe::app

@@ -34,12 +34,17 @@ int main(int argc, char** argv) {
   CLI::App* bcomm =
       bench->add_subcommand("comm", "one collective: engine (blocking, non-blocking) vs plain MPI");
   runners[bcomm] = app::add_bench_comm(*bcomm);
+  CLI::App* bmodel = bench->add_subcommand("model", "the whole decoder's forward + backward");
+  runners[bmodel] = app::add_bench_model(*bmodel);
   CLI::App* check = cli.add_subcommand("check", "verify a strategy against `local`");
   runners[check] = app::add_check(*check);
   CLI::App* eval = cli.add_subcommand("eval", "a model's loss and gradients on one sequence");
   runners[eval] = app::add_eval(*eval);
+  CLI::App* tokenize =
+      cli.add_subcommand("tokenize", "bytes of a text file -> llm.c .bin tokens (vocabulary 256)");
+  runners[tokenize] = app::add_tokenize(*tokenize);
   double timeout_s = kDefaultWatchdogTimeoutS;
-  for (CLI::App* cmd : {demo, kernel, battn, bcomm, check, eval})
+  for (CLI::App* cmd : {demo, kernel, battn, bcomm, bmodel, check, eval})
     app::add_timeout_option(*cmd, timeout_s);
 
   try {

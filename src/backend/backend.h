@@ -112,6 +112,16 @@ struct RowPositions {
   std::vector<int64_t> expand() const;
 };
 
+// One AdamW step (PyTorch's torch.optim.AdamW, decoupled weight decay, bias correction) on a
+// range of a parameter: w -= lr*wd*w; m = b1 m + (1-b1) g'; v = b2 v + (1-b2) g'^2;
+// w -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps), with g' = grad_scale * g (the clipping
+// factor).
+struct AdamWArgs {
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.0;
+  double grad_scale = 1.0;
+  int64_t step = 1;  // t, counted from 1
+};
+
 // ---- The interface ----
 
 class Backend {
@@ -174,6 +184,12 @@ class Backend {
   virtual void add_into(const Mat& dst, const Mat& src) = 0;  // fp32 dst += fp32 src
   // dst (r, c) = beta dst + src^T, fp32.
   virtual void add_transposed(const Mat& dst, const Mat& src, float beta) = 0;
+  // Optimizer ops on contiguous fp32 views. sum_squares: the sum of x^2 accumulated in fp64 in
+  // index order (deterministic; 0 on a device that does not compute).
+  virtual double sum_squares(const Mat& x) = 0;
+  // AdamW on w, with gradient g and moments m, v (all fp32, same shape), in place.
+  virtual void adamw(const Mat& w, const Mat& g, const Mat& m, const Mat& v,
+                     const AdamWArgs& a) = 0;
 };
 
 // The backend of `kind`; a meta backend answers the queries of `plans_for`.

@@ -7,9 +7,11 @@
 namespace upipe {
 
 enum class Tag : uint8_t {
-  kParams,      // model parameters (ZeRO shard) and gathered compute weights
-  kGrads,       // weight gradients
-  kOptim,       // optimizer state (fp32 master, moments)
+  kParams,      // model parameters: the fp32 master shard (ZeRO-3), or whole replicated weights
+  kGrads,       // weight gradients: the fp32 shard, and a unit's full gradient before its
+                // reduce-scatter
+  kOptim,       // optimizer state (AdamW moments)
+  kGathered,    // ZeRO-3: a unit's all-gathered compute-dtype weights (and the send copy)
   kAct,         // block inputs/outputs: x, y, dx, dy
   kQkv,         // projected q, k, v (and their recomputation in backward)
   kA2a,         // all-to-all staging buffers
@@ -38,7 +40,7 @@ constexpr TagMask kAllTags = (TagMask(1) << kNumTags) - 1;
 // What SPEC.md counts as attention intermediates: everything but the block's inputs/outputs,
 // parameters, gradients and optimizer state.
 constexpr TagMask kAttnIntermediateTags =
-    kAllTags &
-    ~(tag_bit(Tag::kParams) | tag_bit(Tag::kGrads) | tag_bit(Tag::kOptim) | tag_bit(Tag::kAct));
+    kAllTags & ~(tag_bit(Tag::kParams) | tag_bit(Tag::kGrads) | tag_bit(Tag::kOptim) |
+                 tag_bit(Tag::kGathered) | tag_bit(Tag::kAct));
 
 }  // namespace upipe

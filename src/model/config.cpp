@@ -296,6 +296,38 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
   return parse_json(j, source);
 }
 
+std::string model_config_json(const ModelConfig& m, const std::string& torch_dtype) {
+  const bool qwen = m.family == ModelFamily::kQwen3;
+  json j = {{"architectures", {qwen ? "Qwen3ForCausalLM" : "LlamaForCausalLM"}},
+            {"model_type", model_family_name(m.family)},
+            {"hidden_size", m.hidden_size},
+            {"intermediate_size", m.intermediate_size},
+            {"num_hidden_layers", m.num_hidden_layers},
+            {"num_attention_heads", m.num_attention_heads},
+            {"num_key_value_heads", m.num_key_value_heads},
+            {"head_dim", m.head_dim},
+            {"vocab_size", m.vocab_size},
+            {"rms_norm_eps", m.rms_norm_eps},
+            {"tie_word_embeddings", m.tie_word_embeddings},
+            {"max_position_embeddings", m.max_position_embeddings},
+            {"hidden_act", "silu"},
+            {"attention_bias", false},
+            {"rope_theta", m.rope.theta},
+            {"torch_dtype", torch_dtype}};
+  if (!qwen) j["mlp_bias"] = false;
+  if (m.rope.scaling.enabled) {
+    const RopeScaling& r = m.rope.scaling;
+    j["rope_scaling"] = {{"rope_type", "llama3"},
+                         {"factor", r.factor},
+                         {"low_freq_factor", r.low_freq_factor},
+                         {"high_freq_factor", r.high_freq_factor},
+                         {"original_max_position_embeddings", r.original_max_position}};
+  } else {
+    j["rope_scaling"] = nullptr;
+  }
+  return j.dump(2) + "\n";
+}
+
 const std::vector<std::string>& model_preset_names() {
   static const std::vector<std::string> names = [] {
     std::vector<std::string> v;

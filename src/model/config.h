@@ -43,6 +43,10 @@ struct ModelConfig {
 // Parses the text of a config.json; `source` names it in every error message.
 ModelConfig parse_model_config(const std::string& json_text, const std::string& source);
 
+// The Hugging Face config.json text of m (hub form: rope_theta + rope_scaling), which
+// parse_model_config reads back to m and transformers loads; torch_dtype as given.
+std::string model_config_json(const ModelConfig& m, const std::string& torch_dtype);
+
 // A directory holding config.json, a path to a config.json, or a preset name.
 ModelConfig load_model_config(const std::string& path_or_preset);
 

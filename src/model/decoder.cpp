@@ -56,13 +56,17 @@ Decoder::Decoder(Device& dev, Communicator& cp, const ModelConfig& m, const Deco
   strat_ = make_strategy(opt.method, {dev, cp, opt_.attn});
 }
 
-const Tensor& Decoder::param(const ParamMap& p, const std::string& name) const {
+namespace {
+
+const Mat& param(const ParamViews& p, const std::string& name) {
   const auto it = p.find(name);
   UPIPE_CHECK(it != p.end(), "parameter {} is missing", name);
   return it->second;
 }
 
-AttentionWeights Decoder::attn_weights(const ParamMap& p, int l) const {
+}  // namespace
+
+AttentionWeights Decoder::attn_weights(const ParamViews& p, int l) const {
   AttentionWeights w{param(p, layer_name(m_, l, LayerWeight::kQ)),
                      param(p, layer_name(m_, l, LayerWeight::kK)),
                      param(p, layer_name(m_, l, LayerWeight::kV)),
@@ -76,41 +80,54 @@ AttentionWeights Decoder::attn_weights(const ParamMap& p, int l) const {
   return w;
 }
 
-AttentionGrads Decoder::attn_grads(const ParamMap& p, int l) const {
+AttentionGrads Decoder::attn_grads(const ParamViews& p, int l) const {
   const AttentionWeights w = attn_weights(p, l);
   return {w.wq, w.wk, w.wv, w.wo, w.wqn, w.wkn};
 }
 
 double Decoder::loss_and_grads(std::span<const int32_t> tokens, const ParamMap& w,
                                const ParamMap& g) {
+  FullParams p(m_, w, g);
+  return run(tokens, p).loss;
+}
+
+StepLoss Decoder::run(std::span<const int32_t> tokens, ParamSource& p, const LossSpec& spec) {
   const AttentionConfig& c = opt_.attn;
   const int64_t s = c.seq_len, d = m_.hidden_size;
   UPIPE_CHECK(int64_t(tokens.size()) == s, "{} tokens for a sequence of {}", tokens.size(), s);
+  UPIPE_CHECK(spec.group.empty() || int64_t(spec.group.size()) == s,
+              "{} group flags for a sequence of {}", spec.group.size(), s);
   const DType t = c.dtype, f32 = DType::kF32;
   const float eps = float(m_.rms_norm_eps);
   Arena& mem = dev_.mem();
   const std::vector<int64_t> pos = strat_->layout().positions(cp_.rank()).expand();
   const int64_t rows = int64_t(pos.size());
+  const int nl = m_.num_hidden_layers, ue = embed_unit(), uh = head_unit(m_);
+  const bool tied = m_.tie_word_embeddings;
   const MlpConfig mc{d, m_.intermediate_size, opt_.tile_tokens, t, true};
-  auto mlp_w = [&](const ParamMap& p, int l) {
-    return MlpWeights{param(p, layer_name(m_, l, LayerWeight::kGate)),
-                      param(p, layer_name(m_, l, LayerWeight::kUp)),
-                      param(p, layer_name(m_, l, LayerWeight::kDown))};
+  auto mlp_w = [&](const ParamViews& pv, int l) {
+    return MlpWeights{param(pv, layer_name(m_, l, LayerWeight::kGate)),
+                      param(pv, layer_name(m_, l, LayerWeight::kUp)),
+                      param(pv, layer_name(m_, l, LayerWeight::kDown))};
   };
-  auto norm_w = [&](const ParamMap& p, int l, LayerWeight which) -> const Mat& {
-    return param(p, layer_name(m_, l, which)).mat();
+  auto norm_w = [&](const ParamViews& pv, int l, LayerWeight which) -> const Mat& {
+    return param(pv, layer_name(m_, l, which));
   };
-  const Mat embed = param(w, hf_model_tensor(m_, ModelWeight::kEmbed).name);
-  const Mat gembed = param(g, hf_model_tensor(m_, ModelWeight::kEmbed).name);
+  const std::string embed_name = hf_model_tensor(m_, ModelWeight::kEmbed).name;
   const std::string head_name =
-      hf_model_tensor(m_, m_.tie_word_embeddings ? ModelWeight::kEmbed : ModelWeight::kLmHead).name;
+      hf_model_tensor(m_, tied ? ModelWeight::kEmbed : ModelWeight::kLmHead).name;
   const std::string final_name = hf_model_tensor(m_, ModelWeight::kFinalNorm).name;
 
   const double t0 = now();
   // Embedding: the residual stream x (rows, D) fp32 gets the rows of this rank's tokens.
   Tensor x(mem, Tag::kAct, f32, rows, d);
-  for (int64_t r = 0; r < rows; ++r)
-    copy(dev_, x.mat().rows_of(r, 1), embed.rows_of(tokens[size_t(pos[size_t(r)])], 1));
+  {
+    const Mat& embed = param(p.acquire(ue), embed_name);
+    p.prefetch(nl > 0 ? layer_unit(0) : uh);
+    for (int64_t r = 0; r < rows; ++r)
+      copy(dev_, x.mat().rows_of(r, 1), embed.rows_of(tokens[size_t(pos[size_t(r)])], 1));
+    p.release(ue);
+  }
   // Forward: keep each layer's input (the checkpoint), accumulate both blocks into x.
   // Checkpoints: in the device arena, or (offload) in the host arena with two device slots that
   // the backward fills one layer ahead (a device with asynchronous copies overlaps the fetch
@@ -118,7 +135,9 @@ double Decoder::loss_and_grads(std::span<const int32_t> tokens, const ParamMap& 
   const bool offload = opt_.offload_checkpoints;
   std::vector<Tensor> ckpt;
   Tensor h(mem, Tag::kAct, t, rows, d);  // a norm's output, the blocks' input
-  for (int l = 0; l < m_.num_hidden_layers; ++l) {
+  for (int l = 0; l < nl; ++l) {
+    const ParamViews& w = p.acquire(layer_unit(l));
+    p.prefetch(l + 1 < nl ? layer_unit(l + 1) : uh);
     ckpt.emplace_back(offload ? dev_.host() : mem, Tag::kCkpt, f32, rows, d);
     dev_.copy(ckpt.back().data(), x.data(), x.bytes(),
               offload ? CopyKind::kDeviceToHost : CopyKind::kDeviceToDevice);
@@ -126,23 +145,41 @@ double Decoder::loss_and_grads(std::span<const int32_t> tokens, const ParamMap& 
     strat_->forward(h, attn_weights(w, l), x, 1.0f);
     rmsnorm_forward(dev_, x, norm_w(w, l, LayerWeight::kPostAttnNorm), eps, h);
     mlp_forward(dev_, mc, h, mlp_w(w, l), x, 1.0f);
+    p.release(layer_unit(l));
   }
   // Final norm and the fused LM head + loss: labels are the next global position's token.
-  rmsnorm_forward(dev_, x, param(w, final_name), eps, h);
+  const ParamViews& wh = p.acquire(uh);
+  if (tied) p.prefetch(ue);
+  const Mat& head = param(tied ? p.acquire(ue) : wh, head_name);
+  if (nl > 0) p.prefetch(layer_unit(nl - 1));  // the backward's first unit
+  rmsnorm_forward(dev_, x, param(wh, final_name), eps, h);
   std::vector<int32_t> labels(static_cast<size_t>(rows));
-  for (int64_t r = 0; r < rows; ++r)
-    labels[size_t(r)] = pos[size_t(r)] + 1 < s ? tokens[size_t(pos[size_t(r)] + 1)] : -1;
+  std::vector<uint8_t> group(spec.group.empty() ? 0 : static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t at = pos[size_t(r)];
+    labels[size_t(r)] = at + 1 < s ? tokens[size_t(at + 1)] : -1;
+    if (!group.empty()) group[size_t(r)] = spec.group[size_t(at)];
+  }
   const LmLossConfig lc{d, m_.vocab_size, opt_.tile_tokens, t, f32};
   Tensor dx(mem, Tag::kAct, f32, rows, d);  // d loss / d residual stream
   Tensor dh(mem, Tag::kAct, f32, rows, d);
-  zero(dev_, gembed);  // a tied head's gradient and the embedding's rows both add into it
-  double loss = lm_loss(dev_, lc, h, param(w, head_name), labels, float(1.0 / double(s - 1)), dh,
-                        param(g, head_name), m_.tie_word_embeddings ? 1.0f : 0.0f);
+  const ParamViews& gh = p.grads(uh);
+  // A tied head's gradient and the embedding's rows both add into the embedding's gradient.
+  const ParamViews* ge = tied ? &p.grads(ue) : nullptr;
+  if (tied) zero(dev_, param(*ge, embed_name));
+  const double scale = spec.scale != 0 ? spec.scale : 1.0 / double(s - 1);
+  StepLoss out;
+  out.loss = lm_loss(dev_, lc, h, head, labels, float(scale), dh,
+                     param(tied ? *ge : gh, head_name), tied ? 1.0f : 0.0f, group,
+                     group.empty() ? nullptr : &out.group_sum);
+  if (tied) p.release(ue);
   const double t1 = now();
   fwd_s_ = t1 - t0;
-  const Mat gfinal = param(g, final_name);
+  const Mat gfinal = param(gh, final_name);
   zero(dev_, gfinal);
-  rmsnorm_backward(dev_, x, param(w, final_name), eps, dh, dx, gfinal);
+  rmsnorm_backward(dev_, x, param(wh, final_name), eps, dh, dx, gfinal);
+  p.release(uh);
+  p.grads_done(uh);
   // Backward, layer by layer from the last: recompute the layer from its checkpoint.
   Tensor xm(mem, Tag::kAct, f32, rows, d);  // the residual between attention and MLP
   Tensor slot[2];
@@ -151,8 +188,10 @@ double Decoder::loss_and_grads(std::span<const int32_t> tokens, const ParamMap& 
     if (!dst.data()) dst = Tensor(mem, Tag::kCkpt, f32, rows, d);
     dev_.copy(dst.data(), ckpt[size_t(l)].data(), dst.bytes(), CopyKind::kHostToDevice);
   };
-  if (offload && m_.num_hidden_layers > 0) fetch(m_.num_hidden_layers - 1);
-  for (int l = m_.num_hidden_layers - 1; l >= 0; --l) {
+  if (offload && nl > 0) fetch(nl - 1);
+  for (int l = nl - 1; l >= 0; --l) {
+    const ParamViews& w = p.acquire(layer_unit(l));
+    if (l > 0) p.prefetch(layer_unit(l - 1));
     if (offload && l > 0) fetch(l - 1);  // the next layer's checkpoint, ahead of use
     const Mat xl = offload ? slot[l % 2].mat() : ckpt[size_t(l)].mat();
     rmsnorm_forward(dev_, xl, norm_w(w, l, LayerWeight::kInputNorm), eps, h);
@@ -160,16 +199,14 @@ double Decoder::loss_and_grads(std::span<const int32_t> tokens, const ParamMap& 
     strat_->forward(h, attn_weights(w, l), xm, 1.0f);
     Tensor h2(mem, Tag::kAct, t, rows, d);
     rmsnorm_forward(dev_, xm, norm_w(w, l, LayerWeight::kPostAttnNorm), eps, h2);
+    const ParamViews& g = p.grads(layer_unit(l));
     const Mat gpost = norm_w(g, l, LayerWeight::kPostAttnNorm),
               gin = norm_w(g, l, LayerWeight::kInputNorm);
     zero(dev_, gpost);
     zero(dev_, gin);
     // MLP: dh = d/dh2, then through the post-attention norm into the residual gradient.
-    mlp_backward(dev_, mc, h2, dx, mlp_w(w, l), dh,
-                 MlpGrads{param(g, layer_name(m_, l, LayerWeight::kGate)),
-                          param(g, layer_name(m_, l, LayerWeight::kUp)),
-                          param(g, layer_name(m_, l, LayerWeight::kDown))},
-                 0.0f, 0.0f);
+    const MlpWeights gm = mlp_w(g, l);
+    mlp_backward(dev_, mc, h2, dx, mlp_w(w, l), dh, MlpGrads{gm.gate, gm.up, gm.down}, 0.0f, 0.0f);
     h2.reset();
     rmsnorm_backward(dev_, xm, norm_w(w, l, LayerWeight::kPostAttnNorm), eps, dh, dh, gpost);
     add_into(dev_, dx, dh);
@@ -178,17 +215,29 @@ double Decoder::loss_and_grads(std::span<const int32_t> tokens, const ParamMap& 
     rmsnorm_backward(dev_, xl, norm_w(w, l, LayerWeight::kInputNorm), eps, dh, dh, gin);
     add_into(dev_, dx, dh);
     ckpt[size_t(l)].reset();
+    p.release(layer_unit(l));
+    p.grads_done(layer_unit(l));
   }
   // Embedding backward: every row's gradient adds into its token's row.
+  if (!tied) {
+    ge = &p.grads(ue);
+    zero(dev_, param(*ge, embed_name));
+  }
+  const Mat& gembed = param(*ge, embed_name);
   for (int64_t r = 0; r < rows; ++r)
     add_into(dev_, gembed.rows_of(tokens[size_t(pos[size_t(r)])], 1), dx.mat().rows_of(r, 1));
+  p.grads_done(ue);
   bwd_s_ = now() - t1;
   // The ranks' partial losses, summed in rank order in fp64 (the same on every rank).
-  std::vector<double> parts(static_cast<size_t>(cp_.size()));
-  cp_.all_gather(&loss, parts.data(), sizeof(double));
-  loss = 0;
-  for (double v : parts) loss += v;
-  return loss;
+  const double mine[2] = {out.loss, out.group_sum};
+  std::vector<double> parts(2 * static_cast<size_t>(cp_.size()));
+  cp_.all_gather(mine, parts.data(), sizeof(mine));
+  out = StepLoss{};
+  for (size_t i = 0; i < parts.size(); i += 2) {
+    out.loss += parts[i];
+    out.group_sum += parts[i + 1];
+  }
+  return out;
 }
 
 }  // namespace upipe

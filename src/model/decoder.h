@@ -20,12 +20,9 @@
 
 #include "attention/strategy.h"
 #include "model/config.h"
+#include "model/param_source.h"
 
 namespace upipe {
-
-// Parameters by Hugging Face name (hf_names.h): compute copies in the model dtype (tag params),
-// or their fp32 gradients (tag grads). A tied model has no "lm_head.weight".
-using ParamMap = std::map<std::string, Tensor>;
 
 // Allocates every parameter of m in `dtype` (uninitialised) on dev, tagged `tag`.
 ParamMap allocate_params(Device& dev, const ModelConfig& m, DType dtype, Tag tag);
@@ -40,6 +37,23 @@ struct DecoderOptions {
   bool offload_checkpoints = false;
 };
 
+// What the loss of one sequence is: its scale and an optional group of predictions to report.
+struct LossSpec {
+  // Multiplies the sum of the token losses (and so every gradient); 0 means 1/(S-1),
+  // transformers' mean over the sequence. Training passes 1/(tokens predicted in the global
+  // batch), so the summed gradient is the batch mean whatever the DP x CP split.
+  double scale = 0;
+  // Optional: S flags by global position p, whether the prediction at p (label = token p+1)
+  // belongs to the group whose unscaled loss sum StepLoss::group_sum reports (e.g. the copied
+  // half of the copy task).
+  std::span<const uint8_t> group;
+};
+
+struct StepLoss {
+  double loss = 0;       // scale * the sum of the sequence's token losses (the same on every rank)
+  double group_sum = 0;  // the unscaled sum of the group's token losses (0 without a group)
+};
+
 class Decoder {
  public:
   // cp: the context-parallel group that shares one sequence. Validates the options
@@ -47,18 +61,20 @@ class Decoder {
   Decoder(Device& dev, Communicator& cp, const ModelConfig& m, const DecoderOptions& opt);
   const AttentionStrategy& strategy() const { return *strat_; }
 
-  // One forward + backward of the sequence `tokens` (all S ids, on every rank). Writes this
-  // rank's contribution to every gradient (g, fp32, overwritten; the CP group's sum is the full
-  // gradient) and returns the loss of the whole sequence (the same on every rank).
+  // One forward + backward of the sequence `tokens` (all S ids, on every rank), with the weights
+  // and gradient buffers of `p` (param_source.h: one unit at a time, in order of use). Writes this
+  // rank's contribution to every gradient (fp32, overwritten; the CP group's sum is the full
+  // gradient) and returns the loss of the whole sequence.
+  StepLoss run(std::span<const int32_t> tokens, ParamSource& p, const LossSpec& spec = {});
+  // The same with whole replicated parameters (FullParams) and transformers' mean loss.
   double loss_and_grads(std::span<const int32_t> tokens, const ParamMap& w, const ParamMap& g);
   // Wall time of the last call's forward (to the loss) and backward, seconds.
   double forward_seconds() const { return fwd_s_; }
   double backward_seconds() const { return bwd_s_; }
 
  private:
-  const Tensor& param(const ParamMap& p, const std::string& name) const;
-  AttentionWeights attn_weights(const ParamMap& p, int layer) const;
-  AttentionGrads attn_grads(const ParamMap& p, int layer) const;
+  AttentionWeights attn_weights(const ParamViews& p, int layer) const;
+  AttentionGrads attn_grads(const ParamViews& p, int layer) const;
 
   Device& dev_;
   Communicator& cp_;

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "core/check.h"
 #include "core/errors.h"
 
 namespace upipe {
@@ -123,13 +124,31 @@ std::vector<HfTensorSpec> hf_layer_tensors(const ModelConfig& m, int layer) {
 }
 
 std::vector<HfTensorSpec> hf_tensors(const ModelConfig& m) {
-  std::vector<HfTensorSpec> v{hf_model_tensor(m, ModelWeight::kEmbed)};
-  for (int l = 0; l < m.num_hidden_layers; ++l)
-    for (HfTensorSpec& t : hf_layer_tensors(m, l)) v.push_back(std::move(t));
-  v.push_back(hf_model_tensor(m, ModelWeight::kFinalNorm));
+  std::vector<HfTensorSpec> v;
+  for (int u = 0; u < num_param_units(m); ++u)
+    for (HfTensorSpec& t : unit_tensors(m, u)) v.push_back(std::move(t));
+  return v;
+}
+
+int num_param_units(const ModelConfig& m) {
+  return m.num_hidden_layers + 2;
+}
+
+std::vector<HfTensorSpec> unit_tensors(const ModelConfig& m, int unit) {
+  UPIPE_CHECK(unit >= 0 && unit < num_param_units(m), "parameter unit {} of {}", unit,
+              num_param_units(m));
+  if (unit == embed_unit()) return {hf_model_tensor(m, ModelWeight::kEmbed)};
+  if (unit != head_unit(m)) return hf_layer_tensors(m, unit - 1);
+  std::vector<HfTensorSpec> v{hf_model_tensor(m, ModelWeight::kFinalNorm)};
   if (has_model_weight(m, ModelWeight::kLmHead))
     v.push_back(hf_model_tensor(m, ModelWeight::kLmHead));
   return v;
+}
+
+std::string unit_name(const ModelConfig& m, int unit) {
+  if (unit == embed_unit()) return "embed";
+  if (unit == head_unit(m)) return "head";
+  return fmt::format("layer {}", unit - 1);
 }
 
 }  // namespace upipe

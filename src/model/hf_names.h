@@ -52,4 +52,22 @@ HfTensorSpec hf_model_tensor(const ModelConfig& m, ModelWeight w);
 std::vector<HfTensorSpec> hf_layer_tensors(const ModelConfig& m, int layer);
 std::vector<HfTensorSpec> hf_tensors(const ModelConfig& m);
 
+// The parameters grouped into the units the decoder uses as one piece, in forward's order of
+// use: unit 0 the embedding, unit 1 + l layer l, the last unit the head (final norm, and lm_head
+// when untied; a tied head reads unit 0). ZeRO-3 gathers and reduce-scatters a unit at a time.
+// Concatenated, the units list hf_tensors(m) in its order.
+int num_param_units(const ModelConfig& m);
+inline int embed_unit() {
+  return 0;
+}
+inline int layer_unit(int layer) {
+  return 1 + layer;
+}
+inline int head_unit(const ModelConfig& m) {
+  return 1 + m.num_hidden_layers;
+}
+std::vector<HfTensorSpec> unit_tensors(const ModelConfig& m, int unit);
+// "embed", "layer 3", "head": for messages.
+std::string unit_name(const ModelConfig& m, int unit);
+
 }  // namespace upipe

@@ -26,7 +26,7 @@ std::array<int64_t, 2> tile_rows(const LmLossConfig& c, int64_t rows) {
 
 double lm_loss(Device& dev, const LmLossConfig& c, const Mat& h, const Mat& w,
                std::span<const int32_t> labels, float scale, const Mat& dh, const Mat& dw,
-               float dw_beta) {
+               float dw_beta, std::span<const uint8_t> group, double* group_sum) {
   check_config(c);
   const int64_t rows = h.rows, d = c.hidden, v = c.vocab;
   UPIPE_CHECK(h.cols == d && h.dtype == c.dtype, "lm_loss h is ({}, {}) {}, expected (rows, {}) {}",
@@ -46,6 +46,9 @@ double lm_loss(Device& dev, const LmLossConfig& c, const Mat& h, const Mat& w,
     UPIPE_CHECK(labels[i] >= -1 && labels[i] < v,
                 "lm_loss label {} of row {} is outside [0, {}) and not -1 (no prediction)",
                 labels[i], i, v);
+  UPIPE_CHECK(group.empty() || (int64_t(group.size()) == rows && group_sum != nullptr),
+              "lm_loss has {} group flags for {} rows", group.size(), rows);
+  if (group_sum != nullptr) *group_sum = 0;
   UPIPE_CHECK(dw_beta == 0.0f || dw_beta == 1.0f, "lm_loss dw_beta must be 0 or 1, got {}",
               dw_beta);
   // Zeroed up front rather than by the first tile's beta, so rows = 0 still gives dW = 0.
@@ -56,7 +59,17 @@ double lm_loss(Device& dev, const LmLossConfig& c, const Mat& h, const Mat& w,
     const Mat ht = h.rows_of(r0, t);                                                   // (T, D)
     Tensor logits(dev.mem(), Tag::kLogits, DType::kF32, t, v);                         // (T, V)
     gemm(dev, ht, false, w, true, logits);                                             // h W^T
-    loss += cross_entropy(dev, logits, labels.subspan(size_t(r0), size_t(t)), scale);  // G
+    // G, one cross-entropy call per run of rows with equal group flags.
+    for (int64_t a = 0; a < t;) {
+      int64_t b = a + 1;
+      while (!group.empty() && b < t && group[size_t(r0 + b)] == group[size_t(r0 + a)]) ++b;
+      if (group.empty()) b = t;
+      const double part = cross_entropy(dev, logits.mat().rows_of(a, b - a),
+                                        labels.subspan(size_t(r0 + a), size_t(b - a)), scale);
+      loss += part;
+      if (!group.empty() && group[size_t(r0 + a)] != 0) *group_sum += part;
+      a = b;
+    }
     gemm(dev, logits, false, w, false, dh.rows_of(r0, t));                             // dh = G W
     gemm(dev, logits, true, ht, false, dw, 1.0f, 1.0f);  // dW += G^T h
   }

@@ -30,9 +30,11 @@ struct LmLossConfig {
 //           (the sequence's last token)
 //   dh      (S/C, D) grad_dtype
 //   dw      (V, D) fp32
+//   group   optional (S/C) flags on the host: *group_sum receives the unscaled sum of the losses
+//           of the flagged rows (e.g. the copied half of the copy task), computed in the same pass
 double lm_loss(Device& dev, const LmLossConfig& c, const Mat& h, const Mat& w,
                std::span<const int32_t> labels, float scale, const Mat& dh, const Mat& dw,
-               float dw_beta);
+               float dw_beta, std::span<const uint8_t> group = {}, double* group_sum = nullptr);
 
 // Peak device bytes lm_loss allocates on `rows` rows (everything but h, w, dh, dw): the fp32
 // (T, V) logits tile plus the largest of its three GEMMs' workspaces. Independent of rows once

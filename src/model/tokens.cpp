@@ -2,14 +2,41 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
-#include <iterator>
 
+#include "core/checked.h"
 #include "core/errors.h"
 
 namespace upipe {
 namespace {
+
+// Ids converted per read: bounds the staging buffer (64 KiB of 8-byte ids) whatever the window.
+constexpr int64_t kReadChunk = 8192;
+
+int64_t file_bytes(const std::string& path) {
+  std::error_code ec;
+  const auto n = std::filesystem::file_size(path, ec);
+  if (ec) throw ConfigError(fmt::format("cannot open token file {}: {}", path, ec.message()));
+  return int64_t(n);
+}
+
+// Reads bytes [offset, offset + n) of `f` into `out`, or ConfigError naming the file.
+void read_at(std::ifstream& f, const std::string& path, int64_t offset, int64_t n, char* out) {
+  f.seekg(offset);
+  f.read(out, n);
+  if (f.gcount() != n)
+    throw ConfigError(
+        fmt::format("{}: truncated: cannot read {} bytes at offset {}", path, n, offset));
+}
+
+std::ifstream open_or_throw(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw ConfigError(fmt::format("cannot open token file {}", path));
+  return f;
+}
 
 // The value of `key` in the header dict ("'descr': '<i4', 'fortran_order': False, 'shape':
 // (512,)").
@@ -18,88 +45,211 @@ std::string header_field(const std::string& header, const std::string& key,
   const size_t k = header.find("'" + key + "'");
   if (k == std::string::npos)
     throw ConfigError(fmt::format("{}: the .npy header has no '{}'", path, key));
-  size_t v = header.find(':', k) + 1;
+  size_t v = header.find(':', k);
+  if (v == std::string::npos)
+    throw ConfigError(fmt::format("{}: malformed .npy header near '{}'", path, key));
+  ++v;
   while (v < header.size() && header[v] == ' ') ++v;
   size_t end = v;
-  if (header[v] == '(')
+  if (v < header.size() && header[v] == '(')
     end = header.find(')', v) + 1;
-  else if (header[v] == '\'')
+  else if (v < header.size() && header[v] == '\'')
     end = header.find('\'', v + 1) + 1;
   else
     end = header.find(',', v);
+  if (end == std::string::npos || end == 0 || end > header.size())
+    throw ConfigError(fmt::format("{}: malformed .npy header near '{}'", path, key));
   return header.substr(v, end - v);
 }
 
-}  // namespace
-
-std::vector<int32_t> read_npy_tokens(const std::string& path, int64_t vocab) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw ConfigError(fmt::format("cannot open token file {}", path));
-  const std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  if (bytes.size() < 10 || bytes.compare(0, 6, "\x93NUMPY") != 0)
-    throw ConfigError(fmt::format("{} is not a .npy file (no \\x93NUMPY magic)", path));
-  const int major = static_cast<unsigned char>(bytes[6]);
-  size_t hlen = 0, start = 0;
+TokenFileInfo inspect_npy(const std::string& path, std::ifstream& f, int64_t size) {
+  TokenFileInfo info;
+  info.path = path;
+  info.format = TokenFormat::kNpy;
+  unsigned char pre[12] = {};
+  if (size < 10) throw ConfigError(fmt::format("{}: truncated .npy header", path));
+  read_at(f, path, 0, std::min<int64_t>(size, 12), reinterpret_cast<char*>(pre));
+  const int major = pre[6];
+  int64_t hlen = 0, start = 0;
   if (major == 1) {
-    hlen = size_t(static_cast<unsigned char>(bytes[8])) |
-           size_t(static_cast<unsigned char>(bytes[9])) << 8;
+    hlen = int64_t(pre[8]) | int64_t(pre[9]) << 8;
     start = 10;
   } else {
-    if (bytes.size() < 12) throw ConfigError(fmt::format("{}: truncated .npy header", path));
-    for (int i = 0; i < 4; ++i) hlen |= size_t(static_cast<unsigned char>(bytes[8 + i])) << (8 * i);
+    if (size < 12) throw ConfigError(fmt::format("{}: truncated .npy header", path));
+    for (int i = 0; i < 4; ++i) hlen |= int64_t(pre[8 + i]) << (8 * i);
     start = 12;
   }
-  if (start + hlen > bytes.size())
-    throw ConfigError(fmt::format("{}: truncated .npy header", path));
-  const std::string header = bytes.substr(start, hlen);
+  if (start + hlen > size) throw ConfigError(fmt::format("{}: truncated .npy header", path));
+  std::string header(static_cast<size_t>(hlen), '\0');
+  read_at(f, path, start, hlen, header.data());
   const std::string descr = header_field(header, "descr", path);
   if (header_field(header, "fortran_order", path) != "False")
     throw ConfigError(fmt::format("{}: Fortran-ordered arrays are not supported", path));
   const std::string shape = header_field(header, "shape", path);
   int64_t n = 0;
-  if (std::sscanf(shape.c_str(), "(%ld,)", &n) != 1 || shape.find(',') != shape.rfind(','))
+  int used = -1;  // set only when the whole "(N,)" matched: "(1,3)" is 2-D, not 1 id
+  if (std::sscanf(shape.c_str(), "(%ld,)%n", &n, &used) != 1 || used != int(shape.size()))
     throw ConfigError(fmt::format("{}: token arrays must be 1-D, got shape {}", path, shape));
-  int width = 0;
-  bool is_signed = false;
   if (descr == "'<i4'")
-    width = 4, is_signed = true;
+    info.width = 4, info.is_signed = true;
   else if (descr == "'<i8'")
-    width = 8, is_signed = true;
+    info.width = 8, info.is_signed = true;
   else if (descr == "'<u2'")
-    width = 2;
+    info.width = 2;
   else if (descr == "'<u4'")
-    width = 4;
+    info.width = 4;
   else
     throw ConfigError(fmt::format(
         "{}: token dtype {} is not supported; use int32, int64, uint16 or uint32", path, descr));
-  const size_t data = start + hlen;
-  if (n < 0 || data + size_t(n) * size_t(width) > bytes.size())
-    throw ConfigError(fmt::format("{}: truncated: {} ids of {} bytes do not fit", path, n, width));
-  std::vector<int32_t> ids(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) {
-    const char* p = bytes.data() + data + size_t(i) * size_t(width);
-    int64_t v = 0;
-    if (width == 2) {
-      uint16_t u;
-      std::memcpy(&u, p, 2);
-      v = u;
-    } else if (width == 4 && is_signed) {
-      int32_t s;
-      std::memcpy(&s, p, 4);
-      v = s;
-    } else if (width == 4) {
-      uint32_t u;
-      std::memcpy(&u, p, 4);
-      v = u;
-    } else {
-      std::memcpy(&v, p, 8);
+  info.data_offset = start + hlen;
+  int64_t need = 0;
+  if (n < 0 || !mul_fits(need, {n, info.width}) || need > size - info.data_offset)
+    throw ConfigError(
+        fmt::format("{}: truncated: {} ids of {} bytes do not fit", path, n, info.width));
+  info.count = n;
+  return info;
+}
+
+TokenFileInfo inspect_bin(const std::string& path, std::ifstream& f, int64_t size) {
+  TokenFileInfo info;
+  info.path = path;
+  info.format = TokenFormat::kBin;
+  constexpr int64_t header_bytes = kBinHeaderInts * 4;
+  if (size < header_bytes)
+    throw ConfigError(
+        fmt::format("{}: truncated: an llm.c .bin header is {} bytes, the file has {}", path,
+                    header_bytes, size));
+  int32_t h[3];
+  read_at(f, path, 0, sizeof(h), reinterpret_cast<char*>(h));
+  if (h[0] == kBinMagicU16 && h[1] == kBinVersionU16)
+    info.width = 2;
+  else if (h[0] == kBinMagicU32 && h[1] == kBinVersionU32)
+    info.width = 4;
+  else
+    throw ConfigError(fmt::format(
+        "{}: unsupported llm.c .bin magic/version {}/{}; expected {}/{} (uint16 ids) or {}/{} "
+        "(uint32 ids)",
+        path, h[0], h[1], kBinMagicU16, kBinVersionU16, kBinMagicU32, kBinVersionU32));
+  if (h[2] < 0)
+    throw ConfigError(fmt::format("{}: negative token count {} in the .bin header", path, h[2]));
+  info.data_offset = header_bytes;
+  info.count = h[2];
+  const int64_t need = info.count * info.width;
+  if (need != size - header_bytes)
+    throw ConfigError(fmt::format(
+        "{}: {}: the header says {} ids of {} bytes ({} bytes) but {} bytes follow the header",
+        path, need > size - header_bytes ? "truncated" : "trailing bytes", info.count, info.width,
+        need, size - header_bytes));
+  return info;
+}
+
+}  // namespace
+
+TokenFileInfo inspect_token_file(const std::string& path) {
+  const int64_t size = file_bytes(path);
+  std::ifstream f = open_or_throw(path);
+  char magic[6] = {};
+  f.read(magic, std::min<int64_t>(size, 6));
+  f.clear();
+  if (size >= 6 && std::memcmp(magic, "\x93NUMPY", 6) == 0) return inspect_npy(path, f, size);
+  int32_t m = 0;
+  if (size >= 4) std::memcpy(&m, magic, 4);
+  if (m == kBinMagicU16 || m == kBinMagicU32 || std::filesystem::path(path).extension() == ".bin")
+    return inspect_bin(path, f, size);
+  throw ConfigError(fmt::format(
+      "{} is neither a .npy file (no \\x93NUMPY magic) nor an llm.c .bin token file (magic {} "
+      "or {})",
+      path, kBinMagicU16, kBinMagicU32));
+}
+
+void read_token_range(const TokenFileInfo& info, int64_t begin, int64_t n, int64_t vocab,
+                      int32_t* out) {
+  if (begin < 0 || n < 0 || begin > info.count || n > info.count - begin)
+    throw ConfigError(fmt::format("{}: ids [{}, {}) requested, the file has {}", info.path, begin,
+                                  checked_add(begin, n), info.count));
+  std::ifstream f = open_or_throw(info.path);
+  std::vector<char> buf(static_cast<size_t>(std::min(n, kReadChunk) * info.width));
+  for (int64_t done = 0; done < n;) {
+    const int64_t m = std::min(n - done, kReadChunk);
+    read_at(f, info.path, info.data_offset + (begin + done) * info.width, m * info.width,
+            buf.data());
+    for (int64_t i = 0; i < m; ++i) {
+      const char* p = buf.data() + i * info.width;
+      int64_t v = 0;
+      if (info.width == 2) {
+        uint16_t u;
+        std::memcpy(&u, p, 2);
+        v = u;
+      } else if (info.width == 4 && info.is_signed) {
+        int32_t s;
+        std::memcpy(&s, p, 4);
+        v = s;
+      } else if (info.width == 4) {
+        uint32_t u;
+        std::memcpy(&u, p, 4);
+        v = u;
+      } else {
+        std::memcpy(&v, p, 8);
+      }
+      if (v < 0 || v >= vocab)
+        throw ConfigError(fmt::format("{}: token {} at index {} is outside the vocabulary [0, {})",
+                                      info.path, v, begin + done + i, vocab));
+      out[done + i] = int32_t(v);
     }
-    if (v < 0 || v >= vocab)
-      throw ConfigError(fmt::format("{}: token {} at index {} is outside the vocabulary [0, {})",
-                                    path, v, i, vocab));
-    ids[size_t(i)] = int32_t(v);
+    done += m;
   }
+}
+
+std::vector<int32_t> read_tokens(const std::string& path, int64_t vocab) {
+  const TokenFileInfo info = inspect_token_file(path);
+  std::vector<int32_t> ids(static_cast<size_t>(info.count));
+  read_token_range(info, 0, info.count, vocab, ids.data());
   return ids;
+}
+
+std::vector<int32_t> read_npy_tokens(const std::string& path, int64_t vocab) {
+  const TokenFileInfo info = inspect_token_file(path);
+  if (info.format != TokenFormat::kNpy)
+    throw ConfigError(fmt::format("{} is not a .npy file (no \\x93NUMPY magic)", path));
+  return read_tokens(path, vocab);
+}
+
+std::vector<int32_t> read_bin_tokens(const std::string& path, int64_t vocab) {
+  const TokenFileInfo info = inspect_token_file(path);
+  if (info.format != TokenFormat::kBin)
+    throw ConfigError(fmt::format("{} is a .npy file, not an llm.c .bin token file", path));
+  return read_tokens(path, vocab);
+}
+
+void write_bin_tokens(const std::string& path, std::span<const int32_t> ids, int width) {
+  if (width != 2 && width != 4)
+    throw ConfigError(fmt::format("{}: .bin ids are 2 or 4 bytes wide, not {}", path, width));
+  if (int64_t(ids.size()) > INT32_MAX)
+    throw ConfigError(fmt::format(
+        "{}: {} ids do not fit one llm.c .bin file (its header counts at most {}); split the input",
+        path, ids.size(), INT32_MAX));
+  const int64_t limit = width == 2 ? 65536 : (int64_t(1) << 32);
+  std::vector<int32_t> header(static_cast<size_t>(kBinHeaderInts), 0);
+  header[0] = width == 2 ? kBinMagicU16 : kBinMagicU32;
+  header[1] = width == 2 ? kBinVersionU16 : kBinVersionU32;
+  header[2] = int32_t(ids.size());
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  if (!f) throw ConfigError(fmt::format("cannot write token file {}", path));
+  f.write(reinterpret_cast<const char*>(header.data()), kBinHeaderInts * 4);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || ids[i] >= limit)
+      throw ConfigError(
+          fmt::format("{}: id {} at index {} does not fit {} bytes", path, ids[i], i, width));
+    if (width == 2) {
+      const uint16_t u = uint16_t(ids[i]);
+      f.write(reinterpret_cast<const char*>(&u), 2);
+    } else {
+      const uint32_t u = uint32_t(ids[i]);
+      f.write(reinterpret_cast<const char*>(&u), 4);
+    }
+  }
+  f.flush();
+  if (!f) throw ConfigError(fmt::format("cannot write token file {}", path));
 }
 
 }  // namespace upipe

@@ -17,6 +17,20 @@ bool has_checkpoint(const std::string& dir) {
           fs::exists(fs::path(dir) / "model.safetensors.index.json"));
 }
 
+void param_values(const HfTensorSpec& s, int index, const SafetensorsReader* reader,
+                  uint64_t seed, int64_t first, int64_t count, float* dst) {
+  UPIPE_CHECK(first >= 0 && count >= 0 && first + count <= s.numel(),
+              "elements [{}, {}) of {} with {}", first, first + count, s.name, s.numel());
+  if (reader != nullptr) {
+    reader->read_range(s.name, first, count, DType::kF32, dst);
+  } else if (s.shape.size() == 1) {
+    std::fill(dst, dst + count, 1.0f);  // RMSNorm weights
+  } else {
+    const uint64_t stream = seed * 1000003 + uint64_t(index) + 1;
+    for (int64_t i = 0; i < count; ++i) dst[i] = float(0.02 * normal_at(stream, uint64_t(first + i)));
+  }
+}
+
 ParamMap load_params(Device& dev, const ModelConfig& m, const std::string& dir, DType dtype,
                      uint64_t seed) {
   ParamMap p = allocate_params(dev, m, dtype, Tag::kParams);
@@ -24,17 +38,14 @@ ParamMap load_params(Device& dev, const ModelConfig& m, const std::string& dir, 
   const bool from_file = has_checkpoint(dir);
   std::unique_ptr<SafetensorsReader> reader;
   if (from_file) reader = std::make_unique<SafetensorsReader>(dir);
-  uint64_t stream = seed * 1000003;
-  for (const HfTensorSpec& s : hf_tensors(m)) {
+  const std::vector<HfTensorSpec> specs = hf_tensors(m);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const HfTensorSpec& s = specs[i];
     std::vector<float> host(static_cast<size_t>(s.numel()));
-    ++stream;
-    if (from_file) {
-      reader->read(s.name, s.shape, DType::kF32, host.data());
-    } else if (s.shape.size() == 1) {
-      std::fill(host.begin(), host.end(), 1.0f);  // RMSNorm weights
-    } else {
-      for (size_t i = 0; i < host.size(); ++i) host[i] = float(0.02 * normal_at(stream, i));
-    }
+    if (from_file)
+      reader->read(s.name, s.shape, DType::kF32, host.data());  // checks name and shape
+    else
+      param_values(s, int(i), nullptr, seed, 0, s.numel(), host.data());
     upload(dev, host.data(), p.at(s.name));
   }
   return p;

@@ -8,11 +8,20 @@
 
 #include "model/config.h"
 #include "model/decoder.h"
+#include "model/hf_names.h"
 
 namespace upipe {
 
 // Whether `dir` (a directory) holds safetensors weights.
 bool has_checkpoint(const std::string& dir);
+
+class SafetensorsReader;
+
+// Elements [first, first + count) of tensor `index` of hf_tensors(m) (spec s), as fp32: read from
+// `reader` when it is not null, else the deterministic initialisation of `seed` (the values
+// load_params gives, whatever range is asked: ZeRO-3 ranks fill exactly their shard).
+void param_values(const HfTensorSpec& s, int index, const SafetensorsReader* reader,
+                  uint64_t seed, int64_t first, int64_t count, float* dst);
 
 // Parameters of m in `dtype` on dev (tag params): from the checkpoint in `dir` when it has one
 // (every tensor checked for name and shape), else random with `seed`.

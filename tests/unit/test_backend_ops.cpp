@@ -27,6 +27,7 @@
 #include "backend/attention.h"
 #include "backend/gemm.h"
 #include "backend/loss.h"
+#include "backend/optim.h"
 #include "backend/reference/attention_ref.h"
 #include "backend/reference/elementwise_ref.h"
 #include "backend/rmsnorm.h"
@@ -604,6 +605,51 @@ void data_ops(Ops& o) {
   }
 }
 
+// ---- optimizer: sum_squares (fp64 accumulation) and AdamW (the 2x + 4 ulp rule) ----
+
+template <class T>
+void adamw_ref(std::vector<T>& w, const std::vector<T>& g, std::vector<T>& m, std::vector<T>& v,
+               const AdamWArgs& a) {
+  const T bc1 = T(1 - std::pow(a.beta1, double(a.step))),
+          bc2 = T(1 - std::pow(a.beta2, double(a.step)));
+  for (size_t i = 0; i < w.size(); ++i) {
+    const T gr = T(a.grad_scale) * g[i];
+    m[i] = T(a.beta1) * m[i] + (1 - T(a.beta1)) * gr;
+    v[i] = T(a.beta2) * v[i] + (1 - T(a.beta2)) * gr * gr;
+    w[i] = w[i] * (1 - T(a.lr) * T(a.weight_decay)) -
+           T(a.lr) / bc1 * m[i] / (std::sqrt(v[i]) / std::sqrt(bc2) + T(a.eps));
+  }
+}
+
+void optim_ops(Ops& o) {
+  const int64_t n = 1037;  // not a multiple of the vector width
+  uint64_t seed = 900;
+  const Mat x = o.make(F, 1, n);
+  const auto xv = o.init(x, seed++);
+  double ss = 0;
+  o.call("sum_squares", 0, [&] { ss = sum_squares(o.dev(), x); });
+  if (o.verify()) {
+    double want = 0;
+    for (double e : xv) want += e * e;
+    EXPECT_NEAR(ss, want, 1e-12 * want) << "sum_squares";
+  }
+  for (int64_t step : {1, 7}) {
+    const AdamWArgs a{1e-2, 0.9, 0.95, 1e-8, 0.1, 0.5, step};
+    const Mat w = o.make(F, 1, n), g = o.make(F, 1, n), m = o.make(F, 1, n), v = o.make(F, 1, n);
+    const auto w0 = o.init(w, seed++), g0 = o.init(g, seed++), m0 = o.init(m, seed++);
+    const auto v0 = o.init(v, seed++, 0.1, 1.0);  // second moments are positive
+    o.call(fmt::format("adamw step {}", step), 0, [&] { adamw(o.dev(), w, g, m, v, a); });
+    if (!o.verify()) continue;
+    std::vector<double> w64 = w0, m64 = m0, v64 = v0;
+    std::vector<float> w32 = cast<float>(w0), m32 = cast<float>(m0), v32 = cast<float>(v0);
+    adamw_ref(w64, g0, m64, v64, a);
+    adamw_ref(w32, cast<float>(g0), m32, v32, a);
+    expect_rule("adamw w", o.get(w), w64, cast<double>(w32));
+    expect_rule("adamw m", o.get(m), m64, cast<double>(m32));
+    expect_rule("adamw v", o.get(v), v64, cast<double>(v32));
+  }
+}
+
 void all_ops(Ops& o) {
   gemm_ops(o);
   attention_ops(o);
@@ -613,6 +659,7 @@ void all_ops(Ops& o) {
   swiglu_ops(o);
   cross_entropy_ops(o);
   data_ops(o);
+  optim_ops(o);
 }
 
 class BackendOps : public ::testing::TestWithParam<BackendKind> {
@@ -648,6 +695,9 @@ TEST_P(BackendOps, CrossEntropy) {
 }
 TEST_P(BackendOps, DataMovement) {
   run(data_ops);
+}
+TEST_P(BackendOps, Optimizer) {
+  run(optim_ops);
 }
 
 INSTANTIATE_TEST_SUITE_P(Computing, BackendOps, ::testing::ValuesIn(kComputing),

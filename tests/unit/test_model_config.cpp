@@ -253,3 +253,34 @@ TEST(ModelConfig, LoadRefusals) {
 
 }  // namespace
 }  // namespace upipe
+
+namespace upipe {
+namespace {
+
+// What the exporter writes reads back to the same model, for every preset (llama3 RoPE
+// scaling, QK-norm, tied and untied heads, head_dim != D/H).
+TEST(ModelConfig, ConfigJsonRoundTrip) {
+  for (const std::string& name : model_preset_names()) {
+    const ModelConfig a = model_preset(name);
+    const ModelConfig b = parse_model_config(model_config_json(a, "bfloat16"), "written");
+    EXPECT_EQ(b.family, a.family) << name;
+    EXPECT_EQ(b.hidden_size, a.hidden_size) << name;
+    EXPECT_EQ(b.intermediate_size, a.intermediate_size) << name;
+    EXPECT_EQ(b.num_hidden_layers, a.num_hidden_layers) << name;
+    EXPECT_EQ(b.num_attention_heads, a.num_attention_heads) << name;
+    EXPECT_EQ(b.num_key_value_heads, a.num_key_value_heads) << name;
+    EXPECT_EQ(b.head_dim, a.head_dim) << name;
+    EXPECT_EQ(b.vocab_size, a.vocab_size) << name;
+    EXPECT_EQ(b.rms_norm_eps, a.rms_norm_eps) << name;
+    EXPECT_EQ(b.tie_word_embeddings, a.tie_word_embeddings) << name;
+    EXPECT_EQ(b.qk_norm, a.qk_norm) << name;
+    EXPECT_EQ(b.rope.theta, a.rope.theta) << name;
+    EXPECT_EQ(b.rope.scaling.enabled, a.rope.scaling.enabled) << name;
+    EXPECT_EQ(b.rope.scaling.factor, a.rope.scaling.factor) << name;
+    EXPECT_EQ(b.rope.scaling.original_max_position, a.rope.scaling.original_max_position) << name;
+    EXPECT_EQ(b.torch_dtype, "bfloat16") << name;
+  }
+}
+
+}  // namespace
+}  // namespace upipe

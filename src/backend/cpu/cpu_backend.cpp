@@ -129,4 +129,13 @@ void CpuBackend::add_transposed(const Mat& dst, const Mat& src, float beta) {
   cpu::add_transposed(dst, src, beta);
 }
 
+double CpuBackend::sum_squares(const Mat& x) {
+  return cpu::sum_squares(x);
+}
+
+void CpuBackend::adamw(const Mat& w, const Mat& g, const Mat& m, const Mat& v,
+                       const AdamWArgs& a) {
+  cpu::adamw(w, g, m, v, a);
+}
+
 }  // namespace upipe

@@ -45,6 +45,8 @@ class CpuBackend final : public Backend {
   void convert(const Mat& dst, const Mat& src) override;
   void add_into(const Mat& dst, const Mat& src) override;
   void add_transposed(const Mat& dst, const Mat& src, float beta) override;
+  double sum_squares(const Mat& x) override;
+  void adamw(const Mat& w, const Mat& g, const Mat& m, const Mat& v, const AdamWArgs& a) override;
 };
 
 }  // namespace upipe

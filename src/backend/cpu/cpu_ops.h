@@ -20,5 +20,7 @@ void fill(const Mat& x, float value);
 void convert(const Mat& dst, const Mat& src);
 void add_into(const Mat& dst, const Mat& src);
 void add_transposed(const Mat& dst, const Mat& src, float beta);
+double sum_squares(const Mat& x);
+void adamw(const Mat& w, const Mat& g, const Mat& m, const Mat& v, const AdamWArgs& a);
 
 }  // namespace upipe::cpu

@@ -256,4 +256,39 @@ void add_transposed(const Mat& dst, const Mat& src, float beta) {
       }
 }
 
+double sum_squares(const Mat& x) {
+  // Four fp64 partial sums (a fixed order, so the result is deterministic) vectorise.
+  double acc[4] = {0, 0, 0, 0};
+  for (int64_t r = 0; r < x.rows; ++r) {
+    const float* p = static_cast<const float*>(x.at(r, 0));
+    int64_t c = 0;
+    for (; c + 4 <= x.cols; c += 4)
+      for (int k = 0; k < 4; ++k) acc[k] += double(p[c + k]) * double(p[c + k]);
+    for (; c < x.cols; ++c) acc[0] += double(p[c]) * double(p[c]);
+  }
+  return (acc[0] + acc[1]) + (acc[2] + acc[3]);
+}
+
+void adamw(const Mat& w, const Mat& g, const Mat& m, const Mat& v, const AdamWArgs& a) {
+  const double bc1 = 1.0 - std::pow(a.beta1, double(a.step));
+  const double bc2 = 1.0 - std::pow(a.beta2, double(a.step));
+  const float decay = float(1.0 - a.lr * a.weight_decay), b1 = float(a.beta1),
+              b2 = float(a.beta2), gs = float(a.grad_scale), step = float(a.lr / bc1),
+              inv_bc2_sqrt = float(1.0 / std::sqrt(bc2)), eps = float(a.eps);
+  for (int64_t r = 0; r < w.rows; ++r) {
+    float* pw = static_cast<float*>(w.at(r, 0));
+    const float* pg = static_cast<const float*>(g.at(r, 0));
+    float* pm = static_cast<float*>(m.at(r, 0));
+    float* pv = static_cast<float*>(v.at(r, 0));
+    for (int64_t c = 0; c < w.cols; ++c) {
+      const float gr = gs * pg[c];
+      const float mm = b1 * pm[c] + (1.0f - b1) * gr;
+      const float vv = b2 * pv[c] + (1.0f - b2) * gr * gr;
+      pm[c] = mm;
+      pv[c] = vv;
+      pw[c] = pw[c] * decay - step * mm / (std::sqrt(vv) * inv_bc2_sqrt + eps);
+    }
+  }
+}
+
 }  // namespace upipe::cpu

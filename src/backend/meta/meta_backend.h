@@ -59,6 +59,8 @@ class MetaBackend final : public Backend {
   void convert(const Mat&, const Mat&) override {}
   void add_into(const Mat&, const Mat&) override {}
   void add_transposed(const Mat&, const Mat&, float) override {}
+  double sum_squares(const Mat&) override { return 0.0; }
+  void adamw(const Mat&, const Mat&, const Mat&, const Mat&, const AdamWArgs&) override {}
 
  private:
   std::unique_ptr<Backend> target_;

@@ -1,0 +1,33 @@
+// `upipe tokenize IN.txt OUT.bin`: the byte-level tokenizer (one token per byte, vocabulary 256)
+// into an llm.c .bin file that `upipe train` (data.kind = "files") and `upipe eval --tokens`
+// read. One process does the work; run it without mpirun (under mpirun, rank 0 writes).
+#include <cstdio>
+
+#include "apps/upipe/commands.h"
+#include "train/tokenizer.h"
+
+namespace upipe::app {
+namespace {
+
+struct Options {
+  std::string in, out;
+};
+
+int run(Process& proc, const Options& opt) {
+  if (!proc.root()) return 0;
+  const int64_t n = tokenize_bytes(opt.in, opt.out);
+  std::printf("%s: %lld tokens (bytes, vocabulary %lld) written to %s\n", opt.in.c_str(),
+              static_cast<long long>(n), static_cast<long long>(kByteVocab), opt.out.c_str());
+  return 0;
+}
+
+}  // namespace
+
+Runner add_tokenize(CLI::App& cmd) {
+  auto opt = std::make_shared<Options>();
+  cmd.add_option("IN", opt->in, "text file (any bytes)")->required();
+  cmd.add_option("OUT", opt->out, "llm.c .bin token file to write (uint16 ids)")->required();
+  return [opt](Process& p) { return run(p, *opt); };
+}
+
+}  // namespace upipe::app

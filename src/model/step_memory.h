@@ -1,0 +1,29 @@
+// The decoder step's per-rank device bytes in closed form (docs/model.md, "Memory"): what
+// Decoder::loss_and_grads allocates, from the same size functions the blocks allocate with, so the
+// planner can size a whole model without running it. A meta-device run of the step must peak at
+// exactly `peak` (tests/unit/test_step_memory.cpp).
+#pragma once
+
+#include <cstdint>
+
+#include "model/decoder.h"
+
+namespace upipe {
+
+struct DecoderStepBytes {
+  int64_t params = 0;     // every parameter in the compute dtype (tag params)
+  int64_t grads = 0;      // every gradient in fp32 (tag grads)
+  int64_t ckpt = 0;       // device checkpoints at their peak: L fp32 (S/C, D), or 2 with offload
+  int64_t ckpt_host = 0;  // host-arena checkpoints with offload: L fp32 (S/C, D)
+  int64_t act = 0;        // (S/C, D) buffers at their peak: x, dx, dh, xm fp32; h, h2 dtype
+  int64_t attn = 0;       // the strategy's attention intermediates (its attn_formula_bytes)
+  int64_t mlp = 0;        // the tiled MLP's peak (mlp_peak_bytes: (T, F) tiles + workspace)
+  int64_t logits = 0;     // the fused LM head's peak (lm_loss_peak_bytes: (T, V) tile + ws)
+  int64_t peak = 0;       // the step's device peak, params and grads included
+};
+
+// rows: this rank's tokens (S/C); attn_bytes: the strategy's attn_formula_bytes().
+DecoderStepBytes decoder_step_bytes(const Backend& be, const ModelConfig& m,
+                                    const DecoderOptions& opt, int64_t rows, int64_t attn_bytes);
+
+}  // namespace upipe

@@ -1,0 +1,182 @@
+#include "train/data.h"
+
+#include <fmt/format.h>
+#include <glob.h>
+
+#include <algorithm>
+#include <filesystem>
+
+#include "core/check.h"
+#include "core/checked.h"
+#include "core/errors.h"
+#include "core/rng.h"
+
+namespace upipe {
+namespace {
+
+// Keeps the data's random streams apart from the weights' (which use the same train.seed).
+constexpr uint64_t kDataSalt = 0x6a09e667f3bcc909ull;
+// Ids per chunk of the vocabulary scan.
+constexpr int64_t kScanChunk = int64_t(1) << 16;
+
+uint64_t sequence_seed(uint64_t seed, int64_t index) {
+  return splitmix64(splitmix64(seed ^ kDataSalt) + uint64_t(index));
+}
+
+int32_t uniform_id(uint64_t s, int64_t i, int64_t vocab) {
+  return int32_t(std::min<int64_t>(int64_t(uniform_at(s, uint64_t(i)) * double(vocab)), vocab - 1));
+}
+
+bool is_token_file(const std::filesystem::path& p) {
+  return p.extension() == ".npy" || p.extension() == ".bin";
+}
+
+}  // namespace
+
+DataKind parse_data_kind(const std::string& s) {
+  if (s == "files") return DataKind::kFiles;
+  if (s == "random") return DataKind::kRandom;
+  if (s == "copy") return DataKind::kCopy;
+  throw ConfigError(fmt::format("data.kind '{}' is unknown; choose files, random or copy", s));
+}
+
+const char* data_kind_name(DataKind k) {
+  switch (k) {
+    case DataKind::kFiles:
+      return "files";
+    case DataKind::kRandom:
+      return "random";
+    case DataKind::kCopy:
+      return "copy";
+  }
+  return "?";
+}
+
+std::vector<std::string> expand_token_paths(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> out;
+  if (path.find_first_of("*?[") != std::string::npos) {
+    glob_t g{};
+    const int rc = glob(path.c_str(), GLOB_ERR, nullptr, &g);
+    if (rc == 0)
+      for (size_t i = 0; i < g.gl_pathc; ++i) out.emplace_back(g.gl_pathv[i]);
+    globfree(&g);
+    if (rc != 0 && rc != GLOB_NOMATCH)
+      throw ConfigError(fmt::format("data.path: cannot expand the glob '{}'", path));
+    if (out.empty()) throw ConfigError(fmt::format("data.path: '{}' matches no file", path));
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) {
+    for (const fs::directory_entry& e : fs::directory_iterator(path, ec))
+      if (e.is_regular_file() && is_token_file(e.path())) out.push_back(e.path().string());
+    if (ec) throw ConfigError(fmt::format("data.path: cannot list '{}': {}", path, ec.message()));
+    if (out.empty())
+      throw ConfigError(
+          fmt::format("data.path: the directory '{}' holds no .npy or .bin file", path));
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+  if (!fs::exists(path, ec)) throw ConfigError(fmt::format("data.path: '{}' does not exist", path));
+  return {path};
+}
+
+DataSource::DataSource(const DataOptions& o) : opt_(o) {
+  if (o.seq_len < 2)
+    throw ConfigError(fmt::format("train.seq_len must be >= 2, got {}", o.seq_len));
+  if (o.vocab < 1)
+    throw ConfigError(fmt::format("the vocabulary size must be >= 1, got {}", o.vocab));
+  if (o.dp_size < 1 || o.micro_steps < 1)
+    throw ConfigError(fmt::format("data: DP size ({}) and train.micro_steps ({}) must be >= 1",
+                                  o.dp_size, o.micro_steps));
+  if (o.kind == DataKind::kCopy && o.seq_len % 2 != 0)
+    throw ConfigError(fmt::format(
+        "train.seq_len ({}) must be even for data.kind = \"copy\" (two equal halves); try {}",
+        o.seq_len, o.seq_len + 1));
+  if (o.kind != DataKind::kFiles) return;
+  if (o.path.empty())
+    throw ConfigError(
+        "data.path is required when data.kind = \"files\" (a token file, directory or glob)");
+  starts_.push_back(0);
+  for (const std::string& p : expand_token_paths(o.path)) {
+    files_.push_back(inspect_token_file(p));
+    starts_.push_back(checked_add(starts_.back(), files_.back().count, "token count"));
+  }
+  if (total_tokens() < o.seq_len)
+    throw ConfigError(fmt::format(
+        "data.path '{}' holds {} tokens in {} file(s), fewer than train.seq_len = {}; give more "
+        "data or a shorter train.seq_len",
+        o.path, total_tokens(), files_.size(), o.seq_len));
+  if (o.check_vocab) {
+    std::vector<int32_t> buf(static_cast<size_t>(kScanChunk));
+    for (const TokenFileInfo& f : files_)
+      for (int64_t b = 0; b < f.count; b += kScanChunk)
+        read_token_range(f, b, std::min(kScanChunk, f.count - b), o.vocab, buf.data());
+  }
+}
+
+int64_t DataSource::global_index(int64_t step, int micro, int dp_rank) const {
+  UPIPE_CHECK(
+      step >= 0 && micro >= 0 && micro < opt_.micro_steps && dp_rank >= 0 && dp_rank < opt_.dp_size,
+      "step {} micro {} dp_rank {} outside the run's {} micro-steps x {} DP ranks", step, micro,
+      dp_rank, opt_.micro_steps, opt_.dp_size);
+  const int64_t m = checked_add(checked_mul(step, opt_.micro_steps, "sequence index"), micro);
+  return checked_add(checked_mul(m, opt_.dp_size, "sequence index"), dp_rank);
+}
+
+std::vector<int32_t> DataSource::sample(int64_t step, int micro, int dp_rank) const {
+  return sequence(global_index(step, micro, dp_rank));
+}
+
+int64_t DataSource::window_start(int64_t index) const {
+  UPIPE_CHECK(opt_.kind == DataKind::kFiles, "window_start is for data.kind = files");
+  const int64_t choices = total_tokens() - opt_.seq_len + 1;  // >= 1 (checked at construction)
+  const double u = uniform_at(sequence_seed(opt_.seed, index), 0);
+  return std::min<int64_t>(int64_t(u * double(choices)), choices - 1);
+}
+
+std::vector<int32_t> DataSource::sequence(int64_t index) const {
+  const int64_t s = opt_.seq_len;
+  std::vector<int32_t> ids(static_cast<size_t>(s));
+  const uint64_t seed = sequence_seed(opt_.seed, index);
+  switch (opt_.kind) {
+    case DataKind::kRandom:
+      for (int64_t i = 0; i < s; ++i) ids[size_t(i)] = uniform_id(seed, i, opt_.vocab);
+      break;
+    case DataKind::kCopy: {
+      const int64_t h = s / 2;
+      for (int64_t i = 0; i < h; ++i) ids[size_t(i)] = uniform_id(seed, i, opt_.vocab);
+      std::copy(ids.begin(), ids.begin() + h, ids.begin() + h);
+      break;
+    }
+    case DataKind::kFiles:
+      read_stream(window_start(index), s, ids.data());
+      break;
+  }
+  return ids;
+}
+
+void DataSource::read_stream(int64_t begin, int64_t n, int32_t* out) const {
+  // The file holding stream position `begin`: the last start <= begin.
+  size_t f = size_t(std::upper_bound(starts_.begin(), starts_.end(), begin) - starts_.begin()) - 1;
+  while (n > 0) {
+    UPIPE_CHECK(f < files_.size(), "stream position {} past the {} tokens", begin, total_tokens());
+    const int64_t local = begin - starts_[f];
+    const int64_t m = std::min(n, files_[f].count - local);
+    if (m > 0) read_token_range(files_[f], local, m, opt_.vocab, out);
+    out += m, begin += m, n -= m;
+    ++f;
+  }
+}
+
+bool copy_loss_counts(int64_t p, int64_t seq_len) {
+  const auto [b, e] = copy_loss_positions(seq_len);
+  return p >= b && p < e;
+}
+
+std::pair<int64_t, int64_t> copy_loss_positions(int64_t seq_len) {
+  return {seq_len / 2, seq_len - 1};
+}
+
+}  // namespace upipe

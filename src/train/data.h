@@ -1,0 +1,88 @@
+// Training data: the sequences `upipe train` feeds the model. Sequence number g of a run is a
+// pure function of (seed, g), and g is fixed by (step, micro-step, DP rank, DP size), so a
+// resumed run reads exactly the sequences it would have read, and a DP split of the same global
+// batch sees the same sequences (see DataSource::global_index). Kinds:
+//   random  uniform ids in [0, V) (benchmarks);
+//   copy    a random first half, then the first half repeated (a long-range task whose loss can
+//           only fall if attention crosses the rank boundaries);
+//   files   token files (.npy, llm.c .bin) concatenated into one stream; each sequence is a
+//           window of S tokens at a pseudo-random offset, read without loading the files.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "model/tokens.h"
+
+namespace upipe {
+
+enum class DataKind { kFiles, kRandom, kCopy };
+
+// "files" | "random" | "copy"; anything else is a ConfigError naming data.kind.
+DataKind parse_data_kind(const std::string& s);
+const char* data_kind_name(DataKind k);
+
+struct DataOptions {
+  DataKind kind = DataKind::kRandom;
+  std::string path;     // files: a token file, a directory of .npy/.bin files, or a glob
+  int64_t seq_len = 0;  // S, tokens per sequence
+  int64_t vocab = 0;    // V: ids are drawn from / checked against [0, V)
+  uint64_t seed = 1;
+  int dp_size = 1;      // data-parallel groups (world / CP)
+  int micro_steps = 1;  // sequences per DP rank per optimizer step
+  // files: read every id once at construction and refuse the data (ConfigError) if one is
+  // outside [0, V), so a bad id cannot stop one rank in the middle of a run. Off, an id is
+  // checked only when its window is read (a ConfigError thrown by sample()).
+  bool check_vocab = true;
+};
+
+class DataSource {
+ public:
+  // Validates the options (ConfigError naming data.* / train.* keys); for files, resolves the
+  // path, reads the headers and refuses a stream shorter than S tokens.
+  explicit DataSource(const DataOptions& o);
+
+  // The S tokens of DP rank `dp_rank`'s micro-step `micro` (0-based) of optimizer step `step`
+  // (0-based): sequence(global_index(step, micro, dp_rank)).
+  std::vector<int32_t> sample(int64_t step, int micro, int dp_rank) const;
+
+  // (step * micro_steps + micro) * dp_size + dp_rank: step k's global batch is the sequences
+  // [k M D, (k + 1) M D), whatever D (DP size) and M (micro-steps) make it up, so DP = 2 with
+  // M = 1 reads the same sequences per step as DP = 1 with M = 2.
+  int64_t global_index(int64_t step, int micro, int dp_rank) const;
+
+  // Sequence number `index` of the run: S ids, a pure function of (kind, seed, index, files).
+  std::vector<int32_t> sequence(int64_t index) const;
+
+  // files: the first stream position of sequence `index`, in [0, total_tokens() - S].
+  int64_t window_start(int64_t index) const;
+
+  const DataOptions& options() const { return opt_; }
+  const std::vector<TokenFileInfo>& files() const { return files_; }
+  int64_t total_tokens() const { return starts_.empty() ? 0 : starts_.back(); }  // files
+
+ private:
+  // Stream ids [begin, begin + n) into out, across file boundaries.
+  void read_stream(int64_t begin, int64_t n, int32_t* out) const;
+
+  DataOptions opt_;
+  std::vector<TokenFileInfo> files_;
+  std::vector<int64_t> starts_;  // files_.size() + 1 prefix sums of the files' id counts
+};
+
+// The files a data.path names, in stream order: the file itself; a directory's *.npy and *.bin
+// (not recursive) sorted by name; or a glob's matches sorted by name. None is a ConfigError.
+std::vector<std::string> expand_token_paths(const std::string& path);
+
+// The copy task's scored predictions. The prediction at position p reads tokens [0, p] and is
+// labelled with token p + 1. With h = S/2, tokens [h, S) repeat tokens [0, h); the copy loss
+// scores predictions whose label is in the second half except its first token (token h): that
+// token repeats token 0, but nothing in the sequence marks where the first half ends (RoPE gives
+// relative positions only), so no model can know the copy starts there. Scored: p in [h, S - 1),
+// h - 1 predictions, each of which a model that attends back h tokens predicts exactly.
+bool copy_loss_counts(int64_t p, int64_t seq_len);
+std::pair<int64_t, int64_t> copy_loss_positions(int64_t seq_len);  // [h, S - 1)
+
+}  // namespace upipe

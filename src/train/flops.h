@@ -1,0 +1,23 @@
+// Model FLOPs of a training step and this machine's measured GEMM rate: the two halves of MFU
+// (model FLOPs utilisation). Model FLOPs count what the model needs, not what the engine spends:
+// activation recomputation and the strategies' extra passes are not in them.
+#pragma once
+
+#include <cstdint>
+
+#include "backend/device.h"
+#include "model/config.h"
+
+namespace upipe {
+
+// FLOPs of forward + backward for one sequence of S tokens: 6 FLOPs per matrix parameter per
+// token (every projection, the MLP and the LM head; not the embedding lookup or the norms), plus
+// causal attention's 6 * S * H * d per token per layer (QK^T and PV at 2 FLOPs per multiply-add
+// over S/2 keys on average: 2 S H d forward, twice that backward).
+double training_flops_per_sequence(const ModelConfig& m, int64_t seq_len);
+
+// The best of a few timed (n, n) x (n, n) GEMMs in `dtype` on dev, FLOP/s. Allocates from the
+// device arena (tag workspace) and gives it back. 0 on a device that does not compute.
+double measure_gemm_flops(Device& dev, DType dtype, int64_t n = 1024, int reps = 5);
+
+}  // namespace upipe

@@ -1,0 +1,201 @@
+#include "train/metrics.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "core/arena.h"
+#include "core/checked.h"
+#include "core/errors.h"
+
+namespace upipe {
+namespace {
+
+nlohmann::ordered_json number(double v) {
+  return std::isfinite(v) ? nlohmann::ordered_json(v) : nlohmann::ordered_json(nullptr);
+}
+
+// "1.23 M" style parameter counts.
+std::string format_si(int64_t n) {
+  const double v = double(n);
+  if (v >= 1e12) return fmt::format("{:.2f} T", v / 1e12);
+  if (v >= 1e9) return fmt::format("{:.2f} B", v / 1e9);
+  if (v >= 1e6) return fmt::format("{:.2f} M", v / 1e6);
+  if (v >= 1e3) return fmt::format("{:.2f} K", v / 1e3);
+  return fmt::format("{}", n);
+}
+
+}  // namespace
+
+std::string metrics_json(const StepMetrics& m) {
+  nlohmann::ordered_json j;
+  j["step"] = m.step;
+  j["loss"] = number(m.loss);
+  if (m.copy_loss) j["copy_loss"] = number(*m.copy_loss);
+  j["grad_norm"] = number(m.grad_norm);
+  j["lr"] = number(m.lr);
+  j["tokens_per_s"] = number(m.tokens_per_s);
+  j["mfu"] = number(m.mfu);
+  j["peak_bytes"] = m.peak_bytes;
+  j["peak_by_tag"] = nlohmann::ordered_json::object();
+  for (const auto& [tag, bytes] : m.peak_by_tag) j["peak_by_tag"][tag] = bytes;
+  j["budget_bytes"] = m.budget_bytes;
+  j["step_s"] = number(m.step_s);
+  j["eta_s"] = number(m.eta_s);
+  return j.dump();
+}
+
+MetricsWriter::MetricsWriter(const std::string& path, int64_t resume_step) : path_(path) {
+  std::error_code ec;
+  if (resume_step >= 0 && std::filesystem::exists(path, ec)) {
+    // Keep the lines of steps the checkpoint holds; a torn last line (a crash mid-write) fails
+    // to parse and goes too.
+    std::string kept;
+    {
+      std::ifstream in(path);
+      std::string line;
+      while (std::getline(in, line)) {
+        const auto j = nlohmann::json::parse(line, nullptr, false);
+        if (j.is_object() && j.contains("step") && j["step"].is_number_integer() &&
+            j["step"].get<int64_t>() <= resume_step)
+          kept += line + "\n";
+      }
+    }
+    const std::string tmp = path + ".tmp";
+    {
+      std::ofstream t(tmp, std::ios::trunc);
+      t << kept;
+      if (!t.flush()) throw ConfigError(fmt::format("metrics.path: cannot write {}", tmp));
+    }
+    std::filesystem::rename(tmp, path, ec);
+    if (ec)
+      throw ConfigError(fmt::format("metrics.path: cannot replace {}: {}", path, ec.message()));
+    out_.open(path, std::ios::app);
+  } else {
+    out_.open(path, std::ios::trunc);
+  }
+  if (!out_) throw ConfigError(fmt::format("metrics.path: cannot write {}", path));
+}
+
+void MetricsWriter::write(const StepMetrics& m) {
+  out_ << metrics_json(m) << '\n';
+  out_.flush();
+  if (!out_) throw std::runtime_error(fmt::format("cannot write metrics to {}", path_));
+}
+
+std::string format_duration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "--:--:--";
+  const int64_t s = int64_t(std::llround(seconds));
+  return fmt::format("{}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60);
+}
+
+std::string format_count(int64_t n) {
+  std::string digits = fmt::format("{}", n < 0 ? -n : n), out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return n < 0 ? "-" + out : out;
+}
+
+std::string format_step_line(const StepMetrics& m, int64_t total_steps) {
+  const int w = int(fmt::format("{}", total_steps).size());
+  std::string s = fmt::format("step {:>{}}/{} | loss {:.4f}", m.step, w, total_steps, m.loss);
+  if (m.copy_loss) s += fmt::format(" | copy {:.4f}", *m.copy_loss);
+  s += fmt::format(" | gnorm {:.2e} | lr {:.2e} | {} tok/s/rank | MFU {:.1f}%", m.grad_norm, m.lr,
+                   format_count(int64_t(std::llround(m.tokens_per_s))), 100 * m.mfu);
+  s += fmt::format(" | peak {}", format_bytes(m.peak_bytes));
+  if (m.budget_bytes > 0)
+    s += fmt::format(" ({:.0f}% of {})", 100.0 * double(m.peak_bytes) / double(m.budget_bytes),
+                     format_bytes(m.budget_bytes));
+  s += fmt::format(" | {:.2f} s/step | ETA {}", m.step_s, format_duration(m.eta_s));
+  return s;
+}
+
+std::string format_progress_bar(int64_t step, int64_t total, int width) {
+  const double f = total > 0 ? std::clamp(double(step) / double(total), 0.0, 1.0) : 0.0;
+  const int full = int(f * width);
+  const int w = int(fmt::format("{}", total).size());
+  return fmt::format("[{}{}] {:>{}}/{} {:3.0f}%", std::string(size_t(full), '#'),
+                     std::string(size_t(width - full), '-'), step, w, total, 100 * f);
+}
+
+bool stdout_is_terminal() {
+  return isatty(STDOUT_FILENO) == 1;
+}
+
+ProgressMode parse_progress_mode(const std::string& s, bool terminal) {
+  if (s == "auto") return terminal ? ProgressMode::kBar : ProgressMode::kLines;
+  if (s == "bar") return ProgressMode::kBar;
+  if (s == "lines") return ProgressMode::kLines;
+  throw ConfigError(fmt::format("metrics.progress '{}' is unknown; choose auto, bar or lines", s));
+}
+
+ProgressDisplay::ProgressDisplay(std::FILE* out, int64_t total_steps, int64_t log_interval,
+                                 ProgressMode mode)
+    : out_(out), total_(total_steps), interval_(std::max<int64_t>(1, log_interval)), mode_(mode) {}
+
+void ProgressDisplay::update(const StepMetrics& m) {
+  const bool log = m.step % interval_ == 0 || m.step == total_;
+  if (mode_ == ProgressMode::kBar) {
+    std::fputs("\r\x1b[2K", out_);  // clear the old bar
+    if (log) std::fprintf(out_, "%s\n", format_step_line(m, total_).c_str());
+    bar_ = fmt::format(
+        "{} loss {:.4f} | {} tok/s/rank | ETA {}", format_progress_bar(m.step, total_), m.loss,
+        format_count(int64_t(std::llround(m.tokens_per_s))), format_duration(m.eta_s));
+    std::fputs(bar_.c_str(), out_);
+  } else if (log) {
+    std::fprintf(out_, "%s\n", format_step_line(m, total_).c_str());
+  }
+  std::fflush(out_);
+}
+
+void ProgressDisplay::print(const std::string& line) {
+  if (mode_ == ProgressMode::kBar && !bar_.empty())
+    std::fprintf(out_, "\r\x1b[2K%s\n%s", line.c_str(), bar_.c_str());
+  else
+    std::fprintf(out_, "%s\n", line.c_str());
+  std::fflush(out_);
+}
+
+void ProgressDisplay::finish() {
+  if (mode_ == ProgressMode::kBar && !bar_.empty()) std::fputs("\n", out_);
+  bar_.clear();
+  std::fflush(out_);
+}
+
+std::string format_startup_table(const StartupInfo& s) {
+  std::string method = s.method;
+  if (!s.knobs.empty()) {
+    method += " (";
+    for (size_t i = 0; i < s.knobs.size(); ++i)
+      method += fmt::format("{}{} {}", i ? ", " : "", s.knobs[i].first, s.knobs[i].second);
+    method += ")";
+  }
+  int64_t per_step = 0;
+  const bool fits = mul_fits(per_step, {s.seq_len, s.micro_steps, s.dp});
+  const std::vector<std::pair<std::string, std::string>> rows = {
+      {"model", s.model},
+      {"parameters", fmt::format("{} ({})", format_si(s.parameters), format_count(s.parameters))},
+      {"ranks", fmt::format("{} = {} DP x {} CP", int64_t(s.dp) * s.cp, s.dp, s.cp)},
+      {"method", method},
+      {"dtype", s.dtype},
+      {"sequence",
+       fmt::format("{} tokens, {} micro-step(s), {} tokens per step", format_count(s.seq_len),
+                   s.micro_steps, fits ? format_count(per_step) : "?")},
+      {"steps", format_count(s.steps)},
+      {"data", s.data},
+      {"memory budget", fmt::format("{} per rank", format_bytes(s.budget_bytes))},
+  };
+  size_t w = 0;
+  for (const auto& r : rows) w = std::max(w, r.first.size());
+  std::string out;
+  for (const auto& [k, v] : rows) out += fmt::format("  {:<{}}  {}\n", k, w, v);
+  return out;
+}
+
+}  // namespace upipe

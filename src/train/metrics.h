@@ -1,0 +1,104 @@
+// What `upipe train` reports: one StepMetrics per optimizer step, written as one JSONL object
+// (flushed every step, so a crash loses nothing written) and shown as a log line, under a live
+// progress bar when stdout is a terminal; and the start-up table. Formatting takes plain values
+// so it is testable without a model, and the training loop owns the measuring.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace upipe {
+
+struct StepMetrics {
+  int64_t step = 0;                            // 1-based number of the step just finished
+  double loss = 0;                             // mean next-token loss of the step's global batch
+  std::optional<double> copy_loss;             // copy task: mean loss over the copied half
+  double grad_norm = 0;                        // global gradient norm before clipping
+  double lr = 0;                               // learning rate the step used
+  double tokens_per_s = 0;                     // training tokens per second, per rank
+  double mfu = 0;                              // achieved FLOP/s / measured GEMM FLOP/s, in [0, 1]
+  int64_t peak_bytes = 0;                      // device arena peak of the step (max over ranks)
+  std::map<std::string, int64_t> peak_by_tag;  // tag name -> bytes live at that peak
+  int64_t budget_bytes = 0;                    // device arena budget per rank
+  double step_s = 0;                           // wall time of the step
+  double eta_s = 0;                            // estimated seconds to the last step
+};
+
+// One JSON object, no newline; keys in this order: step, loss, copy_loss (only when set),
+// grad_norm, lr, tokens_per_s, mfu, peak_bytes, peak_by_tag, budget_bytes, step_s, eta_s.
+// A non-finite number is written as null.
+std::string metrics_json(const StepMetrics& m);
+
+// The JSONL metrics file. A new run truncates it; a resumed run (resume_step >= 0) keeps the
+// lines of steps <= resume_step (a run that died after logging steps its last checkpoint does
+// not hold would otherwise log them twice), drops the rest, and appends.
+class MetricsWriter {
+ public:
+  explicit MetricsWriter(const std::string& path, int64_t resume_step = -1);
+  void write(const StepMetrics& m);  // one line, flushed
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  std::ofstream out_;
+};
+
+// "1:02:03" (hours unbounded); "--:--:--" for a negative or non-finite time.
+std::string format_duration(double seconds);
+// "12,345,678".
+std::string format_count(int64_t n);
+// "step  12/100 | loss 5.1234 | copy 3.2100 | gnorm 1.23e+00 | lr 3.00e-04 |
+//  12,345 tok/s/rank | MFU 12.3% | peak 1.23 GiB (45% of 2.00 GiB) | 0.52 s/step | ETA 0:01:23"
+// (one line; copy only when set; the budget part only with a budget).
+std::string format_step_line(const StepMetrics& m, int64_t total_steps);
+// "[#######-------------]  12/100  12%": `width` cells between the brackets.
+std::string format_progress_bar(int64_t step, int64_t total, int width = 30);
+
+enum class ProgressMode { kBar, kLines };
+bool stdout_is_terminal();
+// metrics.progress: "auto" -> a bar when `terminal`, else lines; "bar"; "lines".
+ProgressMode parse_progress_mode(const std::string& s, bool terminal);
+
+// Shows the steps on `out`. Lines mode: the step line every `log_interval` steps and at the
+// last step. Bar mode: the same lines, and below them one bar line redrawn in place (\r) after
+// every step.
+class ProgressDisplay {
+ public:
+  ProgressDisplay(std::FILE* out, int64_t total_steps, int64_t log_interval, ProgressMode mode);
+  void update(const StepMetrics& m);
+  // A message (checkpoint written, ...) printed above the bar.
+  void print(const std::string& line);
+  // Ends the bar line; call once after the last step.
+  void finish();
+
+ private:
+  std::FILE* out_;
+  int64_t total_, interval_;
+  ProgressMode mode_;
+  std::string bar_;  // the bar line currently shown ("" = none)
+};
+
+// The start-up table's values.
+struct StartupInfo {
+  std::string model;  // "tiny (preset)" or the directory
+  int64_t parameters = 0;
+  int dp = 1, cp = 1;  // ranks = dp * cp
+  std::string method;
+  std::vector<std::pair<std::string, std::string>> knobs;  // {"head_chunk", "4"}, ...
+  std::string dtype;
+  int64_t budget_bytes = 0;  // per rank
+  int64_t seq_len = 0;
+  int micro_steps = 1;
+  int64_t steps = 0;
+  std::string data;  // "copy", "files: DIR (N tokens in K files)", ...
+};
+// An aligned two-column table, one row per field, ending in a newline.
+std::string format_startup_table(const StartupInfo& s);
+
+}  // namespace upipe

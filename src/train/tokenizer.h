@@ -1,0 +1,18 @@
+// The byte-level tokenizer of `upipe tokenize`: each byte of a text file is one token id in
+// [0, 256), written as an llm.c .bin file (version 1, uint16 ids). Any model with a vocabulary
+// of at least 256 can train on it; the tiny presets have exactly 256.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace upipe {
+
+inline constexpr int64_t kByteVocab = 256;
+
+// Streams `in` (any bytes) into the .bin file `out` and returns the number of tokens. Throws
+// ConfigError naming the file when `in` cannot be read, `out` cannot be written, or `in` has
+// 2^31 bytes or more (the .bin header counts tokens in an int32; split the text).
+int64_t tokenize_bytes(const std::string& in, const std::string& out);
+
+}  // namespace upipe

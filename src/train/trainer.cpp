@@ -1,0 +1,86 @@
+#include "train/trainer.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+
+#include "core/errors.h"
+
+namespace upipe {
+
+double LrSchedule::lr_at(int64_t t) const {
+  if (t < warmup) return lr * double(t + 1) / double(warmup);
+  const int64_t span = steps - warmup;
+  if (span <= 1) return lr;
+  const double progress = std::min(1.0, double(t - warmup) / double(span - 1));
+  return min_lr + 0.5 * (lr - min_lr) * (1.0 + std::cos(M_PI * progress));
+}
+
+Trainer::Trainer(Device& dev, Communicator& world, const ModelConfig& m, const TrainOptions& opt)
+    : dev_(dev), world_(world), m_(m), opt_(opt) {
+  const int w = world.size();
+  cp_size_ = opt.cp_size == 0 ? w : opt.cp_size;
+  if (cp_size_ < 1 || w % cp_size_ != 0)
+    throw ConfigError(fmt::format("parallel.cp_size = {} must divide the {} ranks", opt.cp_size, w));
+  if (opt.micro_steps < 1)
+    throw ConfigError(fmt::format("train.micro_steps must be >= 1 (got {})", opt.micro_steps));
+  if (opt.grad_clip < 0)
+    throw ConfigError(fmt::format("train.grad_clip must be >= 0 (got {})", opt.grad_clip));
+  dp_size_ = w / cp_size_;
+  dp_rank_ = world.rank() / cp_size_;
+  const int c = cp_size_;
+  // CP groups: consecutive ranks (the fast links of a node); DP groups: equal CP index.
+  cp_ = world.split([c](int r) { return SplitKey{r / c, r % c}; });
+  dp_ = world.split([c](int r) { return SplitKey{r % c, r / c}; });
+  dec_ = std::make_unique<Decoder>(dev, *cp_, m, opt.decoder);
+  zero_ = std::make_unique<Zero3>(dev, world, m, opt.decoder.attn.dtype);
+}
+
+Trainer::~Trainer() = default;
+
+int64_t Trainer::tokens_per_rank_per_step() const {
+  return int64_t(opt_.micro_steps) * opt_.decoder.attn.seq_len / cp_size_;
+}
+
+StepResult Trainer::step(int64_t t, const SequenceFn& data) {
+  const int64_t s = opt_.decoder.attn.seq_len;
+  const double predicted = double(dp_size_) * opt_.micro_steps * double(s - 1);
+  StepResult r;
+  double mine[3] = {0, 0, 0};  // scaled loss, group loss sum, group predictions
+  zero_->zero_grads();
+  for (int micro = 0; micro < opt_.micro_steps; ++micro) {
+    const Sequence seq = data(t, micro, dp_rank_);
+    if (int64_t(seq.tokens.size()) != s)
+      throw Error(fmt::format("the data gave {} tokens for a sequence of {}", seq.tokens.size(), s));
+    const StepLoss l = dec_->run(seq.tokens, *zero_, LossSpec{1.0 / predicted, seq.group});
+    mine[0] += l.loss;
+    mine[1] += l.group_sum;
+    for (size_t p = 0; p + 1 < seq.group.size(); ++p) mine[2] += seq.group[p] != 0;
+    r.fwd_s += dec_->forward_seconds();
+    r.bwd_s += dec_->backward_seconds();
+  }
+  zero_->finish_grads();
+  // Over the DP groups, in rank order: the same bits on every rank.
+  std::vector<double> parts(3 * static_cast<size_t>(dp_size_));
+  dp_->all_gather(mine, parts.data(), sizeof(mine));
+  double group_sum = 0, group_count = 0;
+  for (size_t i = 0; i < parts.size(); i += 3) {
+    r.loss += parts[i];
+    group_sum += parts[i + 1];
+    group_count += parts[i + 2];
+  }
+  r.group_loss = group_count > 0 ? group_sum / group_count : 0.0;
+  r.grad_norm = zero_->grad_norm();
+  if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm))
+    throw Error(fmt::format("step {}: the loss ({}) or the gradient norm ({}) is not finite; "
+                            "lower train.lr or check the data",
+                            t, r.loss, r.grad_norm));
+  const double clip = opt_.grad_clip > 0 && r.grad_norm > opt_.grad_clip
+                          ? opt_.grad_clip / (r.grad_norm + 1e-6)
+                          : 1.0;
+  r.lr = opt_.schedule.lr_at(t);
+  zero_->step(opt_.optimizer, r.lr, clip, t + 1);
+  return r;
+}
+
+}  // namespace upipe

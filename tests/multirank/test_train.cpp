@@ -1,0 +1,237 @@
+// The training step on real ranks: DP x CP splits of the same global batch give the same
+// weights; a run interrupted by a checkpoint and resumed (same ranks) ends bitwise equal to an
+// uninterrupted one; a checkpoint written on fewer ranks loads resharded; corrupt, incomplete and
+// mismatched checkpoints are refused with ConfigError.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "backend/tensor_ops.h"
+#include "core/errors.h"
+#include "core/rng.h"
+#include "multirank/mpi_test_main.h"
+#include "train/checkpoint.h"
+#include "train/trainer.h"
+
+namespace upipe {
+namespace {
+namespace fs = std::filesystem;
+
+// A directory every rank of comm sees (rank 0 makes it), removed at the end.
+class SharedDir {
+ public:
+  explicit SharedDir(Communicator& comm) : comm_(comm) {
+    char buf[256] = {};
+    if (comm.rank() == 0) {
+      std::string tmpl = (fs::temp_directory_path() / "upipe_train_XXXXXX").string();
+      if (!mkdtemp(tmpl.data())) ADD_FAILURE() << "mkdtemp failed";
+      std::strncpy(buf, tmpl.c_str(), sizeof(buf) - 1);
+    }
+    comm.broadcast(buf, sizeof(buf), 0);
+    path_ = buf;
+  }
+  ~SharedDir() {
+    comm_.barrier();
+    if (comm_.rank() == 0) fs::remove_all(path_);
+  }
+  std::string path() const { return path_; }
+
+ private:
+  Communicator& comm_;
+  std::string path_;
+};
+
+// Sequence `index` of the global batch of `step`: random ids, a pure function of both.
+Sequence global_sequence(int64_t step, int64_t index, int64_t s, int64_t vocab) {
+  Sequence q;
+  for (int64_t i = 0; i < s; ++i)
+    q.tokens.push_back(int32_t(uniform_at(uint64_t(step * 1000 + index), uint64_t(i)) * vocab));
+  return q;
+}
+
+TrainOptions options(int cp, int micro, int64_t s) {
+  TrainOptions o;
+  o.cp_size = cp;
+  o.micro_steps = micro;
+  o.decoder.method = cp == 1 ? "local" : "upipe";
+  o.decoder.attn.seq_len = s;
+  o.decoder.attn.dtype = DType::kF32;
+  o.decoder.tile_tokens = 32;
+  o.schedule = {1e-2, 1e-3, 1, 4};
+  o.grad_clip = 1.0;
+  // eps well above the gradients' rounding noise: AdamW's m / sqrt(v) is then a smooth function
+  // of the gradient, so splits that sum in another order stay within the bound below.
+  o.optimizer.eps = 1e-3;
+  return o;
+}
+
+std::vector<std::vector<float>> state(Device& dev, Zero3& z) {
+  std::vector<std::vector<float>> v;
+  for (int u = 0; u < z.num_units(); ++u) {
+    v.push_back(download(dev, z.master(u)));
+    v.push_back(download(dev, z.exp_avg(u)));
+    v.push_back(download(dev, z.exp_avg_sq(u)));
+  }
+  return v;
+}
+
+// Runs steps [from, to) with the batch of `dp * micro` sequences per step.
+std::vector<StepResult> run(Trainer& tr, int64_t from, int64_t to, const ModelConfig& m) {
+  const int64_t s = tr.options().decoder.attn.seq_len;
+  const int dp = tr.dp_size();
+  SequenceFn data = [&](int64_t step, int micro, int dp_rank) {
+    return global_sequence(step, int64_t(micro) * dp + dp_rank, s, m.vocab_size);
+  };
+  std::vector<StepResult> r;
+  for (int64_t t = from; t < to; ++t) r.push_back(tr.step(t, data));
+  return r;
+}
+
+TEST(Train, DpTimesCpSplitsGiveTheSameWeights) {
+  Communicator& world = test::world();
+  const int w = world.size();
+  const ModelConfig m = load_model_config("tiny");
+  const int64_t s = 64;
+  // Every (cp, micro) with cp * dp = w and dp * micro = 2: the same two sequences per step.
+  std::vector<std::pair<int, int>> splits;
+  for (int cp = w; cp >= 1; cp /= 2)
+    if (w % cp == 0 && (w / cp == 1 || w / cp == 2)) splits.push_back({cp, 2 / (w / cp)});
+  ASSERT_FALSE(splits.empty());
+  std::vector<std::vector<float>> ref;
+  std::vector<StepResult> ref_r;
+  for (auto [cp, micro] : splits) {
+    Device dev;
+    Trainer tr(dev, world, m, options(cp, micro, s));
+    tr.zero().init(nullptr, 7);
+    const std::vector<StepResult> r = run(tr, 0, 3, m);
+    const auto st = state(dev, tr.zero());
+    const std::string what = fmt::format("cp {} x dp {} (micro {}) on {} ranks", cp, w / cp, micro, w);
+    EXPECT_GT(r[0].loss, 5.0) << what;  // ~log 256 at the start
+    if (ref.empty()) {
+      ref = st;
+      ref_r = r;
+      continue;
+    }
+    for (size_t i = 0; i < r.size(); ++i) {
+      EXPECT_NEAR(r[i].loss, ref_r[i].loss, 1e-6 * ref_r[i].loss) << what << " step " << i;
+      EXPECT_NEAR(r[i].grad_norm, ref_r[i].grad_norm, 1e-4 * ref_r[i].grad_norm) << what;
+    }
+    for (size_t k = 0; k < st.size(); ++k)
+      for (size_t i = 0; i < st[k].size(); ++i)
+        ASSERT_NEAR(st[k][i], ref[k][i], 1e-5 * (1 + std::abs(ref[k][i])))
+            << what << " state " << k << " element " << i;
+  }
+}
+
+TEST(Train, ResumeIsBitwiseIdentical) {
+  Communicator& world = test::world();
+  const ModelConfig m = load_model_config("tiny-qwen3");
+  const int64_t s = 64;
+  SharedDir dir(world);
+  const TrainOptions o = options(0, 1, s);
+  std::vector<std::vector<float>> straight;
+  {
+    Device dev;
+    Trainer tr(dev, world, m, o);
+    tr.zero().init(nullptr, 11);
+    run(tr, 0, 4, m);
+    straight = state(dev, tr.zero());
+  }
+  {
+    Device dev;
+    Trainer tr(dev, world, m, o);
+    tr.zero().init(nullptr, 11);
+    run(tr, 0, 2, m);
+    save_checkpoint(dir.path(), 2, tr.zero(), tr.cp_size(), "[train]\nsteps = 4\n", 2);
+  }
+  const auto latest = latest_checkpoint(dir.path());
+  ASSERT_TRUE(latest.has_value());
+  Device dev;
+  Trainer tr(dev, world, m, o);
+  const CheckpointInfo info = load_checkpoint(*latest, tr.zero());
+  EXPECT_EQ(info.step, 2);
+  EXPECT_EQ(info.world, world.size());
+  EXPECT_EQ(info.run_toml, "[train]\nsteps = 4\n");
+  run(tr, info.step, 4, m);
+  const auto resumed = state(dev, tr.zero());
+  ASSERT_EQ(resumed.size(), straight.size());
+  for (size_t k = 0; k < resumed.size(); ++k)
+    ASSERT_EQ(std::memcmp(resumed[k].data(), straight[k].data(), resumed[k].size() * 4), 0)
+        << "state tensor " << k << " differs after resume";
+}
+
+TEST(Train, CheckpointReshardsAndRefusesBadOnes) {
+  Communicator& world = test::world();
+  const ModelConfig m = load_model_config("tiny");
+  SharedDir dir(world);
+  // Written by the first half of the ranks (or the only one).
+  const int writers = std::max(1, world.size() / 2);
+  auto half = world.split([writers](int r) { return SplitKey{r < writers ? 0 : 1, r}; });
+  std::vector<std::vector<float>> whole;  // every tensor, consolidated from the writers
+  if (world.rank() < writers) {
+    Device dev;
+    Trainer tr(dev, *half, m, options(0, 1, 64));
+    tr.zero().init(nullptr, 3);
+    run(tr, 0, 1, m);
+    save_checkpoint(dir.path(), 1, tr.zero(), tr.cp_size(), "", 0);
+  }
+  world.barrier();
+  const std::string ck = dir.path() + "/step_00000001";
+  const CheckpointReader reader(ck);
+  EXPECT_EQ(reader.info().world, writers);
+  const std::vector<HfTensorSpec> specs = hf_tensors(m);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    whole.emplace_back(size_t(specs[i].numel()));
+    reader.read(int(i), whole.back().data());
+  }
+  // Loaded on all ranks: each rank's shard is its slice of the consolidated tensors.
+  Device dev;
+  Zero3 z(dev, world, m, DType::kF32);
+  load_checkpoint(ck, z);
+  int checked = 0;
+  for (int u = 0; u < z.num_units(); ++u) {
+    const ZeroUnitLayout& l = z.layout(u);
+    const std::vector<float> got = download(dev, z.master(u));
+    for (int64_t e = z.shard_first(u); e < std::min(z.shard_first(u) + l.shard, l.numel); ++e) {
+      size_t i = 0;
+      while (i + 1 < l.tensors.size() && l.offsets[i + 1] <= e) ++i;
+      ASSERT_EQ(got[size_t(e - z.shard_first(u))],
+                whole[size_t(l.index[i])][size_t(e - l.offsets[i])]);
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 0);
+  world.barrier();
+  // Another model: refused, naming the unit.
+  {
+    Zero3 other(dev, world, load_model_config("tiny-qwen3"), DType::kF32);
+    try {
+      load_checkpoint(ck, other);
+      ADD_FAILURE() << "a checkpoint of another model loaded";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("another model"), std::string::npos) << e.what();
+    }
+  }
+  world.barrier();
+  // Truncated rank file, then no DONE marker.
+  if (world.rank() == 0) fs::resize_file(ck + "/rank_00000.safetensors", 100);
+  world.barrier();
+  EXPECT_THROW(load_checkpoint(ck, z), ConfigError);
+  world.barrier();
+  if (world.rank() == 0) fs::remove(ck + "/DONE");
+  world.barrier();
+  EXPECT_FALSE(latest_checkpoint(dir.path()).has_value());
+  try {
+    load_checkpoint(ck, z);
+    ADD_FAILURE() << "an incomplete checkpoint loaded";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("incomplete"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace upipe
