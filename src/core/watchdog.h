@@ -24,7 +24,8 @@ inline constexpr int kWatchdogExitCode = 4;              // status of a rank the
 
 // Called on the watchdog thread with the full message when the timeout expires. The default
 // writes the message to stderr and calls _exit(kWatchdogExitCode): it works even while the main
-// thread is blocked inside MPI, which MPI_Abort from another thread would not (MPI_THREAD_FUNNELED).
+// thread is blocked inside MPI, which MPI_Abort from another thread would not
+// (MPI_THREAD_FUNNELED).
 using WatchdogAction = void (*)(const std::string& message);
 
 class Watchdog {
