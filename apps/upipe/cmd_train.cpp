@@ -4,7 +4,10 @@
 // checkpoints are written every checkpoint.interval steps and at the end; SIGINT/SIGTERM/SIGUSR1
 // finish the current step, write a checkpoint and exit 0; a stuck rank ends the job after
 // comm.timeout_s (core/watchdog.h). docs/training.md is the user's guide.
+#include <unistd.h>
+
 #include <chrono>
+#include <cstdlib>
 #include <cmath>
 
 #include "apps/upipe/commands.h"
@@ -157,6 +160,9 @@ int run(Process& proc, const Options& opt, std::vector<std::string> overrides) {
     std::printf("%s", format_startup_table(si).c_str());
     std::printf("start: %s; GEMM rate %.1f GFLOP/s per rank (MFU's reference)\n", origin.c_str(),
                 gemm_flops / 1e9);
+    // Under mpirun (one node) rank 0's parent is mpirun, which forwards SIGUSR1 to every rank.
+    std::printf("stop cleanly (finish the step, checkpoint, exit 0): kill -USR1 %d\n",
+                std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr ? int(getppid()) : int(getpid()));
     std::fflush(stdout);
     if (!cfg.metrics.path.empty())
       metrics = std::make_unique<MetricsWriter>(cfg.metrics.path, ckpt ? start : -1);

@@ -71,7 +71,7 @@ std::vector<Field> fields(RunConfig& c) {
        "auto (a progress bar when stdout is a terminal), bar or lines"},
       {"memory.budget_gib", &c.memory.budget_gib, "device arena budget per rank, GiB"},
       {"comm.timeout_s", &c.comm.timeout_s,
-       "a collective or step without progress this long ends the job"},
+       "a collective or step without progress this long ends the job; 0 = no watchdog"},
   };
 }
 
@@ -397,9 +397,10 @@ void validate(const RunConfig& c) {
     bad("memory.budget_gib",
         fmt::format("must be at least one byte and at most 1073741824 (1 EiB), got {}",
                     c.memory.budget_gib));
-  if (!(c.comm.timeout_s > 0) || !std::isfinite(c.comm.timeout_s))
+  if (!(c.comm.timeout_s >= 0) || !std::isfinite(c.comm.timeout_s))
     bad("comm.timeout_s",
-        fmt::format("must be a finite number of seconds > 0, got {}", c.comm.timeout_s));
+        fmt::format("must be a finite number of seconds >= 0 (0 = no watchdog), got {}",
+                    c.comm.timeout_s));
 }
 
 RunConfig load_run_config(const std::string& path, std::span<const std::string> overrides) {

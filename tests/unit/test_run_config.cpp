@@ -225,7 +225,7 @@ TEST(RunConfig, ValidationNamesTheKey) {
       {"--metrics.progress=fancy", "metrics.progress", "choose auto, bar or lines"},
       {"--memory.budget_gib=0", "memory.budget_gib", "at least one byte"},
       {"--memory.budget_gib=1e12", "memory.budget_gib", "1 EiB"},
-      {"--comm.timeout_s=0", "comm.timeout_s", "> 0"},
+      {"--comm.timeout_s=-1", "comm.timeout_s", ">= 0"},
   };
   for (const Case& k : cases) {
     SCOPED_TRACE(k.override_arg);
