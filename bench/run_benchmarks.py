@@ -4,7 +4,7 @@
 Nothing on the results page is typed by hand: every number comes from a `upipe bench` run made
 by this script, whose command lines are printed next to the tables. Usage:
 
-    python3 bench/run_benchmarks.py [--build build] [--quick] [--only kernel,memory,speed,all,plan,comm,model]
+    python3 bench/run_benchmarks.py [--build build] [--quick] [--only kernel,memory,speed,all,plan,comm,model,train]
 
 Sections
   kernel  `upipe bench kernel`: attention forward/backward vs a oneDNN GEMM, one thread.
@@ -385,6 +385,52 @@ def section_model(quick):
     return "\n".join(text), None
 
 
+def section_train(quick):
+    """Training throughput of upipe vs ulysses vs ring on 2 ranks (upipe train, random data)."""
+    s, steps = (4096, 3) if quick else (8192, 4)
+    methods = ["upipe", "ulysses", "ring"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    rows, cmds = [], []
+    with tempfile.TemporaryDirectory(prefix="upipe_bench_train_") as d:
+        with open(os.path.join(d, "config.json"), "w") as f:
+            json.dump(MODEL_CONFIG, f)
+        for method in methods:
+            metrics = os.path.join(d, method + ".jsonl")
+            args = ["train", "--model.name=" + d, "--data.kind=random", "--train.seq_len=%d" % s,
+                    "--train.steps=%d" % steps, "--parallel.method=" + method, "--train.dtype=fp32",
+                    "--metrics.progress=lines", "--metrics.path=" + metrics]
+            shown = "mpirun -np 2 build/upipe " + " ".join(args).replace(d, "DIR")
+            cmds.append(shown)
+            print("+ " + shown, flush=True)
+            p = subprocess.run([*MPI, "-np", "2", UPIPE] + args, capture_output=True, text=True, env=env)
+            if p.returncode != 0:
+                err = (p.stderr.strip().splitlines() or ["exit %d" % p.returncode])[0]
+                print("  failed: " + err, flush=True)
+                rows.append([method, s, "failed: " + err, "", "", "", ""])
+                continue
+            lines = [json.loads(l) for l in open(metrics)]
+            timed = lines[1:] or lines  # the first step warms up
+            med = lambda k: sorted(x[k] for x in timed)[len(timed) // 2]
+            last = lines[-1]
+            top = sorted(last["peak_by_tag"].items(), key=lambda kv: -kv[1])[:3]
+            rows.append([method, s, "%.0f" % med("tokens_per_s"), "%.2f" % med("step_s"),
+                         "%.1f%%" % (100 * med("mfu")), mib(last["peak_bytes"]),
+                         ", ".join("%s %s" % (k, mib(v)) for k, v in top)])
+    m = MODEL_CONFIG
+    text = ["## Training throughput: upipe vs Ulysses vs ring (2 ranks)",
+            "`upipe train` on 2 ranks (CP = 2), Llama decoder D=%d, F=%d, L=%d, H=%d, K=%d, d=%d, V=%d, "
+            "S=%d random tokens per step, fp32, ZeRO-3, full activation checkpointing, %d steps; "
+            "tokens/s per rank, step time and MFU (model FLOPs over this machine's measured GEMM rate) "
+            "are the medians of the steps after the first, from the run's metrics file; the peak is the "
+            "device arena's per-rank peak with its three largest tags. Both ranks share this machine's "
+            "%d cores." % (m["hidden_size"], m["intermediate_size"], m["num_hidden_layers"],
+                           m["num_attention_heads"], m["num_key_value_heads"], m["head_dim"],
+                           m["vocab_size"], s, steps, os.cpu_count()), "",
+            table(["method", "S", "tokens/s per rank", "step s", "MFU", "peak per rank", "largest tags"], rows),
+            "", "Commands (DIR/config.json holds the configuration above):", "```", *cmds, "```"]
+    return "\n".join(text), None
+
+
 def plot_plan(series, path):
     try:
         import matplotlib
@@ -445,7 +491,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     ap.add_argument("--quick", action="store_true", help="smaller sizes (minutes instead of tens of minutes)")
-    ap.add_argument("--only", default="kernel,memory,speed,all,plan,comm,model",
+    ap.add_argument("--only", default="kernel,memory,speed,all,plan,comm,model,train",
                     help="sections to run; the page keeps the others from its previous version")
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "results.md"))
     args = ap.parse_args()
@@ -463,7 +509,7 @@ def main():
         " --quick" if args.quick else "", datetime.date.today().isoformat(), commit, cpu, os.cpu_count())
     sections = {"kernel": section_kernel, "memory": section_memory, "speed": section_speed,
                 "all": section_all, "plan": section_plan, "comm": section_comm,
-                "model": section_model}
+                "model": section_model, "train": section_train}
     fresh = []
     for name in args.only.split(","):
         text, data = sections[name](args.quick)

@@ -6,6 +6,8 @@
 #            export -> a Hugging Face folder that `upipe eval` loads; resume on 1 rank reshards
 #   kill     a rank killed with SIGKILL mid-run ends the job (non-zero) within 30 s, and the
 #            newest complete checkpoint still resumes
+#   init     --init-from the committed transformers fixture, one step at lr 0, export: eval of
+#            the exported folder gives the fixture's loss (HF weights in, HF weights out)
 #   hang     a rank stopped with SIGSTOP ends the job within comm.timeout_s + a few seconds,
 #            with the watchdog naming the step
 # Usage: train.sh UPIPE MPIRUN... -- CASE
@@ -99,6 +101,19 @@ kill)
     --checkpoint.dir="$tmp/k" --resume > "$tmp/r.out" 2>&1 || { cat "$tmp/r.out"; fail "resume after the kill failed"; }
   grep "^start:" "$tmp/r.out"
   [ -f "$tmp/k/step_$(printf %08d $((n + 2)))/DONE" ] || fail "no checkpoint after resuming from $newest"
+  ;;
+init)
+  fixture=$(dirname "$0")/../fixtures/hf/llama
+  timeout 300 "${mpirun[@]}" -np 2 "$upipe" train "${small[@]}" --init-from "$fixture" \
+    --model.name="$fixture" --train.steps=1 --train.lr=0 --checkpoint.dir="$tmp/i" \
+    > "$tmp/i.out" 2>&1 || { cat "$tmp/i.out"; fail "training from the fixture failed"; }
+  grep "^start:" "$tmp/i.out"
+  grep -q "Hugging Face weights from" "$tmp/i.out" || fail "not started from the fixture"
+  "${mpirun[@]}" -np 1 "$upipe" export "$tmp/i" "$tmp/hf" --dtype fp32 || fail "export failed"
+  out=$("${mpirun[@]}" -np 2 "$upipe" eval --model "$tmp/hf" --tokens "$fixture/tokens.npy" \
+    --method ulysses 2>&1) || { echo "$out"; fail "eval of the export failed"; }
+  echo "$out" | grep loss
+  echo "$out" | grep -q -F "loss 6.184163" || fail "the exported weights do not give the fixture's loss 6.184163"
   ;;
 hang)
   "${mpirun[@]}" -np 2 "$upipe" train "${small[@]}" --train.steps=100000 \
