@@ -236,8 +236,11 @@ int run(Process& proc, const Options& opt, std::vector<std::string> overrides) {
   if (display) {
     display->finish();
     if (stopped)
-      std::printf("upipe train: stopped by signal %d after step %lld; resume with --resume\n",
-                  stop_signal(), (long long)step);
+      std::printf("upipe train: stopped by signal %d after step %lld; %s\n", stop_signal(),
+                  (long long)step,
+                  cfg.checkpoint.dir.empty()
+                      ? "no checkpoint.dir was set, so nothing was saved"
+                      : "checkpoint written; continue with --resume");
     else
       std::printf("upipe train: done, %lld steps\n", (long long)step);
     if (copy_task && step > start)

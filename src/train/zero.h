@@ -8,7 +8,9 @@
 //   grads(u)       a (1, W * shard) fp32 buffer for the unit's whole gradient (tag grads);
 //   grads_done(u)  starts its non-blocking reduce-scatter; when it completes (at the next
 //                  grads_done or at finish_grads) this rank's shard of the sum is added into the
-//                  gradient shard, so micro-steps accumulate.
+//                  gradient shard, so micro-steps accumulate. At most two units' whole
+//                  gradients exist at once, plus a tied embedding's (held from the LM head to the
+//                  embedding backward).
 // Layout: unit u's tensors are concatenated in hf_tensors order into n_u elements, padded to a
 // multiple of W; rank r owns elements [r * s_u, (r + 1) * s_u), s_u = ceil(n_u / W). The padding
 // stays exactly zero (zero gradient -> zero update).
