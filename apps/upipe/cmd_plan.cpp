@@ -119,10 +119,12 @@ int run(Process& proc, const Options& o) {
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   bool any = false, any_host = false;
+  const Plan* least_host = nullptr;
   for (const Row& r : rows)
     if (r.refused.empty()) {
       any = true;
       any_host = any_host || r.plan.host_peak <= base.host_bytes;
+      if (!least_host || r.plan.host_peak < least_host->host_peak) least_host = &r.plan;
     }
   if (!any)
     throw ConfigError(fmt::format("seq-len {} is not allowed by any method: {}", o.seq_len,
@@ -131,7 +133,7 @@ int run(Process& proc, const Options& o) {
     throw ConfigError(fmt::format(
         "--host-gib {} is too small for the offloaded checkpoints: every method needs at least {} "
         "of host memory per rank at S = {}; give more host memory or drop --offload-checkpoints",
-        o.host_gib, format_bytes(rows.front().plan.host_peak), rows.front().plan.request.seq_len));
+        o.host_gib, format_bytes(least_host->host_peak), least_host->request.seq_len));
   if (o.max_seq_len) {
     bool fits = false;
     for (const Row& r : rows) fits = fits || (r.refused.empty() && r.plan.fits);
