@@ -197,7 +197,6 @@ Plan max_seq_len(const ModelConfig& m, const PlanRequest& r, const AutoKnobs& a)
     q.seq_len = checked_mul(k, g, "seq-len");
     return q;
   };
-  auto fits = [&](int64_t k) { return plan_step(m, at(k), true).fits; };
   // A first guess: the peaks grow about linearly with S (every activation is (S/C, .)), so two
   // complete plans at k1 < k2 granules give the line to extrapolate both budgets from. The guess
   // only saves plans; the answer is the bracket below, decided by plans alone.
@@ -215,36 +214,50 @@ Plan max_seq_len(const ModelConfig& m, const PlanRequest& r, const AutoKnobs& a)
         solve(p1.host_peak, p2.host_peak, r.host_bytes));
     guess = int64_t(std::clamp(k, 1.0, 1e12));
   }
-  // Bracket lo (fits, or 0) < hi (does not fit) around the guess by growing steps, then bisect.
-  int64_t lo = 0, hi = 0;
-  if (fits(guess)) {
-    lo = guess;
-    for (int64_t step = 1;; step = checked_mul(step, 2)) {
-      const int64_t k = checked_add(lo, step);
-      if (!fits(k)) {
-        hi = k;
-        break;
-      }
-      lo = k;
-    }
-  } else {
-    hi = guess;
-    for (int64_t step = 1; lo == 0 && hi > 1; step = checked_mul(step, 2)) {
-      const int64_t k = std::max<int64_t>(1, hi - step);
-      if (fits(k))
+  // The largest k whose plan with knobs q fits: bracket lo (fits, or 0) < hi (does not) around
+  // the guess by growing steps, then bisect.
+  auto largest = [&](const PlanRequest& q, int64_t guess) {
+    auto ok = [&](int64_t k) {
+      PlanRequest x = q;
+      x.seq_len = at(k).seq_len;
+      return plan_step(m, x, true).fits;
+    };
+    int64_t lo = 0, hi = 0;
+    if (ok(guess)) {
+      lo = guess;
+      for (int64_t step = 1;; step = checked_mul(step, 2)) {
+        const int64_t k = checked_add(lo, step);
+        if (!ok(k)) {
+          hi = k;
+          break;
+        }
         lo = k;
-      else
-        hi = k;
+      }
+    } else {
+      hi = guess;
+      for (int64_t step = 1; lo == 0 && hi > 1; step = checked_mul(step, 2)) {
+        const int64_t k = std::max<int64_t>(1, hi - step);
+        (ok(k) ? lo : hi) = k;
+      }
     }
+    while (hi - lo > 1) {
+      const int64_t mid = lo + (hi - lo) / 2;
+      (ok(mid) ? lo : hi) = mid;
+    }
+    return lo;
+  };
+  int64_t k = largest(frugal, guess);
+  if (k == 0) return plan_step(m, at(1));  // fits = false: even one granule does not fit
+  // The frugal knobs spend the least device memory but not always the least host memory (fpdt
+  // offloads K/V chunks): the knobs auto picks at k may go further. Repeat until they do not.
+  for (;;) {
+    PlanRequest best = r;
+    best.seq_len = at(k).seq_len;
+    Plan p = plan_auto(m, best, a);
+    const int64_t further = largest(p.request, k);
+    if (further <= k) return p;
+    k = further;
   }
-  while (hi - lo > 1) {
-    const int64_t mid = lo + (hi - lo) / 2;
-    (fits(mid) ? lo : hi) = mid;
-  }
-  if (lo == 0) return plan_step(m, at(1));  // fits = false: even one granule does not fit
-  PlanRequest best = r;
-  best.seq_len = at(lo).seq_len;
-  return plan_auto(m, best, a);
 }
 
 }  // namespace upipe
