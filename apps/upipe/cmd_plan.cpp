@@ -15,8 +15,8 @@
 namespace upipe::app {
 namespace {
 
-const std::vector<std::string> kMethods = {"ulysses", "upipe",      "ring",      "usp",
-                                           "upipe-ring", "fpdt", "upipe-fpdt"};
+const std::vector<std::string> kMethods = {"ulysses",    "upipe", "ring",      "usp",
+                                           "upipe-ring", "fpdt",  "upipe-fpdt"};
 
 struct Options {
   std::string model;
@@ -35,7 +35,8 @@ struct Options {
 
 int64_t gib_bytes(double gib, const char* flag) {
   if (!(gib > 0) || gib > 1048576)
-    throw ConfigError(fmt::format("{} must be a number of GiB in (0, 1048576] (got {})", flag, gib));
+    throw ConfigError(
+        fmt::format("{} must be a number of GiB in (0, 1048576] (got {})", flag, gib));
   return int64_t(gib * double(int64_t(1) << 30));
 }
 
@@ -54,7 +55,9 @@ int knob(const std::string& s, const char* flag) {
   return v;
 }
 
-double gib(int64_t b) { return double(b) / double(int64_t(1) << 30); }
+double gib(int64_t b) {
+  return double(b) / double(int64_t(1) << 30);
+}
 
 std::string knobs_text(const PlanRequest& r) {
   std::string s;
@@ -150,11 +153,16 @@ int run(Process& proc, const Options& o) {
 
   const int c = base.cp_size == 0 ? base.ranks : base.cp_size;
   if (o.json) {
-    nlohmann::json j = {{"model", m.source},         {"ranks", base.ranks},
-                        {"cp_size", c},              {"device_gib", o.device_gib},
-                        {"host_gib", o.host_gib},    {"reserve_gib", gib(base.reserve_bytes)},
-                        {"dtype", o.dtype},          {"offload_checkpoints", o.offload_checkpoints},
-                        {"tile_tokens", o.tile_tokens}, {"plan_seconds", secs}};
+    nlohmann::json j = {{"model", m.source},
+                        {"ranks", base.ranks},
+                        {"cp_size", c},
+                        {"device_gib", o.device_gib},
+                        {"host_gib", o.host_gib},
+                        {"reserve_gib", gib(base.reserve_bytes)},
+                        {"dtype", o.dtype},
+                        {"offload_checkpoints", o.offload_checkpoints},
+                        {"tile_tokens", o.tile_tokens},
+                        {"plan_seconds", secs}};
     nlohmann::json ms = nlohmann::json::array();
     for (const Row& r : rows) {
       if (!r.refused.empty()) {
@@ -177,14 +185,15 @@ int run(Process& proc, const Options& o) {
                     {"limiting_tag", tag_name(p.limiting_tag)}});
     }
     j["methods"] = ms;
-    std::printf("%s\n", j.dump(2).c_str());
+    std::printf("%s\n", j.dump().c_str());
     return 0;
   }
-  std::printf("%s on %d ranks (CP %d x DP %d), %s, %.4g GiB device (reserve %.4g GiB) and %.4g GiB "
-              "host per rank%s; one full training step planned on every rank (%.1f s)\n",
-              m.source.c_str(), base.ranks, c, base.ranks / c, o.dtype.c_str(), o.device_gib,
-              gib(base.reserve_bytes), o.host_gib,
-              o.offload_checkpoints ? ", checkpoints offloaded" : "", secs);
+  std::printf(
+      "%s on %d ranks (CP %d x DP %d), %s, %.4g GiB device (reserve %.4g GiB) and %.4g GiB "
+      "host per rank%s; one full training step planned on every rank (%.1f s)\n",
+      m.source.c_str(), base.ranks, c, base.ranks / c, o.dtype.c_str(), o.device_gib,
+      gib(base.reserve_bytes), o.host_gib, o.offload_checkpoints ? ", checkpoints offloaded" : "",
+      secs);
   std::printf("%-11s %-12s %12s %5s %13s %11s  %s\n", "method", "knobs",
               o.max_seq_len ? "max S" : "S", "fits", "device GiB", "host GiB", "limiting tag");
   for (const Row& r : rows) {
@@ -194,9 +203,9 @@ int run(Process& proc, const Options& o) {
     }
     const Plan& p = r.plan;
     std::printf("%-11s %-12s %12lld %5s %13.2f %11.2f  %s (%.2f GiB)\n", r.method.c_str(),
-                knobs_text(p.request).c_str(), (long long)p.request.seq_len,
-                p.fits ? "yes" : "no", gib(p.device_peak), gib(p.host_peak),
-                tag_name(p.limiting_tag), gib(p.device_at_peak[p.limiting_tag]));
+                knobs_text(p.request).c_str(), (long long)p.request.seq_len, p.fits ? "yes" : "no",
+                gib(p.device_peak), gib(p.host_peak), tag_name(p.limiting_tag),
+                gib(p.device_at_peak[p.limiting_tag]));
   }
   for (const Row& r : rows) {
     if (!r.refused.empty()) continue;

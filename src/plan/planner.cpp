@@ -30,13 +30,14 @@ TrainOptions train_options(const PlanRequest& r) {
   return o;
 }
 
-int cp_of(const PlanRequest& r) { return r.cp_size == 0 ? r.ranks : r.cp_size; }
+int cp_of(const PlanRequest& r) {
+  return r.cp_size == 0 ? r.ranks : r.cp_size;
+}
 
 void check_request(const PlanRequest& r) {
   if (r.ranks < 1) throw ConfigError(fmt::format("--ranks must be >= 1 (got {})", r.ranks));
   if (r.cp_size < 0 || (r.cp_size > 0 && r.ranks % r.cp_size != 0))
-    throw ConfigError(
-        fmt::format("--cp-size ({}) must divide --ranks ({})", r.cp_size, r.ranks));
+    throw ConfigError(fmt::format("--cp-size ({}) must divide --ranks ({})", r.cp_size, r.ranks));
   if (r.reserve_bytes < 0 || r.reserve_bytes >= r.device_bytes)
     throw ConfigError(fmt::format("--reserve-gib ({}) must be less than --device-gib ({})",
                                   format_bytes(r.reserve_bytes), format_bytes(r.device_bytes)));
@@ -52,7 +53,9 @@ Tag largest_tag(const TagBytes& b) {
 bool has_head_chunk(const std::string& m) {
   return m == "upipe" || m == "upipe-ring" || m == "upipe-fpdt";
 }
-bool has_chunks(const std::string& m) { return m == "fpdt" || m == "upipe-fpdt"; }
+bool has_chunks(const std::string& m) {
+  return m == "fpdt" || m == "upipe-fpdt";
+}
 
 }  // namespace
 
@@ -102,8 +105,8 @@ Plan plan_step(const ModelConfig& m, const PlanRequest& r, bool stop_at_budget) 
     p.ranks.push_back(std::move(rp));
   }
   p.limiting_tag = largest_tag(p.device_at_peak);
-  p.fits = checked_add(p.device_peak, r.reserve_bytes) <= r.device_bytes &&
-           p.host_peak <= r.host_bytes;
+  p.fits =
+      checked_add(p.device_peak, r.reserve_bytes) <= r.device_bytes && p.host_peak <= r.host_bytes;
   return p;
 }
 
@@ -209,9 +212,9 @@ Plan max_seq_len(const ModelConfig& m, const PlanRequest& r, const AutoKnobs& a)
       if (slope <= 0) return 1e18;
       return double(k1) + double(budget - y1) / slope;
     };
-    const double k = std::min(
-        solve(p1.device_peak, p2.device_peak, r.device_bytes - r.reserve_bytes),
-        solve(p1.host_peak, p2.host_peak, r.host_bytes));
+    const double k =
+        std::min(solve(p1.device_peak, p2.device_peak, r.device_bytes - r.reserve_bytes),
+                 solve(p1.host_peak, p2.host_peak, r.host_bytes));
     guess = int64_t(std::clamp(k, 1.0, 1e12));
   }
   // The largest k whose plan with knobs q fits: bracket lo (fits, or 0) < hi (does not) around

@@ -25,13 +25,13 @@ inline constexpr int64_t kDefaultReserveBytes = int64_t(2) << 30;
 inline constexpr int64_t kSeqQuantum = 65536;
 
 struct PlanRequest {
-  int ranks = 1;             // the world: DP x CP
-  int cp_size = 0;           // C, ranks per sequence (0 = all ranks)
+  int ranks = 1;    // the world: DP x CP
+  int cp_size = 0;  // C, ranks per sequence (0 = all ranks)
   std::string method = "upipe";
-  int head_chunk = 0;        // U (0 = the strategy's default; see AutoKnobs for auto)
-  int ulysses_degree = 0;    // u of usp / upipe-ring (0 = all C ranks)
-  int chunks = 0;            // N of fpdt / upipe-fpdt (0 = the strategy's default)
-  int64_t seq_len = 0;       // S
+  int head_chunk = 0;      // U (0 = the strategy's default; see AutoKnobs for auto)
+  int ulysses_degree = 0;  // u of usp / upipe-ring (0 = all C ranks)
+  int chunks = 0;          // N of fpdt / upipe-fpdt (0 = the strategy's default)
+  int64_t seq_len = 0;     // S
   DType dtype = DType::kBF16;
   int64_t tile_tokens = 1024;
   bool offload_checkpoints = false;
@@ -53,7 +53,7 @@ struct Plan {
   // false when the step stopped at the budget (plan_step with stop_at_budget): the peaks are then
   // only lower bounds, at the failing allocation.
   bool complete = true;
-  bool fits = false;  // device_peak + reserve <= device_bytes and host_peak <= host_bytes
+  bool fits = false;        // device_peak + reserve <= device_bytes and host_peak <= host_bytes
   int worst_rank = 0;       // of the device peak (the lowest such rank)
   int worst_host_rank = 0;  // of the host peak
   int64_t device_peak = 0, host_peak = 0;
