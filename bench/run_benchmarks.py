@@ -4,7 +4,7 @@
 Nothing on the results page is typed by hand: every number comes from a `upipe bench` run made
 by this script, whose command lines are printed next to the tables. Usage:
 
-    python3 bench/run_benchmarks.py [--build build] [--quick] [--only kernel,memory,speed,all,plan,comm,model,train]
+    python3 bench/run_benchmarks.py [--build build] [--quick] [--only kernel,memory,speed,all,plan,comm,model,train,plan-model]
 
 Sections
   kernel  `upipe bench kernel`: attention forward/backward vs a oneDNN GEMM, one thread.
@@ -257,6 +257,45 @@ def section_plan(quick):
     return "\n".join(text), series
 
 
+def section_plan_model(quick):
+    """The longest trainable S per method for whole models (upipe plan --max-seq-len)."""
+    setups = [("llama3-8b", 8), ("qwen3-32b", 16)]
+    text = ["## Planned: max trainable sequence per method, whole training step (upipe plan)",
+            "One complete training step (ZeRO-3 gathers and reduce-scatters, forward, backward, AdamW) of "
+            "every rank on the meta device (docs/planner.md); 80 GiB of device memory per rank (H100) with "
+            "the default 2 GiB reserve, 256 GiB of host memory per rank, bf16, checkpoints offloaded to the "
+            "host, auto knobs (fewest stages that fit); S to a multiple of 64Ki tokens. The limiting tag is "
+            "the largest tag at the worst rank's device peak.", ""]
+    cmds, data = [], {}
+    for model, ranks in setups:
+        args = ["plan", "--model", model, "--ranks", str(ranks), "--device-gib", "80", "--host-gib", "256",
+                "--dtype", "bf16", "--offload-checkpoints", "--max-seq-len"]
+        shown, j, err = run(args)
+        cmds.append(shown)
+        rows = []
+        if j is None:
+            rows.append(["failed: " + err] + [""] * 6)
+        else:
+            for m in j["methods"]:
+                if "error" in m:
+                    rows.append([m["method"], "not allowed: " + m["error"], "", "", "", "", ""])
+                    continue
+                k = m["knobs"]
+                knobs = " ".join(("%s=%d" % (n, k[key])) for n, key in (("U", "head_chunk"), ("u", "ulysses_degree"),
+                                                                       ("N", "chunks")) if k[key]) or "—"
+                t = m["peak_by_tag"]
+                rows.append([m["method"], knobs, "%d (%.2fM)" % (m["seq_len"], m["seq_len"] / 2**20),
+                             gib(m["device_peak_bytes"]), gib(m["host_peak_bytes"]),
+                             "%s (%s)" % (m["limiting_tag"], gib(t[m["limiting_tag"]])),
+                             ", ".join("%s %s" % (n, gib(b)) for n, b in sorted(t.items(), key=lambda x: -x[1])[:5])])
+            data[model] = j
+        text += ["### %s on %d x 80 GiB" % (model, ranks), "",
+                 table(["method", "knobs", "max S", "device peak", "host peak", "limiting tag",
+                        "largest tags at the peak"], rows), ""]
+    text += ["Commands:", "```", *cmds, "```"]
+    return "\n".join(text), data
+
+
 COMM_OPS = ["all-to-all", "all-gather", "reduce-scatter", "all-reduce", "sendrecv"]
 
 
@@ -491,7 +530,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     ap.add_argument("--quick", action="store_true", help="smaller sizes (minutes instead of tens of minutes)")
-    ap.add_argument("--only", default="kernel,memory,speed,all,plan,comm,model,train",
+    ap.add_argument("--only", default="kernel,memory,speed,all,plan,comm,model,train,plan-model",
                     help="sections to run; the page keeps the others from its previous version")
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "results.md"))
     args = ap.parse_args()
@@ -509,7 +548,8 @@ def main():
         " --quick" if args.quick else "", datetime.date.today().isoformat(), commit, cpu, os.cpu_count())
     sections = {"kernel": section_kernel, "memory": section_memory, "speed": section_speed,
                 "all": section_all, "plan": section_plan, "comm": section_comm,
-                "model": section_model, "train": section_train}
+                "model": section_model, "train": section_train,
+                "plan-model": section_plan_model}
     fresh = []
     for name in args.only.split(","):
         text, data = sections[name](args.quick)

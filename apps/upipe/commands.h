@@ -23,5 +23,7 @@ Runner add_train(CLI::App& app);
 Runner add_demo_train(CLI::App& app);
 Runner add_export(CLI::App& app);
 Runner add_tokenize(CLI::App& app);
+// `upipe plan`: a training step's memory on every rank, planned on the meta device (cmd_plan.cpp).
+Runner add_plan(CLI::App& app);
 
 }  // namespace upipe::app

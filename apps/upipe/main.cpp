@@ -58,6 +58,9 @@ int main(int argc, char** argv) {
   CLI::App* exp =
       cli.add_subcommand("export", "a training checkpoint as a Hugging Face folder (one process)");
   runners[exp] = app::add_export(*exp);
+  CLI::App* plan = cli.add_subcommand(
+      "plan", "a training step's memory per rank, or the longest S that fits (docs/planner.md)");
+  runners[plan] = app::add_plan(*plan);
   // `upipe train` takes its timeout from the run file (comm.timeout_s).
   double timeout_s = kDefaultWatchdogTimeoutS;
   for (CLI::App* cmd : {demo_attn, kernel, battn, bcomm, bmodel, check, eval})

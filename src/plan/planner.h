@@ -1,0 +1,106 @@
+// The planner: what one whole training step (ZeRO-3 gathers and reduce-scatters, forward,
+// backward, gradient norm, AdamW) costs in device and host memory on every rank, found by running
+// the real Trainer::step on the meta device (nothing backed, nothing computed) with a fake
+// communicator playing each rank in turn. Nothing here is a formula of its own: the bytes are the
+// ones the engine allocates, so a real run of the same configuration peaks at exactly the same
+// bytes per tag (tests/multirank/test_plan.cpp). On top: the longest sequence that fits a budget
+// (max_seq_len) and the `auto` strategy knobs (fewest UPipe stages, fewest FPDT chunks that fit).
+// docs/planner.md explains the reserve, the search and its granularity.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/arena.h"
+#include "model/config.h"
+
+namespace upipe {
+
+// The reserve every plan adds to the device peak when none is given: the CUDA context, NCCL's
+// buffers and the caching allocator's slack, which the engine's arenas do not see.
+inline constexpr int64_t kDefaultReserveBytes = int64_t(2) << 30;
+// --max-seq-len finds S to a multiple of this (and of what the method requires, see
+// seq_granularity).
+inline constexpr int64_t kSeqQuantum = 65536;
+
+struct PlanRequest {
+  int ranks = 1;    // the world: DP x CP
+  int cp_size = 0;  // C, ranks per sequence (0 = all ranks)
+  std::string method = "upipe";
+  int head_chunk = 0;      // U (0 = the strategy's default; see AutoKnobs for auto)
+  int ulysses_degree = 0;  // u of usp / upipe-ring (0 = all C ranks)
+  int chunks = 0;          // N of fpdt / upipe-fpdt (0 = the strategy's default)
+  int64_t seq_len = 0;     // S
+  DType dtype = DType::kBF16;
+  int64_t tile_tokens = 1024;
+  bool offload_checkpoints = false;
+  int64_t device_bytes = int64_t(80) << 30;  // per rank
+  int64_t host_bytes = int64_t(256) << 30;   // per rank
+  int64_t reserve_bytes = kDefaultReserveBytes;
+};
+
+// One rank's step: peaks since the start of the step (the ZeRO-3 shards allocated before it are
+// counted, they are live throughout) and the per-tag bytes at each arena's peak.
+struct RankPlan {
+  int rank = 0;
+  int64_t device_peak = 0, host_peak = 0;
+  TagBytes device_at_peak, host_at_peak;
+};
+
+struct Plan {
+  PlanRequest request;
+  // false when the step stopped at the budget (plan_step with stop_at_budget): the peaks are then
+  // only lower bounds, at the failing allocation.
+  bool complete = true;
+  bool fits = false;        // device_peak + reserve <= device_bytes and host_peak <= host_bytes
+  int worst_rank = 0;       // of the device peak (the lowest such rank)
+  int worst_host_rank = 0;  // of the host peak
+  int64_t device_peak = 0, host_peak = 0;
+  TagBytes device_at_peak, host_at_peak;  // of the worst ranks
+  Tag limiting_tag = Tag::kParams;        // the largest tag at the worst device peak
+  std::vector<RankPlan> ranks;            // every rank (complete plans only)
+  std::string failure;                    // what did not fit, when !complete
+};
+
+// One rank's step on the meta device. Throws ConfigError when the request is not a valid
+// configuration (method, knobs, S), OutOfMemoryError when budget_device / budget_host (per arena;
+// 0 = unlimited) are exceeded.
+RankPlan plan_rank(const ModelConfig& m, const PlanRequest& r, int rank, int64_t budget_device = 0,
+                   int64_t budget_host = 0);
+
+// Every rank's step; the worst rank's peaks. With stop_at_budget the meta arenas get the request's
+// budgets (device minus reserve) and the first rank that exceeds one ends the plan (fits = false,
+// complete = false): the search only needs the verdict.
+Plan plan_step(const ModelConfig& m, const PlanRequest& r, bool stop_at_budget = false);
+
+// The bytes each rank holds before any step: the ZeRO-3 fp32 master, gradient and AdamW shards.
+int64_t model_state_bytes(const ModelConfig& m, const PlanRequest& r);
+
+// The multiple of which S must be for the request's method and knobs on C ranks, times
+// kSeqQuantum (their least common multiple).
+int64_t seq_granularity(const ModelConfig& m, const PlanRequest& r);
+
+// `auto` knobs: the candidates to try, fastest first (fewest UPipe stages = largest U; fewest
+// FPDT chunks). Only for methods that have the knob; otherwise one candidate, r itself.
+struct AutoKnobs {
+  bool head_chunk = false, chunks = false;
+};
+std::vector<PlanRequest> knob_candidates(const ModelConfig& m, const PlanRequest& r,
+                                         const AutoKnobs& a);
+
+// The fastest candidate (knob_candidates order) that fits at r.seq_len, as a complete plan; or,
+// if none fits, the complete plan of the most memory-frugal candidate (fits = false).
+Plan plan_auto(const ModelConfig& m, const PlanRequest& r, const AutoKnobs& a);
+
+// The largest S (a multiple of seq_granularity, at least one granule) whose plan fits, with auto
+// knobs picked at that S; searched with the most memory-frugal candidate, by doubling from a first
+// guess then bisection (the peak grows with S). Returns the complete plan at that S, or
+// std::nullopt-like: fits = false with the plan at the smallest S when even that does not fit.
+Plan max_seq_len(const ModelConfig& m, const PlanRequest& r, const AutoKnobs& a);
+
+// Throws ConfigError with one line when the model state alone (plus the reserve) exceeds the
+// device budget, naming what to change.
+void check_model_fits(const ModelConfig& m, const PlanRequest& r);
+
+}  // namespace upipe

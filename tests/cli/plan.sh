@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# `upipe plan` end to end: one process plans Llama-3-8B on 8 ranks; --json has the issue's fields;
+# under mpirun only rank 0 prints; impossible inputs (weights beyond the budget, S no method
+# allows, host memory too small for offload, nothing fits) exit 2 with one line saying what does
+# not fit. Usage: plan.sh UPIPE_BINARY MPIRUN [MPIRUN ARGS...]
+set -u
+upipe=$1
+shift
+MPIRUN=("$@")
+failures=0
+fail() {
+  echo "FAIL: $*"
+  failures=$((failures + 1))
+}
+
+# expect TEXT ARGS...: `upipe plan ARGS` exits 2 with exactly one line, the error, containing TEXT.
+expect() {
+  local text=$1
+  shift
+  local out rc
+  out=$(timeout 120 "$upipe" plan "$@" 2>&1)
+  rc=$?
+  if [ "$rc" -ne 2 ] || [ "$(printf '%s\n' "$out" | wc -l)" -ne 1 ] ||
+    ! printf '%s\n' "$out" | grep -q -F -e "upipe: error: " || ! printf '%s\n' "$out" | grep -q -F -e "$text"; then
+    fail "upipe plan $* -> exit $rc, want 2 and one line with '$text':"
+    printf '%s\n' "$out" | head -5
+  else
+    echo "ok: upipe plan $* -> $out"
+  fi
+}
+L8="--model llama3-8b --ranks 8"
+expect "does not fit 8 ranks of 10.00 GiB" $L8 --device-gib 10 --max-seq-len
+expect "does not fit 8 ranks of 10.00 GiB" $L8 --device-gib 10 --seq-len 65536
+expect "seq-len 1001 is not allowed by any method" $L8 --device-gib 80 --seq-len 1001
+expect "too small for the offloaded checkpoints" $L8 --device-gib 80 --host-gib 1 --offload-checkpoints --max-seq-len
+expect "too small for the offloaded checkpoints" $L8 --device-gib 80 --host-gib 1 --offload-checkpoints --seq-len 1048576
+expect "no method fits 8 ranks of 20.00 GiB" $L8 --device-gib 20 --max-seq-len
+expect "exactly one of --seq-len S and --max-seq-len" $L8 --device-gib 80
+expect "--reserve-gib" $L8 --device-gib 80 --reserve-gib 90 --seq-len 65536
+expect "--head-chunk U=12" $L8 --device-gib 80 --method upipe --head-chunk 12 --seq-len 65536
+
+# JSON: the issue's fields; upipe's maximum fits and is a multiple of 64Ki tokens.
+out=$(timeout 300 "$upipe" plan $L8 --device-gib 80 --method upipe --max-seq-len --offload-checkpoints --json)
+rc=$?
+if [ $rc -ne 0 ] || ! printf '%s' "$out" | /usr/bin/python3 -c '
+import json, sys
+j = json.load(sys.stdin)
+for k in ("model", "ranks", "cp_size", "device_gib", "host_gib", "reserve_gib", "methods"):
+    assert k in j, k
+m = j["methods"][0]
+for k in ("method", "knobs", "seq_len", "fits", "device_peak_bytes", "host_peak_bytes", "peak_by_tag", "limiting_tag"):
+    assert k in m, k
+assert m["method"] == "upipe" and m["fits"] and m["seq_len"] % 65536 == 0 and m["seq_len"] >= 1 << 21
+assert sum(m["peak_by_tag"].values()) == m["device_peak_bytes"]
+assert m["device_peak_bytes"] + j["reserve_gib"] * 2**30 <= 80 * 2**30
+assert j["reserve_gib"] == 2 and j["cp_size"] == 8
+print("ok: --json upipe max S", m["seq_len"], m["limiting_tag"])
+'; then
+  fail "upipe plan --json (exit $rc)"
+fi
+
+# Under mpirun rank 0 plans and prints once; every rank exits 0.
+out=$(timeout 120 "${MPIRUN[@]}" -np 2 "$upipe" plan $L8 --device-gib 80 --method ulysses --seq-len 1048576 2>&1)
+rc=$?
+if [ $rc -ne 0 ] || [ "$(printf '%s\n' "$out" | grep -c '^ulysses  ')" -ne 1 ]; then
+  fail "upipe plan under mpirun -np 2 (exit $rc)"
+  printf '%s\n' "$out" | head -10
+else
+  echo "ok: under mpirun one table"
+fi
+[ $failures -eq 0 ] && echo "all plan CLI cases passed"
+exit $((failures > 0))

@@ -1,0 +1,109 @@
+// The planner's promise: a real training step (Trainer::step on the MPI world, cpu device) and
+// the plan of the same configuration report the same peak bytes, per tag, device and host, on
+// every rank; and plan_step's worst rank is the real job's worst. Every method valid on the rank
+// count, CP = all ranks and CP x DP splits, with and without offloaded checkpoints, tiny Llama
+// and tiny Qwen3 (QK-norm, tied embeddings).
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "core/rng.h"
+#include "multirank/mpi_test_main.h"
+#include "plan/planner.h"
+#include "train/trainer.h"
+
+namespace upipe {
+namespace {
+
+RankPlan real_step(Communicator& world, const ModelConfig& m, const PlanRequest& r) {
+  Device dev;
+  TrainOptions o;
+  o.cp_size = r.cp_size;
+  o.decoder.method = r.method;
+  o.decoder.attn.seq_len = r.seq_len;
+  o.decoder.attn.dtype = r.dtype;
+  o.decoder.attn.head_chunk = r.head_chunk;
+  o.decoder.attn.ulysses_degree = r.ulysses_degree;
+  o.decoder.attn.chunks = r.chunks;
+  o.decoder.tile_tokens = r.tile_tokens;
+  o.decoder.offload_checkpoints = r.offload_checkpoints;
+  Trainer tr(dev, world, m, o);
+  tr.zero().init(nullptr, 7);
+  dev.mem().reset_peak();
+  dev.host().reset_peak();
+  const StepResult res = tr.step(0, [&](int64_t step, int, int dp) {
+    Sequence q;
+    for (int64_t i = 0; i < r.seq_len; ++i)
+      q.tokens.push_back(int32_t(uniform_at(uint64_t(dp + 1), uint64_t(i)) * m.vocab_size));
+    return q;
+  });
+  EXPECT_GT(res.loss, 0.0);  // the step really ran
+  return {world.rank(), dev.mem().peak(), dev.host().peak(), dev.mem().at_peak_by_tag(),
+          dev.host().at_peak_by_tag()};
+}
+
+void expect_same(const RankPlan& plan, const RankPlan& real, const std::string& what) {
+  EXPECT_EQ(plan.device_peak, real.device_peak) << what;
+  EXPECT_EQ(plan.host_peak, real.host_peak) << what;
+  for (int t = 0; t < kNumTags; ++t) {
+    EXPECT_EQ(plan.device_at_peak.v[size_t(t)], real.device_at_peak.v[size_t(t)])
+        << what << ", device tag " << tag_name(Tag(t)) << " at the peak";
+    EXPECT_EQ(plan.host_at_peak.v[size_t(t)], real.host_at_peak.v[size_t(t)])
+        << what << ", host tag " << tag_name(Tag(t)) << " at the peak";
+  }
+}
+
+TEST(Plan, RealStepEqualsPlanPerTagOnEveryRank) {
+  Communicator& world = test::world();
+  const int w = world.size();
+  std::vector<int> cps = {w};
+  if (w == 4) cps.push_back(2);  // CP 2 x DP 2
+  for (const char* model : {"tiny", "tiny-qwen3"}) {
+    const ModelConfig m = load_model_config(model);
+    for (int c : cps) {
+      std::vector<std::string> methods = {"ulysses", "upipe", "ring", "fpdt", "upipe-fpdt"};
+      if (c == 4) methods.push_back("usp");
+      for (const std::string& method : methods)
+        for (bool offload : {false, true}) {
+          PlanRequest r;
+          r.ranks = w;
+          r.cp_size = c;
+          r.method = method;
+          r.seq_len = 256;
+          r.dtype = std::string(model) == "tiny" ? DType::kBF16 : DType::kF32;
+          r.tile_tokens = 48;
+          r.offload_checkpoints = offload;
+          if (method == "usp") r.ulysses_degree = 2;  // 2 x 2 grid
+          const std::string what = fmt::format("{} {} cp {} of {}{} rank {}", model, method, c, w,
+                                               offload ? " offload" : "", world.rank());
+          const RankPlan real = real_step(world, m, r);
+          expect_same(plan_rank(m, r, world.rank()), real, what);
+          if (offload) {
+            EXPECT_GT(real.host_peak, 0) << what;
+          }
+          // The whole plan: its worst rank is the job's worst, with that rank's breakdown.
+          const Plan p = plan_step(m, r);
+          ASSERT_TRUE(p.complete) << what;
+          ASSERT_EQ(int(p.ranks.size()), w) << what;
+          const int64_t mine[2] = {real.device_peak, real.host_peak};
+          std::vector<int64_t> all(2 * size_t(w));
+          world.all_gather(mine, all.data(), sizeof(mine));
+          int64_t dev_max = 0, host_max = 0;
+          for (int i = 0; i < w; ++i) {
+            dev_max = std::max(dev_max, all[2 * size_t(i)]);
+            host_max = std::max(host_max, all[2 * size_t(i) + 1]);
+          }
+          EXPECT_EQ(p.device_peak, dev_max) << what;
+          EXPECT_EQ(p.host_peak, host_max) << what;
+          if (p.worst_rank == world.rank()) expect_same(p.ranks[size_t(p.worst_rank)], real, what);
+          EXPECT_EQ(p.device_at_peak[p.limiting_tag],
+                    *std::max_element(p.device_at_peak.v.begin(), p.device_at_peak.v.end()))
+              << what;
+        }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace upipe
