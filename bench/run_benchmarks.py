@@ -265,11 +265,13 @@ def section_plan_model(quick):
             "every rank on the meta device (docs/planner.md); 80 GiB of device memory per rank (H100) with "
             "the default 2 GiB reserve, 256 GiB of host memory per rank, bf16, checkpoints offloaded to the "
             "host, auto knobs (fewest stages that fit); S to a multiple of 64Ki tokens. The limiting tag is "
-            "the largest tag at the worst rank's device peak.", ""]
+            "the largest tag at the worst rank's device peak. Each model twice: exact fp32 layer checkpoints, "
+            "and `--checkpoint-dtype bf16` (half the checkpoint bytes on device and host; its measured "
+            "gradient error on the transformers fixtures is in docs/model.md).", ""]
     cmds, data = [], {}
-    for model, ranks in setups:
+    for model, ranks, ckpt in [(m, r, c) for m, r in setups for c in ("fp32", "bf16")]:
         args = ["plan", "--model", model, "--ranks", str(ranks), "--device-gib", "80", "--host-gib", "256",
-                "--dtype", "bf16", "--offload-checkpoints", "--max-seq-len"]
+                "--dtype", "bf16", "--offload-checkpoints", "--checkpoint-dtype", ckpt, "--max-seq-len"]
         shown, j, err = run(args)
         cmds.append(shown)
         rows = []
@@ -288,8 +290,9 @@ def section_plan_model(quick):
                              gib(m["device_peak_bytes"]), gib(m["host_peak_bytes"]),
                              "%s (%s)" % (m["limiting_tag"], gib(t[m["limiting_tag"]])),
                              ", ".join("%s %s" % (n, gib(b)) for n, b in sorted(t.items(), key=lambda x: -x[1])[:5])])
-            data[model] = j
-        text += ["### %s on %d x 80 GiB" % (model, ranks), "",
+            if ckpt == "fp32":
+                data[model] = j
+        text += ["### %s on %d x 80 GiB, %s layer checkpoints" % (model, ranks, ckpt), "",
                  table(["method", "knobs", "max S", "device peak", "host peak", "limiting tag",
                         "largest tags at the peak"], rows), ""]
     text += ["Commands:", "```", *cmds, "```"]

@@ -30,6 +30,7 @@ struct Options {
   std::string dtype = "bf16";
   int64_t tile_tokens = 1024;
   bool offload_checkpoints = false;
+  std::string checkpoint_dtype = "fp32";
   bool json = false;
 };
 
@@ -93,6 +94,7 @@ int run(Process& proc, const Options& o) {
   base.dtype = parse_dtype(o.dtype);
   base.tile_tokens = o.tile_tokens;
   base.offload_checkpoints = o.offload_checkpoints;
+  base.checkpoint_dtype = parse_dtype(o.checkpoint_dtype);
   base.device_bytes = gib_bytes(o.device_gib, "--device-gib");
   base.host_bytes = gib_bytes(o.host_gib, "--host-gib");
   base.reserve_bytes = o.reserve_gib == 0 ? 0 : gib_bytes(o.reserve_gib, "--reserve-gib");
@@ -161,6 +163,7 @@ int run(Process& proc, const Options& o) {
                         {"reserve_gib", gib(base.reserve_bytes)},
                         {"dtype", o.dtype},
                         {"offload_checkpoints", o.offload_checkpoints},
+                        {"checkpoint_dtype", o.checkpoint_dtype},
                         {"tile_tokens", o.tile_tokens},
                         {"plan_seconds", secs}};
     nlohmann::json ms = nlohmann::json::array();
@@ -250,6 +253,8 @@ Runner add_plan(CLI::App& cmd) {
       ->check(integer_in<int64_t>(1, int64_t(1) << 30));
   cmd.add_flag("--offload-checkpoints", opt->offload_checkpoints,
                "keep the layer checkpoints in host memory");
+  cmd.add_option("--checkpoint-dtype", opt->checkpoint_dtype,
+                 "layer checkpoints stored as fp32 (exact, default) or bf16 (half the bytes)");
   cmd.add_flag("--json", opt->json, "JSON output");
   return [opt](Process& p) { return run(p, *opt); };
 }

@@ -35,6 +35,9 @@ void add_model_options(CLI::App& cmd, ModelOptions& o) {
       ->capture_default_str();
   cmd.add_flag("--offload-checkpoints", o.offload_checkpoints,
                "keep the layer checkpoints in the host arena, fetched back one layer ahead");
+  cmd.add_option("--checkpoint-dtype", o.checkpoint_dtype,
+                 "layer checkpoints stored as fp32 (exact) or bf16 (half the bytes)")
+      ->capture_default_str();
 }
 
 std::vector<int32_t> random_tokens(const ModelConfig& m, int64_t n, uint64_t seed) {
@@ -68,6 +71,7 @@ DecoderOptions decoder_options(const ModelOptions& o, int64_t seq_len) {
   d.attn.chunks = o.chunks;
   d.tile_tokens = o.tile_tokens;
   d.offload_checkpoints = o.offload_checkpoints;
+  d.checkpoint_dtype = parse_dtype(o.checkpoint_dtype);
   return d;
 }
 

@@ -22,6 +22,7 @@ struct ModelOptions {
   uint64_t seed = 1;  // random weights (presets, directories without weights) and tokens
   std::string budget = "1T";
   bool offload_checkpoints = false;
+  std::string checkpoint_dtype = "fp32";
 };
 
 // --model --method --dtype --head-chunk --ulysses-degree --chunks --tile-tokens --seed

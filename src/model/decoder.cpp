@@ -138,9 +138,17 @@ StepLoss Decoder::run(std::span<const int32_t> tokens, ParamSource& p, const Los
   for (int l = 0; l < nl; ++l) {
     const ParamViews& w = p.acquire(layer_unit(l));
     p.prefetch(l + 1 < nl ? layer_unit(l + 1) : uh);
-    ckpt.emplace_back(offload ? dev_.host() : mem, Tag::kCkpt, f32, rows, d);
-    dev_.copy(ckpt.back().data(), x.data(), x.bytes(),
-              offload ? CopyKind::kDeviceToHost : CopyKind::kDeviceToDevice);
+    const DType ct = opt_.checkpoint_dtype;
+    ckpt.emplace_back(offload ? dev_.host() : mem, Tag::kCkpt, ct, rows, d);
+    if (!offload) {
+      copy(dev_, ckpt.back(), x);  // converts to the checkpoint dtype
+    } else if (ct == f32) {
+      dev_.copy(ckpt.back().data(), x.data(), x.bytes(), CopyKind::kDeviceToHost);
+    } else {  // converted on the device, then copied to the host
+      Tensor staging(mem, Tag::kCkpt, ct, rows, d);
+      copy(dev_, staging, x);
+      dev_.copy(ckpt.back().data(), staging.data(), staging.bytes(), CopyKind::kDeviceToHost);
+    }
     rmsnorm_forward(dev_, x, norm_w(w, l, LayerWeight::kInputNorm), eps, h);
     strat_->forward(h, attn_weights(w, l), x, 1.0f);
     rmsnorm_forward(dev_, x, norm_w(w, l, LayerWeight::kPostAttnNorm), eps, h);
@@ -178,6 +186,7 @@ StepLoss Decoder::run(std::span<const int32_t> tokens, ParamSource& p, const Los
   const Mat gfinal = param(gh, final_name);
   zero(dev_, gfinal);
   rmsnorm_backward(dev_, x, param(wh, final_name), eps, dh, dx, gfinal);
+  x.reset();  // backward rebuilds each layer's residual from its checkpoint
   p.release(uh);
   p.grads_done(uh);
   // Backward, layer by layer from the last: recompute the layer from its checkpoint.
@@ -185,7 +194,7 @@ StepLoss Decoder::run(std::span<const int32_t> tokens, ParamSource& p, const Los
   Tensor slot[2];
   auto fetch = [&](int l) {
     Tensor& dst = slot[l % 2];
-    if (!dst.data()) dst = Tensor(mem, Tag::kCkpt, f32, rows, d);
+    if (!dst.data()) dst = Tensor(mem, Tag::kCkpt, opt_.checkpoint_dtype, rows, d);
     dev_.copy(dst.data(), ckpt[size_t(l)].data(), dst.bytes(), CopyKind::kHostToDevice);
   };
   if (offload && nl > 0) fetch(nl - 1);

@@ -35,6 +35,10 @@ struct DecoderOptions {
   // Keep the layer checkpoints in the host arena (tag ckpt) instead of the device's; backward
   // fetches them back one layer ahead into two device slots.
   bool offload_checkpoints = false;
+  // The layer checkpoints' storage dtype: fp32 (exact: backward recomputes each layer from the
+  // very residual forward saw) or bf16 (half the bytes on the device and the host; backward
+  // recomputes from the residual rounded to bf16, docs/model.md states the measured error).
+  DType checkpoint_dtype = DType::kF32;
 };
 
 // What the loss of one sequence is: its scale and an optional group of predictions to report.

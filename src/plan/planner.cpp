@@ -27,6 +27,7 @@ TrainOptions train_options(const PlanRequest& r) {
   o.decoder.attn.chunks = r.chunks;
   o.decoder.tile_tokens = r.tile_tokens;
   o.decoder.offload_checkpoints = r.offload_checkpoints;
+  o.decoder.checkpoint_dtype = r.checkpoint_dtype;
   return o;
 }
 

@@ -35,6 +35,7 @@ struct PlanRequest {
   DType dtype = DType::kBF16;
   int64_t tile_tokens = 1024;
   bool offload_checkpoints = false;
+  DType checkpoint_dtype = DType::kF32;  // the layer checkpoints' storage
   int64_t device_bytes = int64_t(80) << 30;  // per rank
   int64_t host_bytes = int64_t(256) << 30;   // per rank
   int64_t reserve_bytes = kDefaultReserveBytes;

@@ -59,6 +59,8 @@ std::vector<Field> fields(RunConfig& c) {
       {"train.tile_tokens", &c.train.tile_tokens, "rows per MLP / LM-head tile T"},
       {"train.offload_checkpoints", &c.train.offload_checkpoints,
        "keep layer checkpoints in the host arena"},
+      {"train.checkpoint_dtype", &c.train.checkpoint_dtype,
+       "layer checkpoints stored as fp32 (exact) or bf16 (half the bytes)"},
       {"data.kind", &c.data.kind, "files, random or copy"},
       {"data.path", &c.data.path, "files: a .npy/.bin token file, a directory of them, or a glob"},
       {"checkpoint.dir", &c.checkpoint.dir, "where checkpoints go; \"\" = no checkpoints"},
@@ -372,6 +374,9 @@ void validate(const RunConfig& c) {
   if (t.seed < 0) bad("train.seed", fmt::format("must be >= 0, got {}", t.seed));
   if (!one_of(t.dtype, {"fp32", "bf16"}))
     bad("train.dtype", fmt::format("'{}' is unknown; choose fp32 or bf16", t.dtype));
+  if (t.checkpoint_dtype != "fp32" && t.checkpoint_dtype != "bf16")
+    bad("train.checkpoint_dtype",
+        fmt::format("'{}' is unknown; choose fp32 or bf16", t.checkpoint_dtype));
   if (t.tile_tokens < 1 || t.tile_tokens > (int64_t(1) << 30))
     bad("train.tile_tokens", fmt::format("must be in [1, 2^30], got {}", t.tile_tokens));
   if (!one_of(c.data.kind, {"files", "random", "copy"}))

@@ -41,6 +41,7 @@ struct RunConfig {
     std::string dtype = "fp32";        // compute dtype: fp32 | bf16 (master weights stay fp32)
     int64_t tile_tokens = 1024;        // rows per MLP / LM-head tile T
     bool offload_checkpoints = false;  // layer checkpoints in the host arena
+    std::string checkpoint_dtype = "fp32";  // layer checkpoints' storage: fp32 | bf16
     bool operator==(const Train&) const = default;
   } train;
   struct Data {

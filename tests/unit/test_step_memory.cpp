@@ -32,8 +32,10 @@ TEST(StepMemory, MetaStepPeaksAtTheClosedForm) {
         for (const std::string& method : methods(c))
           for (DType t : {DType::kF32, DType::kBF16})
             for (int64_t tile : {40, 384})
-              for (bool offload : {false, true}) {
+              for (bool offload : {false, true})
+                for (DType ct : {DType::kF32, DType::kBF16}) {
                 DecoderOptions opt;
+                opt.checkpoint_dtype = ct;
                 opt.method = method;
                 opt.attn.seq_len = s;
                 opt.attn.dtype = t;
@@ -50,7 +52,8 @@ TEST(StepMemory, MetaStepPeaksAtTheClosedForm) {
                 const DecoderStepBytes want = decoder_step_bytes(
                     dev.backend(), m, opt, s / c, dec.strategy().attn_formula_bytes());
                 const std::string what = std::string(preset) + " " + method + " " + dtype_name(t) +
-                                         (offload ? " offload" : "") + " rank " +
+                                         (offload ? " offload" : "") + " ckpt " +
+                                         dtype_name(ct) + " rank " +
                                          std::to_string(rank) + " of " + std::to_string(c);
                 EXPECT_EQ(dev.mem().peak(), want.peak) << what;
                 EXPECT_EQ(dev.mem().peak_by_tag().v[size_t(Tag::kCkpt)], want.ckpt) << what;
@@ -61,7 +64,7 @@ TEST(StepMemory, MetaStepPeaksAtTheClosedForm) {
                 ++checked;
               }
   }
-  EXPECT_EQ(checked, 3 * (2 * 3 + 2 * 2 * 6) * 8);
+  EXPECT_EQ(checked, 3 * (2 * 3 + 2 * 2 * 6) * 16);
 }
 
 }  // namespace
