@@ -290,13 +290,67 @@ def section_plan_model(quick):
                              gib(m["device_peak_bytes"]), gib(m["host_peak_bytes"]),
                              "%s (%s)" % (m["limiting_tag"], gib(t[m["limiting_tag"]])),
                              ", ".join("%s %s" % (n, gib(b)) for n, b in sorted(t.items(), key=lambda x: -x[1])[:5])])
-            if ckpt == "fp32":
-                data[model] = j
+            data[(model, ckpt)] = j
         text += ["### %s on %d x 80 GiB, %s layer checkpoints" % (model, ranks, ckpt), "",
                  table(["method", "knobs", "max S", "device peak", "host peak", "limiting tag",
                         "largest tags at the peak"], rows), ""]
+    # Peak vs S for Llama-3-8B (every method, bf16 checkpoints offloaded), budgets unlimited so
+    # that every point is planned in full.
+    curve = {}
+    for mi in (1, 2, 3, 4, 5, 6, 7):
+        seq = mi * 2**20
+        shown, j, err = run(["plan", "--model", "llama3-8b", "--ranks", "8", "--device-gib", "100000",
+                             "--host-gib", "100000", "--dtype", "bf16", "--offload-checkpoints",
+                             "--checkpoint-dtype", "bf16", "--method", "all", "--seq-len", str(seq)])
+        cmds.append(shown)
+        for m in (j or {}).get("methods", []):
+            if "device_peak_bytes" in m:
+                curve.setdefault(m["method"], []).append((seq, m["device_peak_bytes"]))
+    data["curve"] = curve
     text += ["Commands:", "```", *cmds, "```"]
     return "\n".join(text), data
+
+
+def plot_plan_model(data, bars_path, curve_path):
+    """A stacked per-tag bar chart at each method's maximum, and device peak vs S (Llama-3-8B)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    j = data.get(("llama3-8b", "bf16"))
+    if not j:
+        return False
+    methods = [m for m in j["methods"] if "peak_by_tag" in m]
+    tags = sorted({t for m in methods for t in m["peak_by_tag"]},
+                  key=lambda t: -max(m["peak_by_tag"].get(t, 0) for m in methods))
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    bottom = [0.0] * len(methods)
+    for t in tags:
+        v = [m["peak_by_tag"].get(t, 0) / 2**30 for m in methods]
+        ax.bar(range(len(methods)), v, bottom=bottom, label=t)
+        bottom = [b + x for b, x in zip(bottom, v)]
+    ax.set_xticks(range(len(methods)))
+    ax.set_xticklabels(["%s\n%.2fM" % (m["method"], m["seq_len"] / 2**20) for m in methods], fontsize=8)
+    ax.axhline(78, color="k", lw=0.8, ls="--")
+    ax.set_ylabel("device bytes per rank at the peak (GiB)")
+    ax.set_title("Llama-3-8B, 8 x 80 GiB, bf16 checkpoints offloaded: each method at its max S")
+    ax.legend(fontsize=7, ncol=2, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    fig.savefig(bars_path, dpi=110)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for method, pts in sorted(data.get("curve", {}).items()):
+        ax.plot([p[0] / 2**20 for p in pts], [p[1] / 2**30 for p in pts], marker="o", label=method)
+    ax.axhline(78, color="k", lw=0.8, ls="--", label="80 GiB - 2 GiB reserve")
+    ax.set_xlabel("sequence length (Mi tokens)")
+    ax.set_ylabel("device peak per rank (GiB)")
+    ax.set_title("Llama-3-8B training step, 8 ranks, bf16 (planned, exact)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(curve_path, dpi=110)
+    return True
 
 
 COMM_OPS = ["all-to-all", "all-gather", "reduce-scatter", "all-reduce", "sendrecv"]
@@ -560,6 +614,10 @@ def main():
         text = title + "\n" + stamp % name + "\n\n" + rest
         if name == "plan" and data and plot_plan(data, os.path.join(img, "plan.png")):
             text += "\n\n![planned memory](img/plan.png)"
+        if name == "plan-model" and data and plot_plan_model(
+                data, os.path.join(img, "plan_model_tags.png"), os.path.join(img, "plan_model_peak.png")):
+            text += ("\n\n![per-tag peak at each method's maximum](img/plan_model_tags.png)"
+                     "\n\n![device peak vs sequence length](img/plan_model_peak.png)")
         if name == "memory" and data and plot_memory(data, os.path.join(img, "memory_tags.png")):
             text += "\n\n![memory by tag](img/memory_tags.png)"
         fresh.append(text)
