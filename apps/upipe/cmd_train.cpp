@@ -137,7 +137,12 @@ int run(Process& proc, const Options& opt, std::vector<std::string> overrides) {
                 (long long)start, (long long)cfg.train.steps);
 
   // MFU's denominator: this machine's GEMM rate in the compute dtype, measured now.
-  const double gemm_flops = measure_gemm_flops(dev, topt.decoder.attn.dtype);
+  // Measured on every rank at once (as they run in training), best of 10; the ranks' best is the
+  // one reference, so every rank reports the same MFU scale.
+  world.barrier();
+  float gemm_rate = float(measure_gemm_flops(dev, topt.decoder.attn.dtype, 1024, 10));
+  world.all_reduce(&gemm_rate, 1, DType::kF32, ReduceOp::kMax);
+  const double gemm_flops = gemm_rate;
   const double step_flops_per_rank = training_flops_per_sequence(m, cfg.train.seq_len) *
                                      double(tr.dp_size()) * cfg.train.micro_steps /
                                      double(world.size());
