@@ -14,8 +14,6 @@
 
 namespace upipe {
 
-namespace {
-
 TrainOptions train_options(const PlanRequest& r) {
   TrainOptions o;
   o.cp_size = r.cp_size;
@@ -30,6 +28,8 @@ TrainOptions train_options(const PlanRequest& r) {
   o.decoder.checkpoint_dtype = r.checkpoint_dtype;
   return o;
 }
+
+namespace {
 
 int cp_of(const PlanRequest& r) {
   return r.cp_size == 0 ? r.ranks : r.cp_size;

@@ -14,6 +14,7 @@
 
 #include "core/arena.h"
 #include "model/config.h"
+#include "train/trainer.h"
 
 namespace upipe {
 
@@ -40,6 +41,9 @@ struct PlanRequest {
   int64_t host_bytes = int64_t(256) << 30;   // per rank
   int64_t reserve_bytes = kDefaultReserveBytes;
 };
+
+// The trainer's options of a request (what plan_step builds its Trainer with).
+TrainOptions train_options(const PlanRequest& r);
 
 // One rank's step: peaks since the start of the step (the ZeRO-3 shards allocated before it are
 // counted, they are live throughout) and the per-tag bytes at each arena's peak.

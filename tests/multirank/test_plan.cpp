@@ -18,17 +18,7 @@ namespace {
 
 RankPlan real_step(Communicator& world, const ModelConfig& m, const PlanRequest& r) {
   Device dev;
-  TrainOptions o;
-  o.cp_size = r.cp_size;
-  o.decoder.method = r.method;
-  o.decoder.attn.seq_len = r.seq_len;
-  o.decoder.attn.dtype = r.dtype;
-  o.decoder.attn.head_chunk = r.head_chunk;
-  o.decoder.attn.ulysses_degree = r.ulysses_degree;
-  o.decoder.attn.chunks = r.chunks;
-  o.decoder.tile_tokens = r.tile_tokens;
-  o.decoder.offload_checkpoints = r.offload_checkpoints;
-  Trainer tr(dev, world, m, o);
+  Trainer tr(dev, world, m, train_options(r));
   tr.zero().init(nullptr, 7);
   dev.mem().reset_peak();
   dev.host().reset_peak();
@@ -74,9 +64,12 @@ TEST(Plan, RealStepEqualsPlanPerTagOnEveryRank) {
           r.dtype = std::string(model) == "tiny" ? DType::kBF16 : DType::kF32;
           r.tile_tokens = 48;
           r.offload_checkpoints = offload;
+          // Offloaded checkpoints in bf16 (the staging copy and the half-size slots and host
+          // tensors); the on-device ones in fp32.
+          r.checkpoint_dtype = offload ? DType::kBF16 : DType::kF32;
           if (method == "usp") r.ulysses_degree = 2;  // 2 x 2 grid
           const std::string what = fmt::format("{} {} cp {} of {}{} rank {}", model, method, c, w,
-                                               offload ? " offload" : "", world.rank());
+                                               offload ? " offload bf16" : "", world.rank());
           const RankPlan real = real_step(world, m, r);
           expect_same(plan_rank(m, r, world.rank()), real, what);
           if (offload) {
