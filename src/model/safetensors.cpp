@@ -314,13 +314,18 @@ const SafetensorsTensor& SafetensorsReader::tensor(const std::string& name) cons
   return it->second;
 }
 
-void SafetensorsReader::read(const std::string& name, const std::vector<int64_t>& expected_shape,
-                             DType dtype, void* dst) const {
+void SafetensorsReader::check_shape(const std::string& name,
+                                    const std::vector<int64_t>& expected_shape) const {
   const SafetensorsTensor& t = tensor(name);
   if (t.shape != expected_shape)
     fail(files_[t.file], name,
          fmt::format("has shape {}, expected {}", shape_str(t.shape), shape_str(expected_shape)));
-  read_range(name, 0, t.numel, dtype, dst);
+}
+
+void SafetensorsReader::read(const std::string& name, const std::vector<int64_t>& expected_shape,
+                             DType dtype, void* dst) const {
+  check_shape(name, expected_shape);
+  read_range(name, 0, tensor(name).numel, dtype, dst);
 }
 
 void SafetensorsReader::read_range(const std::string& name, int64_t first, int64_t count,

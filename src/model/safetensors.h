@@ -81,6 +81,8 @@ class SafetensorsReader {
   // Throws ConfigError naming the checkpoint when the tensor is absent.
   const SafetensorsTensor& tensor(const std::string& name) const;
 
+  // Throws ConfigError naming the file and tensor when it is absent or its shape differs.
+  void check_shape(const std::string& name, const std::vector<int64_t>& expected_shape) const;
   // Reads the whole tensor into dst (numel elements of `dtype`, contiguous). Throws
   // ConfigError when the stored shape differs from expected_shape or the stored dtype is not
   // F32, BF16 or F16.

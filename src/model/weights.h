@@ -18,7 +18,7 @@ bool has_checkpoint(const std::string& dir);
 class SafetensorsReader;
 
 // Elements [first, first + count) of tensor `index` of hf_tensors(m) (spec s), as fp32: read from
-// `reader` when it is not null, else the deterministic initialisation of `seed` (the values
+// `reader` when it is not null (its shape checked by the caller, SafetensorsReader::check_shape), else the deterministic initialisation of `seed` (the values
 // load_params gives, whatever range is asked: ZeRO-3 ranks fill exactly their shard).
 void param_values(const HfTensorSpec& s, int index, const SafetensorsReader* reader,
                   uint64_t seed, int64_t first, int64_t count, float* dst);

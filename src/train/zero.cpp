@@ -6,6 +6,7 @@
 #include "backend/optim.h"
 #include "backend/tensor_ops.h"
 #include "core/checked.h"
+#include "model/safetensors.h"
 #include "model/weights.h"
 
 namespace upipe {
@@ -51,6 +52,11 @@ Zero3::~Zero3() {
 }
 
 void Zero3::init(const SafetensorsReader* reader, uint64_t seed) {
+  // Every tensor's name and shape first, on every rank: a rank reads only its shard's ranges, and
+  // a bad checkpoint must fail on all ranks alike, not leave the others waiting.
+  if (reader != nullptr)
+    for (const ZeroUnitLayout& l : layout_)
+      for (const HfTensorSpec& s : l.tensors) reader->check_shape(s.name, s.shape);
   constexpr int64_t kChunk = int64_t(1) << 20;  // host staging, elements
   std::vector<float> host;
   for (int u = 0; u < num_units(); ++u) {

@@ -7,7 +7,8 @@
 #   kill     a rank killed with SIGKILL mid-run ends the job (non-zero) within 30 s, and the
 #            newest complete checkpoint still resumes
 #   init     --init-from the committed transformers fixture, one step at lr 0, export: eval of
-#            the exported folder gives the fixture's loss (HF weights in, HF weights out)
+#            the exported folder gives the fixture's loss (HF weights in, HF weights out); weights
+#            of another shape are refused with exit 2
 #   hang     a rank stopped with SIGSTOP ends the job within comm.timeout_s + a few seconds,
 #            with the watchdog naming the step
 # Usage: train.sh UPIPE MPIRUN... -- CASE
@@ -114,6 +115,11 @@ init)
     --method ulysses 2>&1) || { echo "$out"; fail "eval of the export failed"; }
   echo "$out" | grep loss
   echo "$out" | grep -q -F "loss 6.184163" || fail "the exported weights do not give the fixture's loss 6.184163"
+  # Weights of another shape (the Llama fixture for the Qwen3 preset): refused on every rank
+  # before any rank reads its shard, one line, exit 2.
+  out=$(timeout 120 "${mpirun[@]}" -np 2 "$upipe" train "${small[@]}" --init-from "$fixture" \
+    --model.name=tiny-qwen3 --train.steps=1 2>&1); rc=$?
+  [ $rc -eq 2 ] && [ "$(echo "$out" | grep -c 'has shape')" -eq 1 ] || { echo "$out"; fail "mis-shaped --init-from: exit $rc"; }
   ;;
 hang)
   "${mpirun[@]}" -np 2 "$upipe" train "${small[@]}" --train.steps=100000 \
