@@ -31,6 +31,25 @@ lines() { [ -f "$1" ] && wc -l < "$1" || echo 0; }
 # Waits until the JSONL file has at least n lines (at most 60 s).
 wait_lines() { for _ in $(seq 600); do [ "$(lines "$1")" -ge "$2" ] && return 0; sleep 0.1; done; fail "no progress in $1"; }
 
+# Runs a long training (name N: files $tmp/N.out, $tmp/N.jsonl; extra args after N) in the
+# background, waits for `steps` logged steps, sends `sig` to one rank, and sets rc (mpirun's
+# status) and took (seconds from the signal to the end of the job).
+disrupt() {
+  local sig=$1 steps=$2 name=$3
+  shift 3
+  "${mpirun[@]}" -np 2 "$upipe" train "${small[@]}" --train.steps=100000 \
+    --metrics.path="$tmp/$name.jsonl" "$@" > "$tmp/$name.out" 2>&1 &
+  local job=$! victim start
+  wait_lines "$tmp/$name.jsonl" "$steps"
+  victim=$(pgrep -f "upipe train.*$tmp/$name.jsonl" | tail -1)
+  start=$(date +%s)
+  kill -"$sig" "$victim"
+  wait $job; rc=$?
+  took=$(( $(date +%s) - start ))
+  echo "rank $victim got SIG$sig: the job ended with status $rc after ${took} s"
+  pgrep -f "upipe train.*$tmp/$name.jsonl" && fail "rank processes left behind"
+}
+
 case $case_name in
 learns)
   timeout 300 "${mpirun[@]}" -np 2 "$upipe" demo --train.steps=600 --metrics.path="$tmp/m.jsonl" \
@@ -81,20 +100,9 @@ PY
   [ -f "$tmp/b/step_00000302/DONE" ] || fail "the resharded run wrote no checkpoint"
   ;;
 kill)
-  "${mpirun[@]}" -np 2 "$upipe" train "${small[@]}" --train.steps=100000 \
-    --checkpoint.dir="$tmp/k" --checkpoint.interval=20 --metrics.path="$tmp/k.jsonl" \
-    > "$tmp/k.out" 2>&1 &
-  job=$!
-  wait_lines "$tmp/k.jsonl" 50
-  victim=$(pgrep -f "upipe train.*$tmp/k" | tail -1)
-  start=$(date +%s)
-  kill -KILL "$victim"
-  wait $job; rc=$?
-  took=$(( $(date +%s) - start ))
-  echo "rank $victim killed: the job ended with status $rc after ${took} s"
+  disrupt KILL 50 k --checkpoint.dir="$tmp/k" --checkpoint.interval=20
   [ $rc -ne 0 ] || fail "status 0 after a killed rank"
   [ $took -le 30 ] || fail "took ${took} s (> 30 s)"
-  pgrep -f "upipe train.*$tmp/k" && fail "rank processes left behind"
   # The newest complete checkpoint resumes and trains two more steps.
   newest=$(ls "$tmp/k" | grep -v tmp | sort | tail -1)
   n=$((10#${newest#step_}))
@@ -122,16 +130,7 @@ init)
   [ $rc -eq 2 ] && [ "$(echo "$out" | grep -c 'has shape')" -eq 1 ] || { echo "$out"; fail "mis-shaped --init-from: exit $rc"; }
   ;;
 hang)
-  "${mpirun[@]}" -np 2 "$upipe" train "${small[@]}" --train.steps=100000 \
-    --comm.timeout_s=3 --metrics.path="$tmp/h.jsonl" > "$tmp/h.out" 2>&1 &
-  job=$!
-  wait_lines "$tmp/h.jsonl" 20
-  victim=$(pgrep -f "upipe train.*$tmp/h" | tail -1)
-  start=$(date +%s)
-  kill -STOP "$victim"
-  wait $job; rc=$?
-  took=$(( $(date +%s) - start ))
-  echo "rank $victim stopped: the job ended with status $rc after ${took} s"
+  disrupt STOP 20 h --comm.timeout_s=3
   grep "no progress" "$tmp/h.out" | head -3
   [ $rc -ne 0 ] || fail "status 0 after a stopped rank"
   [ $took -le 20 ] || fail "took ${took} s (> 20 s with a 3 s timeout)"
