@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <vector>
 
@@ -169,7 +170,7 @@ StepLoss Decoder::run(std::span<const int32_t> tokens, ParamSource& p, const Los
     if (!group.empty()) group[size_t(r)] = spec.group[size_t(at)];
   }
   const LmLossConfig lc{d, m_.vocab_size, opt_.tile_tokens, t, f32};
-  Tensor dx(mem, Tag::kAct, f32, rows, d);  // d loss / d residual stream
+  // The loss phase holds x, h and dh = d loss / dh, then x, dh and dx = d loss / d residual.
   Tensor dh(mem, Tag::kAct, f32, rows, d);
   const ParamViews& gh = p.grads(uh);
   // A tied head's gradient and the embedding's rows both add into the embedding's gradient.
@@ -183,46 +184,69 @@ StepLoss Decoder::run(std::span<const int32_t> tokens, ParamSource& p, const Los
   if (tied) p.release(ue);
   const double t1 = now();
   fwd_s_ = t1 - t0;
+  h.reset();
+  Tensor dx(mem, Tag::kAct, f32, rows, d);  // d loss / d residual stream
   const Mat gfinal = param(gh, final_name);
   zero(dev_, gfinal);
   rmsnorm_backward(dev_, x, param(wh, final_name), eps, dh, dx, gfinal);
   x.reset();  // backward rebuilds each layer's residual from its checkpoint
+  dh.reset();
   p.release(uh);
   p.grads_done(uh);
-  // Backward, layer by layer from the last: recompute the layer from its checkpoint.
-  Tensor xm(mem, Tag::kAct, f32, rows, d);  // the residual between attention and MLP
+  // Backward, layer by layer from the last: recompute the layer from its checkpoint. Each
+  // (S/C, D) buffer lives only while it is needed, so the attention phases hold three of them
+  // (dx, h, and xm in the forward recompute or dh in the backward) besides the checkpoints, and
+  // the MLP phase runs in row tiles of T (only (T, D) of its norm output and gradient exist).
   Tensor slot[2];
   auto fetch = [&](int l) {
-    Tensor& dst = slot[l % 2];
-    if (!dst.data()) dst = Tensor(mem, Tag::kCkpt, opt_.checkpoint_dtype, rows, d);
-    dev_.copy(dst.data(), ckpt[size_t(l)].data(), dst.bytes(), CopyKind::kHostToDevice);
+    slot[l % 2] = Tensor(mem, Tag::kCkpt, opt_.checkpoint_dtype, rows, d);
+    dev_.copy(slot[l % 2].data(), ckpt[size_t(l)].data(), slot[l % 2].bytes(),
+              CopyKind::kHostToDevice);
   };
   if (offload && nl > 0) fetch(nl - 1);
+  const int64_t tile = std::min(opt_.tile_tokens, rows);
   for (int l = nl - 1; l >= 0; --l) {
     const ParamViews& w = p.acquire(layer_unit(l));
     if (l > 0) p.prefetch(layer_unit(l - 1));
-    if (offload && l > 0) fetch(l - 1);  // the next layer's checkpoint, ahead of use
     const Mat xl = offload ? slot[l % 2].mat() : ckpt[size_t(l)].mat();
-    rmsnorm_forward(dev_, xl, norm_w(w, l, LayerWeight::kInputNorm), eps, h);
+    Tensor hl(mem, Tag::kAct, t, rows, d);  // the attention's input, kept for its backward
+    rmsnorm_forward(dev_, xl, norm_w(w, l, LayerWeight::kInputNorm), eps, hl);
+    Tensor xm(mem, Tag::kAct, f32, rows, d);  // the residual between attention and MLP
     copy(dev_, xm, xl);
-    strat_->forward(h, attn_weights(w, l), xm, 1.0f);
-    Tensor h2(mem, Tag::kAct, t, rows, d);
-    rmsnorm_forward(dev_, xm, norm_w(w, l, LayerWeight::kPostAttnNorm), eps, h2);
+    strat_->forward(hl, attn_weights(w, l), xm, 1.0f);
     const ParamViews& g = p.grads(layer_unit(l));
     const Mat gpost = norm_w(g, l, LayerWeight::kPostAttnNorm),
               gin = norm_w(g, l, LayerWeight::kInputNorm);
     zero(dev_, gpost);
     zero(dev_, gin);
-    // MLP: dh = d/dh2, then through the post-attention norm into the residual gradient.
+    // MLP, T rows at a time: h2 = the post-attention norm of xm's rows, the MLP's gradient into
+    // g2, through the norm, added into dx. The weight gradients sum over the tiles.
     const MlpWeights gm = mlp_w(g, l);
-    mlp_backward(dev_, mc, h2, dx, mlp_w(w, l), dh, MlpGrads{gm.gate, gm.up, gm.down}, 0.0f, 0.0f);
-    h2.reset();
-    rmsnorm_backward(dev_, xm, norm_w(w, l, LayerWeight::kPostAttnNorm), eps, dh, dh, gpost);
-    add_into(dev_, dx, dh);
-    // Attention: d/dh, then through the input norm.
-    strat_->backward(h, dx, attn_weights(w, l), dh, attn_grads(g, l), 0.0f, 0.0f);
-    rmsnorm_backward(dev_, xl, norm_w(w, l, LayerWeight::kInputNorm), eps, dh, dh, gin);
-    add_into(dev_, dx, dh);
+    for (int64_t r0 = 0; r0 < rows; r0 += tile) {
+      const int64_t n = std::min(tile, rows - r0);
+      const Mat xt = xm.mat().rows_of(r0, n), dxt = dx.mat().rows_of(r0, n);
+      Tensor g2(mem, Tag::kMlp, f32, n, d);
+      {
+        Tensor h2(mem, Tag::kMlp, t, n, d);
+        rmsnorm_forward(dev_, xt, norm_w(w, l, LayerWeight::kPostAttnNorm), eps, h2);
+        mlp_backward(dev_, mc, h2, dxt, mlp_w(w, l), g2, MlpGrads{gm.gate, gm.up, gm.down}, 0.0f,
+                     r0 == 0 ? 0.0f : 1.0f);
+      }
+      rmsnorm_backward(dev_, xt, norm_w(w, l, LayerWeight::kPostAttnNorm), eps, g2, g2, gpost);
+      add_into(dev_, dxt, g2);
+    }
+    xm.reset();
+    // Attention: d/dh, then through the input norm. The next layer's checkpoint is fetched once
+    // the attention's backward is done, so only one slot is held through it (the copy overlaps
+    // the norm's backward; at long S it is a small fraction of a layer's attention time).
+    Tensor dhl(mem, Tag::kAct, f32, rows, d);
+    strat_->backward(hl, dx, attn_weights(w, l), dhl, attn_grads(g, l), 0.0f, 0.0f);
+    hl.reset();
+    if (offload && l > 0) fetch(l - 1);
+    rmsnorm_backward(dev_, xl, norm_w(w, l, LayerWeight::kInputNorm), eps, dhl, dhl, gin);
+    add_into(dev_, dx, dhl);
+    dhl.reset();
+    if (offload) slot[l % 2].reset();
     ckpt[size_t(l)].reset();
     p.release(layer_unit(l));
     p.grads_done(layer_unit(l));

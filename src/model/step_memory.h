@@ -15,9 +15,9 @@ struct DecoderStepBytes {
   int64_t grads = 0;      // every gradient in fp32 (tag grads)
   int64_t ckpt = 0;       // device checkpoints at their peak: L fp32 (S/C, D), or 2 with offload
   int64_t ckpt_host = 0;  // host-arena checkpoints with offload: L fp32 (S/C, D)
-  int64_t act = 0;        // (S/C, D) buffers at their peak: x, dx, dh, xm fp32; h, h2 dtype
+  int64_t act = 0;        // (S/C, D) buffers at their peak: x, dx, dh, xm fp32; h dtype
   int64_t attn = 0;       // the strategy's attention intermediates (its attn_formula_bytes)
-  int64_t mlp = 0;        // the tiled MLP's peak (mlp_peak_bytes: (T, F) tiles + workspace)
+  int64_t mlp = 0;        // the MLP phase: (T, D) tiles h2, g2 + the (T, F) tiles + workspace
   int64_t logits = 0;     // the fused LM head's peak (lm_loss_peak_bytes: (T, V) tile + ws)
   int64_t peak = 0;       // the step's device peak, params and grads included
 };

@@ -3,7 +3,9 @@
 // last rank of C = 1, 2, 4 peaks at exactly the formula's bytes, and its checkpoint and
 // activation tags peak at the formula's ckpt and act, for fp32 and bf16, with and without
 // offloaded checkpoints, Llama (untied) and Qwen3 (QK-norm, tied) shapes, T not dividing S/C
-// and T = S (the MLP's or the LM head's tile sets the peak), so every phase of the formula binds.
+// and T = S (the MLP's or the LM head's tile sets the peak), so the loss, attention and MLP
+// phases of the formula each bind somewhere (the input norm's backward and the loss's second
+// moment bind only when the attention intermediates are under half an (S/C, D) fp32 buffer).
 #include <gtest/gtest.h>
 
 #include "comm/fake/fake_comm.h"
