@@ -73,6 +73,8 @@ int run(Process& proc, const Options& opt) {
                       {"method", opt.model.method},
                       {"ranks", proc.world.size()},
                       {"dtype", opt.model.dtype},
+                      {"residual_dtype", opt.model.residual_dtype},
+                      {"checkpoint_dtype", opt.model.checkpoint_dtype},
                       {"seq_len", opt.seq_len},
                       {"tile_tokens", opt.model.tile_tokens},
                       {"offload_checkpoints", opt.model.offload_checkpoints},

@@ -76,6 +76,8 @@ int run(Process& proc, const Options& opt) {
                       {"method", opt.model.method},
                       {"ranks", proc.world.size()},
                       {"dtype", opt.model.dtype},
+                      {"residual_dtype", opt.model.residual_dtype},
+                      {"checkpoint_dtype", opt.model.checkpoint_dtype},
                       {"peak_bytes", max_peak},
                       {"peak_by_tag", tags_json(at_peak)},
                       {"host_peak_bytes", host_peak},

@@ -31,6 +31,7 @@ struct Options {
   int64_t tile_tokens = 1024;
   bool offload_checkpoints = false;
   std::string checkpoint_dtype = "fp32";
+  std::string residual_dtype = "fp32";
   bool json = false;
 };
 
@@ -95,6 +96,7 @@ int run(Process& proc, const Options& o) {
   base.tile_tokens = o.tile_tokens;
   base.offload_checkpoints = o.offload_checkpoints;
   base.checkpoint_dtype = parse_dtype(o.checkpoint_dtype);
+  base.residual_dtype = parse_dtype(o.residual_dtype);
   base.device_bytes = gib_bytes(o.device_gib, "--device-gib");
   base.host_bytes = gib_bytes(o.host_gib, "--host-gib");
   base.reserve_bytes = o.reserve_gib == 0 ? 0 : gib_bytes(o.reserve_gib, "--reserve-gib");
@@ -164,6 +166,7 @@ int run(Process& proc, const Options& o) {
                         {"dtype", o.dtype},
                         {"offload_checkpoints", o.offload_checkpoints},
                         {"checkpoint_dtype", o.checkpoint_dtype},
+                        {"residual_dtype", o.residual_dtype},
                         {"tile_tokens", o.tile_tokens},
                         {"plan_seconds", secs}};
     nlohmann::json ms = nlohmann::json::array();
@@ -255,6 +258,8 @@ Runner add_plan(CLI::App& cmd) {
                "keep the layer checkpoints in host memory");
   cmd.add_option("--checkpoint-dtype", opt->checkpoint_dtype,
                  "layer checkpoints stored as fp32 (exact, default) or bf16 (half the bytes)");
+  cmd.add_option("--residual-dtype", opt->residual_dtype,
+                 "residual stream and its gradient: fp32 (default) or bf16 (with --dtype bf16)");
   cmd.add_flag("--json", opt->json, "JSON output");
   return [opt](Process& p) { return run(p, *opt); };
 }

@@ -18,7 +18,7 @@ void add_model_options(CLI::App& cmd, ModelOptions& o) {
   cmd.add_option("--method,-m", o.method,
                  "local, ulysses, upipe, ring, usp, upipe-ring, fpdt, upipe-fpdt")
       ->capture_default_str();
-  cmd.add_option("--dtype", o.dtype, "compute dtype: fp32 or bf16 (the residual is fp32)")
+  cmd.add_option("--dtype", o.dtype, "compute dtype: fp32 or bf16")
       ->capture_default_str();
   cmd.add_option("--head-chunk,-U", o.head_chunk, "upipe: query heads per stage U (0 = C)")
       ->check(integer_in<int>(0, kMaxHeads));
@@ -37,6 +37,9 @@ void add_model_options(CLI::App& cmd, ModelOptions& o) {
                "keep the layer checkpoints in the host arena, fetched back one layer ahead");
   cmd.add_option("--checkpoint-dtype", o.checkpoint_dtype,
                  "layer checkpoints stored as fp32 (exact) or bf16 (half the bytes)")
+      ->capture_default_str();
+  cmd.add_option("--residual-dtype", o.residual_dtype,
+                 "residual stream and its gradient: fp32, or bf16 with --dtype bf16")
       ->capture_default_str();
 }
 
@@ -72,6 +75,7 @@ DecoderOptions decoder_options(const ModelOptions& o, int64_t seq_len) {
   d.tile_tokens = o.tile_tokens;
   d.offload_checkpoints = o.offload_checkpoints;
   d.checkpoint_dtype = parse_dtype(o.checkpoint_dtype);
+  d.residual_dtype = parse_dtype(o.residual_dtype);
   return d;
 }
 

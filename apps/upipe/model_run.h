@@ -16,7 +16,8 @@ namespace upipe::app {
 struct ModelOptions {
   std::string model = "tiny";  // a Hugging Face model directory / config.json, or a preset
   std::string method = "local";
-  std::string dtype = "fp32";  // compute dtype; the residual stream is fp32
+  std::string dtype = "fp32";           // compute dtype
+  std::string residual_dtype = "fp32";  // the residual stream and its gradient
   int head_chunk = 0, ulysses_degree = 0, chunks = 0;
   int64_t tile_tokens = 1024;
   uint64_t seed = 1;  // random weights (presets, directories without weights) and tokens

@@ -181,7 +181,7 @@ class Backend {
   // Elementwise data movement on views.
   virtual void fill(const Mat& x, float value) = 0;
   virtual void convert(const Mat& dst, const Mat& src) = 0;   // dtypes may differ
-  virtual void add_into(const Mat& dst, const Mat& src) = 0;  // fp32 dst += fp32 src
+  virtual void add_into(const Mat& dst, const Mat& src) = 0;  // dst += src, in fp32, rounded once
   // dst (r, c) = beta dst + src^T, fp32.
   virtual void add_transposed(const Mat& dst, const Mat& src, float beta) = 0;
   // Optimizer ops on contiguous fp32 views. sum_squares: the sum of x^2 accumulated in fp64 in

@@ -17,9 +17,8 @@ void copy(Device& dev, const Mat& dst, const Mat& src) {
 }
 
 void add_into(Device& dev, const Mat& dst, const Mat& src) {
-  UPIPE_CHECK(dst.dtype == DType::kF32 && src.dtype == DType::kF32 && dst.rows == src.rows &&
-                  dst.cols == src.cols,
-              "add_into needs equal fp32 shapes");
+  UPIPE_CHECK(dst.rows == src.rows && dst.cols == src.cols, "add_into: dst {}x{}, src {}x{}",
+              dst.rows, dst.cols, src.rows, src.cols);
   dev.backend().add_into(dst, src);
 }
 

@@ -13,7 +13,7 @@ void zero(Device& dev, const Mat& x);
 void fill(Device& dev, const Mat& x, float value);
 // dst = src (same shape; dtypes may differ, converted through fp32).
 void copy(Device& dev, const Mat& dst, const Mat& src);
-// dst += src, both fp32.
+// dst += src (same shape; dtypes may differ: the sum is taken in fp32 and rounded once into dst).
 void add_into(Device& dev, const Mat& dst, const Mat& src);
 // dst (r, c) = beta * dst + src^T, src (c, r); both fp32.
 void add_transposed(Device& dev, const Mat& dst, const Mat& src, float beta);

@@ -35,7 +35,7 @@ AttentionConfig block_config(const ModelConfig& m, const DecoderOptions& opt) {
   AttentionConfig c = to_attention_config(m);
   c.seq_len = opt.attn.seq_len;
   c.dtype = opt.attn.dtype;
-  c.fp32_residual = true;
+  c.fp32_residual = opt.residual_dtype == DType::kF32;
   c.head_chunk = opt.attn.head_chunk;
   c.ulysses_degree = opt.attn.ulysses_degree;
   c.chunks = opt.attn.chunks;
@@ -53,6 +53,10 @@ Decoder::Decoder(Device& dev, Communicator& cp, const ModelConfig& m, const Deco
   m_.validate();
   if (opt.tile_tokens <= 0)
     throw ConfigError(fmt::format("--tile-tokens must be positive (got {})", opt.tile_tokens));
+  if (opt.residual_dtype != DType::kF32 && opt.residual_dtype != opt.attn.dtype)
+    throw ConfigError(fmt::format(
+        "--residual-dtype {} needs --dtype {} (the residual stream is fp32 or the compute dtype)",
+        dtype_name(opt.residual_dtype), dtype_name(opt.residual_dtype)));
   opt_.attn = block_config(m, opt);
   strat_ = make_strategy(opt.method, {dev, cp, opt_.attn});
 }
@@ -98,14 +102,15 @@ StepLoss Decoder::run(std::span<const int32_t> tokens, ParamSource& p, const Los
   UPIPE_CHECK(int64_t(tokens.size()) == s, "{} tokens for a sequence of {}", tokens.size(), s);
   UPIPE_CHECK(spec.group.empty() || int64_t(spec.group.size()) == s,
               "{} group flags for a sequence of {}", spec.group.size(), s);
-  const DType t = c.dtype, f32 = DType::kF32;
+  // t: the compute dtype (weights, norm outputs); rt: the residual stream's and its gradient's.
+  const DType t = c.dtype, rt = opt_.residual_dtype;
   const float eps = float(m_.rms_norm_eps);
   Arena& mem = dev_.mem();
   const std::vector<int64_t> pos = strat_->layout().positions(cp_.rank()).expand();
   const int64_t rows = int64_t(pos.size());
   const int nl = m_.num_hidden_layers, ue = embed_unit(), uh = head_unit(m_);
   const bool tied = m_.tie_word_embeddings;
-  const MlpConfig mc{d, m_.intermediate_size, opt_.tile_tokens, t, true};
+  const MlpConfig mc{d, m_.intermediate_size, opt_.tile_tokens, t, rt == DType::kF32};
   auto mlp_w = [&](const ParamViews& pv, int l) {
     return MlpWeights{param(pv, layer_name(m_, l, LayerWeight::kGate)),
                       param(pv, layer_name(m_, l, LayerWeight::kUp)),
@@ -120,8 +125,8 @@ StepLoss Decoder::run(std::span<const int32_t> tokens, ParamSource& p, const Los
   const std::string final_name = hf_model_tensor(m_, ModelWeight::kFinalNorm).name;
 
   const double t0 = now();
-  // Embedding: the residual stream x (rows, D) fp32 gets the rows of this rank's tokens.
-  Tensor x(mem, Tag::kAct, f32, rows, d);
+  // Embedding: the residual stream x (rows, D) gets the rows of this rank's tokens.
+  Tensor x(mem, Tag::kAct, rt, rows, d);
   {
     const Mat& embed = param(p.acquire(ue), embed_name);
     p.prefetch(nl > 0 ? layer_unit(0) : uh);
@@ -143,7 +148,7 @@ StepLoss Decoder::run(std::span<const int32_t> tokens, ParamSource& p, const Los
     ckpt.emplace_back(offload ? dev_.host() : mem, Tag::kCkpt, ct, rows, d);
     if (!offload) {
       copy(dev_, ckpt.back(), x);  // converts to the checkpoint dtype
-    } else if (ct == f32) {
+    } else if (ct == rt) {
       dev_.copy(ckpt.back().data(), x.data(), x.bytes(), CopyKind::kDeviceToHost);
     } else {  // converted on the device, then copied to the host
       Tensor staging(mem, Tag::kCkpt, ct, rows, d);
@@ -169,9 +174,9 @@ StepLoss Decoder::run(std::span<const int32_t> tokens, ParamSource& p, const Los
     labels[size_t(r)] = at + 1 < s ? tokens[size_t(at + 1)] : -1;
     if (!group.empty()) group[size_t(r)] = spec.group[size_t(at)];
   }
-  const LmLossConfig lc{d, m_.vocab_size, opt_.tile_tokens, t, f32};
+  const LmLossConfig lc{d, m_.vocab_size, opt_.tile_tokens, t, rt};
   // The loss phase holds x, h and dh = d loss / dh, then x, dh and dx = d loss / d residual.
-  Tensor dh(mem, Tag::kAct, f32, rows, d);
+  Tensor dh(mem, Tag::kAct, rt, rows, d);
   const ParamViews& gh = p.grads(uh);
   // A tied head's gradient and the embedding's rows both add into the embedding's gradient.
   const ParamViews* ge = tied ? &p.grads(ue) : nullptr;
@@ -185,7 +190,7 @@ StepLoss Decoder::run(std::span<const int32_t> tokens, ParamSource& p, const Los
   const double t1 = now();
   fwd_s_ = t1 - t0;
   h.reset();
-  Tensor dx(mem, Tag::kAct, f32, rows, d);  // d loss / d residual stream
+  Tensor dx(mem, Tag::kAct, rt, rows, d);  // d loss / d residual stream
   const Mat gfinal = param(gh, final_name);
   zero(dev_, gfinal);
   rmsnorm_backward(dev_, x, param(wh, final_name), eps, dh, dx, gfinal);
@@ -211,7 +216,7 @@ StepLoss Decoder::run(std::span<const int32_t> tokens, ParamSource& p, const Los
     const Mat xl = offload ? slot[l % 2].mat() : ckpt[size_t(l)].mat();
     Tensor hl(mem, Tag::kAct, t, rows, d);  // the attention's input, kept for its backward
     rmsnorm_forward(dev_, xl, norm_w(w, l, LayerWeight::kInputNorm), eps, hl);
-    Tensor xm(mem, Tag::kAct, f32, rows, d);  // the residual between attention and MLP
+    Tensor xm(mem, Tag::kAct, rt, rows, d);  // the residual between attention and MLP
     copy(dev_, xm, xl);
     strat_->forward(hl, attn_weights(w, l), xm, 1.0f);
     const ParamViews& g = p.grads(layer_unit(l));
@@ -225,7 +230,7 @@ StepLoss Decoder::run(std::span<const int32_t> tokens, ParamSource& p, const Los
     for (int64_t r0 = 0; r0 < rows; r0 += tile) {
       const int64_t n = std::min(tile, rows - r0);
       const Mat xt = xm.mat().rows_of(r0, n), dxt = dx.mat().rows_of(r0, n);
-      Tensor g2(mem, Tag::kMlp, f32, n, d);
+      Tensor g2(mem, Tag::kMlp, rt, n, d);
       {
         Tensor h2(mem, Tag::kMlp, t, n, d);
         rmsnorm_forward(dev_, xt, norm_w(w, l, LayerWeight::kPostAttnNorm), eps, h2);
@@ -239,7 +244,7 @@ StepLoss Decoder::run(std::span<const int32_t> tokens, ParamSource& p, const Los
     // Attention: d/dh, then through the input norm. The next layer's checkpoint is fetched once
     // the attention's backward is done, so only one slot is held through it (the copy overlaps
     // the norm's backward; at long S it is a small fraction of a layer's attention time).
-    Tensor dhl(mem, Tag::kAct, f32, rows, d);
+    Tensor dhl(mem, Tag::kAct, rt, rows, d);
     strat_->backward(hl, dx, attn_weights(w, l), dhl, attn_grads(g, l), 0.0f, 0.0f);
     hl.reset();
     if (offload && l > 0) fetch(l - 1);

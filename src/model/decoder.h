@@ -2,8 +2,8 @@
 // residual add; RMSNorm -> SwiGLU MLP -> residual add] -> final RMSNorm -> fused LM head +
 // cross-entropy, forward and backward in one call, with any attention strategy.
 //
-// The residual stream is fp32 and every block accumulates into it (beta = 1), so no block keeps
-// an (S/C, D) output of its own. Full activation checkpointing: forward keeps each layer's input
+// The residual stream is fp32 (or bf16, DecoderOptions::residual_dtype) and every block
+// accumulates into it (beta = 1), so no block keeps an (S/C, D) output of its own. Full activation checkpointing: forward keeps each layer's input
 // (tag ckpt; in the host arena with offload_checkpoints) and backward recomputes the layer from it
 // (the attention forward runs twice per layer per step: once in forward, once to rebuild the MLP's
 // input in backward, plus the strategy's own recompute inside its backward). The loss has
@@ -39,6 +39,11 @@ struct DecoderOptions {
   // very residual forward saw) or bf16 (half the bytes on the device and the host; backward
   // recomputes from the residual rounded to bf16, docs/model.md states the measured error).
   DType checkpoint_dtype = DType::kF32;
+  // The residual stream's dtype, and its gradient's: fp32 (default), or the compute dtype (bf16
+  // with --dtype bf16), where x, xm, dx and dh are half the bytes and every block accumulates into
+  // them through an fp32 buffer of its own rows, rounding once per block (docs/model.md states
+  // the measured error and what it saves).
+  DType residual_dtype = DType::kF32;
 };
 
 // What the loss of one sequence is: its scale and an optional group of predictions to report.

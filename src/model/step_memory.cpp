@@ -12,7 +12,7 @@ namespace upipe {
 
 DecoderStepBytes decoder_step_bytes(const Backend& be, const ModelConfig& m,
                                     const DecoderOptions& opt, int64_t rows, int64_t attn_bytes) {
-  const DType t = opt.attn.dtype, f32 = DType::kF32;
+  const DType t = opt.attn.dtype, rt = opt.residual_dtype, f32 = DType::kF32;
   const int64_t d = m.hidden_size, layers = m.num_hidden_layers;
   DecoderStepBytes b;
   for (const HfTensorSpec& s : hf_tensors(m)) {
@@ -20,13 +20,14 @@ DecoderStepBytes decoder_step_bytes(const Backend& be, const ModelConfig& m,
     b.params = checked_add(b.params, mat_bytes(r, s.shape.back(), t));
     b.grads = checked_add(b.grads, mat_bytes(r, s.shape.back(), f32));
   }
-  const int64_t res = mat_bytes(rows, d, f32), half = mat_bytes(rows, d, t);  // (S/C, D)
+  // (S/C, D): res for x, xm, dx, dh (the residual dtype), half for h (the compute dtype).
+  const int64_t res = mat_bytes(rows, d, rt), half = mat_bytes(rows, d, t);
   const int64_t one_ckpt = mat_bytes(rows, d, opt.checkpoint_dtype);
   const int64_t all_ckpt = checked_mul(layers, one_ckpt, "checkpoint bytes");
   b.ckpt = opt.offload_checkpoints ? std::min<int64_t>(layers, 2) * one_ckpt : all_ckpt;
   b.ckpt_host = opt.offload_checkpoints ? all_ckpt : 0;
   b.attn = attn_bytes;
-  b.logits = lm_loss_peak_bytes(be, LmLossConfig{d, m.vocab_size, opt.tile_tokens, t, f32}, rows);
+  b.logits = lm_loss_peak_bytes(be, LmLossConfig{d, m.vocab_size, opt.tile_tokens, t, rt}, rows);
   // The step's phases that can set the peak, each with the (S/C, D) buffers and device
   // checkpoints alive then (docs/model.md, "Memory"):
   // - loss: x, h and dh with the LM head's tile; then x, dh and dx with the final norm's backward
@@ -39,12 +40,12 @@ DecoderStepBytes decoder_step_bytes(const Backend& be, const ModelConfig& m,
   // - its input norm's backward: dx, dh and, offloaded, the next layer's slot fetched by then.
   // The forward (x, h, a staging copy while a checkpoint is offloaded, the same blocks' forward,
   // whose peaks are at most their backward's) and earlier layers (fewer checkpoints) hold less.
-  const MlpConfig mc{d, m.intermediate_size, opt.tile_tokens, t, true};
+  const MlpConfig mc{d, m.intermediate_size, opt.tile_tokens, t, rt == f32};
   const int64_t norm_ws = rmsnorm_workspace_bytes(be, d);
   const int64_t loss_ckpt = opt.offload_checkpoints ? 0 : all_ckpt;
   const int64_t last_ckpt = opt.offload_checkpoints ? one_ckpt : all_ckpt;
   const int64_t tile = std::min(opt.tile_tokens, rows);
-  const int64_t h2 = mat_bytes(tile, d, t), g2 = mat_bytes(tile, d, f32);
+  const int64_t h2 = mat_bytes(tile, d, t), g2 = mat_bytes(tile, d, rt);
   const int64_t mlp_bwd = mlp_backward_peak_bytes(be, mc, rows);
   const int64_t attn_act = 2 * res + half;  // dx, h, and xm or dh
   b.act = std::max(2 * res + half, 3 * res);  // the loss phase's x, h, dh, then x, dh, dx

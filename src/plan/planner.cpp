@@ -26,6 +26,7 @@ TrainOptions train_options(const PlanRequest& r) {
   o.decoder.tile_tokens = r.tile_tokens;
   o.decoder.offload_checkpoints = r.offload_checkpoints;
   o.decoder.checkpoint_dtype = r.checkpoint_dtype;
+  o.decoder.residual_dtype = r.residual_dtype;
   return o;
 }
 

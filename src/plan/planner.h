@@ -37,6 +37,7 @@ struct PlanRequest {
   int64_t tile_tokens = 1024;
   bool offload_checkpoints = false;
   DType checkpoint_dtype = DType::kF32;  // the layer checkpoints' storage
+  DType residual_dtype = DType::kF32;    // the residual stream and its gradient
   int64_t device_bytes = int64_t(80) << 30;  // per rank
   int64_t host_bytes = int64_t(256) << 30;   // per rank
   int64_t reserve_bytes = kDefaultReserveBytes;

@@ -61,6 +61,8 @@ std::vector<Field> fields(RunConfig& c) {
        "keep layer checkpoints in the host arena"},
       {"train.checkpoint_dtype", &c.train.checkpoint_dtype,
        "layer checkpoints stored as fp32 (exact) or bf16 (half the bytes)"},
+      {"train.residual_dtype", &c.train.residual_dtype,
+       "residual stream and its gradient: fp32, or bf16 with train.dtype = bf16"},
       {"data.kind", &c.data.kind, "files, random or copy"},
       {"data.path", &c.data.path, "files: a .npy/.bin token file, a directory of them, or a glob"},
       {"checkpoint.dir", &c.checkpoint.dir, "where checkpoints go; \"\" = no checkpoints"},
@@ -377,6 +379,12 @@ void validate(const RunConfig& c) {
   if (t.checkpoint_dtype != "fp32" && t.checkpoint_dtype != "bf16")
     bad("train.checkpoint_dtype",
         fmt::format("'{}' is unknown; choose fp32 or bf16", t.checkpoint_dtype));
+  if (t.residual_dtype != "fp32" && t.residual_dtype != "bf16")
+    bad("train.residual_dtype",
+        fmt::format("'{}' is unknown; choose fp32 or bf16", t.residual_dtype));
+  if (t.residual_dtype == "bf16" && t.dtype != "bf16")
+    bad("train.residual_dtype", "bf16 needs train.dtype = bf16 (the residual stream is fp32 or "
+                                "the compute dtype)");
   if (t.tile_tokens < 1 || t.tile_tokens > (int64_t(1) << 30))
     bad("train.tile_tokens", fmt::format("must be in [1, 2^30], got {}", t.tile_tokens));
   if (!one_of(c.data.kind, {"files", "random", "copy"}))

@@ -42,6 +42,7 @@ struct RunConfig {
     int64_t tile_tokens = 1024;        // rows per MLP / LM-head tile T
     bool offload_checkpoints = false;  // layer checkpoints in the host arena
     std::string checkpoint_dtype = "fp32";  // layer checkpoints' storage: fp32 | bf16
+    std::string residual_dtype = "fp32";    // residual stream and its gradient: fp32 | bf16
     bool operator==(const Train&) const = default;
   } train;
   struct Data {

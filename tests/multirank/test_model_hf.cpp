@@ -59,7 +59,15 @@ constexpr double kBf16GradRel = 16 * kBf16U;
 // gradient stays within 4u (max|g - g64| / max|g64|, per tensor).
 constexpr double kBf16CkptGradRel = 4 * kBf16U;
 
-void check_model(const std::string& model, DType dtype, DType ckpt = DType::kF32) {
+// A bf16 residual stream (--residual-dtype bf16, with bf16 compute): x, its gradient and the
+// blocks' outputs are rounded to bf16 once per block. On these two-layer fixtures that stays
+// within the same bf16 rule (measured: worst gradient 0.0324 vs 0.0305 with the fp32 residual for
+// Llama, 0.0461 vs 0.0505 for Qwen3; docs/model.md); deeper models add one rounding per block.
+constexpr double kBf16ResidualLossRel = kBf16LossRel;
+constexpr double kBf16ResidualGradRel = kBf16GradRel;
+
+void check_model(const std::string& model, DType dtype, DType ckpt = DType::kF32,
+                 DType residual = DType::kF32) {
   Communicator& comm = test::world();
   const bool bf16 = dtype == DType::kBF16;
   const std::string dir = kFixtures + "/hf/" + model;
@@ -86,6 +94,7 @@ void check_model(const std::string& model, DType dtype, DType ckpt = DType::kF32
       opt.attn.ulysses_degree = 2;
     opt.tile_tokens = 96;  // several tiles, the last one shorter
     opt.checkpoint_dtype = ckpt;
+    opt.residual_dtype = residual;
     Decoder dec(dev, comm, m, opt);
     const double loss = dec.loss_and_grads(tokens, w, g);
     if (method == methods(comm.size()).front() && !bf16) {  // offloading changes no bit
@@ -99,7 +108,8 @@ void check_model(const std::string& model, DType dtype, DType ckpt = DType::kF32
       EXPECT_GT(dev.host().peak(), 0) << "the checkpoints went to the host arena";
     }
     const double loss_rel = std::abs(loss - loss64) / std::abs(loss64);
-    EXPECT_LE(loss_rel, bf16 ? kBf16LossRel : 1e-5)
+    const bool bf16_res = residual == DType::kBF16;
+    EXPECT_LE(loss_rel, bf16_res ? kBf16ResidualLossRel : bf16 ? kBf16LossRel : 1e-5)
         << model << " " << method << " " << dtype_name(dtype) << ": loss " << loss
         << " vs transformers fp64 " << loss64;
     double worst = 0;
@@ -116,7 +126,8 @@ void check_model(const std::string& model, DType dtype, DType ckpt = DType::kF32
         scale = std::max(scale, std::abs(want[i]));
       }
       const double hf32 = ref.at("grad_rel_err").at(s.name).at("max_abs_rel");
-      EXPECT_LE(err / scale, bf16                   ? kBf16GradRel
+      EXPECT_LE(err / scale, bf16_res               ? kBf16ResidualGradRel
+                             : bf16                 ? kBf16GradRel
                              : ckpt == DType::kBF16 ? kBf16CkptGradRel
                                                     : 10 * hf32)
           << model << " " << method << " " << dtype_name(dtype) << " " << s.name
@@ -127,8 +138,11 @@ void check_model(const std::string& model, DType dtype, DType ckpt = DType::kF32
       }
     }
     if (comm.rank() == 0)
-      std::printf("  %s %s %s, %s checkpoints: loss relative error %.3g, worst gradient %.3g (%s)\n",
-                  model.c_str(), method.c_str(), dtype_name(dtype), dtype_name(ckpt), loss_rel, worst,
+      std::printf(
+          "  %s %s %s, %s checkpoints, %s residual: loss relative error %.3g, worst gradient %.3g "
+          "(%s)\n",
+          model.c_str(), method.c_str(), dtype_name(dtype), dtype_name(ckpt), dtype_name(residual),
+          loss_rel, worst,
                   worst_name.c_str());
   }
 }
@@ -155,6 +169,14 @@ TEST(ModelHf, LlamaBf16CheckpointsWithinTheRule) {
 
 TEST(ModelHf, Qwen3Bf16CheckpointsWithinTheRule) {
   check_model("qwen3", DType::kF32, DType::kBF16);
+}
+
+TEST(ModelHf, LlamaBf16ResidualWithinTheRule) {
+  check_model("llama", DType::kBF16, DType::kF32, DType::kBF16);
+}
+
+TEST(ModelHf, Qwen3Bf16ResidualWithinTheRule) {
+  check_model("qwen3", DType::kBF16, DType::kF32, DType::kBF16);
 }
 
 }  // namespace

@@ -2,7 +2,8 @@
 // backed, a fake communicator playing that rank) allocates exactly what the real run on that
 // rank allocates: the same peak and the same bytes per tag at the peak, and the same per-tag
 // peaks, and the same host-arena peak, for every strategy valid on this rank count, with and
-// without offloaded checkpoints (tiny Qwen3 preset: QK-norm, tied).
+// without offloaded checkpoints, fp32 and bf16 compute, fp32 and bf16 residual stream (tiny Qwen3
+// preset: QK-norm, tied).
 #include <gtest/gtest.h>
 
 #include "comm/fake/fake_comm.h"
@@ -39,7 +40,9 @@ TEST(ModelMeta, MetaPlanEqualsRealRunPerTag) {
   std::vector<std::string> methods = {"ring"};
   if (c == 1) methods = {"local", "upipe", "fpdt"};
   if (c == 2 || c == 4) methods = {"ulysses", "upipe", "ring", "usp", "fpdt", "upipe-fpdt"};
-  for (DType t : {DType::kF32, DType::kBF16})
+  const std::pair<DType, DType> dtypes[] = {  // compute, residual
+      {DType::kF32, DType::kF32}, {DType::kBF16, DType::kF32}, {DType::kBF16, DType::kBF16}};
+  for (const auto& [t, rt] : dtypes)
     for (const std::string& method : methods)
       for (bool offload : {false, true}) {
         DecoderOptions opt;
@@ -47,13 +50,15 @@ TEST(ModelMeta, MetaPlanEqualsRealRunPerTag) {
         opt.method = method;
         opt.attn.seq_len = s;
         opt.attn.dtype = t;
+        opt.residual_dtype = rt;
         opt.tile_tokens = 40;
         Device real;
         const Peaks r = step(real, comm, m, opt, tokens);
         Device meta({BackendKind::kMeta, int64_t(1) << 40, int64_t(1) << 40});
         FakeCommunicator fake(comm.rank(), c);
         const Peaks p = step(meta, fake, m, opt, tokens);
-        const std::string what = method + (offload ? " offload " : " ") + dtype_name(t) + " rank " +
+        const std::string what = method + (offload ? " offload " : " ") + dtype_name(t) + " residual " +
+                                 dtype_name(rt) + " rank " +
                                  std::to_string(comm.rank()) + " of " + std::to_string(c);
         EXPECT_EQ(p.peak, r.peak) << what;
         EXPECT_EQ(p.host_peak, r.host_peak) << what;

@@ -579,15 +579,18 @@ void data_ops(Ops& o) {
       }
     }
   }
-  // add_into (fp32): dst + src rounded once.
-  const Mat dst = o.make(F, rows, cols, pad), src = o.make(F, rows, cols, 2 * pad);
-  const auto d0 = o.init(dst, seed++), s0 = o.init(src, seed++);
-  o.call("add_into", 0, [&] { add_into(o.dev(), dst, src); });
-  if (o.verify()) {
-    std::vector<double> want(d0.size());
-    for (size_t i = 0; i < want.size(); ++i) want[i] = double(float(d0[i]) + float(s0[i]));
-    EXPECT_EQ(o.get(dst), want) << "add_into";
-  }
+  // add_into, every pair of dtypes: dst + src in fp32, rounded once into dst's dtype.
+  for (DType dt : {F, B})
+    for (DType st : {F, B}) {
+      const std::string name = fmt::format("add_into {} += {}", dtype_name(dt), dtype_name(st));
+      const Mat dst = o.make(dt, rows, cols, pad), src = o.make(st, rows, cols, 2 * pad);
+      const auto d0 = o.init(dst, seed++), s0 = o.init(src, seed++);
+      o.call(name, 0, [&] { add_into(o.dev(), dst, src); });
+      if (!o.verify()) continue;
+      std::vector<double> sum(d0.size());
+      for (size_t i = 0; i < sum.size(); ++i) sum[i] = double(float(d0[i]) + float(s0[i]));
+      EXPECT_EQ(o.get(dst), test::rounded(sum, dt)) << name;
+    }
   // add_transposed: dst (r, c) = beta dst + src^T over several 32 x 32 blocks, ragged edges.
   for (float beta : {0.0f, 1.0f, 0.5f}) {
     const std::string name = fmt::format("add_transposed beta {}", beta);

@@ -227,6 +227,8 @@ TEST(RunConfig, ValidationNamesTheKey) {
       {"--memory.budget_gib=1e12", "memory.budget_gib", "1 EiB"},
       {"--comm.timeout_s=-1", "comm.timeout_s", ">= 0"},
       {"--train.checkpoint_dtype=fp16", "train.checkpoint_dtype", "choose fp32 or bf16"},
+      {"--train.residual_dtype=fp16", "train.residual_dtype", "choose fp32 or bf16"},
+      {"--train.residual_dtype=bf16", "train.residual_dtype", "needs train.dtype = bf16"},
   };
   for (const Case& k : cases) {
     SCOPED_TRACE(k.override_arg);
@@ -275,7 +277,7 @@ TEST(RunConfig, PrintedConfigReadsBackTheSame) {
 
 TEST(RunConfig, KeyTableMatchesTheStruct) {
   const auto& keys = run_config_keys();
-  ASSERT_EQ(keys.size(), 33u);
+  ASSERT_EQ(keys.size(), 34u);
   EXPECT_EQ(keys.front().name, "model.name");
   EXPECT_EQ(keys.front().type, "string");
   EXPECT_EQ(keys.front().default_value, "\"tiny\"");

@@ -1,7 +1,8 @@
 // The decoder step's closed-form bytes (model/step_memory.h, docs/model.md) equal what the step
 // allocates: a meta-device step (the same code as a real run, test_model_meta) as rank 0 and the
 // last rank of C = 1, 2, 4 peaks at exactly the formula's bytes, and its checkpoint and
-// activation tags peak at the formula's ckpt and act, for fp32 and bf16, with and without
+// activation tags peak at the formula's ckpt and act, for fp32 and bf16 (with an fp32 or a bf16
+// residual stream), fp32 or bf16 checkpoints, with and without
 // offloaded checkpoints, Llama (untied) and Qwen3 (QK-norm, tied) shapes, T not dividing S/C
 // and T = S (the MLP's or the LM head's tile sets the peak), so the loss, attention and MLP
 // phases of the formula each bind somewhere (the input norm's backward and the loss's second
@@ -35,8 +36,11 @@ TEST(StepMemory, MetaStepPeaksAtTheClosedForm) {
           for (DType t : {DType::kF32, DType::kBF16})
             for (int64_t tile : {40, 384})
               for (bool offload : {false, true})
-                for (DType ct : {DType::kF32, DType::kBF16}) {
+                for (DType ct : {DType::kF32, DType::kBF16})
+                  for (DType rt : {DType::kF32, DType::kBF16}) {
+                if (rt != DType::kF32 && rt != t) continue;  // fp32 or the compute dtype
                 DecoderOptions opt;
+                opt.residual_dtype = rt;
                 opt.checkpoint_dtype = ct;
                 opt.method = method;
                 opt.attn.seq_len = s;
@@ -55,7 +59,7 @@ TEST(StepMemory, MetaStepPeaksAtTheClosedForm) {
                     dev.backend(), m, opt, s / c, dec.strategy().attn_formula_bytes());
                 const std::string what = std::string(preset) + " " + method + " " + dtype_name(t) +
                                          (offload ? " offload" : "") + " ckpt " +
-                                         dtype_name(ct) + " rank " +
+                                         dtype_name(ct) + " residual " + dtype_name(rt) + " rank " +
                                          std::to_string(rank) + " of " + std::to_string(c);
                 EXPECT_EQ(dev.mem().peak(), want.peak) << what;
                 EXPECT_EQ(dev.mem().peak_by_tag().v[size_t(Tag::kCkpt)], want.ckpt) << what;
@@ -66,7 +70,7 @@ TEST(StepMemory, MetaStepPeaksAtTheClosedForm) {
                 ++checked;
               }
   }
-  EXPECT_EQ(checked, 3 * (2 * 3 + 2 * 2 * 6) * 16);
+  EXPECT_EQ(checked, 3 * (2 * 3 + 2 * 2 * 6) * 16 * 3 / 2);  // residual: fp32, or bf16 with bf16
 }
 
 }  // namespace

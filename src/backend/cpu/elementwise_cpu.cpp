@@ -236,11 +236,24 @@ void convert(const Mat& dst, const Mat& src) {
 }
 
 void add_into(const Mat& dst, const Mat& src) {
-  for (int64_t r = 0; r < src.rows; ++r) {
-    float* d = static_cast<float*>(dst.at(r, 0));
-    const float* s = static_cast<const float*>(src.at(r, 0));
-    for (int64_t c = 0; c < src.cols; ++c) d[c] += s[c];
+  if (dst.dtype == DType::kF32 && src.dtype == DType::kF32) {
+    for (int64_t r = 0; r < src.rows; ++r) {
+      float* d = static_cast<float*>(dst.at(r, 0));
+      const float* s = static_cast<const float*>(src.at(r, 0));
+      for (int64_t c = 0; c < src.cols; ++c) d[c] += s[c];
+    }
+    return;
   }
+  // Other dtypes through fp32 chunks: one rounding of the sum into dst.
+  float a[1024], b[1024];
+  for (int64_t r = 0; r < src.rows; ++r)
+    for (int64_t c0 = 0; c0 < src.cols; c0 += 1024) {
+      const int64_t n = std::min<int64_t>(1024, src.cols - c0);
+      to_f32(dst.at(r, c0), dst.dtype, a, n);
+      to_f32(src.at(r, c0), src.dtype, b, n);
+      for (int64_t c = 0; c < n; ++c) a[c] += b[c];
+      from_f32(a, dst.at(r, c0), dst.dtype, n);
+    }
 }
 
 void add_transposed(const Mat& dst, const Mat& src, float beta) {
