@@ -34,7 +34,7 @@ void add_model_options(CLI::App& cmd, ModelOptions& o) {
   cmd.add_option("--memory-budget", o.budget, "device arena budget per rank, e.g. 80G")
       ->capture_default_str();
   cmd.add_flag("--offload-checkpoints", o.offload_checkpoints,
-               "keep the layer checkpoints in the host arena, fetched back one layer ahead");
+               "keep the layer checkpoints in the host arena, fetched back layer by layer");
   cmd.add_option("--checkpoint-dtype", o.checkpoint_dtype,
                  "layer checkpoints stored as fp32 (exact) or bf16 (half the bytes)")
       ->capture_default_str();

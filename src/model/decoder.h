@@ -3,13 +3,15 @@
 // cross-entropy, forward and backward in one call, with any attention strategy.
 //
 // The residual stream is fp32 (or bf16, DecoderOptions::residual_dtype) and every block
-// accumulates into it (beta = 1), so no block keeps an (S/C, D) output of its own. Full activation checkpointing: forward keeps each layer's input
-// (tag ckpt; in the host arena with offload_checkpoints) and backward recomputes the layer from it
-// (the attention forward runs twice per layer per step: once in forward, once to rebuild the MLP's
-// input in backward, plus the strategy's own recompute inside its backward). The loss has
-// transformers' `labels = input_ids` semantics: the mean over the S-1 next-token predictions of the
-// whole sequence; a row's label is the token at the next global position, whichever rank holds it,
-// so every layout (contiguous, zigzag, chunked, grid) gets its labels right.
+// accumulates into it (beta = 1), so no block keeps an (S/C, D) output of its own. Full
+// activation checkpointing: forward keeps each layer's input (tag ckpt; in the host arena with
+// offload_checkpoints) and backward recomputes the layer from it (the attention forward runs twice
+// per layer per step: once in forward, once to rebuild the MLP's input in backward, plus the
+// strategy's own recompute inside its backward). The loss has transformers' `labels = input_ids`
+// semantics: the mean over the S-1 next-token predictions of the whole sequence; a row's label is
+// the token at the next global position, whichever rank holds it, so every layout (contiguous,
+// zigzag, chunked, grid) gets its labels right. docs/model.md, "Memory", lists which buffer lives
+// when (model/step_memory.h is its closed form).
 #pragma once
 
 #include <cstdint>
@@ -33,7 +35,7 @@ struct DecoderOptions {
                                  // shape fields are filled from the model
   int64_t tile_tokens = 1024;    // T of the tiled MLP and the fused LM head
   // Keep the layer checkpoints in the host arena (tag ckpt) instead of the device's; backward
-  // fetches them back one layer ahead into two device slots.
+  // fetches each back into a device slot once the layer above has finished its attention backward.
   bool offload_checkpoints = false;
   // The layer checkpoints' storage dtype: fp32 (exact: backward recomputes each layer from the
   // very residual forward saw) or bf16 (half the bytes on the device and the host; backward
