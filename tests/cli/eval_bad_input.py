@@ -133,6 +133,9 @@ def build(root):
          "num_attention_heads of $TMP/heads3/config.json", "eval", "--model", d, "--seq-len", "16", "--method", "ulysses")
     case("--head-chunk", "eval", "--model", FIXTURE, "--tokens", tokens, "--method", "upipe", "--head-chunk", "3")
     case("--chunks", "eval", "--model", FIXTURE, "--tokens", tokens, "--method", "fpdt", "--chunks", "7")
+    case("--residual-dtype bf16 needs --dtype bf16", "eval", "--model", FIXTURE, "--tokens", tokens,
+         "--residual-dtype", "bf16")
+    case("unknown dtype 'fp16'", "eval", "--model", FIXTURE, "--tokens", tokens, "--residual-dtype", "fp16")
     # `upipe bench model` shares eval's model loading and checks.
     case("seq-len (9)", "bench", "model", "--model", FIXTURE, "--seq-len", "9", "--method", "ulysses")
     case("--seq-len", "bench", "model", "--model", "tiny", "--seq-len", "1")
