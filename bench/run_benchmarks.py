@@ -286,7 +286,7 @@ def section_plan_model(quick):
                 knobs = " ".join(("%s=%d" % (n, k[key])) for n, key in (("U", "head_chunk"), ("u", "ulysses_degree"),
                                                                        ("N", "chunks")) if k[key]) or "—"
                 t = m["peak_by_tag"]
-                rows.append([m["method"], knobs, "%d (%.2fM)" % (m["seq_len"], m["seq_len"] / 2**20),
+                rows.append([m["method"], knobs, "%d (%.2fM)" % (m["seq_len"], m["seq_len"] / 1e6),
                              gib(m["device_peak_bytes"]), gib(m["host_peak_bytes"]),
                              "%s (%s)" % (m["limiting_tag"], gib(t[m["limiting_tag"]])),
                              ", ".join("%s %s" % (n, gib(b)) for n, b in sorted(t.items(), key=lambda x: -x[1])[:5])])
@@ -294,6 +294,19 @@ def section_plan_model(quick):
         text += ["### %s on %d x 80 GiB, %s layer checkpoints" % (model, ranks, ckpt), "",
                  table(["method", "knobs", "max S", "device peak", "host peak", "limiting tag",
                         "largest tags at the peak"], rows), ""]
+    best = data.get(("llama3-8b", "bf16"))
+    if best:
+        by = {m["method"]: m for m in best["methods"] if "seq_len" in m}
+        if all(k in by for k in ("upipe", "ulysses", "upipe-fpdt")):
+            up = by["upipe"]
+            text += ["**Headline** (Llama-3-8B, 8 x 80 GiB, bf16 checkpoints): upipe plans %s tokens, "
+                     "ulysses %s, upipe-fpdt %s (the UPipe authors report 5M with UPipe and under 3M with "
+                     "Ulysses on 8 H100s). At its maximum upipe's largest tag is `%s` (%s); its top tags: %s." % (
+                         format(up["seq_len"], ","), format(by["ulysses"]["seq_len"], ","),
+                         format(by["upipe-fpdt"]["seq_len"], ","), up["limiting_tag"],
+                         gib(up["peak_by_tag"][up["limiting_tag"]]),
+                         ", ".join("%s %s" % (n, gib(b)) for n, b in
+                                   sorted(up["peak_by_tag"].items(), key=lambda x: -x[1])[:6])), ""]
     # Peak vs S for Llama-3-8B (every method, bf16 checkpoints offloaded), budgets unlimited so
     # that every point is planned in full.
     curve = {}
