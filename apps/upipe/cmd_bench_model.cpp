@@ -75,6 +75,7 @@ int run(Process& proc, const Options& opt) {
                       {"dtype", opt.model.dtype},
                       {"residual_dtype", opt.model.residual_dtype},
                       {"checkpoint_dtype", opt.model.checkpoint_dtype},
+                      {"checkpoint_granularity", opt.model.checkpoint_granularity},
                       {"seq_len", opt.seq_len},
                       {"tile_tokens", opt.model.tile_tokens},
                       {"offload_checkpoints", opt.model.offload_checkpoints},

@@ -78,6 +78,7 @@ int run(Process& proc, const Options& opt) {
                       {"dtype", opt.model.dtype},
                       {"residual_dtype", opt.model.residual_dtype},
                       {"checkpoint_dtype", opt.model.checkpoint_dtype},
+                      {"checkpoint_granularity", opt.model.checkpoint_granularity},
                       {"peak_bytes", max_peak},
                       {"peak_by_tag", tags_json(at_peak)},
                       {"host_peak_bytes", host_peak},

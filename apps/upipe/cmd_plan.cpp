@@ -32,6 +32,7 @@ struct Options {
   bool offload_checkpoints = false;
   std::string checkpoint_dtype = "fp32";
   std::string residual_dtype = "fp32";
+  std::string checkpoint_granularity = "layer";
   bool json = false;
 };
 
@@ -97,6 +98,7 @@ int run(Process& proc, const Options& o) {
   base.offload_checkpoints = o.offload_checkpoints;
   base.checkpoint_dtype = parse_dtype(o.checkpoint_dtype);
   base.residual_dtype = parse_dtype(o.residual_dtype);
+  base.checkpoint_granularity = parse_checkpoint_granularity(o.checkpoint_granularity);
   base.device_bytes = gib_bytes(o.device_gib, "--device-gib");
   base.host_bytes = gib_bytes(o.host_gib, "--host-gib");
   base.reserve_bytes = o.reserve_gib == 0 ? 0 : gib_bytes(o.reserve_gib, "--reserve-gib");
@@ -167,6 +169,7 @@ int run(Process& proc, const Options& o) {
                         {"offload_checkpoints", o.offload_checkpoints},
                         {"checkpoint_dtype", o.checkpoint_dtype},
                         {"residual_dtype", o.residual_dtype},
+                        {"checkpoint_granularity", o.checkpoint_granularity},
                         {"tile_tokens", o.tile_tokens},
                         {"plan_seconds", secs}};
     nlohmann::json ms = nlohmann::json::array();
@@ -258,6 +261,8 @@ Runner add_plan(CLI::App& cmd) {
                "keep the layer checkpoints in host memory");
   cmd.add_option("--checkpoint-dtype", opt->checkpoint_dtype,
                  "layer checkpoints stored as fp32 (exact, default) or bf16 (half the bytes)");
+  cmd.add_option("--checkpoint-granularity", opt->checkpoint_granularity,
+                 "checkpoint per layer (default) or per block (twice the checkpoints)");
   cmd.add_option("--residual-dtype", opt->residual_dtype,
                  "residual stream and its gradient: fp32 (default) or bf16 (with --dtype bf16)");
   cmd.add_flag("--json", opt->json, "JSON output");

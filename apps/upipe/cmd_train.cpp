@@ -51,6 +51,7 @@ TrainOptions train_options(const RunConfig& c) {
   o.decoder.offload_checkpoints = c.train.offload_checkpoints;
   o.decoder.checkpoint_dtype = parse_dtype(c.train.checkpoint_dtype);
   o.decoder.residual_dtype = parse_dtype(c.train.residual_dtype);
+  o.decoder.checkpoint_granularity = parse_checkpoint_granularity(c.train.checkpoint_granularity);
   o.schedule = {c.train.lr, c.min_lr(), c.train.warmup_steps, c.train.steps};
   o.optimizer = {c.train.beta1, c.train.beta2, c.train.eps, c.train.weight_decay};
   o.grad_clip = c.train.grad_clip;

@@ -38,6 +38,9 @@ void add_model_options(CLI::App& cmd, ModelOptions& o) {
   cmd.add_option("--checkpoint-dtype", o.checkpoint_dtype,
                  "layer checkpoints stored as fp32 (exact) or bf16 (half the bytes)")
       ->capture_default_str();
+  cmd.add_option("--checkpoint-granularity", o.checkpoint_granularity,
+                 "checkpoint per layer, or per block (the attention forward runs once less)")
+      ->capture_default_str();
   cmd.add_option("--residual-dtype", o.residual_dtype,
                  "residual stream and its gradient: fp32, or bf16 with --dtype bf16")
       ->capture_default_str();
@@ -76,6 +79,7 @@ DecoderOptions decoder_options(const ModelOptions& o, int64_t seq_len) {
   d.offload_checkpoints = o.offload_checkpoints;
   d.checkpoint_dtype = parse_dtype(o.checkpoint_dtype);
   d.residual_dtype = parse_dtype(o.residual_dtype);
+  d.checkpoint_granularity = parse_checkpoint_granularity(o.checkpoint_granularity);
   return d;
 }
 

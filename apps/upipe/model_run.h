@@ -24,6 +24,7 @@ struct ModelOptions {
   std::string budget = "1T";
   bool offload_checkpoints = false;
   std::string checkpoint_dtype = "fp32";
+  std::string checkpoint_granularity = "layer";
 };
 
 // --model --method --dtype --head-chunk --ulysses-degree --chunks --tile-tokens --seed

@@ -25,6 +25,16 @@ ParamMap allocate_params(Device& dev, const ModelConfig& m, DType dtype, Tag tag
   return p;
 }
 
+CheckpointGranularity parse_checkpoint_granularity(const std::string& s) {
+  if (s == "layer") return CheckpointGranularity::kLayer;
+  if (s == "block") return CheckpointGranularity::kBlock;
+  throw ConfigError(fmt::format("unknown checkpoint granularity '{}'; use layer or block", s));
+}
+
+const char* granularity_name(CheckpointGranularity g) {
+  return g == CheckpointGranularity::kBlock ? "block" : "layer";
+}
+
 namespace {
 
 double now() {
@@ -134,17 +144,16 @@ StepLoss Decoder::run(std::span<const int32_t> tokens, ParamSource& p, const Los
       copy(dev_, x.mat().rows_of(r, 1), embed.rows_of(tokens[size_t(pos[size_t(r)])], 1));
     p.release(ue);
   }
-  // Forward: keep each layer's input (the checkpoint), accumulate both blocks into x.
-  // Checkpoints: in the device arena, or (offload) in the host arena with two device slots that
-  // the backward fills one layer ahead (a device with asynchronous copies overlaps the fetch
-  // of layer l-1 with layer l's work; on the CPU the copy is a memcpy).
+  // Forward: keep each layer's input (the checkpoint; per block, also the MLP's input residual),
+  // accumulate both blocks into x. Checkpoints: in the device arena, or (offload) in the host
+  // arena, fetched back into device slots by the backward (a device with asynchronous copies
+  // overlaps the fetch with the layer above's work; on the CPU the copy is a memcpy).
   const bool offload = opt_.offload_checkpoints;
+  const bool per_block = opt_.checkpoint_granularity == CheckpointGranularity::kBlock;
+  const size_t per_layer = per_block ? 2 : 1;  // checkpoint i = per_layer * l (+ 1: xm)
+  const DType ct = opt_.checkpoint_dtype;
   std::vector<Tensor> ckpt;
-  Tensor h(mem, Tag::kAct, t, rows, d);  // a norm's output, the blocks' input
-  for (int l = 0; l < nl; ++l) {
-    const ParamViews& w = p.acquire(layer_unit(l));
-    p.prefetch(l + 1 < nl ? layer_unit(l + 1) : uh);
-    const DType ct = opt_.checkpoint_dtype;
+  auto save = [&] {
     ckpt.emplace_back(offload ? dev_.host() : mem, Tag::kCkpt, ct, rows, d);
     if (!offload) {
       copy(dev_, ckpt.back(), x);  // converts to the checkpoint dtype
@@ -155,8 +164,15 @@ StepLoss Decoder::run(std::span<const int32_t> tokens, ParamSource& p, const Los
       copy(dev_, staging, x);
       dev_.copy(ckpt.back().data(), staging.data(), staging.bytes(), CopyKind::kDeviceToHost);
     }
+  };
+  Tensor h(mem, Tag::kAct, t, rows, d);  // a norm's output, the blocks' input
+  for (int l = 0; l < nl; ++l) {
+    const ParamViews& w = p.acquire(layer_unit(l));
+    p.prefetch(l + 1 < nl ? layer_unit(l + 1) : uh);
+    save();
     rmsnorm_forward(dev_, x, norm_w(w, l, LayerWeight::kInputNorm), eps, h);
     strat_->forward(h, attn_weights(w, l), x, 1.0f);
+    if (per_block) save();
     rmsnorm_forward(dev_, x, norm_w(w, l, LayerWeight::kPostAttnNorm), eps, h);
     mlp_forward(dev_, mc, h, mlp_w(w, l), x, 1.0f);
     p.release(layer_unit(l));
@@ -198,27 +214,41 @@ StepLoss Decoder::run(std::span<const int32_t> tokens, ParamSource& p, const Los
   dh.reset();
   p.release(uh);
   p.grads_done(uh);
-  // Backward, layer by layer from the last: recompute the layer from its checkpoint. Each
+  // Backward, layer by layer from the last: recompute the layer from its checkpoint (per block:
+  // take the MLP's input from its own checkpoint instead of recomputing the attention). Each
   // (S/C, D) buffer lives only while it is needed, so the attention phases hold three of them
   // (dx, h, and xm in the forward recompute or dh in the backward) besides the checkpoints, and
   // the MLP phase runs in row tiles of T (only (T, D) of its norm output and gradient exist).
-  Tensor slot[2];
-  auto fetch = [&](int l) {
-    slot[l % 2] = Tensor(mem, Tag::kCkpt, opt_.checkpoint_dtype, rows, d);
-    dev_.copy(slot[l % 2].data(), ckpt[size_t(l)].data(), slot[l % 2].bytes(),
-              CopyKind::kHostToDevice);
+  // Offloaded checkpoints come back into device slots (`fetched`), the layer's own ones first.
+  std::vector<Tensor> fetched(ckpt.size());
+  auto fetch_layer = [&](int l) {
+    for (size_t i = per_layer * size_t(l); i < per_layer * size_t(l + 1); ++i) {
+      fetched[i] = Tensor(mem, Tag::kCkpt, ct, rows, d);
+      dev_.copy(fetched[i].data(), ckpt[i].data(), fetched[i].bytes(), CopyKind::kHostToDevice);
+    }
   };
-  if (offload && nl > 0) fetch(nl - 1);
+  // Frees checkpoint i (and its device slot) after its last use.
+  auto drop = [&](size_t i) {
+    fetched[i].reset();
+    ckpt[i].reset();
+  };
+  if (offload && nl > 0) fetch_layer(nl - 1);
   const int64_t tile = std::min(opt_.tile_tokens, rows);
   for (int l = nl - 1; l >= 0; --l) {
     const ParamViews& w = p.acquire(layer_unit(l));
     if (l > 0) p.prefetch(layer_unit(l - 1));
-    const Mat xl = offload ? slot[l % 2].mat() : ckpt[size_t(l)].mat();
+    const size_t il = per_layer * size_t(l);
+    const Mat xl = offload ? fetched[il].mat() : ckpt[il].mat();
     Tensor hl(mem, Tag::kAct, t, rows, d);  // the attention's input, kept for its backward
     rmsnorm_forward(dev_, xl, norm_w(w, l, LayerWeight::kInputNorm), eps, hl);
     Tensor xm(mem, Tag::kAct, rt, rows, d);  // the residual between attention and MLP
-    copy(dev_, xm, xl);
-    strat_->forward(hl, attn_weights(w, l), xm, 1.0f);
+    if (per_block) {
+      copy(dev_, xm, offload ? fetched[il + 1].mat() : ckpt[il + 1].mat());
+      drop(il + 1);
+    } else {
+      copy(dev_, xm, xl);
+      strat_->forward(hl, attn_weights(w, l), xm, 1.0f);
+    }
     const ParamViews& g = p.grads(layer_unit(l));
     const Mat gpost = norm_w(g, l, LayerWeight::kPostAttnNorm),
               gin = norm_w(g, l, LayerWeight::kInputNorm);
@@ -241,18 +271,17 @@ StepLoss Decoder::run(std::span<const int32_t> tokens, ParamSource& p, const Los
       add_into(dev_, dxt, g2);
     }
     xm.reset();
-    // Attention: d/dh, then through the input norm. The next layer's checkpoint is fetched once
+    // Attention: d/dh, then through the input norm. The next layer's checkpoints are fetched once
     // the attention's backward is done, so only one slot is held through it (the copy overlaps
     // the norm's backward; at long S it is a small fraction of a layer's attention time).
     Tensor dhl(mem, Tag::kAct, rt, rows, d);
     strat_->backward(hl, dx, attn_weights(w, l), dhl, attn_grads(g, l), 0.0f, 0.0f);
     hl.reset();
-    if (offload && l > 0) fetch(l - 1);
+    if (offload && l > 0) fetch_layer(l - 1);
     rmsnorm_backward(dev_, xl, norm_w(w, l, LayerWeight::kInputNorm), eps, dhl, dhl, gin);
     add_into(dev_, dx, dhl);
     dhl.reset();
-    if (offload) slot[l % 2].reset();
-    ckpt[size_t(l)].reset();
+    drop(il);
     p.release(layer_unit(l));
     p.grads_done(layer_unit(l));
   }

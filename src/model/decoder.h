@@ -29,6 +29,13 @@ namespace upipe {
 // Allocates every parameter of m in `dtype` (uninitialised) on dev, tagged `tag`.
 ParamMap allocate_params(Device& dev, const ModelConfig& m, DType dtype, Tag tag);
 
+// What backward recomputes from: one checkpoint per layer (its input residual; backward runs the
+// attention forward again to rebuild the MLP's input), or one per block (the MLP's input residual
+// too: twice the checkpoint bytes, and the attention forward runs once less per layer).
+enum class CheckpointGranularity { kLayer, kBlock };
+CheckpointGranularity parse_checkpoint_granularity(const std::string& s);  // "layer" | "block"
+const char* granularity_name(CheckpointGranularity g);
+
 struct DecoderOptions {
   std::string method = "local";  // attention strategy (strategy.h)
   AttentionConfig attn;          // seq_len, dtype (compute) and the strategy knobs; the block's
@@ -46,6 +53,7 @@ struct DecoderOptions {
   // them through an fp32 buffer of its own rows, rounding once per block (docs/model.md states
   // the measured error and what it saves).
   DType residual_dtype = DType::kF32;
+  CheckpointGranularity checkpoint_granularity = CheckpointGranularity::kLayer;
 };
 
 // What the loss of one sequence is: its scale and an optional group of predictions to report.

@@ -22,28 +22,38 @@ DecoderStepBytes decoder_step_bytes(const Backend& be, const ModelConfig& m,
   }
   // (S/C, D): res for x, xm, dx, dh (the residual dtype), half for h (the compute dtype).
   const int64_t res = mat_bytes(rows, d, rt), half = mat_bytes(rows, d, t);
+  // Checkpoints: k per layer (the layer's input; per block also the MLP's input residual xm).
+  const bool offload = opt.offload_checkpoints;
+  const int64_t k = opt.checkpoint_granularity == CheckpointGranularity::kBlock ? 2 : 1;
   const int64_t one_ckpt = mat_bytes(rows, d, opt.checkpoint_dtype);
-  const int64_t all_ckpt = checked_mul(layers, one_ckpt, "checkpoint bytes");
-  b.ckpt = opt.offload_checkpoints ? std::min<int64_t>(layers, 2) * one_ckpt : all_ckpt;
-  b.ckpt_host = opt.offload_checkpoints ? all_ckpt : 0;
+  const int64_t all_ckpt = checked_mul(k * layers, one_ckpt, "checkpoint bytes");
+  // Device checkpoints: after the last layer's xm checkpoint is consumed (per block) ...
+  const int64_t last_ckpt = offload ? one_ckpt : all_ckpt - (k - 1) * one_ckpt;
+  // ... and once the next layer's are fetched (offloaded: k more slots).
+  const int64_t next_ckpt = offload ? one_ckpt + (layers > 1 ? k * one_ckpt : 0) : last_ckpt;
+  b.ckpt = offload ? std::max(k * one_ckpt, next_ckpt) : all_ckpt;
+  b.ckpt_host = offload ? all_ckpt : 0;
   b.attn = attn_bytes;
   b.logits = lm_loss_peak_bytes(be, LmLossConfig{d, m.vocab_size, opt.tile_tokens, t, rt}, rows);
   // The step's phases that can set the peak, each with the (S/C, D) buffers and device
   // checkpoints alive then (docs/model.md, "Memory"):
+  // - the forward's last MLP: x, h and every device checkpoint (per block, with fp32
+  //   checkpoints of a bf16 residual, this can be the peak);
   // - loss: x, h and dh with the LM head's tile; then x, dh and dx with the final norm's backward
   //   (all device checkpoints; offloaded: none on the device yet);
-  // - the last layer's attention (every device checkpoint, or its one slot): dx, h, and xm in
-  //   the forward recompute or dh in the backward (the same size), with the strategy's
-  //   intermediates, or the input norm's workspace before them;
+  // - the last layer's start: every device checkpoint (offloaded: its k slots), dx, h, and xm
+  //   while it is built (per block: copied from its checkpoint, which is then freed);
+  // - its attention: dx, h, and xm in the forward recompute or dh in the backward (the same
+  //   size), with the strategy's intermediates, or the input norm's workspace before them;
   // - its MLP, T rows at a time: dx, h, xm and the (T, D) tiles h2 and g2 (h2 freed before the
   //   norm's backward);
-  // - its input norm's backward: dx, dh and, offloaded, the next layer's slot fetched by then.
-  // The forward (x, h, a staging copy while a checkpoint is offloaded, the same blocks' forward,
-  // whose peaks are at most their backward's) and earlier layers (fewer checkpoints) hold less.
+  // - its input norm's backward: dx, dh and, offloaded, the next layer's slots fetched by then.
+  // The forward's attention (x, h, a staging copy while a checkpoint is offloaded, the block's
+  // forward, whose peak is at most its backward's) and earlier layers hold less.
   const MlpConfig mc{d, m.intermediate_size, opt.tile_tokens, t, rt == f32};
   const int64_t norm_ws = rmsnorm_workspace_bytes(be, d);
-  const int64_t loss_ckpt = opt.offload_checkpoints ? 0 : all_ckpt;
-  const int64_t last_ckpt = opt.offload_checkpoints ? one_ckpt : all_ckpt;
+  const int64_t loss_ckpt = offload ? 0 : all_ckpt;
+  const int64_t start_ckpt = offload ? k * one_ckpt : all_ckpt;
   const int64_t tile = std::min(opt.tile_tokens, rows);
   const int64_t h2 = mat_bytes(tile, d, t), g2 = mat_bytes(tile, d, rt);
   const int64_t mlp_bwd = mlp_backward_peak_bytes(be, mc, rows);
@@ -51,11 +61,14 @@ DecoderStepBytes decoder_step_bytes(const Backend& be, const ModelConfig& m,
   b.act = std::max(2 * res + half, 3 * res);  // the loss phase's x, h, dh, then x, dh, dx
   b.mlp = std::max(mlp_peak_bytes(be, mc, rows), h2 + g2 + mlp_bwd);
   const int64_t step = std::max({
+      loss_ckpt + res + half + std::max(mlp_forward_peak_bytes(be, mc, rows), norm_ws),
       loss_ckpt + 2 * res + half + std::max(b.logits, norm_ws),
       loss_ckpt + 3 * res + norm_ws,
+      start_ckpt + res + half + norm_ws,
+      start_ckpt + attn_act,
       last_ckpt + attn_act + std::max(attn_bytes, norm_ws),
       last_ckpt + attn_act + std::max({h2 + g2 + mlp_bwd, h2 + norm_ws, g2 + norm_ws}),
-      b.ckpt + 2 * res + norm_ws,
+      next_ckpt + 2 * res + norm_ws,
   });
   b.peak = checked_add(b.params + b.grads, step, "step bytes");
   return b;

@@ -27,6 +27,7 @@ TrainOptions train_options(const PlanRequest& r) {
   o.decoder.offload_checkpoints = r.offload_checkpoints;
   o.decoder.checkpoint_dtype = r.checkpoint_dtype;
   o.decoder.residual_dtype = r.residual_dtype;
+  o.decoder.checkpoint_granularity = r.checkpoint_granularity;
   return o;
 }
 

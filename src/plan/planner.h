@@ -38,6 +38,7 @@ struct PlanRequest {
   bool offload_checkpoints = false;
   DType checkpoint_dtype = DType::kF32;  // the layer checkpoints' storage
   DType residual_dtype = DType::kF32;    // the residual stream and its gradient
+  CheckpointGranularity checkpoint_granularity = CheckpointGranularity::kLayer;
   int64_t device_bytes = int64_t(80) << 30;  // per rank
   int64_t host_bytes = int64_t(256) << 30;   // per rank
   int64_t reserve_bytes = kDefaultReserveBytes;

@@ -107,6 +107,22 @@ void check_model(const std::string& model, DType dtype, DType ckpt = DType::kF32
         EXPECT_EQ(download(dev, g2.at(name)), download(dev, t)) << model << " " << name;
       EXPECT_GT(dev.host().peak(), 0) << "the checkpoints went to the host arena";
     }
+    if (!bf16 && ckpt == DType::kF32) {
+      // Checkpoints per block take the MLP's input from the forward instead of recomputing the
+      // attention: the same bits (offloaded too, for the first method).
+      for (bool offload : {false, true}) {
+        if (offload && method != methods(comm.size()).front()) continue;
+        DecoderOptions blk = opt;
+        blk.checkpoint_granularity = CheckpointGranularity::kBlock;
+        blk.offload_checkpoints = offload;
+        const ParamMap g2 = allocate_params(dev, m, DType::kF32, Tag::kGrads);
+        Decoder dec2(dev, comm, m, blk);
+        EXPECT_EQ(dec2.loss_and_grads(tokens, w, g2), loss) << model << " " << method << " block";
+        for (const auto& [name, t] : g)
+          EXPECT_EQ(download(dev, g2.at(name)), download(dev, t))
+              << model << " " << method << " block " << name;
+      }
+    }
     const double loss_rel = std::abs(loss - loss64) / std::abs(loss64);
     const bool bf16_res = residual == DType::kBF16;
     EXPECT_LE(loss_rel, bf16_res ? kBf16ResidualLossRel : bf16 ? kBf16LossRel : 1e-5)

@@ -228,6 +228,7 @@ TEST(RunConfig, ValidationNamesTheKey) {
       {"--comm.timeout_s=-1", "comm.timeout_s", ">= 0"},
       {"--train.checkpoint_dtype=fp16", "train.checkpoint_dtype", "choose fp32 or bf16"},
       {"--train.residual_dtype=fp16", "train.residual_dtype", "choose fp32 or bf16"},
+      {"--train.checkpoint_granularity=op", "train.checkpoint_granularity", "choose layer or block"},
       {"--train.residual_dtype=bf16", "train.residual_dtype", "needs train.dtype = bf16"},
   };
   for (const Case& k : cases) {
@@ -277,7 +278,7 @@ TEST(RunConfig, PrintedConfigReadsBackTheSame) {
 
 TEST(RunConfig, KeyTableMatchesTheStruct) {
   const auto& keys = run_config_keys();
-  ASSERT_EQ(keys.size(), 34u);
+  ASSERT_EQ(keys.size(), 35u);
   EXPECT_EQ(keys.front().name, "model.name");
   EXPECT_EQ(keys.front().type, "string");
   EXPECT_EQ(keys.front().default_value, "\"tiny\"");
