@@ -440,7 +440,11 @@ def section_model(quick):
         with open(config, "w") as f:
             json.dump(MODEL_CONFIG, f)
         base = ["bench", "model", "--model", "CONFIG", "--seq-len", str(s), "--iters", str(iters), "--dtype", "fp32"]
-        runs = [("upipe local", 1, ["--method", "local"]), ("upipe upipe (U=C)", 2, ["--method", "upipe"])]
+        runs = [("upipe local", 1, ["--method", "local"]),
+                ("upipe local, checkpoints per block", 1, ["--method", "local", "--checkpoint-granularity", "block"]),
+                ("upipe upipe (U=C)", 2, ["--method", "upipe"]),
+                ("upipe upipe (U=C), checkpoints per block", 2,
+                 ["--method", "upipe", "--checkpoint-granularity", "block"])]
         torch_runs = [("PyTorch eager, sdpa", "sdpa"), ("PyTorch eager, eager attention", "eager")]
         best, cmds = {}, []
         faster = lambda j, label: label not in best or j["step_s"] < best[label]["step_s"]
@@ -475,7 +479,9 @@ def section_model(quick):
             "Llama decoder, D=%d, F=%d, L=%d, H=%d, K=%d, d=%d, V=%d (%.1f M parameters), S=%d random tokens, "
             "random weights, fp32. One training step = forward to transformers' `labels = input_ids` loss and "
             "backward to every gradient. upipe: `upipe bench model` (full activation checkpointing: each layer "
-            "is recomputed in backward, so it does more arithmetic than PyTorch; T=1024 tiles); PyTorch: "
+            "is recomputed in backward, so it does more arithmetic than PyTorch; with `--checkpoint-granularity "
+            "block` the MLP's input is kept too and the layer's attention is not recomputed, the blocks still "
+            "recompute their own internals; T=1024 tiles); PyTorch: "
             "transformers %s, torch %s, `torch.set_num_threads(1)`, no checkpointing "
             "(bench/bench_model_torch.py). Each row is the median of %d steps after a warm-up, best of %d "
             "interleaved runs; 2-rank times are the slower rank's, with both ranks on this machine's %d shared "
