@@ -162,9 +162,8 @@ double cross_entropy(const Mat& logits, std::span<const int32_t> labels, float s
       continue;
     }
     __m256 vmax = neg_inf;
-    for_chunks8(v, [&](const Chunk8& k) {
-      vmax = _mm256_max_ps(vmax, k.select(k.load(row), neg_inf));
-    });
+    for_chunks8(
+        v, [&](const Chunk8& k) { vmax = _mm256_max_ps(vmax, k.select(k.load(row), neg_inf)); });
     const float m = hmax8(vmax);
     const float target = row[label];
     const __m256 vm = _mm256_set1_ps(m);
