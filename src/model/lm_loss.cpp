@@ -51,14 +51,15 @@ double lm_loss(Device& dev, const LmLossConfig& c, const Mat& h, const Mat& w,
   if (group_sum != nullptr) *group_sum = 0;
   UPIPE_CHECK(dw_beta == 0.0f || dw_beta == 1.0f, "lm_loss dw_beta must be 0 or 1, got {}",
               dw_beta);
-  // Zeroed up front rather than by the first tile's beta, so rows = 0 still gives dW = 0.
-  if (dw_beta == 0.0f) zero(dev, dw);
+  // The first tile's product overwrites dW when dw_beta is 0 (no separate pass over the (V, D)
+  // gradient); with no rows there is no tile, so dW is zeroed here.
+  if (dw_beta == 0.0f && rows == 0) zero(dev, dw);
   double loss = 0;
   for (int64_t r0 = 0; r0 < rows; r0 += c.tile_rows) {
     const int64_t t = std::min(c.tile_rows, rows - r0);
-    const Mat ht = h.rows_of(r0, t);                                                   // (T, D)
-    Tensor logits(dev.mem(), Tag::kLogits, DType::kF32, t, v);                         // (T, V)
-    gemm(dev, ht, false, w, true, logits);                                             // h W^T
+    const Mat ht = h.rows_of(r0, t);                            // (T, D)
+    Tensor logits(dev.mem(), Tag::kLogits, DType::kF32, t, v);  // (T, V)
+    gemm(dev, ht, false, w, true, logits);                      // h W^T
     // G, one cross-entropy call per run of rows with equal group flags.
     for (int64_t a = 0; a < t;) {
       int64_t b = a + 1;
@@ -70,8 +71,8 @@ double lm_loss(Device& dev, const LmLossConfig& c, const Mat& h, const Mat& w,
       if (!group.empty() && group[size_t(r0 + a)] != 0) *group_sum += part;
       a = b;
     }
-    gemm(dev, logits, false, w, false, dh.rows_of(r0, t));                             // dh = G W
-    gemm(dev, logits, true, ht, false, dw, 1.0f, 1.0f);  // dW += G^T h
+    gemm(dev, logits, false, w, false, dh.rows_of(r0, t));                   // dh = G W
+    gemm(dev, logits, true, ht, false, dw, 1.0f, r0 == 0 ? dw_beta : 1.0f);  // dW += G^T h
   }
   return double(scale) * loss;
 }

@@ -93,12 +93,14 @@ void mlp_backward(Device& dev, const MlpConfig& c, const Mat& x, const Mat& dy, 
                   g.gate.dtype == DType::kF32 && g.up.dtype == DType::kF32 &&
                   g.down.dtype == DType::kF32,
               "mlp weight gradients must be fp32 and shaped like the weights");
-  // Zeroed up front rather than by the first tile's beta, so rows = 0 still gives dW = 0.
-  if (dw_beta == 0.0f)
+  // The first tile's products overwrite the gradients when dw_beta is 0 (no separate pass over
+  // them); with no rows there is no tile, so they are zeroed here.
+  if (dw_beta == 0.0f && x.rows == 0)
     for (const Mat* m : {&g.gate, &g.up, &g.down}) zero(dev, *m);
   const DType f32 = DType::kF32;
   for (int64_t r0 = 0; r0 < x.rows; r0 += c.tile_tokens) {
     const int64_t t = std::min(c.tile_tokens, x.rows - r0);
+    const float gw_beta = r0 == 0 ? dw_beta : 1.0f;  // weight gradients: overwrite, then add
     const Mat xt = x.rows_of(r0, t), dyt = dy.rows_of(r0, t);                         // (T, D)
     Tensor da(dev.mem(), Tag::kMlp, f32, t, f), db(dev.mem(), Tag::kMlp, f32, t, f);  // (T, F)
     {
@@ -107,7 +109,7 @@ void mlp_backward(Device& dev, const MlpConfig& c, const Mat& x, const Mat& dy, 
       {
         Tensor h(dev.mem(), Tag::kMlp, c.dtype, t, f);
         swiglu_forward(dev, a, b, h);
-        gemm(dev, dyt, true, h, false, g.down, 1.0f, 1.0f);  // dW_down += dy^T h
+        gemm(dev, dyt, true, h, false, g.down, 1.0f, gw_beta);  // dW_down += dy^T h
       }
       Tensor dh(dev.mem(), Tag::kMlp, f32, t, f);
       gemm(dev, dyt, false, w.down, false, dh);  // dh = dy down
@@ -118,8 +120,8 @@ void mlp_backward(Device& dev, const MlpConfig& c, const Mat& x, const Mat& dy, 
     gemm(dev, da, false, w.gate, false, acc.target(), 1.0f, acc.beta());
     gemm(dev, db, false, w.up, false, acc.target(), 1.0f, 1.0f);
     acc.finish();
-    gemm(dev, da, true, xt, false, g.gate, 1.0f, 1.0f);  // dW_gate += da^T x
-    gemm(dev, db, true, xt, false, g.up, 1.0f, 1.0f);    // dW_up += db^T x
+    gemm(dev, da, true, xt, false, g.gate, 1.0f, gw_beta);  // dW_gate += da^T x
+    gemm(dev, db, true, xt, false, g.up, 1.0f, gw_beta);    // dW_up += db^T x
   }
 }
 

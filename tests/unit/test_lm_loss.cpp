@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "backend/reference/elementwise_ref.h"
+#include "backend/tensor_ops.h"
 #include "common/test_util.h"
 #include "model/lm_loss.h"
 
@@ -153,6 +154,30 @@ TEST(LmLoss, NoLabels) {
   EXPECT_EQ(test::read(dw), dw0);
   lm_loss(dev, c, h, w, labels, 0.5f, dh, dw, 0.0f);
   EXPECT_EQ(test::max_abs(test::read(dw)), 0.0);
+}
+
+// dw_beta 0: the first tile's product overwrites dW (no zero pass before it), so stale NaNs do
+// not survive, and the result equals the one from a zeroed dW; with no rows at all, dW is zeroed.
+TEST(LmLoss, DwBetaZeroOverwritesStaleGradient) {
+  Device dev;
+  const LmLossConfig c{16, 50, 4, DType::kF32, DType::kF32};
+  Tensor h(dev.mem(), Tag::kAct, DType::kF32, 9, 16),
+      w(dev.mem(), Tag::kParams, DType::kF32, 50, 16), dh(dev.mem(), Tag::kAct, DType::kF32, 9, 16),
+      dw(dev.mem(), Tag::kGrads, DType::kF32, 50, 16);
+  test::fill_normal(h, 1);
+  test::fill_normal(w, 2);
+  const auto labels = make_labels(9, 50, 4);
+  zero(dev, dw);
+  lm_loss(dev, c, h, w, labels, 0.5f, dh, dw, 1.0f);
+  const auto expected = test::read(dw);
+  fill(dev, dw, std::numeric_limits<float>::quiet_NaN());
+  lm_loss(dev, c, h, w, labels, 0.5f, dh, dw, 0.0f);
+  EXPECT_EQ(test::read(dw), expected);
+
+  fill(dev, dw, std::numeric_limits<float>::quiet_NaN());
+  const Mat none = h.mat().rows_of(0, 0), dnone = dh.mat().rows_of(0, 0);
+  EXPECT_EQ(lm_loss(dev, c, none, w, {}, 0.5f, dnone, dw, 0.0f), 0.0);
+  EXPECT_EQ(test::read(dw), std::vector<double>(expected.size(), 0.0));  // no NaN left
 }
 
 // Labels outside [0, V) and not -1 are refused.

@@ -159,6 +159,42 @@ TEST(Mlp, MixedBetas) {
   run_case({29, 40, 96, 16, DType::kF32, false, 0, 1, 0});
 }
 
+// dw_beta 0: each weight gradient is overwritten by the first tile's product (no zero pass
+// before it), so stale NaNs do not survive and the result equals the one from zeroed gradients;
+// with no rows at all, the gradients are zeroed.
+TEST(Mlp, DwBetaZeroOverwritesStaleGradients) {
+  Device dev;
+  const MlpConfig c{32, 70, 8, DType::kF32};
+  const DType f32 = DType::kF32;
+  Tensor x(dev.mem(), Tag::kAct, f32, 20, 32), dy(dev.mem(), Tag::kAct, f32, 20, 32),
+      dx(dev.mem(), Tag::kAct, f32, 20, 32);
+  Tensor wg(dev.mem(), Tag::kParams, f32, 70, 32), wu(dev.mem(), Tag::kParams, f32, 70, 32),
+      wd(dev.mem(), Tag::kParams, f32, 32, 70);
+  Tensor gg(dev.mem(), Tag::kGrads, f32, 70, 32), gu(dev.mem(), Tag::kGrads, f32, 70, 32),
+      gd(dev.mem(), Tag::kGrads, f32, 32, 70);
+  test::fill_normal(x, 1);
+  test::fill_normal(dy, 2);
+  test::fill_normal(wg, 3, 0.2);
+  test::fill_normal(wu, 4, 0.2);
+  test::fill_normal(wd, 5, 0.1);
+  const MlpWeights w{wg, wu, wd};
+  const MlpGrads g{gg, gu, gd};
+  for (const Tensor* t : {&gg, &gu, &gd}) zero(dev, *t);
+  mlp_backward(dev, c, x, dy, w, dx, g, 0.0f, 1.0f);
+  const auto eg = test::read(gg), eu = test::read(gu), ed = test::read(gd);
+  for (const Tensor* t : {&gg, &gu, &gd}) fill(dev, *t, std::numeric_limits<float>::quiet_NaN());
+  mlp_backward(dev, c, x, dy, w, dx, g, 0.0f, 0.0f);
+  EXPECT_EQ(test::read(gg), eg);
+  EXPECT_EQ(test::read(gu), eu);
+  EXPECT_EQ(test::read(gd), ed);
+
+  for (const Tensor* t : {&gg, &gu, &gd}) fill(dev, *t, std::numeric_limits<float>::quiet_NaN());
+  const Mat none = x.mat().rows_of(0, 0);
+  mlp_backward(dev, c, none, dy.mat().rows_of(0, 0), w, dx.mat().rows_of(0, 0), g, 0.0f, 0.0f);
+  for (const Tensor* t : {&gg, &gu, &gd})  // no NaN left
+    EXPECT_EQ(test::read(*t), std::vector<double>(size_t(t->mat().rows * t->mat().cols), 0.0));
+}
+
 TEST(Mlp, Bf16MatchesReference) {
   run_case({45, 64, 160, 16, DType::kBF16, false, 0, 0, 0});
 }

@@ -5,16 +5,24 @@
 #include <cstring>
 
 #include "backend/cpu/cpu_ops.h"
+#include "backend/cpu/vec_math.h"
 
 namespace upipe::cpu {
 namespace {
 
-// Loads row r of x as fp32 into buf (x.cols elements) and stores it back.
-void load_row(const Mat& x, int64_t r, float* buf) {
-  to_f32(x.at(r, 0), x.dtype, buf, x.cols);
+// The n values at (r, c0) of x as fp32: in place for an fp32 view, else staged in buf.
+const float* f32_at(const Mat& x, int64_t r, int64_t c0, int64_t n, float* buf) {
+  if (x.dtype == DType::kF32) return static_cast<const float*>(x.at(r, c0));
+  to_f32(x.at(r, c0), x.dtype, buf, n);
+  return buf;
 }
-void store_row(const Mat& x, int64_t r, const float* buf) {
-  from_f32(buf, x.at(r, 0), x.dtype, x.cols);
+// Where the n output values at (r, c0) of x are computed: in place for fp32, else in buf, which
+// store_at then rounds into x.
+float* out_at(const Mat& x, int64_t r, int64_t c0, float* buf) {
+  return x.dtype == DType::kF32 ? static_cast<float*>(x.at(r, c0)) : buf;
+}
+void store_at(const Mat& x, int64_t r, int64_t c0, int64_t n, const float* buf) {
+  if (x.dtype != DType::kF32) from_f32(buf, x.at(r, c0), x.dtype, n);
 }
 
 // cos/sin of pos * inv_freq[i] for consecutive positions. Exact fp64 sincos at every multiple
@@ -62,10 +70,6 @@ class RopeAngles {
   double inv_[512], step_c_[512], step_s_[512], c_[512], s_[512];
 };
 
-float silu(float x) {
-  return x / (1.0f + std::exp(-x));
-}
-
 }  // namespace
 
 void rope(const Mat& x, int d, const RowPositions& pos, const RopeParams& rp, int sign) {
@@ -101,7 +105,9 @@ void rope(const Mat& x, int d, const RowPositions& pos, const RopeParams& rp, in
   }
 }
 
-// x (rows, cols) is normalised over each `group`-wide column group; ws: 3 group floats.
+// x (rows, cols) is normalised over each `group`-wide column group; ws: 3 group floats. fp32
+// groups are read and written in place, other dtypes staged through the workspace. The sums run
+// on eight lanes in a fixed order (not the compiler's, which may depend on the data's alignment).
 void rmsnorm_forward(const Mat& x, const Mat& w, int64_t group, float eps, const Mat& y,
                      float* ws) {
   float* row = ws;
@@ -110,49 +116,60 @@ void rmsnorm_forward(const Mat& x, const Mat& w, int64_t group, float eps, const
   const int64_t n = group;
   for (int64_t r = 0; r < x.rows; ++r)
     for (int64_t c0 = 0; c0 < x.cols; c0 += n) {
-      to_f32(x.at(r, c0), x.dtype, row, n);
-      float ss = 0.0f;
-#pragma omp simd reduction(+ : ss)
-      for (int64_t c = 0; c < n; ++c) ss += row[c] * row[c];
-      const float inv = 1.0f / std::sqrt(ss / float(n) + eps);
-#pragma omp simd
-      for (int64_t c = 0; c < n; ++c) row[c] = row[c] * inv * wf[c];
-      from_f32(row, y.at(r, c0), y.dtype, n);
+      const float* xr = f32_at(x, r, c0, n, row);
+      float* yr = out_at(y, r, c0, row);
+      __m256 vss = _mm256_setzero_ps();
+      for_chunks8(n, [&](const Chunk8& k) {
+        const __m256 v = k.load(xr);
+        vss = _mm256_fmadd_ps(v, v, vss);
+      });
+      const float inv = 1.0f / std::sqrt(hsum8(vss) / float(n) + eps);
+      const __m256 vinv = _mm256_set1_ps(inv);
+      for_chunks8(n, [&](const Chunk8& k) {
+        k.store(yr, _mm256_mul_ps(_mm256_mul_ps(k.load(xr), vinv), k.load(wf)));
+      });
+      store_at(y, r, c0, n, yr);
     }
 }
 
 void rmsnorm_backward(const Mat& x, const Mat& w, int64_t group, float eps, const Mat& dy,
                       const Mat& dx, const Mat& dw, float* ws) {
-  float* xr = ws;
-  float* gr = xr + group;
-  float* wf = gr + group;
+  float* xbuf = ws;
+  float* gbuf = xbuf + group;
+  float* wf = gbuf + group;
   to_f32(w.at(0, 0), w.dtype, wf, group);
   float* dwp = dw.f32();
   const int64_t n = group;
   for (int64_t r = 0; r < x.rows; ++r)
     for (int64_t c0 = 0; c0 < x.cols; c0 += n) {
-      to_f32(x.at(r, c0), x.dtype, xr, n);
-      to_f32(dy.at(r, c0), dy.dtype, gr, n);
-      float ss = 0.0f, dot = 0.0f;
-#pragma omp simd reduction(+ : ss, dot)
-      for (int64_t c = 0; c < n; ++c) {
-        ss += xr[c] * xr[c];
-        dot += wf[c] * gr[c] * xr[c];
-      }
-      const float inv = 1.0f / std::sqrt(ss / float(n) + eps);
-      const float k = dot * inv * inv * inv / float(n);
-#pragma omp simd
-      for (int64_t c = 0; c < n; ++c) {
-        dwp[c] += gr[c] * xr[c] * inv;
-        gr[c] = wf[c] * gr[c] * inv - xr[c] * k;
-      }
-      from_f32(gr, dx.at(r, c0), dx.dtype, n);
+      // dx may be dy (in place): each element of gr is read before dxr's is written.
+      const float* xr = f32_at(x, r, c0, n, xbuf);
+      const float* gr = f32_at(dy, r, c0, n, gbuf);
+      float* dxr = out_at(dx, r, c0, gbuf);
+      __m256 vss = _mm256_setzero_ps(), vdot = _mm256_setzero_ps();
+      for_chunks8(n, [&](const Chunk8& k) {
+        const __m256 xv = k.load(xr);
+        vss = _mm256_fmadd_ps(xv, xv, vss);
+        vdot = _mm256_fmadd_ps(_mm256_mul_ps(k.load(wf), k.load(gr)), xv, vdot);
+      });
+      const float inv = 1.0f / std::sqrt(hsum8(vss) / float(n) + eps);
+      const __m256 vinv = _mm256_set1_ps(inv),
+                   vk = _mm256_set1_ps(hsum8(vdot) * inv * inv * inv / float(n));
+      for_chunks8(n, [&](const Chunk8& k) {
+        const __m256 xv = k.load(xr), gv = k.load(gr);
+        k.store(dwp, _mm256_fmadd_ps(_mm256_mul_ps(gv, xv), vinv, k.load(dwp)));
+        k.store(dxr, _mm256_fmsub_ps(_mm256_mul_ps(k.load(wf), gv), vinv, _mm256_mul_ps(xv, vk)));
+      });
+      store_at(dx, r, c0, n, dxr);
     }
 }
 
-// Max-subtracted log-sum-exp in fp32 with the row sum in fp64.
+// Max-subtracted log-sum-exp on eight lanes: exp8 (vec_math.h) in fp32, the row sum in fp64 in
+// a fixed lane order. Three passes over a row (max; exp and sum; scale) while it sits in cache,
+// instead of libm's expf per element, which made this the step's largest elementwise cost.
 double cross_entropy(const Mat& logits, std::span<const int32_t> labels, float scale) {
   const int64_t v = logits.cols;
+  const __m256 neg_inf = _mm256_set1_ps(-INFINITY);
   double loss = 0;
   for (int64_t r = 0; r < logits.rows; ++r) {
     float* row = static_cast<float*>(logits.at(r, 0));
@@ -161,49 +178,72 @@ double cross_entropy(const Mat& logits, std::span<const int32_t> labels, float s
       std::fill_n(row, v, 0.0f);
       continue;
     }
-    const float m = *std::max_element(row, row + v);
+    __m256 vmax = neg_inf;
+    for_chunks8(
+        v, [&](const Chunk8& k) { vmax = _mm256_max_ps(vmax, k.select(k.load(row), neg_inf)); });
+    const float m = hmax8(vmax);
     const float target = row[label];
-    double sum = 0;
-    for (int64_t j = 0; j < v; ++j) {
-      row[j] = std::exp(row[j] - m);
-      sum += row[j];
-    }
+    const __m256 vm = _mm256_set1_ps(m);
+    __m256d sum_lo = _mm256_setzero_pd(), sum_hi = _mm256_setzero_pd();
+    for_chunks8(v, [&](const Chunk8& k) {
+      const __m256 e = k.select(exp8(_mm256_sub_ps(k.load(row), vm)), _mm256_setzero_ps());
+      k.store(row, e);
+      sum_lo = _mm256_add_pd(sum_lo, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+      sum_hi = _mm256_add_pd(sum_hi, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+    });
+    const double sum = hsum4d(_mm256_add_pd(sum_lo, sum_hi));
     loss += double(m) + std::log(sum) - double(target);
-    const float p = float(double(scale) / sum);
-    for (int64_t j = 0; j < v; ++j) row[j] *= p;
+    const __m256 p = _mm256_set1_ps(float(double(scale) / sum));
+    for_chunks8(v, [&](const Chunk8& k) { k.store(row, _mm256_mul_ps(k.load(row), p)); });
     row[label] -= scale;
   }
   return loss;
 }
 
+namespace {
+
+// sigmoid(x) = 1 / (1 + exp(-x)), finite for every x because exp8 clamps its argument.
+__m256 sigmoid8(__m256 x) {
+  const __m256 one = _mm256_set1_ps(1.0f);
+  return _mm256_div_ps(one, _mm256_add_ps(one, exp8(neg8(x))));
+}
+
+}  // namespace
+
+// SwiGLU on eight lanes with exp8; fp32 rows are read and written in place, other dtypes go
+// through the workspace rows.
 void swiglu_forward(const Mat& a, const Mat& b, const Mat& h, float* ws) {
-  float* ar = ws;
-  float* br = ar + a.cols;
   for (int64_t r = 0; r < a.rows; ++r) {
-    load_row(a, r, ar);
-    load_row(b, r, br);
-    for (int64_t c = 0; c < a.cols; ++c) ar[c] = silu(ar[c]) * br[c];
-    store_row(h, r, ar);
+    const float* ar = f32_at(a, r, 0, a.cols, ws);
+    const float* br = f32_at(b, r, 0, a.cols, ws + a.cols);
+    float* hr = out_at(h, r, 0, ws + 2 * a.cols);
+    for_chunks8(a.cols, [&](const Chunk8& k) {
+      const __m256 x = k.load(ar);
+      k.store(hr, _mm256_mul_ps(_mm256_mul_ps(x, sigmoid8(x)), k.load(br)));
+    });
+    store_at(h, r, 0, a.cols, hr);
   }
 }
 
 void swiglu_backward(const Mat& a, const Mat& b, const Mat& dh, const Mat& da, const Mat& db,
                      float* ws) {
-  float* ar = ws;
-  float* br = ar + a.cols;
-  float* gr = br + a.cols;
+  const __m256 one = _mm256_set1_ps(1.0f);
   for (int64_t r = 0; r < a.rows; ++r) {
-    load_row(a, r, ar);
-    load_row(b, r, br);
-    load_row(dh, r, gr);
-    for (int64_t c = 0; c < a.cols; ++c) {
-      const float x = ar[c], sg = 1.0f / (1.0f + std::exp(-x));
-      const float g = gr[c];
-      ar[c] = g * br[c] * sg * (1.0f + x * (1.0f - sg));
-      br[c] = g * x * sg;
-    }
-    store_row(da, r, ar);
-    store_row(db, r, br);
+    // da and db may be written over a's and b's staged rows: each chunk is read before written.
+    const float* ar = f32_at(a, r, 0, a.cols, ws);
+    const float* br = f32_at(b, r, 0, a.cols, ws + a.cols);
+    const float* gr = f32_at(dh, r, 0, a.cols, ws + 2 * a.cols);
+    float* dar = out_at(da, r, 0, ws);
+    float* dbr = out_at(db, r, 0, ws + a.cols);
+    for_chunks8(a.cols, [&](const Chunk8& k) {
+      const __m256 x = k.load(ar), y = k.load(br), g = k.load(gr), sg = sigmoid8(x);
+      // da = g b sg (1 + x (1 - sg)), db = g x sg, in the order of the scalar reference.
+      const __m256 dsilu = _mm256_add_ps(one, _mm256_mul_ps(x, _mm256_sub_ps(one, sg)));
+      k.store(dar, _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(g, y), sg), dsilu));
+      k.store(dbr, _mm256_mul_ps(_mm256_mul_ps(g, x), sg));
+    });
+    store_at(da, r, 0, a.cols, dar);
+    store_at(db, r, 0, a.cols, dbr);
   }
 }
 

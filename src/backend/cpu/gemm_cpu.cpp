@@ -23,10 +23,11 @@ namespace {
 
 // Widest N that runs on the matmul primitive. Measured on AVX-512 (docs/kernels.md): oneDNN 2.6's
 // brgemm matmul beats sgemm by 5-60% up to N = 256 (every block of the bf16 path, the per-stage
-// projections) and loses 5-30% beyond, where sgemm's own driver is the faster one. The
-// gemm-based matmul oneDNN falls back to calls that same driver and, with a sum post-op, adds a
-// pass over C; so those problems call sgemm directly.
-constexpr int64_t kMatmulMaxN = 256;
+// projections) and at N = 512 by 10-50% with a transposed A (weight gradients such as the LM
+// head's 8192x512x1024) and up to 30% otherwise (0.9-1.0 at worst); beyond, from N = 768, sgemm's
+// own driver is mostly the faster one. The gemm-based matmul oneDNN falls back to calls that
+// same driver and, with a sum post-op, adds a pass over C; so those problems call sgemm directly.
+constexpr int64_t kMatmulMaxN = 512;
 // Created products kept per thread. A training step uses a few dozen shapes (every stage of a
 // strategy and every layer repeat them); the bound only stops a shape sweep from hoarding JIT
 // code.

@@ -65,11 +65,50 @@ inline float hmax8(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
+inline double hsum4d(__m256d v) {
+  const __m128d s = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
+  return _mm_cvtsd_f64(_mm_add_sd(s, _mm_unpackhi_pd(s, s)));
+}
+
+inline __m256 neg8(__m256 x) {
+  return _mm256_xor_ps(x, _mm256_set1_ps(-0.0f));
+}
+
 // Lanes [0, n) all ones, the rest zero (n <= 0: none; n >= 8: all).
 inline __m256 lane_mask(int64_t n) {
   const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   n = n < 0 ? 0 : (n > 8 ? 8 : n);
   return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(int32_t(n)), iota));
+}
+
+// Eight consecutive floats at offset c of a row, or the fewer that remain at its end (masked
+// loads read zeros there and masked stores leave the memory alone).
+struct Chunk8 {
+  int64_t c;
+  bool full;
+  __m256i mask;
+  __m256 load(const float* row) const {
+    return full ? _mm256_loadu_ps(row + c) : _mm256_maskload_ps(row + c, mask);
+  }
+  void store(float* row, __m256 x) const {
+    if (full)
+      _mm256_storeu_ps(row + c, x);
+    else
+      _mm256_maskstore_ps(row + c, mask, x);
+  }
+  // x in the chunk's lanes, `fill` in the lanes past the row's end.
+  __m256 select(__m256 x, __m256 fill) const {
+    return full ? x : _mm256_blendv_ps(fill, x, _mm256_castsi256_ps(mask));
+  }
+};
+
+// Calls f(Chunk8) over [0, n) in order: full chunks (where `full` is a constant once inlined,
+// so the loop has no masks), then the masked tail.
+template <class F>
+inline void for_chunks8(int64_t n, F&& f) {
+  int64_t c = 0;
+  for (; c + 8 <= n; c += 8) f(Chunk8{c, true, _mm256_setzero_si256()});
+  if (c < n) f(Chunk8{c, false, _mm256_castps_si256(lane_mask(n - c))});
 }
 
 }  // namespace upipe::cpu
