@@ -432,8 +432,8 @@ def run_torch(config, s, iters, attn):
 
 
 def section_model(quick):
-    s, iters = (512, 2) if quick else (1024, 3)
-    reps = 1 if quick else 2
+    s, iters = (512, 2) if quick else (1024, 5)
+    reps = 1 if quick else 3
     have_torch = os.path.exists(TORCH_PYTHON)
     with tempfile.TemporaryDirectory(prefix="upipe_bench_model_") as d:
         config = os.path.join(d, "config.json")
@@ -446,24 +446,37 @@ def section_model(quick):
                 ("upipe upipe (U=C), checkpoints per block", 2,
                  ["--method", "upipe", "--checkpoint-granularity", "block"])]
         torch_runs = [("PyTorch eager, sdpa", "sdpa"), ("PyTorch eager, eager attention", "eager")]
-        best, cmds = {}, []
+        best, cmds, rounds = {}, [], []
         faster = lambda j, label: label not in best or j["step_s"] < best[label]["step_s"]
-        # Interleaved repetitions, best of each (this VM's speed drifts; see the speed section).
+        # Interleaved rounds (this VM's speed drifts by tens of percent over minutes): each row
+        # shows its best round; the ratio to PyTorch is taken within each round, then the median.
         for _ in range(reps):
+            this = {}
             for label, ranks, knobs in runs:
                 shown, j, err = run([a.replace("CONFIG", d) for a in base] + knobs, ranks=ranks if ranks > 1 else None)
                 shown = shown.replace(d, "DIR")
                 if shown not in cmds:
                     cmds.append(shown)
-                if j is not None and faster(j, label):
-                    best[label] = j
+                if j is not None:
+                    this[label] = j["step_s"]
+                    if faster(j, label):
+                        best[label] = j
             for label, attn in torch_runs if have_torch else []:
                 shown, j, err = run_torch(config, s, iters, attn)
                 if shown not in cmds:
                     cmds.append(shown)
-                if j is not None and faster(j, label):
-                    best[label] = j
-    torch_best = min((best[l]["step_s"] for l, _ in torch_runs if l in best), default=None)
+                if j is not None:
+                    this[label] = j["step_s"]
+                    if faster(j, label):
+                        best[label] = j
+            rounds.append(this)
+    def ratio_median(label):
+        """Median over rounds of (the faster PyTorch step in that round) / (label's step)."""
+        rs = sorted(min(r[l] for l, _ in torch_runs if l in r) / r[label] for r in rounds
+                    if label in r and any(l in r for l, _ in torch_runs))
+        if not rs:
+            return None
+        return rs, (rs[len(rs) // 2] if len(rs) % 2 else (rs[len(rs) // 2 - 1] + rs[len(rs) // 2]) / 2)
     rows = []
     for label in [r[0] for r in runs] + [t[0] for t in torch_runs]:
         j = best.get(label)
@@ -471,7 +484,8 @@ def section_model(quick):
             if label.startswith("upipe") or have_torch:
                 rows.append([label, "failed", "", "", "", "", "", ""])
             continue
-        ratio = "%.2f×" % (torch_best / j["step_s"]) if torch_best else "—"
+        rm = ratio_median(label)
+        ratio = ("%.2f× (%s)" % (rm[1], ", ".join("%.2f" % x for x in rm[0]))) if rm else "—"
         rows.append([label, j.get("ranks", 1), "%.3f" % j["step_s"], "%.3f" % j["fwd_s"], "%.3f" % j["bwd_s"],
                      "%.0f" % j["tokens_per_s"], mib(j["peak_bytes"]) if "peak_bytes" in j else "—", ratio])
     m = MODEL_CONFIG
@@ -483,9 +497,10 @@ def section_model(quick):
             "block` the MLP's input is kept too and the layer's attention is not recomputed, the blocks still "
             "recompute their own internals; T=1024 tiles); PyTorch: "
             "transformers %s, torch %s, `torch.set_num_threads(1)`, no checkpointing "
-            "(bench/bench_model_torch.py). Each row is the median of %d steps after a warm-up, best of %d "
-            "interleaved runs; 2-rank times are the slower rank's, with both ranks on this machine's %d shared "
-            "cores. *vs PyTorch* = the faster PyTorch step time / this row's step time (> 1: upipe is faster)."
+            "(bench/bench_model_torch.py). Each row is the median of %d steps after a warm-up, the best of %d "
+            "interleaved rounds; 2-rank times are the slower rank's, with both ranks on this machine's %d shared "
+            "cores. *vs PyTorch* = in each round, the faster PyTorch step time / this row's step time (> 1: "
+            "upipe is faster); the median over the rounds, each round's ratio in brackets."
             % (m["hidden_size"], m["intermediate_size"], m["num_hidden_layers"], m["num_attention_heads"],
                m["num_key_value_heads"], m["head_dim"], m["vocab_size"],
                best["upipe local"]["parameters"] / 1e6 if "upipe local" in best else float("nan"), s,
