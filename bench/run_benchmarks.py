@@ -442,6 +442,7 @@ def section_model(quick):
         base = ["bench", "model", "--model", "CONFIG", "--seq-len", str(s), "--iters", str(iters), "--dtype", "fp32"]
         runs = [("upipe local", 1, ["--method", "local"]),
                 ("upipe local, checkpoints per block", 1, ["--method", "local", "--checkpoint-granularity", "block"]),
+                ("upipe local, no checkpoints (none)", 1, ["--method", "local", "--checkpoint-granularity", "none"]),
                 ("upipe upipe (U=C)", 2, ["--method", "upipe"]),
                 ("upipe upipe (U=C), checkpoints per block", 2,
                  ["--method", "upipe", "--checkpoint-granularity", "block"])]
@@ -494,8 +495,9 @@ def section_model(quick):
             "random weights, fp32. One training step = forward to transformers' `labels = input_ids` loss and "
             "backward to every gradient. upipe: `upipe bench model` (full activation checkpointing: each layer "
             "is recomputed in backward, so it does more arithmetic than PyTorch; with `--checkpoint-granularity "
-            "block` the MLP's input is kept too and the layer's attention is not recomputed, the blocks still "
-            "recompute their own internals; T=1024 tiles); PyTorch: "
+            "block` the MLP's input is kept too and the layer's attention is not recomputed; with `none` also "
+            "the MLP's gate and up products, so only the attention block's own internals are recomputed; "
+            "T=1024 tiles); PyTorch: "
             "transformers %s, torch %s, `torch.set_num_threads(1)`, no checkpointing "
             "(bench/bench_model_torch.py). Each row is the median of %d steps after a warm-up, the best of %d "
             "interleaved rounds; 2-rank times are the slower rank's, with both ranks on this machine's %d shared "

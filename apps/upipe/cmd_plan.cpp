@@ -262,7 +262,8 @@ Runner add_plan(CLI::App& cmd) {
   cmd.add_option("--checkpoint-dtype", opt->checkpoint_dtype,
                  "layer checkpoints stored as fp32 (exact, default) or bf16 (half the bytes)");
   cmd.add_option("--checkpoint-granularity", opt->checkpoint_granularity,
-                 "checkpoint per layer (default) or per block (twice the checkpoints)");
+                 "layer (default), block (twice the checkpoints) or none (block + the MLP's "
+                 "products kept)");
   cmd.add_option("--residual-dtype", opt->residual_dtype,
                  "residual stream and its gradient: fp32 (default) or bf16 (with --dtype bf16)");
   cmd.add_flag("--json", opt->json, "JSON output");

@@ -39,7 +39,8 @@ void add_model_options(CLI::App& cmd, ModelOptions& o) {
                  "layer checkpoints stored as fp32 (exact) or bf16 (half the bytes)")
       ->capture_default_str();
   cmd.add_option("--checkpoint-granularity", o.checkpoint_granularity,
-                 "checkpoint per layer, or per block (the attention forward runs once less)")
+                 "layer, block (the attention forward runs once less) or none (block + the MLP's "
+                 "products kept)")
       ->capture_default_str();
   cmd.add_option("--residual-dtype", o.residual_dtype,
                  "residual stream and its gradient: fp32, or bf16 with --dtype bf16")

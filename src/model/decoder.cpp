@@ -28,11 +28,17 @@ ParamMap allocate_params(Device& dev, const ModelConfig& m, DType dtype, Tag tag
 CheckpointGranularity parse_checkpoint_granularity(const std::string& s) {
   if (s == "layer") return CheckpointGranularity::kLayer;
   if (s == "block") return CheckpointGranularity::kBlock;
-  throw ConfigError(fmt::format("unknown checkpoint granularity '{}'; use layer or block", s));
+  if (s == "none") return CheckpointGranularity::kNone;
+  throw ConfigError(
+      fmt::format("unknown checkpoint granularity '{}'; use layer, block or none", s));
 }
 
 const char* granularity_name(CheckpointGranularity g) {
-  return g == CheckpointGranularity::kBlock ? "block" : "layer";
+  switch (g) {
+    case CheckpointGranularity::kBlock: return "block";
+    case CheckpointGranularity::kNone: return "none";
+    default: return "layer";
+  }
 }
 
 namespace {
@@ -149,7 +155,12 @@ StepLoss Decoder::run(std::span<const int32_t> tokens, ParamSource& p, const Los
   // arena, fetched back into device slots by the backward (a device with asynchronous copies
   // overlaps the fetch with the layer above's work; on the CPU the copy is a memcpy).
   const bool offload = opt_.offload_checkpoints;
-  const bool per_block = opt_.checkpoint_granularity == CheckpointGranularity::kBlock;
+  const bool per_block = opt_.checkpoint_granularity != CheckpointGranularity::kLayer;
+  const bool keep_mlp = opt_.checkpoint_granularity == CheckpointGranularity::kNone;
+  std::vector<Tensor> kept;  // keep_mlp: layer l's gate and up products, kept[2l], kept[2l + 1]
+  auto kept_of = [&](int l) {
+    return MlpKept{kept[2 * size_t(l)].mat(), kept[2 * size_t(l) + 1].mat()};
+  };
   const size_t per_layer = per_block ? 2 : 1;  // checkpoint i = per_layer * l (+ 1: xm)
   const DType ct = opt_.checkpoint_dtype;
   std::vector<Tensor> ckpt;
@@ -174,7 +185,13 @@ StepLoss Decoder::run(std::span<const int32_t> tokens, ParamSource& p, const Los
     strat_->forward(h, attn_weights(w, l), x, 1.0f);
     if (per_block) save();
     rmsnorm_forward(dev_, x, norm_w(w, l, LayerWeight::kPostAttnNorm), eps, h);
-    mlp_forward(dev_, mc, h, mlp_w(w, l), x, 1.0f);
+    if (keep_mlp) {
+      for (int i = 0; i < 2; ++i) kept.emplace_back(mem, Tag::kMlp, t, rows, m_.intermediate_size);
+      const MlpKept k = kept_of(l);
+      mlp_forward(dev_, mc, h, mlp_w(w, l), x, 1.0f, &k);
+    } else {
+      mlp_forward(dev_, mc, h, mlp_w(w, l), x, 1.0f);
+    }
     p.release(layer_unit(l));
   }
   // Final norm and the fused LM head + loss: labels are the next global position's token.
@@ -264,13 +281,20 @@ StepLoss Decoder::run(std::span<const int32_t> tokens, ParamSource& p, const Los
       {
         Tensor h2(mem, Tag::kMlp, t, n, d);
         rmsnorm_forward(dev_, xt, norm_w(w, l, LayerWeight::kPostAttnNorm), eps, h2);
+        MlpKept k;
+        if (keep_mlp) {
+          const MlpKept all = kept_of(l);
+          k = MlpKept{all.a.rows_of(r0, n), all.b.rows_of(r0, n)};
+        }
         mlp_backward(dev_, mc, h2, dxt, mlp_w(w, l), g2, MlpGrads{gm.gate, gm.up, gm.down}, 0.0f,
-                     r0 == 0 ? 0.0f : 1.0f);
+                     r0 == 0 ? 0.0f : 1.0f, keep_mlp ? &k : nullptr);
       }
       rmsnorm_backward(dev_, xt, norm_w(w, l, LayerWeight::kPostAttnNorm), eps, g2, g2, gpost);
       add_into(dev_, dxt, g2);
     }
     xm.reset();
+    if (keep_mlp)
+      for (int i = 0; i < 2; ++i) kept[2 * size_t(l) + size_t(i)].reset();
     // Attention: d/dh, then through the input norm. The next layer's checkpoints are fetched once
     // the attention's backward is done, so only one slot is held through it (the copy overlaps
     // the norm's backward; at long S it is a small fraction of a layer's attention time).

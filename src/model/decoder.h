@@ -30,10 +30,13 @@ namespace upipe {
 ParamMap allocate_params(Device& dev, const ModelConfig& m, DType dtype, Tag tag);
 
 // What backward recomputes from: one checkpoint per layer (its input residual; backward runs the
-// attention forward again to rebuild the MLP's input), or one per block (the MLP's input residual
-// too: twice the checkpoint bytes, and the attention forward runs once less per layer).
-enum class CheckpointGranularity { kLayer, kBlock };
-CheckpointGranularity parse_checkpoint_granularity(const std::string& s);  // "layer" | "block"
+// attention forward again to rebuild the MLP's input), one per block (the MLP's input residual
+// too: twice the checkpoint bytes, and the attention forward runs once less per layer), or none:
+// per block, and the MLP's gate and up products of every row are kept too (two (S/C, F) per layer,
+// tag mlp), so the MLP recomputes nothing; only the attention block's internals are recomputed.
+enum class CheckpointGranularity { kLayer, kBlock, kNone };
+// "layer" | "block" | "none"
+CheckpointGranularity parse_checkpoint_granularity(const std::string& s);
 const char* granularity_name(CheckpointGranularity g);
 
 struct DecoderOptions {

@@ -59,19 +59,31 @@ void gate_up(Device& dev, const Mat& x, const MlpWeights& w, const Mat& a, const
   gemm(dev, x, false, w.up, true, b);
 }
 
+void check_kept(const MlpConfig& c, const Mat& x, const MlpKept* k) {
+  if (!k) return;
+  UPIPE_CHECK(shape_is(k->a, x.rows, c.intermediate) && shape_is(k->b, x.rows, c.intermediate) &&
+                  k->a.dtype == c.dtype && k->b.dtype == c.dtype,
+              "mlp kept products must be ({}, {}) {}", x.rows, c.intermediate, dtype_name(c.dtype));
+}
+
 }  // namespace
 
 void mlp_forward(Device& dev, const MlpConfig& c, const Mat& x, const MlpWeights& w, const Mat& y,
-                 float beta) {
+                 float beta, const MlpKept* keep) {
   check_config(c);
   check_weights(c, w);
   check_rows(c, x, y, "y");
   check_beta(beta, "beta");
+  check_kept(c, x, keep);
   const int64_t f = c.intermediate;
   for (int64_t r0 = 0; r0 < x.rows; r0 += c.tile_tokens) {
     const int64_t t = std::min(c.tile_tokens, x.rows - r0);
     Tensor h(dev.mem(), Tag::kMlp, c.dtype, t, f);  // (T, F)
-    {
+    if (keep) {
+      const Mat a = keep->a.rows_of(r0, t), b = keep->b.rows_of(r0, t);
+      gate_up(dev, x.rows_of(r0, t), w, a, b);
+      swiglu_forward(dev, a, b, h);
+    } else {
       Tensor a(dev.mem(), Tag::kMlp, c.dtype, t, f), b(dev.mem(), Tag::kMlp, c.dtype, t, f);
       gate_up(dev, x.rows_of(r0, t), w, a, b);
       swiglu_forward(dev, a, b, h);
@@ -81,9 +93,11 @@ void mlp_forward(Device& dev, const MlpConfig& c, const Mat& x, const MlpWeights
 }
 
 void mlp_backward(Device& dev, const MlpConfig& c, const Mat& x, const Mat& dy, const MlpWeights& w,
-                  const Mat& dx, const MlpGrads& g, float dx_beta, float dw_beta) {
+                  const Mat& dx, const MlpGrads& g, float dx_beta, float dw_beta,
+                  const MlpKept* kept) {
   check_config(c);
   check_weights(c, w);
+  check_kept(c, x, kept);
   check_rows(c, x, dy, "dy");
   check_rows(c, x, dx, "dx");
   check_beta(dx_beta, "dx_beta");
@@ -104,8 +118,14 @@ void mlp_backward(Device& dev, const MlpConfig& c, const Mat& x, const Mat& dy, 
     const Mat xt = x.rows_of(r0, t), dyt = dy.rows_of(r0, t);                         // (T, D)
     Tensor da(dev.mem(), Tag::kMlp, f32, t, f), db(dev.mem(), Tag::kMlp, f32, t, f);  // (T, F)
     {
-      Tensor a(dev.mem(), Tag::kMlp, c.dtype, t, f), b(dev.mem(), Tag::kMlp, c.dtype, t, f);
-      gate_up(dev, xt, w, a, b);
+      Tensor at, bt;  // the recomputed products (none when kept)
+      if (!kept) {
+        at = Tensor(dev.mem(), Tag::kMlp, c.dtype, t, f);
+        bt = Tensor(dev.mem(), Tag::kMlp, c.dtype, t, f);
+        gate_up(dev, xt, w, at, bt);
+      }
+      const Mat a = kept ? kept->a.rows_of(r0, t) : at.mat(),
+                b = kept ? kept->b.rows_of(r0, t) : bt.mat();
       {
         Tensor h(dev.mem(), Tag::kMlp, c.dtype, t, f);
         swiglu_forward(dev, a, b, h);
@@ -125,22 +145,22 @@ void mlp_backward(Device& dev, const MlpConfig& c, const Mat& x, const Mat& dy, 
   }
 }
 
-int64_t mlp_forward_peak_bytes(const Backend& be, const MlpConfig& c, int64_t rows) {
+int64_t mlp_forward_peak_bytes(const Backend& be, const MlpConfig& c, int64_t rows, bool kept) {
   check_config(c);
   if (rows == 0) return 0;
   const int64_t d = c.hidden, f = c.intermediate;
   const DType t = c.dtype;
   int64_t peak = 0;
   for (int64_t n : tile_rows(c, rows)) {
-    const int64_t tile = mat_bytes(n, f, t);
-    peak = std::max({peak, 3 * tile + gemm_workspace_bytes(be, n, f, d, t, t, t),
-                     3 * tile + swiglu_workspace_bytes(be, f),
+    const int64_t tile = mat_bytes(n, f, t), ab = kept ? 0 : 2 * tile;
+    peak = std::max({peak, tile + ab + gemm_workspace_bytes(be, n, f, d, t, t, t),
+                     tile + ab + swiglu_workspace_bytes(be, f),
                      tile + gemm_workspace_bytes(be, n, d, f, t, t, c.out_dtype())});
   }
   return peak;
 }
 
-int64_t mlp_backward_peak_bytes(const Backend& be, const MlpConfig& c, int64_t rows) {
+int64_t mlp_backward_peak_bytes(const Backend& be, const MlpConfig& c, int64_t rows, bool kept) {
   check_config(c);
   if (rows == 0) return 0;
   const int64_t d = c.hidden, f = c.intermediate;
@@ -151,9 +171,9 @@ int64_t mlp_backward_peak_bytes(const Backend& be, const MlpConfig& c, int64_t r
   int64_t peak = 0;
   for (int64_t n : tile_rows(c, rows)) {
     const int64_t tile = mat_bytes(n, f, t), grad = mat_bytes(n, f, f32);
-    const int64_t dadb = 2 * grad, ab = 2 * tile;
+    const int64_t dadb = 2 * grad, ab = kept ? 0 : 2 * tile;
     const int64_t acc = FpAccumulator::bytes(n, d, o);
-    peak = std::max({peak, dadb + ab + ws(n, f, d, t, t, t),            // a, b
+    peak = std::max({peak, kept ? 0 : dadb + ab + ws(n, f, d, t, t, t),  // a, b
                      dadb + ab + tile + swiglu_workspace_bytes(be, f),  // h
                      dadb + ab + tile + ws(d, f, n, o, t, f32),         // dW_down
                      dadb + ab + grad + ws(n, f, d, o, t, f32),         // dh

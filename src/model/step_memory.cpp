@@ -24,7 +24,13 @@ DecoderStepBytes decoder_step_bytes(const Backend& be, const ModelConfig& m,
   const int64_t res = mat_bytes(rows, d, rt), half = mat_bytes(rows, d, t);
   // Checkpoints: k per layer (the layer's input; per block also the MLP's input residual xm).
   const bool offload = opt.offload_checkpoints;
-  const int64_t k = opt.checkpoint_granularity == CheckpointGranularity::kBlock ? 2 : 1;
+  const int64_t k = opt.checkpoint_granularity == CheckpointGranularity::kLayer ? 1 : 2;
+  // Per layer with --checkpoint-granularity none: the MLP's kept gate and up products (tag mlp),
+  // all L through the loss, L - 1 once the last layer's MLP backward is done.
+  const bool keep_mlp = opt.checkpoint_granularity == CheckpointGranularity::kNone;
+  const int64_t kept = keep_mlp ? 2 * mat_bytes(rows, m.intermediate_size, t) : 0;
+  const int64_t kept_all = checked_mul(layers, kept, "kept MLP bytes"),
+                kept_rest = kept_all - kept;
   const int64_t one_ckpt = mat_bytes(rows, d, opt.checkpoint_dtype);
   const int64_t all_ckpt = checked_mul(k * layers, one_ckpt, "checkpoint bytes");
   // Device checkpoints: after the last layer's xm checkpoint is consumed (per block) ...
@@ -56,19 +62,20 @@ DecoderStepBytes decoder_step_bytes(const Backend& be, const ModelConfig& m,
   const int64_t start_ckpt = offload ? k * one_ckpt : all_ckpt;
   const int64_t tile = std::min(opt.tile_tokens, rows);
   const int64_t h2 = mat_bytes(tile, d, t), g2 = mat_bytes(tile, d, rt);
-  const int64_t mlp_bwd = mlp_backward_peak_bytes(be, mc, rows);
+  const int64_t mlp_bwd = mlp_backward_peak_bytes(be, mc, rows, keep_mlp);
+  const int64_t mlp_fwd = mlp_forward_peak_bytes(be, mc, rows, keep_mlp);
   const int64_t attn_act = 2 * res + half;  // dx, h, and xm or dh
   b.act = std::max(2 * res + half, 3 * res);  // the loss phase's x, h, dh, then x, dh, dx
-  b.mlp = std::max(mlp_peak_bytes(be, mc, rows), h2 + g2 + mlp_bwd);
+  b.mlp = kept_all + std::max(mlp_fwd, h2 + g2 + mlp_bwd);
   const int64_t step = std::max({
-      loss_ckpt + res + half + std::max(mlp_forward_peak_bytes(be, mc, rows), norm_ws),
-      loss_ckpt + 2 * res + half + std::max(b.logits, norm_ws),
-      loss_ckpt + 3 * res + norm_ws,
-      start_ckpt + res + half + norm_ws,
-      start_ckpt + attn_act,
-      last_ckpt + attn_act + std::max(attn_bytes, norm_ws),
-      last_ckpt + attn_act + std::max({h2 + g2 + mlp_bwd, h2 + norm_ws, g2 + norm_ws}),
-      next_ckpt + 2 * res + norm_ws,
+      loss_ckpt + kept_all + res + half + std::max(mlp_fwd, norm_ws),
+      loss_ckpt + kept_all + 2 * res + half + std::max(b.logits, norm_ws),
+      loss_ckpt + kept_all + 3 * res + norm_ws,
+      start_ckpt + kept_all + res + half + norm_ws,
+      start_ckpt + kept_all + attn_act,
+      last_ckpt + kept_rest + attn_act + std::max(attn_bytes, norm_ws),
+      last_ckpt + kept_all + attn_act + std::max({h2 + g2 + mlp_bwd, h2 + norm_ws, g2 + norm_ws}),
+      next_ckpt + kept_rest + 2 * res + norm_ws,
   });
   b.peak = checked_add(b.params + b.grads, step, "step bytes");
   return b;

@@ -64,7 +64,8 @@ std::vector<Field> fields(RunConfig& c) {
       {"train.residual_dtype", &c.train.residual_dtype,
        "residual stream and its gradient: fp32, or bf16 with train.dtype = bf16"},
       {"train.checkpoint_granularity", &c.train.checkpoint_granularity,
-       "layer (one checkpoint per layer) or block (two: attention runs once less per layer)"},
+       "layer (one checkpoint per layer), block (two: attention runs once less per layer) or "
+       "none (block + the MLP's products kept: nothing of the MLP recomputed)"},
       {"data.kind", &c.data.kind, "files, random or copy"},
       {"data.path", &c.data.path, "files: a .npy/.bin token file, a directory of them, or a glob"},
       {"checkpoint.dir", &c.checkpoint.dir, "where checkpoints go; \"\" = no checkpoints"},
@@ -387,9 +388,9 @@ void validate(const RunConfig& c) {
   if (t.residual_dtype == "bf16" && t.dtype != "bf16")
     bad("train.residual_dtype", "bf16 needs train.dtype = bf16 (the residual stream is fp32 or "
                                 "the compute dtype)");
-  if (!one_of(t.checkpoint_granularity, {"layer", "block"}))
+  if (!one_of(t.checkpoint_granularity, {"layer", "block", "none"}))
     bad("train.checkpoint_granularity",
-        fmt::format("'{}' is unknown; choose layer or block", t.checkpoint_granularity));
+        fmt::format("'{}' is unknown; choose layer, block or none", t.checkpoint_granularity));
   if (t.tile_tokens < 1 || t.tile_tokens > (int64_t(1) << 30))
     bad("train.tile_tokens", fmt::format("must be in [1, 2^30], got {}", t.tile_tokens));
   if (!one_of(c.data.kind, {"files", "random", "copy"}))

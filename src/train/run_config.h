@@ -43,7 +43,7 @@ struct RunConfig {
     bool offload_checkpoints = false;  // layer checkpoints in the host arena
     std::string checkpoint_dtype = "fp32";  // layer checkpoints' storage: fp32 | bf16
     std::string residual_dtype = "fp32";    // residual stream and its gradient: fp32 | bf16
-    std::string checkpoint_granularity = "layer";  // checkpoints per layer | block
+    std::string checkpoint_granularity = "layer";  // checkpoints per layer | block | none
     bool operator==(const Train&) const = default;
   } train;
   struct Data {

@@ -136,6 +136,8 @@ def build(root):
     case("--residual-dtype bf16 needs --dtype bf16", "eval", "--model", FIXTURE, "--tokens", tokens,
          "--residual-dtype", "bf16")
     case("unknown dtype 'fp16'", "eval", "--model", FIXTURE, "--tokens", tokens, "--residual-dtype", "fp16")
+    case("unknown checkpoint granularity 'op'", "eval", "--model", FIXTURE, "--tokens", tokens,
+         "--checkpoint-granularity", "op")
     # `upipe bench model` shares eval's model loading and checks.
     case("seq-len (9)", "bench", "model", "--model", FIXTURE, "--seq-len", "9", "--method", "ulysses")
     case("--seq-len", "bench", "model", "--model", "tiny", "--seq-len", "1")

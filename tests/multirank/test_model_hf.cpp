@@ -109,18 +109,22 @@ void check_model(const std::string& model, DType dtype, DType ckpt = DType::kF32
     }
     if (!bf16 && ckpt == DType::kF32) {
       // Checkpoints per block take the MLP's input from the forward instead of recomputing the
-      // attention: the same bits (offloaded too, for the first method).
-      for (bool offload : {false, true}) {
+      // attention, and with none the MLP's products too: the same bits (offloaded too, for the
+      // first method).
+      for (auto [cg, offload] : {std::pair{CheckpointGranularity::kBlock, false},
+                                 {CheckpointGranularity::kBlock, true},
+                                 {CheckpointGranularity::kNone, false}}) {
         if (offload && method != methods(comm.size()).front()) continue;
         DecoderOptions blk = opt;
-        blk.checkpoint_granularity = CheckpointGranularity::kBlock;
+        blk.checkpoint_granularity = cg;
         blk.offload_checkpoints = offload;
         const ParamMap g2 = allocate_params(dev, m, DType::kF32, Tag::kGrads);
         Decoder dec2(dev, comm, m, blk);
-        EXPECT_EQ(dec2.loss_and_grads(tokens, w, g2), loss) << model << " " << method << " block";
+        EXPECT_EQ(dec2.loss_and_grads(tokens, w, g2), loss)
+            << model << " " << method << " " << granularity_name(cg);
         for (const auto& [name, t] : g)
           EXPECT_EQ(download(dev, g2.at(name)), download(dev, t))
-              << model << " " << method << " block " << name;
+              << model << " " << method << " " << granularity_name(cg) << " " << name;
       }
     }
     const double loss_rel = std::abs(loss - loss64) / std::abs(loss64);

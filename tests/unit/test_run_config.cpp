@@ -228,7 +228,7 @@ TEST(RunConfig, ValidationNamesTheKey) {
       {"--comm.timeout_s=-1", "comm.timeout_s", ">= 0"},
       {"--train.checkpoint_dtype=fp16", "train.checkpoint_dtype", "choose fp32 or bf16"},
       {"--train.residual_dtype=fp16", "train.residual_dtype", "choose fp32 or bf16"},
-      {"--train.checkpoint_granularity=op", "train.checkpoint_granularity", "choose layer or block"},
+      {"--train.checkpoint_granularity=op", "train.checkpoint_granularity", "choose layer, block or none"},
       {"--train.residual_dtype=bf16", "train.residual_dtype", "needs train.dtype = bf16"},
   };
   for (const Case& k : cases) {

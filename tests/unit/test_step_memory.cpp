@@ -40,7 +40,8 @@ TEST(StepMemory, MetaStepPeaksAtTheClosedForm) {
                 for (DType ct : {DType::kF32, DType::kBF16})
                   for (DType rt : {DType::kF32, DType::kBF16})
                     for (CheckpointGranularity cg :
-                         {CheckpointGranularity::kLayer, CheckpointGranularity::kBlock}) {
+                         {CheckpointGranularity::kLayer, CheckpointGranularity::kBlock,
+                          CheckpointGranularity::kNone}) {
                 if (rt != DType::kF32 && rt != t) continue;  // fp32 or the compute dtype
                 DecoderOptions opt;
                 opt.checkpoint_granularity = cg;
@@ -75,8 +76,8 @@ TEST(StepMemory, MetaStepPeaksAtTheClosedForm) {
                 ++checked;
               }
   }
-  // residual: fp32, or bf16 with bf16 compute; checkpoints per layer or per block.
-  EXPECT_EQ(checked, 3 * (2 * 3 + 2 * 2 * 6) * 16 * 3 / 2 * 2);
+  // residual: fp32, or bf16 with bf16 compute; checkpoints per layer, per block or none.
+  EXPECT_EQ(checked, 3 * (2 * 3 + 2 * 2 * 6) * 16 * 3 / 2 * 3);
 }
 
 }  // namespace
