@@ -72,13 +72,7 @@ int run(Process& proc, const Options& opt) {
   nlohmann::json j = {{"model", m.source},
                       {"method", opt.model.method},
                       {"ranks", proc.world.size()},
-                      {"dtype", opt.model.dtype},
-                      {"residual_dtype", opt.model.residual_dtype},
-                      {"checkpoint_dtype", opt.model.checkpoint_dtype},
-                      {"checkpoint_granularity", opt.model.checkpoint_granularity},
                       {"seq_len", opt.seq_len},
-                      {"tile_tokens", opt.model.tile_tokens},
-                      {"offload_checkpoints", opt.model.offload_checkpoints},
                       {"parameters", parameter_count(m)},
                       {"iters", opt.iters},
                       {"loss", loss},
@@ -90,6 +84,7 @@ int run(Process& proc, const Options& opt) {
                       {"peak_bytes", peak},
                       {"peak_by_tag", tags_json(dev.mem().at_peak_by_tag())},
                       {"host_peak_bytes", host_peak}};
+  j.update(memory_stack_json(opt.model));
   if (opt.json) {
     std::printf("%s\n", j.dump().c_str());
   } else {

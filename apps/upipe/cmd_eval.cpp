@@ -75,10 +75,6 @@ int run(Process& proc, const Options& opt) {
                       {"tokens", tokens.size()},
                       {"method", opt.model.method},
                       {"ranks", proc.world.size()},
-                      {"dtype", opt.model.dtype},
-                      {"residual_dtype", opt.model.residual_dtype},
-                      {"checkpoint_dtype", opt.model.checkpoint_dtype},
-                      {"checkpoint_granularity", opt.model.checkpoint_granularity},
                       {"peak_bytes", max_peak},
                       {"peak_by_tag", tags_json(at_peak)},
                       {"host_peak_bytes", host_peak},
@@ -86,6 +82,7 @@ int run(Process& proc, const Options& opt) {
                       {"grad_norms", norms},
                       {"fwd_s", run.dec->forward_seconds()},
                       {"bwd_s", run.dec->backward_seconds()}};
+  j.update(memory_stack_json(opt.model));
   if (opt.json) {
     std::printf("%s\n", j.dump().c_str());
   } else {

@@ -54,6 +54,15 @@ std::vector<int32_t> random_tokens(const ModelConfig& m, int64_t n, uint64_t see
   return tokens;
 }
 
+nlohmann::json memory_stack_json(const ModelOptions& o) {
+  return {{"dtype", o.dtype},
+          {"residual_dtype", o.residual_dtype},
+          {"checkpoint_dtype", o.checkpoint_dtype},
+          {"checkpoint_granularity", o.checkpoint_granularity},
+          {"tile_tokens", o.tile_tokens},
+          {"offload_checkpoints", o.offload_checkpoints}};
+}
+
 namespace {
 
 // The attention block's messages name its command-line flags (--heads, --kv-heads); a model's

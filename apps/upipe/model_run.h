@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "apps/upipe/cli.h"
 #include "model/decoder.h"
 
@@ -30,6 +32,10 @@ struct ModelOptions {
 // --model --method --dtype --head-chunk --ulysses-degree --chunks --tile-tokens --seed
 // --memory-budget --offload-checkpoints (each command adds its own --seq-len).
 void add_model_options(CLI::App& cmd, ModelOptions& o);
+
+// The memory-stack options of a run, for its JSON output: dtype, residual_dtype,
+// checkpoint_dtype, checkpoint_granularity, tile_tokens, offload_checkpoints.
+nlohmann::json memory_stack_json(const ModelOptions& o);
 
 // n uniform random ids in [0, V), a pure function of (seed, index): the same on every rank.
 std::vector<int32_t> random_tokens(const ModelConfig& m, int64_t n, uint64_t seed);
