@@ -185,13 +185,12 @@ StepLoss Decoder::run(std::span<const int32_t> tokens, ParamSource& p, const Los
     strat_->forward(h, attn_weights(w, l), x, 1.0f);
     if (per_block) save();
     rmsnorm_forward(dev_, x, norm_w(w, l, LayerWeight::kPostAttnNorm), eps, h);
+    MlpKept k;
     if (keep_mlp) {
       for (int i = 0; i < 2; ++i) kept.emplace_back(mem, Tag::kMlp, t, rows, m_.intermediate_size);
-      const MlpKept k = kept_of(l);
-      mlp_forward(dev_, mc, h, mlp_w(w, l), x, 1.0f, &k);
-    } else {
-      mlp_forward(dev_, mc, h, mlp_w(w, l), x, 1.0f);
+      k = kept_of(l);
     }
+    mlp_forward(dev_, mc, h, mlp_w(w, l), x, 1.0f, keep_mlp ? &k : nullptr);
     p.release(layer_unit(l));
   }
   // Final norm and the fused LM head + loss: labels are the next global position's token.
@@ -281,11 +280,7 @@ StepLoss Decoder::run(std::span<const int32_t> tokens, ParamSource& p, const Los
       {
         Tensor h2(mem, Tag::kMlp, t, n, d);
         rmsnorm_forward(dev_, xt, norm_w(w, l, LayerWeight::kPostAttnNorm), eps, h2);
-        MlpKept k;
-        if (keep_mlp) {
-          const MlpKept all = kept_of(l);
-          k = MlpKept{all.a.rows_of(r0, n), all.b.rows_of(r0, n)};
-        }
+        const MlpKept k = keep_mlp ? kept_of(l).rows_of(r0, n) : MlpKept{};
         mlp_backward(dev_, mc, h2, dxt, mlp_w(w, l), g2, MlpGrads{gm.gate, gm.up, gm.down}, 0.0f,
                      r0 == 0 ? 0.0f : 1.0f, keep_mlp ? &k : nullptr);
       }

@@ -66,6 +66,13 @@ void check_kept(const MlpConfig& c, const Mat& x, const MlpKept* k) {
               "mlp kept products must be ({}, {}) {}", x.rows, c.intermediate, dtype_name(c.dtype));
 }
 
+// Fresh (t, F) tiles for the gate and up products, owned by `a` and `b` (tag mlp).
+MlpKept fresh_products(Device& dev, const MlpConfig& c, int64_t t, Tensor& a, Tensor& b) {
+  a = Tensor(dev.mem(), Tag::kMlp, c.dtype, t, c.intermediate);
+  b = Tensor(dev.mem(), Tag::kMlp, c.dtype, t, c.intermediate);
+  return {a.mat(), b.mat()};
+}
+
 }  // namespace
 
 void mlp_forward(Device& dev, const MlpConfig& c, const Mat& x, const MlpWeights& w, const Mat& y,
@@ -79,14 +86,11 @@ void mlp_forward(Device& dev, const MlpConfig& c, const Mat& x, const MlpWeights
   for (int64_t r0 = 0; r0 < x.rows; r0 += c.tile_tokens) {
     const int64_t t = std::min(c.tile_tokens, x.rows - r0);
     Tensor h(dev.mem(), Tag::kMlp, c.dtype, t, f);  // (T, F)
-    if (keep) {
-      const Mat a = keep->a.rows_of(r0, t), b = keep->b.rows_of(r0, t);
-      gate_up(dev, x.rows_of(r0, t), w, a, b);
-      swiglu_forward(dev, a, b, h);
-    } else {
-      Tensor a(dev.mem(), Tag::kMlp, c.dtype, t, f), b(dev.mem(), Tag::kMlp, c.dtype, t, f);
-      gate_up(dev, x.rows_of(r0, t), w, a, b);
-      swiglu_forward(dev, a, b, h);
+    {
+      Tensor own_a, own_b;  // the products' tiles, unless kept
+      const MlpKept ab = keep ? keep->rows_of(r0, t) : fresh_products(dev, c, t, own_a, own_b);
+      gate_up(dev, x.rows_of(r0, t), w, ab.a, ab.b);
+      swiglu_forward(dev, ab.a, ab.b, h);
     }
     gemm(dev, h, false, w.down, true, y.rows_of(r0, t), 1.0f, beta);  // y = beta y + h down^T
   }
@@ -118,14 +122,10 @@ void mlp_backward(Device& dev, const MlpConfig& c, const Mat& x, const Mat& dy, 
     const Mat xt = x.rows_of(r0, t), dyt = dy.rows_of(r0, t);                         // (T, D)
     Tensor da(dev.mem(), Tag::kMlp, f32, t, f), db(dev.mem(), Tag::kMlp, f32, t, f);  // (T, F)
     {
-      Tensor at, bt;  // the recomputed products (none when kept)
-      if (!kept) {
-        at = Tensor(dev.mem(), Tag::kMlp, c.dtype, t, f);
-        bt = Tensor(dev.mem(), Tag::kMlp, c.dtype, t, f);
-        gate_up(dev, xt, w, at, bt);
-      }
-      const Mat a = kept ? kept->a.rows_of(r0, t) : at.mat(),
-                b = kept ? kept->b.rows_of(r0, t) : bt.mat();
+      Tensor own_a, own_b;  // the recomputed products, unless kept
+      const MlpKept k = kept ? kept->rows_of(r0, t) : fresh_products(dev, c, t, own_a, own_b);
+      if (!kept) gate_up(dev, xt, w, k.a, k.b);
+      const Mat &a = k.a, &b = k.b;
       {
         Tensor h(dev.mem(), Tag::kMlp, c.dtype, t, f);
         swiglu_forward(dev, a, b, h);

@@ -38,6 +38,7 @@ struct MlpGrads {
 // --checkpoint-granularity none), so backward does not recompute them.
 struct MlpKept {
   Mat a, b;
+  MlpKept rows_of(int64_t r0, int64_t n) const { return {a.rows_of(r0, n), b.rows_of(r0, n)}; }
 };
 
 // y (S/C, D) out_dtype = beta*y + MLP(x), x (S/C, D) dtype; beta 0 (y not read) or 1. With
