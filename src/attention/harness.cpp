@@ -1,5 +1,7 @@
 #include "attention/harness.h"
 
+#include <memory>
+
 #include <chrono>
 #include <cmath>
 #include <vector>
@@ -81,17 +83,25 @@ BlockTensors make_block_tensors(Device& dev, const AttentionConfig& c, const Row
   return b;
 }
 
-BlockRun run_block(AttentionStrategy& s, Device& dev, BlockTensors& t, bool accumulate) {
+BlockRun run_block(AttentionStrategy& s, Device& dev, BlockTensors& t, bool accumulate,
+                   bool keep) {
   const float beta = accumulate ? 1.0f : 0.0f;
   Arena& mem = dev.mem();
   mem.reset_peak();
   const int watch = mem.start_watch(kAttnIntermediateTags);
   BlockRun r;
   double t0 = now();
-  s.forward(t.x, t.weights(), t.y, beta);
+  std::unique_ptr<AttentionKept> kept;
+  if (keep)
+    kept = s.forward_keep(t.x, t.weights(), t.y, beta);
+  else
+    s.forward(t.x, t.weights(), t.y, beta);
   r.fwd_s = now() - t0;
   t0 = now();
-  s.backward(t.x, t.dy, t.weights(), t.dx, t.grads(), beta, beta);
+  if (keep)
+    s.backward_kept(std::move(kept), t.x, t.dy, t.weights(), t.dx, t.grads(), beta, beta);
+  else
+    s.backward(t.x, t.dy, t.weights(), t.dx, t.grads(), beta, beta);
   r.bwd_s = now() - t0;
   r.peak_bytes = mem.peak();
   r.peak_by_tag = mem.at_peak_by_tag();

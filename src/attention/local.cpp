@@ -5,6 +5,7 @@
 #include "attention/seq_block.h"
 #include "backend/attention.h"
 #include "backend/tensor_ops.h"
+#include "core/check.h"
 
 namespace upipe {
 
@@ -49,56 +50,114 @@ void LocalAttention::forward(const Mat& x, const AttentionWeights& w, const Mat&
   seq_out_project(dev(), f.o, w.wo, y, beta);
 }
 
-void LocalAttention::backward(const Mat& x, const Mat& dy, const AttentionWeights& w, const Mat& dx,
-                              const AttentionGrads& g, float dx_beta, float dw_beta) {
-  const AttentionConfig& c = cfg();
+namespace {
+
+// The backward from the forward's q, k, v, o, lse (recomputed or kept), which it frees as it goes.
+void backward_from(Device& dev, const AttentionConfig& c, Fwd& f, const Mat& x, const Mat& dy,
+                   const AttentionWeights& w, const Mat& dx, const AttentionGrads& g, float dx_beta,
+                   float dw_beta) {
   const int64_t s = x.rows;
-  Arena& mem = dev().mem();
-  Fwd f = run_forward(dev(), c, x, w);
+  Arena& mem = dev.mem();
   Tensor dout(mem, Tag::kAttnGrad, c.dtype, s, c.q_dim());
-  seq_dout_dwo(dev(), dy, f.o, w.wo, dout, g.wo, dw_beta);
+  seq_dout_dwo(dev, dy, f.o, w.wo, dout, g.wo, dw_beta);
   Tensor delta(mem, Tag::kAttnGrad, DType::kF32, c.heads, s);
-  attention_delta(dev(), f.o, dout, c.head_dim, delta);
+  attention_delta(dev, f.o, dout, c.head_dim, delta);
   f.o.reset();
   Tensor dq(mem, Tag::kAttnGrad, DType::kF32, s, c.q_dim());
   Tensor dk(mem, Tag::kAttnGrad, DType::kF32, s, c.kv_dim());
   Tensor dv(mem, Tag::kAttnGrad, DType::kF32, s, c.kv_dim());
-  zero(dev(), dq);
-  zero(dev(), dk);
-  zero(dev(), dv);
+  zero(dev, dq);
+  zero(dev, dk);
+  zero(dev, dv);
   AttnProblem p{f.q, f.k, f.v, c.heads, c.kv_heads, c.head_dim};
-  attention_backward(dev(), p, dout, f.lse, delta, dq, dk, dv);
+  attention_backward(dev, p, dout, f.lse, delta, dq, dk, dv);
   dout.reset();
   delta.reset();
   f.lse.reset();
   f.q.reset();
   f.k.reset();
   f.v.reset();
-  seq_input_grads(dev(), c, x, w, RowPositions::contiguous(s, 0), dq, dk, dv, dx, g, dx_beta,
+  seq_input_grads(dev, c, x, w, RowPositions::contiguous(s, 0), dq, dk, dv, dx, g, dx_beta,
                   dw_beta);
 }
 
-int64_t local_attn_peak_bytes(const Backend& be, const AttentionConfig& c) {
+struct LocalKept final : AttentionKept {
+  Fwd f;
+};
+
+}  // namespace
+
+void LocalAttention::backward(const Mat& x, const Mat& dy, const AttentionWeights& w, const Mat& dx,
+                              const AttentionGrads& g, float dx_beta, float dw_beta) {
+  Fwd f = run_forward(dev(), cfg(), x, w);
+  backward_from(dev(), cfg(), f, x, dy, w, dx, g, dx_beta, dw_beta);
+}
+
+std::unique_ptr<AttentionKept> LocalAttention::forward_keep(const Mat& x, const AttentionWeights& w,
+                                                            const Mat& y, float beta) {
+  auto kept = std::make_unique<LocalKept>();
+  kept->f = run_forward(dev(), cfg(), x, w);
+  seq_out_project(dev(), kept->f.o, w.wo, y, beta);
+  return kept;
+}
+
+void LocalAttention::backward_kept(std::unique_ptr<AttentionKept> kept, const Mat& x,
+                                   const Mat& dy, const AttentionWeights& w, const Mat& dx,
+                                   const AttentionGrads& g, float dx_beta, float dw_beta) {
+  auto* mine = dynamic_cast<LocalKept*>(kept.get());
+  UPIPE_CHECK(mine != nullptr, "local: backward_kept needs what local's forward_keep kept");
+  backward_from(dev(), cfg(), mine->f, x, dy, w, dx, g, dx_beta, dw_beta);
+}
+
+namespace {
+
+// The terms of local's peak (docs/memory.md): the forward's three moments and the backward's
+// three, each with the intermediates alive then.
+struct LocalMoments {
+  int64_t kept;                     // q, k, v, o, lse
+  int64_t proj, attn_fwd, out_proj;  // forward (also the recompute at the start of backward)
+  int64_t do_proj, attn_bwd, grads;  // backward
+};
+
+LocalMoments local_moments(const Backend& be, const AttentionConfig& c) {
   const int64_t s = c.seq_len, d = c.head_dim;
   const DType t = c.dtype, f32 = DType::kF32;
   const int64_t q = mat_bytes(s, c.q_dim(), t), kv = mat_bytes(s, c.kv_dim(), t);
   const int64_t qkv = q + 2 * kv;
   const int64_t o = q, lse = mat_bytes(c.heads, s, f32), dout = q, delta = lse;
   const int64_t dq = mat_bytes(s, c.q_dim(), f32), dkv = mat_bytes(s, c.kv_dim(), f32);
-  // Forward (also the recompute at the start of backward).
-  const int64_t proj = qkv + seq_project_qkv_bytes(be, c, s);
-  const int64_t attn_fwd = qkv + o + lse + attention_fwd_workspace_bytes(be, int(d), t);
-  const int64_t out_proj = o + seq_out_project_bytes(be, c, s);
-  // Backward.
-  const int64_t do_proj = qkv + o + lse + dout + seq_dout_dwo_bytes(be, c, s);
-  const int64_t attn_bwd =
+  LocalMoments m;
+  m.kept = qkv + o + lse;
+  m.proj = qkv + seq_project_qkv_bytes(be, c, s);
+  m.attn_fwd = qkv + o + lse + attention_fwd_workspace_bytes(be, int(d), t);
+  m.out_proj = o + seq_out_project_bytes(be, c, s);  // q, k, v, lse freed (not kept)
+  m.do_proj = qkv + o + lse + dout + seq_dout_dwo_bytes(be, c, s);
+  m.attn_bwd =
       qkv + lse + dout + delta + dq + 2 * dkv + attention_bwd_workspace_bytes(be, int(d), t);
-  const int64_t grads = dq + 2 * dkv + seq_input_grads_bytes(be, c, s);
-  return std::max({proj, attn_fwd, out_proj, do_proj, attn_bwd, grads});
+  m.grads = dq + 2 * dkv + seq_input_grads_bytes(be, c, s);
+  return m;
+}
+
+}  // namespace
+
+int64_t local_attn_peak_bytes(const Backend& be, const AttentionConfig& c) {
+  const LocalMoments m = local_moments(be, c);
+  return std::max({m.proj, m.attn_fwd, m.out_proj, m.do_proj, m.attn_bwd, m.grads});
+}
+
+KeptAttentionBytes local_kept_bytes(const Backend& be, const AttentionConfig& c) {
+  const LocalMoments m = local_moments(be, c);
+  const int64_t out_proj = m.kept + seq_out_project_bytes(be, c, c.seq_len);
+  return {m.kept, std::max({m.proj, m.attn_fwd, out_proj}),
+          std::max({m.do_proj, m.attn_bwd, m.grads})};
 }
 
 int64_t LocalAttention::attn_formula_bytes() const {
   return local_attn_peak_bytes(dev().backend(), cfg());
+}
+
+KeptAttentionBytes LocalAttention::kept_formula_bytes() const {
+  return local_kept_bytes(dev().backend(), cfg());
 }
 
 }  // namespace upipe

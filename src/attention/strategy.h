@@ -2,7 +2,10 @@
 // projections as well as the attention, because UPipe slices them per stage.
 //
 // Blocks are self-checkpointing: forward(x) -> y keeps nothing; backward(x, dy) -> dx, dW
-// recomputes what it needs. Every buffer comes from the device arena of the context.
+// recomputes what it needs. A strategy that can_keep() also offers forward_keep, which keeps its
+// intermediates (AttentionKept) for backward_kept, so that backward recomputes nothing (the
+// model's --checkpoint-granularity none). Every buffer comes from the device arena of the
+// context.
 #pragma once
 
 #include <cstdint>
@@ -35,6 +38,22 @@ struct AttentionGrads {
   Mat wq, wk, wv, wo, wqn, wkn;
 };
 
+// What forward_keep kept for backward_kept: the strategy's own intermediates, in the device arena.
+// Opaque to the caller; destroying it frees them.
+class AttentionKept {
+ public:
+  virtual ~AttentionKept() = default;
+};
+
+// Closed-form bytes of the keeping variant (can_keep()): what one forward_keep keeps, the peak of
+// its intermediates in forward_keep (what it keeps included) and in backward_kept (what was kept
+// included, freed as it is used).
+struct KeptAttentionBytes {
+  int64_t kept = 0;
+  int64_t forward = 0;
+  int64_t backward = 0;
+};
+
 struct StrategyContext {
   Device& dev;
   Communicator& comm;  // the CP group
@@ -59,6 +78,24 @@ class AttentionStrategy {
   // Closed-form per-rank peak of the attention intermediates over forward + backward
   // (docs/memory.md), in bytes.
   virtual int64_t attn_formula_bytes() const = 0;
+
+  // The keeping variant. forward_keep = forward plus what backward would recompute, returned
+  // for backward_kept (same arguments and results as backward, nothing recomputed; it frees the
+  // kept intermediates as it goes and leaves `kept` empty). Strategies that cannot keep
+  // (can_keep() false) keep nothing: forward_keep returns null and backward_kept recomputes.
+  virtual bool can_keep() const { return false; }
+  virtual std::unique_ptr<AttentionKept> forward_keep(const Mat& x, const AttentionWeights& w,
+                                                      const Mat& y, float beta) {
+    forward(x, w, y, beta);
+    return nullptr;
+  }
+  virtual void backward_kept(std::unique_ptr<AttentionKept> kept, const Mat& x, const Mat& dy,
+                             const AttentionWeights& w, const Mat& dx, const AttentionGrads& g,
+                             float dx_beta, float dw_beta) {
+    kept.reset();
+    backward(x, dy, w, dx, g, dx_beta, dw_beta);
+  }
+  virtual KeptAttentionBytes kept_formula_bytes() const { return {}; }
   // Closed-form per-rank peak of what the strategy keeps in the host arena (offloaded K/V and
   // their gradients), in bytes; 0 for strategies that offload nothing.
   virtual int64_t host_formula_bytes() const { return 0; }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <memory>
 #include <vector>
 
 #include "backend/rmsnorm.h"
@@ -158,6 +159,10 @@ StepLoss Decoder::run(std::span<const int32_t> tokens, ParamSource& p, const Los
   const bool per_block = opt_.checkpoint_granularity != CheckpointGranularity::kLayer;
   const bool keep_mlp = opt_.checkpoint_granularity == CheckpointGranularity::kNone;
   std::vector<Tensor> kept;  // keep_mlp: layer l's gate and up products, kept[2l], kept[2l + 1]
+  // keep_mlp with a strategy that can keep: each layer's attention intermediates, so that the
+  // backward recomputes nothing at all.
+  const bool keep_attn = keep_mlp && strat_->can_keep();
+  std::vector<std::unique_ptr<AttentionKept>> kept_attn(size_t(keep_attn ? nl : 0));
   auto kept_of = [&](int l) {
     return MlpKept{kept[2 * size_t(l)].mat(), kept[2 * size_t(l) + 1].mat()};
   };
@@ -182,7 +187,10 @@ StepLoss Decoder::run(std::span<const int32_t> tokens, ParamSource& p, const Los
     p.prefetch(l + 1 < nl ? layer_unit(l + 1) : uh);
     save();
     rmsnorm_forward(dev_, x, norm_w(w, l, LayerWeight::kInputNorm), eps, h);
-    strat_->forward(h, attn_weights(w, l), x, 1.0f);
+    if (keep_attn)
+      kept_attn[size_t(l)] = strat_->forward_keep(h, attn_weights(w, l), x, 1.0f);
+    else
+      strat_->forward(h, attn_weights(w, l), x, 1.0f);
     if (per_block) save();
     rmsnorm_forward(dev_, x, norm_w(w, l, LayerWeight::kPostAttnNorm), eps, h);
     MlpKept k;
@@ -294,7 +302,11 @@ StepLoss Decoder::run(std::span<const int32_t> tokens, ParamSource& p, const Los
     // the attention's backward is done, so only one slot is held through it (the copy overlaps
     // the norm's backward; at long S it is a small fraction of a layer's attention time).
     Tensor dhl(mem, Tag::kAct, rt, rows, d);
-    strat_->backward(hl, dx, attn_weights(w, l), dhl, attn_grads(g, l), 0.0f, 0.0f);
+    if (keep_attn)
+      strat_->backward_kept(std::move(kept_attn[size_t(l)]), hl, dx, attn_weights(w, l), dhl,
+                            attn_grads(g, l), 0.0f, 0.0f);
+    else
+      strat_->backward(hl, dx, attn_weights(w, l), dhl, attn_grads(g, l), 0.0f, 0.0f);
     hl.reset();
     if (offload && l > 0) fetch_layer(l - 1);
     rmsnorm_backward(dev_, xl, norm_w(w, l, LayerWeight::kInputNorm), eps, dhl, dhl, gin);

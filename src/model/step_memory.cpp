@@ -11,7 +11,8 @@
 namespace upipe {
 
 DecoderStepBytes decoder_step_bytes(const Backend& be, const ModelConfig& m,
-                                    const DecoderOptions& opt, int64_t rows, int64_t attn_bytes) {
+                                    const DecoderOptions& opt, int64_t rows,
+                                    const AttentionStrategy& strat) {
   const DType t = opt.attn.dtype, rt = opt.residual_dtype, f32 = DType::kF32;
   const int64_t d = m.hidden_size, layers = m.num_hidden_layers;
   DecoderStepBytes b;
@@ -29,8 +30,15 @@ DecoderStepBytes decoder_step_bytes(const Backend& be, const ModelConfig& m,
   // all L through the loss, L - 1 once the last layer's MLP backward is done.
   const bool keep_mlp = opt.checkpoint_granularity == CheckpointGranularity::kNone;
   const int64_t kept = keep_mlp ? 2 * mat_bytes(rows, m.intermediate_size, t) : 0;
-  const int64_t kept_all = checked_mul(layers, kept, "kept MLP bytes"),
-                kept_rest = kept_all - kept;
+  // With a strategy that can keep, also every layer's attention intermediates (until its
+  // attention backward): kept with the MLP's in kept_all / kept_rest; the attention moments below
+  // then use the keeping variant's forward and backward peaks (which count the layer's own).
+  const bool keep_attn = keep_mlp && strat.can_keep();
+  const KeptAttentionBytes ka = keep_attn ? strat.kept_formula_bytes() : KeptAttentionBytes{};
+  const int64_t kept_layer = kept + ka.kept;
+  const int64_t kept_all = checked_mul(layers, kept_layer, "kept bytes"),
+                kept_rest = kept_all - kept_layer;
+  const int64_t attn_bytes = keep_attn ? ka.backward : strat.attn_formula_bytes();
   const int64_t one_ckpt = mat_bytes(rows, d, opt.checkpoint_dtype);
   const int64_t all_ckpt = checked_mul(k * layers, one_ckpt, "checkpoint bytes");
   // Device checkpoints: after the last layer's xm checkpoint is consumed (per block) ...
@@ -39,7 +47,8 @@ DecoderStepBytes decoder_step_bytes(const Backend& be, const ModelConfig& m,
   const int64_t next_ckpt = offload ? one_ckpt + (layers > 1 ? k * one_ckpt : 0) : last_ckpt;
   b.ckpt = offload ? std::max(k * one_ckpt, next_ckpt) : all_ckpt;
   b.ckpt_host = offload ? all_ckpt : 0;
-  b.attn = attn_bytes;
+  b.attn = keep_attn ? checked_add(layers * ka.kept, std::max(ka.forward, ka.backward) - ka.kept)
+                     : attn_bytes;
   b.logits = lm_loss_peak_bytes(be, LmLossConfig{d, m.vocab_size, opt.tile_tokens, t, rt}, rows);
   // The step's phases that can set the peak, each with the (S/C, D) buffers and device
   // checkpoints alive then (docs/model.md, "Memory"):
@@ -73,9 +82,13 @@ DecoderStepBytes decoder_step_bytes(const Backend& be, const ModelConfig& m,
       loss_ckpt + kept_all + 3 * res + norm_ws,
       start_ckpt + kept_all + res + half + norm_ws,
       start_ckpt + kept_all + attn_act,
-      last_ckpt + kept_rest + attn_act + std::max(attn_bytes, norm_ws),
+      last_ckpt + kept_rest + attn_act + std::max(attn_bytes, ka.kept + norm_ws),
       last_ckpt + kept_all + attn_act + std::max({h2 + g2 + mlp_bwd, h2 + norm_ws, g2 + norm_ws}),
       next_ckpt + kept_rest + 2 * res + norm_ws,
+      // Keeping attention: the forward's last attention, with every earlier layer's kept
+      // intermediates and the device checkpoints saved by then.
+      keep_attn ? (offload ? 0 : all_ckpt - (k - 1) * one_ckpt) + kept_rest + res + half + ka.forward
+                : 0,
   });
   b.peak = checked_add(b.params + b.grads, step, "step bytes");
   return b;

@@ -4,6 +4,8 @@
 // so the formulas hold at sizes no test can run for real.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "attention/harness.h"
 #include "comm/fake/fake_comm.h"
 #include "multirank/strategy_cases.h"
@@ -28,6 +30,23 @@ void check_meta(const test::StrategyCase& sc, int c, int64_t seq_len) {
       EXPECT_EQ(comm.stats().bytes_sent[size_t(op)], s->comm_expected()->bytes_sent[size_t(op)])
           << sc.name;
     }
+    // The keeping variant: its forward and backward peaks (a strategy that cannot keep keeps
+    // nothing and recomputes: its usual peak), and nothing left once it is done.
+    const int64_t before = dev.mem().current();
+    const BlockRun k = run_block(*s, dev, t, false, true);
+    const KeptAttentionBytes kb = s->kept_formula_bytes();
+    EXPECT_EQ(k.attn_peak_bytes,
+              s->can_keep() ? std::max(kb.forward, kb.backward) : s->attn_formula_bytes())
+        << sc.name << " keep";
+    EXPECT_EQ(kb.kept > 0, s->can_keep()) << sc.name;
+    if (s->can_keep()) {  // forward_keep alone peaks at the forward's formula
+      const int watch = dev.mem().start_watch(kAttnIntermediateTags);
+      std::unique_ptr<AttentionKept> kept = s->forward_keep(t.x, t.weights(), t.y, 0.0f);
+      EXPECT_EQ(dev.mem().watch_peak(watch), kb.forward) << sc.name << " forward_keep";
+      EXPECT_EQ(dev.mem().current(), before + kb.kept) << sc.name << " kept";
+      dev.mem().stop_watch(watch);
+    }
+    EXPECT_EQ(dev.mem().current(), before) << sc.name << " keep";
   }
 }
 

@@ -61,7 +61,7 @@ TEST(StepMemory, MetaStepPeaksAtTheClosedForm) {
                 dev.host().reset_peak();
                 dec.loss_and_grads(tokens, w, g);
                 const DecoderStepBytes want = decoder_step_bytes(
-                    dev.backend(), m, opt, s / c, dec.strategy().attn_formula_bytes());
+                    dev.backend(), m, opt, s / c, dec.strategy());
                 const std::string what = std::string(preset) + " " + method + " " + dtype_name(t) +
                                          (offload ? " offload" : "") + " ckpt " +
                                          dtype_name(ct) + " residual " + dtype_name(rt) + " per " +
