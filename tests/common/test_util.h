@@ -63,11 +63,16 @@ double max_abs_diff(const std::vector<A>& a, const std::vector<B>& b) {
   return m;
 }
 
+// The largest |x|; a NaN or an infinity anywhere is returned as such, so a check built on it
+// (a zero check, a tolerance scaled by it) fails instead of skipping the bad value.
 template <class A>
 double max_abs(const std::vector<A>& a) {
   double m = 0;
-  for (const A& x : a)
-    if (std::isfinite(double(x))) m = std::max(m, std::abs(double(x)));
+  for (const A& x : a) {
+    const double v = std::abs(double(x));
+    if (!std::isfinite(v)) return v;
+    m = std::max(m, v);
+  }
   return m;
 }
 
