@@ -433,7 +433,7 @@ def run_torch(config, s, iters, attn):
 
 def section_model(quick):
     s, iters = (512, 2) if quick else (1024, 5)
-    reps = 1 if quick else 3
+    reps = 1 if quick else 5
     have_torch = os.path.exists(TORCH_PYTHON)
     with tempfile.TemporaryDirectory(prefix="upipe_bench_model_") as d:
         config = os.path.join(d, "config.json")
