@@ -8,6 +8,7 @@
 #include "apps/upipe/commands.h"
 #include "apps/upipe/model_run.h"
 #include "apps/upipe/report.h"
+#include "backend/optim.h"
 #include "backend/tensor_ops.h"
 #include "core/errors.h"
 #include "model/decoder.h"
@@ -51,19 +52,20 @@ int run(Process& proc, const Options& opt) {
   // Full gradients: the sum of the ranks' contributions.
   nlohmann::json norms = nlohmann::json::object();
   double total = 0;
-  std::vector<std::vector<float>> full;  // kept alive for items' data pointers
+  // Summed in place on the device; --save-grads streams them from there (no host copies).
   std::vector<SafetensorsWriteItem> items;
-  full.reserve(g.size());
   for (const auto& [name, t] : g) {
-    std::vector<float> v = download(dev, t);
-    proc.world.all_reduce(v.data(), int64_t(v.size()), DType::kF32, ReduceOp::kSum);
-    double ss = 0;
-    for (float x : v) ss += double(x) * x;
+    proc.world.all_reduce(t.data(), t.mat().numel(), DType::kF32, ReduceOp::kSum);
+    const double ss = sum_squares(dev, t);
     norms[name] = std::sqrt(ss);
     total += ss;
     if (!opt.save_grads.empty()) {
-      full.push_back(std::move(v));
-      items.push_back({name, DType::kF32, {t.rows(), t.cols()}, full.back().data()});
+      const Mat m = t.mat();
+      items.push_back({name, DType::kF32, {t.rows(), t.cols()}, nullptr,
+                       [&dev, m](int64_t first, int64_t count, void* dst) {
+                         dev.copy(dst, static_cast<char*>(m.data) + first * 4, count * 4,
+                                  CopyKind::kDeviceToHost);
+                       }});
       if (t.rows() == 1) items.back().shape = {t.cols()};
     }
   }

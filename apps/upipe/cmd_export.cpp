@@ -35,17 +35,17 @@ int run(Process& proc, const Options& opt) {
   const ModelConfig& m = reader.model();
   fs::create_directories(opt.out);
   const std::vector<HfTensorSpec> specs = hf_tensors(m);
-  std::vector<std::vector<char>> data;
+  // Streamed: each piece is read from the shards and converted as the writer asks for it, so
+  // no tensor (let alone the model) is held whole in memory.
   std::vector<SafetensorsWriteItem> items;
-  data.reserve(specs.size());
-  std::vector<float> f32;
-  for (size_t i = 0; i < specs.size(); ++i) {
-    f32.resize(size_t(specs[i].numel()));
-    reader.read(int(i), f32.data());
-    data.emplace_back(size_t(specs[i].numel() * dtype_size(dt)));
-    from_f32(f32.data(), data.back().data(), dt, specs[i].numel());
-    items.push_back({specs[i].name, dt, specs[i].shape, data.back().data()});
-  }
+  std::vector<float> f32;  // one piece, at most kSafetensorsWriteChunk elements
+  for (size_t i = 0; i < specs.size(); ++i)
+    items.push_back({specs[i].name, dt, specs[i].shape, nullptr,
+                     [&reader, &f32, i, dt](int64_t first, int64_t count, void* dst) {
+                       f32.resize(size_t(count));
+                       reader.read_range(int(i), first, count, f32.data());
+                       from_f32(f32.data(), dst, dt, count);
+                     }});
   write_safetensors((fs::path(opt.out) / "model.safetensors").string(), items,
                     {{"format", "pt"}});
   const std::string torch_dtype = dt == DType::kBF16 ? "bfloat16" : "float32";

@@ -397,8 +397,10 @@ void write_safetensors(const std::string& path, const std::vector<SafetensorsWri
       throw ConfigError(
           fmt::format("{}: tensor '{}': invalid shape {}", path, t.name, shape_str(t.shape)));
     n *= dtype_size(t.dtype);
-    if (n > 0 && t.data == nullptr)
+    if (n > 0 && t.data == nullptr && !t.fill)
       throw ConfigError(fmt::format("{}: tensor '{}': no data", path, t.name));
+    if (t.data != nullptr && t.fill)
+      throw ConfigError(fmt::format("{}: tensor '{}': both data and fill", path, t.name));
     header[t.name] = {
         {"dtype", dtype_tag(t.dtype)}, {"shape", t.shape}, {"data_offsets", {offset, offset + n}}};
     nbytes.push_back(n);
@@ -416,7 +418,21 @@ void write_safetensors(const std::string& path, const std::vector<SafetensorsWri
   try {
     write_all(fd, &n, 8, tmp);
     write_all(fd, text.data(), int64_t(n), tmp);
-    for (size_t i = 0; i < tensors.size(); ++i) write_all(fd, tensors[i].data, nbytes[i], tmp);
+    std::vector<char> staging;  // fill items: at most kSafetensorsWriteChunk elements
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const SafetensorsWriteItem& t = tensors[i];
+      if (!t.fill) {
+        write_all(fd, t.data, nbytes[i], tmp);
+        continue;
+      }
+      const int64_t esize = dtype_size(t.dtype), count = nbytes[i] / esize;
+      staging.resize(size_t(std::min(count, kSafetensorsWriteChunk) * esize));
+      for (int64_t c = 0; c < count; c += kSafetensorsWriteChunk) {
+        const int64_t k = std::min(kSafetensorsWriteChunk, count - c);
+        t.fill(c, k, staging.data());
+        write_all(fd, staging.data(), k * esize, tmp);
+      }
+    }
     if (::fsync(fd) != 0)
       throw Error(fmt::format("{}: fsync failed: {}", tmp, std::strerror(errno)));
     if (::close(fd) != 0) {

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <string>
 #include <unordered_map>
@@ -107,17 +108,27 @@ class SafetensorsReader {
 };
 
 // A tensor to write: `shape` elements of `dtype` at `data` (row-major, contiguous).
+// Writes elements [first, first + count) of a tensor, in its stored dtype, to dst.
+using SafetensorsFill = std::function<void(int64_t first, int64_t count, void* dst)>;
+
+// A tensor to write: its bytes at `data`, or (data null) produced piece by piece by `fill`, so
+// that a tensor held on a device or in a checkpoint never needs a whole host copy.
 struct SafetensorsWriteItem {
   std::string name;
   DType dtype = DType::kF32;
   std::vector<int64_t> shape;
   const void* data = nullptr;
+  SafetensorsFill fill = nullptr;
 };
+
+// Elements a `fill` is asked for at most at once: the writer's only staging buffer holds this
+// many elements of the item's dtype.
+inline constexpr int64_t kSafetensorsWriteChunk = int64_t(1) << 20;
 
 // Writes `tensors` (in this order) and `metadata` as one safetensors file at `path`, atomically:
 // a temporary file beside it is written, fsynced and renamed over `path`. Throws ConfigError for
-// invalid items (empty or duplicate names, "__metadata__", negative dims) and Error on I/O
-// failure (the temporary file is removed).
+// invalid items (empty or duplicate names, "__metadata__", negative dims, neither or both of data
+// and fill) and Error on I/O failure (the temporary file is removed).
 void write_safetensors(const std::string& path, const std::vector<SafetensorsWriteItem>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
 

@@ -1,5 +1,6 @@
 #include "model/weights.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <vector>
 
@@ -39,14 +40,21 @@ ParamMap load_params(Device& dev, const ModelConfig& m, const std::string& dir, 
   std::unique_ptr<SafetensorsReader> reader;
   if (from_file) reader = std::make_unique<SafetensorsReader>(dir);
   const std::vector<HfTensorSpec> specs = hf_tensors(m);
+  if (from_file)  // every name and shape before any data
+    for (const HfTensorSpec& s : specs) reader->check_shape(s.name, s.shape);
+  // Through one bounded host staging buffer, a piece of a tensor at a time.
+  constexpr int64_t kChunk = int64_t(1) << 20;  // elements
+  std::vector<float> host;
   for (size_t i = 0; i < specs.size(); ++i) {
     const HfTensorSpec& s = specs[i];
-    std::vector<float> host(static_cast<size_t>(s.numel()));
-    if (from_file)
-      reader->read(s.name, s.shape, DType::kF32, host.data());  // checks name and shape
-    else
-      param_values(s, int(i), nullptr, seed, 0, s.numel(), host.data());
-    upload(dev, host.data(), p.at(s.name));
+    const Mat t = p.at(s.name).mat();
+    const Mat flat{t.data, t.dtype, 1, t.numel(), t.numel()};  // parameters are contiguous
+    for (int64_t c = 0; c < s.numel(); c += kChunk) {
+      const int64_t n = std::min(kChunk, s.numel() - c);
+      host.resize(size_t(n));
+      param_values(s, int(i), reader.get(), seed, c, n, host.data());
+      upload(dev, host.data(), flat.block(0, 1, c, n));
+    }
   }
   return p;
 }

@@ -175,21 +175,23 @@ std::string save_checkpoint(const std::string& dir, int64_t step, Zero3& z, int 
   }
   world.barrier();
   // Every rank: its shards, written atomically and fsynced by write_safetensors.
+  // Streamed from the device piece by piece (the writer's one staging buffer): no host copy of
+  // the shards.
   Device& dev = z.device();
-  std::vector<std::vector<float>> host;
   std::vector<SafetensorsWriteItem> items;
-  host.reserve(size_t(z.num_units()) * 3);
   for (int u = 0; u < z.num_units(); ++u)
     for (int field = 0; field < 3; ++field) {
       const Mat m = field == 0 ? z.master(u) : field == 1 ? z.exp_avg(u) : z.exp_avg_sq(u);
-      host.push_back(download(dev, m));
-      items.push_back({tensor_key(u, field), DType::kF32, {m.cols}, host.back().data()});
+      items.push_back({tensor_key(u, field), DType::kF32, {m.cols}, nullptr,
+                       [&dev, m](int64_t first, int64_t count, void* dst) {
+                         dev.copy(dst, m.at(0, first), mat_bytes(1, count, DType::kF32),
+                                  CopyKind::kDeviceToHost);
+                       }});
     }
   write_safetensors((tmp / rank_file(world.rank())).string(), items,
                     {{"rank", std::to_string(world.rank())},
                      {"world", std::to_string(world.size())},
                      {"step", std::to_string(step)}});
-  host.clear();
   world.barrier();
   if (world.rank() == 0) {
     json units = json::array();
@@ -275,12 +277,20 @@ CheckpointReader::CheckpointReader(const std::string& path) : impl_(std::make_un
 CheckpointReader::~CheckpointReader() = default;
 
 void CheckpointReader::read(int tensor_index, float* dst) const {
+  read_range(tensor_index, 0, hf_tensors(m_).at(size_t(tensor_index)).numel(), dst);
+}
+
+void CheckpointReader::read_range(int tensor_index, int64_t first, int64_t count,
+                                  float* dst) const {
   for (size_t u = 0; u < impl_->layout.size(); ++u) {
     const ZeroUnitLayout& l = impl_->layout[u];
     for (size_t i = 0; i < l.tensors.size(); ++i)
       if (l.index[i] == tensor_index) {
-        read_flat(impl_->files, impl_->saved.units[u], int(u), 0, l.offsets[i],
-                  l.offsets[i] + l.tensors[i].numel(), dst);
+        UPIPE_CHECK(first >= 0 && count >= 0 && first + count <= l.tensors[i].numel(),
+                    "elements [{}, {}) of a tensor of {}", first, first + count,
+                    l.tensors[i].numel());
+        const int64_t a = l.offsets[i] + first;
+        read_flat(impl_->files, impl_->saved.units[u], int(u), 0, a, a + count, dst);
         return;
       }
   }

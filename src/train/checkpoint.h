@@ -60,6 +60,8 @@ class CheckpointReader {
   const CheckpointInfo& info() const { return info_; }
   const ModelConfig& model() const { return m_; }
   void read(int tensor_index, float* dst) const;  // the index'th of hf_tensors(model())
+  // Its elements [first, first + count) (row-major).
+  void read_range(int tensor_index, int64_t first, int64_t count, float* dst) const;
 
  private:
   struct Impl;

@@ -1,4 +1,5 @@
-// safetensors: writer → reader round trips (F32, BF16, conversions, element ranges), hand-made F16
+// safetensors: writer → reader round trips (F32, BF16, conversions, element ranges, tensors
+// written piece by piece from a fill function), hand-made F16
 // and sharded checkpoints, and every corruption rejected with a one-line ConfigError naming the
 // file and the tensor.
 #include <gtest/gtest.h>
@@ -6,7 +7,10 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
+#include <iterator>
+#include <utility>
 
 #include "core/errors.h"
 #include "model/safetensors.h"
@@ -126,6 +130,55 @@ TEST(Safetensors, LargeTensorConvertsAcrossChunks) {
   r.read("x", {int64_t(x.size())}, DType::kBF16, y.data());
   for (size_t i = 0; i < x.size(); i += 997) EXPECT_EQ(y[i], f32_to_bf16(x[i])) << i;
   EXPECT_EQ(y.back(), f32_to_bf16(x.back()));
+}
+
+TEST(Safetensors, FilledTensorsAreWrittenPieceByPiece) {
+  // A tensor of 2.5 write chunks from `fill` (a bf16 one, and a small one beside it): the writer
+  // asks for consecutive pieces of at most kSafetensorsWriteChunk elements and writes what they
+  // hold; the file is the same as one written from whole buffers.
+  TempDir dir;
+  const int64_t n = kSafetensorsWriteChunk * 5 / 2 + 3;
+  std::vector<float> x(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) x[size_t(i)] = float(i % 1000) * 0.25f - float(i % 7);
+  std::vector<uint16_t> xb(x.size());
+  for (size_t i = 0; i < x.size(); ++i) xb[i] = f32_to_bf16(x[i]);
+  float small[3] = {1.5f, -2.0f, 3.25f};
+  std::vector<std::pair<int64_t, int64_t>> asked;
+  auto fill_f32 = [&](int64_t first, int64_t count, void* dst) {
+    asked.emplace_back(first, count);
+    std::memcpy(dst, x.data() + first, size_t(count) * 4);
+  };
+  auto fill_bf16 = [&](int64_t first, int64_t count, void* dst) {
+    std::memcpy(dst, xb.data() + first, size_t(count) * 2);
+  };
+  const std::string streamed = dir.file("streamed.safetensors"), whole = dir.file("whole.safetensors");
+  write_safetensors(streamed, {{"x", DType::kF32, {n}, nullptr, fill_f32},
+                               {"s", DType::kF32, {3}, small},
+                               {"xb", DType::kBF16, {n}, nullptr, fill_bf16}});
+  write_safetensors(whole, {{"x", DType::kF32, {n}, x.data()},
+                            {"s", DType::kF32, {3}, small},
+                            {"xb", DType::kBF16, {n}, xb.data()}});
+  const std::vector<std::pair<int64_t, int64_t>> want = {
+      {0, kSafetensorsWriteChunk},
+      {kSafetensorsWriteChunk, kSafetensorsWriteChunk},
+      {2 * kSafetensorsWriteChunk, n - 2 * kSafetensorsWriteChunk}};
+  EXPECT_EQ(asked, want);
+  auto bytes = [](const std::string& p) {
+    std::ifstream f(p, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(f), {});
+  };
+  const std::string a = bytes(streamed), b = bytes(whole);
+  EXPECT_GT(a.size(), size_t(6 * n));
+  EXPECT_TRUE(a == b) << "the streamed file differs from the one written from whole buffers";
+  std::vector<float> y(x.size());
+  SafetensorsReader(streamed).read("x", {n}, DType::kF32, y.data());
+  EXPECT_EQ(y, x);
+  float one = 1.0f;
+  expect_error(
+      [&] {
+        write_safetensors(dir.file("both.safetensors"), {{"y", DType::kF32, {1}, &one, fill_f32}});
+      },
+      {"tensor 'y'", "both data and fill"});
 }
 
 TEST(Safetensors, AtomicOverwriteAndWriterRefusals) {
