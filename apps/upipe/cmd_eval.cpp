@@ -9,7 +9,6 @@
 #include "apps/upipe/model_run.h"
 #include "apps/upipe/report.h"
 #include "backend/optim.h"
-#include "backend/tensor_ops.h"
 #include "core/errors.h"
 #include "model/decoder.h"
 #include "model/safetensors.h"
@@ -60,10 +59,10 @@ int run(Process& proc, const Options& opt) {
     norms[name] = std::sqrt(ss);
     total += ss;
     if (!opt.save_grads.empty()) {
-      const Mat m = t.mat();
+      const Mat flat{t.data(), DType::kF32, 1, t.mat().numel(), t.mat().numel()};  // contiguous
       items.push_back({name, DType::kF32, {t.rows(), t.cols()}, nullptr,
-                       [&dev, m](int64_t first, int64_t count, void* dst) {
-                         dev.copy(dst, static_cast<char*>(m.data) + first * 4, count * 4,
+                       [&dev, flat](int64_t first, int64_t count, void* dst) {
+                         dev.copy(dst, flat.at(0, first), mat_bytes(1, count, DType::kF32),
                                   CopyKind::kDeviceToHost);
                        }});
       if (t.rows() == 1) items.back().shape = {t.cols()};

@@ -1,9 +1,8 @@
 #include "attention/harness.h"
 
-#include <memory>
-
 #include <chrono>
 #include <cmath>
+#include <memory>
 #include <vector>
 
 #include "backend/tensor_ops.h"

@@ -114,7 +114,7 @@ namespace {
 // The terms of local's peak (docs/memory.md): the forward's three moments and the backward's
 // three, each with the intermediates alive then.
 struct LocalMoments {
-  int64_t kept;                     // q, k, v, o, lse
+  int64_t kept;                      // q, k, v, o, lse
   int64_t proj, attn_fwd, out_proj;  // forward (also the recompute at the start of backward)
   int64_t do_proj, attn_bwd, grads;  // backward
 };

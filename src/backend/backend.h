@@ -184,8 +184,9 @@ class Backend {
   virtual void add_into(const Mat& dst, const Mat& src) = 0;  // dst += src, in fp32, rounded once
   // dst (r, c) = beta dst + src^T, fp32.
   virtual void add_transposed(const Mat& dst, const Mat& src, float beta) = 0;
-  // Optimizer ops on contiguous fp32 views. sum_squares: the sum of x^2 accumulated in fp64 in
-  // index order (deterministic; 0 on a device that does not compute).
+  // Optimizer ops on contiguous fp32 views. sum_squares: the sum of x^2 accumulated in fp64 in a
+  // fixed order (deterministic: the same bits for the same x; 0 on a device that does not
+  // compute).
   virtual double sum_squares(const Mat& x) = 0;
   // AdamW on w, with gradient g and moments m, v (all fp32, same shape), in place.
   virtual void adamw(const Mat& w, const Mat& g, const Mat& m, const Mat& v,

@@ -159,10 +159,9 @@ StepLoss Decoder::run(std::span<const int32_t> tokens, ParamSource& p, const Los
   const bool per_block = opt_.checkpoint_granularity != CheckpointGranularity::kLayer;
   const bool keep_mlp = opt_.checkpoint_granularity == CheckpointGranularity::kNone;
   std::vector<Tensor> kept;  // keep_mlp: layer l's gate and up products, kept[2l], kept[2l + 1]
-  // keep_mlp with a strategy that can keep: each layer's attention intermediates, so that the
-  // backward recomputes nothing at all.
-  const bool keep_attn = keep_mlp && strat_->can_keep();
-  std::vector<std::unique_ptr<AttentionKept>> kept_attn(size_t(keep_attn ? nl : 0));
+  // keep_mlp: each layer's attention intermediates too, when the strategy can keep them (else
+  // forward_keep keeps nothing and returns null), so that the backward recomputes nothing.
+  std::vector<std::unique_ptr<AttentionKept>> kept_attn(static_cast<size_t>(nl));
   auto kept_of = [&](int l) {
     return MlpKept{kept[2 * size_t(l)].mat(), kept[2 * size_t(l) + 1].mat()};
   };
@@ -187,7 +186,7 @@ StepLoss Decoder::run(std::span<const int32_t> tokens, ParamSource& p, const Los
     p.prefetch(l + 1 < nl ? layer_unit(l + 1) : uh);
     save();
     rmsnorm_forward(dev_, x, norm_w(w, l, LayerWeight::kInputNorm), eps, h);
-    if (keep_attn)
+    if (keep_mlp)
       kept_attn[size_t(l)] = strat_->forward_keep(h, attn_weights(w, l), x, 1.0f);
     else
       strat_->forward(h, attn_weights(w, l), x, 1.0f);
@@ -270,8 +269,10 @@ StepLoss Decoder::run(std::span<const int32_t> tokens, ParamSource& p, const Los
       copy(dev_, xm, offload ? fetched[il + 1].mat() : ckpt[il + 1].mat());
       drop(il + 1);
     } else {
+      // The layer's recompute keeps the attention's intermediates for its backward below when
+      // the strategy can (local), so the block does not recompute them a second time.
       copy(dev_, xm, xl);
-      strat_->forward(hl, attn_weights(w, l), xm, 1.0f);
+      kept_attn[size_t(l)] = strat_->forward_keep(hl, attn_weights(w, l), xm, 1.0f);
     }
     const ParamViews& g = p.grads(layer_unit(l));
     const Mat gpost = norm_w(g, l, LayerWeight::kPostAttnNorm),
@@ -302,7 +303,7 @@ StepLoss Decoder::run(std::span<const int32_t> tokens, ParamSource& p, const Los
     // the attention's backward is done, so only one slot is held through it (the copy overlaps
     // the norm's backward; at long S it is a small fraction of a layer's attention time).
     Tensor dhl(mem, Tag::kAct, rt, rows, d);
-    if (keep_attn)
+    if (kept_attn[size_t(l)])
       strat_->backward_kept(std::move(kept_attn[size_t(l)]), hl, dx, attn_weights(w, l), dhl,
                             attn_grads(g, l), 0.0f, 0.0f);
     else

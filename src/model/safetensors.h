@@ -107,12 +107,12 @@ class SafetensorsReader {
   std::unordered_map<std::string, SafetensorsTensor> tensors_;
 };
 
-// A tensor to write: `shape` elements of `dtype` at `data` (row-major, contiguous).
 // Writes elements [first, first + count) of a tensor, in its stored dtype, to dst.
 using SafetensorsFill = std::function<void(int64_t first, int64_t count, void* dst)>;
 
-// A tensor to write: its bytes at `data`, or (data null) produced piece by piece by `fill`, so
-// that a tensor held on a device or in a checkpoint never needs a whole host copy.
+// A tensor to write: `shape` elements of `dtype` (row-major) at `data`, or (data null) produced
+// piece by piece by `fill`, so that a tensor held on a device or in a checkpoint never needs a
+// whole host copy.
 struct SafetensorsWriteItem {
   std::string name;
   DType dtype = DType::kF32;

@@ -30,15 +30,23 @@ DecoderStepBytes decoder_step_bytes(const Backend& be, const ModelConfig& m,
   // all L through the loss, L - 1 once the last layer's MLP backward is done.
   const bool keep_mlp = opt.checkpoint_granularity == CheckpointGranularity::kNone;
   const int64_t kept = keep_mlp ? 2 * mat_bytes(rows, m.intermediate_size, t) : 0;
-  // With a strategy that can keep, also every layer's attention intermediates (until its
-  // attention backward): kept with the MLP's in kept_all / kept_rest; the attention moments below
-  // then use the keeping variant's forward and backward peaks (which count the layer's own).
+  // A strategy that can keep (local) keeps its attention intermediates from a forward to the
+  // backward: with none every layer's from the step's forward until its attention backward (with
+  // the MLP's in kept_all / kept_rest); per layer one layer's from its recompute through its MLP
+  // phase (recompute_kept). The attention moments below then use the keeping variant's forward
+  // and backward peaks (which count the layer's own). Per block the backward runs no attention
+  // forward.
   const bool keep_attn = keep_mlp && strat.can_keep();
-  const KeptAttentionBytes ka = keep_attn ? strat.kept_formula_bytes() : KeptAttentionBytes{};
-  const int64_t kept_layer = kept + ka.kept;
+  const bool keep_recompute =
+      opt.checkpoint_granularity == CheckpointGranularity::kLayer && strat.can_keep();
+  const KeptAttentionBytes ka =
+      keep_attn || keep_recompute ? strat.kept_formula_bytes() : KeptAttentionBytes{};
+  const int64_t kept_layer = kept + (keep_attn ? ka.kept : 0);
   const int64_t kept_all = checked_mul(layers, kept_layer, "kept bytes"),
                 kept_rest = kept_all - kept_layer;
-  const int64_t attn_bytes = keep_attn ? ka.backward : strat.attn_formula_bytes();
+  const int64_t recompute_kept = keep_recompute ? ka.kept : 0;
+  const int64_t attn_bytes =
+      keep_attn || keep_recompute ? ka.backward : strat.attn_formula_bytes();
   const int64_t one_ckpt = mat_bytes(rows, d, opt.checkpoint_dtype);
   const int64_t all_ckpt = checked_mul(k * layers, one_ckpt, "checkpoint bytes");
   // Device checkpoints: after the last layer's xm checkpoint is consumed (per block) ...
@@ -47,8 +55,9 @@ DecoderStepBytes decoder_step_bytes(const Backend& be, const ModelConfig& m,
   const int64_t next_ckpt = offload ? one_ckpt + (layers > 1 ? k * one_ckpt : 0) : last_ckpt;
   b.ckpt = offload ? std::max(k * one_ckpt, next_ckpt) : all_ckpt;
   b.ckpt_host = offload ? all_ckpt : 0;
-  b.attn = keep_attn ? checked_add(layers * ka.kept, std::max(ka.forward, ka.backward) - ka.kept)
-                     : attn_bytes;
+  b.attn = keep_attn        ? checked_add(layers * ka.kept, std::max(ka.forward, ka.backward) - ka.kept)
+           : keep_recompute ? std::max(ka.forward, ka.backward)
+                            : attn_bytes;
   b.logits = lm_loss_peak_bytes(be, LmLossConfig{d, m.vocab_size, opt.tile_tokens, t, rt}, rows);
   // The step's phases that can set the peak, each with the (S/C, D) buffers and device
   // checkpoints alive then (docs/model.md, "Memory"):
@@ -75,7 +84,7 @@ DecoderStepBytes decoder_step_bytes(const Backend& be, const ModelConfig& m,
   const int64_t mlp_fwd = mlp_forward_peak_bytes(be, mc, rows, keep_mlp);
   const int64_t attn_act = 2 * res + half;  // dx, h, and xm or dh
   b.act = std::max(2 * res + half, 3 * res);  // the loss phase's x, h, dh, then x, dh, dx
-  b.mlp = kept_all + std::max(mlp_fwd, h2 + g2 + mlp_bwd);
+  b.mlp = checked_mul(layers, kept, "kept MLP bytes") + std::max(mlp_fwd, h2 + g2 + mlp_bwd);
   const int64_t step = std::max({
       loss_ckpt + kept_all + res + half + std::max(mlp_fwd, norm_ws),
       loss_ckpt + kept_all + 2 * res + half + std::max(b.logits, norm_ws),
@@ -83,12 +92,14 @@ DecoderStepBytes decoder_step_bytes(const Backend& be, const ModelConfig& m,
       start_ckpt + kept_all + res + half + norm_ws,
       start_ckpt + kept_all + attn_act,
       last_ckpt + kept_rest + attn_act + std::max(attn_bytes, ka.kept + norm_ws),
-      last_ckpt + kept_all + attn_act + std::max({h2 + g2 + mlp_bwd, h2 + norm_ws, g2 + norm_ws}),
+      last_ckpt + kept_all + recompute_kept + attn_act +
+          std::max({h2 + g2 + mlp_bwd, h2 + norm_ws, g2 + norm_ws}),
+      // Per layer, keeping: the recompute's attention forward.
+      keep_recompute ? last_ckpt + kept_rest + attn_act + ka.forward : 0,
       next_ckpt + kept_rest + 2 * res + norm_ws,
       // Keeping attention: the forward's last attention, with every earlier layer's kept
       // intermediates and the device checkpoints saved by then.
-      keep_attn ? (offload ? 0 : all_ckpt - (k - 1) * one_ckpt) + kept_rest + res + half + ka.forward
-                : 0,
+      keep_attn ? (offload ? 0 : last_ckpt) + kept_rest + res + half + ka.forward : 0,
   });
   b.peak = checked_add(b.params + b.grads, step, "step bytes");
   return b;

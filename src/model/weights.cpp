@@ -20,7 +20,7 @@ bool has_checkpoint(const std::string& dir) {
 
 void param_values(const HfTensorSpec& s, int index, const SafetensorsReader* reader,
                   uint64_t seed, int64_t first, int64_t count, float* dst) {
-  UPIPE_CHECK(first >= 0 && count >= 0 && first + count <= s.numel(),
+  UPIPE_CHECK(first >= 0 && count >= 0 && first <= s.numel() && count <= s.numel() - first,
               "elements [{}, {}) of {} with {}", first, first + count, s.name, s.numel());
   if (reader != nullptr) {
     reader->read_range(s.name, first, count, DType::kF32, dst);

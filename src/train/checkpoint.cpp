@@ -276,25 +276,30 @@ CheckpointReader::CheckpointReader(const std::string& path) : impl_(std::make_un
 
 CheckpointReader::~CheckpointReader() = default;
 
+std::pair<size_t, size_t> CheckpointReader::locate(int tensor_index) const {
+  for (size_t u = 0; u < impl_->layout.size(); ++u) {
+    const ZeroUnitLayout& l = impl_->layout[u];
+    for (size_t i = 0; i < l.tensors.size(); ++i)
+      if (l.index[i] == tensor_index) return {u, i};
+  }
+  throw Error(fmt::format("tensor index {} is not in the model", tensor_index));
+}
+
 void CheckpointReader::read(int tensor_index, float* dst) const {
-  read_range(tensor_index, 0, hf_tensors(m_).at(size_t(tensor_index)).numel(), dst);
+  const auto [u, i] = locate(tensor_index);
+  read_range(tensor_index, 0, impl_->layout[u].tensors[i].numel(), dst);
 }
 
 void CheckpointReader::read_range(int tensor_index, int64_t first, int64_t count,
                                   float* dst) const {
-  for (size_t u = 0; u < impl_->layout.size(); ++u) {
-    const ZeroUnitLayout& l = impl_->layout[u];
-    for (size_t i = 0; i < l.tensors.size(); ++i)
-      if (l.index[i] == tensor_index) {
-        UPIPE_CHECK(first >= 0 && count >= 0 && first + count <= l.tensors[i].numel(),
-                    "elements [{}, {}) of a tensor of {}", first, first + count,
-                    l.tensors[i].numel());
-        const int64_t a = l.offsets[i] + first;
-        read_flat(impl_->files, impl_->saved.units[u], int(u), 0, a, a + count, dst);
-        return;
-      }
-  }
-  UPIPE_CHECK(false, "tensor index {} is not in the model", tensor_index);
+  const auto [u, i] = locate(tensor_index);
+  const ZeroUnitLayout& l = impl_->layout[u];
+  const int64_t numel = l.tensors[i].numel();
+  UPIPE_CHECK(first >= 0 && count >= 0 && first <= numel && count <= numel - first,
+              "elements [{}, {} + {}) of {}, which has {}", first, first, count, l.tensors[i].name,
+              numel);
+  const int64_t a = l.offsets[i] + first;
+  read_flat(impl_->files, impl_->saved.units[u], int(u), 0, a, a + count, dst);
 }
 
 }  // namespace upipe

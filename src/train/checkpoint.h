@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "train/zero.h"
 
@@ -64,6 +65,7 @@ class CheckpointReader {
   void read_range(int tensor_index, int64_t first, int64_t count, float* dst) const;
 
  private:
+  std::pair<size_t, size_t> locate(int tensor_index) const;  // (unit, tensor in the unit)
   struct Impl;
   CheckpointInfo info_;
   ModelConfig m_;

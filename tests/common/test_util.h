@@ -63,17 +63,24 @@ double max_abs_diff(const std::vector<A>& a, const std::vector<B>& b) {
   return m;
 }
 
-// The largest |x|; a NaN or an infinity anywhere is returned as such, so a check built on it
-// (a zero check, a tolerance scaled by it) fails instead of skipping the bad value.
+// The largest finite |x|, the scale of a tolerance: infinities are skipped (a reference may hold
+// -inf, e.g. the lse of a row that sees no key; max_abs_diff compares those exactly), a NaN is
+// returned, so a tolerance built on it fails.
 template <class A>
 double max_abs(const std::vector<A>& a) {
   double m = 0;
   for (const A& x : a) {
     const double v = std::abs(double(x));
-    if (!std::isfinite(v)) return v;
-    m = std::max(m, v);
+    if (std::isnan(v)) return v;
+    if (std::isfinite(v)) m = std::max(m, v);
   }
   return m;
+}
+
+// Whether every element is exactly zero (a NaN or an infinity is not).
+template <class A>
+bool all_zero(const std::vector<A>& a) {
+  return std::all_of(a.begin(), a.end(), [](const A& x) { return double(x) == 0.0; });
 }
 
 template <class T, class U>

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -13,6 +14,7 @@
 #include "backend/tensor_ops.h"
 #include "core/errors.h"
 #include "core/rng.h"
+#include "model/safetensors.h"
 #include "multirank/mpi_test_main.h"
 #include "train/checkpoint.h"
 #include "train/trainer.h"
@@ -164,6 +166,36 @@ TEST(Train, ResumeIsBitwiseIdentical) {
         << "state tensor " << k << " differs after resume";
 }
 
+// A shard longer than one write piece (kSafetensorsWriteChunk elements; the tiny models' are far
+// shorter): the writer streams it from the device piece by piece and loading gives every
+// element back bitwise. A vocabulary of 2^16 on 1 or 2 ranks (the 8-rank run would need 4x it).
+TEST(Train, CheckpointOfShardsLongerThanAWritePiece) {
+  Communicator& world = test::world();
+  if (world.size() > 2) GTEST_SKIP() << "sized for 1 or 2 ranks";
+  ModelConfig m = load_model_config("tiny-qwen3");
+  m.vocab_size = 65536;  // the tied embedding: 4 Mi elements, 2 Mi per rank on 2 ranks
+  SharedDir dir(world);
+  const TrainOptions o = options(0, 1, 64);
+  std::vector<std::vector<float>> saved;
+  {
+    Device dev;
+    Trainer tr(dev, world, m, o);
+    tr.zero().init(nullptr, 5);
+    run(tr, 0, 1, m);
+    saved = state(dev, tr.zero());
+    save_checkpoint(dir.path(), 1, tr.zero(), tr.cp_size(), "", 0);
+  }
+  ASSERT_GT(saved[0].size(), size_t(kSafetensorsWriteChunk));
+  Device dev;
+  Trainer tr(dev, world, m, o);
+  load_checkpoint(dir.path() + "/step_00000001", tr.zero());
+  const auto loaded = state(dev, tr.zero());
+  ASSERT_EQ(loaded.size(), saved.size());
+  for (size_t k = 0; k < loaded.size(); ++k)
+    ASSERT_EQ(std::memcmp(loaded[k].data(), saved[k].data(), loaded[k].size() * 4), 0)
+        << "state tensor " << k << " differs after the round trip";
+}
+
 TEST(Train, CheckpointReshardsAndRefusesBadOnes) {
   Communicator& world = test::world();
   const ModelConfig m = load_model_config("tiny");
@@ -187,6 +219,18 @@ TEST(Train, CheckpointReshardsAndRefusesBadOnes) {
   for (size_t i = 0; i < specs.size(); ++i) {
     whole.emplace_back(size_t(specs[i].numel()));
     reader.read(int(i), whole.back().data());
+  }
+  // Element ranges (what `upipe export` streams): pieces of 997, which straddle the writers'
+  // shards, equal the whole tensor's elements.
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const int64_t n = specs[i].numel();
+    std::vector<float> piece;
+    for (int64_t a = 0; a < n; a += 997) {
+      piece.resize(size_t(std::min<int64_t>(997, n - a)));
+      reader.read_range(int(i), a, int64_t(piece.size()), piece.data());
+      ASSERT_TRUE(std::equal(piece.begin(), piece.end(), whole[i].begin() + a))
+          << specs[i].name << " from " << a;
+    }
   }
   // Loaded on all ranks: each rank's shard is its slice of the consolidated tensors.
   Device dev;

@@ -39,11 +39,16 @@ void check_meta(const test::StrategyCase& sc, int c, int64_t seq_len) {
               s->can_keep() ? std::max(kb.forward, kb.backward) : s->attn_formula_bytes())
         << sc.name << " keep";
     EXPECT_EQ(kb.kept > 0, s->can_keep()) << sc.name;
-    if (s->can_keep()) {  // forward_keep alone peaks at the forward's formula
-      const int watch = dev.mem().start_watch(kAttnIntermediateTags);
+    if (s->can_keep()) {  // forward_keep and backward_kept each peak at their own formula
+      int watch = dev.mem().start_watch(kAttnIntermediateTags);
       std::unique_ptr<AttentionKept> kept = s->forward_keep(t.x, t.weights(), t.y, 0.0f);
       EXPECT_EQ(dev.mem().watch_peak(watch), kb.forward) << sc.name << " forward_keep";
       EXPECT_EQ(dev.mem().current(), before + kb.kept) << sc.name << " kept";
+      dev.mem().stop_watch(watch);
+      watch = dev.mem().start_watch(kAttnIntermediateTags);
+      s->backward_kept(std::move(kept), t.x, t.dy, t.weights(), t.dx, t.grads(), 0.0f, 0.0f);
+      EXPECT_EQ(dev.mem().watch_peak(watch), kb.backward) << sc.name << " backward_kept";
+      EXPECT_EQ(dev.mem().current(), before) << sc.name << " backward_kept";
       dev.mem().stop_watch(watch);
     }
     EXPECT_EQ(dev.mem().current(), before) << sc.name << " keep";
