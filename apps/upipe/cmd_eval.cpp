@@ -60,12 +60,12 @@ int run(Process& proc, const Options& opt) {
     total += ss;
     if (!opt.save_grads.empty()) {
       const Mat flat{t.data(), DType::kF32, 1, t.mat().numel(), t.mat().numel()};  // contiguous
-      items.push_back({name, DType::kF32, {t.rows(), t.cols()}, nullptr,
-                       [&dev, flat](int64_t first, int64_t count, void* dst) {
-                         dev.copy(dst, flat.at(0, first), mat_bytes(1, count, DType::kF32),
-                                  CopyKind::kDeviceToHost);
-                       }});
-      if (t.rows() == 1) items.back().shape = {t.cols()};
+      SafetensorsWriteItem item{name, DType::kF32, {t.rows(), t.cols()}};
+      if (t.rows() == 1) item.shape = {t.cols()};
+      item.fill = [&dev, flat](int64_t first, int64_t count, void* dst) {
+        dev.copy(dst, flat.at(0, first), mat_bytes(1, count, DType::kF32), CopyKind::kDeviceToHost);
+      };
+      items.push_back(std::move(item));
     }
   }
   const int64_t max_peak = max_over_ranks(proc.world, peak);

@@ -82,8 +82,7 @@ BlockTensors make_block_tensors(Device& dev, const AttentionConfig& c, const Row
   return b;
 }
 
-BlockRun run_block(AttentionStrategy& s, Device& dev, BlockTensors& t, bool accumulate,
-                   bool keep) {
+BlockRun run_block(AttentionStrategy& s, Device& dev, BlockTensors& t, bool accumulate, bool keep) {
   const float beta = accumulate ? 1.0f : 0.0f;
   Arena& mem = dev.mem();
   mem.reset_peak();

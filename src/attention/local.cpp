@@ -101,8 +101,8 @@ std::unique_ptr<AttentionKept> LocalAttention::forward_keep(const Mat& x, const 
   return kept;
 }
 
-void LocalAttention::backward_kept(std::unique_ptr<AttentionKept> kept, const Mat& x,
-                                   const Mat& dy, const AttentionWeights& w, const Mat& dx,
+void LocalAttention::backward_kept(std::unique_ptr<AttentionKept> kept, const Mat& x, const Mat& dy,
+                                   const AttentionWeights& w, const Mat& dx,
                                    const AttentionGrads& g, float dx_beta, float dw_beta) {
   auto* mine = dynamic_cast<LocalKept*>(kept.get());
   UPIPE_CHECK(mine != nullptr, "local: backward_kept needs what local's forward_keep kept");

@@ -15,8 +15,8 @@ class LocalAttention final : public AttentionStrategy {
                 const AttentionGrads& g, float dx_beta, float dw_beta) override;
   int64_t attn_formula_bytes() const override;
   bool can_keep() const override { return true; }
-  std::unique_ptr<AttentionKept> forward_keep(const Mat& x, const AttentionWeights& w,
-                                              const Mat& y, float beta) override;
+  std::unique_ptr<AttentionKept> forward_keep(const Mat& x, const AttentionWeights& w, const Mat& y,
+                                              float beta) override;
   void backward_kept(std::unique_ptr<AttentionKept> kept, const Mat& x, const Mat& dy,
                      const AttentionWeights& w, const Mat& dx, const AttentionGrads& g,
                      float dx_beta, float dw_beta) override;

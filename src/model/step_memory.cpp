@@ -45,8 +45,7 @@ DecoderStepBytes decoder_step_bytes(const Backend& be, const ModelConfig& m,
   const int64_t kept_all = checked_mul(layers, kept_layer, "kept bytes"),
                 kept_rest = kept_all - kept_layer;
   const int64_t recompute_kept = keep_recompute ? ka.kept : 0;
-  const int64_t attn_bytes =
-      keep_attn || keep_recompute ? ka.backward : strat.attn_formula_bytes();
+  const int64_t attn_bytes = keep_attn || keep_recompute ? ka.backward : strat.attn_formula_bytes();
   const int64_t one_ckpt = mat_bytes(rows, d, opt.checkpoint_dtype);
   const int64_t all_ckpt = checked_mul(k * layers, one_ckpt, "checkpoint bytes");
   // Device checkpoints: after the last layer's xm checkpoint is consumed (per block) ...
@@ -55,8 +54,9 @@ DecoderStepBytes decoder_step_bytes(const Backend& be, const ModelConfig& m,
   const int64_t next_ckpt = offload ? one_ckpt + (layers > 1 ? k * one_ckpt : 0) : last_ckpt;
   b.ckpt = offload ? std::max(k * one_ckpt, next_ckpt) : all_ckpt;
   b.ckpt_host = offload ? all_ckpt : 0;
-  b.attn = keep_attn        ? checked_add(layers * ka.kept, std::max(ka.forward, ka.backward) - ka.kept)
-           : keep_recompute ? std::max(ka.forward, ka.backward)
+  const int64_t attn_peak = std::max(ka.forward, ka.backward);
+  b.attn = keep_attn        ? checked_add(layers * ka.kept, attn_peak - ka.kept)
+           : keep_recompute ? attn_peak
                             : attn_bytes;
   b.logits = lm_loss_peak_bytes(be, LmLossConfig{d, m.vocab_size, opt.tile_tokens, t, rt}, rows);
   // The step's phases that can set the peak, each with the (S/C, D) buffers and device

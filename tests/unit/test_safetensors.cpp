@@ -151,7 +151,8 @@ TEST(Safetensors, FilledTensorsAreWrittenPieceByPiece) {
   auto fill_bf16 = [&](int64_t first, int64_t count, void* dst) {
     std::memcpy(dst, xb.data() + first, size_t(count) * 2);
   };
-  const std::string streamed = dir.file("streamed.safetensors"), whole = dir.file("whole.safetensors");
+  const std::string streamed = dir.file("streamed.safetensors"),
+                    whole = dir.file("whole.safetensors");
   write_safetensors(streamed, {{"x", DType::kF32, {n}, nullptr, fill_f32},
                                {"s", DType::kF32, {3}, small},
                                {"xb", DType::kBF16, {n}, nullptr, fill_bf16}});
