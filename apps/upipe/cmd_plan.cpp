@@ -23,8 +23,7 @@ struct Options {
   int ranks = 0, cp_size = 0;
   double device_gib = 0, host_gib = 256, reserve_gib = double(kDefaultReserveBytes) / (1 << 30);
   std::string method = "all";
-  std::string head_chunk = "auto", chunks = "auto";
-  int ulysses_degree = 0;
+  std::string head_chunk = "auto", chunks = "auto", ulysses_degree = "auto";
   int64_t seq_len = 0;
   bool max_seq_len = false;
   std::string dtype = "bf16";
@@ -90,7 +89,7 @@ int run(Process& proc, const Options& o) {
   PlanRequest base;
   base.ranks = o.ranks;
   base.cp_size = o.cp_size;
-  base.ulysses_degree = o.ulysses_degree;
+  base.ulysses_degree = knob(o.ulysses_degree, "--ulysses-degree");
   base.head_chunk = knob(o.head_chunk, "--head-chunk");
   base.chunks = knob(o.chunks, "--chunks");
   base.dtype = parse_dtype(o.dtype);
@@ -105,7 +104,7 @@ int run(Process& proc, const Options& o) {
   base.seq_len = o.seq_len;
   if (o.max_seq_len == (o.seq_len > 0))
     throw ConfigError("give exactly one of --seq-len S and --max-seq-len");
-  const AutoKnobs a{o.head_chunk == "auto", o.chunks == "auto"};
+  const AutoKnobs a{o.head_chunk == "auto", o.chunks == "auto", o.ulysses_degree == "auto"};
   check_model_fits(m, base);
 
   std::vector<std::string> methods = kMethods;
@@ -248,8 +247,8 @@ Runner add_plan(CLI::App& cmd) {
       ->check(number_in(0, 1048576));
   cmd.add_option("--method", opt->method, "one method, or all (default)");
   cmd.add_option("--head-chunk", opt->head_chunk, "U of upipe methods, or auto (fewest stages)");
-  cmd.add_option("--ulysses-degree", opt->ulysses_degree, "u of usp / upipe-ring (default: C)")
-      ->check(integer_in<int>(1, kMaxMetaRanks));
+  cmd.add_option("--ulysses-degree", opt->ulysses_degree,
+                 "u of usp / upipe-ring, or auto (the largest that fits)");
   cmd.add_option("--chunks", opt->chunks, "N of fpdt methods, or auto (fewest chunks)");
   cmd.add_option("--seq-len", opt->seq_len, "plan this sequence length")
       ->check(integer_in<int64_t>(1, kMaxTensorElements));

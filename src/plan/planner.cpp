@@ -59,6 +59,9 @@ bool has_head_chunk(const std::string& m) {
 bool has_chunks(const std::string& m) {
   return m == "fpdt" || m == "upipe-fpdt";
 }
+bool has_ulysses_degree(const std::string& m) {
+  return m == "usp" || m == "upipe-ring";
+}
 
 }  // namespace
 
@@ -143,28 +146,48 @@ int64_t seq_granularity(const ModelConfig& m, const PlanRequest& r) {
 
 std::vector<PlanRequest> knob_candidates(const ModelConfig& m, const PlanRequest& r,
                                          const AutoKnobs& a) {
-  std::vector<int> us{r.head_chunk}, ns{r.chunks};
-  if (a.head_chunk && has_head_chunk(r.method)) {
-    // U: multiples of the all-to-all group (C, or u for upipe-ring) dividing H, largest first.
-    const int g = r.method == "upipe-ring" && r.ulysses_degree > 0 ? r.ulysses_degree : cp_of(r);
-    us.clear();
-    for (int u = m.num_attention_heads; u >= g; --u)
-      if (u % g == 0 && m.num_attention_heads % u == 0) us.push_back(u);
-    if (us.empty()) us.push_back(0);  // the strategy refuses it with its own message
+  const int h = m.num_attention_heads, kv = m.num_key_value_heads, cp = cp_of(r);
+  // u: the Ulysses degrees that divide C and fit the heads (H divisible by u, K and u dividing
+  // one another; usp's u = 1 is plain ring and takes any heads), largest first: more of the
+  // sequence moves by all-to-all, less around the ring.
+  std::vector<int> ds{r.ulysses_degree};
+  if (a.ulysses_degree && has_ulysses_degree(r.method)) {
+    ds.clear();
+    for (int u = cp; u >= 1; --u)
+      if (cp % u == 0 && ((h % u == 0 && (kv % u == 0 || u % kv == 0)) ||
+                          (u == 1 && r.method == "usp")))
+        ds.push_back(u);
+    if (ds.empty()) ds.push_back(0);  // the strategy refuses it with its own message
   }
+  std::vector<int> ns{r.chunks};
   if (a.chunks && has_chunks(r.method)) ns = {1, 2, 4, 8, 16, 32};
   std::vector<PlanRequest> out;
   for (int n : ns)
-    for (int u : us) {
-      PlanRequest c = r;
-      c.head_chunk = u;
-      c.chunks = n;
-      out.push_back(c);
+    for (int d : ds) {
+      std::vector<int> us{r.head_chunk};
+      if (a.head_chunk && has_head_chunk(r.method)) {
+        // U: multiples of the all-to-all group (C, or u for upipe-ring) dividing H, largest
+        // first.
+        const int g = r.method == "upipe-ring" && d > 0 ? d : cp;
+        us.clear();
+        for (int u = h; u >= g; --u)
+          if (u % g == 0 && h % u == 0) us.push_back(u);
+        if (us.empty()) us.push_back(0);  // the strategy refuses it with its own message
+      }
+      for (int u : us) {
+        PlanRequest c = r;
+        c.ulysses_degree = d;
+        c.head_chunk = u;
+        c.chunks = n;
+        out.push_back(c);
+      }
     }
-  // Fastest first: fewest stages in all, (H/U) x N; the last is then the most memory-frugal.
-  const int64_t h = m.num_attention_heads;
+  // Fastest first: fewest stages in all, (H/U) x N (usp runs one stage), then the larger u (the
+  // order above); the last is then the most memory-frugal.
   auto stages = [&](const PlanRequest& c) {
-    return (h / std::max(1, c.head_chunk > 0 ? c.head_chunk : cp_of(c))) * std::max(1, c.chunks);
+    const int64_t per_layer =
+        has_head_chunk(c.method) ? h / std::max(1, c.head_chunk > 0 ? c.head_chunk : cp) : 1;
+    return per_layer * std::max(1, c.chunks);
   };
   std::stable_sort(out.begin(), out.end(), [&](const PlanRequest& x, const PlanRequest& y) {
     return stages(x) < stages(y);

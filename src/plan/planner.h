@@ -89,9 +89,10 @@ int64_t model_state_bytes(const ModelConfig& m, const PlanRequest& r);
 int64_t seq_granularity(const ModelConfig& m, const PlanRequest& r);
 
 // `auto` knobs: the candidates to try, fastest first (fewest UPipe stages = largest U; fewest
-// FPDT chunks). Only for methods that have the knob; otherwise one candidate, r itself.
+// FPDT chunks; then the largest Ulysses degree u of usp / upipe-ring). Only for methods that have
+// the knob; otherwise one candidate, r itself.
 struct AutoKnobs {
-  bool head_chunk = false, chunks = false;
+  bool head_chunk = false, chunks = false, ulysses_degree = false;
 };
 std::vector<PlanRequest> knob_candidates(const ModelConfig& m, const PlanRequest& r,
                                          const AutoKnobs& a);

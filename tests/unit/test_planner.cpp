@@ -1,7 +1,11 @@
 // The planner's search on the meta device (one process, fake ranks): the peak grows with S, the
 // maximum S is a multiple of the stated granularity that fits while one granule more does not,
-// `auto` picks the fewest stages that fit, and inputs that cannot fit are refused in one line.
+// `auto` picks the fewest stages (then the largest Ulysses degree) that fit, and inputs that cannot fit are refused in one line.
 #include <gtest/gtest.h>
+
+#include <algorithm>
+#include <utility>
+#include <vector>
 
 #include "core/errors.h"
 #include "plan/planner.h"
@@ -120,6 +124,48 @@ TEST(Planner, AutoPicksTheFewestStagesThatFit) {
   const std::vector<PlanRequest> n = knob_candidates(m, r, AutoKnobs{false, true});
   ASSERT_GT(n.size(), 2u);
   for (size_t i = 1; i < n.size(); ++i) EXPECT_LT(n[i - 1].chunks, n[i].chunks);
+}
+
+TEST(Planner, AutoUlyssesDegree) {
+  // tiny (H = 4, K = 2) on C = 4: u in {4, 2, 1} (K and u divide one another), largest first;
+  // usp runs one stage whatever u. upipe-ring: U is a multiple of u dividing H, and the
+  // candidates come fewest stages first, then the larger u.
+  const ModelConfig m = load_model_config("tiny");
+  PlanRequest r = tiny_request("usp", int64_t(1) << 40);
+  r.seq_len = 16 * kSeqQuantum;
+  const std::vector<PlanRequest> c = knob_candidates(m, r, AutoKnobs{true, true, true});
+  ASSERT_EQ(c.size(), 3u);
+  for (size_t i = 0; i < c.size(); ++i) EXPECT_EQ(c[i].ulysses_degree, 4 >> i);
+  // Plans for each; auto takes the first that fits, or the last (most frugal) when none does.
+  std::vector<int64_t> peak;
+  for (const PlanRequest& q : c) peak.push_back(plan_step(m, q).device_peak);
+  for (size_t i = 0; i < c.size(); ++i) {
+    r.device_bytes = peak[i];
+    const Plan p = plan_auto(m, r, AutoKnobs{false, false, true});
+    ASSERT_TRUE(p.fits) << i;
+    const int u = p.request.ulysses_degree;
+    for (size_t j = 0; j < c.size() && c[j].ulysses_degree != u; ++j)
+      EXPECT_GT(peak[j], peak[i]) << "a faster u = " << c[j].ulysses_degree << " fits too";
+  }
+  r.device_bytes = *std::min_element(peak.begin(), peak.end()) - 1;
+  const Plan none = plan_auto(m, r, AutoKnobs{false, false, true});
+  EXPECT_FALSE(none.fits);
+  EXPECT_EQ(none.request.ulysses_degree, 1);
+  // upipe-ring: (u, U) pairs with u | U | H, fewest stages H/U first.
+  r.method = "upipe-ring";
+  const std::vector<PlanRequest> ur = knob_candidates(m, r, AutoKnobs{true, false, true});
+  const std::vector<std::pair<int, int>> want = {{4, 4}, {2, 4}, {1, 4}, {2, 2}, {1, 2}, {1, 1}};
+  ASSERT_EQ(ur.size(), want.size());
+  for (size_t i = 0; i < ur.size(); ++i) {
+    EXPECT_EQ(ur[i].ulysses_degree, want[i].first) << i;
+    EXPECT_EQ(ur[i].head_chunk, want[i].second) << i;
+  }
+  // A fixed degree is one candidate; other methods ignore the knob.
+  r.ulysses_degree = 2;
+  EXPECT_EQ(knob_candidates(m, r, AutoKnobs{false, false, false}).size(), 1u);
+  r.method = "ring";
+  r.ulysses_degree = 0;
+  EXPECT_EQ(knob_candidates(m, r, AutoKnobs{true, true, true}).size(), 1u);
 }
 
 TEST(Planner, ImpossibleInputsAreOneLine) {
