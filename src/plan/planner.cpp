@@ -154,8 +154,8 @@ std::vector<PlanRequest> knob_candidates(const ModelConfig& m, const PlanRequest
   if (a.ulysses_degree && has_ulysses_degree(r.method)) {
     ds.clear();
     for (int u = cp; u >= 1; --u)
-      if (cp % u == 0 && ((h % u == 0 && (kv % u == 0 || u % kv == 0)) ||
-                          (u == 1 && r.method == "usp")))
+      if (cp % u == 0 &&
+          ((h % u == 0 && (kv % u == 0 || u % kv == 0)) || (u == 1 && r.method == "usp")))
         ds.push_back(u);
     if (ds.empty()) ds.push_back(0);  // the strategy refuses it with its own message
   }

@@ -1,6 +1,7 @@
 // The planner's search on the meta device (one process, fake ranks): the peak grows with S, the
 // maximum S is a multiple of the stated granularity that fits while one granule more does not,
-// `auto` picks the fewest stages (then the largest Ulysses degree) that fit, and inputs that cannot fit are refused in one line.
+// `auto` picks the fewest stages (then the largest Ulysses degree) that fit, and inputs that
+// cannot fit are refused in one line.
 #include <gtest/gtest.h>
 
 #include <algorithm>
