@@ -306,7 +306,14 @@ def section_plan_model(quick):
                          format(by["upipe-fpdt"]["seq_len"], ","), up["limiting_tag"],
                          gib(up["peak_by_tag"][up["limiting_tag"]]),
                          ", ".join("%s %s" % (n, gib(b)) for n, b in
-                                   sorted(up["peak_by_tag"].items(), key=lambda x: -x[1])[:6])), ""]
+                                   sorted(up["peak_by_tag"].items(), key=lambda x: -x[1])[:6]))]
+            top = max(by.values(), key=lambda m: m["seq_len"])
+            k = top["knobs"]
+            knobs = " ".join(("%s=%d" % (n, k[key])) for n, key in (("U", "head_chunk"), ("u", "ulysses_degree"),
+                                                                   ("N", "chunks")) if k[key])
+            text += ["The longest of all methods: %s%s, %s tokens (device %s, host %s of 256 GiB)." % (
+                top["method"], " (%s)" % knobs if knobs else "", format(top["seq_len"], ","),
+                gib(top["device_peak_bytes"]), gib(top["host_peak_bytes"])), ""]
     # Peak vs S for Llama-3-8B (every method, bf16 checkpoints offloaded), budgets unlimited so
     # that every point is planned in full.
     curve = {}
