@@ -3,9 +3,11 @@
 //
 // Blocks are self-checkpointing: forward(x) -> y keeps nothing; backward(x, dy) -> dx, dW
 // recomputes what it needs. A strategy that can_keep() also offers forward_keep, which keeps its
-// intermediates (AttentionKept) for backward_kept, so that backward recomputes nothing (the
-// model's --checkpoint-granularity none). Every buffer comes from the device arena of the
-// context.
+// intermediates (AttentionKept) for backward_kept, so that backward recomputes nothing: the
+// decoder keeps them from the forward with --checkpoint-granularity none, and from each layer's
+// recompute per layer. Only a strategy whose own backward holds all of them at once anyway
+// (local) says it can; UPipe's stages exist to never hold every head's. Every buffer comes from
+// the device arena of the context.
 #pragma once
 
 #include <cstdint>
