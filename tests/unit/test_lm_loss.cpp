@@ -136,17 +136,26 @@ TEST(LmLoss, LargeLogitsStable) {
   run_case({20, 32, 300, 6, DType::kF32, DType::kF32, 0.0f, 30.0});
 }
 
+// A small fp32 head (9 rows, D = 16, V = 50, T = 4) with random h, w, dh and dW.
+struct SmallHead {
+  Device dev;
+  LmLossConfig c{16, 50, 4, DType::kF32, DType::kF32};
+  Tensor h{dev.mem(), Tag::kAct, DType::kF32, 9, 16};
+  Tensor w{dev.mem(), Tag::kParams, DType::kF32, 50, 16};
+  Tensor dh{dev.mem(), Tag::kAct, DType::kF32, 9, 16};
+  Tensor dw{dev.mem(), Tag::kGrads, DType::kF32, 50, 16};
+  SmallHead() {
+    test::fill_normal(h, 1);
+    test::fill_normal(w, 2);
+    test::fill_normal(dh, 3);
+    test::fill_normal(dw, 4);
+  }
+};
+
 // No row has a label: zero loss and dh, dW untouched by anything but dw_beta.
 TEST(LmLoss, NoLabels) {
-  Device dev;
-  const LmLossConfig c{16, 50, 4, DType::kF32, DType::kF32};
-  Tensor h(dev.mem(), Tag::kAct, DType::kF32, 9, 16),
-      w(dev.mem(), Tag::kParams, DType::kF32, 50, 16), dh(dev.mem(), Tag::kAct, DType::kF32, 9, 16),
-      dw(dev.mem(), Tag::kGrads, DType::kF32, 50, 16);
-  test::fill_normal(h, 1);
-  test::fill_normal(w, 2);
-  test::fill_normal(dh, 3);
-  test::fill_normal(dw, 4);
+  SmallHead t;
+  auto& [dev, c, h, w, dh, dw] = t;
   const auto dw0 = test::read(dw);
   const std::vector<int32_t> labels(9, -1);
   EXPECT_EQ(lm_loss(dev, c, h, w, labels, 0.5f, dh, dw, 1.0f), 0.0);
@@ -159,13 +168,8 @@ TEST(LmLoss, NoLabels) {
 // dw_beta 0: the first tile's product overwrites dW (no zero pass before it), so stale NaNs do
 // not survive, and the result equals the one from a zeroed dW; with no rows at all, dW is zeroed.
 TEST(LmLoss, DwBetaZeroOverwritesStaleGradient) {
-  Device dev;
-  const LmLossConfig c{16, 50, 4, DType::kF32, DType::kF32};
-  Tensor h(dev.mem(), Tag::kAct, DType::kF32, 9, 16),
-      w(dev.mem(), Tag::kParams, DType::kF32, 50, 16), dh(dev.mem(), Tag::kAct, DType::kF32, 9, 16),
-      dw(dev.mem(), Tag::kGrads, DType::kF32, 50, 16);
-  test::fill_normal(h, 1);
-  test::fill_normal(w, 2);
+  SmallHead t;
+  auto& [dev, c, h, w, dh, dw] = t;
   const auto labels = make_labels(9, 50, 4);
   zero(dev, dw);
   lm_loss(dev, c, h, w, labels, 0.5f, dh, dw, 1.0f);
