@@ -28,10 +28,10 @@ struct Options {
   bool max_seq_len = false;
   std::string dtype = "bf16";
   int64_t tile_tokens = 1024;
-  bool offload_checkpoints = false;
-  std::string checkpoint_dtype = "fp32";
+  bool offload_stash = false;
+  std::string stash_dtype = "fp32";
   std::string residual_dtype = "fp32";
-  std::string checkpoint_granularity = "layer";
+  std::string recompute = "layer";
   bool json = false;
 };
 
@@ -94,10 +94,10 @@ int run(Process& proc, const Options& o) {
   base.chunks = knob(o.chunks, "--chunks");
   base.dtype = parse_dtype(o.dtype);
   base.tile_tokens = o.tile_tokens;
-  base.offload_checkpoints = o.offload_checkpoints;
-  base.checkpoint_dtype = parse_dtype(o.checkpoint_dtype);
+  base.offload_stash = o.offload_stash;
+  base.stash_dtype = parse_dtype(o.stash_dtype);
   base.residual_dtype = parse_dtype(o.residual_dtype);
-  base.checkpoint_granularity = parse_checkpoint_granularity(o.checkpoint_granularity);
+  base.recompute = parse_recompute(o.recompute);
   base.device_bytes = gib_bytes(o.device_gib, "--device-gib");
   base.host_bytes = gib_bytes(o.host_gib, "--host-gib");
   base.reserve_bytes = o.reserve_gib == 0 ? 0 : gib_bytes(o.reserve_gib, "--reserve-gib");
@@ -165,10 +165,10 @@ int run(Process& proc, const Options& o) {
                         {"host_gib", o.host_gib},
                         {"reserve_gib", gib(base.reserve_bytes)},
                         {"dtype", o.dtype},
-                        {"offload_checkpoints", o.offload_checkpoints},
-                        {"checkpoint_dtype", o.checkpoint_dtype},
+                        {"offload_checkpoints", o.offload_stash},
+                        {"checkpoint_dtype", o.stash_dtype},
                         {"residual_dtype", o.residual_dtype},
-                        {"checkpoint_granularity", o.checkpoint_granularity},
+                        {"checkpoint_granularity", o.recompute},
                         {"tile_tokens", o.tile_tokens},
                         {"plan_seconds", secs}};
     nlohmann::json ms = nlohmann::json::array();
@@ -200,7 +200,7 @@ int run(Process& proc, const Options& o) {
       "%s on %d ranks (CP %d x DP %d), %s, %.4g GiB device (reserve %.4g GiB) and %.4g GiB "
       "host per rank%s; one full training step planned on every rank (%.1f s)\n",
       m.source.c_str(), base.ranks, c, base.ranks / c, o.dtype.c_str(), o.device_gib,
-      gib(base.reserve_bytes), o.host_gib, o.offload_checkpoints ? ", checkpoints offloaded" : "",
+      gib(base.reserve_bytes), o.host_gib, o.offload_stash ? ", checkpoints offloaded" : "",
       secs);
   std::printf("%-11s %-12s %12s %5s %13s %11s  %s\n", "method", "knobs",
               o.max_seq_len ? "max S" : "S", "fits", "device GiB", "host GiB", "limiting tag");
@@ -256,11 +256,11 @@ Runner add_plan(CLI::App& cmd) {
   cmd.add_option("--dtype", opt->dtype, "activation and compute dtype: bf16 (default) or fp32");
   cmd.add_option("--tile-tokens", opt->tile_tokens, "T of the tiled MLP and LM head (1024)")
       ->check(integer_in<int64_t>(1, int64_t(1) << 30));
-  cmd.add_flag("--offload-checkpoints", opt->offload_checkpoints,
+  cmd.add_flag("--offload-checkpoints", opt->offload_stash,
                "keep the layer checkpoints in host memory");
-  cmd.add_option("--checkpoint-dtype", opt->checkpoint_dtype,
+  cmd.add_option("--checkpoint-dtype", opt->stash_dtype,
                  "layer checkpoints stored as fp32 (exact, default) or bf16 (half the bytes)");
-  cmd.add_option("--checkpoint-granularity", opt->checkpoint_granularity,
+  cmd.add_option("--checkpoint-granularity", opt->recompute,
                  "layer (default), block (twice the checkpoints) or none (block + the MLP's "
                  "products kept)");
   cmd.add_option("--residual-dtype", opt->residual_dtype,

@@ -48,10 +48,10 @@ TrainOptions train_options(const RunConfig& c) {
   o.decoder.attn.ulysses_degree = c.parallel.ulysses_degree;
   o.decoder.attn.chunks = c.parallel.chunks;
   o.decoder.tile_tokens = c.train.tile_tokens;
-  o.decoder.offload_checkpoints = c.train.offload_checkpoints;
-  o.decoder.checkpoint_dtype = parse_dtype(c.train.checkpoint_dtype);
+  o.decoder.offload_stash = c.train.offload_stash;
+  o.decoder.stash_dtype = parse_dtype(c.train.stash_dtype);
   o.decoder.residual_dtype = parse_dtype(c.train.residual_dtype);
-  o.decoder.checkpoint_granularity = parse_checkpoint_granularity(c.train.checkpoint_granularity);
+  o.decoder.recompute = parse_recompute(c.train.recompute);
   o.schedule = {c.train.lr, c.min_lr(), c.train.warmup_steps, c.train.steps};
   o.optimizer = {c.train.beta1, c.train.beta2, c.train.eps, c.train.weight_decay};
   o.grad_clip = c.train.grad_clip;

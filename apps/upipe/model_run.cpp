@@ -33,12 +33,12 @@ void add_model_options(CLI::App& cmd, ModelOptions& o) {
       ->capture_default_str();
   cmd.add_option("--memory-budget", o.budget, "device arena budget per rank, e.g. 80G")
       ->capture_default_str();
-  cmd.add_flag("--offload-checkpoints", o.offload_checkpoints,
+  cmd.add_flag("--offload-checkpoints", o.offload_stash,
                "keep the layer checkpoints in the host arena, fetched back layer by layer");
-  cmd.add_option("--checkpoint-dtype", o.checkpoint_dtype,
+  cmd.add_option("--checkpoint-dtype", o.stash_dtype,
                  "layer checkpoints stored as fp32 (exact) or bf16 (half the bytes)")
       ->capture_default_str();
-  cmd.add_option("--checkpoint-granularity", o.checkpoint_granularity,
+  cmd.add_option("--checkpoint-granularity", o.recompute,
                  "layer, block (the attention forward runs once less) or none (block + the MLP's "
                  "products kept)")
       ->capture_default_str();
@@ -57,10 +57,10 @@ std::vector<int32_t> random_tokens(const ModelConfig& m, int64_t n, uint64_t see
 nlohmann::json memory_stack_json(const ModelOptions& o) {
   return {{"dtype", o.dtype},
           {"residual_dtype", o.residual_dtype},
-          {"checkpoint_dtype", o.checkpoint_dtype},
-          {"checkpoint_granularity", o.checkpoint_granularity},
+          {"checkpoint_dtype", o.stash_dtype},
+          {"checkpoint_granularity", o.recompute},
           {"tile_tokens", o.tile_tokens},
-          {"offload_checkpoints", o.offload_checkpoints}};
+          {"offload_checkpoints", o.offload_stash}};
 }
 
 namespace {
@@ -86,10 +86,10 @@ DecoderOptions decoder_options(const ModelOptions& o, int64_t seq_len) {
   d.attn.ulysses_degree = o.ulysses_degree;
   d.attn.chunks = o.chunks;
   d.tile_tokens = o.tile_tokens;
-  d.offload_checkpoints = o.offload_checkpoints;
-  d.checkpoint_dtype = parse_dtype(o.checkpoint_dtype);
+  d.offload_stash = o.offload_stash;
+  d.stash_dtype = parse_dtype(o.stash_dtype);
   d.residual_dtype = parse_dtype(o.residual_dtype);
-  d.checkpoint_granularity = parse_checkpoint_granularity(o.checkpoint_granularity);
+  d.recompute = parse_recompute(o.recompute);
   return d;
 }
 

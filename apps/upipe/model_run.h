@@ -24,9 +24,9 @@ struct ModelOptions {
   int64_t tile_tokens = 1024;
   uint64_t seed = 1;  // random weights (presets, directories without weights) and tokens
   std::string budget = "1T";
-  bool offload_checkpoints = false;
-  std::string checkpoint_dtype = "fp32";
-  std::string checkpoint_granularity = "layer";
+  bool offload_stash = false;
+  std::string stash_dtype = "fp32";
+  std::string recompute = "layer";
 };
 
 // --model --method --dtype --head-chunk --ulysses-degree --chunks --tile-tokens --seed
@@ -34,7 +34,7 @@ struct ModelOptions {
 void add_model_options(CLI::App& cmd, ModelOptions& o);
 
 // The memory-stack options of a run, for its JSON output: dtype, residual_dtype,
-// checkpoint_dtype, checkpoint_granularity, tile_tokens, offload_checkpoints.
+// stash_dtype, recompute, tile_tokens, offload_stash.
 nlohmann::json memory_stack_json(const ModelOptions& o);
 
 // n uniform random ids in [0, V), a pure function of (seed, index): the same on every rank.

@@ -89,15 +89,15 @@ BlockRun run_block(AttentionStrategy& s, Device& dev, BlockTensors& t, bool accu
   const int watch = mem.start_watch(kAttnIntermediateTags);
   BlockRun r;
   double t0 = now();
-  std::unique_ptr<AttentionKept> kept;
+  std::unique_ptr<AttentionStash> kept;
   if (keep)
-    kept = s.forward_keep(t.x, t.weights(), t.y, beta);
+    kept = s.forward_stash(t.x, t.weights(), t.y, beta);
   else
     s.forward(t.x, t.weights(), t.y, beta);
   r.fwd_s = now() - t0;
   t0 = now();
   if (keep)
-    s.backward_kept(std::move(kept), t.x, t.dy, t.weights(), t.dx, t.grads(), beta, beta);
+    s.backward_stashed(std::move(kept), t.x, t.dy, t.weights(), t.dx, t.grads(), beta, beta);
   else
     s.backward(t.x, t.dy, t.weights(), t.dx, t.grads(), beta, beta);
   r.bwd_s = now() - t0;

@@ -33,7 +33,7 @@ struct BlockRun {
 
 // One forward and one backward of `s` on t, overwriting (accumulate = false) or adding to
 // (true: beta = 1) y, dx and the gradients. The arena's peak is reset first. keep: through
-// forward_keep and backward_kept (a strategy that keeps recomputes nothing).
+// forward_stash and backward_stashed (a strategy that keeps recomputes nothing).
 BlockRun run_block(AttentionStrategy& s, Device& dev, BlockTensors& t, bool accumulate = false,
                    bool keep = false);
 

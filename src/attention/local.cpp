@@ -81,7 +81,7 @@ void backward_from(Device& dev, const AttentionConfig& c, Fwd& f, const Mat& x, 
                   dw_beta);
 }
 
-struct LocalKept final : AttentionKept {
+struct LocalKept final : AttentionStash {
   Fwd f;
 };
 
@@ -93,7 +93,7 @@ void LocalAttention::backward(const Mat& x, const Mat& dy, const AttentionWeight
   backward_from(dev(), cfg(), f, x, dy, w, dx, g, dx_beta, dw_beta);
 }
 
-std::unique_ptr<AttentionKept> LocalAttention::forward_keep(const Mat& x, const AttentionWeights& w,
+std::unique_ptr<AttentionStash> LocalAttention::forward_stash(const Mat& x, const AttentionWeights& w,
                                                             const Mat& y, float beta) {
   auto kept = std::make_unique<LocalKept>();
   kept->f = run_forward(dev(), cfg(), x, w);
@@ -101,7 +101,7 @@ std::unique_ptr<AttentionKept> LocalAttention::forward_keep(const Mat& x, const 
   return kept;
 }
 
-void LocalAttention::backward_kept(std::unique_ptr<AttentionKept> kept, const Mat& x, const Mat& dy,
+void LocalAttention::backward_stashed(std::unique_ptr<AttentionStash> kept, const Mat& x, const Mat& dy,
                                    const AttentionWeights& w, const Mat& dx,
                                    const AttentionGrads& g, float dx_beta, float dw_beta) {
   auto* mine = dynamic_cast<LocalKept*>(kept.get());
@@ -145,7 +145,7 @@ int64_t local_attn_peak_bytes(const Backend& be, const AttentionConfig& c) {
   return std::max({m.proj, m.attn_fwd, m.out_proj, m.do_proj, m.attn_bwd, m.grads});
 }
 
-KeptAttentionBytes local_kept_bytes(const Backend& be, const AttentionConfig& c) {
+StashedAttentionBytes local_kept_bytes(const Backend& be, const AttentionConfig& c) {
   const LocalMoments m = local_moments(be, c);
   const int64_t out_proj = m.kept + seq_out_project_bytes(be, c, c.seq_len);
   return {m.kept, std::max({m.proj, m.attn_fwd, out_proj}),
@@ -156,7 +156,7 @@ int64_t LocalAttention::attn_formula_bytes() const {
   return local_attn_peak_bytes(dev().backend(), cfg());
 }
 
-KeptAttentionBytes LocalAttention::kept_formula_bytes() const {
+StashedAttentionBytes LocalAttention::stash_formula_bytes() const {
   return local_kept_bytes(dev().backend(), cfg());
 }
 

@@ -14,19 +14,19 @@ class LocalAttention final : public AttentionStrategy {
   void backward(const Mat& x, const Mat& dy, const AttentionWeights& w, const Mat& dx,
                 const AttentionGrads& g, float dx_beta, float dw_beta) override;
   int64_t attn_formula_bytes() const override;
-  bool can_keep() const override { return true; }
-  std::unique_ptr<AttentionKept> forward_keep(const Mat& x, const AttentionWeights& w, const Mat& y,
+  bool can_stash() const override { return true; }
+  std::unique_ptr<AttentionStash> forward_stash(const Mat& x, const AttentionWeights& w, const Mat& y,
                                               float beta) override;
-  void backward_kept(std::unique_ptr<AttentionKept> kept, const Mat& x, const Mat& dy,
+  void backward_stashed(std::unique_ptr<AttentionStash> kept, const Mat& x, const Mat& dy,
                      const AttentionWeights& w, const Mat& dx, const AttentionGrads& g,
                      float dx_beta, float dw_beta) override;
-  KeptAttentionBytes kept_formula_bytes() const override;
+  StashedAttentionBytes stash_formula_bytes() const override;
   std::optional<CommStats> comm_expected() const override { return CommStats{}; }
 };
 
 // Peak attention-intermediate bytes of `local` (docs/memory.md), a pure function of cfg.
 int64_t local_attn_peak_bytes(const Backend& be, const AttentionConfig& cfg);
-// The same for the keeping variant (forward_keep / backward_kept).
-KeptAttentionBytes local_kept_bytes(const Backend& be, const AttentionConfig& cfg);
+// The same for the keeping variant (forward_stash / backward_stashed).
+StashedAttentionBytes local_kept_bytes(const Backend& be, const AttentionConfig& cfg);
 
 }  // namespace upipe

@@ -2,8 +2,8 @@
 // projections as well as the attention, because UPipe slices them per stage.
 //
 // Blocks are self-checkpointing: forward(x) -> y keeps nothing; backward(x, dy) -> dx, dW
-// recomputes what it needs. A strategy that can_keep() also offers forward_keep, which keeps its
-// intermediates (AttentionKept) for backward_kept, so that backward recomputes nothing: the
+// recomputes what it needs. A strategy that can_stash() also offers forward_stash, which keeps its
+// intermediates (AttentionStash) for backward_stashed, so that backward recomputes nothing: the
 // decoder keeps them from the forward with --checkpoint-granularity none, and from each layer's
 // recompute per layer. Only a strategy whose own backward holds all of them at once anyway
 // (local) says it can; UPipe's stages exist to never hold every head's. Every buffer comes from
@@ -40,17 +40,17 @@ struct AttentionGrads {
   Mat wq, wk, wv, wo, wqn, wkn;
 };
 
-// What forward_keep kept for backward_kept: the strategy's own intermediates, in the device arena.
+// What forward_stash kept for backward_stashed: the strategy's own intermediates, in the device arena.
 // Opaque to the caller; destroying it frees them.
-class AttentionKept {
+class AttentionStash {
  public:
-  virtual ~AttentionKept() = default;
+  virtual ~AttentionStash() = default;
 };
 
-// Closed-form bytes of the keeping variant (can_keep()): what one forward_keep keeps, the peak of
-// its intermediates in forward_keep (what it keeps included) and in backward_kept (what was kept
+// Closed-form bytes of the keeping variant (can_stash()): what one forward_stash keeps, the peak of
+// its intermediates in forward_stash (what it keeps included) and in backward_stashed (what was kept
 // included, freed as it is used).
-struct KeptAttentionBytes {
+struct StashedAttentionBytes {
   int64_t kept = 0;
   int64_t forward = 0;
   int64_t backward = 0;
@@ -81,23 +81,23 @@ class AttentionStrategy {
   // (docs/memory.md), in bytes.
   virtual int64_t attn_formula_bytes() const = 0;
 
-  // The keeping variant. forward_keep = forward plus what backward would recompute, returned
-  // for backward_kept (same arguments and results as backward, nothing recomputed; it frees the
+  // The keeping variant. forward_stash = forward plus what backward would recompute, returned
+  // for backward_stashed (same arguments and results as backward, nothing recomputed; it frees the
   // kept intermediates as it goes and leaves `kept` empty). Strategies that cannot keep
-  // (can_keep() false) keep nothing: forward_keep returns null and backward_kept recomputes.
-  virtual bool can_keep() const { return false; }
-  virtual std::unique_ptr<AttentionKept> forward_keep(const Mat& x, const AttentionWeights& w,
+  // (can_stash() false) keep nothing: forward_stash returns null and backward_stashed recomputes.
+  virtual bool can_stash() const { return false; }
+  virtual std::unique_ptr<AttentionStash> forward_stash(const Mat& x, const AttentionWeights& w,
                                                       const Mat& y, float beta) {
     forward(x, w, y, beta);
     return nullptr;
   }
-  virtual void backward_kept(std::unique_ptr<AttentionKept> kept, const Mat& x, const Mat& dy,
+  virtual void backward_stashed(std::unique_ptr<AttentionStash> kept, const Mat& x, const Mat& dy,
                              const AttentionWeights& w, const Mat& dx, const AttentionGrads& g,
                              float dx_beta, float dw_beta) {
     kept.reset();
     backward(x, dy, w, dx, g, dx_beta, dw_beta);
   }
-  virtual KeptAttentionBytes kept_formula_bytes() const { return {}; }
+  virtual StashedAttentionBytes stash_formula_bytes() const { return {}; }
   // Closed-form per-rank peak of what the strategy keeps in the host arena (offloaded K/V and
   // their gradients), in bytes; 0 for strategies that offload nothing.
   virtual int64_t host_formula_bytes() const { return 0; }

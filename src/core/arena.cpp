@@ -10,7 +10,7 @@ namespace upipe {
 const char* tag_name(Tag t) {
   static const char* kNames[] = {
       "params", "grads",     "optim", "gathered", "act",       "qkv", "a2a",    "attn_out",
-      "kv_resident", "attn_grad", "ring",  "offload",  "workspace", "mlp", "logits", "ckpt",
+      "kv_resident", "attn_grad", "ring",  "offload",  "workspace", "mlp", "logits", "stash",
       "other"};
   static_assert(sizeof(kNames) / sizeof(kNames[0]) == kNumTags);
   return kNames[static_cast<int>(t)];

@@ -19,11 +19,12 @@ enum class Tag : uint8_t {
   kKvResident,  // upipe: the KV set kept resident across the stages that read it
   kAttnGrad,    // do, dq, dk, dv, delta (= rowsum(do * o))
   kRing,        // ring: rotating K/V blocks and their dK/dV accumulators
-  kOffload,     // host arena: offloaded K/V chunks and checkpoints
+  kOffload,     // host arena: fpdt's offloaded K/V chunks and their gradients
   kWorkspace,   // kernel workspaces (attention tiles, bf16->fp32 GEMM staging)
   kMlp,         // MLP intermediates
   kLogits,      // logits tiles of the fused linear + cross-entropy
-  kCkpt,        // activation checkpoints
+  kStash,       // the residuals forward keeps for backward: each layer's input (per block, also
+                // the MLP's input), on the device or in the host arena (offload)
   kOther,
   kCount
 };

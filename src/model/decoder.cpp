@@ -26,18 +26,18 @@ ParamMap allocate_params(Device& dev, const ModelConfig& m, DType dtype, Tag tag
   return p;
 }
 
-CheckpointGranularity parse_checkpoint_granularity(const std::string& s) {
-  if (s == "layer") return CheckpointGranularity::kLayer;
-  if (s == "block") return CheckpointGranularity::kBlock;
-  if (s == "none") return CheckpointGranularity::kNone;
+Recompute parse_recompute(const std::string& s) {
+  if (s == "layer") return Recompute::kLayer;
+  if (s == "block") return Recompute::kBlock;
+  if (s == "none") return Recompute::kNone;
   throw ConfigError(
       fmt::format("unknown checkpoint granularity '{}'; use layer, block or none", s));
 }
 
-const char* granularity_name(CheckpointGranularity g) {
+const char* recompute_name(Recompute g) {
   switch (g) {
-    case CheckpointGranularity::kBlock: return "block";
-    case CheckpointGranularity::kNone: return "none";
+    case Recompute::kBlock: return "block";
+    case Recompute::kNone: return "none";
     default: return "layer";
   }
 }
@@ -155,27 +155,27 @@ StepLoss Decoder::run(std::span<const int32_t> tokens, ParamSource& p, const Los
   // accumulate both blocks into x. Checkpoints: in the device arena, or (offload) in the host
   // arena, fetched back into device slots by the backward (a device with asynchronous copies
   // overlaps the fetch with the layer above's work; on the CPU the copy is a memcpy).
-  const bool offload = opt_.offload_checkpoints;
-  const bool per_block = opt_.checkpoint_granularity != CheckpointGranularity::kLayer;
-  const bool keep_mlp = opt_.checkpoint_granularity == CheckpointGranularity::kNone;
+  const bool offload = opt_.offload_stash;
+  const bool per_block = opt_.recompute != Recompute::kLayer;
+  const bool keep_mlp = opt_.recompute == Recompute::kNone;
   std::vector<Tensor> kept;  // keep_mlp: layer l's gate and up products, kept[2l], kept[2l + 1]
   // keep_mlp: each layer's attention intermediates too, when the strategy can keep them (else
-  // forward_keep keeps nothing and returns null), so that the backward recomputes nothing.
-  std::vector<std::unique_ptr<AttentionKept>> kept_attn(static_cast<size_t>(nl));
+  // forward_stash keeps nothing and returns null), so that the backward recomputes nothing.
+  std::vector<std::unique_ptr<AttentionStash>> kept_attn(static_cast<size_t>(nl));
   auto kept_of = [&](int l) {
-    return MlpKept{kept[2 * size_t(l)].mat(), kept[2 * size_t(l) + 1].mat()};
+    return MlpStash{kept[2 * size_t(l)].mat(), kept[2 * size_t(l) + 1].mat()};
   };
   const size_t per_layer = per_block ? 2 : 1;  // checkpoint i = per_layer * l (+ 1: xm)
-  const DType ct = opt_.checkpoint_dtype;
+  const DType ct = opt_.stash_dtype;
   std::vector<Tensor> ckpt;
   auto save = [&] {
-    ckpt.emplace_back(offload ? dev_.host() : mem, Tag::kCkpt, ct, rows, d);
+    ckpt.emplace_back(offload ? dev_.host() : mem, Tag::kStash, ct, rows, d);
     if (!offload) {
       copy(dev_, ckpt.back(), x);  // converts to the checkpoint dtype
     } else if (ct == rt) {
       dev_.copy(ckpt.back().data(), x.data(), x.bytes(), CopyKind::kDeviceToHost);
     } else {  // converted on the device, then copied to the host
-      Tensor staging(mem, Tag::kCkpt, ct, rows, d);
+      Tensor staging(mem, Tag::kStash, ct, rows, d);
       copy(dev_, staging, x);
       dev_.copy(ckpt.back().data(), staging.data(), staging.bytes(), CopyKind::kDeviceToHost);
     }
@@ -187,12 +187,12 @@ StepLoss Decoder::run(std::span<const int32_t> tokens, ParamSource& p, const Los
     save();
     rmsnorm_forward(dev_, x, norm_w(w, l, LayerWeight::kInputNorm), eps, h);
     if (keep_mlp)
-      kept_attn[size_t(l)] = strat_->forward_keep(h, attn_weights(w, l), x, 1.0f);
+      kept_attn[size_t(l)] = strat_->forward_stash(h, attn_weights(w, l), x, 1.0f);
     else
       strat_->forward(h, attn_weights(w, l), x, 1.0f);
     if (per_block) save();
     rmsnorm_forward(dev_, x, norm_w(w, l, LayerWeight::kPostAttnNorm), eps, h);
-    MlpKept k;
+    MlpStash k;
     if (keep_mlp) {
       for (int i = 0; i < 2; ++i) kept.emplace_back(mem, Tag::kMlp, t, rows, m_.intermediate_size);
       k = kept_of(l);
@@ -246,7 +246,7 @@ StepLoss Decoder::run(std::span<const int32_t> tokens, ParamSource& p, const Los
   std::vector<Tensor> fetched(ckpt.size());
   auto fetch_layer = [&](int l) {
     for (size_t i = per_layer * size_t(l); i < per_layer * size_t(l + 1); ++i) {
-      fetched[i] = Tensor(mem, Tag::kCkpt, ct, rows, d);
+      fetched[i] = Tensor(mem, Tag::kStash, ct, rows, d);
       dev_.copy(fetched[i].data(), ckpt[i].data(), fetched[i].bytes(), CopyKind::kHostToDevice);
     }
   };
@@ -272,7 +272,7 @@ StepLoss Decoder::run(std::span<const int32_t> tokens, ParamSource& p, const Los
       // The layer's recompute keeps the attention's intermediates for its backward below when
       // the strategy can (local), so the block does not recompute them a second time.
       copy(dev_, xm, xl);
-      kept_attn[size_t(l)] = strat_->forward_keep(hl, attn_weights(w, l), xm, 1.0f);
+      kept_attn[size_t(l)] = strat_->forward_stash(hl, attn_weights(w, l), xm, 1.0f);
     }
     const ParamViews& g = p.grads(layer_unit(l));
     const Mat gpost = norm_w(g, l, LayerWeight::kPostAttnNorm),
@@ -289,7 +289,7 @@ StepLoss Decoder::run(std::span<const int32_t> tokens, ParamSource& p, const Los
       {
         Tensor h2(mem, Tag::kMlp, t, n, d);
         rmsnorm_forward(dev_, xt, norm_w(w, l, LayerWeight::kPostAttnNorm), eps, h2);
-        const MlpKept k = keep_mlp ? kept_of(l).rows_of(r0, n) : MlpKept{};
+        const MlpStash k = keep_mlp ? kept_of(l).rows_of(r0, n) : MlpStash{};
         mlp_backward(dev_, mc, h2, dxt, mlp_w(w, l), g2, MlpGrads{gm.gate, gm.up, gm.down}, 0.0f,
                      r0 == 0 ? 0.0f : 1.0f, keep_mlp ? &k : nullptr);
       }
@@ -304,7 +304,7 @@ StepLoss Decoder::run(std::span<const int32_t> tokens, ParamSource& p, const Los
     // the norm's backward; at long S it is a small fraction of a layer's attention time).
     Tensor dhl(mem, Tag::kAct, rt, rows, d);
     if (kept_attn[size_t(l)])
-      strat_->backward_kept(std::move(kept_attn[size_t(l)]), hl, dx, attn_weights(w, l), dhl,
+      strat_->backward_stashed(std::move(kept_attn[size_t(l)]), hl, dx, attn_weights(w, l), dhl,
                             attn_grads(g, l), 0.0f, 0.0f);
     else
       strat_->backward(hl, dx, attn_weights(w, l), dhl, attn_grads(g, l), 0.0f, 0.0f);

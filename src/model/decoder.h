@@ -5,7 +5,7 @@
 // The residual stream is fp32 (or bf16, DecoderOptions::residual_dtype) and every block
 // accumulates into it (beta = 1), so no block keeps an (S/C, D) output of its own. Full
 // activation checkpointing: forward keeps each layer's input (tag ckpt; in the host arena with
-// offload_checkpoints) and backward recomputes the layer from it (the attention forward runs twice
+// offload_stash) and backward recomputes the layer from it (the attention forward runs twice
 // per layer per step: once in forward, once to rebuild the MLP's input in backward, plus the
 // strategy's own recompute inside its backward). The loss has transformers' `labels = input_ids`
 // semantics: the mean over the S-1 next-token predictions of the whole sequence; a row's label is
@@ -34,10 +34,10 @@ ParamMap allocate_params(Device& dev, const ModelConfig& m, DType dtype, Tag tag
 // too: twice the checkpoint bytes, and the attention forward runs once less per layer), or none:
 // per block, and the MLP's gate and up products of every row are kept too (two (S/C, F) per layer,
 // tag mlp), so the MLP recomputes nothing; only the attention block's internals are recomputed.
-enum class CheckpointGranularity { kLayer, kBlock, kNone };
+enum class Recompute { kLayer, kBlock, kNone };
 // "layer" | "block" | "none"
-CheckpointGranularity parse_checkpoint_granularity(const std::string& s);
-const char* granularity_name(CheckpointGranularity g);
+Recompute parse_recompute(const std::string& s);
+const char* recompute_name(Recompute g);
 
 struct DecoderOptions {
   std::string method = "local";  // attention strategy (strategy.h)
@@ -46,17 +46,17 @@ struct DecoderOptions {
   int64_t tile_tokens = 1024;    // T of the tiled MLP and the fused LM head
   // Keep the layer checkpoints in the host arena (tag ckpt) instead of the device's; backward
   // fetches each back into a device slot once the layer above has finished its attention backward.
-  bool offload_checkpoints = false;
+  bool offload_stash = false;
   // The layer checkpoints' storage dtype: fp32 (exact: backward recomputes each layer from the
   // very residual forward saw) or bf16 (half the bytes on the device and the host; backward
   // recomputes from the residual rounded to bf16, docs/model.md states the measured error).
-  DType checkpoint_dtype = DType::kF32;
+  DType stash_dtype = DType::kF32;
   // The residual stream's dtype, and its gradient's: fp32 (default), or the compute dtype (bf16
   // with --dtype bf16), where x, xm, dx and dh are half the bytes and every block accumulates into
   // them through an fp32 buffer of its own rows, rounding once per block (docs/model.md states
   // the measured error and what it saves).
   DType residual_dtype = DType::kF32;
-  CheckpointGranularity checkpoint_granularity = CheckpointGranularity::kLayer;
+  Recompute recompute = Recompute::kLayer;
 };
 
 // What the loss of one sequence is: its scale and an optional group of predictions to report.

@@ -59,7 +59,7 @@ void gate_up(Device& dev, const Mat& x, const MlpWeights& w, const Mat& a, const
   gemm(dev, x, false, w.up, true, b);
 }
 
-void check_kept(const MlpConfig& c, const Mat& x, const MlpKept* k) {
+void check_kept(const MlpConfig& c, const Mat& x, const MlpStash* k) {
   if (!k) return;
   UPIPE_CHECK(shape_is(k->a, x.rows, c.intermediate) && shape_is(k->b, x.rows, c.intermediate) &&
                   k->a.dtype == c.dtype && k->b.dtype == c.dtype,
@@ -67,7 +67,7 @@ void check_kept(const MlpConfig& c, const Mat& x, const MlpKept* k) {
 }
 
 // Fresh (t, F) tiles for the gate and up products, owned by `a` and `b` (tag mlp).
-MlpKept fresh_products(Device& dev, const MlpConfig& c, int64_t t, Tensor& a, Tensor& b) {
+MlpStash fresh_products(Device& dev, const MlpConfig& c, int64_t t, Tensor& a, Tensor& b) {
   a = Tensor(dev.mem(), Tag::kMlp, c.dtype, t, c.intermediate);
   b = Tensor(dev.mem(), Tag::kMlp, c.dtype, t, c.intermediate);
   return {a.mat(), b.mat()};
@@ -76,7 +76,7 @@ MlpKept fresh_products(Device& dev, const MlpConfig& c, int64_t t, Tensor& a, Te
 }  // namespace
 
 void mlp_forward(Device& dev, const MlpConfig& c, const Mat& x, const MlpWeights& w, const Mat& y,
-                 float beta, const MlpKept* keep) {
+                 float beta, const MlpStash* keep) {
   check_config(c);
   check_weights(c, w);
   check_rows(c, x, y, "y");
@@ -88,7 +88,7 @@ void mlp_forward(Device& dev, const MlpConfig& c, const Mat& x, const MlpWeights
     Tensor h(dev.mem(), Tag::kMlp, c.dtype, t, f);  // (T, F)
     {
       Tensor own_a, own_b;  // the products' tiles, unless kept
-      const MlpKept ab = keep ? keep->rows_of(r0, t) : fresh_products(dev, c, t, own_a, own_b);
+      const MlpStash ab = keep ? keep->rows_of(r0, t) : fresh_products(dev, c, t, own_a, own_b);
       gate_up(dev, x.rows_of(r0, t), w, ab.a, ab.b);
       swiglu_forward(dev, ab.a, ab.b, h);
     }
@@ -98,7 +98,7 @@ void mlp_forward(Device& dev, const MlpConfig& c, const Mat& x, const MlpWeights
 
 void mlp_backward(Device& dev, const MlpConfig& c, const Mat& x, const Mat& dy, const MlpWeights& w,
                   const Mat& dx, const MlpGrads& g, float dx_beta, float dw_beta,
-                  const MlpKept* kept) {
+                  const MlpStash* kept) {
   check_config(c);
   check_weights(c, w);
   check_kept(c, x, kept);
@@ -123,7 +123,7 @@ void mlp_backward(Device& dev, const MlpConfig& c, const Mat& x, const Mat& dy, 
     Tensor da(dev.mem(), Tag::kMlp, f32, t, f), db(dev.mem(), Tag::kMlp, f32, t, f);  // (T, F)
     {
       Tensor own_a, own_b;  // the recomputed products, unless kept
-      const MlpKept k = kept ? kept->rows_of(r0, t) : fresh_products(dev, c, t, own_a, own_b);
+      const MlpStash k = kept ? kept->rows_of(r0, t) : fresh_products(dev, c, t, own_a, own_b);
       if (!kept) gate_up(dev, xt, w, k.a, k.b);
       const Mat &a = k.a, &b = k.b;
       {

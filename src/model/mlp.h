@@ -36,27 +36,27 @@ struct MlpGrads {
 // The gate and up products a = x gate^T and b = x up^T of every row, (rows, F) each in dtype:
 // the caller's buffers when it keeps them from forward to backward (the decoder's
 // --checkpoint-granularity none), so backward does not recompute them.
-struct MlpKept {
+struct MlpStash {
   Mat a, b;
-  MlpKept rows_of(int64_t r0, int64_t n) const { return {a.rows_of(r0, n), b.rows_of(r0, n)}; }
+  MlpStash rows_of(int64_t r0, int64_t n) const { return {a.rows_of(r0, n), b.rows_of(r0, n)}; }
 };
 
 // y (S/C, D) out_dtype = beta*y + MLP(x), x (S/C, D) dtype; beta 0 (y not read) or 1. With
 // `keep`, a and b are written there instead of (T, F) tiles of its own.
 void mlp_forward(Device& dev, const MlpConfig& c, const Mat& x, const MlpWeights& w, const Mat& y,
-                 float beta, const MlpKept* keep = nullptr);
+                 float beta, const MlpStash* keep = nullptr);
 
 // dx (S/C, D) out_dtype = dx_beta*dx + dMLP/dx(dy), dy (S/C, D) out_dtype; each g = dw_beta*g +
 // dMLP/dW (fp32, summed over the tiles); betas 0 or 1. Recomputes the forward tile by tile, or
 // reads a and b from `kept` (what mlp_forward kept of the same x).
 void mlp_backward(Device& dev, const MlpConfig& c, const Mat& x, const Mat& dy, const MlpWeights& w,
                   const Mat& dx, const MlpGrads& g, float dx_beta, float dw_beta,
-                  const MlpKept* kept = nullptr);
+                  const MlpStash* kept = nullptr);
 
 // Peak device bytes mlp_forward / mlp_backward allocate on `rows` tokens (everything but x, y,
 // dy, dx, the weights and their gradients and kept products): the (T, F) tiles, the (T, D) fp32
 // dx accumulator when dx is not fp32, and the ops' workspaces from be's queries. Independent of
-// rows once rows >= T. `kept`: with MlpKept buffers (no a, b tiles).
+// rows once rows >= T. `kept`: with MlpStash buffers (no a, b tiles).
 int64_t mlp_forward_peak_bytes(const Backend& be, const MlpConfig& c, int64_t rows,
                                bool kept = false);
 int64_t mlp_backward_peak_bytes(const Backend& be, const MlpConfig& c, int64_t rows,

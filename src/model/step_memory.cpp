@@ -24,11 +24,11 @@ DecoderStepBytes decoder_step_bytes(const Backend& be, const ModelConfig& m,
   // (S/C, D): res for x, xm, dx, dh (the residual dtype), half for h (the compute dtype).
   const int64_t res = mat_bytes(rows, d, rt), half = mat_bytes(rows, d, t);
   // Checkpoints: k per layer (the layer's input; per block also the MLP's input residual xm).
-  const bool offload = opt.offload_checkpoints;
-  const int64_t k = opt.checkpoint_granularity == CheckpointGranularity::kLayer ? 1 : 2;
+  const bool offload = opt.offload_stash;
+  const int64_t k = opt.recompute == Recompute::kLayer ? 1 : 2;
   // Per layer with --checkpoint-granularity none: the MLP's kept gate and up products (tag mlp),
   // all L through the loss, L - 1 once the last layer's MLP backward is done.
-  const bool keep_mlp = opt.checkpoint_granularity == CheckpointGranularity::kNone;
+  const bool keep_mlp = opt.recompute == Recompute::kNone;
   const int64_t kept = keep_mlp ? 2 * mat_bytes(rows, m.intermediate_size, t) : 0;
   // A strategy that can keep (local) keeps its attention intermediates from a forward to the
   // backward: with none every layer's from the step's forward until its attention backward (with
@@ -36,24 +36,24 @@ DecoderStepBytes decoder_step_bytes(const Backend& be, const ModelConfig& m,
   // phase (recompute_kept). The attention moments below then use the keeping variant's forward
   // and backward peaks (which count the layer's own). Per block the backward runs no attention
   // forward.
-  const bool keep_attn = keep_mlp && strat.can_keep();
+  const bool keep_attn = keep_mlp && strat.can_stash();
   const bool keep_recompute =
-      opt.checkpoint_granularity == CheckpointGranularity::kLayer && strat.can_keep();
-  const KeptAttentionBytes ka =
-      keep_attn || keep_recompute ? strat.kept_formula_bytes() : KeptAttentionBytes{};
+      opt.recompute == Recompute::kLayer && strat.can_stash();
+  const StashedAttentionBytes ka =
+      keep_attn || keep_recompute ? strat.stash_formula_bytes() : StashedAttentionBytes{};
   const int64_t kept_layer = kept + (keep_attn ? ka.kept : 0);
   const int64_t kept_all = checked_mul(layers, kept_layer, "kept bytes"),
                 kept_rest = kept_all - kept_layer;
   const int64_t recompute_kept = keep_recompute ? ka.kept : 0;
   const int64_t attn_bytes = keep_attn || keep_recompute ? ka.backward : strat.attn_formula_bytes();
-  const int64_t one_ckpt = mat_bytes(rows, d, opt.checkpoint_dtype);
-  const int64_t all_ckpt = checked_mul(k * layers, one_ckpt, "checkpoint bytes");
+  const int64_t one_stash = mat_bytes(rows, d, opt.stash_dtype);
+  const int64_t all_stash = checked_mul(k * layers, one_stash, "checkpoint bytes");
   // Device checkpoints: after the last layer's xm checkpoint is consumed (per block) ...
-  const int64_t last_ckpt = offload ? one_ckpt : all_ckpt - (k - 1) * one_ckpt;
+  const int64_t last_stash = offload ? one_stash : all_stash - (k - 1) * one_stash;
   // ... and once the next layer's are fetched (offloaded: k more slots).
-  const int64_t next_ckpt = offload ? one_ckpt + (layers > 1 ? k * one_ckpt : 0) : last_ckpt;
-  b.ckpt = offload ? std::max(k * one_ckpt, next_ckpt) : all_ckpt;
-  b.ckpt_host = offload ? all_ckpt : 0;
+  const int64_t next_stash = offload ? one_stash + (layers > 1 ? k * one_stash : 0) : last_stash;
+  b.stash = offload ? std::max(k * one_stash, next_stash) : all_stash;
+  b.stash_host = offload ? all_stash : 0;
   const int64_t attn_peak = std::max(ka.forward, ka.backward);
   b.attn = keep_attn        ? checked_add(layers * ka.kept, attn_peak - ka.kept)
            : keep_recompute ? attn_peak
@@ -76,8 +76,8 @@ DecoderStepBytes decoder_step_bytes(const Backend& be, const ModelConfig& m,
   // forward, whose peak is at most its backward's) and earlier layers hold less.
   const MlpConfig mc{d, m.intermediate_size, opt.tile_tokens, t, rt == f32};
   const int64_t norm_ws = rmsnorm_workspace_bytes(be, d);
-  const int64_t loss_ckpt = offload ? 0 : all_ckpt;
-  const int64_t start_ckpt = offload ? k * one_ckpt : all_ckpt;
+  const int64_t loss_stash = offload ? 0 : all_stash;
+  const int64_t start_stash = offload ? k * one_stash : all_stash;
   const int64_t tile = std::min(opt.tile_tokens, rows);
   const int64_t h2 = mat_bytes(tile, d, t), g2 = mat_bytes(tile, d, rt);
   const int64_t mlp_bwd = mlp_backward_peak_bytes(be, mc, rows, keep_mlp);
@@ -86,20 +86,20 @@ DecoderStepBytes decoder_step_bytes(const Backend& be, const ModelConfig& m,
   b.act = std::max(2 * res + half, 3 * res);  // the loss phase's x, h, dh, then x, dh, dx
   b.mlp = checked_mul(layers, kept, "kept MLP bytes") + std::max(mlp_fwd, h2 + g2 + mlp_bwd);
   const int64_t step = std::max({
-      loss_ckpt + kept_all + res + half + std::max(mlp_fwd, norm_ws),
-      loss_ckpt + kept_all + 2 * res + half + std::max(b.logits, norm_ws),
-      loss_ckpt + kept_all + 3 * res + norm_ws,
-      start_ckpt + kept_all + res + half + norm_ws,
-      start_ckpt + kept_all + attn_act,
-      last_ckpt + kept_rest + attn_act + std::max(attn_bytes, ka.kept + norm_ws),
-      last_ckpt + kept_all + recompute_kept + attn_act +
+      loss_stash + kept_all + res + half + std::max(mlp_fwd, norm_ws),
+      loss_stash + kept_all + 2 * res + half + std::max(b.logits, norm_ws),
+      loss_stash + kept_all + 3 * res + norm_ws,
+      start_stash + kept_all + res + half + norm_ws,
+      start_stash + kept_all + attn_act,
+      last_stash + kept_rest + attn_act + std::max(attn_bytes, ka.kept + norm_ws),
+      last_stash + kept_all + recompute_kept + attn_act +
           std::max({h2 + g2 + mlp_bwd, h2 + norm_ws, g2 + norm_ws}),
       // Per layer, keeping: the recompute's attention forward.
-      keep_recompute ? last_ckpt + kept_rest + attn_act + ka.forward : 0,
-      next_ckpt + kept_rest + 2 * res + norm_ws,
+      keep_recompute ? last_stash + kept_rest + attn_act + ka.forward : 0,
+      next_stash + kept_rest + 2 * res + norm_ws,
       // Keeping attention: the forward's last attention, with every earlier layer's kept
       // intermediates and the device checkpoints saved by then.
-      keep_attn ? (offload ? 0 : last_ckpt) + kept_rest + res + half + ka.forward : 0,
+      keep_attn ? (offload ? 0 : last_stash) + kept_rest + res + half + ka.forward : 0,
   });
   b.peak = checked_add(b.params + b.grads, step, "step bytes");
   return b;

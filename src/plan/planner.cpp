@@ -24,10 +24,10 @@ TrainOptions train_options(const PlanRequest& r) {
   o.decoder.attn.ulysses_degree = r.ulysses_degree;
   o.decoder.attn.chunks = r.chunks;
   o.decoder.tile_tokens = r.tile_tokens;
-  o.decoder.offload_checkpoints = r.offload_checkpoints;
-  o.decoder.checkpoint_dtype = r.checkpoint_dtype;
+  o.decoder.offload_stash = r.offload_stash;
+  o.decoder.stash_dtype = r.stash_dtype;
   o.decoder.residual_dtype = r.residual_dtype;
-  o.decoder.checkpoint_granularity = r.checkpoint_granularity;
+  o.decoder.recompute = r.recompute;
   return o;
 }
 

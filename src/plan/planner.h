@@ -35,10 +35,10 @@ struct PlanRequest {
   int64_t seq_len = 0;     // S
   DType dtype = DType::kBF16;
   int64_t tile_tokens = 1024;
-  bool offload_checkpoints = false;
-  DType checkpoint_dtype = DType::kF32;  // the layer checkpoints' storage
+  bool offload_stash = false;
+  DType stash_dtype = DType::kF32;  // the layer checkpoints' storage
   DType residual_dtype = DType::kF32;    // the residual stream and its gradient
-  CheckpointGranularity checkpoint_granularity = CheckpointGranularity::kLayer;
+  Recompute recompute = Recompute::kLayer;
   int64_t device_bytes = int64_t(80) << 30;  // per rank
   int64_t host_bytes = int64_t(256) << 30;   // per rank
   int64_t reserve_bytes = kDefaultReserveBytes;

@@ -57,13 +57,13 @@ std::vector<Field> fields(RunConfig& c) {
       {"train.seed", &c.train.seed, "random init and data order"},
       {"train.dtype", &c.train.dtype, "compute dtype: fp32 or bf16 (master weights stay fp32)"},
       {"train.tile_tokens", &c.train.tile_tokens, "rows per MLP / LM-head tile T"},
-      {"train.offload_checkpoints", &c.train.offload_checkpoints,
+      {"train.offload_checkpoints", &c.train.offload_stash,
        "keep layer checkpoints in the host arena"},
-      {"train.checkpoint_dtype", &c.train.checkpoint_dtype,
+      {"train.checkpoint_dtype", &c.train.stash_dtype,
        "layer checkpoints stored as fp32 (exact) or bf16 (half the bytes)"},
       {"train.residual_dtype", &c.train.residual_dtype,
        "residual stream and its gradient: fp32, or bf16 with train.dtype = bf16"},
-      {"train.checkpoint_granularity", &c.train.checkpoint_granularity,
+      {"train.checkpoint_granularity", &c.train.recompute,
        "layer (one checkpoint per layer), block (two: attention runs once less per layer) or "
        "none (block + the MLP's products kept: nothing of the MLP recomputed)"},
       {"data.kind", &c.data.kind, "files, random or copy"},
@@ -379,18 +379,18 @@ void validate(const RunConfig& c) {
   if (t.seed < 0) bad("train.seed", fmt::format("must be >= 0, got {}", t.seed));
   if (!one_of(t.dtype, {"fp32", "bf16"}))
     bad("train.dtype", fmt::format("'{}' is unknown; choose fp32 or bf16", t.dtype));
-  if (t.checkpoint_dtype != "fp32" && t.checkpoint_dtype != "bf16")
+  if (t.stash_dtype != "fp32" && t.stash_dtype != "bf16")
     bad("train.checkpoint_dtype",
-        fmt::format("'{}' is unknown; choose fp32 or bf16", t.checkpoint_dtype));
+        fmt::format("'{}' is unknown; choose fp32 or bf16", t.stash_dtype));
   if (t.residual_dtype != "fp32" && t.residual_dtype != "bf16")
     bad("train.residual_dtype",
         fmt::format("'{}' is unknown; choose fp32 or bf16", t.residual_dtype));
   if (t.residual_dtype == "bf16" && t.dtype != "bf16")
     bad("train.residual_dtype", "bf16 needs train.dtype = bf16 (the residual stream is fp32 or "
                                 "the compute dtype)");
-  if (!one_of(t.checkpoint_granularity, {"layer", "block", "none"}))
+  if (!one_of(t.recompute, {"layer", "block", "none"}))
     bad("train.checkpoint_granularity",
-        fmt::format("'{}' is unknown; choose layer, block or none", t.checkpoint_granularity));
+        fmt::format("'{}' is unknown; choose layer, block or none", t.recompute));
   if (t.tile_tokens < 1 || t.tile_tokens > (int64_t(1) << 30))
     bad("train.tile_tokens", fmt::format("must be in [1, 2^30], got {}", t.tile_tokens));
   if (!one_of(c.data.kind, {"files", "random", "copy"}))

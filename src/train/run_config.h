@@ -40,10 +40,10 @@ struct RunConfig {
     int64_t seed = 1;                  // weights (random init) and data
     std::string dtype = "fp32";        // compute dtype: fp32 | bf16 (master weights stay fp32)
     int64_t tile_tokens = 1024;        // rows per MLP / LM-head tile T
-    bool offload_checkpoints = false;  // layer checkpoints in the host arena
-    std::string checkpoint_dtype = "fp32";  // layer checkpoints' storage: fp32 | bf16
+    bool offload_stash = false;  // layer checkpoints in the host arena
+    std::string stash_dtype = "fp32";  // layer checkpoints' storage: fp32 | bf16
     std::string residual_dtype = "fp32";    // residual stream and its gradient: fp32 | bf16
-    std::string checkpoint_granularity = "layer";  // checkpoints per layer | block | none
+    std::string recompute = "layer";  // checkpoints per layer | block | none
     bool operator==(const Train&) const = default;
   } train;
   struct Data {

@@ -93,13 +93,13 @@ void check_model(const std::string& model, DType dtype, DType ckpt = DType::kF32
     if (comm.size() == 4 && (method == "usp" || method == "upipe-ring"))
       opt.attn.ulysses_degree = 2;
     opt.tile_tokens = 96;  // several tiles, the last one shorter
-    opt.checkpoint_dtype = ckpt;
+    opt.stash_dtype = ckpt;
     opt.residual_dtype = residual;
     Decoder dec(dev, comm, m, opt);
     const double loss = dec.loss_and_grads(tokens, w, g);
     if (method == methods(comm.size()).front() && !bf16) {  // offloading changes no bit
       DecoderOptions off = opt;
-      off.offload_checkpoints = true;
+      off.offload_stash = true;
       const ParamMap g2 = allocate_params(dev, m, DType::kF32, Tag::kGrads);
       Decoder dec2(dev, comm, m, off);
       EXPECT_EQ(dec2.loss_and_grads(tokens, w, g2), loss) << model << " " << method;
@@ -111,20 +111,20 @@ void check_model(const std::string& model, DType dtype, DType ckpt = DType::kF32
       // Checkpoints per block take the MLP's input from the forward instead of recomputing the
       // attention, and with none the MLP's products too: the same bits (offloaded too, for the
       // first method).
-      for (auto [cg, offload] : {std::pair{CheckpointGranularity::kBlock, false},
-                                 {CheckpointGranularity::kBlock, true},
-                                 {CheckpointGranularity::kNone, false}}) {
+      for (auto [cg, offload] : {std::pair{Recompute::kBlock, false},
+                                 {Recompute::kBlock, true},
+                                 {Recompute::kNone, false}}) {
         if (offload && method != methods(comm.size()).front()) continue;
         DecoderOptions blk = opt;
-        blk.checkpoint_granularity = cg;
-        blk.offload_checkpoints = offload;
+        blk.recompute = cg;
+        blk.offload_stash = offload;
         const ParamMap g2 = allocate_params(dev, m, DType::kF32, Tag::kGrads);
         Decoder dec2(dev, comm, m, blk);
         EXPECT_EQ(dec2.loss_and_grads(tokens, w, g2), loss)
-            << model << " " << method << " " << granularity_name(cg);
+            << model << " " << method << " " << recompute_name(cg);
         for (const auto& [name, t] : g)
           EXPECT_EQ(download(dev, g2.at(name)), download(dev, t))
-              << model << " " << method << " " << granularity_name(cg) << " " << name;
+              << model << " " << method << " " << recompute_name(cg) << " " << name;
       }
     }
     const double loss_rel = std::abs(loss - loss64) / std::abs(loss64);

@@ -46,7 +46,7 @@ TEST(ModelMeta, MetaPlanEqualsRealRunPerTag) {
     for (const std::string& method : methods)
       for (bool offload : {false, true}) {
         DecoderOptions opt;
-        opt.offload_checkpoints = offload;
+        opt.offload_stash = offload;
         opt.method = method;
         opt.attn.seq_len = s;
         opt.attn.dtype = t;

@@ -63,10 +63,10 @@ TEST(Plan, RealStepEqualsPlanPerTagOnEveryRank) {
           r.seq_len = 256;
           r.dtype = std::string(model) == "tiny" ? DType::kBF16 : DType::kF32;
           r.tile_tokens = 48;
-          r.offload_checkpoints = offload;
+          r.offload_stash = offload;
           // Offloaded checkpoints in bf16 (the staging copy and the half-size slots and host
           // tensors); the on-device ones in fp32.
-          r.checkpoint_dtype = offload ? DType::kBF16 : DType::kF32;
+          r.stash_dtype = offload ? DType::kBF16 : DType::kF32;
           if (method == "usp") r.ulysses_degree = 2;  // 2 x 2 grid
           const std::string what = fmt::format("{} {} cp {} of {}{} rank {}", model, method, c, w,
                                                offload ? " offload bf16" : "", world.rank());

@@ -34,19 +34,19 @@ void check_meta(const test::StrategyCase& sc, int c, int64_t seq_len) {
     // nothing and recomputes: its usual peak), and nothing left once it is done.
     const int64_t before = dev.mem().current();
     const BlockRun k = run_block(*s, dev, t, false, true);
-    const KeptAttentionBytes kb = s->kept_formula_bytes();
+    const StashedAttentionBytes kb = s->stash_formula_bytes();
     EXPECT_EQ(k.attn_peak_bytes,
-              s->can_keep() ? std::max(kb.forward, kb.backward) : s->attn_formula_bytes())
+              s->can_stash() ? std::max(kb.forward, kb.backward) : s->attn_formula_bytes())
         << sc.name << " keep";
-    EXPECT_EQ(kb.kept > 0, s->can_keep()) << sc.name;
-    if (s->can_keep()) {  // forward_keep and backward_kept each peak at their own formula
+    EXPECT_EQ(kb.kept > 0, s->can_stash()) << sc.name;
+    if (s->can_stash()) {  // forward_stash and backward_stashed each peak at their own formula
       int watch = dev.mem().start_watch(kAttnIntermediateTags);
-      std::unique_ptr<AttentionKept> kept = s->forward_keep(t.x, t.weights(), t.y, 0.0f);
+      std::unique_ptr<AttentionStash> kept = s->forward_stash(t.x, t.weights(), t.y, 0.0f);
       EXPECT_EQ(dev.mem().watch_peak(watch), kb.forward) << sc.name << " forward_keep";
       EXPECT_EQ(dev.mem().current(), before + kb.kept) << sc.name << " kept";
       dev.mem().stop_watch(watch);
       watch = dev.mem().start_watch(kAttnIntermediateTags);
-      s->backward_kept(std::move(kept), t.x, t.dy, t.weights(), t.dx, t.grads(), 0.0f, 0.0f);
+      s->backward_stashed(std::move(kept), t.x, t.dy, t.weights(), t.dx, t.grads(), 0.0f, 0.0f);
       EXPECT_EQ(dev.mem().watch_peak(watch), kb.backward) << sc.name << " backward_kept";
       EXPECT_EQ(dev.mem().current(), before) << sc.name << " backward_kept";
       dev.mem().stop_watch(watch);

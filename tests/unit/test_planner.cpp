@@ -74,7 +74,7 @@ TEST(Planner, ReserveAndHostBudgetCount) {
   m.num_hidden_layers = 8;
   PlanRequest r = tiny_request("upipe", int64_t(1) << 40);
   r.seq_len = 8 * kSeqQuantum;
-  r.offload_checkpoints = true;
+  r.offload_stash = true;
   const Plan p = plan_step(m, r);
   ASSERT_GT(p.host_peak, 0);
   r.device_bytes = p.device_peak;
@@ -87,11 +87,11 @@ TEST(Planner, ReserveAndHostBudgetCount) {
   EXPECT_FALSE(plan_step(m, r, true).fits);
   // Offloading moves the checkpoints from the device to the host: the same S needs less device.
   r.host_bytes = int64_t(1) << 40;
-  r.offload_checkpoints = false;
+  r.offload_stash = false;
   const Plan on_device = plan_step(m, r);
   EXPECT_GT(on_device.device_peak, p.device_peak);
   EXPECT_EQ(on_device.host_peak, 0);
-  EXPECT_GT(on_device.device_at_peak[Tag::kCkpt], p.device_at_peak[Tag::kCkpt]);
+  EXPECT_GT(on_device.device_at_peak[Tag::kStash], p.device_at_peak[Tag::kStash]);
 }
 
 TEST(Planner, AutoPicksTheFewestStagesThatFit) {

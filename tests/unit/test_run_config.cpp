@@ -95,7 +95,7 @@ timeout_s = 30.5
   EXPECT_EQ(c.train.seed, 42);
   EXPECT_EQ(c.train.dtype, "bf16");
   EXPECT_EQ(c.train.tile_tokens, 2048);
-  EXPECT_TRUE(c.train.offload_checkpoints);
+  EXPECT_TRUE(c.train.offload_stash);
   EXPECT_EQ(c.data.kind, "files");
   EXPECT_EQ(c.data.path, "/data/*.bin");
   EXPECT_EQ(c.checkpoint.dir, "ckpt");
@@ -146,11 +146,11 @@ TEST(RunConfig, OverridesBothFormsAndTypes) {
   EXPECT_EQ(c.train.lr, 1e-3);
   EXPECT_EQ(c.train.steps, 250);
   EXPECT_EQ(c.model.name, "qwen3-8b");
-  EXPECT_TRUE(c.train.offload_checkpoints);
+  EXPECT_TRUE(c.train.offload_stash);
   EXPECT_EQ(c.memory.budget_gib, 0.5);
   EXPECT_EQ(c.data.path, "a=b.bin");  // only the first '=' splits
   apply_override(c, "train.offload_checkpoints", "0");
-  EXPECT_FALSE(c.train.offload_checkpoints);
+  EXPECT_FALSE(c.train.offload_stash);
 }
 
 TEST(RunConfig, OverrideErrorsNameTheKey) {

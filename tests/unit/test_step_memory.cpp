@@ -39,19 +39,19 @@ TEST(StepMemory, MetaStepPeaksAtTheClosedForm) {
               for (bool offload : {false, true})
                 for (DType ct : {DType::kF32, DType::kBF16})
                   for (DType rt : {DType::kF32, DType::kBF16})
-                    for (CheckpointGranularity cg :
-                         {CheckpointGranularity::kLayer, CheckpointGranularity::kBlock,
-                          CheckpointGranularity::kNone}) {
+                    for (Recompute cg :
+                         {Recompute::kLayer, Recompute::kBlock,
+                          Recompute::kNone}) {
                 if (rt != DType::kF32 && rt != t) continue;  // fp32 or the compute dtype
                 DecoderOptions opt;
-                opt.checkpoint_granularity = cg;
+                opt.recompute = cg;
                 opt.residual_dtype = rt;
-                opt.checkpoint_dtype = ct;
+                opt.stash_dtype = ct;
                 opt.method = method;
                 opt.attn.seq_len = s;
                 opt.attn.dtype = t;
                 opt.tile_tokens = tile;
-                opt.offload_checkpoints = offload;
+                opt.offload_stash = offload;
                 Device dev({BackendKind::kMeta, int64_t(1) << 40, int64_t(1) << 40});
                 FakeCommunicator comm(rank, c);
                 Decoder dec(dev, comm, m, opt);
@@ -65,12 +65,12 @@ TEST(StepMemory, MetaStepPeaksAtTheClosedForm) {
                 const std::string what = std::string(preset) + " " + method + " " + dtype_name(t) +
                                          (offload ? " offload" : "") + " ckpt " +
                                          dtype_name(ct) + " residual " + dtype_name(rt) + " per " +
-                                         granularity_name(cg) + " rank " +
+                                         recompute_name(cg) + " rank " +
                                          std::to_string(rank) + " of " + std::to_string(c);
                 EXPECT_EQ(dev.mem().peak(), want.peak) << what;
-                EXPECT_EQ(dev.mem().peak_by_tag().v[size_t(Tag::kCkpt)], want.ckpt) << what;
+                EXPECT_EQ(dev.mem().peak_by_tag().v[size_t(Tag::kStash)], want.stash) << what;
                 EXPECT_EQ(dev.mem().peak_by_tag().v[size_t(Tag::kAct)], want.act) << what;
-                EXPECT_EQ(dev.host().peak_by_tag().v[size_t(Tag::kCkpt)], want.ckpt_host) << what;
+                EXPECT_EQ(dev.host().peak_by_tag().v[size_t(Tag::kStash)], want.stash_host) << what;
                 EXPECT_EQ(dev.mem().peak_by_tag().v[size_t(Tag::kParams)], want.params) << what;
                 EXPECT_EQ(dev.mem().peak_by_tag().v[size_t(Tag::kGrads)], want.grads) << what;
                 ++checked;

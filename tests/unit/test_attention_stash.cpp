@@ -1,4 +1,4 @@
-// The keeping variant of an attention block (forward_keep / backward_kept, used by the model's
+// The keeping variant of an attention block (forward_stash / backward_stashed, used by the model's
 // --checkpoint-granularity none): for `local` it computes the same bits as the self-checkpointing
 // forward + backward (it only skips the recompute), overwriting and accumulating, fp32 and bf16,
 // with QK-norm and llama3 RoPE. The byte counts, and the fallback of a strategy that cannot keep
@@ -47,7 +47,7 @@ TEST(AttentionKeep, SameBitsAsRecomputing) {
       EXPECT_EQ(dev.mem().current(), before) << sc.name << ": the kept intermediates are freed";
       expect_same(a, b, sc.name + (accumulate ? " accumulate" : ""));
     }
-    ASSERT_TRUE(s->can_keep()) << sc.name;
+    ASSERT_TRUE(s->can_stash()) << sc.name;
     ++kept;
   }
   EXPECT_GT(kept, 2);  // MHA and GQA shapes, QK-norm, bf16
