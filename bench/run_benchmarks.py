@@ -90,7 +90,7 @@ def section_memory(quick):
     rows, cmds, data = [], [], []
     ul = None
     for method, u in [("ulysses", 0), ("upipe", 4), ("upipe", 8), ("upipe", 16), ("upipe", 32)]:
-        cmd, j, err = run(base + ["--method", method] + (["--head-chunk", str(u)] if u else []), ranks=4)
+        cmd, j, err = run(base + ["--method", method] + (["--stage-heads", str(u)] if u else []), ranks=4)
         cmds.append(cmd)
         if j is None:
             rows.append([method, u or "", "failed: " + err, "", "", "", ""])
@@ -121,7 +121,7 @@ def section_speed(quick):
     # back-to-back runs of one method would compare the machine, not the methods.
     for _ in range(reps):
         for method, u in configs:
-            cmd, j, err = run(base + ["--method", method] + (["--head-chunk", str(u)] if u else []), ranks=2)
+            cmd, j, err = run(base + ["--method", method] + (["--stage-heads", str(u)] if u else []), ranks=2)
             if cmd not in cmds:
                 cmds.append(cmd)
             if j is not None and ((method, u) not in best or
@@ -150,9 +150,9 @@ def section_all(quick):
     s = 4096 if quick else 8192
     base = ["bench", "attention", "--seq-len", str(s), "--heads", "16", "--kv-heads", "4", "--head-dim", "64",
             "--iters", "1"]
-    extra = {"upipe": ["--head-chunk", "4"], "usp": ["--ulysses-degree", "2"],
-             "upipe-ring": ["--ulysses-degree", "2", "--head-chunk", "2"], "fpdt": ["--chunks", "4"],
-             "upipe-fpdt": ["--chunks", "4", "--head-chunk", "4"]}
+    extra = {"upipe": ["--stage-heads", "4"], "usp": ["--ulysses-degree", "2"],
+             "upipe-ring": ["--ulysses-degree", "2", "--stage-heads", "2"], "fpdt": ["--chunks", "4"],
+             "upipe-fpdt": ["--chunks", "4", "--stage-heads", "4"]}
     rows, cmds = [], []
     for method in ALL_METHODS:
         cmd, j, err = run(base + ["--method", method] + extra.get(method, []), ranks=4)
@@ -171,16 +171,16 @@ def section_all(quick):
 
 
 PLAN_VARIANTS = [  # (label, method, knobs): the variants the strategy docs discuss
-    ("upipe U=8", "upipe", ["--head-chunk", "8"]),
+    ("upipe U=8", "upipe", ["--stage-heads", "8"]),
     ("usp u=2", "usp", ["--ulysses-degree", "2"]),
     ("usp u=4", "usp", ["--ulysses-degree", "4"]),
-    ("upipe-ring u=1 U=1", "upipe-ring", ["--ulysses-degree", "1", "--head-chunk", "1"]),
-    ("upipe-ring u=2 U=2", "upipe-ring", ["--ulysses-degree", "2", "--head-chunk", "2"]),
-    ("upipe-ring u=4 U=4", "upipe-ring", ["--ulysses-degree", "4", "--head-chunk", "4"]),
+    ("upipe-ring u=1 U=1", "upipe-ring", ["--ulysses-degree", "1", "--stage-heads", "1"]),
+    ("upipe-ring u=2 U=2", "upipe-ring", ["--ulysses-degree", "2", "--stage-heads", "2"]),
+    ("upipe-ring u=4 U=4", "upipe-ring", ["--ulysses-degree", "4", "--stage-heads", "4"]),
     ("fpdt N=16", "fpdt", ["--chunks", "16"]),
     ("fpdt N=64", "fpdt", ["--chunks", "64"]),
-    ("upipe-fpdt U=8 N=16", "upipe-fpdt", ["--chunks", "16", "--head-chunk", "8"]),
-    ("upipe-fpdt U=8 N=64", "upipe-fpdt", ["--chunks", "64", "--head-chunk", "8"]),
+    ("upipe-fpdt U=8 N=16", "upipe-fpdt", ["--chunks", "16", "--stage-heads", "8"]),
+    ("upipe-fpdt U=8 N=64", "upipe-fpdt", ["--chunks", "64", "--stage-heads", "8"]),
 ]
 
 
@@ -196,9 +196,9 @@ def comm_cell(j, op):
 
 def section_plan(quick):
     lens = [2**17, 2**19, 2**20, 2**22]
-    extra = {"upipe": ["--head-chunk", "8"], "usp": ["--ulysses-degree", "4"],
-             "upipe-ring": ["--ulysses-degree", "4", "--head-chunk", "4"], "fpdt": ["--chunks", "8"],
-             "upipe-fpdt": ["--chunks", "8", "--head-chunk", "8"]}
+    extra = {"upipe": ["--stage-heads", "8"], "usp": ["--ulysses-degree", "4"],
+             "upipe-ring": ["--ulysses-degree", "4", "--stage-heads", "4"], "fpdt": ["--chunks", "8"],
+             "upipe-fpdt": ["--chunks", "8", "--stage-heads", "8"]}
     series, rows, cmds = {}, [], []
     for method in ALL_METHODS:
         row = [method + (" " + " ".join(extra[method]) if method in extra else "")]
@@ -263,15 +263,17 @@ def section_plan_model(quick):
     text = ["## Planned: max trainable sequence per method, whole training step (upipe plan)",
             "One complete training step (ZeRO-3 gathers and reduce-scatters, forward, backward, AdamW) of "
             "every rank on the meta device (docs/planner.md); 80 GiB of device memory per rank (H100) with "
-            "the default 2 GiB reserve, 256 GiB of host memory per rank, bf16, checkpoints offloaded to the "
+            "the default 2 GiB reserve, 256 GiB of host memory per rank, bf16, the stash offloaded to the "
             "host, auto knobs (fewest stages that fit); S to a multiple of 64Ki tokens. The limiting tag is "
-            "the largest tag at the worst rank's device peak. Each model twice: exact fp32 layer checkpoints, "
-            "and `--checkpoint-dtype bf16` (half the checkpoint bytes on device and host; its measured "
+            "the largest tag at the worst rank's device peak. Each model twice: an exact fp32 stash (each layer's input), "
+            "and `--stash-dtype bf16` (half the stash bytes on device and host; its measured "
             "gradient error on the transformers fixtures is in docs/model.md).", ""]
     cmds, data = [], {}
     for model, ranks, ckpt in [(m, r, c) for m, r in setups for c in ("fp32", "bf16")]:
-        args = ["plan", "--model", model, "--ranks", str(ranks), "--device-gib", "80", "--host-gib", "256",
-                "--dtype", "bf16", "--offload-checkpoints", "--checkpoint-dtype", ckpt, "--max-seq-len"]
+        args = ["plan", "--model", model, "--ranks", str(ranks), "--device-memory", "80G",
+                "--host-memory", "256G", "--dtype", "bf16", "--offload-stash", "--stash-dtype", ckpt,
+                "--method", "all", "--stage-heads", "auto", "--ulysses-degree", "auto", "--chunks", "auto",
+                "--max-seq-len"]
         shown, j, err = run(args)
         cmds.append(shown)
         rows = []
@@ -283,7 +285,7 @@ def section_plan_model(quick):
                     rows.append([m["method"], "not allowed: " + m["error"], "", "", "", "", ""])
                     continue
                 k = m["knobs"]
-                knobs = " ".join(("%s=%d" % (n, k[key])) for n, key in (("U", "head_chunk"), ("u", "ulysses_degree"),
+                knobs = " ".join(("%s=%d" % (n, k[key])) for n, key in (("U", "stage_heads"), ("u", "ulysses_degree"),
                                                                        ("N", "chunks")) if k[key]) or "—"
                 t = m["peak_by_tag"]
                 rows.append([m["method"], knobs, "%d (%.2fM)" % (m["seq_len"], m["seq_len"] / 1e6),
@@ -291,7 +293,7 @@ def section_plan_model(quick):
                              "%s (%s)" % (m["limiting_tag"], gib(t[m["limiting_tag"]])),
                              ", ".join("%s %s" % (n, gib(b)) for n, b in sorted(t.items(), key=lambda x: -x[1])[:5])])
             data[(model, ckpt)] = j
-        text += ["### %s on %d x 80 GiB, %s layer checkpoints" % (model, ranks, ckpt), "",
+        text += ["### %s on %d x 80 GiB, %s stash" % (model, ranks, ckpt), "",
                  table(["method", "knobs", "max S", "device peak", "host peak", "limiting tag",
                         "largest tags at the peak"], rows), ""]
     best = data.get(("llama3-8b", "bf16"))
@@ -299,7 +301,7 @@ def section_plan_model(quick):
         by = {m["method"]: m for m in best["methods"] if "seq_len" in m}
         if all(k in by for k in ("upipe", "ulysses", "upipe-fpdt")):
             up = by["upipe"]
-            text += ["**Headline** (Llama-3-8B, 8 x 80 GiB, bf16 checkpoints): upipe plans %s tokens, "
+            text += ["**Headline** (Llama-3-8B, 8 x 80 GiB, bf16 stash): upipe plans %s tokens, "
                      "ulysses %s, upipe-fpdt %s (the UPipe authors report 5M with UPipe and under 3M with "
                      "Ulysses on 8 H100s). At its maximum upipe's largest tag is `%s` (%s); its top tags: %s." % (
                          format(up["seq_len"], ","), format(by["ulysses"]["seq_len"], ","),
@@ -309,19 +311,19 @@ def section_plan_model(quick):
                                    sorted(up["peak_by_tag"].items(), key=lambda x: -x[1])[:6]))]
             top = max(by.values(), key=lambda m: m["seq_len"])
             k = top["knobs"]
-            knobs = " ".join(("%s=%d" % (n, k[key])) for n, key in (("U", "head_chunk"), ("u", "ulysses_degree"),
+            knobs = " ".join(("%s=%d" % (n, k[key])) for n, key in (("U", "stage_heads"), ("u", "ulysses_degree"),
                                                                    ("N", "chunks")) if k[key])
             text += ["The longest of all methods: %s%s, %s tokens (device %s, host %s of 256 GiB)." % (
                 top["method"], " (%s)" % knobs if knobs else "", format(top["seq_len"], ","),
                 gib(top["device_peak_bytes"]), gib(top["host_peak_bytes"])), ""]
-    # Peak vs S for Llama-3-8B (every method, bf16 checkpoints offloaded), budgets unlimited so
+    # Peak vs S for Llama-3-8B (every method, bf16 stash offloaded), budgets unlimited so
     # that every point is planned in full.
     curve = {}
     for mi in (1, 2, 3, 4, 5, 6, 7):
         seq = mi * 2**20
-        shown, j, err = run(["plan", "--model", "llama3-8b", "--ranks", "8", "--device-gib", "100000",
-                             "--host-gib", "100000", "--dtype", "bf16", "--offload-checkpoints",
-                             "--checkpoint-dtype", "bf16", "--method", "all", "--seq-len", str(seq)])
+        shown, j, err = run(["plan", "--model", "llama3-8b", "--ranks", "8", "--device-memory", "100000G",
+                             "--host-memory", "100000G", "--dtype", "bf16", "--offload-stash",
+                             "--stash-dtype", "bf16", "--method", "all", "--seq-len", str(seq)])
         cmds.append(shown)
         for m in (j or {}).get("methods", []):
             if "device_peak_bytes" in m:
@@ -355,7 +357,7 @@ def plot_plan_model(data, bars_path, curve_path):
     ax.set_xticklabels(["%s\n%.2fM" % (m["method"], m["seq_len"] / 2**20) for m in methods], fontsize=8)
     ax.axhline(78, color="k", lw=0.8, ls="--")
     ax.set_ylabel("device bytes per rank at the peak (GiB)")
-    ax.set_title("Llama-3-8B, 8 x 80 GiB, bf16 checkpoints offloaded: each method at its max S")
+    ax.set_title("Llama-3-8B, 8 x 80 GiB, bf16 stash offloaded: each method at its max S")
     ax.legend(fontsize=7, ncol=2, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     fig.savefig(bars_path, dpi=110)
@@ -448,11 +450,11 @@ def section_model(quick):
             json.dump(MODEL_CONFIG, f)
         base = ["bench", "model", "--model", "CONFIG", "--seq-len", str(s), "--iters", str(iters), "--dtype", "fp32"]
         runs = [("upipe local", 1, ["--method", "local"]),
-                ("upipe local, checkpoints per block", 1, ["--method", "local", "--checkpoint-granularity", "block"]),
-                ("upipe local, no checkpoints (none)", 1, ["--method", "local", "--checkpoint-granularity", "none"]),
+                ("upipe local, stash per block", 1, ["--method", "local", "--recompute", "block"]),
+                ("upipe local, nothing recomputed (none)", 1, ["--method", "local", "--recompute", "none"]),
                 ("upipe upipe (U=C)", 2, ["--method", "upipe"]),
-                ("upipe upipe (U=C), checkpoints per block", 2,
-                 ["--method", "upipe", "--checkpoint-granularity", "block"])]
+                ("upipe upipe (U=C), stash per block", 2,
+                 ["--method", "upipe", "--recompute", "block"])]
         torch_runs = [("PyTorch eager, sdpa", "sdpa"), ("PyTorch eager, eager attention", "eager")]
         best, cmds, rounds = {}, [], []
         faster = lambda j, label: label not in best or j["step_s"] < best[label]["step_s"]
@@ -503,7 +505,7 @@ def section_model(quick):
             "backward to every gradient. upipe: `upipe bench model` (full activation checkpointing: each layer "
             "is recomputed in backward, so it does more arithmetic than PyTorch; `local` keeps the recompute's "
             "attention intermediates for the block's backward, the 2-rank strategies recompute them once more; "
-            "with `--checkpoint-granularity block` the MLP's input is kept too and the layer's attention is not "
+            "with `--recompute block` the MLP's input is kept too and the layer's attention is not "
             "recomputed; with `none` also the MLP's gate and up products and, on one rank, the attention "
             "block's q, k, v, o and log-sum-exp, so one rank recomputes nothing; T=1024 tiles); PyTorch: "
             "transformers %s, torch %s, `torch.set_num_threads(1)`, no checkpointing "
@@ -540,9 +542,9 @@ def section_train(quick):
         for _ in range(reps):
             for method in methods:
                 metrics = os.path.join(d, method + ".jsonl")
-                args = ["train", "--model.name=" + d, "--data.kind=random", "--train.seq_len=%d" % s,
-                        "--train.steps=%d" % steps, "--parallel.method=" + method, "--train.dtype=fp32",
-                        "--metrics.progress=lines", "--metrics.path=" + metrics]
+                args = ["train", "--model=" + d, "--data-kind=random", "--seq-len=%d" % s,
+                        "--steps=%d" % steps, "--method=" + method, "--dtype=fp32",
+                        "--progress=lines", "--metrics-path=" + metrics]
                 shown = "mpirun -np 2 build/upipe " + " ".join(args).replace(d, "DIR")
                 if shown not in cmds:
                     cmds.append(shown)

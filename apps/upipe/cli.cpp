@@ -8,40 +8,22 @@
 #include <vector>
 
 #include "core/errors.h"
-#include "core/watchdog.h"
 
 namespace upipe::app {
 
-AttentionConfig ShapeOptions::config() const {
+AttentionConfig ShapeOptions::config(const RunConfig& r) const {
   AttentionConfig c;
-  c.seq_len = seq_len;
+  c.seq_len = r.train.seq_len;
   c.heads = heads;
   c.kv_heads = kv_heads;
   c.head_dim = head_dim;
-  try {
-    c.dtype = parse_dtype(dtype);
-  } catch (const ConfigError& e) {
-    throw ConfigError(fmt::format("--dtype: {}", e.what()));
-  }
+  c.dtype = r.memory.policy.dtype;
+  c.fp32_residual = r.memory.policy.residual_dtype == DType::kF32;
   c.rope.theta = rope_theta;
   c.rope.scaling = parse_rope_scaling(rope_scaling);
-  if (hidden_size) {
-    if (*hidden_size <= 0)
-      throw ConfigError(
-          fmt::format("--hidden-size must be positive (got {}); omit it for H*d", *hidden_size));
-    c.hidden = *hidden_size;
-  }
+  if (hidden_size) c.hidden = *hidden_size;
   c.qk_norm = qk_norm;
-  if (!residual_dtype.empty()) {
-    const DType r = parse_dtype(residual_dtype);
-    if (r != DType::kF32 && r != c.dtype)
-      throw ConfigError(fmt::format("--residual-dtype {} must be fp32 or the --dtype ({})",
-                                    residual_dtype, dtype_name(c.dtype)));
-    c.fp32_residual = r == DType::kF32;
-  }
-  c.head_chunk = head_chunk;
-  c.ulysses_degree = ulysses_degree;
-  c.chunks = chunks;
+  c.knobs = r.parallel.knobs;
   c.validate_shape();
   return c;
 }
@@ -76,10 +58,7 @@ CLI::Validator number_in(double lo, double hi) {
       "NUMBER in " + range);
 }
 
-void add_shape_options(CLI::App& cmd, ShapeOptions& o, bool with_strategy) {
-  cmd.add_option("--seq-len,-S", o.seq_len, "global sequence length S (tokens)")
-      ->capture_default_str()
-      ->check(integer_in<int64_t>(1, kMaxTensorElements));
+void add_shape_options(CLI::App& cmd, ShapeOptions& o, bool full) {
   cmd.add_option("--heads,-H", o.heads, "query heads H")
       ->capture_default_str()
       ->check(integer_in<int>(1, kMaxHeads));
@@ -89,30 +68,17 @@ void add_shape_options(CLI::App& cmd, ShapeOptions& o, bool with_strategy) {
   cmd.add_option("--head-dim,-d", o.head_dim, "head dimension d (even)")
       ->capture_default_str()
       ->check(integer_in<int>(2, kMaxHeadDim));
-  cmd.add_option("--dtype", o.dtype, "storage dtype: fp32 or bf16")->capture_default_str();
   cmd.add_option("--rope-theta", o.rope_theta, "RoPE base")
       ->capture_default_str()
       ->check(number_in(kMinRopeTheta, kMaxRopeTheta));
-  if (!with_strategy) return;
+  if (!full) return;
   cmd.add_option("--hidden-size", o.hidden_size,
                  "model width D (default H*d); Wq is (H*d, D), Wo (D, H*d)")
       ->check(integer_in<int64_t>(1, kMaxHiddenSize));
-  cmd.add_option("--residual-dtype", o.residual_dtype,
-                 "dtype of y, dy, dx (the residual stream the block accumulates into): fp32 or "
-                 "the --dtype (default)");
   cmd.add_flag("--qk-norm", o.qk_norm, "Qwen3 QK-norm: RMSNorm over d of every q and k head");
   cmd.add_option("--rope-scaling", o.rope_scaling,
                  "RoPE frequency scaling: llama3:FACTOR:LOW:HIGH:ORIG (Llama-3.1: "
                  "llama3:8:1:4:8192) or none");
-  cmd.add_option("--head-chunk,-U", o.head_chunk,
-                 "upipe/upipe-fpdt: query heads per stage U (0 = C)")
-      ->check(integer_in<int>(0, kMaxHeads));
-  cmd.add_option("--ulysses-degree,-u", o.ulysses_degree,
-                 "usp/upipe-ring: ranks per Ulysses group u (0 = all)")
-      ->check(integer_in<int>(0, kMaxMetaRanks));
-  cmd.add_option("--chunks,-N", o.chunks,
-                 "fpdt/upipe-fpdt: sequence chunks N (0 = the largest N <= 4 dividing S/C)")
-      ->check(integer_in<int>(0, std::numeric_limits<int>::max()));
 }
 
 RopeScaling parse_rope_scaling(const std::string& s) {
@@ -153,47 +119,6 @@ RopeScaling parse_rope_scaling(const std::string& s) {
         "the original context ({}) in --rope-scaling {} must be a positive integer", parts[4], s));
   r.original_max_position = int64_t(orig);
   return r;
-}
-
-int64_t parse_bytes(const std::string& s, const char* flag) {
-  const std::string example = "write e.g. 80G, 512M or 1048576";
-  size_t i = 0;
-  while (i < s.size() && (std::isdigit(static_cast<unsigned char>(s[i])) || s[i] == '.')) ++i;
-  double v = 0;
-  const auto [end, ec] = std::from_chars(s.data(), s.data() + i, v);
-  if (i == 0 || ec != std::errc() || end != s.data() + i)
-    throw ConfigError(fmt::format("{}: cannot read '{}' as a byte size; {}", flag, s, example));
-  std::string unit = s.substr(i);
-  for (char& ch : unit) ch = char(std::tolower(static_cast<unsigned char>(ch)));
-  int shift = 0;
-  if (unit.empty() || unit == "b")
-    shift = 0;
-  else if (unit == "k" || unit == "kb" || unit == "kib")
-    shift = 10;
-  else if (unit == "m" || unit == "mb" || unit == "mib")
-    shift = 20;
-  else if (unit == "g" || unit == "gb" || unit == "gib")
-    shift = 30;
-  else if (unit == "t" || unit == "tb" || unit == "tib")
-    shift = 40;
-  else
-    throw ConfigError(fmt::format("{}: unknown size unit in '{}'; use K, M, G or T", flag, s));
-  const double bytes = std::ldexp(v, shift);
-  if (!(bytes >= 1))
-    throw ConfigError(
-        fmt::format("{}: '{}' is less than one byte; give a positive size, {}", flag, s, example));
-  if (bytes > double(kMaxBudget))
-    throw ConfigError(fmt::format("{}: '{}' is more than {} (1 EiB); give a smaller size", flag, s,
-                                  kMaxBudgetText));
-  return int64_t(std::floor(bytes));
-}
-
-void add_timeout_option(CLI::App& cmd, double& timeout_s) {
-  timeout_s = kDefaultWatchdogTimeoutS;
-  cmd.add_option("--timeout", timeout_s,
-                 "seconds a collective may make no progress before the job is ended (0 = never)")
-      ->check(number_in(0, 1e7))
-      ->capture_default_str();
 }
 
 }  // namespace upipe::app

@@ -1,5 +1,5 @@
 // Shared command-line pieces of the `upipe` subcommands: the attention shape options, checked
-// numeric options, byte-size parsing, and the process context (MPI world, this rank's device).
+// numeric options, and the process context (the MPI world).
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -9,33 +9,29 @@
 
 #include "attention/config.h"
 #include "comm/communicator.h"
+#include "train/run_config.h"
 
 namespace upipe::app {
 
-// Bounds of the flags that are not part of the attention shape (AttentionConfig has those).
-inline constexpr int kMaxMetaRanks = 65536;              // --meta-ranks
-inline constexpr int kMaxIters = 1000000;                // --iters
-inline constexpr int64_t kMaxBudget = int64_t(1) << 60;  // --memory-budget: 1 EiB
-inline constexpr const char* kMaxBudgetText = "1048576T";
+// Bounds of the commands' own flags.
+inline constexpr int kMaxIters = 1000000;  // --iters
 
+// The attention block's shape, for the commands that run one block without a model (check,
+// bench attention, bench kernel, demo attention). S, dtype, method and knobs are settings.
 struct ShapeOptions {
-  int64_t seq_len = 4096;
   int heads = 8, kv_heads = 2, head_dim = 64;
-  std::string dtype = "fp32";
   double rope_theta = 10000.0;
   std::string rope_scaling;            // "llama3:FACTOR:LOW:HIGH:ORIG" or empty
   std::optional<int64_t> hidden_size;  // unset: H*d
   bool qk_norm = false;
-  std::string residual_dtype;  // y, dy, dx: "fp32", or empty/the dtype
-  int head_chunk = 0, ulysses_degree = 0, chunks = 0;
-  AttentionConfig config() const;  // validates the shape (ConfigError)
+  // The block's configuration: this shape with the settings' S, dtype, residual dtype and
+  // method; validates the shape (ConfigError).
+  AttentionConfig config(const RunConfig& c) const;
 };
 
-// --seq-len --heads --kv-heads --head-dim --dtype --rope-theta; with_strategy (the commands that
-// run the whole block) adds --hidden-size --residual-dtype --qk-norm --rope-scaling and the
-// strategy knobs --head-chunk --ulysses-degree --chunks. Every numeric flag is range-checked at
-// parse time.
-void add_shape_options(CLI::App& cmd, ShapeOptions& o, bool with_strategy);
+// --heads --kv-heads --head-dim --rope-theta; full (the commands that run the whole block) adds
+// --hidden-size --qk-norm --rope-scaling. Every numeric flag is range-checked at parse time.
+void add_shape_options(CLI::App& cmd, ShapeOptions& o, bool full);
 
 // "llama3:8:1:4:8192" -> the llama3 rule with factor 8, low/high frequency factors 1 and 4 and
 // an original context of 8192; "" or "none" -> no scaling. Throws ConfigError.
@@ -47,13 +43,6 @@ template <class T>
 CLI::Validator integer_in(T lo, T hi);
 // A validator accepting only a finite decimal number in [lo, hi].
 CLI::Validator number_in(double lo, double hi);
-
-// "80G", "512MiB", "1.5g", "4096" -> bytes in [1, kMaxBudget]; throws ConfigError naming `flag`.
-int64_t parse_bytes(const std::string& s, const char* flag = "--memory-budget");
-
-// --timeout S on a command that communicates: the watchdog's timeout in seconds (0 = none;
-// default kDefaultWatchdogTimeoutS, core/watchdog.h). main() starts the watchdog with it.
-void add_timeout_option(CLI::App& cmd, double& timeout_s);
 
 // Per-process state every command gets.
 struct Process {

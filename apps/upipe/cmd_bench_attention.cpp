@@ -6,18 +6,19 @@
 
 #include "apps/upipe/commands.h"
 #include "apps/upipe/report.h"
+#include "apps/upipe/settings_cli.h"
 #include "attention/harness.h"
+#include "attention/methods.h"
 #include "comm/fake/fake_comm.h"
 #include "core/errors.h"
+#include "core/watchdog.h"
 
 namespace upipe::app {
 namespace {
 
 struct Options {
   ShapeOptions shape;
-  std::string method = "upipe";
   int iters = 3;
-  std::string budget = "1T";
   int meta_ranks = 0;
   bool json = false;
 };
@@ -27,10 +28,10 @@ struct Options {
 int plan(const Options& opt, const AttentionConfig& cfg, int64_t budget) {
   Device dev({BackendKind::kMeta, budget, budget});
   FakeCommunicator comm(0, opt.meta_ranks);
-  auto strat = make_strategy(opt.method, {dev, comm, cfg});
+  auto strat = make_strategy({dev, comm, cfg});
   BlockTensors t = make_block_tensors(dev, cfg, strat->layout().positions(0), 1);
   const BlockRun r = run_block(*strat, dev, t);
-  nlohmann::json j = config_json(opt.method, cfg);
+  nlohmann::json j = config_json(cfg);
   j.update({{"ranks", opt.meta_ranks},
             {"device", "meta"},
             {"peak_bytes", r.peak_bytes},
@@ -44,19 +45,21 @@ int plan(const Options& opt, const AttentionConfig& cfg, int64_t budget) {
     std::printf(
         "%s planned for rank 0 of %d, S=%lld: peak %s, attention intermediates %s, "
         "%lld collective calls sending %s\n",
-        opt.method.c_str(), opt.meta_ranks, (long long)cfg.seq_len,
+        cfg.knobs.method.c_str(), opt.meta_ranks, (long long)cfg.seq_len,
         format_bytes(r.peak_bytes).c_str(), format_bytes(r.attn_peak_bytes).c_str(),
         (long long)comm.stats().total_calls(), format_bytes(comm.stats().total_bytes()).c_str());
   }
   return 0;
 }
 
-int run(Process& proc, const Options& opt) {
-  const AttentionConfig cfg = opt.shape.config();
-  const int64_t budget = parse_bytes(opt.budget);
+int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App& cmd) {
+  const RunConfig set = resolve_settings(proc, sa, cmd).config;
+  Watchdog::start(set.comm.timeout);
+  const AttentionConfig cfg = opt.shape.config(set);
+  const int64_t budget = set.memory.device_bytes;
   if (opt.meta_ranks > 0) return proc.root() ? plan(opt, cfg, budget) : 0;
   Device dev({BackendKind::kCpu, budget, budget});
-  auto strat = make_strategy(opt.method, {dev, proc.world, cfg});
+  auto strat = make_strategy({dev, proc.world, cfg});
   BlockTensors t = make_block_tensors(dev, cfg, strat->layout().positions(proc.rank()), 1);
   run_block(*strat, dev, t);  // warm-up
   double fwd = 1e30, bwd = 1e30;
@@ -80,7 +83,7 @@ int run(Process& proc, const Options& opt) {
   }
   if (!proc.root()) return 0;
   const double tps = double(cfg.seq_len) / (fwd + bwd);
-  nlohmann::json j = config_json(opt.method, cfg);
+  nlohmann::json j = config_json(cfg);
   j.update({{"ranks", proc.world.size()},
             {"iters", opt.iters},
             {"fwd_s", fwd},
@@ -94,7 +97,7 @@ int run(Process& proc, const Options& opt) {
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf("%s on %d rank(s), S=%lld: forward %.3f s, backward %.3f s, %.0f tokens/s\n",
-                opt.method.c_str(), proc.world.size(), (long long)cfg.seq_len, fwd, bwd, tps);
+                cfg.knobs.method.c_str(), proc.world.size(), (long long)cfg.seq_len, fwd, bwd, tps);
     std::printf("  peak %s, attention intermediates %s (formula %s)\n", format_bytes(peak).c_str(),
                 format_bytes(attn).c_str(), format_bytes(strat->attn_formula_bytes()).c_str());
   }
@@ -105,19 +108,17 @@ int run(Process& proc, const Options& opt) {
 
 Runner add_bench_attention(CLI::App& cmd) {
   auto opt = std::make_shared<Options>();
-  opt->shape.seq_len = 16384;
-  cmd.add_option("--method,-m", opt->method, "strategy to time")->capture_default_str();
   add_shape_options(cmd, opt->shape, true);
   cmd.add_option("--iters", opt->iters, "timed iterations (minimum reported)")
       ->capture_default_str()
       ->check(integer_in<int>(1, kMaxIters));
-  cmd.add_option("--memory-budget", opt->budget, "device arena budget per rank")
-      ->capture_default_str();
   cmd.add_option("--meta-ranks", opt->meta_ranks,
                  "plan on the meta device as rank 0 of this many ranks (no data, no timing)")
-      ->check(integer_in<int>(0, kMaxMetaRanks));
+      ->check(integer_in<int>(0, kMaxRanks));
   cmd.add_flag("--json", opt->json, "print one JSON object (rank 0)");
-  return [opt](Process& p) { return run(p, *opt); };
+  auto sa = add_settings(cmd, kScopeBlock);
+  CLI::App* c = &cmd;
+  return [opt, sa, c](Process& p) { return run(p, *opt, *sa, *c); };
 }
 
 }  // namespace upipe::app

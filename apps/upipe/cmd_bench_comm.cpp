@@ -23,10 +23,12 @@
 #include <vector>
 
 #include "apps/upipe/commands.h"
+#include "apps/upipe/settings_cli.h"
 #include "backend/device.h"
 #include "comm/mpi/mpi_comm.h"
 #include "core/arena.h"
 #include "core/errors.h"
+#include "core/watchdog.h"
 
 namespace upipe::app {
 namespace {
@@ -144,7 +146,8 @@ double median(std::vector<double> v) {
   return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
 }
 
-int run(Process& proc, const Options& opt) {
+int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App& cmd) {
+  Watchdog::start(resolve_settings(proc, sa, cmd).config.comm.timeout);
   auto* mpi = dynamic_cast<MpiCommunicator*>(&proc.world);
   if (mpi == nullptr) throw ConfigError("bench comm needs the MPI backend");
   const Op op = parse_op(opt.op);
@@ -153,7 +156,7 @@ int run(Process& proc, const Options& opt) {
   Communicator& c = proc.world;
   const MPI_Comm h = mpi->handle();
   const int n = c.size(), r = c.rank(), next = (r + 1) % n, prev = (r + n - 1) % n;
-  const int64_t requested = parse_bytes(opt.bytes);
+  const int64_t requested = parse_bytes(opt.bytes, "--bytes");
   const int64_t b = requested / (4 * n) * (4 * n);
   if (b == 0)
     throw ConfigError(
@@ -297,7 +300,9 @@ Runner add_bench_comm(CLI::App& cmd) {
       "slowest rank, a barrier before each call. Compared with the plain MPI call on the same "
       "buffers (MPI_Alltoall, MPI_Allgather, MPI_Reduce_scatter_block, MPI_Allreduce, "
       "MPI_Sendrecv).");
-  return [opt](Process& p) { return run(p, *opt); };
+  auto sa = add_settings(cmd, kScopeComm);
+  CLI::App* c = &cmd;
+  return [opt, sa, c](Process& p) { return run(p, *opt, *sa, *c); };
 }
 
 }  // namespace upipe::app

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "apps/upipe/commands.h"
+#include "apps/upipe/settings_cli.h"
 #include "backend/attention.h"
 #include "backend/device.h"
 #include "backend/gemm.h"
@@ -74,8 +75,8 @@ double sampled_error(Device& dev, const AttnProblem& p, const Mat& o, const Mat&
   return std::max(eo / std::max(mo, 1e-30), edq / std::max(mdq, 1e-30));
 }
 
-int run(Process& proc, const Options& opt) {
-  const AttentionConfig c = opt.shape.config();
+int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App& cmd) {
+  const AttentionConfig c = opt.shape.config(resolve_settings(proc, sa, cmd).config);
   Device dev;
   Arena& mem = dev.mem();
   const int64_t s = c.seq_len, d = c.head_dim, qc = c.heads * d, kc = c.kv_heads * d;
@@ -170,13 +171,14 @@ int run(Process& proc, const Options& opt) {
 
 Runner add_bench_kernel(CLI::App& cmd) {
   auto opt = std::make_shared<Options>();
-  opt->shape.seq_len = 8192;
   add_shape_options(cmd, opt->shape, false);
   cmd.add_option("--iters", opt->iters, "timed repetitions (the minimum is reported)")
       ->capture_default_str()
       ->check(integer_in<int>(1, kMaxIters));
   cmd.add_flag("--json", opt->json, "print one JSON object");
-  return [opt](Process& p) { return run(p, *opt); };
+  auto sa = add_settings(cmd, kScopeKernel);
+  CLI::App* c = &cmd;
+  return [opt, sa, c](Process& p) { return run(p, *opt, *sa, *c); };
 }
 
 }  // namespace upipe::app

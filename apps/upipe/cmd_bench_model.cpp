@@ -11,14 +11,14 @@
 #include "apps/upipe/commands.h"
 #include "apps/upipe/model_run.h"
 #include "apps/upipe/report.h"
+#include "apps/upipe/settings_cli.h"
 #include "core/errors.h"
+#include "core/watchdog.h"
 
 namespace upipe::app {
 namespace {
 
 struct Options {
-  ModelOptions model;
-  int64_t seq_len = 2048;
   int iters = 3;
   bool json = false;
 };
@@ -39,11 +39,15 @@ double model_flops(const ModelConfig& m, int64_t s) {
   return 6.0 * matmul * double(s) + double(m.num_hidden_layers) * attn;
 }
 
-int run(Process& proc, const Options& opt) {
-  const ModelConfig m = load_model_config(opt.model.model);
-  if (opt.seq_len < 2) throw ConfigError("--seq-len must be at least 2");
-  const std::vector<int32_t> tokens = random_tokens(m, opt.seq_len, opt.model.seed);
-  ModelRun run(proc.world, m, opt.model, opt.seq_len);
+int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App& cmd) {
+  const Settings set = resolve_settings(proc, sa, cmd);
+  const RunConfig& cfg = set.config;
+  Watchdog::start(cfg.comm.timeout);
+  const ModelConfig m = load_model_config(cfg.model.name);
+  spell_model_fields(set, m);
+  const int64_t seq_len = cfg.train.seq_len;
+  const std::vector<int32_t> tokens = random_tokens(m, seq_len, uint64_t(cfg.train.seed));
+  ModelRun run(proc.world, m, cfg, seq_len);
   Device& dev = run.dev;
   dev.mem().reset_peak();
   dev.host().reset_peak();
@@ -67,12 +71,12 @@ int run(Process& proc, const Options& opt) {
   const int64_t peak = max_over_ranks(proc.world, dev.mem().peak());
   const int64_t host_peak = max_over_ranks(proc.world, dev.host().peak());
   if (!proc.root()) return 0;
-  const double t = median(step), tps = double(opt.seq_len) / t;
-  const double tflops = model_flops(m, opt.seq_len) / t * 1e-12;
+  const double t = median(step), tps = double(seq_len) / t;
+  const double tflops = model_flops(m, seq_len) / t * 1e-12;
   nlohmann::json j = {{"model", m.source},
-                      {"method", opt.model.method},
+                      {"method", cfg.parallel.knobs.method},
                       {"ranks", proc.world.size()},
-                      {"seq_len", opt.seq_len},
+                      {"seq_len", seq_len},
                       {"parameters", parameter_count(m)},
                       {"iters", opt.iters},
                       {"loss", loss},
@@ -84,13 +88,13 @@ int run(Process& proc, const Options& opt) {
                       {"peak_bytes", peak},
                       {"peak_by_tag", tags_json(dev.mem().at_peak_by_tag())},
                       {"host_peak_bytes", host_peak}};
-  j.update(memory_stack_json(opt.model));
+  j.update(memory_policy_json(cfg.memory.policy));
   if (opt.json) {
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf("%s, %lld tokens, %s on %d rank(s), %s: loss %.6f\n", m.source.c_str(),
-                (long long)opt.seq_len, opt.model.method.c_str(), proc.world.size(),
-                opt.model.dtype.c_str(), loss);
+                (long long)seq_len, cfg.parallel.knobs.method.c_str(), proc.world.size(),
+                dtype_name(cfg.memory.policy.dtype), loss);
     std::printf(
         "  step %.3f s (forward %.3f s, backward %.3f s; median of %d), %.0f tokens/s, "
         "%.3f model TFLOP/s\n",
@@ -104,15 +108,13 @@ int run(Process& proc, const Options& opt) {
 
 Runner add_bench_model(CLI::App& cmd) {
   auto opt = std::make_shared<Options>();
-  add_model_options(cmd, opt->model);
-  cmd.add_option("--seq-len,-S", opt->seq_len, "tokens in the sequence (random ids)")
-      ->capture_default_str()
-      ->check(integer_in<int64_t>(2, int64_t(1) << 40));
   cmd.add_option("--iters", opt->iters, "timed steps after one warm-up (median reported)")
       ->capture_default_str()
       ->check(integer_in<int>(1, kMaxIters));
   cmd.add_flag("--json", opt->json, "print one JSON object (rank 0)");
-  return [opt](Process& p) { return run(p, *opt); };
+  auto sa = add_settings(cmd, kScopeModel);
+  CLI::App* c = &cmd;
+  return [opt, sa, c](Process& p) { return run(p, *opt, *sa, *c); };
 }
 
 }  // namespace upipe::app

@@ -6,27 +6,28 @@
 
 #include "apps/upipe/commands.h"
 #include "apps/upipe/report.h"
+#include "apps/upipe/settings_cli.h"
 #include "attention/check.h"
+#include "core/watchdog.h"
 
 namespace upipe::app {
 namespace {
 
 struct Options {
   ShapeOptions shape;
-  std::string method = "upipe";
-  uint64_t seed = 1;
-  std::string budget = "1T";
   bool json = false;
 };
 
-int run(Process& proc, const Options& opt) {
-  const AttentionConfig cfg = opt.shape.config();
+int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App& cmd) {
+  const RunConfig set = resolve_settings(proc, sa, cmd).config;
+  Watchdog::start(set.comm.timeout);
+  const AttentionConfig cfg = opt.shape.config(set);
   CheckOptions co;
-  co.seed = opt.seed;
-  co.device_budget = parse_bytes(opt.budget);
-  const CheckResult r = check_strategy(opt.method, cfg, proc.world, co);
+  co.seed = uint64_t(set.train.seed);
+  co.device_budget = set.memory.device_bytes;
+  const CheckResult r = check_strategy(cfg, proc.world, co);
   if (proc.root()) {
-    nlohmann::json j = config_json(r.method, cfg);
+    nlohmann::json j = config_json(cfg);
     j.update({{"ranks", r.ranks},
               {"max_abs_err", r.max_abs_err},
               {"tolerance", r.tolerance},
@@ -62,18 +63,11 @@ int run(Process& proc, const Options& opt) {
 
 Runner add_check(CLI::App& cmd) {
   auto opt = std::make_shared<Options>();
-  opt->shape.seq_len = 1024;
-  cmd.add_option("--method,-m", opt->method,
-                 "local, ulysses, upipe, ring, usp, upipe-ring, fpdt, upipe-fpdt")
-      ->capture_default_str();
   add_shape_options(cmd, opt->shape, true);
-  cmd.add_option("--seed", opt->seed, "input seed")
-      ->capture_default_str()
-      ->check(integer_in<uint64_t>(0, std::numeric_limits<uint64_t>::max()));
-  cmd.add_option("--memory-budget", opt->budget, "device arena budget per rank, e.g. 80G")
-      ->capture_default_str();
   cmd.add_flag("--json", opt->json, "print one JSON object (rank 0)");
-  return [opt](Process& p) { return run(p, *opt); };
+  auto sa = add_settings(cmd, kScopeBlock);
+  CLI::App* c = &cmd;
+  return [opt, sa, c](Process& p) { return run(p, *opt, *sa, *c); };
 }
 
 }  // namespace upipe::app

@@ -6,9 +6,12 @@
 #include <nlohmann/json.hpp>
 
 #include "apps/upipe/commands.h"
+#include "apps/upipe/settings_cli.h"
 #include "attention/check.h"
 #include "attention/harness.h"
+#include "attention/methods.h"
 #include "comm/fake/fake_comm.h"
+#include "core/watchdog.h"
 
 namespace upipe::app {
 namespace {
@@ -18,20 +21,25 @@ struct Options {
   std::vector<int64_t> seq_lens{2048, 4096, 8192};
 };
 
-int64_t planned_attn_peak(const std::string& method, const AttentionConfig& cfg, int ranks) {
+int64_t planned_attn_peak(const std::string& method, AttentionConfig cfg, int ranks) {
   Device dev({BackendKind::kMeta, int64_t(1) << 50, int64_t(1) << 50});
   FakeCommunicator comm(0, ranks);
-  auto s = make_strategy(method, {dev, comm, cfg});
+  cfg.knobs = {method};
+  auto s = make_strategy({dev, comm, cfg});
   BlockTensors t = make_block_tensors(dev, cfg, s->layout().positions(0), 1);
   return run_block(*s, dev, t).attn_peak_bytes;
 }
 
-int run(Process& proc, const Options& opt) {
-  for (int64_t s : opt.seq_lens) {  // refuse bad input before any work
-    ShapeOptions so = opt.shape;
-    so.seq_len = s;
-    so.config();
-  }
+int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App& cmd) {
+  RunConfig set = resolve_settings(proc, sa, cmd).config;
+  Watchdog::start(set.comm.timeout);
+  // The block of each method at S tokens.
+  auto config = [&](int64_t s, const std::string& method) {
+    set.train.seq_len = s;
+    set.parallel.knobs = {method};
+    return opt.shape.config(set);
+  };
+  for (int64_t s : opt.seq_lens) config(s, "upipe");  // refuse bad input before any work
 
   const int c = proc.world.size();
   const bool root = proc.root();
@@ -41,15 +49,14 @@ int run(Process& proc, const Options& opt) {
     std::printf(
         "upipe demo on %d rank(s), one thread each. Attention block H=%d K=%d d=%d %s;\n"
         "upipe runs U=C=%d query heads per stage.\n\n",
-        c, opt.shape.heads, opt.shape.kv_heads, opt.shape.head_dim, opt.shape.dtype.c_str(), c);
+        c, opt.shape.heads, opt.shape.kv_heads, opt.shape.head_dim,
+        dtype_name(set.memory.policy.dtype), c);
 
   // 1. Correctness against the single-rank oracle.
-  ShapeOptions small = opt.shape;
-  small.seq_len = 1024;
   int failures = 0;
   for (const std::string& m : methods) {
     if (m == "local") continue;
-    const CheckResult r = check_strategy(m, small.config(), proc.world);
+    const CheckResult r = check_strategy(config(1024, m), proc.world);
     failures += r.passed ? 0 : 1;
     if (root)
       std::printf(
@@ -65,12 +72,10 @@ int run(Process& proc, const Options& opt) {
     std::printf("\n%8s %-8s %9s %9s %11s %14s %14s\n", "S", "method", "fwd s", "bwd s", "tokens/s",
                 "attn peak", "formula");
   for (int64_t s : opt.seq_lens) {
-    ShapeOptions so = opt.shape;
-    so.seq_len = s;
-    const AttentionConfig cfg = so.config();
     for (const std::string& m : methods) {
+      const AttentionConfig cfg = config(s, m);
       Device dev;
-      auto strat = make_strategy(m, {dev, proc.world, cfg});
+      auto strat = make_strategy({dev, proc.world, cfg});
       BlockTensors t = make_block_tensors(dev, cfg, strat->layout().positions(proc.rank()), 1);
       run_block(*strat, dev, t);  // warm-up
       proc.world.barrier();
@@ -117,8 +122,10 @@ Runner add_demo(CLI::App& cmd) {
   opt->shape.kv_heads = 4;
   add_shape_options(cmd, opt->shape, false);
   cmd.add_option("--seq-lens", opt->seq_lens, "sequence lengths to time")
-      ->check(integer_in<int64_t>(1, kMaxTensorElements));
-  return [opt](Process& p) { return run(p, *opt); };
+      ->check(integer_in<int64_t>(2, kMaxSeqLen));
+  auto sa = add_settings(cmd, kScopeDemo);
+  CLI::App* c = &cmd;
+  return [opt, sa, c](Process& p) { return run(p, *opt, *sa, *c); };
 }
 
 }  // namespace upipe::app

@@ -8,8 +8,10 @@
 #include "apps/upipe/commands.h"
 #include "apps/upipe/model_run.h"
 #include "apps/upipe/report.h"
+#include "apps/upipe/settings_cli.h"
 #include "backend/optim.h"
 #include "core/errors.h"
+#include "core/watchdog.h"
 #include "model/decoder.h"
 #include "model/safetensors.h"
 #include "model/tokens.h"
@@ -18,29 +20,36 @@ namespace upipe::app {
 namespace {
 
 struct Options {
-  ModelOptions model;
   std::string tokens;
-  int64_t seq_len = 0;
   std::string save_grads;
   bool json = false;
 };
 
-int run(Process& proc, const Options& opt) {
-  const ModelConfig m = load_model_config(opt.model.model);
+int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App& cmd) {
+  const Settings set = resolve_settings(proc, sa, cmd);
+  const RunConfig& cfg = set.config;
+  Watchdog::start(cfg.comm.timeout);
+  const ModelConfig m = load_model_config(cfg.model.name);
+  spell_model_fields(set, m);
+  // The sequence: --tokens (all of it, or its first train.seq_len), or train.seq_len random ids.
+  const bool seq_given = set.given("train.seq_len");
+  const int64_t seq_len = cfg.train.seq_len;
   std::vector<int32_t> tokens;
   if (!opt.tokens.empty()) {
     tokens = read_tokens(opt.tokens, m.vocab_size);
   } else {  // no file: uniform random ids, the same on every rank
-    if (opt.seq_len <= 0)
-      throw ConfigError("give --tokens FILE (.npy or .bin), or --seq-len S for random tokens");
-    tokens = random_tokens(m, opt.seq_len, opt.model.seed);
+    if (!seq_given)
+      throw ConfigError(fmt::format("give --tokens FILE (.npy or .bin), or {} for random tokens",
+                                    setting_value("train.seq_len", "S")));
+    tokens = random_tokens(m, seq_len, uint64_t(cfg.train.seed));
   }
-  if (opt.seq_len > int64_t(tokens.size()))
-    throw ConfigError(fmt::format("--seq-len {} is longer than the {} tokens of {}", opt.seq_len,
-                                  tokens.size(), opt.tokens));
-  if (opt.seq_len > 0) tokens.resize(static_cast<size_t>(opt.seq_len));
+  if (seq_given && seq_len > int64_t(tokens.size()))
+    throw ConfigError(fmt::format("{} is longer than the {} tokens of {}",
+                                  setting_value("train.seq_len", seq_len), tokens.size(),
+                                  opt.tokens));
+  if (seq_given) tokens.resize(static_cast<size_t>(seq_len));
   if (tokens.size() < 2) throw ConfigError("the sequence needs at least 2 tokens");
-  ModelRun run(proc.world, m, opt.model, int64_t(tokens.size()));
+  ModelRun run(proc.world, m, cfg, int64_t(tokens.size()));
   Device& dev = run.dev;
   const ParamMap &w = run.w, &g = run.g;
   dev.mem().reset_peak();
@@ -74,7 +83,7 @@ int run(Process& proc, const Options& opt) {
   nlohmann::json j = {{"model", m.source},
                       {"loss", loss},
                       {"tokens", tokens.size()},
-                      {"method", opt.model.method},
+                      {"method", cfg.parallel.knobs.method},
                       {"ranks", proc.world.size()},
                       {"peak_bytes", max_peak},
                       {"peak_by_tag", tags_json(at_peak)},
@@ -83,12 +92,13 @@ int run(Process& proc, const Options& opt) {
                       {"grad_norms", norms},
                       {"fwd_s", run.dec->forward_seconds()},
                       {"bwd_s", run.dec->backward_seconds()}};
-  j.update(memory_stack_json(opt.model));
+  j.update(memory_policy_json(cfg.memory.policy));
   if (opt.json) {
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf("%s, %zu tokens, %s on %d rank(s), %s\n", m.source.c_str(), tokens.size(),
-                opt.model.method.c_str(), proc.world.size(), opt.model.dtype.c_str());
+                cfg.parallel.knobs.method.c_str(), proc.world.size(),
+                dtype_name(cfg.memory.policy.dtype));
     std::printf("  loss %.8f  grad norm %.6e\n", loss, std::sqrt(total));
     std::printf("  forward %.3f s, backward %.3f s, peak %s per rank (max)\n",
                 run.dec->forward_seconds(), run.dec->backward_seconds(),
@@ -102,16 +112,15 @@ int run(Process& proc, const Options& opt) {
 
 Runner add_eval(CLI::App& cmd) {
   auto opt = std::make_shared<Options>();
-  add_model_options(cmd, opt->model);
   cmd.add_option("--tokens", opt->tokens,
-                 "token ids: a 1-D .npy (int32/int64/uint16/uint32) or an llm.c .bin");
-  cmd.add_option("--seq-len,-S", opt->seq_len,
-                 "tokens to use (default: all of --tokens; required without it)")
-      ->check(integer_in<int64_t>(0, int64_t(1) << 40));
+                 "token ids: a 1-D .npy (int32/int64/uint16/uint32) or an llm.c .bin; with "
+                 "--seq-len, its first S (without: --seq-len random ids)");
   cmd.add_option("--save-grads", opt->save_grads,
                  "write the fp32 gradients (summed over ranks) as FILE.safetensors");
   cmd.add_flag("--json", opt->json, "print one JSON object (rank 0)");
-  return [opt](Process& p) { return run(p, *opt); };
+  auto sa = add_settings(cmd, kScopeModel);
+  CLI::App* c = &cmd;
+  return [opt, sa, c](Process& p) { return run(p, *opt, *sa, *c); };
 }
 
 }  // namespace upipe::app

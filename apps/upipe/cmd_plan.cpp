@@ -9,53 +9,24 @@
 #include <nlohmann/json.hpp>
 
 #include "apps/upipe/commands.h"
+#include "apps/upipe/model_run.h"
+#include "apps/upipe/settings_cli.h"
+#include "attention/methods.h"
 #include "core/errors.h"
 #include "plan/planner.h"
+#include "train/run_options.h"
 
 namespace upipe::app {
 namespace {
 
-const std::vector<std::string> kMethods = {"ulysses",    "upipe", "ring",      "usp",
-                                           "upipe-ring", "fpdt",  "upipe-fpdt"};
-
 struct Options {
-  std::string model;
-  int ranks = 0, cp_size = 0;
-  double device_gib = 0, host_gib = 256, reserve_gib = double(kDefaultReserveBytes) / (1 << 30);
-  std::string method = "all";
-  std::string head_chunk = "auto", chunks = "auto", ulysses_degree = "auto";
-  int64_t seq_len = 0;
+  std::string run_file;
+  int ranks = 0;
+  std::string reserve = bytes_text(kDefaultReserveBytes);
+  double reserve_gib = -1;  // the older spelling --reserve-gib (GiB); < 0: not given
   bool max_seq_len = false;
-  std::string dtype = "bf16";
-  int64_t tile_tokens = 1024;
-  bool offload_stash = false;
-  std::string stash_dtype = "fp32";
-  std::string residual_dtype = "fp32";
-  std::string recompute = "layer";
   bool json = false;
 };
-
-int64_t gib_bytes(double gib, const char* flag) {
-  if (!(gib > 0) || gib > 1048576)
-    throw ConfigError(
-        fmt::format("{} must be a number of GiB in (0, 1048576] (got {})", flag, gib));
-  return int64_t(gib * double(int64_t(1) << 30));
-}
-
-// "auto" or a whole number >= 1 (0 = the strategy's default is spelled by leaving it auto).
-int knob(const std::string& s, const char* flag) {
-  if (s == "auto") return 0;
-  size_t used = 0;
-  int v = 0;
-  try {
-    v = std::stoi(s, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used != s.size() || v < 1)
-    throw ConfigError(fmt::format("{} must be auto or a positive integer (got '{}')", flag, s));
-  return v;
-}
 
 double gib(int64_t b) {
   return double(b) / double(int64_t(1) << 30);
@@ -64,9 +35,10 @@ double gib(int64_t b) {
 std::string knobs_text(const PlanRequest& r) {
   std::string s;
   auto add = [&](const std::string& x) { s += (s.empty() ? "" : " ") + x; };
-  if (r.head_chunk > 0) add(fmt::format("U={}", r.head_chunk));
-  if (r.ulysses_degree > 0) add(fmt::format("u={}", r.ulysses_degree));
-  if (r.chunks > 0) add(fmt::format("N={}", r.chunks));
+  const MethodKnobs& k = r.decoder.knobs;
+  if (k.stage_heads > 0) add(fmt::format("U={}", k.stage_heads));
+  if (k.ulysses_degree > 0) add(fmt::format("u={}", k.ulysses_degree));
+  if (k.chunks > 0) add(fmt::format("N={}", k.chunks));
   return s.empty() ? "-" : s;
 }
 
@@ -83,47 +55,60 @@ struct Row {
   std::string refused;  // the method's own ConfigError when it cannot run this request
 };
 
-int run(Process& proc, const Options& o) {
-  if (!proc.root()) return 0;
-  const ModelConfig m = load_model_config(o.model);
-  PlanRequest base;
-  base.ranks = o.ranks;
-  base.cp_size = o.cp_size;
-  base.ulysses_degree = knob(o.ulysses_degree, "--ulysses-degree");
-  base.head_chunk = knob(o.head_chunk, "--head-chunk");
-  base.chunks = knob(o.chunks, "--chunks");
-  base.dtype = parse_dtype(o.dtype);
-  base.tile_tokens = o.tile_tokens;
-  base.offload_stash = o.offload_stash;
-  base.stash_dtype = parse_dtype(o.stash_dtype);
-  base.residual_dtype = parse_dtype(o.residual_dtype);
-  base.recompute = parse_recompute(o.recompute);
-  base.device_bytes = gib_bytes(o.device_gib, "--device-gib");
-  base.host_bytes = gib_bytes(o.host_gib, "--host-gib");
-  base.reserve_bytes = o.reserve_gib == 0 ? 0 : gib_bytes(o.reserve_gib, "--reserve-gib");
-  base.seq_len = o.seq_len;
-  if (o.max_seq_len == (o.seq_len > 0))
-    throw ConfigError("give exactly one of --seq-len S and --max-seq-len");
-  const AutoKnobs a{o.head_chunk == "auto", o.chunks == "auto", o.ulysses_degree == "auto"};
-  check_model_fits(m, base);
+// The request the settings describe, before the method is chosen.
+PlanRequest base_request(const Settings& set, const Options& o) {
+  const RunConfig& c = set.config;
+  if (!set.given("memory.device_memory"))
+    throw ConfigError(fmt::format("give the device memory per rank, e.g. {}",
+                                  setting_value("memory.device_memory", "80G")));
+  if (o.max_seq_len && set.given("train.seq_len"))
+    throw ConfigError(
+        fmt::format("give one of {} and --max-seq-len", setting_ref("train.seq_len")));
+  PlanRequest r;
+  r.ranks = o.ranks;
+  r.cp_size = c.parallel.cp_size;
+  r.decoder = decoder_options(c, c.train.seq_len);
+  r.device_bytes = c.memory.device_bytes;
+  r.host_bytes = c.memory.host_bytes;
+  r.reserve_bytes = o.reserve_gib >= 0 ? int64_t(o.reserve_gib * double(int64_t(1) << 30))
+                    : o.reserve == "0" ? 0
+                                       : parse_bytes(o.reserve, "--reserve");
+  return r;
+}
 
-  std::vector<std::string> methods = kMethods;
-  if (o.method != "all") methods = {o.method};
-  const auto t0 = std::chrono::steady_clock::now();
+std::vector<Row> plan_rows(const ModelConfig& m, const PlanRequest& base, const Options& o) {
+  std::vector<std::string> names;
+  if (base.decoder.knobs.method != kAllMethods)
+    names.push_back(base.decoder.knobs.method);
+  else
+    for (const MethodInfo& mi : methods())
+      if (!mi.one_rank) names.emplace_back(mi.name);
   std::vector<Row> rows;
-  for (const std::string& method : methods) {
+  for (const std::string& name : names) {
     PlanRequest r = base;
-    r.method = method;
+    r.decoder.knobs = knobs_for(base.decoder.knobs, method_info(name));
     Row row;
-    row.method = method;
+    row.method = name;
     try {
-      row.plan = o.max_seq_len ? max_seq_len(m, r, a) : plan_auto(m, r, a);
+      row.plan = o.max_seq_len ? max_seq_len(m, r) : plan_auto(m, r);
     } catch (const ConfigError& e) {
-      if (methods.size() == 1) throw;
+      if (names.size() == 1) throw;
       row.refused = e.what();
     }
     rows.push_back(std::move(row));
   }
+  return rows;
+}
+
+int run(Process& proc, const Options& o, const SettingArgs& sa, const CLI::App& cmd) {
+  const Settings set = resolve_settings(proc, sa, cmd, o.run_file);
+  if (!proc.root()) return 0;
+  const ModelConfig m = load_model_config(set.config.model.name);
+  spell_model_fields(set, m);
+  const PlanRequest base = base_request(set, o);
+  check_model_fits(m, base);
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::vector<Row> rows = plan_rows(m, base, o);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   bool any = false, any_host = false;
@@ -135,13 +120,16 @@ int run(Process& proc, const Options& o) {
       if (!least_host || r.plan.host_peak < least_host->host_peak) least_host = &r.plan;
     }
   if (!any)
-    throw ConfigError(fmt::format("seq-len {} is not allowed by any method: {}", o.seq_len,
+    throw ConfigError(fmt::format("{} is not allowed by any method: {}",
+                                  setting_value("train.seq_len", base.decoder.seq_len),
                                   rows.front().refused));
   if (!any_host)
     throw ConfigError(fmt::format(
-        "--host-gib {} is too small for the offloaded checkpoints: every method needs at least {} "
-        "of host memory per rank at S = {}; give more host memory or drop --offload-checkpoints",
-        o.host_gib, format_bytes(least_host->host_peak), least_host->request.seq_len));
+        "{} is too small for the offloaded stash: every method needs at least {} of host memory "
+        "per rank at S = {}; give more host memory or drop {}",
+        setting_value("memory.host_memory", bytes_text(base.host_bytes)),
+        format_bytes(least_host->host_peak), least_host->request.decoder.seq_len,
+        setting_ref("memory.offload_stash")));
   if (o.max_seq_len) {
     bool fits = false;
     for (const Row& r : rows) fits = fits || (r.refused.empty() && r.plan.fits);
@@ -151,7 +139,7 @@ int run(Process& proc, const Options& o) {
           "no method fits {} ranks of {} (reserve {}) even at S = {}: the device peak is {} "
           "(largest: {} {})",
           base.ranks, format_bytes(base.device_bytes), format_bytes(base.reserve_bytes),
-          p.request.seq_len, format_bytes(p.device_peak), tag_name(p.limiting_tag),
+          p.request.decoder.seq_len, format_bytes(p.device_peak), tag_name(p.limiting_tag),
           format_bytes(p.device_at_peak[p.limiting_tag])));
     }
   }
@@ -161,16 +149,11 @@ int run(Process& proc, const Options& o) {
     nlohmann::json j = {{"model", m.source},
                         {"ranks", base.ranks},
                         {"cp_size", c},
-                        {"device_gib", o.device_gib},
-                        {"host_gib", o.host_gib},
+                        {"device_gib", gib(base.device_bytes)},
+                        {"host_gib", gib(base.host_bytes)},
                         {"reserve_gib", gib(base.reserve_bytes)},
-                        {"dtype", o.dtype},
-                        {"offload_checkpoints", o.offload_stash},
-                        {"checkpoint_dtype", o.stash_dtype},
-                        {"residual_dtype", o.residual_dtype},
-                        {"checkpoint_granularity", o.recompute},
-                        {"tile_tokens", o.tile_tokens},
                         {"plan_seconds", secs}};
+    j.update(memory_policy_json(base.decoder.memory));
     nlohmann::json ms = nlohmann::json::array();
     for (const Row& r : rows) {
       if (!r.refused.empty()) {
@@ -180,10 +163,10 @@ int run(Process& proc, const Options& o) {
       const Plan& p = r.plan;
       ms.push_back({{"method", r.method},
                     {"knobs",
-                     {{"head_chunk", p.request.head_chunk},
-                      {"ulysses_degree", p.request.ulysses_degree},
-                      {"chunks", p.request.chunks}}},
-                    {"seq_len", p.request.seq_len},
+                     {{"stage_heads", p.request.decoder.knobs.stage_heads},
+                      {"ulysses_degree", p.request.decoder.knobs.ulysses_degree},
+                      {"chunks", p.request.decoder.knobs.chunks}}},
+                    {"seq_len", p.request.decoder.seq_len},
                     {"fits", p.fits},
                     {"device_peak_bytes", p.device_peak},
                     {"host_peak_bytes", p.host_peak},
@@ -199,9 +182,9 @@ int run(Process& proc, const Options& o) {
   std::printf(
       "%s on %d ranks (CP %d x DP %d), %s, %.4g GiB device (reserve %.4g GiB) and %.4g GiB "
       "host per rank%s; one full training step planned on every rank (%.1f s)\n",
-      m.source.c_str(), base.ranks, c, base.ranks / c, o.dtype.c_str(), o.device_gib,
-      gib(base.reserve_bytes), o.host_gib, o.offload_stash ? ", checkpoints offloaded" : "",
-      secs);
+      m.source.c_str(), base.ranks, c, base.ranks / c, dtype_name(base.decoder.memory.dtype),
+      gib(base.device_bytes), gib(base.reserve_bytes), gib(base.host_bytes),
+      base.decoder.memory.offload_stash ? ", stash offloaded" : "", secs);
   std::printf("%-11s %-12s %12s %5s %13s %11s  %s\n", "method", "knobs",
               o.max_seq_len ? "max S" : "S", "fits", "device GiB", "host GiB", "limiting tag");
   for (const Row& r : rows) {
@@ -211,16 +194,16 @@ int run(Process& proc, const Options& o) {
     }
     const Plan& p = r.plan;
     std::printf("%-11s %-12s %12lld %5s %13.2f %11.2f  %s (%.2f GiB)\n", r.method.c_str(),
-                knobs_text(p.request).c_str(), (long long)p.request.seq_len, p.fits ? "yes" : "no",
-                gib(p.device_peak), gib(p.host_peak), tag_name(p.limiting_tag),
-                gib(p.device_at_peak[p.limiting_tag]));
+                knobs_text(p.request).c_str(), (long long)p.request.decoder.seq_len,
+                p.fits ? "yes" : "no", gib(p.device_peak), gib(p.host_peak),
+                tag_name(p.limiting_tag), gib(p.device_at_peak[p.limiting_tag]));
   }
   for (const Row& r : rows) {
     if (!r.refused.empty()) continue;
     const Plan& p = r.plan;
     std::printf("\n%s at S = %lld, rank %d's device peak %s: %s\n", r.method.c_str(),
-                (long long)p.request.seq_len, p.worst_rank, format_bytes(p.device_peak).c_str(),
-                Arena::describe(p.device_at_peak).c_str());
+                (long long)p.request.decoder.seq_len, p.worst_rank,
+                format_bytes(p.device_peak).c_str(), Arena::describe(p.device_at_peak).c_str());
     if (p.host_peak > 0)
       std::printf("  host peak %s (rank %d): %s\n", format_bytes(p.host_peak).c_str(),
                   p.worst_host_rank, Arena::describe(p.host_at_peak).c_str());
@@ -232,41 +215,25 @@ int run(Process& proc, const Options& o) {
 
 Runner add_plan(CLI::App& cmd) {
   auto opt = std::make_shared<Options>();
-  cmd.add_option("--model", opt->model, "a preset (llama3-8b, qwen3-32b, ...) or a HF folder")
-      ->required();
+  cmd.add_option("run_file", opt->run_file,
+                 "a training run file (docs/training.md): plan exactly that run");
   cmd.add_option("--ranks", opt->ranks, "ranks (GPUs) of the job")
       ->required()
-      ->check(integer_in<int>(1, kMaxMetaRanks));
-  cmd.add_option("--cp-size", opt->cp_size, "ranks per sequence (default: all)")
-      ->check(integer_in<int>(1, kMaxMetaRanks));
-  cmd.add_option("--device-gib", opt->device_gib, "device memory per rank, GiB")->required();
-  cmd.add_option("--host-gib", opt->host_gib, "host memory per rank, GiB (default 256)");
-  cmd.add_option("--reserve-gib", opt->reserve_gib,
-                 "device memory the engine does not see (CUDA context, NCCL, allocator slack); "
-                 "default 2")
-      ->check(number_in(0, 1048576));
-  cmd.add_option("--method", opt->method, "one method, or all (default)");
-  cmd.add_option("--head-chunk", opt->head_chunk, "U of upipe methods, or auto (fewest stages)");
-  cmd.add_option("--ulysses-degree", opt->ulysses_degree,
-                 "u of usp / upipe-ring, or auto (the largest that fits)");
-  cmd.add_option("--chunks", opt->chunks, "N of fpdt methods, or auto (fewest chunks)");
-  cmd.add_option("--seq-len", opt->seq_len, "plan this sequence length")
-      ->check(integer_in<int64_t>(1, kMaxTensorElements));
+      ->check(integer_in<int>(1, kMaxRanks));
+  cmd.add_option("--reserve", opt->reserve,
+                 "device memory the engine does not see (CUDA context, NCCL, allocator slack)")
+      ->capture_default_str();
+  cmd.add_option("--reserve-gib", opt->reserve_gib, "older spelling of --reserve, in GiB")
+      ->check(number_in(0, 1048576))
+      ->group("");
   cmd.add_flag("--max-seq-len", opt->max_seq_len, "find the longest S that fits");
-  cmd.add_option("--dtype", opt->dtype, "activation and compute dtype: bf16 (default) or fp32");
-  cmd.add_option("--tile-tokens", opt->tile_tokens, "T of the tiled MLP and LM head (1024)")
-      ->check(integer_in<int64_t>(1, int64_t(1) << 30));
-  cmd.add_flag("--offload-checkpoints", opt->offload_stash,
-               "keep the layer checkpoints in host memory");
-  cmd.add_option("--checkpoint-dtype", opt->stash_dtype,
-                 "layer checkpoints stored as fp32 (exact, default) or bf16 (half the bytes)");
-  cmd.add_option("--checkpoint-granularity", opt->recompute,
-                 "layer (default), block (twice the checkpoints) or none (block + the MLP's "
-                 "products kept)");
-  cmd.add_option("--residual-dtype", opt->residual_dtype,
-                 "residual stream and its gradient: fp32 (default) or bf16 (with --dtype bf16)");
   cmd.add_flag("--json", opt->json, "JSON output");
-  return [opt](Process& p) { return run(p, *opt); };
+  cmd.footer(
+      "--method all plans every method; a knob set to auto (--stage-heads auto, --chunks auto, "
+      "--ulysses-degree auto) is the fastest value that fits.");
+  auto sa = add_settings(cmd, kScopePlan);
+  CLI::App* c = &cmd;
+  return [opt, sa, c](Process& p) { return run(p, *opt, *sa, *c); };
 }
 
 }  // namespace upipe::app

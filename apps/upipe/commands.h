@@ -25,5 +25,7 @@ Runner add_export(CLI::App& app);
 Runner add_tokenize(CLI::App& app);
 // `upipe plan`: a training step's memory on every rank, planned on the meta device (cmd_plan.cpp).
 Runner add_plan(CLI::App& app);
+// `upipe settings`: the table of every setting (cmd_settings.cpp).
+Runner add_settings_command(CLI::App& app);
 
 }  // namespace upipe::app

@@ -24,8 +24,9 @@ int main(int argc, char** argv) {
   cli.require_subcommand(1);
   std::map<CLI::App*, app::Runner> runners;
   CLI::App* demo = cli.add_subcommand(
-      "demo", "built-in demonstration: train the tiny model on the copy task (run-file overrides "
-              "such as --train.steps=500 apply)");
+      "demo",
+      "built-in demonstration: train the tiny model on the copy task (run-file overrides "
+      "such as --train.steps=500 apply)");
   CLI::App* demo_attn =
       demo->add_subcommand("attention", "UPipe and Ulysses checked against local, timed, planned");
   {
@@ -61,10 +62,9 @@ int main(int argc, char** argv) {
   CLI::App* plan = cli.add_subcommand(
       "plan", "a training step's memory per rank, or the longest S that fits (docs/planner.md)");
   runners[plan] = app::add_plan(*plan);
-  // `upipe train` takes its timeout from the run file (comm.timeout_s).
-  double timeout_s = kDefaultWatchdogTimeoutS;
-  for (CLI::App* cmd : {demo_attn, kernel, battn, bcomm, bmodel, check, eval})
-    app::add_timeout_option(*cmd, timeout_s);
+  CLI::App* sets = cli.add_subcommand(
+      "settings", "every setting: its run-file key, flag, type, default and commands");
+  runners[sets] = app::add_settings_command(*sets);
 
   try {
     try {
@@ -76,7 +76,6 @@ int main(int argc, char** argv) {
       }
       throw ConfigError(e.what());
     }
-    Watchdog::start(timeout_s);
     for (auto& [cmd, run] : runners)
       if (cmd->parsed() && run) return run(proc);
     throw ConfigError("no command given; try upipe --help");

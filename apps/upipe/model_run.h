@@ -1,7 +1,6 @@
-// What `upipe eval` and `upipe bench model` share: the model and strategy flags, the token
-// sequence without a file, and one rank's decoder with its parameters and gradients on its own
-// device, built in the order that finds bad input (config, strategy, weights) before any data
-// moves.
+// What `upipe eval` and `upipe bench model` share: the token sequence without a file, and one
+// rank's decoder with its parameters and gradients on its own device, built in the order that
+// finds bad input (config, strategy, weights) before any data moves.
 #pragma once
 
 #include <memory>
@@ -12,39 +11,22 @@
 
 #include "apps/upipe/cli.h"
 #include "model/decoder.h"
+#include "train/run_config.h"
 
 namespace upipe::app {
 
-struct ModelOptions {
-  std::string model = "tiny";  // a Hugging Face model directory / config.json, or a preset
-  std::string method = "local";
-  std::string dtype = "fp32";           // compute dtype
-  std::string residual_dtype = "fp32";  // the residual stream and its gradient
-  int head_chunk = 0, ulysses_degree = 0, chunks = 0;
-  int64_t tile_tokens = 1024;
-  uint64_t seed = 1;  // random weights (presets, directories without weights) and tokens
-  std::string budget = "1T";
-  bool offload_stash = false;
-  std::string stash_dtype = "fp32";
-  std::string recompute = "layer";
-};
-
-// --model --method --dtype --head-chunk --ulysses-degree --chunks --tile-tokens --seed
-// --memory-budget --offload-checkpoints (each command adds its own --seq-len).
-void add_model_options(CLI::App& cmd, ModelOptions& o);
-
-// The memory-stack options of a run, for its JSON output: dtype, residual_dtype,
-// stash_dtype, recompute, tile_tokens, offload_stash.
-nlohmann::json memory_stack_json(const ModelOptions& o);
+// The memory policy of a run, for its JSON output: dtype, residual_dtype, stash_dtype,
+// recompute, tile_tokens, offload_stash.
+nlohmann::json memory_policy_json(const MemoryPolicy& p);
 
 // n uniform random ids in [0, V), a pure function of (seed, index): the same on every rank.
 std::vector<int32_t> random_tokens(const ModelConfig& m, int64_t n, uint64_t seed);
 
-// One rank's model: its device (budget from --memory-budget), the decoder over `world` for a
-// sequence of seq_len tokens, the parameters (the checkpoint's, or random) and fp32 gradients.
-// A strategy's complaint about the heads names the config field they come from.
+// One rank's model: its device (budgets from the memory settings), the decoder over `world` for
+// a sequence of seq_len tokens with the settings' method and memory policy, the parameters (the
+// model directory's, or random from train.seed) and fp32 gradients.
 struct ModelRun {
-  ModelRun(Communicator& world, const ModelConfig& m, const ModelOptions& o, int64_t seq_len);
+  ModelRun(Communicator& world, const ModelConfig& m, const RunConfig& c, int64_t seq_len);
   Device dev;
   std::unique_ptr<Decoder> dec;
   ParamMap w;  // tag params, compute dtype

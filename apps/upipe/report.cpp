@@ -2,16 +2,16 @@
 
 namespace upipe::app {
 
-nlohmann::json config_json(const std::string& method, const AttentionConfig& cfg) {
-  return {{"method", method},
+nlohmann::json config_json(const AttentionConfig& cfg) {
+  return {{"method", cfg.knobs.method},
           {"seq_len", cfg.seq_len},
           {"heads", cfg.heads},
           {"kv_heads", cfg.kv_heads},
           {"head_dim", cfg.head_dim},
           {"dtype", dtype_name(cfg.dtype)},
-          {"head_chunk", cfg.head_chunk},
-          {"ulysses_degree", cfg.ulysses_degree},
-          {"chunks", cfg.chunks}};
+          {"stage_heads", cfg.knobs.stage_heads},
+          {"ulysses_degree", cfg.knobs.ulysses_degree},
+          {"chunks", cfg.knobs.chunks}};
 }
 
 nlohmann::json tags_json(const TagBytes& b) {

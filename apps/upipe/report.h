@@ -10,8 +10,8 @@
 
 namespace upipe::app {
 
-// method, seq_len, heads, kv_heads, head_dim, dtype and the strategy knobs.
-nlohmann::json config_json(const std::string& method, const AttentionConfig& cfg);
+// method, seq_len, heads, kv_heads, head_dim, dtype and the method's knobs.
+nlohmann::json config_json(const AttentionConfig& cfg);
 // {tag: bytes} of the non-zero tags.
 nlohmann::json tags_json(const TagBytes& b);
 // {op: {calls, bytes}} of the ops that were called.

@@ -10,6 +10,7 @@
 
 #include "attention/harness.h"
 #include "attention/local.h"
+#include "attention/methods.h"
 #include "attention/reference_block.h"
 #include "backend/tensor_ops.h"
 #include "comm/fake/fake_comm.h"
@@ -122,16 +123,16 @@ const Oracle& oracle(const AttentionConfig& cfg, uint64_t seed, bool with_fp64) 
 
 }  // namespace
 
-CheckResult check_strategy(const std::string& method, const AttentionConfig& cfg,
-                           Communicator& world, const CheckOptions& opt) {
+CheckResult check_strategy(const AttentionConfig& cfg, Communicator& world,
+                           const CheckOptions& opt) {
   Device dev({BackendKind::kCpu, opt.device_budget, opt.device_budget});
-  auto strat = make_strategy(method, {dev, world, cfg});
+  auto strat = make_strategy({dev, world, cfg});
   const SeqLayout layout = strat->layout();
   BlockTensors t = make_block_tensors(dev, cfg, layout.positions(world.rank()), opt.seed);
   world.reset_stats();
   const BlockRun run = run_block(*strat, dev, t);
   CheckResult res;
-  res.method = method;
+  res.method = cfg.knobs.method;
   res.ranks = world.size();
   res.comm = world.stats();
   res.comm_expected = strat->comm_expected();

@@ -48,7 +48,7 @@ struct CheckResult {
   double fwd_s = 0, bwd_s = 0;
 };
 
-CheckResult check_strategy(const std::string& method, const AttentionConfig& cfg,
-                           Communicator& world, const CheckOptions& opt = {});
+CheckResult check_strategy(const AttentionConfig& cfg, Communicator& world,
+                           const CheckOptions& opt = {});
 
 }  // namespace upipe

@@ -1,4 +1,4 @@
-// The attention block's shape and the strategy knobs, as the user gives them.
+// The attention block's shape and the method with its knobs, as the user gives them.
 #pragma once
 
 #include <cstdint>
@@ -20,6 +20,21 @@ inline constexpr int kMaxTensorElementsLog2 = 50;
 inline constexpr int64_t kMaxTensorElements = int64_t(1) << kMaxTensorElementsLog2;
 inline constexpr double kMinRopeTheta = 1.0;
 inline constexpr double kMaxRopeTheta = 1e12;
+// Bounds on the method knobs: ranks of a group (and the planner's --ranks), sequence chunks.
+inline constexpr int kMaxRanks = 65536;
+inline constexpr int kMaxChunks = 1 << 20;
+// A knob value only the planner takes: it picks the value (fewest stages that fit).
+inline constexpr int kKnobAuto = -1;
+
+// The attention method and its knobs, as the user gives them; attention/methods.h says which
+// method takes which knob and what values fit a shape.
+struct MethodKnobs {
+  std::string method = "upipe";
+  int stage_heads = 0;     // U: query heads per UPipe stage (0 = the all-to-all group size)
+  int ulysses_degree = 0;  // u: ranks per Ulysses group of usp / upipe-ring (0 = all ranks)
+  int chunks = 0;          // N: sequence chunks of fpdt / upipe-fpdt (0 = the default)
+  bool operator==(const MethodKnobs&) const = default;
+};
 
 struct AttentionConfig {
   int64_t seq_len = 0;        // S: global tokens
@@ -34,17 +49,15 @@ struct AttentionConfig {
   bool qk_norm = false;    // Qwen3: RMSNorm over d of every q and k head, before RoPE
   float norm_eps = 1e-6f;  // of the QK-norm
   RopeParams rope;         // theta and optional llama3 scaling
-  int head_chunk = 0;      // U: query heads per UPipe stage (0 = the strategy's default)
-  int ulysses_degree = 0;  // u: Ulysses group size of usp / upipe-ring (0 = all ranks)
-  int chunks = 0;          // N: sequence chunks of fpdt / upipe-fpdt (0 = default)
+  MethodKnobs knobs;       // the strategy and its knobs
 
   int64_t model_dim() const { return hidden > 0 ? hidden : q_dim(); }      // D
   int64_t q_dim() const { return int64_t(heads) * head_dim; }              // H*d
   int64_t kv_dim() const { return int64_t(kv_heads) * head_dim; }          // K*d
   int gqa_group() const { return heads / kv_heads; }                       // G = H/K
   DType out_dtype() const { return fp32_residual ? DType::kF32 : dtype; }  // of y, dy, dx
-  // Throws ConfigError naming what to change when the shape or a knob is out of its bounds
-  // (the knobs' fit to the rank count is checked by the strategies).
+  // Throws ConfigError naming what to change when the shape is out of its bounds (the knobs are
+  // checked by validate_knobs and, against the rank count, by the strategies).
   void validate_shape() const;
 };
 

@@ -28,7 +28,7 @@ struct BlockRun {
   double fwd_s = 0, bwd_s = 0;
   int64_t peak_bytes = 0;       // device arena peak during forward + backward
   TagBytes peak_by_tag;         // per-tag bytes at that peak
-  int64_t attn_peak_bytes = 0;  // peak of the attention-intermediate tags (SPEC.md)
+  int64_t attn_peak_bytes = 0;  // peak of the attention-intermediate tags (docs/design.md)
 };
 
 // One forward and one backward of `s` on t, overwriting (accumulate = false) or adding to

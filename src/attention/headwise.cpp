@@ -14,11 +14,11 @@ namespace upipe {
 
 int fpdt_chunks(const AttentionConfig& cfg, int ranks) {
   const int64_t s = cfg.seq_len, c = ranks;
-  if (cfg.chunks < 0)
+  if (cfg.knobs.chunks < 0)
     throw ConfigError(
-        fmt::format("--chunks must be positive, or 0 for the default (the largest N <= {} dividing "
+        fmt::format("{} must be positive, or 0 for the default (the largest N <= {} dividing "
                     "seq-len / ranks); got {}",
-                    kFpdtDefaultChunks, cfg.chunks));
+                    setting_ref("parallel.chunks"), kFpdtDefaultChunks, cfg.knobs.chunks));
   // The largest n <= want with s divisible by n C (0 when s is not divisible by C): the
   // largest divisor of m = S/C up to want, counting down from a small want, else from the
   // divisor pairs (i, m/i) with i <= sqrt(m), so a huge --chunks is refused at once.
@@ -38,31 +38,34 @@ int fpdt_chunks(const AttentionConfig& cfg, int ranks) {
     }
     return int(best);
   };
-  if (cfg.chunks == 0) {
+  if (cfg.knobs.chunks == 0) {
     const int n = largest_dividing(kFpdtDefaultChunks);
     const int64_t nc = kFpdtDefaultChunks * c;
     if (n == 0)
       throw ConfigError(fmt::format(
-          "seq-len ({}) must be divisible by the number of ranks ({}), and by N x ranks for N "
-          "chunks; try --seq-len {}",
-          s, c, (s / nc + 1) * nc));
+          "{} ({}) must be divisible by the number of ranks ({}), and by N x ranks for N "
+          "chunks; try {}",
+          setting_ref("train.seq_len"), s, c, setting_value("train.seq_len", (s / nc + 1) * nc)));
     return n;
   }
-  if (cfg.chunks > s / c) {
-    const int fits = largest_dividing(int(std::min<int64_t>(cfg.chunks, s / c)));
+  if (cfg.knobs.chunks > s / c) {
+    const int fits = largest_dividing(int(std::min<int64_t>(cfg.knobs.chunks, s / c)));
     throw ConfigError(fmt::format(
-        "--chunks ({}) must be at most seq-len / ranks ({} / {}); try {}", cfg.chunks, s, c,
-        fits > 0 ? fmt::format("--chunks {}", fits) : "a --seq-len divisible by the ranks"));
+        "{} ({}) must be at most seq-len / ranks ({} / {}); try {}", setting_ref("parallel.chunks"),
+        cfg.knobs.chunks, s, c,
+        fits > 0 ? setting_value("parallel.chunks", fits)
+                 : fmt::format("a {} divisible by the ranks", setting_ref("train.seq_len"))));
   }
-  const int64_t nc = int64_t(cfg.chunks) * c;
+  const int64_t nc = int64_t(cfg.knobs.chunks) * c;
   if (s % nc != 0) {
-    const int fits = largest_dividing(cfg.chunks);
-    throw ConfigError(fmt::format(
-        "seq-len ({}) must be divisible by chunks x ranks ({} x {} = {}); try {}--seq-len {}", s,
-        cfg.chunks, c, nc, fits > 0 ? fmt::format("--chunks {} or ", fits) : "",
-        (s / nc + 1) * nc));
+    const int fits = largest_dividing(cfg.knobs.chunks);
+    throw ConfigError(
+        fmt::format("{} ({}) must be divisible by chunks x ranks ({} x {} = {}); try {}{}",
+                    setting_ref("train.seq_len"), s, cfg.knobs.chunks, c, nc,
+                    fits > 0 ? setting_value("parallel.chunks", fits) + " or " : "",
+                    setting_value("train.seq_len", (s / nc + 1) * nc)));
   }
-  return cfg.chunks;
+  return cfg.knobs.chunks;
 }
 
 // K/V of one key chunk of the current set, and in backward their dK/dV accumulators. n = C x
@@ -110,13 +113,11 @@ SeqLayout own_layout(const StrategyContext& ctx, int chunks) {
 
 }  // namespace
 
-HeadwiseAttention::HeadwiseAttention(const StrategyContext& ctx, std::string name, int head_chunk,
-                                     int chunks)
+HeadwiseAttention::HeadwiseAttention(const StrategyContext& ctx, int stage_heads, int chunks)
     : AttentionStrategy(ctx),
-      name_(std::move(name)),
       a2a_(&ctx.comm),
       layout_(own_layout(ctx, chunks)),
-      sch_(make_upipe_schedule(ctx.cfg, ctx.comm.size(), head_chunk)),
+      sch_(make_upipe_schedule(ctx.cfg, ctx.comm.size(), stage_heads)),
       n_(chunks),
       core_(std::make_unique<LocalCore>(ctx.dev, ctx.cfg.head_dim, ctx.cfg.dtype)) {
   const RowPositions pos = layout_.positions(ctx.comm.rank());
@@ -126,14 +127,13 @@ HeadwiseAttention::HeadwiseAttention(const StrategyContext& ctx, std::string nam
     for (const RowPositions::Run& run : pos.runs) chunk_pos_.push_back(RowPositions{{run}});
 }
 
-HeadwiseAttention::HeadwiseAttention(const StrategyContext& ctx, std::string name, int head_chunk,
+HeadwiseAttention::HeadwiseAttention(const StrategyContext& ctx, int stage_heads,
                                      UlyssesGroup group)
     : AttentionStrategy(ctx),
-      name_(std::move(name)),
       own_a2a_(std::move(group.comm)),
       a2a_(own_a2a_.get()),
       layout_(group.layout),
-      sch_(make_upipe_schedule(ctx.cfg, a2a_->size(), head_chunk)),
+      sch_(make_upipe_schedule(ctx.cfg, a2a_->size(), stage_heads)),
       n_(1),
       core_(std::move(group.core)),
       chunk_pos_{layout_.positions(ctx.comm.rank())} {}

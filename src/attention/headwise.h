@@ -36,7 +36,7 @@ namespace upipe {
 // N C.
 constexpr int kFpdtDefaultChunks = 4;
 
-// N for fpdt / upipe-fpdt on `ranks` ranks (cfg.chunks, or the default for 0). Throws
+// N for fpdt / upipe-fpdt on `ranks` ranks (cfg.knobs.chunks, or the default for 0). Throws
 // ConfigError with what to change when the sequence cannot be cut into N chunks of C sub-chunks.
 int fpdt_chunks(const AttentionConfig& cfg, int ranks);
 
@@ -50,12 +50,10 @@ struct UlyssesGroup {
 
 class HeadwiseAttention final : public AttentionStrategy {
  public:
-  // head_chunk: U (H gives Ulysses / FPDT); chunks: N. The all-to-all spans ctx.comm.
-  HeadwiseAttention(const StrategyContext& ctx, std::string name, int head_chunk, int chunks);
+  // stage_heads: U (H gives Ulysses / FPDT); chunks: N. The all-to-all spans ctx.comm.
+  HeadwiseAttention(const StrategyContext& ctx, int stage_heads, int chunks);
   // N = 1 with the all-to-all inside group.comm and group.core between the all-to-alls.
-  HeadwiseAttention(const StrategyContext& ctx, std::string name, int head_chunk,
-                    UlyssesGroup group);
-  std::string name() const override { return name_; }
+  HeadwiseAttention(const StrategyContext& ctx, int stage_heads, UlyssesGroup group);
   SeqLayout layout() const override { return layout_; }
   void forward(const Mat& x, const AttentionWeights& w, const Mat& y, float beta) override;
   void backward(const Mat& x, const Mat& dy, const AttentionWeights& w, const Mat& dx,
@@ -87,7 +85,6 @@ class HeadwiseAttention final : public AttentionStrategy {
   // dq (into b.acc) of the stage's heads over query chunk i, and dK/dV contributions.
   void attend_backward(int stage, int i, Buffers& b, const Host& h);
 
-  std::string name_;
   std::unique_ptr<Communicator> own_a2a_;  // the Ulysses group, when not the CP group itself
   Communicator* a2a_;                      // where the all-to-all runs
   SeqLayout layout_;

@@ -93,17 +93,18 @@ void LocalAttention::backward(const Mat& x, const Mat& dy, const AttentionWeight
   backward_from(dev(), cfg(), f, x, dy, w, dx, g, dx_beta, dw_beta);
 }
 
-std::unique_ptr<AttentionStash> LocalAttention::forward_stash(const Mat& x, const AttentionWeights& w,
-                                                            const Mat& y, float beta) {
+std::unique_ptr<AttentionStash> LocalAttention::forward_stash(const Mat& x,
+                                                              const AttentionWeights& w,
+                                                              const Mat& y, float beta) {
   auto kept = std::make_unique<LocalKept>();
   kept->f = run_forward(dev(), cfg(), x, w);
   seq_out_project(dev(), kept->f.o, w.wo, y, beta);
   return kept;
 }
 
-void LocalAttention::backward_stashed(std::unique_ptr<AttentionStash> kept, const Mat& x, const Mat& dy,
-                                   const AttentionWeights& w, const Mat& dx,
-                                   const AttentionGrads& g, float dx_beta, float dw_beta) {
+void LocalAttention::backward_stashed(std::unique_ptr<AttentionStash> kept, const Mat& x,
+                                      const Mat& dy, const AttentionWeights& w, const Mat& dx,
+                                      const AttentionGrads& g, float dx_beta, float dw_beta) {
   auto* mine = dynamic_cast<LocalKept*>(kept.get());
   UPIPE_CHECK(mine != nullptr, "local: backward_kept needs what local's forward_keep kept");
   backward_from(dev(), cfg(), mine->f, x, dy, w, dx, g, dx_beta, dw_beta);

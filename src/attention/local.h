@@ -8,18 +8,17 @@ namespace upipe {
 class LocalAttention final : public AttentionStrategy {
  public:
   explicit LocalAttention(const StrategyContext& ctx);
-  std::string name() const override { return "local"; }
   SeqLayout layout() const override;
   void forward(const Mat& x, const AttentionWeights& w, const Mat& y, float beta) override;
   void backward(const Mat& x, const Mat& dy, const AttentionWeights& w, const Mat& dx,
                 const AttentionGrads& g, float dx_beta, float dw_beta) override;
   int64_t attn_formula_bytes() const override;
   bool can_stash() const override { return true; }
-  std::unique_ptr<AttentionStash> forward_stash(const Mat& x, const AttentionWeights& w, const Mat& y,
-                                              float beta) override;
+  std::unique_ptr<AttentionStash> forward_stash(const Mat& x, const AttentionWeights& w,
+                                                const Mat& y, float beta) override;
   void backward_stashed(std::unique_ptr<AttentionStash> kept, const Mat& x, const Mat& dy,
-                     const AttentionWeights& w, const Mat& dx, const AttentionGrads& g,
-                     float dx_beta, float dw_beta) override;
+                        const AttentionWeights& w, const Mat& dx, const AttentionGrads& g,
+                        float dx_beta, float dw_beta) override;
   StashedAttentionBytes stash_formula_bytes() const override;
   std::optional<CommStats> comm_expected() const override { return CommStats{}; }
 };

@@ -9,8 +9,8 @@
 
 namespace upipe {
 
-RingAttention::RingAttention(const StrategyContext& ctx, std::string name)
-    : AttentionStrategy(ctx), name_(std::move(name)), pos_(layout().positions(ctx.comm.rank())) {}
+RingAttention::RingAttention(const StrategyContext& ctx)
+    : AttentionStrategy(ctx), pos_(layout().positions(ctx.comm.rank())) {}
 
 SeqLayout RingAttention::layout() const {
   return SeqLayout{LayoutKind::kZigzag, cfg().seq_len, comm().size(), 1};

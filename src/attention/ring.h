@@ -14,9 +14,8 @@ namespace upipe {
 
 class RingAttention final : public AttentionStrategy {
  public:
-  // name: "ring", or "usp" when USP's Ulysses degree is 1.
-  explicit RingAttention(const StrategyContext& ctx, std::string name = "ring");
-  std::string name() const override { return name_; }
+  // Ring attention, and usp with Ulysses degree 1.
+  explicit RingAttention(const StrategyContext& ctx);
   SeqLayout layout() const override;
   void forward(const Mat& x, const AttentionWeights& w, const Mat& y, float beta) override;
   void backward(const Mat& x, const Mat& dy, const AttentionWeights& w, const Mat& dx,
@@ -32,7 +31,6 @@ class RingAttention final : public AttentionStrategy {
   // The ring pass into acc (S/C, H*d) fp32, m, l (H, S/C) fp32.
   void accumulate(const Mat& q, KvRing& kv, bool come_home, Tensor& acc, Tensor& m, Tensor& l);
 
-  std::string name_;
   RowPositions pos_;  // global positions of this rank's rows
 };
 

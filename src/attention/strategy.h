@@ -1,7 +1,7 @@
-// The attention-block strategy interface (SPEC.md, "The attention block"). A strategy owns the
-// projections as well as the attention, because UPipe slices them per stage.
+// The attention-block strategy interface (docs/design.md, "The attention block"). A strategy owns
+// the projections as well as the attention, because UPipe slices them per stage.
 //
-// Blocks are self-checkpointing: forward(x) -> y keeps nothing; backward(x, dy) -> dx, dW
+// Blocks are self-recomputing: forward(x) -> y keeps nothing; backward(x, dy) -> dx, dW
 // recomputes what it needs. A strategy that can_stash() also offers forward_stash, which keeps its
 // intermediates (AttentionStash) for backward_stashed, so that backward recomputes nothing: the
 // decoder keeps them from the forward with --checkpoint-granularity none, and from each layer's
@@ -40,16 +40,16 @@ struct AttentionGrads {
   Mat wq, wk, wv, wo, wqn, wkn;
 };
 
-// What forward_stash kept for backward_stashed: the strategy's own intermediates, in the device arena.
-// Opaque to the caller; destroying it frees them.
+// What forward_stash kept for backward_stashed: the strategy's own intermediates, in the device
+// arena. Opaque to the caller; destroying it frees them.
 class AttentionStash {
  public:
   virtual ~AttentionStash() = default;
 };
 
 // Closed-form bytes of the keeping variant (can_stash()): what one forward_stash keeps, the peak of
-// its intermediates in forward_stash (what it keeps included) and in backward_stashed (what was kept
-// included, freed as it is used).
+// its intermediates in forward_stash (what it keeps included) and in backward_stashed (what was
+// kept included, freed as it is used).
 struct StashedAttentionBytes {
   int64_t kept = 0;
   int64_t forward = 0;
@@ -67,7 +67,8 @@ class AttentionStrategy {
   explicit AttentionStrategy(const StrategyContext& ctx) : ctx_(ctx) {}
   virtual ~AttentionStrategy() = default;
 
-  virtual std::string name() const = 0;
+  // The method that runs (attention/methods.h).
+  const std::string& name() const { return ctx_.cfg.knobs.method; }
   virtual SeqLayout layout() const = 0;
   // x (S/C, D) in cfg.dtype, y (S/C, D) in cfg.out_dtype(): this rank's shard, rows in layout()
   // order. y = beta y + block(x), beta 0 or 1: with beta = 1 the block accumulates into a
@@ -87,13 +88,13 @@ class AttentionStrategy {
   // (can_stash() false) keep nothing: forward_stash returns null and backward_stashed recomputes.
   virtual bool can_stash() const { return false; }
   virtual std::unique_ptr<AttentionStash> forward_stash(const Mat& x, const AttentionWeights& w,
-                                                      const Mat& y, float beta) {
+                                                        const Mat& y, float beta) {
     forward(x, w, y, beta);
     return nullptr;
   }
   virtual void backward_stashed(std::unique_ptr<AttentionStash> kept, const Mat& x, const Mat& dy,
-                             const AttentionWeights& w, const Mat& dx, const AttentionGrads& g,
-                             float dx_beta, float dw_beta) {
+                                const AttentionWeights& w, const Mat& dx, const AttentionGrads& g,
+                                float dx_beta, float dw_beta) {
     kept.reset();
     backward(x, dy, w, dx, g, dx_beta, dw_beta);
   }
@@ -120,10 +121,5 @@ class AttentionStrategy {
   Communicator& comm() const { return ctx_.comm; }
   StrategyContext ctx_;
 };
-
-// Validates cfg for `method` on comm.size() ranks (ConfigError with what to change) and builds
-// the strategy. Methods: local, ulysses, upipe, ring, usp, upipe-ring, fpdt, upipe-fpdt.
-std::unique_ptr<AttentionStrategy> make_strategy(const std::string& method,
-                                                 const StrategyContext& ctx);
 
 }  // namespace upipe

@@ -46,29 +46,30 @@ std::string divisors_multiple_of(int h, int c) {
 
 }  // namespace
 
-UpipeSchedule make_upipe_schedule(const AttentionConfig& cfg, int c, int head_chunk) {
+UpipeSchedule make_upipe_schedule(const AttentionConfig& cfg, int c, int stage_heads) {
   const int h = cfg.heads, k = cfg.kv_heads;
   if (h % c != 0)
     throw ConfigError(fmt::format(
-        "heads ({}) must be divisible by the number of ranks in the all-to-all group ({}); "
-        "change --heads or the rank count",
-        h, c));
+        "{} ({}) must be divisible by the number of ranks in the all-to-all group ({}); "
+        "change {} or the rank count",
+        setting_ref("attention.heads"), h, c, setting_ref("attention.heads")));
   if (k >= c && k % c != 0)
     throw ConfigError(fmt::format(
-        "kv-heads ({}) must be divisible by the all-to-all group size ({}) when it is larger, "
-        "or divide it when smaller; change --kv-heads or the rank count",
-        k, c));
+        "{} ({}) must be divisible by the all-to-all group size ({}) when it is larger, "
+        "or divide it when smaller; change {} or the rank count",
+        setting_ref("attention.kv_heads"), k, c, setting_ref("attention.kv_heads")));
   if (k < c && c % k != 0)
-    throw ConfigError(fmt::format(
-        "the all-to-all group size ({}) must be divisible by kv-heads ({}) to replicate KV "
-        "heads; change --kv-heads or the rank count",
-        c, k));
-  const int u = head_chunk == 0 ? c : head_chunk;
+    throw ConfigError(
+        fmt::format("the all-to-all group size ({}) must be divisible by {} ({}) to replicate KV "
+                    "heads; change {} or the rank count",
+                    c, setting_ref("attention.kv_heads"), k, setting_ref("attention.kv_heads")));
+  const int u = stage_heads == 0 ? c : stage_heads;
   if (u <= 0 || u % c != 0 || h % u != 0)
     throw ConfigError(fmt::format(
-        "--head-chunk U={} must be a multiple of the all-to-all group size ({}) dividing heads "
-        "({}); valid values: {}",
-        u, c, h, divisors_multiple_of(h, c)));
+        "{} must be a multiple of the all-to-all group size ({}) dividing {} ({}); valid "
+        "values: {}",
+        setting_value("parallel.stage_heads", u), c, setting_ref("attention.heads"), h,
+        divisors_multiple_of(h, c)));
   UpipeSchedule s;
   s.ranks = c;
   s.heads = h;

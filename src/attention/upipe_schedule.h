@@ -53,6 +53,6 @@ struct HeadRun {
 std::vector<HeadRun> head_runs(const UpipeSchedule& s, int stage);
 
 // Throws ConfigError with what to change when U (0 = C) does not fit H, K and C.
-UpipeSchedule make_upipe_schedule(const AttentionConfig& cfg, int ranks, int head_chunk);
+UpipeSchedule make_upipe_schedule(const AttentionConfig& cfg, int ranks, int stage_heads);
 
 }  // namespace upipe

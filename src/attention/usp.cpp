@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "attention/headwise.h"
+#include "attention/methods.h"
 #include "attention/ring.h"
 #include "attention/ring_core.h"
 #include "attention/upipe_schedule.h"
@@ -11,80 +12,72 @@
 namespace upipe {
 namespace {
 
-bool heads_fit(const AttentionConfig& c, int u) {
-  return c.heads % u == 0 && (c.kv_heads % u == 0 || u % c.kv_heads == 0);
-}
-
 // The degrees u that divide C and fit the heads, e.g. "1, 2, 4".
-std::string valid_degrees(const AttentionConfig& c, int ranks) {
+std::string valid_degrees(const MethodInfo& m, const AttentionConfig& c, int ranks) {
   std::string s;
-  for (int u = 1; u <= ranks; ++u)
-    if (ranks % u == 0 && heads_fit(c, u)) s += (s.empty() ? "" : ", ") + std::to_string(u);
+  for (int u : ulysses_degrees(m, c, ranks)) s += (s.empty() ? "" : ", ") + std::to_string(u);
   return s;
 }
 
 // usp with u = 1 is ring attention; otherwise u = C leaves no ring: ulysses / upipe.
-bool plain_ring(const std::string& method, int u) {
-  return method == "usp" && u == 1;
+bool plain_ring(const MethodInfo& m, int u) {
+  return !m.takes_stage_heads && u == 1;
 }
-bool no_ring(const std::string& method, int u, int ranks) {
-  return u == ranks && !plain_ring(method, u);
-}
-
-// The rows layout of the strategy (method, u) selects.
-SeqLayout usp_layout(const std::string& method, const AttentionConfig& c, int ranks, int u) {
-  if (no_ring(method, u, ranks)) return {LayoutKind::kContiguous, c.seq_len, ranks, 1};
-  return {LayoutKind::kZigzagGrid, c.seq_len, ranks, 1, u};  // u = 1: zigzag
+bool no_ring(const MethodInfo& m, int u, int ranks) {
+  return u == ranks && !plain_ring(m, u);
 }
 
 }  // namespace
 
 int usp_degree(const AttentionConfig& cfg, int ranks) {
-  return cfg.ulysses_degree == 0 ? ranks : cfg.ulysses_degree;
+  return cfg.knobs.ulysses_degree == 0 ? ranks : cfg.knobs.ulysses_degree;
 }
 
-void validate_usp(const std::string& method, const AttentionConfig& c, int ranks) {
+SeqLayout usp_layout(const AttentionConfig& c, int ranks) {
+  const int u = usp_degree(c, ranks);
+  if (no_ring(method_info(c.knobs.method), u, ranks))
+    return {LayoutKind::kContiguous, c.seq_len, ranks, 1};
+  return {LayoutKind::kZigzagGrid, c.seq_len, ranks, 1, u};  // u = 1: zigzag
+}
+
+void validate_usp(const AttentionConfig& c, int ranks) {
+  const MethodInfo& m = method_info(c.knobs.method);
   const int u = usp_degree(c, ranks);
   if (u < 0 || u > ranks || ranks % u != 0)
-    throw ConfigError(
-        fmt::format("--ulysses-degree u={} must divide the number of ranks ({}); valid values: {}",
-                    c.ulysses_degree, ranks, valid_degrees(c, ranks)));
-  const SeqLayout lay = usp_layout(method, c, ranks, u);
+    throw ConfigError(fmt::format("{} must divide the number of ranks ({}); valid values: {}",
+                                  setting_value("parallel.ulysses_degree", u), ranks,
+                                  valid_degrees(m, c, ranks)));
+  const SeqLayout lay = usp_layout(c, ranks);
   if (c.seq_len % lay.divisor() != 0)
     throw ConfigError(fmt::format(
-        "seq-len ({}) must be divisible by {} ({} layout of {} groups of {} ranks); try "
-        "--seq-len {}",
-        c.seq_len, lay.divisor(), lay.name(), ranks / u, u,
-        (c.seq_len / lay.divisor() + 1) * lay.divisor()));
-  if (plain_ring(method, u)) return;  // any heads
-  if (c.heads % u != 0)
+        "{} ({}) must be divisible by {} ({} layout of {} groups of {} ranks); try {}",
+        setting_ref("train.seq_len"), c.seq_len, lay.divisor(), lay.name(), ranks / u, u,
+        setting_value("train.seq_len", (c.seq_len / lay.divisor() + 1) * lay.divisor())));
+  if (!ulysses_degree_fits(m, c, ranks, u))
     throw ConfigError(fmt::format(
-        "heads ({}) must be divisible by --ulysses-degree ({}); valid degrees on {} ranks: {}",
-        c.heads, u, ranks, valid_degrees(c, ranks)));
-  if (c.kv_heads % u != 0 && u % c.kv_heads != 0)
-    throw ConfigError(fmt::format(
-        "kv-heads ({}) and --ulysses-degree ({}) must divide one another; valid degrees on {} "
-        "ranks: {}",
-        c.kv_heads, u, ranks, valid_degrees(c, ranks)));
-  make_upipe_schedule(c, u, method == "usp" ? c.heads : c.head_chunk);  // checks U
+        "{} ({}) must be divisible by {} ({}), and {} ({}) and it must divide one another; valid "
+        "degrees on {} ranks: {}",
+        setting_ref("attention.heads"), c.heads, setting_ref("parallel.ulysses_degree"), u,
+        setting_ref("attention.kv_heads"), c.kv_heads, ranks, valid_degrees(m, c, ranks)));
+  if (plain_ring(m, u)) return;
+  make_upipe_schedule(c, u, m.takes_stage_heads ? c.knobs.stage_heads : c.heads);  // checks U
 }
 
-std::unique_ptr<AttentionStrategy> make_usp(const std::string& method, const StrategyContext& ctx) {
+std::unique_ptr<AttentionStrategy> make_usp(const StrategyContext& ctx) {
   const AttentionConfig& c = ctx.cfg;
+  const MethodInfo& m = method_info(c.knobs.method);
   const int ranks = ctx.comm.size();
-  validate_usp(method, c, ranks);
+  validate_usp(c, ranks);
   const int u = usp_degree(c, ranks);
-  const int head_chunk = method == "usp" ? c.heads : c.head_chunk;
-  if (plain_ring(method, u)) return std::make_unique<RingAttention>(ctx, method);
-  if (no_ring(method, u, ranks))
-    return std::make_unique<HeadwiseAttention>(ctx, method, head_chunk, 1);
+  const int stage_heads = m.takes_stage_heads ? c.knobs.stage_heads : c.heads;
+  if (plain_ring(m, u)) return std::make_unique<RingAttention>(ctx);
+  if (no_ring(m, u, ranks)) return std::make_unique<HeadwiseAttention>(ctx, stage_heads, 1);
   // Group g = rank / u holds member j = rank % u; the ring joins the members j of all groups.
   auto group = ctx.comm.split([u](int q) { return SplitKey{q / u, q % u}; });
   auto ring = ctx.comm.split([u](int q) { return SplitKey{q % u, q / u}; });
   auto core = std::make_unique<RingCore>(ctx.dev, std::move(ring), c.seq_len, c.head_dim, c.dtype);
   return std::make_unique<HeadwiseAttention>(
-      ctx, method, head_chunk,
-      UlyssesGroup{std::move(group), std::move(core), usp_layout(method, c, ranks, u)});
+      ctx, stage_heads, UlyssesGroup{std::move(group), std::move(core), usp_layout(c, ranks)});
 }
 
 }  // namespace upipe

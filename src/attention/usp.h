@@ -13,14 +13,17 @@
 
 namespace upipe {
 
-// The Ulysses degree u a configuration selects on C ranks (--ulysses-degree, 0 = all).
+// The Ulysses degree u cfg selects on C ranks (parallel.ulysses_degree, 0 = all).
 int usp_degree(const AttentionConfig& cfg, int ranks);
 
-// Throws ConfigError saying what to change when `method` (usp or upipe-ring) cannot run cfg on
-// C ranks. A pure function of its arguments, so every rank throws the same error.
-void validate_usp(const std::string& method, const AttentionConfig& cfg, int ranks);
+// The rows layout cfg's method (usp or upipe-ring) and degree select on C ranks.
+SeqLayout usp_layout(const AttentionConfig& cfg, int ranks);
+
+// Throws ConfigError saying what to change when cfg's method (usp or upipe-ring) cannot run cfg
+// on C ranks. A pure function of its arguments, so every rank throws the same error.
+void validate_usp(const AttentionConfig& cfg, int ranks);
 
 // Validates, splits ctx.comm into the Ulysses groups and the ring, and builds the strategy.
-std::unique_ptr<AttentionStrategy> make_usp(const std::string& method, const StrategyContext& ctx);
+std::unique_ptr<AttentionStrategy> make_usp(const StrategyContext& ctx);
 
 }  // namespace upipe

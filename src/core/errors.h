@@ -9,6 +9,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "core/setting_ref.h"
+
 namespace upipe {
 
 class Error : public std::runtime_error {
@@ -16,9 +18,11 @@ class Error : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Its message may name settings through setting_ref / setting_value (core/setting_ref.h); they
+// are rendered, in the spelling the user gave, when the error is built.
 class ConfigError : public Error {
  public:
-  using Error::Error;
+  explicit ConfigError(const std::string& what) : Error(render_setting_refs(what)) {}
 };
 
 class SizeError : public Error {

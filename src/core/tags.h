@@ -38,7 +38,7 @@ constexpr TagMask tag_bit(Tag t) {
   return TagMask(1) << static_cast<int>(t);
 }
 constexpr TagMask kAllTags = (TagMask(1) << kNumTags) - 1;
-// What SPEC.md counts as attention intermediates: everything but the block's inputs/outputs,
+// What docs/design.md counts as attention intermediates: everything but the block's inputs/outputs,
 // parameters, gradients and optimizer state.
 constexpr TagMask kAttnIntermediateTags =
     kAllTags & ~(tag_bit(Tag::kParams) | tag_bit(Tag::kGrads) | tag_bit(Tag::kOptim) |

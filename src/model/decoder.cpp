@@ -7,6 +7,7 @@
 #include <memory>
 #include <vector>
 
+#include "attention/methods.h"
 #include "backend/rmsnorm.h"
 #include "backend/tensor_ops.h"
 #include "core/errors.h"
@@ -26,22 +27,6 @@ ParamMap allocate_params(Device& dev, const ModelConfig& m, DType dtype, Tag tag
   return p;
 }
 
-Recompute parse_recompute(const std::string& s) {
-  if (s == "layer") return Recompute::kLayer;
-  if (s == "block") return Recompute::kBlock;
-  if (s == "none") return Recompute::kNone;
-  throw ConfigError(
-      fmt::format("unknown checkpoint granularity '{}'; use layer, block or none", s));
-}
-
-const char* recompute_name(Recompute g) {
-  switch (g) {
-    case Recompute::kBlock: return "block";
-    case Recompute::kNone: return "none";
-    default: return "layer";
-  }
-}
-
 namespace {
 
 double now() {
@@ -50,12 +35,10 @@ double now() {
 
 AttentionConfig block_config(const ModelConfig& m, const DecoderOptions& opt) {
   AttentionConfig c = to_attention_config(m);
-  c.seq_len = opt.attn.seq_len;
-  c.dtype = opt.attn.dtype;
-  c.fp32_residual = opt.residual_dtype == DType::kF32;
-  c.head_chunk = opt.attn.head_chunk;
-  c.ulysses_degree = opt.attn.ulysses_degree;
-  c.chunks = opt.attn.chunks;
+  c.seq_len = opt.seq_len;
+  c.dtype = opt.memory.dtype;
+  c.fp32_residual = opt.memory.residual_dtype == DType::kF32;
+  c.knobs = opt.knobs;
   return c;
 }
 
@@ -68,14 +51,9 @@ std::string layer_name(const ModelConfig& m, int l, LayerWeight w) {
 Decoder::Decoder(Device& dev, Communicator& cp, const ModelConfig& m, const DecoderOptions& opt)
     : dev_(dev), cp_(cp), m_(m), opt_(opt) {
   m_.validate();
-  if (opt.tile_tokens <= 0)
-    throw ConfigError(fmt::format("--tile-tokens must be positive (got {})", opt.tile_tokens));
-  if (opt.residual_dtype != DType::kF32 && opt.residual_dtype != opt.attn.dtype)
-    throw ConfigError(fmt::format(
-        "--residual-dtype {} needs --dtype {} (the residual stream is fp32 or the compute dtype)",
-        dtype_name(opt.residual_dtype), dtype_name(opt.residual_dtype)));
-  opt_.attn = block_config(m, opt);
-  strat_ = make_strategy(opt.method, {dev, cp, opt_.attn});
+  opt.memory.validate();
+  attn_ = block_config(m, opt);
+  strat_ = make_strategy({dev, cp, attn_});
 }
 
 namespace {
@@ -114,20 +92,20 @@ double Decoder::loss_and_grads(std::span<const int32_t> tokens, const ParamMap& 
 }
 
 StepLoss Decoder::run(std::span<const int32_t> tokens, ParamSource& p, const LossSpec& spec) {
-  const AttentionConfig& c = opt_.attn;
+  const AttentionConfig& c = attn_;
   const int64_t s = c.seq_len, d = m_.hidden_size;
   UPIPE_CHECK(int64_t(tokens.size()) == s, "{} tokens for a sequence of {}", tokens.size(), s);
   UPIPE_CHECK(spec.group.empty() || int64_t(spec.group.size()) == s,
               "{} group flags for a sequence of {}", spec.group.size(), s);
   // t: the compute dtype (weights, norm outputs); rt: the residual stream's and its gradient's.
-  const DType t = c.dtype, rt = opt_.residual_dtype;
+  const DType t = c.dtype, rt = opt_.memory.residual_dtype;
   const float eps = float(m_.rms_norm_eps);
   Arena& mem = dev_.mem();
   const std::vector<int64_t> pos = strat_->layout().positions(cp_.rank()).expand();
   const int64_t rows = int64_t(pos.size());
   const int nl = m_.num_hidden_layers, ue = embed_unit(), uh = head_unit(m_);
   const bool tied = m_.tie_word_embeddings;
-  const MlpConfig mc{d, m_.intermediate_size, opt_.tile_tokens, t, rt == DType::kF32};
+  const MlpConfig mc{d, m_.intermediate_size, opt_.memory.tile_tokens, t, rt == DType::kF32};
   auto mlp_w = [&](const ParamViews& pv, int l) {
     return MlpWeights{param(pv, layer_name(m_, l, LayerWeight::kGate)),
                       param(pv, layer_name(m_, l, LayerWeight::kUp)),
@@ -155,9 +133,9 @@ StepLoss Decoder::run(std::span<const int32_t> tokens, ParamSource& p, const Los
   // accumulate both blocks into x. Checkpoints: in the device arena, or (offload) in the host
   // arena, fetched back into device slots by the backward (a device with asynchronous copies
   // overlaps the fetch with the layer above's work; on the CPU the copy is a memcpy).
-  const bool offload = opt_.offload_stash;
-  const bool per_block = opt_.recompute != Recompute::kLayer;
-  const bool keep_mlp = opt_.recompute == Recompute::kNone;
+  const bool offload = opt_.memory.offload_stash;
+  const bool per_block = opt_.memory.recompute != Recompute::kLayer;
+  const bool keep_mlp = opt_.memory.recompute == Recompute::kNone;
   std::vector<Tensor> kept;  // keep_mlp: layer l's gate and up products, kept[2l], kept[2l + 1]
   // keep_mlp: each layer's attention intermediates too, when the strategy can keep them (else
   // forward_stash keeps nothing and returns null), so that the backward recomputes nothing.
@@ -166,7 +144,7 @@ StepLoss Decoder::run(std::span<const int32_t> tokens, ParamSource& p, const Los
     return MlpStash{kept[2 * size_t(l)].mat(), kept[2 * size_t(l) + 1].mat()};
   };
   const size_t per_layer = per_block ? 2 : 1;  // checkpoint i = per_layer * l (+ 1: xm)
-  const DType ct = opt_.stash_dtype;
+  const DType ct = opt_.memory.stash_dtype;
   std::vector<Tensor> ckpt;
   auto save = [&] {
     ckpt.emplace_back(offload ? dev_.host() : mem, Tag::kStash, ct, rows, d);
@@ -213,7 +191,7 @@ StepLoss Decoder::run(std::span<const int32_t> tokens, ParamSource& p, const Los
     labels[size_t(r)] = at + 1 < s ? tokens[size_t(at + 1)] : -1;
     if (!group.empty()) group[size_t(r)] = spec.group[size_t(at)];
   }
-  const LmLossConfig lc{d, m_.vocab_size, opt_.tile_tokens, t, rt};
+  const LmLossConfig lc{d, m_.vocab_size, opt_.memory.tile_tokens, t, rt};
   // The loss phase holds x, h and dh = d loss / dh, then x, dh and dx = d loss / d residual.
   Tensor dh(mem, Tag::kAct, rt, rows, d);
   const ParamViews& gh = p.grads(uh);
@@ -222,9 +200,8 @@ StepLoss Decoder::run(std::span<const int32_t> tokens, ParamSource& p, const Los
   if (tied) zero(dev_, param(*ge, embed_name));
   const double scale = spec.scale != 0 ? spec.scale : 1.0 / double(s - 1);
   StepLoss out;
-  out.loss = lm_loss(dev_, lc, h, head, labels, float(scale), dh,
-                     param(tied ? *ge : gh, head_name), tied ? 1.0f : 0.0f, group,
-                     group.empty() ? nullptr : &out.group_sum);
+  out.loss = lm_loss(dev_, lc, h, head, labels, float(scale), dh, param(tied ? *ge : gh, head_name),
+                     tied ? 1.0f : 0.0f, group, group.empty() ? nullptr : &out.group_sum);
   if (tied) p.release(ue);
   const double t1 = now();
   fwd_s_ = t1 - t0;
@@ -256,7 +233,7 @@ StepLoss Decoder::run(std::span<const int32_t> tokens, ParamSource& p, const Los
     ckpt[i].reset();
   };
   if (offload && nl > 0) fetch_layer(nl - 1);
-  const int64_t tile = std::min(opt_.tile_tokens, rows);
+  const int64_t tile = std::min(opt_.memory.tile_tokens, rows);
   for (int l = nl - 1; l >= 0; --l) {
     const ParamViews& w = p.acquire(layer_unit(l));
     if (l > 0) p.prefetch(layer_unit(l - 1));
@@ -305,7 +282,7 @@ StepLoss Decoder::run(std::span<const int32_t> tokens, ParamSource& p, const Los
     Tensor dhl(mem, Tag::kAct, rt, rows, d);
     if (kept_attn[size_t(l)])
       strat_->backward_stashed(std::move(kept_attn[size_t(l)]), hl, dx, attn_weights(w, l), dhl,
-                            attn_grads(g, l), 0.0f, 0.0f);
+                               attn_grads(g, l), 0.0f, 0.0f);
     else
       strat_->backward(hl, dx, attn_weights(w, l), dhl, attn_grads(g, l), 0.0f, 0.0f);
     hl.reset();

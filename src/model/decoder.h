@@ -2,7 +2,7 @@
 // residual add; RMSNorm -> SwiGLU MLP -> residual add] -> final RMSNorm -> fused LM head +
 // cross-entropy, forward and backward in one call, with any attention strategy.
 //
-// The residual stream is fp32 (or bf16, DecoderOptions::residual_dtype) and every block
+// The residual stream is fp32 (or bf16, MemoryPolicy::residual_dtype) and every block
 // accumulates into it (beta = 1), so no block keeps an (S/C, D) output of its own. Full
 // activation checkpointing: forward keeps each layer's input (tag ckpt; in the host arena with
 // offload_stash) and backward recomputes the layer from it (the attention forward runs twice
@@ -22,6 +22,7 @@
 
 #include "attention/strategy.h"
 #include "model/config.h"
+#include "model/memory_policy.h"
 #include "model/param_source.h"
 
 namespace upipe {
@@ -29,34 +30,10 @@ namespace upipe {
 // Allocates every parameter of m in `dtype` (uninitialised) on dev, tagged `tag`.
 ParamMap allocate_params(Device& dev, const ModelConfig& m, DType dtype, Tag tag);
 
-// What backward recomputes from: one checkpoint per layer (its input residual; backward runs the
-// attention forward again to rebuild the MLP's input), one per block (the MLP's input residual
-// too: twice the checkpoint bytes, and the attention forward runs once less per layer), or none:
-// per block, and the MLP's gate and up products of every row are kept too (two (S/C, F) per layer,
-// tag mlp), so the MLP recomputes nothing; only the attention block's internals are recomputed.
-enum class Recompute { kLayer, kBlock, kNone };
-// "layer" | "block" | "none"
-Recompute parse_recompute(const std::string& s);
-const char* recompute_name(Recompute g);
-
 struct DecoderOptions {
-  std::string method = "local";  // attention strategy (strategy.h)
-  AttentionConfig attn;          // seq_len, dtype (compute) and the strategy knobs; the block's
-                                 // shape fields are filled from the model
-  int64_t tile_tokens = 1024;    // T of the tiled MLP and the fused LM head
-  // Keep the layer checkpoints in the host arena (tag ckpt) instead of the device's; backward
-  // fetches each back into a device slot once the layer above has finished its attention backward.
-  bool offload_stash = false;
-  // The layer checkpoints' storage dtype: fp32 (exact: backward recomputes each layer from the
-  // very residual forward saw) or bf16 (half the bytes on the device and the host; backward
-  // recomputes from the residual rounded to bf16, docs/model.md states the measured error).
-  DType stash_dtype = DType::kF32;
-  // The residual stream's dtype, and its gradient's: fp32 (default), or the compute dtype (bf16
-  // with --dtype bf16), where x, xm, dx and dh are half the bytes and every block accumulates into
-  // them through an fp32 buffer of its own rows, rounding once per block (docs/model.md states
-  // the measured error and what it saves).
-  DType residual_dtype = DType::kF32;
-  Recompute recompute = Recompute::kLayer;
+  int64_t seq_len = 0;  // S, split over the CP group
+  MethodKnobs knobs;    // the attention strategy and its knobs (attention/methods.h)
+  MemoryPolicy memory;  // dtypes, recompute and stash, tile size (model/memory_policy.h)
 };
 
 // What the loss of one sequence is: its scale and an optional group of predictions to report.
@@ -102,6 +79,7 @@ class Decoder {
   Communicator& cp_;
   ModelConfig m_;
   DecoderOptions opt_;
+  AttentionConfig attn_;  // the block's: the model's shape with the options' S, dtype and knobs
   std::unique_ptr<AttentionStrategy> strat_;
   double fwd_s_ = 0, bwd_s_ = 0;
 };

@@ -1,6 +1,6 @@
 // The decoder's SwiGLU MLP block, tiled over tokens: y = beta*y + down(silu(x gate^T) * (x up^T))
 // runs T rows at a time, so only (T, F) intermediates exist (tag mlp), never (S/C, F). Like the
-// attention block it is self-checkpointing: forward keeps nothing, backward recomputes each tile's
+// attention block it is self-recomputing: forward keeps nothing, backward recomputes each tile's
 // gate/up products. A block accumulates straight into the residual stream (beta = 1); each tile's
 // output is one GEMM, so a bf16 y is rounded once per element.
 #pragma once

@@ -13,7 +13,7 @@ namespace upipe {
 DecoderStepBytes decoder_step_bytes(const Backend& be, const ModelConfig& m,
                                     const DecoderOptions& opt, int64_t rows,
                                     const AttentionStrategy& strat) {
-  const DType t = opt.attn.dtype, rt = opt.residual_dtype, f32 = DType::kF32;
+  const DType t = opt.memory.dtype, rt = opt.memory.residual_dtype, f32 = DType::kF32;
   const int64_t d = m.hidden_size, layers = m.num_hidden_layers;
   DecoderStepBytes b;
   for (const HfTensorSpec& s : hf_tensors(m)) {
@@ -24,11 +24,11 @@ DecoderStepBytes decoder_step_bytes(const Backend& be, const ModelConfig& m,
   // (S/C, D): res for x, xm, dx, dh (the residual dtype), half for h (the compute dtype).
   const int64_t res = mat_bytes(rows, d, rt), half = mat_bytes(rows, d, t);
   // Checkpoints: k per layer (the layer's input; per block also the MLP's input residual xm).
-  const bool offload = opt.offload_stash;
-  const int64_t k = opt.recompute == Recompute::kLayer ? 1 : 2;
+  const bool offload = opt.memory.offload_stash;
+  const int64_t k = opt.memory.recompute == Recompute::kLayer ? 1 : 2;
   // Per layer with --checkpoint-granularity none: the MLP's kept gate and up products (tag mlp),
   // all L through the loss, L - 1 once the last layer's MLP backward is done.
-  const bool keep_mlp = opt.recompute == Recompute::kNone;
+  const bool keep_mlp = opt.memory.recompute == Recompute::kNone;
   const int64_t kept = keep_mlp ? 2 * mat_bytes(rows, m.intermediate_size, t) : 0;
   // A strategy that can keep (local) keeps its attention intermediates from a forward to the
   // backward: with none every layer's from the step's forward until its attention backward (with
@@ -37,8 +37,7 @@ DecoderStepBytes decoder_step_bytes(const Backend& be, const ModelConfig& m,
   // and backward peaks (which count the layer's own). Per block the backward runs no attention
   // forward.
   const bool keep_attn = keep_mlp && strat.can_stash();
-  const bool keep_recompute =
-      opt.recompute == Recompute::kLayer && strat.can_stash();
+  const bool keep_recompute = opt.memory.recompute == Recompute::kLayer && strat.can_stash();
   const StashedAttentionBytes ka =
       keep_attn || keep_recompute ? strat.stash_formula_bytes() : StashedAttentionBytes{};
   const int64_t kept_layer = kept + (keep_attn ? ka.kept : 0);
@@ -46,7 +45,7 @@ DecoderStepBytes decoder_step_bytes(const Backend& be, const ModelConfig& m,
                 kept_rest = kept_all - kept_layer;
   const int64_t recompute_kept = keep_recompute ? ka.kept : 0;
   const int64_t attn_bytes = keep_attn || keep_recompute ? ka.backward : strat.attn_formula_bytes();
-  const int64_t one_stash = mat_bytes(rows, d, opt.stash_dtype);
+  const int64_t one_stash = mat_bytes(rows, d, opt.memory.stash_dtype);
   const int64_t all_stash = checked_mul(k * layers, one_stash, "checkpoint bytes");
   // Device checkpoints: after the last layer's xm checkpoint is consumed (per block) ...
   const int64_t last_stash = offload ? one_stash : all_stash - (k - 1) * one_stash;
@@ -58,7 +57,8 @@ DecoderStepBytes decoder_step_bytes(const Backend& be, const ModelConfig& m,
   b.attn = keep_attn        ? checked_add(layers * ka.kept, attn_peak - ka.kept)
            : keep_recompute ? attn_peak
                             : attn_bytes;
-  b.logits = lm_loss_peak_bytes(be, LmLossConfig{d, m.vocab_size, opt.tile_tokens, t, rt}, rows);
+  b.logits =
+      lm_loss_peak_bytes(be, LmLossConfig{d, m.vocab_size, opt.memory.tile_tokens, t, rt}, rows);
   // The step's phases that can set the peak, each with the (S/C, D) buffers and device
   // checkpoints alive then (docs/model.md, "Memory"):
   // - the forward's last MLP: x, h and every device checkpoint (per block, with fp32
@@ -74,15 +74,15 @@ DecoderStepBytes decoder_step_bytes(const Backend& be, const ModelConfig& m,
   // - its input norm's backward: dx, dh and, offloaded, the next layer's slots fetched by then.
   // The forward's attention (x, h, a staging copy while a checkpoint is offloaded, the block's
   // forward, whose peak is at most its backward's) and earlier layers hold less.
-  const MlpConfig mc{d, m.intermediate_size, opt.tile_tokens, t, rt == f32};
+  const MlpConfig mc{d, m.intermediate_size, opt.memory.tile_tokens, t, rt == f32};
   const int64_t norm_ws = rmsnorm_workspace_bytes(be, d);
   const int64_t loss_stash = offload ? 0 : all_stash;
   const int64_t start_stash = offload ? k * one_stash : all_stash;
-  const int64_t tile = std::min(opt.tile_tokens, rows);
+  const int64_t tile = std::min(opt.memory.tile_tokens, rows);
   const int64_t h2 = mat_bytes(tile, d, t), g2 = mat_bytes(tile, d, rt);
   const int64_t mlp_bwd = mlp_backward_peak_bytes(be, mc, rows, keep_mlp);
   const int64_t mlp_fwd = mlp_forward_peak_bytes(be, mc, rows, keep_mlp);
-  const int64_t attn_act = 2 * res + half;  // dx, h, and xm or dh
+  const int64_t attn_act = 2 * res + half;    // dx, h, and xm or dh
   b.act = std::max(2 * res + half, 3 * res);  // the loss phase's x, h, dh, then x, dh, dx
   b.mlp = checked_mul(layers, kept, "kept MLP bytes") + std::max(mlp_fwd, h2 + g2 + mlp_bwd);
   const int64_t step = std::max({

@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "attention/headwise.h"
+#include "attention/methods.h"
 #include "backend/device.h"
 #include "comm/fake/fake_comm.h"
 #include "core/checked.h"
@@ -17,17 +18,7 @@ namespace upipe {
 TrainOptions train_options(const PlanRequest& r) {
   TrainOptions o;
   o.cp_size = r.cp_size;
-  o.decoder.method = r.method;
-  o.decoder.attn.seq_len = r.seq_len;
-  o.decoder.attn.dtype = r.dtype;
-  o.decoder.attn.head_chunk = r.head_chunk;
-  o.decoder.attn.ulysses_degree = r.ulysses_degree;
-  o.decoder.attn.chunks = r.chunks;
-  o.decoder.tile_tokens = r.tile_tokens;
-  o.decoder.offload_stash = r.offload_stash;
-  o.decoder.stash_dtype = r.stash_dtype;
-  o.decoder.residual_dtype = r.residual_dtype;
-  o.decoder.recompute = r.recompute;
+  o.decoder = r.decoder;
   return o;
 }
 
@@ -38,12 +29,16 @@ int cp_of(const PlanRequest& r) {
 }
 
 void check_request(const PlanRequest& r) {
-  if (r.ranks < 1) throw ConfigError(fmt::format("--ranks must be >= 1 (got {})", r.ranks));
+  if (r.ranks < 1)
+    throw ConfigError(fmt::format("{} must be >= 1 (got {})", setting_ref("plan.ranks"), r.ranks));
   if (r.cp_size < 0 || (r.cp_size > 0 && r.ranks % r.cp_size != 0))
-    throw ConfigError(fmt::format("--cp-size ({}) must divide --ranks ({})", r.cp_size, r.ranks));
+    throw ConfigError(fmt::format("{} ({}) must divide {} ({})", setting_ref("parallel.cp_size"),
+                                  r.cp_size, setting_ref("plan.ranks"), r.ranks));
   if (r.reserve_bytes < 0 || r.reserve_bytes >= r.device_bytes)
-    throw ConfigError(fmt::format("--reserve-gib ({}) must be less than --device-gib ({})",
-                                  format_bytes(r.reserve_bytes), format_bytes(r.device_bytes)));
+    throw ConfigError(fmt::format("{} ({}) must be less than {} ({})", setting_ref("plan.reserve"),
+                                  format_bytes(r.reserve_bytes),
+                                  setting_ref("memory.device_memory"),
+                                  format_bytes(r.device_bytes)));
 }
 
 Tag largest_tag(const TagBytes& b) {
@@ -53,14 +48,12 @@ Tag largest_tag(const TagBytes& b) {
   return Tag(best);
 }
 
-bool has_head_chunk(const std::string& m) {
-  return m == "upipe" || m == "upipe-ring" || m == "upipe-fpdt";
-}
-bool has_chunks(const std::string& m) {
-  return m == "fpdt" || m == "upipe-fpdt";
-}
-bool has_ulysses_degree(const std::string& m) {
-  return m == "usp" || m == "upipe-ring";
+// The block's shape of m with r's method and knobs (for the method table's rules).
+AttentionConfig block_shape(const ModelConfig& m, const PlanRequest& r) {
+  AttentionConfig c = to_attention_config(m);
+  c.seq_len = r.decoder.seq_len;
+  c.knobs = r.decoder.knobs;
+  return c;
 }
 
 }  // namespace
@@ -77,7 +70,7 @@ RankPlan plan_rank(const ModelConfig& m, const PlanRequest& r, int rank, int64_t
   dev.mem().reset_peak();
   dev.host().reset_peak();
   // Token ids do not matter on the meta device (nothing reads them); zeros are valid ids.
-  const Sequence seq{std::vector<int32_t>(size_t(r.seq_len), 0), {}};
+  const Sequence seq{std::vector<int32_t>(size_t(r.decoder.seq_len), 0), {}};
   tr.step(0, [&](int64_t, int, int) { return seq; });
   return {rank, dev.mem().peak(), dev.host().peak(), dev.mem().at_peak_by_tag(),
           dev.host().at_peak_by_tag()};
@@ -131,72 +124,57 @@ void check_model_fits(const ModelConfig& m, const PlanRequest& r) {
     throw ConfigError(fmt::format(
         "{} does not fit {} ranks of {}: its fp32 weights, gradients and AdamW moments alone take "
         "{} per rank (ZeRO-3 over {} ranks), plus the reserve {}; use more ranks or a larger "
-        "--device-gib",
+        "{}",
         m.source, r.ranks, format_bytes(r.device_bytes), format_bytes(state), r.ranks,
-        format_bytes(r.reserve_bytes)));
+        format_bytes(r.reserve_bytes), setting_ref("memory.device_memory")));
 }
 
 int64_t seq_granularity(const ModelConfig& m, const PlanRequest& r) {
-  const int64_t c = cp_of(r);
-  int64_t n = 1;
-  if (has_chunks(r.method)) n = r.chunks > 0 ? r.chunks : kFpdtDefaultChunks;
-  // 2 C covers ring's zigzag (2C chunks) and the usp grids; N C the fpdt chunks.
-  return std::lcm(kSeqQuantum, checked_mul(2 * c, n));
+  const AttentionConfig c = block_shape(m, r);
+  return std::lcm(kSeqQuantum, method_info(c.knobs.method).seq_divisor(c, cp_of(r)));
 }
 
-std::vector<PlanRequest> knob_candidates(const ModelConfig& m, const PlanRequest& r,
-                                         const AutoKnobs& a) {
-  const int h = m.num_attention_heads, kv = m.num_key_value_heads, cp = cp_of(r);
-  // u: the Ulysses degrees that divide C and fit the heads (H divisible by u, K and u dividing
-  // one another; usp's u = 1 is plain ring and takes any heads), largest first: more of the
-  // sequence moves by all-to-all, less around the ring.
-  std::vector<int> ds{r.ulysses_degree};
-  if (a.ulysses_degree && has_ulysses_degree(r.method)) {
-    ds.clear();
-    for (int u = cp; u >= 1; --u)
-      if (cp % u == 0 &&
-          ((h % u == 0 && (kv % u == 0 || u % kv == 0)) || (u == 1 && r.method == "usp")))
-        ds.push_back(u);
-    if (ds.empty()) ds.push_back(0);  // the strategy refuses it with its own message
+std::vector<PlanRequest> knob_candidates(const ModelConfig& m, const PlanRequest& r) {
+  const AttentionConfig shape = block_shape(m, r);
+  const MethodInfo& info = method_info(r.decoder.knobs.method);
+  const MethodKnobs k = knobs_for(r.decoder.knobs, info);  // auto only where the method has it
+  const int cp = cp_of(r);
+  auto or_default = [](std::vector<int> v) { return v.empty() ? std::vector<int>{0} : v; };
+  // An empty list leaves 0: the strategy then refuses the request with its own message.
+  std::vector<int> ds{k.ulysses_degree};
+  if (k.ulysses_degree == kKnobAuto) {
+    ds = ulysses_degrees(info, shape, cp);
+    std::reverse(ds.begin(), ds.end());  // largest first: more all-to-all, less ring
+    ds = or_default(ds);
   }
-  std::vector<int> ns{r.chunks};
-  if (a.chunks && has_chunks(r.method)) ns = {1, 2, 4, 8, 16, 32};
+  const std::vector<int> ns = k.chunks == kKnobAuto ? chunk_choices() : std::vector<int>{k.chunks};
   std::vector<PlanRequest> out;
   for (int n : ns)
     for (int d : ds) {
-      std::vector<int> us{r.head_chunk};
-      if (a.head_chunk && has_head_chunk(r.method)) {
-        // U: multiples of the all-to-all group (C, or u for upipe-ring) dividing H, largest
-        // first.
-        const int g = r.method == "upipe-ring" && d > 0 ? d : cp;
-        us.clear();
-        for (int u = h; u >= g; --u)
-          if (u % g == 0 && h % u == 0) us.push_back(u);
-        if (us.empty()) us.push_back(0);  // the strategy refuses it with its own message
-      }
+      MethodKnobs c = k;
+      c.ulysses_degree = d;
+      c.chunks = n;
+      std::vector<int> us{k.stage_heads};
+      if (k.stage_heads == kKnobAuto)
+        us = or_default(stage_head_choices(shape, stage_group(info, c, cp)));
       for (int u : us) {
-        PlanRequest c = r;
-        c.ulysses_degree = d;
-        c.head_chunk = u;
-        c.chunks = n;
-        out.push_back(c);
+        PlanRequest q = r;
+        q.decoder.knobs = c;
+        q.decoder.knobs.stage_heads = u;
+        out.push_back(q);
       }
     }
-  // Fastest first: fewest stages in all, (H/U) x N (usp runs one stage), then the larger u (the
-  // order above); the last is then the most memory-frugal.
-  auto stages = [&](const PlanRequest& c) {
-    const int64_t per_layer =
-        has_head_chunk(c.method) ? h / std::max(1, c.head_chunk > 0 ? c.head_chunk : cp) : 1;
-    return per_layer * std::max(1, c.chunks);
-  };
+  // Fastest first: fewest stages in all, then the larger u (the order above); the last is then
+  // the most memory-frugal.
+  auto stages = [&](const PlanRequest& q) { return stages_per_layer(info, block_shape(m, q), cp); };
   std::stable_sort(out.begin(), out.end(), [&](const PlanRequest& x, const PlanRequest& y) {
     return stages(x) < stages(y);
   });
   return out;
 }
 
-Plan plan_auto(const ModelConfig& m, const PlanRequest& r, const AutoKnobs& a) {
-  const std::vector<PlanRequest> cands = knob_candidates(m, r, a);
+Plan plan_auto(const ModelConfig& m, const PlanRequest& r) {
+  const std::vector<PlanRequest> cands = knob_candidates(m, r);
   std::string refused;
   for (const PlanRequest& c : cands) {
     try {
@@ -218,12 +196,12 @@ Plan plan_auto(const ModelConfig& m, const PlanRequest& r, const AutoKnobs& a) {
   throw ConfigError(refused);
 }
 
-Plan max_seq_len(const ModelConfig& m, const PlanRequest& r, const AutoKnobs& a) {
-  const PlanRequest frugal = knob_candidates(m, r, a).back();
+Plan max_seq_len(const ModelConfig& m, const PlanRequest& r) {
+  const PlanRequest frugal = knob_candidates(m, r).back();
   const int64_t g = seq_granularity(m, frugal);
   auto at = [&](int64_t k) {
     PlanRequest q = frugal;
-    q.seq_len = checked_mul(k, g, "seq-len");
+    q.decoder.seq_len = checked_mul(k, g, "seq-len");
     return q;
   };
   // A first guess: the peaks grow about linearly with S (every activation is (S/C, .)), so two
@@ -248,7 +226,7 @@ Plan max_seq_len(const ModelConfig& m, const PlanRequest& r, const AutoKnobs& a)
   auto largest = [&](const PlanRequest& q, int64_t guess) {
     auto ok = [&](int64_t k) {
       PlanRequest x = q;
-      x.seq_len = at(k).seq_len;
+      x.decoder.seq_len = at(k).decoder.seq_len;
       return plan_step(m, x, true).fits;
     };
     int64_t lo = 0, hi = 0;
@@ -281,8 +259,8 @@ Plan max_seq_len(const ModelConfig& m, const PlanRequest& r, const AutoKnobs& a)
   // offloads K/V chunks): the knobs auto picks at k may go further. Repeat until they do not.
   for (;;) {
     PlanRequest best = r;
-    best.seq_len = at(k).seq_len;
-    Plan p = plan_auto(m, best, a);
+    best.decoder.seq_len = at(k).decoder.seq_len;
+    Plan p = plan_auto(m, best);
     const int64_t further = largest(p.request, k);
     if (further <= k) return p;
     k = further;

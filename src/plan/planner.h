@@ -28,17 +28,9 @@ inline constexpr int64_t kSeqQuantum = 65536;
 struct PlanRequest {
   int ranks = 1;    // the world: DP x CP
   int cp_size = 0;  // C, ranks per sequence (0 = all ranks)
-  std::string method = "upipe";
-  int head_chunk = 0;      // U (0 = the strategy's default; see AutoKnobs for auto)
-  int ulysses_degree = 0;  // u of usp / upipe-ring (0 = all C ranks)
-  int chunks = 0;          // N of fpdt / upipe-fpdt (0 = the strategy's default)
-  int64_t seq_len = 0;     // S
-  DType dtype = DType::kBF16;
-  int64_t tile_tokens = 1024;
-  bool offload_stash = false;
-  DType stash_dtype = DType::kF32;  // the layer checkpoints' storage
-  DType residual_dtype = DType::kF32;    // the residual stream and its gradient
-  Recompute recompute = Recompute::kLayer;
+  // S, the method and its knobs (kKnobAuto: the planner picks, see knob_candidates) and the
+  // memory policy: what the trainer would run.
+  DecoderOptions decoder;
   int64_t device_bytes = int64_t(80) << 30;  // per rank
   int64_t host_bytes = int64_t(256) << 30;   // per rank
   int64_t reserve_bytes = kDefaultReserveBytes;
@@ -84,28 +76,25 @@ Plan plan_step(const ModelConfig& m, const PlanRequest& r, bool stop_at_budget =
 // The bytes each rank holds before any step: the ZeRO-3 fp32 master, gradient and AdamW shards.
 int64_t model_state_bytes(const ModelConfig& m, const PlanRequest& r);
 
-// The multiple of which S must be for the request's method and knobs on C ranks, times
-// kSeqQuantum (their least common multiple).
+// The multiple of which S must be for the request's method and knobs on C ranks (the method
+// table's seq_divisor) and of kSeqQuantum: their least common multiple.
 int64_t seq_granularity(const ModelConfig& m, const PlanRequest& r);
 
-// `auto` knobs: the candidates to try, fastest first (fewest UPipe stages = largest U; fewest
-// FPDT chunks; then the largest Ulysses degree u of usp / upipe-ring). Only for methods that have
-// the knob; otherwise one candidate, r itself.
-struct AutoKnobs {
-  bool head_chunk = false, chunks = false, ulysses_degree = false;
-};
-std::vector<PlanRequest> knob_candidates(const ModelConfig& m, const PlanRequest& r,
-                                         const AutoKnobs& a);
+// The requests to try for r's `auto` knobs (kKnobAuto), fastest first: fewest attention stages
+// per layer (H/U x N: the largest U, the fewest FPDT chunks), then the largest Ulysses degree u of
+// usp / upipe-ring. The values are the method table's (attention/methods.h). A request without
+// auto knobs is its own only candidate.
+std::vector<PlanRequest> knob_candidates(const ModelConfig& m, const PlanRequest& r);
 
 // The fastest candidate (knob_candidates order) that fits at r.seq_len, as a complete plan; or,
 // if none fits, the complete plan of the most memory-frugal candidate (fits = false).
-Plan plan_auto(const ModelConfig& m, const PlanRequest& r, const AutoKnobs& a);
+Plan plan_auto(const ModelConfig& m, const PlanRequest& r);
 
 // The largest S (a multiple of seq_granularity, at least one granule) whose plan fits, with auto
 // knobs picked at that S; searched with the most memory-frugal candidate, by doubling from a first
 // guess then bisection (the peak grows with S). Returns the complete plan at that S, or
 // std::nullopt-like: fits = false with the plan at the smallest S when even that does not fit.
-Plan max_seq_len(const ModelConfig& m, const PlanRequest& r, const AutoKnobs& a);
+Plan max_seq_len(const ModelConfig& m, const PlanRequest& r);
 
 // Throws ConfigError with one line when the model state alone (plus the reserve) exceeds the
 // device budget, naming what to change.

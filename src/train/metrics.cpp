@@ -46,6 +46,9 @@ std::string metrics_json(const StepMetrics& m) {
   j["peak_bytes"] = m.peak_bytes;
   j["peak_by_tag"] = nlohmann::ordered_json::object();
   for (const auto& [tag, bytes] : m.peak_by_tag) j["peak_by_tag"][tag] = bytes;
+  j["host_peak_bytes"] = m.host_peak_bytes;
+  j["host_peak_by_tag"] = nlohmann::ordered_json::object();
+  for (const auto& [tag, bytes] : m.host_peak_by_tag) j["host_peak_by_tag"][tag] = bytes;
   j["budget_bytes"] = m.budget_bytes;
   j["step_s"] = number(m.step_s);
   j["eta_s"] = number(m.eta_s);

@@ -25,13 +25,16 @@ struct StepMetrics {
   double mfu = 0;                              // achieved FLOP/s / measured GEMM FLOP/s, in [0, 1]
   int64_t peak_bytes = 0;                      // device arena peak of the step (max over ranks)
   std::map<std::string, int64_t> peak_by_tag;  // tag name -> bytes live at that peak
-  int64_t budget_bytes = 0;                    // device arena budget per rank
-  double step_s = 0;                           // wall time of the step
-  double eta_s = 0;                            // estimated seconds to the last step
+  int64_t host_peak_bytes = 0;                 // host arena peak of the step (max over ranks)
+  std::map<std::string, int64_t> host_peak_by_tag;  // tag name -> bytes live at that peak
+  int64_t budget_bytes = 0;                         // device arena budget per rank
+  double step_s = 0;                                // wall time of the step
+  double eta_s = 0;                                 // estimated seconds to the last step
 };
 
 // One JSON object, no newline; keys in this order: step, loss, copy_loss (only when set),
-// grad_norm, lr, tokens_per_s, mfu, peak_bytes, peak_by_tag, budget_bytes, step_s, eta_s.
+// grad_norm, lr, tokens_per_s, mfu, peak_bytes, peak_by_tag, host_peak_bytes, host_peak_by_tag,
+// budget_bytes, step_s, eta_s.
 // A non-finite number is written as null.
 std::string metrics_json(const StepMetrics& m);
 
@@ -90,7 +93,7 @@ struct StartupInfo {
   int64_t parameters = 0;
   int dp = 1, cp = 1;  // ranks = dp * cp
   std::string method;
-  std::vector<std::pair<std::string, std::string>> knobs;  // {"head_chunk", "4"}, ...
+  std::vector<std::pair<std::string, std::string>> knobs;  // {"stage_heads", "4"}, ...
   std::string dtype;
   int64_t budget_bytes = 0;  // per rank
   int64_t seq_len = 0;

@@ -11,84 +11,185 @@
 #include <sstream>
 #include <variant>
 
+#include "attention/methods.h"
 #include "core/errors.h"
+#include "model/config.h"
 
 namespace upipe {
 namespace {
 
-using FieldPtr = std::variant<int*, int64_t*, double*, bool*, std::string*>;
+// Typed places a setting's value goes. Bytes take size suffixes ("80G"); a knob is a whole number
+// or "auto" (kKnobAuto).
+struct BytesRef {
+  int64_t* v;
+};
+struct KnobRef {
+  int* v;
+};
+using FieldPtr = std::variant<int*, int64_t*, double*, bool*, std::string*, DType*, Recompute*,
+                              BytesRef, KnobRef>;
 
-struct Field {
+// An older spelling: a key (also accepted as --key=value) or a flag. gib: its value is a number
+// of GiB (memory.budget_gib, --device-gib), converted to the bytes the setting holds.
+struct Alias {
   const char* name;
-  FieldPtr ptr;
-  const char* doc;
+  bool gib = false;
 };
 
-// The schema: every key, in the order the run file prints. run_config_keys(), parsing, overrides
-// and to_toml() all walk this one list.
+struct Field {
+  const char* key;
+  const char* flag;
+  const char* short_flag;
+  FieldPtr ptr;
+  uint32_t scopes;
+  std::string doc;
+  std::vector<Alias> aliases = {};
+};
+
+constexpr uint32_t kAll = kScopeTrain | kScopeModel | kScopePlan | kScopeBlock;
+constexpr uint32_t kModels = kScopeTrain | kScopeModel | kScopePlan;
+// The commands that communicate (the watchdog's timeout).
+constexpr uint32_t kRunning = kScopeTrain | kScopeModel | kScopeBlock | kScopeComm | kScopeDemo;
+
+// The table: every setting, in the order the run file prints. settings(), parsing, overrides,
+// to_toml() and the docs' table all walk this one list.
 std::vector<Field> fields(RunConfig& c) {
+  MethodKnobs& k = c.parallel.knobs;
+  MemoryPolicy& p = c.memory.policy;
+  std::string presets;
+  for (const std::string& n : model_preset_names()) presets += (presets.empty() ? "" : ", ") + n;
   return {
-      {"model.name", &c.model.name,
-       "preset (llama3-8b, llama3.1-8b, llama3-70b, qwen3-8b, qwen3-32b, tiny, tiny-qwen3) or "
-       "Hugging Face directory"},
-      {"model.init_from", &c.model.init_from,
+      {"model.name", "--model", "", &c.model.name, kModels,
+       "preset (" + presets + ") or Hugging Face directory"},
+      {"model.init_from", "--init-from", "", &c.model.init_from, kScopeTrain,
        "Hugging Face directory whose weights start the run; \"\" = random init from train.seed"},
-      {"parallel.cp_size", &c.parallel.cp_size,
+      {"parallel.cp_size", "--cp-size", "", &c.parallel.cp_size, kScopeTrain | kScopePlan,
        "ranks per context-parallel group C; 0 = all ranks; DP = ranks / C"},
-      {"parallel.method", &c.parallel.method,
-       "attention: local, ulysses, upipe, ring, usp, upipe-ring, fpdt, upipe-fpdt"},
-      {"parallel.head_chunk", &c.parallel.head_chunk, "upipe: query heads per stage U; 0 = C"},
-      {"parallel.ulysses_degree", &c.parallel.ulysses_degree,
-       "usp / upipe-ring: ranks per Ulysses group; 0 = default"},
-      {"parallel.chunks", &c.parallel.chunks, "fpdt: sequence chunks N; 0 = default"},
-      {"train.steps", &c.train.steps, "optimizer steps"},
-      {"train.seq_len", &c.train.seq_len, "tokens per sequence S (split over the CP group)"},
-      {"train.micro_steps", &c.train.micro_steps,
+      {"parallel.method", "--method", "-m", &k.method, kAll, "attention: " + method_names()},
+      {"parallel.stage_heads",
+       "--stage-heads",
+       "-U",
+       KnobRef{&k.stage_heads},
+       kAll,
+       "upipe methods: query heads per stage U; 0 = the all-to-all group size",
+       {{"parallel.head_chunk"}, {"--head-chunk"}}},
+      {"parallel.ulysses_degree", "--ulysses-degree", "-u", KnobRef{&k.ulysses_degree}, kAll,
+       "usp / upipe-ring: ranks per Ulysses group u; 0 = all ranks"},
+      {"parallel.chunks", "--chunks", "-N", KnobRef{&k.chunks}, kAll,
+       "fpdt methods: sequence chunks N; 0 = the largest N <= 4 dividing S/C"},
+      {"train.steps", "--steps", "", &c.train.steps, kScopeTrain, "optimizer steps"},
+      {"train.seq_len", "--seq-len", "-S", &c.train.seq_len, kAll | kScopeKernel,
+       "tokens per sequence S (split over the CP group)"},
+      {"train.micro_steps", "--micro-steps", "", &c.train.micro_steps, kScopeTrain,
        "gradient accumulation: sequences per DP rank per step"},
-      {"train.lr", &c.train.lr, "peak learning rate, reached at the end of warmup"},
-      {"train.min_lr_ratio", &c.train.min_lr_ratio,
+      {"train.lr", "--lr", "", &c.train.lr, kScopeTrain,
+       "peak learning rate, reached at the end of warmup"},
+      {"train.min_lr_ratio", "--min-lr-ratio", "", &c.train.min_lr_ratio, kScopeTrain,
        "learning rate at the end of the cosine decay, as a fraction of train.lr"},
-      {"train.warmup_steps", &c.train.warmup_steps, "steps of linear warmup from 0"},
-      {"train.weight_decay", &c.train.weight_decay, "AdamW decoupled weight decay"},
-      {"train.beta1", &c.train.beta1, "AdamW first-moment decay"},
-      {"train.beta2", &c.train.beta2, "AdamW second-moment decay"},
-      {"train.eps", &c.train.eps, "AdamW epsilon"},
-      {"train.grad_clip", &c.train.grad_clip, "global gradient norm limit; 0 = no clipping"},
-      {"train.seed", &c.train.seed, "random init and data order"},
-      {"train.dtype", &c.train.dtype, "compute dtype: fp32 or bf16 (master weights stay fp32)"},
-      {"train.tile_tokens", &c.train.tile_tokens, "rows per MLP / LM-head tile T"},
-      {"train.offload_checkpoints", &c.train.offload_stash,
-       "keep layer checkpoints in the host arena"},
-      {"train.checkpoint_dtype", &c.train.stash_dtype,
-       "layer checkpoints stored as fp32 (exact) or bf16 (half the bytes)"},
-      {"train.residual_dtype", &c.train.residual_dtype,
-       "residual stream and its gradient: fp32, or bf16 with train.dtype = bf16"},
-      {"train.checkpoint_granularity", &c.train.recompute,
-       "layer (one checkpoint per layer), block (two: attention runs once less per layer) or "
-       "none (block + the MLP's products kept: nothing of the MLP recomputed)"},
-      {"data.kind", &c.data.kind, "files, random or copy"},
-      {"data.path", &c.data.path, "files: a .npy/.bin token file, a directory of them, or a glob"},
-      {"checkpoint.dir", &c.checkpoint.dir, "where checkpoints go; \"\" = no checkpoints"},
-      {"checkpoint.interval", &c.checkpoint.interval,
+      {"train.warmup_steps", "--warmup-steps", "", &c.train.warmup_steps, kScopeTrain,
+       "steps of linear warmup from 0"},
+      {"train.weight_decay", "--weight-decay", "", &c.train.weight_decay, kScopeTrain,
+       "AdamW decoupled weight decay"},
+      {"train.beta1", "--beta1", "", &c.train.beta1, kScopeTrain, "AdamW first-moment decay"},
+      {"train.beta2", "--beta2", "", &c.train.beta2, kScopeTrain, "AdamW second-moment decay"},
+      {"train.eps", "--eps", "", &c.train.eps, kScopeTrain, "AdamW epsilon"},
+      {"train.grad_clip", "--grad-clip", "", &c.train.grad_clip, kScopeTrain,
+       "global gradient norm limit; 0 = no clipping"},
+      {"train.seed", "--seed", "", &c.train.seed, kScopeTrain | kScopeModel | kScopeBlock,
+       "random weights and data (train), random tokens and inputs (eval, bench, check)"},
+      {"memory.dtype",
+       "--dtype",
+       "",
+       &p.dtype,
+       kAll | kScopeKernel | kScopeDemo,
+       "compute dtype: fp32 or bf16 (master weights stay fp32)",
+       {{"train.dtype"}}},
+      {"memory.residual_dtype",
+       "--residual-dtype",
+       "",
+       &p.residual_dtype,
+       kAll,
+       "residual stream and its gradient: fp32, or bf16 with memory.dtype = bf16",
+       {{"train.residual_dtype"}}},
+      {"memory.recompute",
+       "--recompute",
+       "",
+       &p.recompute,
+       kModels,
+       "what backward recomputes from: layer (one stash per layer), block (two: the attention "
+       "runs once less per layer) or none (block + the MLP's products stashed)",
+       {{"train.checkpoint_granularity"}, {"--checkpoint-granularity"}}},
+      {"memory.stash_dtype",
+       "--stash-dtype",
+       "",
+       &p.stash_dtype,
+       kModels,
+       "the stash's storage: fp32 (exact) or bf16 (half the bytes)",
+       {{"train.checkpoint_dtype"}, {"--checkpoint-dtype"}}},
+      {"memory.offload_stash",
+       "--offload-stash",
+       "",
+       &p.offload_stash,
+       kModels,
+       "keep the stash in the host arena, fetched back layer by layer",
+       {{"train.offload_checkpoints"}, {"--offload-checkpoints"}}},
+      {"memory.tile_tokens",
+       "--tile-tokens",
+       "",
+       &p.tile_tokens,
+       kModels,
+       "rows per MLP / LM-head tile T",
+       {{"train.tile_tokens"}}},
+      {"memory.device_memory",
+       "--device-memory",
+       "",
+       BytesRef{&c.memory.device_bytes},
+       kAll,
+       "device memory per rank: the device arena's budget, e.g. 80G",
+       {{"memory.budget_gib", true}, {"--memory-budget"}, {"--device-gib", true}}},
+      {"memory.host_memory",
+       "--host-memory",
+       "",
+       BytesRef{&c.memory.host_bytes},
+       kModels,
+       "host memory per rank: the host arena's budget (the offloaded stash, fpdt's K/V)",
+       {{"--host-gib", true}}},
+      {"data.kind", "--data-kind", "", &c.data.kind, kScopeTrain, "files, random or copy"},
+      {"data.path", "--data-path", "", &c.data.path, kScopeTrain,
+       "files: a .npy/.bin token file, a directory of them, or a glob"},
+      {"checkpoint.dir", "--checkpoint-dir", "", &c.checkpoint.dir, kScopeTrain,
+       "where checkpoints go; \"\" = no checkpoints"},
+      {"checkpoint.interval", "--checkpoint-interval", "", &c.checkpoint.interval, kScopeTrain,
        "steps between checkpoints; 0 = only at the end"},
-      {"checkpoint.keep", &c.checkpoint.keep, "complete checkpoints kept, newest first"},
-      {"metrics.path", &c.metrics.path, "JSONL file, one object per step; \"\" = none"},
-      {"metrics.log_interval", &c.metrics.log_interval, "steps between log lines"},
-      {"metrics.progress", &c.metrics.progress,
+      {"checkpoint.keep", "--checkpoint-keep", "", &c.checkpoint.keep, kScopeTrain,
+       "complete checkpoints kept, newest first"},
+      {"metrics.path", "--metrics-path", "", &c.metrics.path, kScopeTrain,
+       "JSONL file, one object per step; \"\" = none"},
+      {"metrics.log_interval", "--log-interval", "", &c.metrics.log_interval, kScopeTrain,
+       "steps between log lines"},
+      {"metrics.progress", "--progress", "", &c.metrics.progress, kScopeTrain,
        "auto (a progress bar when stdout is a terminal), bar or lines"},
-      {"memory.budget_gib", &c.memory.budget_gib, "device arena budget per rank, GiB"},
-      {"comm.timeout_s", &c.comm.timeout_s,
-       "a collective or step without progress this long ends the job; 0 = no watchdog"},
+      {"comm.timeout",
+       "--timeout",
+       "",
+       &c.comm.timeout,
+       kRunning,
+       "seconds a collective or step may make no progress before the job is ended; 0 = never",
+       {{"comm.timeout_s"}}},
   };
 }
 
 const char* type_name(const FieldPtr& p) {
   return std::visit(
-      [](auto* v) -> const char* {
-        using T = std::remove_pointer_t<decltype(v)>;
-        if constexpr (std::is_same_v<T, double>) return "float";
-        if constexpr (std::is_same_v<T, bool>) return "bool";
-        if constexpr (std::is_same_v<T, std::string>) return "string";
+      [](auto v) -> const char* {
+        using T = decltype(v);
+        if constexpr (std::is_same_v<T, double*>) return "float";
+        if constexpr (std::is_same_v<T, bool*>) return "bool";
+        if constexpr (std::is_same_v<T, std::string*>) return "string";
+        if constexpr (std::is_same_v<T, DType*>) return "dtype";
+        if constexpr (std::is_same_v<T, Recompute*>) return "recompute";
+        if constexpr (std::is_same_v<T, BytesRef>) return "bytes";
+        if constexpr (std::is_same_v<T, KnobRef>) return "knob";
         return "int";
       },
       p);
@@ -115,14 +216,28 @@ std::string toml_float(double v) {
   return s;
 }
 
-std::string value_text(const FieldPtr& p) {
+// The value as the run file writes it (flags: the same text without TOML's quotes).
+std::string value_text(const FieldPtr& p, bool toml) {
+  auto quoted = [&](std::string s) { return toml ? toml_string(s) : s; };
   return std::visit(
-      [](auto* v) -> std::string {
-        using T = std::remove_pointer_t<decltype(v)>;
-        if constexpr (std::is_same_v<T, double>) return toml_float(*v);
-        if constexpr (std::is_same_v<T, bool>) return *v ? "true" : "false";
-        if constexpr (std::is_same_v<T, std::string>) return toml_string(*v);
-        return fmt::format("{}", *v);
+      [&](auto v) -> std::string {
+        using T = decltype(v);
+        if constexpr (std::is_same_v<T, double*>)
+          return toml ? toml_float(*v) : fmt::format("{}", *v);
+        else if constexpr (std::is_same_v<T, bool*>)
+          return *v ? "true" : "false";
+        else if constexpr (std::is_same_v<T, std::string*>)
+          return quoted(*v);
+        else if constexpr (std::is_same_v<T, DType*>)
+          return quoted(dtype_name(*v));
+        else if constexpr (std::is_same_v<T, Recompute*>)
+          return quoted(recompute_name(*v));
+        else if constexpr (std::is_same_v<T, BytesRef>)
+          return quoted(bytes_text(*v.v));
+        else if constexpr (std::is_same_v<T, KnobRef>)
+          return *v.v == kKnobAuto ? quoted("auto") : fmt::format("{}", *v.v);
+        else
+          return fmt::format("{}", *v);
       },
       p);
 }
@@ -142,10 +257,29 @@ size_t edit_distance(std::string_view a, std::string_view b) {
   return row[b.size()];
 }
 
-Field* find_field(std::vector<Field>& fs, const std::string& key) {
-  for (Field& f : fs)
-    if (key == f.name) return &f;
-  return nullptr;
+// A name as it appears on the command line or in a file, resolved to its field.
+struct Match {
+  Field* field = nullptr;
+  const Alias* alias = nullptr;  // the older spelling used, if any
+};
+
+// `name` is a key, a flag, a short flag, an alias, or any key or key alias written --key.
+Match find_field(std::vector<Field>& fs, std::string_view name) {
+  const std::string_view bare = name.substr(0, 2) == "--" ? name.substr(2) : name;
+  for (Field& f : fs) {
+    if (name == f.key || name == f.flag || (*f.short_flag && name == f.short_flag) ||
+        (bare != name && bare == f.key))
+      return {&f, nullptr};
+    for (const Alias& a : f.aliases)
+      if (name == a.name || (a.name[0] != '-' && bare != name && bare == a.name)) return {&f, &a};
+  }
+  return {};
+}
+
+// The note printed when an older spelling is used: "--head-chunk is now --stage-heads".
+std::string alias_note(const Field& f, std::string_view used, bool in_file) {
+  return in_file ? fmt::format("{} is now {} in the run file", used, f.key)
+                 : fmt::format("{} is now {}", used, f.flag);
 }
 
 [[noreturn]] void unknown_key(const std::string& where, const std::string& key) {
@@ -162,81 +296,126 @@ void set_int(Int* out, int64_t v, const std::string& where, const char* name) {
   *out = Int(v);
 }
 
+bool read_int(const std::string& text, int64_t& v) {
+  const char* e = text.data() + text.size();
+  const auto [end, ec] = std::from_chars(text.data(), e, v);
+  return !text.empty() && ec == std::errc() && end == e;
+}
+
+// Sets `f` from text (a flag's value, or a TOML string for the types written as strings);
+// `where` names the place in messages ("--seq-len", "run.toml:3: parallel.method").
+void set_from_text(const Field& f, const std::string& text, const std::string& where, bool gib) {
+  std::visit(
+      [&](auto v) {
+        using T = decltype(v);
+        if constexpr (std::is_same_v<T, double*>) {
+          double d = 0;
+          const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), d);
+          if (text.empty() || ec != std::errc() || end != text.data() + text.size() ||
+              !std::isfinite(d))
+            throw ConfigError(fmt::format("{}: '{}' is not a finite number", where, text));
+          *v = d;
+        } else if constexpr (std::is_same_v<T, bool*>) {
+          if (text == "true" || text == "1")
+            *v = true;
+          else if (text == "false" || text == "0")
+            *v = false;
+          else
+            throw ConfigError(fmt::format("{}: '{}' is not true or false", where, text));
+        } else if constexpr (std::is_same_v<T, std::string*>) {
+          *v = text;
+        } else if constexpr (std::is_same_v<T, DType*>) {
+          if (text != "fp32" && text != "bf16")
+            throw ConfigError(fmt::format("{}: '{}' is unknown; choose fp32 or bf16", where, text));
+          *v = parse_dtype(text);
+        } else if constexpr (std::is_same_v<T, Recompute*>) {
+          if (text != "layer" && text != "block" && text != "none")
+            throw ConfigError(
+                fmt::format("{}: '{}' is unknown; choose layer, block or none", where, text));
+          *v = parse_recompute(text);
+        } else if constexpr (std::is_same_v<T, BytesRef>) {
+          *v.v = parse_bytes(gib ? text + "G" : text, where);
+        } else if constexpr (std::is_same_v<T, KnobRef>) {
+          int64_t i = 0;
+          if (text == "auto")
+            *v.v = kKnobAuto;
+          else if (read_int(text, i) && i >= 0)
+            set_int(v.v, i, where + ": ", f.key);
+          else
+            throw ConfigError(
+                fmt::format("{}: '{}' is not a whole number >= 0 or auto", where, text));
+        } else {
+          int64_t i = 0;
+          if (!read_int(text, i))
+            throw ConfigError(fmt::format("{}: '{}' is not an integer", where, text));
+          set_int(v, i, where + ": ", f.key);
+        }
+      },
+      f.ptr);
+}
+
 // Sets `f` from a TOML node; `where` prefixes messages ("run.toml:3: ").
-void set_from_toml(const Field& f, const toml::node& n, const std::string& where) {
+void set_from_toml(const Field& f, const toml::node& n, const std::string& where,
+                   const std::string& name, bool gib) {
   auto wrong = [&](const char* want) {
     std::ostringstream got;
     got << n.type();
-    throw ConfigError(
-        fmt::format("{}{} must be {}, got a TOML {}", where, f.name, want, got.str()));
+    throw ConfigError(fmt::format("{}{} must be {}, got a TOML {}", where, name, want, got.str()));
   };
+  const std::string at = where + name;
   std::visit(
-      [&](auto* v) {
-        using T = std::remove_pointer_t<decltype(v)>;
-        if constexpr (std::is_same_v<T, double>) {
+      [&](auto v) {
+        using T = decltype(v);
+        if constexpr (std::is_same_v<T, double*>) {
           if (auto d = n.value_exact<double>())
             *v = *d;
           else if (auto i = n.value_exact<int64_t>())
             *v = double(*i);
           else
             wrong("a number");
-        } else if constexpr (std::is_same_v<T, bool>) {
+        } else if constexpr (std::is_same_v<T, bool*>) {
           if (auto b = n.value_exact<bool>())
             *v = *b;
           else
             wrong("true or false");
-        } else if constexpr (std::is_same_v<T, std::string>) {
-          if (auto s = n.value_exact<std::string>())
-            *v = *s;
-          else
-            wrong("a string");
-        } else {
+        } else if constexpr (std::is_same_v<T, int*> || std::is_same_v<T, int64_t*>) {
           if (auto i = n.value_exact<int64_t>())
-            set_int(v, *i, where, f.name);
+            set_int(v, *i, where, name.c_str());
           else
             wrong("an integer");
-        }
-      },
-      f.ptr);
-}
-
-// Sets `f` from command-line text.
-void set_from_text(const Field& f, const std::string& text) {
-  const std::string flag = fmt::format("--{}", f.name);
-  const char* b = text.data();
-  const char* e = text.data() + text.size();
-  std::visit(
-      [&](auto* v) {
-        using T = std::remove_pointer_t<decltype(v)>;
-        if constexpr (std::is_same_v<T, double>) {
-          double d = 0;
-          const auto [end, ec] = std::from_chars(b, e, d);
-          if (text.empty() || ec != std::errc() || end != e || !std::isfinite(d))
-            throw ConfigError(fmt::format("{}: '{}' is not a finite number", flag, text));
-          *v = d;
-        } else if constexpr (std::is_same_v<T, bool>) {
-          if (text == "true" || text == "1")
-            *v = true;
-          else if (text == "false" || text == "0")
-            *v = false;
+        } else if constexpr (std::is_same_v<T, BytesRef>) {
+          if (gib) {
+            const std::optional<double> d =
+                n.is_integer() ? std::optional<double>(double(*n.value_exact<int64_t>()))
+                               : n.value_exact<double>();
+            if (!d) wrong("a number of GiB");
+            set_from_text(f, fmt::format("{}", *d), at, true);
+          } else if (auto i = n.value_exact<int64_t>()) {
+            set_from_text(f, std::to_string(*i), at, false);
+          } else if (auto s = n.value_exact<std::string>()) {
+            set_from_text(f, *s, at, false);
+          } else {
+            wrong("a size such as \"80G\" or a number of bytes");
+          }
+        } else if constexpr (std::is_same_v<T, KnobRef>) {
+          if (auto i = n.value_exact<int64_t>())
+            set_from_text(f, std::to_string(*i), at, false);
+          else if (auto s = n.value_exact<std::string>(); s && *s == "auto")
+            *v.v = kKnobAuto;
           else
-            throw ConfigError(fmt::format("{}: '{}' is not true or false", flag, text));
-        } else if constexpr (std::is_same_v<T, std::string>) {
-          *v = text;
-        } else {
-          int64_t i = 0;
-          const auto [end, ec] = std::from_chars(b, e, i);
-          if (text.empty() || ec != std::errc() || end != e)
-            throw ConfigError(fmt::format("{}: '{}' is not an integer", flag, text));
-          set_int(v, i, flag + ": ", f.name);
+            wrong("a whole number or \"auto\"");
+        } else {  // string, dtype, recompute
+          if (auto s = n.value_exact<std::string>())
+            set_from_text(f, *s, at, false);
+          else
+            wrong("a string");
         }
       },
       f.ptr);
 }
 
 [[noreturn]] void bad(const std::string& key, const std::string& what) {
-  throw ConfigError(
-      fmt::format("{} {}; set it in the run file or with --{}=VALUE", key, what, key));
+  throw ConfigError(fmt::format("{} {}", setting_ref(key), what));
 }
 
 bool one_of(const std::string& v, std::initializer_list<const char*> options) {
@@ -245,39 +424,128 @@ bool one_of(const std::string& v, std::initializer_list<const char*> options) {
   return false;
 }
 
-}  // namespace
-
-int64_t RunConfig::budget_bytes() const {
-  return int64_t(std::floor(std::ldexp(memory.budget_gib, 30)));
+// The setting the user wrote as `name`, or a ConfigError suggesting the closest one of `scopes`.
+Match find_flag(std::vector<Field>& fs, const std::string& name, uint32_t scopes) {
+  const Match m = find_field(fs, name);
+  if (!m.field) {
+    const std::string bare = name.substr(name.find_first_not_of('-'));
+    std::string best;
+    size_t best_d = std::numeric_limits<size_t>::max();
+    for (const Field& f : fs) {
+      if (!(f.scopes & scopes)) continue;
+      const std::string leaf = std::string(f.flag).substr(2);
+      const size_t d = std::min(edit_distance(bare, leaf), edit_distance(bare, f.key));
+      if (d < best_d) best_d = d, best = f.flag;
+    }
+    throw ConfigError(fmt::format("unknown option '{}'; did you mean '{}'?", name, best));
+  }
+  if (!(m.field->scopes & scopes))
+    throw ConfigError(
+        fmt::format("{} ({}) is not a setting of this command; its --help lists the ones it takes",
+                    name, m.field->key));
+  return m;
 }
 
-const std::vector<RunKeyInfo>& run_config_keys() {
-  static const std::vector<RunKeyInfo> keys = [] {
+}  // namespace
+
+int64_t parse_bytes(const std::string& s, std::string_view key) {
+  const std::string example = "write e.g. 80G, 512M or 1048576";
+  const std::string name(key);
+  size_t i = 0;
+  while (i < s.size() && (std::isdigit(static_cast<unsigned char>(s[i])) || s[i] == '.')) ++i;
+  double v = 0;
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + i, v);
+  if (i == 0 || ec != std::errc() || end != s.data() + i)
+    throw ConfigError(fmt::format("{}: cannot read '{}' as a byte size; {}", name, s, example));
+  std::string unit = s.substr(i);
+  for (char& ch : unit) ch = char(std::tolower(static_cast<unsigned char>(ch)));
+  int shift = 0;
+  if (unit.empty() || unit == "b")
+    shift = 0;
+  else if (unit == "k" || unit == "kb" || unit == "kib")
+    shift = 10;
+  else if (unit == "m" || unit == "mb" || unit == "mib")
+    shift = 20;
+  else if (unit == "g" || unit == "gb" || unit == "gib")
+    shift = 30;
+  else if (unit == "t" || unit == "tb" || unit == "tib")
+    shift = 40;
+  else
+    throw ConfigError(fmt::format("{}: unknown size unit in '{}'; use K, M, G or T", name, s));
+  const double bytes = std::ldexp(v, shift);
+  if (!(bytes >= 1))
+    throw ConfigError(
+        fmt::format("{}: '{}' is less than one byte; give a positive size, {}", name, s, example));
+  if (bytes > double(kMaxMemoryBytes))
+    throw ConfigError(
+        fmt::format("{}: '{}' is more than 1048576T (1 EiB); give a smaller size", name, s));
+  return int64_t(std::floor(bytes));
+}
+
+std::string bytes_text(int64_t b) {
+  const char* units = "KMGT";
+  int u = -1;
+  while (u < 3 && b % (int64_t(1024) << (10 * (u + 1))) == 0 && b > 0) ++u;
+  return u < 0 ? std::to_string(b) : std::to_string(b >> (10 * (u + 1))) + units[u];
+}
+
+const std::vector<SettingInfo>& settings() {
+  static const std::vector<SettingInfo> out = [] {
     RunConfig defaults;
-    std::vector<RunKeyInfo> out;
-    for (const Field& f : fields(defaults))
-      out.push_back({f.name, type_name(f.ptr), value_text(f.ptr), f.doc});
-    return out;
+    std::vector<SettingInfo> v;
+    for (const Field& f : fields(defaults)) {
+      SettingInfo s{
+          f.key,    f.flag, f.short_flag, type_name(f.ptr), value_text(f.ptr, true), f.doc,
+          f.scopes, {}};
+      for (const Alias& a : f.aliases) s.aliases.push_back(a.name);
+      v.push_back(std::move(s));
+    }
+    return v;
   }();
-  return keys;
+  return out;
+}
+
+const SettingInfo* find_setting(std::string_view name) {
+  RunConfig probe;
+  std::vector<Field> fs = fields(probe);
+  const Match m = find_field(fs, name);
+  if (!m.field) return nullptr;
+  for (const SettingInfo& s : settings())
+    if (s.key == m.field->key) return &s;
+  return nullptr;
 }
 
 std::string closest_run_key(const std::string& key) {
+  // Names other tools give these settings.
+  static const std::pair<const char*, const char*> kSynonyms[] = {
+      {"learning_rate", "train.lr"},       {"max_steps", "train.steps"},
+      {"seq_length", "train.seq_len"},     {"sequence_length", "train.seq_len"},
+      {"context_length", "train.seq_len"}, {"gradient_accumulation_steps", "train.micro_steps"},
+      {"warmup", "train.warmup_steps"},    {"max_grad_norm", "train.grad_clip"}};
+  const std::string bare = key.substr(key.find('.') == std::string::npos ? 0 : key.find('.') + 1);
+  for (const auto& [name, to] : kSynonyms)
+    if (bare == name) return to;
   std::string best;
   size_t best_d = std::numeric_limits<size_t>::max();
-  for (const RunKeyInfo& k : run_config_keys()) {
-    size_t d = edit_distance(key, k.name);
-    // "lr" is closest to "train.lr": a bare name is compared with the part after the section.
-    if (key.find('.') == std::string::npos)
-      d = std::min(d, edit_distance(key, std::string_view(k.name).substr(k.name.find('.') + 1)));
-    // A truncated key ("train.warmup") is nearest to the key it begins.
-    if (!key.empty() && k.name.find(key) != std::string::npos) d = std::min<size_t>(d, 1);
-    if (d < best_d) best_d = d, best = k.name;
+  for (const SettingInfo& k : settings()) {
+    std::vector<std::string> names{k.key};
+    for (const std::string& a : k.aliases)
+      if (a[0] != '-') names.push_back(a);
+    for (const std::string& n : names) {
+      size_t d = edit_distance(key, n);
+      // "lr" is closest to "train.lr": a bare name is compared with the part after the section.
+      if (key.find('.') == std::string::npos)
+        d = std::min(d, edit_distance(key, std::string_view(n).substr(n.find('.') + 1)));
+      // A truncated key ("train.warmup") is nearest to the key it begins.
+      if (!key.empty() && n.find(key) != std::string::npos) d = std::min<size_t>(d, 1);
+      if (d < best_d) best_d = d, best = k.key;
+    }
   }
   return best;
 }
 
-RunConfig parse_run_toml(std::string_view text, const std::string& source) {
+RunConfig parse_run_toml(std::string_view text, const std::string& source,
+                         SettingSources* sources) {
   toml::table root;
   try {
     root = toml::parse(text, source);
@@ -299,65 +567,78 @@ RunConfig parse_run_toml(std::string_view text, const std::string& source) {
     for (const auto& [key, value] : *t) {
       const std::string full = sec + "." + std::string(key.str());
       const std::string vat = fmt::format("{}:{}: ", source, value.source().begin.line);
-      Field* f = find_field(fs, full);
-      if (!f) unknown_key(vat, full);
-      set_from_toml(*f, value, vat);
+      const Match m = full.find('-') == std::string::npos ? find_field(fs, full) : Match{};
+      if (!m.field || (m.alias && m.alias->name[0] == '-')) unknown_key(vat, full);
+      set_from_toml(*m.field, value, vat, full, m.alias && m.alias->gib);
+      if (sources) {
+        sources->spelled[m.field->key] = fmt::format("{} in {}", full, source);
+        if (m.alias) sources->notes.push_back(alias_note(*m.field, full, true));
+      }
     }
   }
   return c;
 }
 
-void apply_override(RunConfig& c, const std::string& key, const std::string& value) {
+void apply_override(RunConfig& c, const std::string& name, const std::string& value) {
   std::vector<Field> fs = fields(c);
-  Field* f = find_field(fs, key);
-  if (!f) unknown_key(fmt::format("--{}: ", key), key);
-  set_from_text(*f, value);
+  const Match m = find_field(fs, name);
+  if (!m.field) unknown_key(fmt::format("{}: ", name), name);
+  set_from_text(*m.field, value, name, m.alias && m.alias->gib);
 }
 
-void apply_overrides(RunConfig& c, std::span<const std::string> args) {
+void apply_overrides(RunConfig& c, std::span<const std::string> args, uint32_t scopes,
+                     SettingSources* sources) {
+  RunConfig out = c;  // applied only when every argument is good
+  std::vector<Field> fs = fields(out);
+  SettingSources seen;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
-    if (a.rfind("--", 0) != 0 || a.size() == 2)
-      throw ConfigError(
-          fmt::format("unexpected argument '{}'; overrides are written --section.key=value, e.g. "
-                      "--train.steps=100",
-                      a));
+    if (a.size() < 2 || a[0] != '-' || a == "--")
+      throw ConfigError(fmt::format(
+          "unexpected argument '{}'; settings are written --flag=value or --flag value, e.g. "
+          "--steps=100",
+          a));
     const size_t eq = a.find('=');
+    const std::string name = a.substr(0, eq);
+    const Match m = find_flag(fs, name, scopes);
+    const bool is_bool = std::holds_alternative<bool*>(m.field->ptr);
+    std::string value;
     if (eq != std::string::npos) {
-      apply_override(c, a.substr(2, eq - 2), a.substr(eq + 1));
+      value = a.substr(eq + 1);
+    } else if (is_bool) {
+      value = "true";
+      if (i + 1 < args.size() && one_of(args[i + 1], {"true", "false", "1", "0"}))
+        value = args[++i];
+    } else if (i + 1 < args.size()) {
+      value = args[++i];
     } else {
-      const std::string key = a.substr(2);
-      if (i + 1 >= args.size()) {
-        RunConfig probe;
-        std::vector<Field> fs = fields(probe);
-        if (!find_field(fs, key)) unknown_key(fmt::format("{}: ", a), key);
-        throw ConfigError(fmt::format("{} needs a value, e.g. {}=VALUE", a, a));
-      }
-      apply_override(c, key, args[++i]);
+      throw ConfigError(fmt::format("{} needs a value, e.g. {}=VALUE", name, name));
     }
+    set_from_text(*m.field, value, name, m.alias && m.alias->gib);
+    seen.spelled[m.field->key] = name;
+    if (m.alias || (name.find('.') != std::string::npos && name != m.field->key))
+      seen.notes.push_back(alias_note(*m.field, name, false));
+  }
+  c = out;
+  if (sources) {
+    for (auto& [k, v] : seen.spelled) sources->spelled[k] = v;
+    for (std::string& n : seen.notes)
+      if (std::find(sources->notes.begin(), sources->notes.end(), n) == sources->notes.end())
+        sources->notes.push_back(std::move(n));
   }
 }
 
-void validate(const RunConfig& c) {
+void validate(const RunConfig& c, uint32_t scopes) {
+  const bool allow_plan = scopes & kScopePlan;
   const auto& p = c.parallel;
   const auto& t = c.train;
   if (c.model.name.empty()) bad("model.name", "is empty; give a preset name or a directory");
-  if (p.cp_size < 0) bad("parallel.cp_size", fmt::format("must be >= 0, got {}", p.cp_size));
-  if (!one_of(p.method,
-              {"local", "ulysses", "upipe", "ring", "usp", "upipe-ring", "fpdt", "upipe-fpdt"}))
-    bad("parallel.method",
-        fmt::format("'{}' is unknown; choose local, ulysses, upipe, ring, usp, upipe-ring, fpdt "
-                    "or upipe-fpdt",
-                    p.method));
-  if (p.head_chunk < 0)
-    bad("parallel.head_chunk", fmt::format("must be >= 0, got {}", p.head_chunk));
-  if (p.ulysses_degree < 0)
-    bad("parallel.ulysses_degree", fmt::format("must be >= 0, got {}", p.ulysses_degree));
-  if (p.chunks < 0) bad("parallel.chunks", fmt::format("must be >= 0, got {}", p.chunks));
+  if (p.cp_size < 0 || p.cp_size > kMaxRanks)
+    bad("parallel.cp_size", fmt::format("must be in [0, {}], got {}", kMaxRanks, p.cp_size));
+  if (!(allow_plan && p.knobs.method == kAllMethods)) validate_knobs(p.knobs, allow_plan);
   if (t.steps <= 0) bad("train.steps", fmt::format("must be positive, got {}", t.steps));
-  constexpr int64_t kMaxSeq = int64_t(1) << 40;
-  if (t.seq_len < 2 || t.seq_len > kMaxSeq)
-    bad("train.seq_len", fmt::format("must be in [2, {}], got {}", kMaxSeq, t.seq_len));
+  if (t.seq_len < 2 || t.seq_len > kMaxSeqLen)
+    bad("train.seq_len", fmt::format("must be in [2, {}], got {}", kMaxSeqLen, t.seq_len));
   if (t.micro_steps < 1)
     bad("train.micro_steps", fmt::format("must be >= 1, got {}", t.micro_steps));
   if (!std::isfinite(t.lr) || t.lr < 0)
@@ -377,27 +658,12 @@ void validate(const RunConfig& c) {
   if (!std::isfinite(t.grad_clip) || t.grad_clip < 0)
     bad("train.grad_clip", fmt::format("must be >= 0 (0 = no clipping), got {}", t.grad_clip));
   if (t.seed < 0) bad("train.seed", fmt::format("must be >= 0, got {}", t.seed));
-  if (!one_of(t.dtype, {"fp32", "bf16"}))
-    bad("train.dtype", fmt::format("'{}' is unknown; choose fp32 or bf16", t.dtype));
-  if (t.stash_dtype != "fp32" && t.stash_dtype != "bf16")
-    bad("train.checkpoint_dtype",
-        fmt::format("'{}' is unknown; choose fp32 or bf16", t.stash_dtype));
-  if (t.residual_dtype != "fp32" && t.residual_dtype != "bf16")
-    bad("train.residual_dtype",
-        fmt::format("'{}' is unknown; choose fp32 or bf16", t.residual_dtype));
-  if (t.residual_dtype == "bf16" && t.dtype != "bf16")
-    bad("train.residual_dtype", "bf16 needs train.dtype = bf16 (the residual stream is fp32 or "
-                                "the compute dtype)");
-  if (!one_of(t.recompute, {"layer", "block", "none"}))
-    bad("train.checkpoint_granularity",
-        fmt::format("'{}' is unknown; choose layer, block or none", t.recompute));
-  if (t.tile_tokens < 1 || t.tile_tokens > (int64_t(1) << 30))
-    bad("train.tile_tokens", fmt::format("must be in [1, 2^30], got {}", t.tile_tokens));
+  c.memory.policy.validate();
   if (!one_of(c.data.kind, {"files", "random", "copy"}))
     bad("data.kind", fmt::format("'{}' is unknown; choose files, random or copy", c.data.kind));
   if (c.data.kind == "files" && c.data.path.empty())
     bad("data.path", "is required when data.kind = \"files\" (a token file, directory or glob)");
-  if (c.data.kind == "copy" && t.seq_len % 2 != 0)
+  if ((scopes & kScopeTrain) && c.data.kind == "copy" && t.seq_len % 2 != 0)
     bad("train.seq_len",
         fmt::format("({}) must be even for data.kind = \"copy\" (two equal halves); try {}",
                     t.seq_len, t.seq_len + 1));
@@ -411,28 +677,28 @@ void validate(const RunConfig& c) {
   if (!one_of(c.metrics.progress, {"auto", "bar", "lines"}))
     bad("metrics.progress",
         fmt::format("'{}' is unknown; choose auto, bar or lines", c.metrics.progress));
-  // 1 EiB, the same ceiling as --memory-budget.
-  if (!(c.memory.budget_gib * 1073741824.0 >= 1) || !(c.memory.budget_gib <= 1073741824.0))
-    bad("memory.budget_gib",
-        fmt::format("must be at least one byte and at most 1073741824 (1 EiB), got {}",
-                    c.memory.budget_gib));
-  if (!(c.comm.timeout_s >= 0) || !std::isfinite(c.comm.timeout_s))
-    bad("comm.timeout_s",
-        fmt::format("must be a finite number of seconds >= 0 (0 = no watchdog), got {}",
-                    c.comm.timeout_s));
+  if (!(c.comm.timeout >= 0) || !std::isfinite(c.comm.timeout) || c.comm.timeout > 1e7)
+    bad("comm.timeout",
+        fmt::format("must be a number of seconds in [0, 1e7] (0 = no watchdog), got {}",
+                    c.comm.timeout));
 }
 
-RunConfig load_run_config(const std::string& path, std::span<const std::string> overrides) {
-  RunConfig c;
-  if (!path.empty()) {
-    std::ifstream f(path, std::ios::binary);
-    if (!f) throw ConfigError(fmt::format("cannot read run file {}", path));
-    std::ostringstream text;
-    text << f.rdbuf();
-    c = parse_run_toml(text.str(), path);
-  }
-  apply_overrides(c, overrides);
-  validate(c);
+RunConfig read_run_file(const std::string& path, SettingSources* sources) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw ConfigError(fmt::format("cannot read run file {}", path));
+  std::ostringstream text;
+  text << f.rdbuf();
+  return parse_run_toml(text.str(), path, sources);
+}
+
+RunConfig load_run_config(const std::string& path, std::span<const std::string> overrides,
+                          uint32_t scopes, SettingSources* sources) {
+  SettingSources own;
+  SettingSources& src = sources ? *sources : own;
+  RunConfig c = path.empty() ? RunConfig{} : read_run_file(path, &src);
+  apply_overrides(c, overrides, scopes, &src);
+  set_setting_speller(setting_speller(src));
+  validate(c, scopes);
   return c;
 }
 
@@ -441,17 +707,48 @@ std::string to_toml(const RunConfig& c) {
   std::string out = "# upipe run file: the effective configuration (file + command line)\n";
   std::string section;
   for (const Field& f : fields(copy)) {
-    const std::string_view name(f.name);
+    const std::string_view name(f.key);
     const std::string sec(name.substr(0, name.find('.')));
     if (sec != section) {
       out += fmt::format("{}[{}]\n", section.empty() ? "" : "\n", sec);
       section = sec;
     }
     const std::string line =
-        fmt::format("{} = {}", name.substr(name.find('.') + 1), value_text(f.ptr));
+        fmt::format("{} = {}", name.substr(name.find('.') + 1), value_text(f.ptr, true));
     out += fmt::format("{:<30} # {}\n", line, f.doc);
   }
   return out;
+}
+
+std::string to_flags(const RunConfig& c, uint32_t scopes) {
+  RunConfig copy = c, defaults;
+  const std::vector<Field> fs = fields(copy), ds = fields(defaults);
+  std::string out;
+  for (size_t i = 0; i < fs.size(); ++i) {
+    if (!(fs[i].scopes & scopes)) continue;
+    const std::string v = value_text(fs[i].ptr, false);
+    if (v == value_text(ds[i].ptr, false)) continue;
+    const bool needs_quotes = v.empty() || v.find_first_of(" \t\"'\\$`") != std::string::npos;
+    out += fmt::format("{}{}={}", out.empty() ? "" : " ", fs[i].flag,
+                       needs_quotes ? "'" + v + "'" : v);
+  }
+  return out;
+}
+
+SettingSpeller setting_speller(const SettingSources& sources) {
+  return [spelled = sources.spelled](std::string_view key,
+                                     const std::optional<std::string>& value) -> std::string {
+    const auto it = spelled.find(std::string(key));
+    if (it != spelled.end()) {
+      const std::string& s = it->second;
+      const size_t in = s.find(" in ");
+      if (in == std::string::npos) return value ? s + " " + *value : s;    // a flag as typed
+      return value ? s.substr(0, in) + " = " + *value + s.substr(in) : s;  // a run file's key
+    }
+    const SettingInfo* info = find_setting(key);
+    const std::string flag = info ? info->flag : default_flag(key);
+    return value ? flag + " " + *value : flag;
+  };
 }
 
 }  // namespace upipe

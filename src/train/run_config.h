@@ -1,17 +1,45 @@
-// The run file of `upipe train`: one TOML file of [section] tables, then `--section.key=value`
-// overrides from the command line, validated once at the boundary (every error a one-line
-// ConfigError naming the file or flag and the key), and printed back in full at start so a log
-// records exactly what ran. Every key has a default, so a run needs no file at all.
-// docs/training.md ("Run file") lists the keys; run_config_keys() is the same list in code.
+// The settings of a run, declared once: every setting has one key (`[section] name` in a TOML run
+// file), one flag, a type, a default, a one-line doc and the commands that take it. The run file,
+// every command's flags, `--print-config`, the help texts, docs/training.md's table and the error
+// messages all come from this one table (settings()).
+//
+// Spelling: a flag is `--` and the key's name with `_` written `-` (train.seq_len -> --seq-len);
+// where the name alone does not say what it is, the section leads (checkpoint.dir ->
+// --checkpoint-dir, data.kind -> --data-kind, metrics.path -> --metrics-path), and model.name is
+// --model. Older spellings (e.g. --head-chunk, --memory-budget, --train.seq_len=...,
+// [train] checkpoint_dtype) still work as aliases and print a one-line note naming the new one.
+//
+// Values are read at the boundary: defaults, then the run file, then the command line (the last
+// wins), then validate() once. Every refusal is a one-line ConfigError that names the setting as
+// the user wrote it (core/setting_ref.h; setting_speller below).
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "attention/config.h"
+#include "core/setting_ref.h"
+#include "model/memory_policy.h"
+
 namespace upipe {
+
+// The commands that take a setting (a bit set).
+enum SettingScope : uint32_t {
+  kScopeTrain = 1,    // upipe train, upipe demo
+  kScopeModel = 2,    // upipe eval, upipe bench model: a model on one sequence
+  kScopePlan = 4,     // upipe plan
+  kScopeBlock = 8,    // upipe check, upipe bench attention: one attention block
+  kScopeKernel = 16,  // upipe bench kernel: the kernels on one shape
+  kScopeComm = 32,    // upipe bench comm
+  kScopeDemo = 64,    // upipe demo attention
+};
+
+inline constexpr int64_t kMaxSeqLen = int64_t(1) << 40;
+inline constexpr int64_t kMaxMemoryBytes = int64_t(1) << 60;  // 1 EiB
 
 struct RunConfig {
   struct Model {
@@ -20,11 +48,8 @@ struct RunConfig {
     bool operator==(const Model&) const = default;
   } model;
   struct Parallel {
-    int cp_size = 0;  // ranks per context-parallel group; 0 = all ranks (DP = 1)
-    std::string method = "upipe";
-    int head_chunk = 0;      // upipe: query heads per stage U; 0 = C
-    int ulysses_degree = 0;  // usp / upipe-ring: ranks per Ulysses group; 0 = default
-    int chunks = 0;          // fpdt: sequence chunks N; 0 = default
+    int cp_size = 0;    // ranks per context-parallel group; 0 = all ranks (DP = 1)
+    MethodKnobs knobs;  // method and its knobs (attention/methods.h)
     bool operator==(const Parallel&) const = default;
   } parallel;
   struct Train {
@@ -36,16 +61,16 @@ struct RunConfig {
     int64_t warmup_steps = 10;  // linear warmup from 0
     double weight_decay = 0.1;  // AdamW decoupled weight decay
     double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
-    double grad_clip = 1.0;            // global gradient norm limit; 0 = no clipping
-    int64_t seed = 1;                  // weights (random init) and data
-    std::string dtype = "fp32";        // compute dtype: fp32 | bf16 (master weights stay fp32)
-    int64_t tile_tokens = 1024;        // rows per MLP / LM-head tile T
-    bool offload_stash = false;  // layer checkpoints in the host arena
-    std::string stash_dtype = "fp32";  // layer checkpoints' storage: fp32 | bf16
-    std::string residual_dtype = "fp32";    // residual stream and its gradient: fp32 | bf16
-    std::string recompute = "layer";  // checkpoints per layer | block | none
+    double grad_clip = 1.0;  // global gradient norm limit; 0 = no clipping
+    int64_t seed = 1;        // weights (random init) and data
     bool operator==(const Train&) const = default;
   } train;
+  struct Memory {
+    MemoryPolicy policy;                      // dtypes, recompute, stash, tiles
+    int64_t device_bytes = int64_t(1) << 40;  // device arena budget per rank
+    int64_t host_bytes = int64_t(256) << 30;  // host arena budget per rank
+    bool operator==(const Memory&) const = default;
+  } memory;
   struct Data {
     std::string kind = "copy";  // files | random | copy
     std::string path;           // files: a token file, a directory of them, or a glob
@@ -63,50 +88,79 @@ struct RunConfig {
     std::string progress = "auto";  // auto (bar on a terminal) | bar | lines
     bool operator==(const Metrics&) const = default;
   } metrics;
-  struct Memory {
-    double budget_gib = 1024;  // device arena budget per rank, GiB
-    bool operator==(const Memory&) const = default;
-  } memory;
   struct Comm {
-    double timeout_s = 600;  // a collective or step without progress this long ends the job
+    double timeout = 600;  // seconds a collective or step may make no progress; 0 = never
     bool operator==(const Comm&) const = default;
   } comm;
   bool operator==(const RunConfig&) const = default;
 
-  int64_t budget_bytes() const;  // memory.budget_gib in bytes
   double min_lr() const { return train.lr * train.min_lr_ratio; }
 };
 
-// One key of the run file, for docs, help and tests.
-struct RunKeyInfo {
-  std::string name;           // "train.lr"
-  std::string type;           // "int", "float", "bool" or "string"
-  std::string default_value;  // as TOML writes it: 3e-4, "upipe", false
-  std::string doc;            // one line
+// One setting of the table.
+struct SettingInfo {
+  std::string key;                   // "train.seq_len"
+  std::string flag;                  // "--seq-len"
+  std::string short_flag;            // "-S", or ""
+  std::string type;                  // int, float, bool, string, dtype, recompute, bytes, knob
+  std::string default_value;         // as the run file writes it: 3e-4, "upipe", false, "1T"
+  std::string doc;                   // one line
+  uint32_t scopes = 0;               // SettingScope bits
+  std::vector<std::string> aliases;  // older keys and flags, e.g. "train.dtype", "--head-chunk"
 };
-const std::vector<RunKeyInfo>& run_config_keys();
+const std::vector<SettingInfo>& settings();
+// The setting a key, flag or alias names; nullptr if none.
+const SettingInfo* find_setting(std::string_view name);
 
-// The run file at `path` ("" = all defaults) with `overrides` applied, then validated.
-RunConfig load_run_config(const std::string& path, std::span<const std::string> overrides = {});
+// How each setting that was given was written, for messages (setting_speller) and for notes on
+// older spellings.
+struct SettingSources {
+  std::map<std::string, std::string> spelled;  // key -> "--head-chunk" or "seq_len in run.toml"
+  std::vector<std::string> notes;              // "--head-chunk is now --stage-heads", once each
+};
 
 // TOML text into a config (no validation); `source` names the text in messages. Unknown
 // sections or keys and values of the wrong type are ConfigErrors naming source and key.
-RunConfig parse_run_toml(std::string_view text, const std::string& source);
+RunConfig parse_run_toml(std::string_view text, const std::string& source,
+                         SettingSources* sources = nullptr);
 
-// Command-line overrides: "--section.key=value", or "--section.key" followed by the value as
-// the next argument. Values are read as their key's type (bool: true/false/1/0); "abc" for an
-// int key, or an unknown key (with the closest known key suggested), is a ConfigError.
-void apply_overrides(RunConfig& c, std::span<const std::string> args);
-void apply_override(RunConfig& c, const std::string& key, const std::string& value);
+// The run file at `path`, parsed (no validation); ConfigError when it cannot be read.
+RunConfig read_run_file(const std::string& path, SettingSources* sources = nullptr);
 
-// Range and consistency checks; the ConfigError names the key and what to change.
-void validate(const RunConfig& c);
+// Command-line settings: "--flag=value", "--flag value", "-S value", and every alias (the dotted
+// run-file form "--section.key=value" too). A bool flag alone means true; it takes the next
+// argument only when that is true, false, 1 or 0. Values are read as the setting's type; an
+// unknown flag (with the closest setting suggested) or one outside `scopes` is a ConfigError.
+void apply_overrides(RunConfig& c, std::span<const std::string> args, uint32_t scopes = kScopeTrain,
+                     SettingSources* sources = nullptr);
+// Sets one setting by key, flag or alias from its text.
+void apply_override(RunConfig& c, const std::string& name, const std::string& value);
 
-// The full effective config as a TOML document, every key with a comment, in the order of
-// run_config_keys(); parse_run_toml(to_toml(c)) == c.
+// Range and consistency checks for the commands of `scopes`; the ConfigError names the setting
+// and what to change. kScopePlan admits what only the planner takes (the knob value auto, the
+// method "all"); the training data's rules (the copy task's even S) bind only with kScopeTrain.
+void validate(const RunConfig& c, uint32_t scopes = kScopeTrain);
+
+// The run file at `path` ("" = all defaults) with `overrides` applied, then validated.
+RunConfig load_run_config(const std::string& path, std::span<const std::string> overrides = {},
+                          uint32_t scopes = kScopeTrain, SettingSources* sources = nullptr);
+
+// The full effective config as a TOML document, every setting with a comment, in the order of
+// settings(); parse_run_toml(to_toml(c)) == c.
 std::string to_toml(const RunConfig& c);
+// The settings of `scopes` that differ from the defaults, as flags ("--seq-len 4096 ...").
+std::string to_flags(const RunConfig& c, uint32_t scopes);
 
-// The known key nearest to `key` by edit distance (for "did you mean" hints).
-std::string closest_run_key(const std::string& key);
+// The known key nearest to `name` by edit distance (for "did you mean" hints).
+std::string closest_run_key(const std::string& name);
+
+// A speller (core/setting_ref.h) that names each setting the way `sources` says it was given,
+// and the others by their flag.
+SettingSpeller setting_speller(const SettingSources& sources);
+
+// "80G", "512MiB", "1.5g", "4096" -> bytes in [1, kMaxMemoryBytes]; ConfigError naming `key`.
+int64_t parse_bytes(const std::string& s, std::string_view key);
+// The shortest exact text parse_bytes reads back: "80G", "1536M", "4097".
+std::string bytes_text(int64_t bytes);
 
 }  // namespace upipe

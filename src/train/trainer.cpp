@@ -21,7 +21,8 @@ Trainer::Trainer(Device& dev, Communicator& world, const ModelConfig& m, const T
   const int w = world.size();
   cp_size_ = opt.cp_size == 0 ? w : opt.cp_size;
   if (cp_size_ < 1 || w % cp_size_ != 0)
-    throw ConfigError(fmt::format("parallel.cp_size = {} must divide the {} ranks", opt.cp_size, w));
+    throw ConfigError(
+        fmt::format("parallel.cp_size = {} must divide the {} ranks", opt.cp_size, w));
   if (opt.micro_steps < 1)
     throw ConfigError(fmt::format("train.micro_steps must be >= 1 (got {})", opt.micro_steps));
   if (opt.grad_clip < 0)
@@ -33,17 +34,17 @@ Trainer::Trainer(Device& dev, Communicator& world, const ModelConfig& m, const T
   cp_ = world.split([c](int r) { return SplitKey{r / c, r % c}; });
   dp_ = world.split([c](int r) { return SplitKey{r % c, r / c}; });
   dec_ = std::make_unique<Decoder>(dev, *cp_, m, opt.decoder);
-  zero_ = std::make_unique<Zero3>(dev, world, m, opt.decoder.attn.dtype);
+  zero_ = std::make_unique<Zero3>(dev, world, m, opt.decoder.memory.dtype);
 }
 
 Trainer::~Trainer() = default;
 
 int64_t Trainer::tokens_per_rank_per_step() const {
-  return int64_t(opt_.micro_steps) * opt_.decoder.attn.seq_len / cp_size_;
+  return int64_t(opt_.micro_steps) * opt_.decoder.seq_len / cp_size_;
 }
 
 StepResult Trainer::step(int64_t t, const SequenceFn& data) {
-  const int64_t s = opt_.decoder.attn.seq_len;
+  const int64_t s = opt_.decoder.seq_len;
   const double predicted = double(dp_size_) * opt_.micro_steps * double(s - 1);
   StepResult r;
   double mine[3] = {0, 0, 0};  // scaled loss, group loss sum, group predictions
@@ -51,7 +52,8 @@ StepResult Trainer::step(int64_t t, const SequenceFn& data) {
   for (int micro = 0; micro < opt_.micro_steps; ++micro) {
     const Sequence seq = data(t, micro, dp_rank_);
     if (int64_t(seq.tokens.size()) != s)
-      throw Error(fmt::format("the data gave {} tokens for a sequence of {}", seq.tokens.size(), s));
+      throw Error(
+          fmt::format("the data gave {} tokens for a sequence of {}", seq.tokens.size(), s));
     const StepLoss l = dec_->run(seq.tokens, *zero_, LossSpec{1.0 / predicted, seq.group});
     mine[0] += l.loss;
     mine[1] += l.group_sum;
@@ -72,9 +74,10 @@ StepResult Trainer::step(int64_t t, const SequenceFn& data) {
   r.group_loss = group_count > 0 ? group_sum / group_count : 0.0;
   r.grad_norm = zero_->grad_norm();
   if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm))
-    throw Error(fmt::format("step {}: the loss ({}) or the gradient norm ({}) is not finite; "
-                            "lower train.lr or check the data",
-                            t, r.loss, r.grad_norm));
+    throw Error(
+        fmt::format("step {}: the loss ({}) or the gradient norm ({}) is not finite; "
+                    "lower train.lr or check the data",
+                    t, r.loss, r.grad_norm));
   const double clip = opt_.grad_clip > 0 && r.grad_norm > opt_.grad_clip
                           ? opt_.grad_clip / (r.grad_norm + 1e-6)
                           : 1.0;

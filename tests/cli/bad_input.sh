@@ -43,7 +43,8 @@ run_case "--rope-theta" check --rope-theta ''
 run_case "--seq-len" bench kernel --seq-len 4611686018427387904
 run_case "--seq-len" bench attention --meta-ranks 8 --seq-len 4611686018427387904
 run_case "--seq-len" check --seq-len 9223372036854775807
-run_case "try --seq-len 2199023255552 or less" bench attention --meta-ranks 8 --seq-len 1125899906842624
+run_case "--seq-len must be in [2, 1099511627776]" bench attention --meta-ranks 8 --seq-len 1125899906842624
+run_case "try --seq-len 33554432 or less" bench attention --meta-ranks 8 --heads 65536 --kv-heads 1 --head-dim 512 --seq-len 67108864
 run_case "--seq-len" check --seq-len 99999999999999999999999
 run_case "--seq-len" check --seq-len -5
 run_case "--seq-len" check --seq-len 0
@@ -64,16 +65,24 @@ run_case "unknown method" check --method ''
 run_case "--chunks" check --method fpdt --chunks 2147483647
 run_case "--chunks" check --method fpdt --chunks -1
 run_case "--chunks" bench attention --meta-ranks 8 --method fpdt --chunks 1000000 --seq-len 1099511627776
-run_case "--head-chunk" check --head-chunk -4
-run_case "--head-chunk" check --head-chunk 3
+run_case "--stage-heads" check --stage-heads -4
+run_case "--stage-heads 3 must be a multiple" check --stage-heads 3
+run_case "--head-chunk 3 must be a multiple" check --head-chunk 3
+run_case "--stage-heads is a knob of upipe" check --method ring --stage-heads 4
+run_case "--stage-heads auto is for upipe plan" check --stage-heads auto
 run_case "--ulysses-degree" check --method usp --ulysses-degree -1
 # Other numeric flags.
-run_case "--memory-budget" check --memory-budget 99999999999T
-run_case "--memory-budget" check --memory-budget 0.0001
-run_case "--memory-budget" check --memory-budget ''
-run_case "--memory-budget" check --memory-budget 1.2.3G
-run_case "--memory-budget" check --memory-budget -4G
+run_case "--device-memory" check --device-memory 99999999999T
+run_case "--device-memory" check --device-memory 0.0001
+run_case "--device-memory" check --device-memory ''
+run_case "--device-memory" check --device-memory 1.2.3G
+run_case "--device-memory" check --device-memory -4G
+run_case "--device-memory" check --device-memory 4X
 run_case "--memory-budget" check --memory-budget 4X
+# Settings another command takes, and mistyped flags with a suggestion.
+run_case "--steps (train.steps) is not a setting of this command" check --steps 5
+run_case "did you mean '--stage-heads'" check --stage-heds 4
+run_case "did you mean '--seq-len'" train --seqlen 64
 run_case "--meta-ranks" bench attention --meta-ranks -1
 run_case "--meta-ranks" bench attention --meta-ranks 1e9
 run_case "--seed" check --seed -1
@@ -87,7 +96,7 @@ fix=$(cd "$(dirname "$0")/../fixtures/hf" && pwd)
 run_case "config.json" eval --model /nonexistent --seq-len 8
 run_case "--seq-len 600 is longer" eval --model "$fix/llama" --tokens "$fix/llama/tokens.npy" --seq-len 600
 run_case "seq-len (9)" eval --model tiny --seq-len 9 --method ring
-run_case "at least 2 tokens" eval --model tiny --seq-len 1
+run_case "--seq-len must be in [2," eval --model tiny --seq-len 1
 run_case "cannot open token file" eval --model tiny --tokens /nonexistent.npy
 # Token files the eval reads: a text file is neither .npy nor .bin; tokenize needs a readable input.
 run_case "neither a .npy file" eval --model tiny --tokens "$fix/llama/config.json"

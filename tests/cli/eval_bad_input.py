@@ -129,14 +129,18 @@ def build(root):
     case("seq-len (10)", "eval", "--model", FIXTURE, "--tokens", tokens, "--seq-len", "10", "--method", "ring")
     d = model_dir(root, "heads3", lambda c: c.update(num_attention_heads=3, num_key_value_heads=1,
                                                      hidden_size=48), weights=False)
-    case("heads (3) must be divisible by the number of ranks in the all-to-all group (2); change "
-         "num_attention_heads of $TMP/heads3/config.json", "eval", "--model", d, "--seq-len", "16", "--method", "ulysses")
-    case("--head-chunk", "eval", "--model", FIXTURE, "--tokens", tokens, "--method", "upipe", "--head-chunk", "3")
+    case("num_attention_heads of $TMP/heads3/config.json (3) must be divisible by the number of ranks "
+         "in the all-to-all group (2)", "eval", "--model", d, "--seq-len", "16", "--method", "ulysses")
+    case("--stage-heads 3 must be a multiple", "eval", "--model", FIXTURE, "--tokens", tokens, "--method",
+         "upipe", "--stage-heads", "3")
     case("--chunks", "eval", "--model", FIXTURE, "--tokens", tokens, "--method", "fpdt", "--chunks", "7")
     case("--residual-dtype bf16 needs --dtype bf16", "eval", "--model", FIXTURE, "--tokens", tokens,
          "--residual-dtype", "bf16")
-    case("unknown dtype 'fp16'", "eval", "--model", FIXTURE, "--tokens", tokens, "--residual-dtype", "fp16")
-    case("unknown checkpoint granularity 'op'", "eval", "--model", FIXTURE, "--tokens", tokens,
+    case("--residual-dtype: 'fp16' is unknown; choose fp32 or bf16", "eval", "--model", FIXTURE, "--tokens",
+         tokens, "--residual-dtype", "fp16")
+    case("--recompute: 'op' is unknown; choose layer, block or none", "eval", "--model", FIXTURE, "--tokens",
+         tokens, "--recompute", "op")
+    case("--checkpoint-granularity: 'op' is unknown", "eval", "--model", FIXTURE, "--tokens", tokens,
          "--checkpoint-granularity", "op")
     # `upipe bench model` shares eval's model loading and checks.
     case("seq-len (9)", "bench", "model", "--model", FIXTURE, "--seq-len", "9", "--method", "ulysses")

@@ -29,18 +29,21 @@ expect() {
   fi
 }
 L8="--model llama3-8b --ranks 8"
-expect "does not fit 8 ranks of 10.00 GiB" $L8 --device-gib 10 --max-seq-len
-expect "does not fit 8 ranks of 10.00 GiB" $L8 --device-gib 10 --seq-len 65536
-expect "seq-len 1001 is not allowed by any method" $L8 --device-gib 80 --seq-len 1001
-expect "too small for the offloaded checkpoints" $L8 --device-gib 80 --host-gib 1 --offload-checkpoints --max-seq-len
-expect "too small for the offloaded checkpoints" $L8 --device-gib 80 --host-gib 1 --offload-checkpoints --seq-len 1048576
-expect "no method fits 8 ranks of 20.00 GiB" $L8 --device-gib 20 --max-seq-len
-expect "exactly one of --seq-len S and --max-seq-len" $L8 --device-gib 80
-expect "--reserve-gib" $L8 --device-gib 80 --reserve-gib 90 --seq-len 65536
-expect "--head-chunk U=12" $L8 --device-gib 80 --method upipe --head-chunk 12 --seq-len 65536
+expect "does not fit 8 ranks of 10.00 GiB" $L8 --device-memory 10G --max-seq-len
+expect "does not fit 8 ranks of 10.00 GiB" $L8 --device-memory 10G --seq-len 65536
+expect "--seq-len 1001 is not allowed by any method" $L8 --device-memory 80G --method all --seq-len 1001
+expect "--seq-len (1001) must be divisible by 8" $L8 --device-memory 80G --seq-len 1001
+expect "too small for the offloaded stash" $L8 --device-memory 80G --host-memory 1G --offload-stash --max-seq-len
+expect "too small for the offloaded stash" $L8 --device-memory 80G --host-memory 1G --offload-stash --seq-len 1048576
+expect "no method fits 8 ranks of 20.00 GiB" $L8 --device-memory 20G --max-seq-len
+expect "give one of --seq-len and --max-seq-len" $L8 --device-memory 80G --seq-len 65536 --max-seq-len
+expect "give the device memory per rank, e.g. --device-memory 80G" $L8 --seq-len 65536
+expect "--reserve (90.00 GiB) must be less than --device-memory (80.00 GiB)" $L8 --device-memory 80G --reserve 90G --seq-len 65536
+expect "--stage-heads 12 must be a multiple" $L8 --device-memory 80G --method upipe --stage-heads 12 --seq-len 65536
+expect "--steps (train.steps) is not a setting of this command" $L8 --device-memory 80G --steps 5
 
 # JSON: the issue's fields; upipe's maximum fits and is a multiple of 64Ki tokens.
-out=$(timeout 300 "$upipe" plan $L8 --device-gib 80 --method upipe --max-seq-len --offload-checkpoints --json)
+out=$(timeout 300 "$upipe" plan $L8 --device-memory 80G --method upipe --stage-heads auto --max-seq-len --offload-stash --json)
 rc=$?
 if [ $rc -ne 0 ] || ! printf '%s' "$out" | /usr/bin/python3 -c '
 import json, sys
@@ -60,7 +63,7 @@ print("ok: --json upipe max S", m["seq_len"], m["limiting_tag"])
 fi
 
 # Under mpirun rank 0 plans and prints once; every rank exits 0.
-out=$(timeout 120 "${MPIRUN[@]}" -np 2 "$upipe" plan $L8 --device-gib 80 --method ulysses --seq-len 1048576 2>&1)
+out=$(timeout 120 "${MPIRUN[@]}" -np 2 "$upipe" plan $L8 --device-memory 80G --method ulysses --seq-len 1048576 2>&1)
 rc=$?
 if [ $rc -ne 0 ] || [ "$(printf '%s\n' "$out" | grep -c '^ulysses  ')" -ne 1 ]; then
   fail "upipe plan under mpirun -np 2 (exit $rc)"

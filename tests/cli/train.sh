@@ -23,7 +23,7 @@ tmp=$(mktemp -d)
 trap 'pkill -KILL -f "$tmp" 2>/dev/null; rm -rf "$tmp"' EXIT
 fail() { echo "FAIL ($case_name): $*"; exit 1; }
 # Small, fast steps: tiny model, S = 64.
-small=(--train.seq_len=64 --train.tile_tokens=64 --metrics.progress=lines --metrics.log_interval=1000)
+small=(--seq-len=64 --tile-tokens=64 --progress=lines --log-interval=1000)
 
 # The value of `key` in the last line of a JSONL file.
 last() { python3 -c "import json,sys; print(json.loads(open(sys.argv[1]).read().splitlines()[-1])[sys.argv[2]])" "$1" "$2"; }
@@ -37,8 +37,8 @@ wait_lines() { for _ in $(seq 600); do [ "$(lines "$1")" -ge "$2" ] && return 0;
 disrupt() {
   local sig=$1 steps=$2 name=$3
   shift 3
-  "${mpirun[@]}" -np 2 "$upipe" train "${small[@]}" --train.steps=100000 \
-    --metrics.path="$tmp/$name.jsonl" "$@" > "$tmp/$name.out" 2>&1 &
+  "${mpirun[@]}" -np 2 "$upipe" train "${small[@]}" --steps=100000 \
+    --metrics-path="$tmp/$name.jsonl" "$@" > "$tmp/$name.out" 2>&1 &
   local job=$! victim start
   wait_lines "$tmp/$name.jsonl" "$steps"
   victim=$(pgrep -f "upipe train.*$tmp/$name.jsonl" | tail -1)
@@ -52,8 +52,8 @@ disrupt() {
 
 case $case_name in
 learns)
-  timeout 300 "${mpirun[@]}" -np 2 "$upipe" demo --train.steps=600 --metrics.path="$tmp/m.jsonl" \
-    --metrics.log_interval=100 > "$tmp/out" 2>&1 || { cat "$tmp/out"; fail "demo failed"; }
+  timeout 550 "${mpirun[@]}" -np 2 "$upipe" demo --steps=600 --metrics-path="$tmp/m.jsonl" \
+    --log-interval=100 > "$tmp/out" 2>&1 || { cat "$tmp/out"; fail "demo failed"; }
   cat "$tmp/out" | tail -12
   first=$(head -1 "$tmp/m.jsonl" | python3 -c "import json,sys; print(json.load(sys.stdin)['copy_loss'])")
   final=$(last "$tmp/m.jsonl" copy_loss)
@@ -62,12 +62,12 @@ learns)
     "$first" "$final" || fail "copy loss $first -> $final, want > 5.0 -> < 0.5"
   ;;
 resume)
-  args=("${small[@]}" --train.steps=300 --checkpoint.keep=2)
-  timeout 300 "${mpirun[@]}" -np 2 "$upipe" train "${args[@]}" --checkpoint.dir="$tmp/a" \
+  args=("${small[@]}" --steps=300 --checkpoint-keep=2)
+  timeout 300 "${mpirun[@]}" -np 2 "$upipe" train "${args[@]}" --checkpoint-dir="$tmp/a" \
     > "$tmp/a.out" 2>&1 || { cat "$tmp/a.out"; fail "straight run failed"; }
   # In the background without `timeout`, so that $! is mpirun (ctest's TIMEOUT bounds the test).
-  "${mpirun[@]}" -np 2 "$upipe" train "${args[@]}" --checkpoint.dir="$tmp/b" \
-    --metrics.path="$tmp/b.jsonl" > "$tmp/b.out" 2>&1 &
+  "${mpirun[@]}" -np 2 "$upipe" train "${args[@]}" --checkpoint-dir="$tmp/b" \
+    --metrics-path="$tmp/b.jsonl" > "$tmp/b.out" 2>&1 &
   job=$!
   wait_lines "$tmp/b.jsonl" 20
   kill -USR1 $job
@@ -76,8 +76,8 @@ resume)
   grep -q "stopped by signal" "$tmp/b.out" || { cat "$tmp/b.out"; fail "no clean-stop message"; }
   stopped=$(ls "$tmp/b" | grep -c step_) ; [ "$stopped" -ge 1 ] || fail "no checkpoint at the stop"
   [ -d "$tmp/b/step_00000300" ] && fail "the run finished before the signal; cannot test resume"
-  timeout 300 "${mpirun[@]}" -np 2 "$upipe" train "${args[@]}" --checkpoint.dir="$tmp/b" \
-    --metrics.path="$tmp/b.jsonl" --resume > "$tmp/c.out" 2>&1 || { cat "$tmp/c.out"; fail "resume failed"; }
+  timeout 300 "${mpirun[@]}" -np 2 "$upipe" train "${args[@]}" --checkpoint-dir="$tmp/b" \
+    --metrics-path="$tmp/b.jsonl" --resume > "$tmp/c.out" 2>&1 || { cat "$tmp/c.out"; fail "resume failed"; }
   grep "^start:" "$tmp/c.out"
   for f in rank_00000.safetensors rank_00001.safetensors; do
     cmp "$tmp/a/step_00000300/$f" "$tmp/b/step_00000300/$f" || fail "$f differs after resume"
@@ -94,27 +94,27 @@ PY
   "${mpirun[@]}" -np 2 "$upipe" eval --model "$tmp/hf" --seq-len 64 --method ulysses --json \
     > "$tmp/eval.json" || fail "eval of the exported folder failed"
   # Resharding: the 2-rank checkpoint continues on 1 rank.
-  timeout 300 "${mpirun[@]}" -np 1 "$upipe" train "${small[@]}" --train.steps=302 \
-    --checkpoint.dir="$tmp/b" --resume > "$tmp/d.out" 2>&1 || { cat "$tmp/d.out"; fail "1-rank resume failed"; }
+  timeout 300 "${mpirun[@]}" -np 1 "$upipe" train "${small[@]}" --steps=302 \
+    --checkpoint-dir="$tmp/b" --resume > "$tmp/d.out" 2>&1 || { cat "$tmp/d.out"; fail "1-rank resume failed"; }
   grep -q "resharded" "$tmp/d.out" || { cat "$tmp/d.out"; fail "no resharding on 1 rank"; }
   [ -f "$tmp/b/step_00000302/DONE" ] || fail "the resharded run wrote no checkpoint"
   ;;
 kill)
-  disrupt KILL 50 k --checkpoint.dir="$tmp/k" --checkpoint.interval=20
+  disrupt KILL 50 k --checkpoint-dir="$tmp/k" --checkpoint-interval=20
   [ $rc -ne 0 ] || fail "status 0 after a killed rank"
   [ $took -le 30 ] || fail "took ${took} s (> 30 s)"
   # The newest complete checkpoint resumes and trains two more steps.
   newest=$(ls "$tmp/k" | grep -v tmp | sort | tail -1)
   n=$((10#${newest#step_}))
-  timeout 300 "${mpirun[@]}" -np 2 "$upipe" train "${small[@]}" --train.steps=$((n + 2)) \
-    --checkpoint.dir="$tmp/k" --resume > "$tmp/r.out" 2>&1 || { cat "$tmp/r.out"; fail "resume after the kill failed"; }
+  timeout 300 "${mpirun[@]}" -np 2 "$upipe" train "${small[@]}" --steps=$((n + 2)) \
+    --checkpoint-dir="$tmp/k" --resume > "$tmp/r.out" 2>&1 || { cat "$tmp/r.out"; fail "resume after the kill failed"; }
   grep "^start:" "$tmp/r.out"
   [ -f "$tmp/k/step_$(printf %08d $((n + 2)))/DONE" ] || fail "no checkpoint after resuming from $newest"
   ;;
 init)
   fixture=$(dirname "$0")/../fixtures/hf/llama
   timeout 300 "${mpirun[@]}" -np 2 "$upipe" train "${small[@]}" --init-from "$fixture" \
-    --model.name="$fixture" --train.steps=1 --train.lr=0 --checkpoint.dir="$tmp/i" \
+    --model="$fixture" --steps=1 --lr=0 --checkpoint-dir="$tmp/i" \
     > "$tmp/i.out" 2>&1 || { cat "$tmp/i.out"; fail "training from the fixture failed"; }
   grep "^start:" "$tmp/i.out"
   grep -q "Hugging Face weights from" "$tmp/i.out" || fail "not started from the fixture"
@@ -126,11 +126,11 @@ init)
   # Weights of another shape (the Llama fixture for the Qwen3 preset): refused on every rank
   # before any rank reads its shard, one line, exit 2.
   out=$(timeout 120 "${mpirun[@]}" -np 2 "$upipe" train "${small[@]}" --init-from "$fixture" \
-    --model.name=tiny-qwen3 --train.steps=1 2>&1); rc=$?
+    --model=tiny-qwen3 --steps=1 2>&1); rc=$?
   [ $rc -eq 2 ] && [ "$(echo "$out" | grep -c 'has shape')" -eq 1 ] || { echo "$out"; fail "mis-shaped --init-from: exit $rc"; }
   ;;
 hang)
-  disrupt STOP 20 h --comm.timeout_s=3
+  disrupt STOP 20 h --timeout=3
   grep "no progress" "$tmp/h.out" | head -3
   [ $rc -ne 0 ] || fail "status 0 after a stopped rank"
   [ $took -le 20 ] || fail "took ${took} s (> 20 s with a 3 s timeout)"

@@ -35,9 +35,9 @@
 namespace upipe::test {
 
 struct StrategyCase {
-  std::string method;
-  AttentionConfig cfg;
+  AttentionConfig cfg;  // the shape and the method with its knobs (cfg.knobs)
   std::string name;
+  const std::string& method() const { return cfg.knobs.method; }
 };
 
 // gtest prints a case by its name.
@@ -81,9 +81,7 @@ inline std::vector<StrategyCase> strategy_cases(int c) {
     cfg.fp32_residual = opt.fp32_residual;
     if (opt.llama3) cfg.rope.scaling = {true, 8.0, 1.0, 4.0, 256};
     cfg.dtype = t;
-    cfg.head_chunk = u;
-    cfg.ulysses_degree = deg;
-    cfg.chunks = n;
+    cfg.knobs = {method, u, deg, n};
     std::string name = method;
     if (deg) name += "_u" + std::to_string(deg);
     name += "_H" + std::to_string(sh.h) + "K" + std::to_string(sh.k);
@@ -97,7 +95,7 @@ inline std::vector<StrategyCase> strategy_cases(int c) {
     if (t != DType::kF32) name += "_bf16";
     if (opt.fp32_residual) name += "_f32res";
     std::replace(name.begin(), name.end(), '-', '_');  // test names allow [A-Za-z0-9_] only
-    out.push_back({method, cfg, name});
+    out.push_back({cfg, name});
   };
   auto add = [&](const std::string& method, Shape sh, int u, DType t) {
     add_case(method, sh, u, 0, t);

@@ -20,6 +20,7 @@
 #include <limits>
 
 #include "attention/harness.h"
+#include "attention/methods.h"
 #include "backend/tensor_ops.h"
 #include "common/test_util.h"
 #include "core/rng.h"
@@ -59,7 +60,7 @@ TEST_P(Accumulate, BetaOneAddsTheBlockToPrefilledOutputs) {
   const StrategyCase& sc = GetParam();
   Communicator& comm = world();
   Device dev;
-  auto s = make_strategy(sc.method, {dev, comm, sc.cfg});
+  auto s = make_strategy({dev, comm, sc.cfg});
   BlockTensors t = make_block_tensors(dev, sc.cfg, s->layout().positions(comm.rank()), 1);
   struct Out {
     const char* name;

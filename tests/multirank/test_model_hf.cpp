@@ -87,19 +87,19 @@ void check_model(const std::string& model, DType dtype, DType ckpt = DType::kF32
   }
   for (const std::string& method : methods(comm.size())) {
     DecoderOptions opt;
-    opt.method = method;
-    opt.attn.seq_len = int64_t(tokens.size());
-    opt.attn.dtype = dtype;
+    opt.knobs.method = method;
+    opt.seq_len = int64_t(tokens.size());
+    opt.memory.dtype = dtype;
     if (comm.size() == 4 && (method == "usp" || method == "upipe-ring"))
-      opt.attn.ulysses_degree = 2;
-    opt.tile_tokens = 96;  // several tiles, the last one shorter
-    opt.stash_dtype = ckpt;
-    opt.residual_dtype = residual;
+      opt.knobs.ulysses_degree = 2;
+    opt.memory.tile_tokens = 96;  // several tiles, the last one shorter
+    opt.memory.stash_dtype = ckpt;
+    opt.memory.residual_dtype = residual;
     Decoder dec(dev, comm, m, opt);
     const double loss = dec.loss_and_grads(tokens, w, g);
     if (method == methods(comm.size()).front() && !bf16) {  // offloading changes no bit
       DecoderOptions off = opt;
-      off.offload_stash = true;
+      off.memory.offload_stash = true;
       const ParamMap g2 = allocate_params(dev, m, DType::kF32, Tag::kGrads);
       Decoder dec2(dev, comm, m, off);
       EXPECT_EQ(dec2.loss_and_grads(tokens, w, g2), loss) << model << " " << method;
@@ -116,8 +116,8 @@ void check_model(const std::string& model, DType dtype, DType ckpt = DType::kF32
                                  {Recompute::kNone, false}}) {
         if (offload && method != methods(comm.size()).front()) continue;
         DecoderOptions blk = opt;
-        blk.recompute = cg;
-        blk.offload_stash = offload;
+        blk.memory.recompute = cg;
+        blk.memory.offload_stash = offload;
         const ParamMap g2 = allocate_params(dev, m, DType::kF32, Tag::kGrads);
         Decoder dec2(dev, comm, m, blk);
         EXPECT_EQ(dec2.loss_and_grads(tokens, w, g2), loss)
@@ -129,7 +129,9 @@ void check_model(const std::string& model, DType dtype, DType ckpt = DType::kF32
     }
     const double loss_rel = std::abs(loss - loss64) / std::abs(loss64);
     const bool bf16_res = residual == DType::kBF16;
-    EXPECT_LE(loss_rel, bf16_res ? kBf16ResidualLossRel : bf16 ? kBf16LossRel : 1e-5)
+    EXPECT_LE(loss_rel, bf16_res ? kBf16ResidualLossRel
+                        : bf16   ? kBf16LossRel
+                                 : 1e-5)
         << model << " " << method << " " << dtype_name(dtype) << ": loss " << loss
         << " vs transformers fp64 " << loss64;
     double worst = 0;
@@ -162,8 +164,7 @@ void check_model(const std::string& model, DType dtype, DType ckpt = DType::kF32
           "  %s %s %s, %s checkpoints, %s residual: loss relative error %.3g, worst gradient %.3g "
           "(%s)\n",
           model.c_str(), method.c_str(), dtype_name(dtype), dtype_name(ckpt), dtype_name(residual),
-          loss_rel, worst,
-                  worst_name.c_str());
+          loss_rel, worst, worst_name.c_str());
   }
 }
 

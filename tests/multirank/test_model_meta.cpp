@@ -22,7 +22,7 @@ struct Peaks {
 Peaks step(Device& dev, Communicator& comm, const ModelConfig& m, const DecoderOptions& opt,
            const std::vector<int32_t>& tokens) {
   Decoder dec(dev, comm, m, opt);
-  const ParamMap w = load_params(dev, m, "", opt.attn.dtype, 3);
+  const ParamMap w = load_params(dev, m, "", opt.memory.dtype, 3);
   const ParamMap g = allocate_params(dev, m, DType::kF32, Tag::kGrads);
   dev.mem().reset_peak();
   dev.host().reset_peak();
@@ -40,25 +40,27 @@ TEST(ModelMeta, MetaPlanEqualsRealRunPerTag) {
   std::vector<std::string> methods = {"ring"};
   if (c == 1) methods = {"local", "upipe", "fpdt"};
   if (c == 2 || c == 4) methods = {"ulysses", "upipe", "ring", "usp", "fpdt", "upipe-fpdt"};
-  const std::pair<DType, DType> dtypes[] = {  // compute, residual
-      {DType::kF32, DType::kF32}, {DType::kBF16, DType::kF32}, {DType::kBF16, DType::kBF16}};
+  const std::pair<DType, DType> dtypes[] = {// compute, residual
+                                            {DType::kF32, DType::kF32},
+                                            {DType::kBF16, DType::kF32},
+                                            {DType::kBF16, DType::kBF16}};
   for (const auto& [t, rt] : dtypes)
     for (const std::string& method : methods)
       for (bool offload : {false, true}) {
         DecoderOptions opt;
-        opt.offload_stash = offload;
-        opt.method = method;
-        opt.attn.seq_len = s;
-        opt.attn.dtype = t;
-        opt.residual_dtype = rt;
-        opt.tile_tokens = 40;
+        opt.memory.offload_stash = offload;
+        opt.knobs.method = method;
+        opt.seq_len = s;
+        opt.memory.dtype = t;
+        opt.memory.residual_dtype = rt;
+        opt.memory.tile_tokens = 40;
         Device real;
         const Peaks r = step(real, comm, m, opt, tokens);
         Device meta({BackendKind::kMeta, int64_t(1) << 40, int64_t(1) << 40});
         FakeCommunicator fake(comm.rank(), c);
         const Peaks p = step(meta, fake, m, opt, tokens);
-        const std::string what = method + (offload ? " offload " : " ") + dtype_name(t) + " residual " +
-                                 dtype_name(rt) + " rank " +
+        const std::string what = method + (offload ? " offload " : " ") + dtype_name(t) +
+                                 " residual " + dtype_name(rt) + " rank " +
                                  std::to_string(comm.rank()) + " of " + std::to_string(c);
         EXPECT_EQ(p.peak, r.peak) << what;
         EXPECT_EQ(p.host_peak, r.host_peak) << what;

@@ -24,7 +24,7 @@ RankPlan real_step(Communicator& world, const ModelConfig& m, const PlanRequest&
   dev.host().reset_peak();
   const StepResult res = tr.step(0, [&](int64_t step, int, int dp) {
     Sequence q;
-    for (int64_t i = 0; i < r.seq_len; ++i)
+    for (int64_t i = 0; i < r.decoder.seq_len; ++i)
       q.tokens.push_back(int32_t(uniform_at(uint64_t(dp + 1), uint64_t(i)) * m.vocab_size));
     return q;
   });
@@ -59,15 +59,15 @@ TEST(Plan, RealStepEqualsPlanPerTagOnEveryRank) {
           PlanRequest r;
           r.ranks = w;
           r.cp_size = c;
-          r.method = method;
-          r.seq_len = 256;
-          r.dtype = std::string(model) == "tiny" ? DType::kBF16 : DType::kF32;
-          r.tile_tokens = 48;
-          r.offload_stash = offload;
+          r.decoder.knobs.method = method;
+          r.decoder.seq_len = 256;
+          r.decoder.memory.dtype = std::string(model) == "tiny" ? DType::kBF16 : DType::kF32;
+          r.decoder.memory.tile_tokens = 48;
+          r.decoder.memory.offload_stash = offload;
           // Offloaded checkpoints in bf16 (the staging copy and the half-size slots and host
           // tensors); the on-device ones in fp32.
-          r.stash_dtype = offload ? DType::kBF16 : DType::kF32;
-          if (method == "usp") r.ulysses_degree = 2;  // 2 x 2 grid
+          r.decoder.memory.stash_dtype = offload ? DType::kBF16 : DType::kF32;
+          if (method == "usp") r.decoder.knobs.ulysses_degree = 2;  // 2 x 2 grid
           const std::string what = fmt::format("{} {} cp {} of {}{} rank {}", model, method, c, w,
                                                offload ? " offload bf16" : "", world.rank());
           const RankPlan real = real_step(world, m, r);

@@ -3,6 +3,7 @@
 // attention-intermediate peak equal to the documented formula, and the collective calls and
 // bytes equal to the documented counts. Bad configurations fail with a ConfigError.
 #include "attention/check.h"
+#include "attention/methods.h"
 #include "core/errors.h"
 #include "multirank/mpi_test_main.h"
 #include "multirank/strategy_cases.h"
@@ -17,7 +18,7 @@ class Strategies : public ::testing::TestWithParam<StrategyCase> {};
 
 TEST_P(Strategies, MatchLocalWithExactMemoryAndCommunication) {
   const StrategyCase& sc = GetParam();
-  const CheckResult r = check_strategy(sc.method, sc.cfg, world());
+  const CheckResult r = check_strategy(sc.cfg, world());
   EXPECT_TRUE(r.passed) << r.rule;
   for (const auto& [k, v] : r.max_abs_err)
     EXPECT_LE(v, r.tolerance.at(k)) << k << " on " << world().size() << " ranks";
@@ -42,8 +43,9 @@ TEST(StrategyConfig, BadConfigurationsFailWithAHint) {
   const int c = world().size();
   Device dev;
   auto expect_error = [&](const std::string& method, AttentionConfig cfg, const std::string& hint) {
+    cfg.knobs.method = method;
     try {
-      make_strategy(method, {dev, world(), cfg});
+      make_strategy({dev, world(), cfg});
       ADD_FAILURE() << method << ": no error, expected one mentioning '" << hint << "'";
     } catch (const ConfigError& e) {
       EXPECT_NE(std::string(e.what()).find(hint), std::string::npos) << e.what();
@@ -60,8 +62,8 @@ TEST(StrategyConfig, BadConfigurationsFailWithAHint) {
   if (c > 1) expect_error("ulysses", bad, "must be divisible by the number of ranks");
   const bool heads_fit = 8 % c == 0;  // the base shape suits upipe (not on 3 ranks)
   bad = base;
-  bad.head_chunk = 3 * c;
-  if (heads_fit) expect_error("upipe", bad, "--head-chunk");
+  bad.knobs.stage_heads = 3 * c;
+  if (heads_fit) expect_error("upipe", bad, "--stage-heads");
   bad = base;
   bad.seq_len = 64 * c + 1;
   if (c > 1) expect_error("upipe", bad, "seq-len");
@@ -71,52 +73,52 @@ TEST(StrategyConfig, BadConfigurationsFailWithAHint) {
   if (c == 2 || c == 4 || c == 8) expect_error("upipe", bad, "kv-heads");
   bad = base;
   bad.kv_heads = 3;
-  if (heads_fit) expect_error("upipe", bad, "must be divisible by kv-heads");
+  if (heads_fit) expect_error("upipe", bad, "must be divisible by --kv-heads");
   // ring: zigzag needs 2C | S, on any number of ranks.
   bad = base;
   bad.seq_len = 2 * 32 * c + 1;
   expect_error("ring", bad, "seq-len");
   // usp / upipe-ring: u must divide C; S, heads, kv-heads and U must fit the grid.
   bad = base;
-  bad.ulysses_degree = c + 1;
+  bad.knobs.ulysses_degree = c + 1;
   expect_error("usp", bad, "--ulysses-degree");
   expect_error("upipe-ring", bad, "--ulysses-degree");
-  bad.ulysses_degree = -1;
+  bad.knobs.ulysses_degree = -1;
   expect_error("usp", bad, "--ulysses-degree");
   bad = base;
-  bad.ulysses_degree = 1;
+  bad.knobs.ulysses_degree = 1;
   bad.seq_len = 64 * c + c;  // divisible by C, but odd: no zigzag over C groups
   expect_error("usp", bad, "seq-len");
   if (c > 1) expect_error("upipe-ring", bad, "seq-len");  // on one rank that is upipe
   if (c % 2 == 0) {
     bad = base;
-    bad.ulysses_degree = 2;
+    bad.knobs.ulysses_degree = 2;
     bad.heads = 7;
     bad.kv_heads = 7;
     expect_error("usp", bad, "--ulysses-degree");
     bad = base;
-    bad.ulysses_degree = 2;
+    bad.knobs.ulysses_degree = 2;
     bad.heads = 24;
     bad.kv_heads = 3;
     expect_error("usp", bad, "kv-heads");
     bad = base;
-    bad.ulysses_degree = 2;
-    bad.head_chunk = 3;
-    expect_error("upipe-ring", bad, "--head-chunk");
+    bad.knobs.ulysses_degree = 2;
+    bad.knobs.stage_heads = 3;
+    expect_error("upipe-ring", bad, "--stage-heads");
   }
   // fpdt / upipe-fpdt: N C must divide S; the upipe head rules.
   if (heads_fit) {
     bad = base;
-    bad.chunks = 3;  // S = 64 C is not divisible by 3 C
+    bad.knobs.chunks = 3;  // S = 64 C is not divisible by 3 C
     expect_error("fpdt", bad, "--chunks");
-    bad.chunks = -1;
+    bad.knobs.chunks = -1;
     expect_error("upipe-fpdt", bad, "--chunks");
     bad = base;
     bad.seq_len = 64 * c + 1;
     if (c > 1) expect_error("fpdt", bad, "seq-len");
     bad = base;
-    bad.head_chunk = 3 * c;
-    expect_error("upipe-fpdt", bad, "--head-chunk");
+    bad.knobs.stage_heads = 3 * c;
+    expect_error("upipe-fpdt", bad, "--stage-heads");
   }
   bad = base;
   bad.heads = 7;

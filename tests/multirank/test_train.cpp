@@ -16,6 +16,7 @@
 #include "core/rng.h"
 #include "model/safetensors.h"
 #include "multirank/mpi_test_main.h"
+#include "multirank/shared_dir.h"
 #include "train/checkpoint.h"
 #include "train/trainer.h"
 
@@ -23,29 +24,7 @@ namespace upipe {
 namespace {
 namespace fs = std::filesystem;
 
-// A directory every rank of comm sees (rank 0 makes it), removed at the end.
-class SharedDir {
- public:
-  explicit SharedDir(Communicator& comm) : comm_(comm) {
-    char buf[256] = {};
-    if (comm.rank() == 0) {
-      std::string tmpl = (fs::temp_directory_path() / "upipe_train_XXXXXX").string();
-      if (!mkdtemp(tmpl.data())) ADD_FAILURE() << "mkdtemp failed";
-      std::strncpy(buf, tmpl.c_str(), sizeof(buf) - 1);
-    }
-    comm.broadcast(buf, sizeof(buf), 0);
-    path_ = buf;
-  }
-  ~SharedDir() {
-    comm_.barrier();
-    if (comm_.rank() == 0) fs::remove_all(path_);
-  }
-  std::string path() const { return path_; }
-
- private:
-  Communicator& comm_;
-  std::string path_;
-};
+using test::SharedDir;
 
 // Sequence `index` of the global batch of `step`: random ids, a pure function of both.
 Sequence global_sequence(int64_t step, int64_t index, int64_t s, int64_t vocab) {
@@ -59,10 +38,10 @@ TrainOptions options(int cp, int micro, int64_t s) {
   TrainOptions o;
   o.cp_size = cp;
   o.micro_steps = micro;
-  o.decoder.method = cp == 1 ? "local" : "upipe";
-  o.decoder.attn.seq_len = s;
-  o.decoder.attn.dtype = DType::kF32;
-  o.decoder.tile_tokens = 32;
+  o.decoder.knobs.method = cp == 1 ? "local" : "upipe";
+  o.decoder.seq_len = s;
+  o.decoder.memory.dtype = DType::kF32;
+  o.decoder.memory.tile_tokens = 32;
   o.schedule = {1e-2, 1e-3, 1, 4};
   o.grad_clip = 1.0;
   // eps well above the gradients' rounding noise: AdamW's m / sqrt(v) is then a smooth function
@@ -83,7 +62,7 @@ std::vector<std::vector<float>> state(Device& dev, Zero3& z) {
 
 // Runs steps [from, to) with the batch of `dp * micro` sequences per step.
 std::vector<StepResult> run(Trainer& tr, int64_t from, int64_t to, const ModelConfig& m) {
-  const int64_t s = tr.options().decoder.attn.seq_len;
+  const int64_t s = tr.options().decoder.seq_len;
   const int dp = tr.dp_size();
   SequenceFn data = [&](int64_t step, int micro, int dp_rank) {
     return global_sequence(step, int64_t(micro) * dp + dp_rank, s, m.vocab_size);
@@ -111,7 +90,8 @@ TEST(Train, DpTimesCpSplitsGiveTheSameWeights) {
     tr.zero().init(nullptr, 7);
     const std::vector<StepResult> r = run(tr, 0, 3, m);
     const auto st = state(dev, tr.zero());
-    const std::string what = fmt::format("cp {} x dp {} (micro {}) on {} ranks", cp, w / cp, micro, w);
+    const std::string what =
+        fmt::format("cp {} x dp {} (micro {}) on {} ranks", cp, w / cp, micro, w);
     EXPECT_GT(r[0].loss, 5.0) << what;  // ~log 256 at the start
     if (ref.empty()) {
       ref = st;

@@ -47,10 +47,10 @@ TEST(Zero3, GradientsNormAndAdamWEqualReplicated) {
       std::vector<int32_t> tokens(static_cast<size_t>(s));
       for (int64_t i = 0; i < s; ++i) tokens[size_t(i)] = int32_t((i * 53 + 7) % m.vocab_size);
       DecoderOptions dopt;
-      dopt.method = w == 1 ? "local" : "upipe";
-      dopt.attn.seq_len = s;
-      dopt.attn.dtype = t;
-      dopt.tile_tokens = 32;
+      dopt.knobs.method = w == 1 ? "local" : "upipe";
+      dopt.seq_len = s;
+      dopt.memory.dtype = t;
+      dopt.memory.tile_tokens = 32;
       Device dev;
       Decoder dec(dev, comm, m, dopt);
 
@@ -127,9 +127,9 @@ TEST(Zero3, HoldsOnlyShardsBetweenSteps) {
   Communicator& comm = test::world();
   const ModelConfig m = load_model_config("tiny");
   DecoderOptions dopt;
-  dopt.method = comm.size() == 1 ? "local" : "ulysses";
-  dopt.attn.seq_len = 64;
-  dopt.attn.dtype = DType::kBF16;
+  dopt.knobs.method = comm.size() == 1 ? "local" : "ulysses";
+  dopt.seq_len = 64;
+  dopt.memory.dtype = DType::kBF16;
   Device dev;
   Decoder dec(dev, comm, m, dopt);
   Zero3 z(dev, comm, m, DType::kBF16);

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "attention/harness.h"
+#include "attention/methods.h"
 #include "comm/fake/fake_comm.h"
 #include "multirank/strategy_cases.h"
 
@@ -33,10 +34,10 @@ void expect_same(const BlockTensors& a, const BlockTensors& b, const std::string
 TEST(AttentionKeep, SameBitsAsRecomputing) {
   int kept = 0;
   for (const test::StrategyCase& sc : test::strategy_cases(1)) {
-    if (sc.method != "local") continue;
+    if (sc.method() != "local") continue;
     Device dev({BackendKind::kCpu, int64_t(1) << 28, int64_t(1) << 26});
     FakeCommunicator comm(0, 1);
-    auto s = make_strategy(sc.method, {dev, comm, sc.cfg});
+    auto s = make_strategy({dev, comm, sc.cfg});
     const RowPositions rows = s->layout().positions(0);
     BlockTensors a = make_block_tensors(dev, sc.cfg, rows, 3);
     BlockTensors b = make_block_tensors(dev, sc.cfg, rows, 3);

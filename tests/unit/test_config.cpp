@@ -7,9 +7,9 @@
 #include <regex>
 
 #include "attention/headwise.h"
-#include "attention/strategy.h"
-#include "comm/fake/fake_comm.h"
+#include "attention/methods.h"
 #include "backend/device.h"
+#include "comm/fake/fake_comm.h"
 #include "core/errors.h"
 
 namespace upipe {
@@ -33,6 +33,27 @@ std::string error_of(const AttentionConfig& c) {
   return "";
 }
 
+std::string knob_error_of(const MethodKnobs& k) {
+  try {
+    validate_knobs(k);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// The knobs' ranges, and a knob given to a method that does not take it.
+TEST(Config, KnobBoundsNameTheFlag) {
+  EXPECT_EQ(knob_error_of({"upipe", 4}), "");
+  EXPECT_NE(knob_error_of({"upipe", -1}).find("--stage-heads"), std::string::npos);
+  EXPECT_NE(knob_error_of({"usp", 0, -1}).find("--ulysses-degree"), std::string::npos);
+  EXPECT_NE(knob_error_of({"fpdt", 0, 0, kMaxChunks + 1}).find("--chunks"), std::string::npos);
+  EXPECT_NE(knob_error_of({"ring", 4}).find("--stage-heads is a knob of upipe, upipe-ring"),
+            std::string::npos);
+  EXPECT_NE(knob_error_of({"zigzag"}).find("unknown method 'zigzag'"), std::string::npos);
+  EXPECT_EQ(knob_error_of({"upipe", kKnobAuto}).find("or auto"), std::string::npos);
+}
+
 TEST(Config, ShapeBoundsNameTheFlag) {
   EXPECT_EQ(error_of(base()), "");
   auto with = [](auto set) {
@@ -48,10 +69,6 @@ TEST(Config, ShapeBoundsNameTheFlag) {
             std::string::npos);
   EXPECT_NE(with([](auto& c) { c.rope.theta = -1; }).find("--rope-theta"), std::string::npos);
   EXPECT_NE(with([](auto& c) { c.rope.theta = INFINITY; }).find("--rope-theta"), std::string::npos);
-  EXPECT_NE(with([](auto& c) { c.head_chunk = -1; }).find("--head-chunk"), std::string::npos);
-  EXPECT_NE(with([](auto& c) { c.ulysses_degree = -1; }).find("--ulysses-degree"),
-            std::string::npos);
-  EXPECT_NE(with([](auto& c) { c.chunks = 2000; }).find("--chunks"), std::string::npos);
   // S x H x d beyond 2^50 elements (or int64 itself) is refused with a --seq-len that fits.
   for (int64_t s : {int64_t(1) << 44, int64_t(1) << 62, INT64_MAX}) {
     const std::string e = with([s](auto& c) { c.seq_len = s; });
@@ -71,12 +88,12 @@ TEST(Config, StrategyMessagesNeverSuggestNegativeValues) {
         for (int chunks : {0, 3, 2147483647}) {
           AttentionConfig c = base();
           c.seq_len = s;
-          c.chunks = int(std::min<int64_t>(chunks, s));
-          c.ulysses_degree = ranks == 8 ? 4 : 0;
+          c.knobs = knobs_for({method, 0, ranks == 8 ? 4 : 0, int(std::min<int64_t>(chunks, s))},
+                              method_info(method));
           Device dev({BackendKind::kMeta, int64_t(1) << 40, int64_t(1) << 40});
           FakeCommunicator comm(0, ranks);
           try {
-            make_strategy(method, {dev, comm, c});
+            make_strategy({dev, comm, c});
           } catch (const ConfigError& e) {
             EXPECT_FALSE(std::regex_search(e.what(), negative)) << method << ": " << e.what();
           }
@@ -87,14 +104,14 @@ TEST(Config, StrategyMessagesNeverSuggestNegativeValues) {
 TEST(Config, FpdtChunksAreFoundQuicklyAtAnySize) {
   AttentionConfig c = base();
   c.seq_len = int64_t(1) << 40;
-  c.chunks = 1000000;
+  c.knobs.chunks = 1000000;
   try {
     fpdt_chunks(c, 8);
     FAIL() << "expected ConfigError";
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("try --chunks 524288"), std::string::npos) << e.what();
   }
-  c.chunks = 0;
+  c.knobs.chunks = 0;
   EXPECT_EQ(fpdt_chunks(c, 8), 4);
   c.seq_len = 8 * 3;
   EXPECT_EQ(fpdt_chunks(c, 8), 3);

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "attention/harness.h"
+#include "attention/methods.h"
 #include "comm/fake/fake_comm.h"
 #include "multirank/strategy_cases.h"
 
@@ -17,10 +18,10 @@ struct Measured {
   int64_t host = 0, host_formula = 0;  // host arena (offloaded K/V, dK/dV)
 };
 
-Measured run_meta(const std::string& method, const AttentionConfig& cfg, int c, int rank) {
+Measured run_meta(const AttentionConfig& cfg, int c, int rank) {
   Device dev({BackendKind::kMeta, int64_t(1) << 50, int64_t(1) << 50});
   FakeCommunicator comm(rank, c);
-  auto s = make_strategy(method, {dev, comm, cfg});
+  auto s = make_strategy({dev, comm, cfg});
   BlockTensors t = make_block_tensors(dev, cfg, s->layout().positions(rank), 1);
   dev.host().reset_peak();
   const BlockRun r = run_block(*s, dev, t);
@@ -28,15 +29,14 @@ Measured run_meta(const std::string& method, const AttentionConfig& cfg, int c, 
 }
 
 // Llama-3-8B attention: H = 32, K = 8, d = 128, bf16.
-AttentionConfig llama8b(int64_t seq_len, int chunks, int head_chunk) {
+AttentionConfig llama8b(const std::string& method, int64_t seq_len, int chunks, int stage_heads) {
   AttentionConfig cfg;
   cfg.seq_len = seq_len;
   cfg.heads = 32;
   cfg.kv_heads = 8;
   cfg.head_dim = 128;
   cfg.dtype = DType::kBF16;
-  cfg.chunks = chunks;
-  cfg.head_chunk = head_chunk;
+  cfg.knobs = {method, stage_heads, 0, chunks};
   return cfg;
 }
 
@@ -44,9 +44,9 @@ TEST(Fpdt, HostBytesMatchTheFormula) {
   int cases = 0;
   for (int c : {1, 2, 4, 8})
     for (const test::StrategyCase& sc : test::strategy_cases(c)) {
-      if (sc.method != "fpdt" && sc.method != "upipe-fpdt") continue;
+      if (sc.method() != "fpdt" && sc.method() != "upipe-fpdt") continue;
       for (int rank : {0, c - 1}) {
-        const Measured m = run_meta(sc.method, sc.cfg, c, rank);
+        const Measured m = run_meta(sc.cfg, c, rank);
         EXPECT_EQ(m.host, m.host_formula) << sc.name << " C=" << c << " rank " << rank;
         ++cases;
       }
@@ -58,9 +58,9 @@ TEST(Fpdt, DeviceBytesScaleWithTheChunkNotTheSequence) {
   const int c = 8;
   const int64_t s = int64_t(1) << 20;
   for (const auto& [method, u] : {std::pair<std::string, int>{"fpdt", 0}, {"upipe-fpdt", 8}}) {
-    const Measured base = run_meta(method, llama8b(s, 16, u), c, 0);
-    const Measured twice = run_meta(method, llama8b(2 * s, 32, u), c, 0);
-    const Measured finer = run_meta(method, llama8b(s, 32, u), c, 0);
+    const Measured base = run_meta(llama8b(method, s, 16, u), c, 0);
+    const Measured twice = run_meta(llama8b(method, 2 * s, 32, u), c, 0);
+    const Measured finer = run_meta(llama8b(method, s, 32, u), c, 0);
     for (const Measured& m : {base, twice, finer}) {
       EXPECT_EQ(m.attn, m.attn_formula) << method;
       EXPECT_EQ(m.host, m.host_formula) << method;
@@ -75,9 +75,9 @@ TEST(Fpdt, DeviceBytesScaleWithTheChunkNotTheSequence) {
 TEST(Fpdt, UpipeFpdtDeviceBytesGrowWithU) {
   // C = 8, H = 32: U = 8, 16, 32 (= fpdt) give 1, 2, 4 query heads per rank per stage.
   const int64_t s = int64_t(1) << 20;
-  const Measured u8 = run_meta("upipe-fpdt", llama8b(s, 16, 8), 8, 0);
-  const Measured u16 = run_meta("upipe-fpdt", llama8b(s, 16, 16), 8, 0);
-  const Measured fpdt = run_meta("fpdt", llama8b(s, 16, 0), 8, 0);
+  const Measured u8 = run_meta(llama8b("upipe-fpdt", s, 16, 8), 8, 0);
+  const Measured u16 = run_meta(llama8b("upipe-fpdt", s, 16, 16), 8, 0);
+  const Measured fpdt = run_meta(llama8b("fpdt", s, 16, 0), 8, 0);
   EXPECT_EQ(u8.attn, u8.attn_formula);
   EXPECT_EQ(u16.attn, u16.attn_formula);
   EXPECT_LT(u8.attn, u16.attn);

@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "attention/harness.h"
+#include "attention/methods.h"
 #include "comm/fake/fake_comm.h"
 #include "multirank/strategy_cases.h"
 
@@ -19,7 +20,7 @@ void check_meta(const test::StrategyCase& sc, int c, int64_t seq_len) {
   for (int rank : {0, c - 1}) {
     Device dev({BackendKind::kMeta, int64_t(1) << 50, int64_t(1) << 50});
     FakeCommunicator comm(rank, c);
-    auto s = make_strategy(sc.method, {dev, comm, cfg});
+    auto s = make_strategy({dev, comm, cfg});
     BlockTensors t = make_block_tensors(dev, cfg, s->layout().positions(rank), 1);
     const BlockRun r = run_block(*s, dev, t);
     EXPECT_EQ(r.attn_peak_bytes, s->attn_formula_bytes())
@@ -63,21 +64,20 @@ TEST(Meta, FormulasAndCommunicationHoldOnTheMetaDevice) {
 TEST(Meta, MillionTokenUpipeLlama8bShape) {
   // Llama-3-8B attention (H=32, K=8, d=128), 1M tokens, 8 ranks, bf16: nothing is backed, so
   // this runs in milliseconds and still checks the formula at full scale.
-  test::StrategyCase sc{"upipe", {}, "llama8b_1M"};
+  test::StrategyCase sc{{}, "llama8b_1M"};
+  sc.cfg.knobs = {"upipe"};
   sc.cfg.heads = 32;
   sc.cfg.kv_heads = 8;
   sc.cfg.head_dim = 128;
   sc.cfg.dtype = DType::kBF16;
   check_meta(sc, 8, int64_t(1) << 20);
-  sc.method = "ulysses";
+  sc.cfg.knobs = {"ulysses"};
   check_meta(sc, 8, int64_t(1) << 20);
-  sc.method = "ring";
+  sc.cfg.knobs = {"ring"};
   check_meta(sc, 8, int64_t(1) << 20);
-  sc.method = "usp";
-  sc.cfg.ulysses_degree = 4;
+  sc.cfg.knobs = {"usp", 0, 4};
   check_meta(sc, 8, int64_t(1) << 20);
-  sc.method = "upipe-ring";
-  sc.cfg.head_chunk = 4;
+  sc.cfg.knobs = {"upipe-ring", 4, 4};
   check_meta(sc, 8, int64_t(1) << 20);
 }
 

@@ -45,9 +45,10 @@ TEST(Metrics, JsonKeysOrderAndValues) {
   const auto j = nlohmann::ordered_json::parse(line);
   std::vector<std::string> keys;
   for (const auto& [k, v] : j.items()) keys.push_back(k);
-  EXPECT_EQ(keys, (std::vector<std::string>{"step", "loss", "grad_norm", "lr", "tokens_per_s",
-                                            "mfu", "peak_bytes", "peak_by_tag", "budget_bytes",
-                                            "step_s", "eta_s"}));
+  EXPECT_EQ(keys,
+            (std::vector<std::string>{"step", "loss", "grad_norm", "lr", "tokens_per_s", "mfu",
+                                      "peak_bytes", "peak_by_tag", "host_peak_bytes",
+                                      "host_peak_by_tag", "budget_bytes", "step_s", "eta_s"}));
   EXPECT_EQ(j["step"], 7);
   EXPECT_EQ(j["loss"].get<double>(), 5.4321);  // doubles round-trip exactly
   EXPECT_EQ(j["lr"].get<double>(), 3e-4);

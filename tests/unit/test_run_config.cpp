@@ -1,12 +1,16 @@
-// The run file: defaults, TOML parsing, --section.key overrides, every refusal as a one-line
-// ConfigError naming the file / flag and the key (with a "did you mean" for unknown keys),
-// validation per key, the printed-back config reading back to the same config, and
-// docs/training.md documenting every key.
+// The settings table: defaults, TOML parsing, command-line flags in every spelling (the flag,
+// the short flag, the dotted key, the older aliases with their notes), every refusal as a
+// one-line ConfigError naming the file / flag and the setting (with a "did you mean" for unknown
+// ones), validation per setting with the setting named as the user wrote it, the printed-back
+// config reading back to the same config, the spelling convention of the flags, and
+// docs/training.md documenting every setting.
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <set>
 #include <sstream>
 
+#include "core/setting_ref.h"
 #include "train/run_config.h"
 #include "unit/expect_config_error.h"
 #include "unit/temp_dir.h"
@@ -18,15 +22,22 @@ std::vector<std::string> args(std::initializer_list<const char*> a) {
   return {a.begin(), a.end()};
 }
 
+// Restores the default speller when a test that installs one ends.
+struct SpellerGuard {
+  ~SpellerGuard() { set_setting_speller(nullptr); }
+};
+
 TEST(RunConfig, DefaultsAreValidAndRunWithoutAFile) {
   const RunConfig c = load_run_config("");
   EXPECT_EQ(c, RunConfig{});
   EXPECT_EQ(c.model.name, "tiny");
-  EXPECT_EQ(c.parallel.method, "upipe");
+  EXPECT_EQ(c.parallel.knobs.method, "upipe");
   EXPECT_EQ(c.parallel.cp_size, 0);
-  EXPECT_EQ(c.comm.timeout_s, 600);
+  EXPECT_EQ(c.comm.timeout, 600);
   EXPECT_EQ(c.data.kind, "copy");
-  EXPECT_EQ(c.budget_bytes(), int64_t(1024) << 30);
+  EXPECT_EQ(c.memory.device_bytes, int64_t(1024) << 30);
+  EXPECT_EQ(c.memory.host_bytes, int64_t(256) << 30);
+  EXPECT_EQ(c.memory.policy, MemoryPolicy{});
   EXPECT_DOUBLE_EQ(c.min_lr(), 3e-5);
 }
 
@@ -37,8 +48,8 @@ name = "llama3-8b"
 init_from = "/ckpt/hf"
 [parallel]
 cp_size = 4
-method = "ring"
-head_chunk = 8
+method = "upipe-fpdt"
+stage_heads = 8
 ulysses_degree = 2
 chunks = 3
 [train]
@@ -54,9 +65,15 @@ beta2 = 0.99
 eps = 1e-6
 grad_clip = 0.5
 seed = 42
+[memory]
 dtype = "bf16"
+residual_dtype = "bf16"
+recompute = "block"
+stash_dtype = "bf16"
+offload_stash = true
 tile_tokens = 2048
-offload_checkpoints = true
+device_memory = "80G"
+host_memory = 1073741824
 [data]
 kind = "files"
 path = "/data/*.bin"
@@ -68,19 +85,14 @@ keep = 2
 path = "m.jsonl"
 log_interval = 10
 progress = "lines"
-[memory]
-budget_gib = 80
 [comm]
-timeout_s = 30.5
+timeout = 30
 )",
                                      "run.toml");
   EXPECT_EQ(c.model.name, "llama3-8b");
   EXPECT_EQ(c.model.init_from, "/ckpt/hf");
   EXPECT_EQ(c.parallel.cp_size, 4);
-  EXPECT_EQ(c.parallel.method, "ring");
-  EXPECT_EQ(c.parallel.head_chunk, 8);
-  EXPECT_EQ(c.parallel.ulysses_degree, 2);
-  EXPECT_EQ(c.parallel.chunks, 3);
+  EXPECT_EQ(c.parallel.knobs, (MethodKnobs{"upipe-fpdt", 8, 2, 3}));
   EXPECT_EQ(c.train.steps, 5000);
   EXPECT_EQ(c.train.seq_len, 131072);
   EXPECT_EQ(c.train.micro_steps, 4);
@@ -93,9 +105,15 @@ timeout_s = 30.5
   EXPECT_EQ(c.train.eps, 1e-6);
   EXPECT_EQ(c.train.grad_clip, 0.5);
   EXPECT_EQ(c.train.seed, 42);
-  EXPECT_EQ(c.train.dtype, "bf16");
-  EXPECT_EQ(c.train.tile_tokens, 2048);
-  EXPECT_TRUE(c.train.offload_stash);
+  const MemoryPolicy& p = c.memory.policy;
+  EXPECT_EQ(p.dtype, DType::kBF16);
+  EXPECT_EQ(p.residual_dtype, DType::kBF16);
+  EXPECT_EQ(p.recompute, Recompute::kBlock);
+  EXPECT_EQ(p.stash_dtype, DType::kBF16);
+  EXPECT_TRUE(p.offload_stash);
+  EXPECT_EQ(p.tile_tokens, 2048);
+  EXPECT_EQ(c.memory.device_bytes, int64_t(80) << 30);
+  EXPECT_EQ(c.memory.host_bytes, int64_t(1) << 30);  // an integer is a number of bytes
   EXPECT_EQ(c.data.kind, "files");
   EXPECT_EQ(c.data.path, "/data/*.bin");
   EXPECT_EQ(c.checkpoint.dir, "ckpt");
@@ -104,12 +122,40 @@ timeout_s = 30.5
   EXPECT_EQ(c.metrics.path, "m.jsonl");
   EXPECT_EQ(c.metrics.log_interval, 10);
   EXPECT_EQ(c.metrics.progress, "lines");
-  EXPECT_EQ(c.memory.budget_gib, 80.0);  // an integer is accepted for a float key
-  EXPECT_EQ(c.comm.timeout_s, 30.5);
-  EXPECT_EQ(c.budget_bytes(), int64_t(80) << 30);
-  validate(c);
+  EXPECT_EQ(c.comm.timeout, 30.0);  // an integer is accepted for a float key
   // Dotted keys are the same tables.
   EXPECT_EQ(parse_run_toml("train.steps = 7\nmodel.name = \"qwen3-8b\"", "d.toml").train.steps, 7);
+}
+
+// Run files written before the settings were renamed still read the same, with a note each.
+TEST(RunConfig, OlderKeysInRunFilesStillWork) {
+  SettingSources src;
+  const RunConfig c = parse_run_toml(R"(
+[parallel]
+head_chunk = 4
+[train]
+dtype = "bf16"
+tile_tokens = 64
+offload_checkpoints = true
+checkpoint_dtype = "bf16"
+residual_dtype = "bf16"
+checkpoint_granularity = "none"
+[memory]
+budget_gib = 0.5
+[comm]
+timeout_s = 2.5
+)",
+                                     "old.toml", &src);
+  EXPECT_EQ(c.parallel.knobs.stage_heads, 4);
+  EXPECT_EQ(c.memory.policy,
+            (MemoryPolicy{DType::kBF16, DType::kBF16, Recompute::kNone, DType::kBF16, true, 64}));
+  EXPECT_EQ(c.memory.device_bytes, int64_t(1) << 29);
+  EXPECT_EQ(c.comm.timeout, 2.5);
+  EXPECT_EQ(src.notes.size(), 9u);
+  EXPECT_NE(std::find(src.notes.begin(), src.notes.end(),
+                      "train.checkpoint_dtype is now memory.stash_dtype in the run file"),
+            src.notes.end());
+  EXPECT_EQ(src.spelled.at("memory.stash_dtype"), "train.checkpoint_dtype in old.toml");
 }
 
 TEST(RunConfig, TomlErrorsNameFileLineAndKey) {
@@ -119,8 +165,14 @@ TEST(RunConfig, TomlErrorsNameFileLineAndKey) {
                       {"run.toml:2:", "train.lr must be a number"});
   expect_config_error([] { parse_run_toml("[train]\nsteps = 1.5\n", "r.toml"); },
                       {"r.toml:2:", "train.steps must be an integer", "floating"});
-  expect_config_error([] { parse_run_toml("[train]\noffload_checkpoints = 1\n", "r.toml"); },
-                      {"train.offload_checkpoints must be true or false"});
+  expect_config_error([] { parse_run_toml("[memory]\noffload_stash = 1\n", "r.toml"); },
+                      {"memory.offload_stash must be true or false"});
+  expect_config_error([] { parse_run_toml("[memory]\ndtype = \"fp16\"\n", "r.toml"); },
+                      {"r.toml:2:", "memory.dtype", "'fp16' is unknown; choose fp32 or bf16"});
+  expect_config_error([] { parse_run_toml("[memory]\ndevice_memory = \"80X\"\n", "r.toml"); },
+                      {"r.toml:2:", "memory.device_memory", "unknown size unit"});
+  expect_config_error([] { parse_run_toml("[parallel]\nstage_heads = \"some\"\n", "r.toml"); },
+                      {"r.toml:2:", "parallel.stage_heads must be a whole number or \"auto\""});
   expect_config_error([] { parse_run_toml("[parallel]\ncp_size = 5000000000\n", "r.toml"); },
                       {"r.toml:2:", "parallel.cp_size", "out of range"});
   expect_config_error([] { parse_run_toml("[train]\nlearning_rate = 1e-3\n", "r.toml"); },
@@ -138,47 +190,96 @@ TEST(RunConfig, Int64KeysTakeLargeValues) {
   EXPECT_EQ(parse_run_toml("[train]\nsteps = 5000000000\n", "r").train.steps, 5000000000);
 }
 
-TEST(RunConfig, OverridesBothFormsAndTypes) {
+TEST(RunConfig, FlagsInEverySpelling) {
   RunConfig c;
-  apply_overrides(c, args({"--train.lr=1e-3", "--train.steps", "250", "--model.name=qwen3-8b",
-                           "--train.offload_checkpoints=true", "--memory.budget_gib", "0.5",
-                           "--data.path=a=b.bin"}));
+  SettingSources src;
+  apply_overrides(c,
+                  args({"--lr=1e-3", "--steps", "250", "--model=qwen3-8b", "--offload-stash",
+                        "--device-memory", "512M", "--data-path=a=b.bin", "-U", "4",
+                        "--recompute=block", "--stash-dtype", "bf16"}),
+                  kScopeTrain, &src);
   EXPECT_EQ(c.train.lr, 1e-3);
   EXPECT_EQ(c.train.steps, 250);
   EXPECT_EQ(c.model.name, "qwen3-8b");
-  EXPECT_TRUE(c.train.offload_stash);
-  EXPECT_EQ(c.memory.budget_gib, 0.5);
+  EXPECT_TRUE(c.memory.policy.offload_stash);
+  EXPECT_EQ(c.memory.device_bytes, int64_t(512) << 20);
   EXPECT_EQ(c.data.path, "a=b.bin");  // only the first '=' splits
-  apply_override(c, "train.offload_checkpoints", "0");
-  EXPECT_FALSE(c.train.offload_stash);
+  EXPECT_EQ(c.parallel.knobs.stage_heads, 4);
+  EXPECT_EQ(c.memory.policy.recompute, Recompute::kBlock);
+  EXPECT_EQ(c.memory.policy.stash_dtype, DType::kBF16);
+  EXPECT_TRUE(src.notes.empty());
+  EXPECT_EQ(src.spelled.at("parallel.stage_heads"), "-U");
+  // A bool flag takes the next argument only when it is a bool.
+  apply_overrides(c, args({"--offload-stash", "false"}));
+  EXPECT_FALSE(c.memory.policy.offload_stash);
+  apply_override(c, "memory.offload_stash", "1");
+  EXPECT_TRUE(c.memory.policy.offload_stash);
+  // The dotted run-file form and the older flags still work, each with a note.
+  apply_overrides(
+      c,
+      args({"--train.lr=2e-3", "--train.steps", "300", "--head-chunk=2", "--memory.budget_gib",
+            "0.5", "--offload-checkpoints=false", "--checkpoint-granularity", "none",
+            "--train.checkpoint_dtype=fp32", "--memory-budget=1G", "--parallel.stage_heads=8"}),
+      kScopeTrain, &src);
+  EXPECT_EQ(c.train.lr, 2e-3);
+  EXPECT_EQ(c.train.steps, 300);
+  EXPECT_EQ(c.parallel.knobs.stage_heads, 8);  // the last one given wins
+  EXPECT_FALSE(c.memory.policy.offload_stash);
+  EXPECT_EQ(c.memory.policy.recompute, Recompute::kNone);
+  EXPECT_EQ(c.memory.policy.stash_dtype, DType::kF32);
+  EXPECT_EQ(c.memory.device_bytes, int64_t(1) << 30);
+  const std::set<std::string> notes(src.notes.begin(), src.notes.end());
+  EXPECT_TRUE(notes.count("--head-chunk is now --stage-heads"));
+  EXPECT_TRUE(notes.count("--train.lr is now --lr"));
+  EXPECT_TRUE(notes.count("--memory.budget_gib is now --device-memory"));
+  EXPECT_TRUE(notes.count("--memory-budget is now --device-memory"));
+  EXPECT_EQ(src.notes.size(), notes.size()) << "each note once";
+  // GiB aliases convert to bytes.
+  apply_overrides(c, args({"--device-gib=80", "--host-gib", "1.5"}), kScopePlan);
+  EXPECT_EQ(c.memory.device_bytes, int64_t(80) << 30);
+  EXPECT_EQ(c.memory.host_bytes, int64_t(3) << 29);
+  // Knobs take auto.
+  apply_overrides(c, args({"--stage-heads=auto", "--chunks", "auto"}), kScopePlan);
+  EXPECT_EQ(c.parallel.knobs.stage_heads, kKnobAuto);
+  EXPECT_EQ(c.parallel.knobs.chunks, kKnobAuto);
 }
 
-TEST(RunConfig, OverrideErrorsNameTheKey) {
+TEST(RunConfig, FlagErrorsNameTheFlag) {
   RunConfig c;
-  expect_config_error([&] { apply_overrides(c, args({"--train.steps=abc"})); },
-                      {"--train.steps", "'abc' is not an integer"});
+  expect_config_error([&] { apply_overrides(c, args({"--steps=abc"})); },
+                      {"--steps", "'abc' is not an integer"});
   expect_config_error([&] { apply_overrides(c, args({"--train.steps=12x"})); },
                       {"--train.steps", "'12x'"});
-  expect_config_error([&] { apply_overrides(c, args({"--train.steps="})); },
-                      {"--train.steps", "is not an integer"});
-  expect_config_error([&] { apply_overrides(c, args({"--train.lr=fast"})); },
-                      {"--train.lr", "not a finite number"});
-  expect_config_error([&] { apply_overrides(c, args({"--train.lr=nan"})); },
-                      {"--train.lr", "not a finite number"});
-  expect_config_error([&] { apply_overrides(c, args({"--train.offload_checkpoints=yes"})); },
-                      {"--train.offload_checkpoints", "not true or false"});
-  expect_config_error([&] { apply_overrides(c, args({"--parallel.head_chunk=99999999999"})); },
-                      {"parallel.head_chunk", "out of range"});
+  expect_config_error([&] { apply_overrides(c, args({"--steps="})); },
+                      {"--steps", "is not an integer"});
+  expect_config_error([&] { apply_overrides(c, args({"--lr=fast"})); },
+                      {"--lr", "not a finite number"});
+  expect_config_error([&] { apply_overrides(c, args({"--lr=nan"})); },
+                      {"--lr", "not a finite number"});
+  expect_config_error([&] { apply_overrides(c, args({"--offload-stash=yes"})); },
+                      {"--offload-stash", "not true or false"});
+  expect_config_error([&] { apply_overrides(c, args({"--stage-heads=99999999999"})); },
+                      {"parallel.stage_heads", "out of range"});
+  expect_config_error([&] { apply_overrides(c, args({"--stage-heads=-2"})); },
+                      {"--stage-heads", "not a whole number >= 0 or auto"});
+  expect_config_error([&] { apply_overrides(c, args({"--dtype=fp16"})); },
+                      {"--dtype", "choose fp32 or bf16"});
+  expect_config_error([&] { apply_overrides(c, args({"--recompute=op"})); },
+                      {"--recompute", "choose layer, block or none"});
+  expect_config_error([&] { apply_overrides(c, args({"--device-memory=0"})); },
+                      {"--device-memory", "less than one byte"});
+  expect_config_error([&] { apply_overrides(c, args({"--device-memory=2000000T"})); },
+                      {"--device-memory", "1 EiB"});
+  expect_config_error([&] { apply_overrides(c, args({"--setps=5"})); },
+                      {"unknown option '--setps'", "did you mean '--steps'"});
   expect_config_error([&] { apply_overrides(c, args({"--train.setps=5"})); },
-                      {"unknown key 'train.setps'", "did you mean 'train.steps'"});
-  expect_config_error([&] { apply_overrides(c, args({"--lr=5"})); },
-                      {"unknown key 'lr'", "did you mean 'train.lr'"});
-  expect_config_error([&] { apply_overrides(c, args({"--train.steps"})); },
-                      {"--train.steps needs a value"});
-  expect_config_error([&] { apply_overrides(c, args({"--train.stepz"})); },
-                      {"unknown key 'train.stepz'", "'train.steps'"});
+                      {"unknown option '--train.setps'", "did you mean '--steps'"});
+  expect_config_error([&] { apply_overrides(c, args({"--steps"})); }, {"--steps needs a value"});
   expect_config_error([&] { apply_overrides(c, args({"steps=5"})); },
-                      {"unexpected argument 'steps=5'", "--section.key=value"});
+                      {"unexpected argument 'steps=5'", "--flag=value"});
+  // A setting another command takes is refused by name.
+  expect_config_error([&] { apply_overrides(c, args({"--steps=5"}), kScopePlan); },
+                      {"--steps (train.steps) is not a setting of this command"});
   EXPECT_EQ(c, RunConfig{});  // nothing was applied by a failed override
 }
 
@@ -186,118 +287,179 @@ TEST(RunConfig, ClosestKey) {
   EXPECT_EQ(closest_run_key("train.seqlen"), "train.seq_len");
   EXPECT_EQ(closest_run_key("cp_size"), "parallel.cp_size");
   EXPECT_EQ(closest_run_key("metrics.pth"), "metrics.path");
-  EXPECT_EQ(closest_run_key("comm.timeout"), "comm.timeout_s");
+  EXPECT_EQ(closest_run_key("comm.timeout_s"), "comm.timeout");
+  EXPECT_EQ(closest_run_key("learning_rate"), "train.lr");
 }
 
-TEST(RunConfig, ValidationNamesTheKey) {
+TEST(RunConfig, ValidationNamesTheSetting) {
   struct Case {
-    const char* override_arg;
-    const char* key;
+    const char* flag;
     const char* text;
   };
   const Case cases[] = {
-      {"--model.name=", "model.name", "is empty"},
-      {"--parallel.cp_size=-1", "parallel.cp_size", ">= 0"},
-      {"--parallel.method=zigzag", "parallel.method", "'zigzag' is unknown"},
-      {"--parallel.head_chunk=-2", "parallel.head_chunk", ">= 0"},
-      {"--parallel.ulysses_degree=-2", "parallel.ulysses_degree", ">= 0"},
-      {"--parallel.chunks=-2", "parallel.chunks", ">= 0"},
-      {"--train.steps=0", "train.steps", "must be positive"},
-      {"--train.seq_len=1", "train.seq_len", "[2,"},
-      {"--train.micro_steps=0", "train.micro_steps", ">= 1"},
-      {"--train.lr=-0.1", "train.lr", ">= 0"},
-      {"--train.min_lr_ratio=1.5", "train.min_lr_ratio", "[0, 1]"},
-      {"--train.warmup_steps=-1", "train.warmup_steps", ">= 0"},
-      {"--train.weight_decay=-1", "train.weight_decay", ">= 0"},
-      {"--train.beta1=1", "train.beta1", "[0, 1)"},
-      {"--train.beta2=-0.5", "train.beta2", "[0, 1)"},
-      {"--train.eps=0", "train.eps", "> 0"},
-      {"--train.grad_clip=-1", "train.grad_clip", "0 = no clipping"},
-      {"--train.seed=-3", "train.seed", ">= 0"},
-      {"--train.dtype=fp16", "train.dtype", "choose fp32 or bf16"},
-      {"--train.tile_tokens=0", "train.tile_tokens", "[1, 2^30]"},
-      {"--data.kind=text", "data.kind", "choose files, random or copy"},
-      {"--data.kind=files", "data.path", "is required"},
-      {"--train.seq_len=1023", "train.seq_len", "must be even"},
-      {"--checkpoint.interval=-1", "checkpoint.interval", ">= 0"},
-      {"--checkpoint.keep=0", "checkpoint.keep", ">= 1"},
-      {"--metrics.log_interval=0", "metrics.log_interval", ">= 1"},
-      {"--metrics.progress=fancy", "metrics.progress", "choose auto, bar or lines"},
-      {"--memory.budget_gib=0", "memory.budget_gib", "at least one byte"},
-      {"--memory.budget_gib=1e12", "memory.budget_gib", "1 EiB"},
-      {"--comm.timeout_s=-1", "comm.timeout_s", ">= 0"},
-      {"--train.checkpoint_dtype=fp16", "train.checkpoint_dtype", "choose fp32 or bf16"},
-      {"--train.residual_dtype=fp16", "train.residual_dtype", "choose fp32 or bf16"},
-      {"--train.checkpoint_granularity=op", "train.checkpoint_granularity", "choose layer, block or none"},
-      {"--train.residual_dtype=bf16", "train.residual_dtype", "needs train.dtype = bf16"},
+      {"--model=", "is empty"},
+      {"--cp-size=-1", "must be in [0, 65536]"},
+      {"--method=zigzag", "unknown method 'zigzag'"},
+      {"--ulysses-degree=100000", "must be in [0, 65536]"},
+      {"--chunks=3", "a knob of fpdt, upipe-fpdt"},
+      {"--steps=0", "must be positive"},
+      {"--seq-len=1", "[2,"},
+      {"--micro-steps=0", ">= 1"},
+      {"--lr=-0.1", ">= 0"},
+      {"--min-lr-ratio=1.5", "[0, 1]"},
+      {"--warmup-steps=-1", ">= 0"},
+      {"--weight-decay=-1", ">= 0"},
+      {"--beta1=1", "[0, 1)"},
+      {"--beta2=-0.5", "[0, 1)"},
+      {"--eps=0", "> 0"},
+      {"--grad-clip=-1", "0 = no clipping"},
+      {"--seed=-3", ">= 0"},
+      {"--tile-tokens=0", "[1, 2^30]"},
+      {"--data-kind=text", "choose files, random or copy"},
+      {"--seq-len=1023", "must be even"},
+      {"--checkpoint-interval=-1", ">= 0"},
+      {"--checkpoint-keep=0", ">= 1"},
+      {"--log-interval=0", ">= 1"},
+      {"--progress=fancy", "choose auto, bar or lines"},
+      {"--timeout=-1", "[0, 1e7]"},
+      {"--residual-dtype=bf16", "needs --dtype bf16"},
   };
   for (const Case& k : cases) {
-    SCOPED_TRACE(k.override_arg);
-    const std::vector<std::string> a = {k.override_arg};
-    expect_config_error([&] { load_run_config("", a); },
-                        {k.key, k.text, std::string("--") + k.key + "=VALUE"});
+    SCOPED_TRACE(k.flag);
+    const std::vector<std::string> flag = {k.flag};
+    expect_config_error([&] { load_run_config("", flag); },
+                        {flag[0].substr(0, flag[0].find('=')), k.text});
   }
+  // A setting left at its default is named by its flag.
+  expect_config_error([] { load_run_config("", args({"--data-kind=files"})); },
+                      {"--data-path is required"});
   // Consistent values pass: files with a path, an odd length for random data.
-  load_run_config("", args({"--data.kind=files", "--data.path=x.bin"}));
-  load_run_config("", args({"--data.kind=random", "--train.seq_len=1023"}));
+  load_run_config("", args({"--data-kind=files", "--data-path=x.bin"}));
+  load_run_config("", args({"--data-kind=random", "--seq-len=1023"}));
+  // Plans admit auto knobs and every method; runs refuse them.
+  load_run_config("", args({"--stage-heads=auto", "--method=all", "--seq-len=1001"}), kScopePlan);
+  expect_config_error([] { load_run_config("", args({"--stage-heads=auto"})); },
+                      {"--stage-heads auto is for upipe plan"});
+}
+
+// Errors name each setting as it was given: the flag as typed, or the run file's key.
+TEST(RunConfig, ErrorsSpellSettingsAsGiven) {
+  SpellerGuard guard;
+  TempDir d;
+  const std::string p = d.write("run.toml", "[train]\nseq_len = 1023\n");
+  SettingSources src;
+  RunConfig c = read_run_file(p, &src);
+  apply_overrides(c, args({"--head-chunk=3", "-S", "1001"}), kScopeTrain, &src);
+  set_setting_speller(setting_speller(src));
+  EXPECT_EQ(render_setting_refs(setting_ref("parallel.stage_heads")), "--head-chunk");
+  EXPECT_EQ(render_setting_refs(setting_value("train.seq_len", 1002)), "-S 1002");
+  EXPECT_EQ(render_setting_refs(setting_ref("train.steps")), "--steps");
+  SettingSources file_only;
+  read_run_file(p, &file_only);
+  set_setting_speller(setting_speller(file_only));
+  EXPECT_EQ(render_setting_refs(setting_value("train.seq_len", 1024)),
+            "train.seq_len = 1024 in " + p);
+  expect_config_error([&] { validate(read_run_file(p)); },
+                      {"train.seq_len in " + p, "must be even"});
 }
 
 TEST(RunConfig, FileThenOverridesThenValidation) {
   TempDir d;
   const std::string p =
       d.write("run.toml", "[train]\nsteps = 10\nlr = 1e-3\n[data]\nkind = \"random\"\n");
-  const RunConfig c = load_run_config(p, args({"--train.steps=20"}));
+  const RunConfig c = load_run_config(p, args({"--steps=20"}));
   EXPECT_EQ(c.train.steps, 20);  // the command line wins
   EXPECT_EQ(c.train.lr, 1e-3);   // the file's value stays
   EXPECT_EQ(c.data.kind, "random");
   expect_config_error([&] { load_run_config(d.file("none.toml")); },
                       {"cannot read run file", "none.toml"});
-  expect_config_error([&] { load_run_config(p, args({"--train.steps=0"})); }, {"train.steps"});
+  expect_config_error([&] { load_run_config(p, args({"--steps=0"})); }, {"--steps"});
 }
 
 TEST(RunConfig, PrintedConfigReadsBackTheSame) {
   const RunConfig defaults;
   EXPECT_EQ(parse_run_toml(to_toml(defaults), "printed"), defaults);
   RunConfig c;
-  apply_overrides(c, args({"--model.name=dir with \"quotes\" and \\ back\tslash", "--train.lr=0.1",
-                           "--train.eps=1e-300", "--memory.budget_gib=1024", "--train.seed=7",
-                           "--train.offload_checkpoints=true", "--comm.timeout_s=2.5",
-                           "--train.steps=123456789012"}));
+  apply_overrides(
+      c,
+      args({"--model=dir with \"quotes\" and \\ back\tslash", "--lr=0.1", "--eps=1e-300",
+            "--device-memory=1536M", "--seed=7", "--offload-stash", "--timeout=2.5",
+            "--steps=123456789012", "--dtype=bf16", "--recompute=none", "--stage-heads=auto"}),
+      kScopePlan | kScopeTrain);
   const std::string text = to_toml(c);
   EXPECT_EQ(parse_run_toml(text, "printed"), c) << text;
-  EXPECT_NE(text.find("[train]\n"), std::string::npos);
-  EXPECT_NE(text.find("budget_gib = 1024.0"), std::string::npos) << text;
+  EXPECT_NE(text.find("[memory]\n"), std::string::npos);
+  EXPECT_NE(text.find("device_memory = \"1536M\""), std::string::npos) << text;
+  EXPECT_NE(text.find("stage_heads = \"auto\""), std::string::npos) << text;
   EXPECT_NE(text.find("steps = 123456789012"), std::string::npos) << text;
   // Every key is printed, once, with its comment.
-  for (const RunKeyInfo& k : run_config_keys()) {
-    const std::string leaf = k.name.substr(k.name.find('.') + 1);
-    EXPECT_NE(text.find("\n" + leaf + " = "), std::string::npos) << k.name;
-    EXPECT_NE(text.find(k.doc), std::string::npos) << k.name;
+  for (const SettingInfo& k : settings()) {
+    const std::string leaf = k.key.substr(k.key.find('.') + 1);
+    EXPECT_NE(text.find("\n" + leaf + " = "), std::string::npos) << k.key;
+    EXPECT_NE(text.find(k.doc), std::string::npos) << k.key;
   }
+  // The flags of the changed settings give back the same config.
+  const std::string flags = to_flags(c, kScopeTrain | kScopePlan);
+  EXPECT_NE(flags.find("--model='dir with"), std::string::npos) << flags;
+  RunConfig plain;
+  apply_overrides(plain, args({"--lr=0.1", "--offload-stash", "--stage-heads=4"}));
+  EXPECT_EQ(to_flags(plain, kScopeTrain), "--stage-heads=4 --lr=0.1 --offload-stash=true");
+  EXPECT_EQ(to_flags(plain, kScopeBlock), "--stage-heads=4");
 }
 
-TEST(RunConfig, KeyTableMatchesTheStruct) {
-  const auto& keys = run_config_keys();
-  ASSERT_EQ(keys.size(), 35u);
-  EXPECT_EQ(keys.front().name, "model.name");
+TEST(RunConfig, SizesReadAndPrint) {
+  EXPECT_EQ(parse_bytes("80G", "x"), int64_t(80) << 30);
+  EXPECT_EQ(parse_bytes("1.5g", "x"), int64_t(3) << 29);
+  EXPECT_EQ(parse_bytes("512MiB", "x"), int64_t(512) << 20);
+  EXPECT_EQ(parse_bytes("4097", "x"), 4097);
+  for (int64_t b :
+       {int64_t(1), int64_t(4097), int64_t(80) << 30, int64_t(1536) << 20, int64_t(1) << 60})
+    EXPECT_EQ(parse_bytes(bytes_text(b), "x"), b) << bytes_text(b);
+  EXPECT_EQ(bytes_text(int64_t(80) << 30), "80G");
+  EXPECT_EQ(bytes_text(int64_t(1) << 40), "1T");
+}
+
+TEST(RunConfig, TableFollowsTheSpellingConvention) {
+  const auto& keys = settings();
+  ASSERT_EQ(keys.size(), 36u);
+  EXPECT_EQ(keys.front().key, "model.name");
   EXPECT_EQ(keys.front().type, "string");
   EXPECT_EQ(keys.front().default_value, "\"tiny\"");
-  auto find = [&](const std::string& name) {
-    for (const RunKeyInfo& k : keys)
-      if (k.name == name) return k;
-    ADD_FAILURE() << name;
-    return RunKeyInfo{};
-  };
+  std::set<std::string> names;
+  for (const SettingInfo& k : keys) {
+    SCOPED_TRACE(k.key);
+    // --name with '-' for '_', or the section and the name; model.name is --model.
+    const std::string section = k.key.substr(0, k.key.find('.'));
+    std::string name = k.key.substr(k.key.find('.') + 1);
+    std::replace(name.begin(), name.end(), '_', '-');
+    EXPECT_TRUE(k.flag == "--" + name || k.flag == "--" + section + "-" + name ||
+                (k.key == "model.name" && k.flag == "--model"))
+        << k.flag;
+    for (const std::string& n : [&] {
+           std::vector<std::string> v{k.key, k.flag};
+           if (!k.short_flag.empty()) v.push_back(k.short_flag);
+           for (const std::string& a : k.aliases) v.push_back(a);
+           return v;
+         }())
+      EXPECT_TRUE(names.insert(n).second) << n << " names two settings";
+    EXPECT_NE(k.scopes, 0u);
+    EXPECT_EQ(find_setting(k.flag), &k);
+  }
+  auto find = [&](const std::string& name) { return *find_setting(name); };
   EXPECT_EQ(find("train.lr").default_value, "0.0003");
-  EXPECT_EQ(find("train.lr").type, "float");
-  EXPECT_EQ(find("train.steps").type, "int");
-  EXPECT_EQ(find("comm.timeout_s").default_value, "600.0");
-  EXPECT_EQ(find("train.offload_checkpoints").default_value, "false");
+  EXPECT_EQ(find("--lr").type, "float");
+  EXPECT_EQ(find("-S").key, "train.seq_len");
+  EXPECT_EQ(find("--head-chunk").key, "parallel.stage_heads");
+  EXPECT_EQ(find("comm.timeout").default_value, "600.0");
+  EXPECT_EQ(find("memory.offload_stash").default_value, "false");
+  EXPECT_EQ(find("memory.device_memory").default_value, "\"1T\"");
   EXPECT_EQ(find("data.path").default_value, "\"\"");
+  EXPECT_EQ(find_setting("--no-such-flag"), nullptr);
 }
 
-// docs/training.md's "Run file" section has a row for every key with its type and default.
-TEST(RunConfig, DocsListEveryKey) {
+// docs/training.md's "Run file" section has a row for every setting with its flag, type and
+// default.
+TEST(RunConfig, DocsListEverySetting) {
   std::ifstream f(std::string(UPIPE_SOURCE_DIR) + "/docs/training.md");
   ASSERT_TRUE(f) << "docs/training.md";
   std::stringstream ss;
@@ -306,8 +468,9 @@ TEST(RunConfig, DocsListEveryKey) {
   const size_t begin = doc.find("## Run file");
   ASSERT_NE(begin, std::string::npos);
   const std::string section = doc.substr(begin, doc.find("\n## ", begin + 1) - begin);
-  for (const RunKeyInfo& k : run_config_keys()) {
-    const std::string row = "| `" + k.name + "` | " + k.type + " | `" + k.default_value + "` |";
+  for (const SettingInfo& k : settings()) {
+    const std::string row =
+        "| `" + k.key + "` | `" + k.flag + "` | " + k.type + " | `" + k.default_value + "` |";
     EXPECT_NE(section.find(row), std::string::npos) << "missing row: " << row;
   }
 }

@@ -39,42 +39,42 @@ TEST(StepMemory, MetaStepPeaksAtTheClosedForm) {
               for (bool offload : {false, true})
                 for (DType ct : {DType::kF32, DType::kBF16})
                   for (DType rt : {DType::kF32, DType::kBF16})
-                    for (Recompute cg :
-                         {Recompute::kLayer, Recompute::kBlock,
-                          Recompute::kNone}) {
-                if (rt != DType::kF32 && rt != t) continue;  // fp32 or the compute dtype
-                DecoderOptions opt;
-                opt.recompute = cg;
-                opt.residual_dtype = rt;
-                opt.stash_dtype = ct;
-                opt.method = method;
-                opt.attn.seq_len = s;
-                opt.attn.dtype = t;
-                opt.tile_tokens = tile;
-                opt.offload_stash = offload;
-                Device dev({BackendKind::kMeta, int64_t(1) << 40, int64_t(1) << 40});
-                FakeCommunicator comm(rank, c);
-                Decoder dec(dev, comm, m, opt);
-                const ParamMap w = allocate_params(dev, m, t, Tag::kParams);
-                const ParamMap g = allocate_params(dev, m, DType::kF32, Tag::kGrads);
-                dev.mem().reset_peak();
-                dev.host().reset_peak();
-                dec.loss_and_grads(tokens, w, g);
-                const DecoderStepBytes want = decoder_step_bytes(
-                    dev.backend(), m, opt, s / c, dec.strategy());
-                const std::string what = std::string(preset) + " " + method + " " + dtype_name(t) +
-                                         (offload ? " offload" : "") + " ckpt " +
-                                         dtype_name(ct) + " residual " + dtype_name(rt) + " per " +
-                                         recompute_name(cg) + " rank " +
-                                         std::to_string(rank) + " of " + std::to_string(c);
-                EXPECT_EQ(dev.mem().peak(), want.peak) << what;
-                EXPECT_EQ(dev.mem().peak_by_tag().v[size_t(Tag::kStash)], want.stash) << what;
-                EXPECT_EQ(dev.mem().peak_by_tag().v[size_t(Tag::kAct)], want.act) << what;
-                EXPECT_EQ(dev.host().peak_by_tag().v[size_t(Tag::kStash)], want.stash_host) << what;
-                EXPECT_EQ(dev.mem().peak_by_tag().v[size_t(Tag::kParams)], want.params) << what;
-                EXPECT_EQ(dev.mem().peak_by_tag().v[size_t(Tag::kGrads)], want.grads) << what;
-                ++checked;
-              }
+                    for (Recompute cg : {Recompute::kLayer, Recompute::kBlock, Recompute::kNone}) {
+                      if (rt != DType::kF32 && rt != t) continue;  // fp32 or the compute dtype
+                      DecoderOptions opt;
+                      opt.memory.recompute = cg;
+                      opt.memory.residual_dtype = rt;
+                      opt.memory.stash_dtype = ct;
+                      opt.knobs.method = method;
+                      opt.seq_len = s;
+                      opt.memory.dtype = t;
+                      opt.memory.tile_tokens = tile;
+                      opt.memory.offload_stash = offload;
+                      Device dev({BackendKind::kMeta, int64_t(1) << 40, int64_t(1) << 40});
+                      FakeCommunicator comm(rank, c);
+                      Decoder dec(dev, comm, m, opt);
+                      const ParamMap w = allocate_params(dev, m, t, Tag::kParams);
+                      const ParamMap g = allocate_params(dev, m, DType::kF32, Tag::kGrads);
+                      dev.mem().reset_peak();
+                      dev.host().reset_peak();
+                      dec.loss_and_grads(tokens, w, g);
+                      const DecoderStepBytes want =
+                          decoder_step_bytes(dev.backend(), m, opt, s / c, dec.strategy());
+                      const std::string what =
+                          std::string(preset) + " " + method + " " + dtype_name(t) +
+                          (offload ? " offload" : "") + " ckpt " + dtype_name(ct) + " residual " +
+                          dtype_name(rt) + " per " + recompute_name(cg) + " rank " +
+                          std::to_string(rank) + " of " + std::to_string(c);
+                      EXPECT_EQ(dev.mem().peak(), want.peak) << what;
+                      EXPECT_EQ(dev.mem().peak_by_tag().v[size_t(Tag::kStash)], want.stash) << what;
+                      EXPECT_EQ(dev.mem().peak_by_tag().v[size_t(Tag::kAct)], want.act) << what;
+                      EXPECT_EQ(dev.host().peak_by_tag().v[size_t(Tag::kStash)], want.stash_host)
+                          << what;
+                      EXPECT_EQ(dev.mem().peak_by_tag().v[size_t(Tag::kParams)], want.params)
+                          << what;
+                      EXPECT_EQ(dev.mem().peak_by_tag().v[size_t(Tag::kGrads)], want.grads) << what;
+                      ++checked;
+                    }
   }
   // residual: fp32, or bf16 with bf16 compute; checkpoints per layer, per block or none.
   EXPECT_EQ(checked, 3 * (2 * 3 + 2 * 2 * 6) * 16 * 3 / 2 * 3);

@@ -1,5 +1,6 @@
 #include "backend/cpu/cpu_backend.h"
 
+#include <cstdlib>
 #include <cstring>
 
 #include "backend/cpu/attention_cpu.h"
@@ -7,7 +8,18 @@
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/gemm_cpu.h"
 
+// libgomp's, which oneDNN runs on (linked explicitly: the backend is not built with -fopenmp).
+extern "C" void omp_set_num_threads(int n);
+
 namespace upipe {
+
+CpuBackend::CpuBackend() {
+  static const bool once = [] {
+    if (std::getenv("OMP_NUM_THREADS") == nullptr) omp_set_num_threads(1);
+    return true;
+  }();
+  (void)once;
+}
 
 std::unique_ptr<Allocator> CpuBackend::make_device_allocator() const {
   return std::make_unique<HostCachingAllocator>();
@@ -133,8 +145,7 @@ double CpuBackend::sum_squares(const Mat& x) {
   return cpu::sum_squares(x);
 }
 
-void CpuBackend::adamw(const Mat& w, const Mat& g, const Mat& m, const Mat& v,
-                       const AdamWArgs& a) {
+void CpuBackend::adamw(const Mat& w, const Mat& g, const Mat& m, const Mat& v, const AdamWArgs& a) {
   cpu::adamw(w, g, m, v, a);
 }
 

@@ -9,6 +9,10 @@ namespace upipe {
 
 class CpuBackend final : public Backend {
  public:
+  // One thread per rank: oneDNN runs on one OpenMP thread unless OMP_NUM_THREADS says otherwise.
+  // Its scratchpads grow with the thread count, so a plan (the meta device asks this backend)
+  // and a run count the same workspace bytes only with the same count.
+  CpuBackend();
   BackendKind kind() const override { return BackendKind::kCpu; }
   bool computes() const override { return true; }
   std::unique_ptr<Allocator> make_device_allocator() const override;

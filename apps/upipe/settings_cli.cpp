@@ -1,0 +1,82 @@
+#include "apps/upipe/settings_cli.h"
+
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <map>
+
+#include "core/errors.h"
+
+namespace upipe::app {
+
+std::shared_ptr<SettingArgs> add_settings(CLI::App& cmd, uint32_t scope) {
+  auto out = std::make_shared<SettingArgs>();
+  out->scope = scope;
+  cmd.allow_extras();
+  for (const SettingInfo& s : settings()) {
+    if (!(s.scopes & scope)) continue;
+    // The visible option (flag, short flag) and, hidden, every other spelling of the setting.
+    std::vector<std::string> names{s.short_flag.empty() ? s.flag : s.flag + "," + s.short_flag,
+                                   "--" + s.key};
+    for (const std::string& a : s.aliases) names.push_back(a[0] == '-' ? a : "--" + a);
+    for (size_t i = 0; i < names.size(); ++i) {
+      const std::string used = names[i].substr(0, names[i].find(','));
+      const std::string doc = i == 0 ? fmt::format("{} (default {})", s.doc, s.default_value) : "";
+      CLI::Option* o = s.type == "bool"
+                           ? cmd.add_flag(
+                                 names[i],
+                                 [out, used](int64_t n) {
+                                   out->args.push_back(used + (n > 0 ? "=true" : "=false"));
+                                 },
+                                 doc)
+                           : cmd.add_option(
+                                    names[i],
+                                    [out, used](const CLI::results_t& r) {
+                                      for (const std::string& v : r)
+                                        out->args.push_back(used + "=" + v);
+                                      return true;
+                                    },
+                                    doc)
+                                 ->expected(1);
+      o->trigger_on_parse()->group(i == 0 ? "Settings" : "");
+    }
+  }
+  return out;
+}
+
+Settings resolve_settings(const Process& proc, const SettingArgs& args, const CLI::App& cmd,
+                          const std::string& run_file, const std::vector<std::string>& preset) {
+  const uint32_t scope = args.scope;
+  Settings s;
+  // What CLI11 did not know is refused first: a mistyped flag's value may have been taken for
+  // the run file.
+  RunConfig scratch;
+  apply_overrides(scratch, cmd.remaining(), scope);
+  if (!run_file.empty()) s.config = read_run_file(run_file, &s.sources);
+  apply_overrides(s.config, preset, scope, &s.sources);
+  apply_overrides(s.config, args.args, scope, &s.sources);
+  if (proc.root())
+    for (const std::string& n : s.sources.notes)
+      std::fprintf(stderr, "upipe: note: %s (the old spelling still works)\n", n.c_str());
+  set_setting_speller(setting_speller(s.sources));
+  validate(s.config, scope);
+  return s;
+}
+
+void spell_model_fields(const Settings& s, const ModelConfig& m) {
+  static const std::map<std::string, std::string> kFields = {
+      {"attention.heads", "num_attention_heads"},
+      {"attention.kv_heads", "num_key_value_heads"},
+      {"attention.head_dim", "head_dim"},
+      {"attention.hidden_size", "hidden_size"}};
+  SettingSpeller base = setting_speller(s.sources);
+  set_setting_speller([base, fields = kFields, source = m.source](
+                          std::string_view key, const std::optional<std::string>& value) {
+    const auto it = fields.find(std::string(key));
+    if (it == fields.end()) return base(key, value);
+    return value ? fmt::format("{} = {} in {}", it->second, *value, source)
+                 : fmt::format("{} of {}", it->second, source);
+  });
+}
+
+}  // namespace upipe::app

@@ -1,0 +1,217 @@
+#include "attention/methods.h"
+
+#include <fmt/format.h>
+
+#include "attention/headwise.h"
+#include "attention/local.h"
+#include "attention/ring.h"
+#include "attention/usp.h"
+#include "core/errors.h"
+
+namespace upipe {
+namespace {
+
+void need_divisible(const AttentionConfig& c, int64_t by, const char* why) {
+  if (c.seq_len % by != 0)
+    throw ConfigError(fmt::format("{} ({}) must be divisible by {} ({}); try {}",
+                                  setting_ref("train.seq_len"), c.seq_len, by, why,
+                                  setting_value("train.seq_len", (c.seq_len / by + 1) * by)));
+}
+
+std::unique_ptr<AttentionStrategy> make_local(const StrategyContext& ctx) {
+  if (ctx.comm.size() != 1)
+    throw ConfigError(fmt::format(
+        "method 'local' runs on one rank, but {} ranks were started; run without mpirun or "
+        "with -np 1",
+        ctx.comm.size()));
+  return std::make_unique<LocalAttention>(ctx);
+}
+
+// Ulysses, UPipe, FPDT and UPipe+FPDT: the headwise engine with U = H or the knob, N = 1 or the
+// knob. The fpdt methods check S against N C themselves (fpdt_chunks), after the head schedule.
+std::unique_ptr<AttentionStrategy> make_headwise(const StrategyContext& ctx) {
+  const AttentionConfig& c = ctx.cfg;
+  const MethodInfo& m = method_info(c.knobs.method);
+  const int ranks = ctx.comm.size();
+  const int u = m.takes_stage_heads ? c.knobs.stage_heads : c.heads;
+  if (!m.takes_chunks) {
+    need_divisible(c, ranks, "the number of ranks");
+    return std::make_unique<HeadwiseAttention>(ctx, u, 1);
+  }
+  make_upipe_schedule(c, ranks, u);
+  return std::make_unique<HeadwiseAttention>(ctx, u, fpdt_chunks(c, ranks));
+}
+
+std::unique_ptr<AttentionStrategy> make_ring(const StrategyContext& ctx) {
+  need_divisible(ctx.cfg, 2 * int64_t(ctx.comm.size()),
+                 "twice the number of ranks: zigzag cuts the sequence into 2C chunks");
+  return std::make_unique<RingAttention>(ctx);
+}
+
+int64_t one(const AttentionConfig&, int) {
+  return 1;
+}
+int64_t ranks_of(const AttentionConfig&, int ranks) {
+  return ranks;
+}
+int64_t twice_ranks(const AttentionConfig&, int ranks) {
+  return 2 * int64_t(ranks);
+}
+int64_t chunk_ranks(const AttentionConfig& c, int ranks) {
+  return int64_t(c.knobs.chunks > 0 ? c.knobs.chunks : kFpdtDefaultChunks) * ranks;
+}
+int64_t usp_divisor(const AttentionConfig& c, int ranks) {
+  return usp_layout(c, ranks).divisor();
+}
+
+const std::vector<MethodInfo> kMethods = {
+    {.name = "local",
+     .summary = "one rank, whole sequence: the oracle",
+     .one_rank = true,
+     .seq_divisor = one,
+     .make = make_local},
+    {.name = "ulysses",
+     .summary = "DeepSpeed-Ulysses: all-to-all to head-sharded, attention on H/C heads",
+     .seq_divisor = ranks_of,
+     .make = make_headwise},
+    {.name = "upipe",
+     .summary = "UPipe: Ulysses in stages of U query heads, buffers reused, GQA KV sets resident",
+     .takes_stage_heads = true,
+     .seq_divisor = ranks_of,
+     .make = make_headwise},
+    {.name = "ring",
+     .summary = "ring attention, zigzag sharding, K/V rotate by send/recv",
+     .seq_divisor = twice_ranks,
+     .make = make_ring},
+    {.name = "usp",
+     .summary = "Ulysses inside groups of u ranks, ring across the C/u groups",
+     .takes_ulysses_degree = true,
+     .seq_divisor = usp_divisor,
+     .make = make_usp},
+    {.name = "upipe-ring",
+     .summary = "UPipe inside groups of u ranks, ring across the C/u groups",
+     .takes_stage_heads = true,
+     .takes_ulysses_degree = true,
+     .seq_divisor = usp_divisor,
+     .make = make_usp},
+    {.name = "fpdt",
+     .summary = "Ulysses over N sequence chunks, K/V offloaded to the host arena",
+     .takes_chunks = true,
+     .seq_divisor = chunk_ranks,
+     .make = make_headwise},
+    {.name = "upipe-fpdt",
+     .summary = "UPipe head stages inside FPDT's N sequence chunks",
+     .takes_stage_heads = true,
+     .takes_chunks = true,
+     .seq_divisor = chunk_ranks,
+     .make = make_headwise},
+};
+
+void check_knob(int v, int max, bool allow_auto, const char* key, const char* what) {
+  if ((allow_auto && v == kKnobAuto) || (v >= 0 && v <= max)) return;
+  if (v == kKnobAuto)
+    throw ConfigError(fmt::format(
+        "{} is for upipe plan, which picks the fastest value that fits; give a number (the "
+        "plan prints it)",
+        setting_value(key, "auto")));
+  throw ConfigError(fmt::format("{} ({}) must be in [0, {}], 0 meaning {}{}", setting_ref(key), v,
+                                max, what, allow_auto ? ", or auto" : ""));
+}
+
+void check_taken(int v, bool taken, const MethodInfo& m, const char* key, bool(MethodInfo::*f)) {
+  if (v == 0 || taken) return;
+  std::string takers;
+  for (const MethodInfo& r : kMethods)
+    if (r.*f) takers += (takers.empty() ? "" : ", ") + std::string(r.name);
+  throw ConfigError(fmt::format("{} is a knob of {}; method '{}' does not take it (leave it 0)",
+                                setting_ref(key), takers, m.name));
+}
+
+}  // namespace
+
+const std::vector<MethodInfo>& methods() {
+  return kMethods;
+}
+
+const MethodInfo& method_info(std::string_view name) {
+  for (const MethodInfo& m : kMethods)
+    if (m.name == name) return m;
+  throw ConfigError(fmt::format("{}: unknown method '{}'; choose {}",
+                                setting_ref("parallel.method"), name, method_names()));
+}
+
+std::string method_names() {
+  std::string s;
+  for (size_t i = 0; i < kMethods.size(); ++i)
+    s += (i == 0 ? "" : i + 1 == kMethods.size() ? " or " : ", ") + std::string(kMethods[i].name);
+  return s;
+}
+
+void validate_knobs(const MethodKnobs& k, bool allow_auto) {
+  const MethodInfo& m = method_info(k.method);
+  check_knob(k.stage_heads, kMaxHeads, allow_auto, "parallel.stage_heads",
+             "one head per rank per stage");
+  check_knob(k.ulysses_degree, kMaxRanks, allow_auto, "parallel.ulysses_degree", "all ranks");
+  check_knob(k.chunks, kMaxChunks, allow_auto, "parallel.chunks", "the default");
+  check_taken(k.stage_heads, m.takes_stage_heads, m, "parallel.stage_heads",
+              &MethodInfo::takes_stage_heads);
+  check_taken(k.ulysses_degree, m.takes_ulysses_degree, m, "parallel.ulysses_degree",
+              &MethodInfo::takes_ulysses_degree);
+  check_taken(k.chunks, m.takes_chunks, m, "parallel.chunks", &MethodInfo::takes_chunks);
+}
+
+MethodKnobs knobs_for(const MethodKnobs& k, const MethodInfo& m) {
+  MethodKnobs out = k;
+  out.method = std::string(m.name);
+  if (!m.takes_stage_heads) out.stage_heads = 0;
+  if (!m.takes_ulysses_degree) out.ulysses_degree = 0;
+  if (!m.takes_chunks) out.chunks = 0;
+  return out;
+}
+
+bool ulysses_degree_fits(const MethodInfo& m, const AttentionConfig& c, int ranks, int u) {
+  if (u < 1 || ranks % u != 0) return false;
+  if (u == 1 && !m.takes_stage_heads) return true;  // usp with u = 1: plain ring, any heads
+  return c.heads % u == 0 && (c.kv_heads % u == 0 || u % c.kv_heads == 0);
+}
+
+std::vector<int> ulysses_degrees(const MethodInfo& m, const AttentionConfig& c, int ranks) {
+  std::vector<int> out;
+  for (int u = 1; u <= ranks; ++u)
+    if (ulysses_degree_fits(m, c, ranks, u)) out.push_back(u);
+  return out;
+}
+
+int stage_group(const MethodInfo& m, const MethodKnobs& k, int ranks) {
+  return m.takes_ulysses_degree && k.ulysses_degree > 0 ? k.ulysses_degree : ranks;
+}
+
+std::vector<int> stage_head_choices(const AttentionConfig& c, int group) {
+  std::vector<int> out;
+  for (int u = c.heads; u >= group && group > 0; --u)
+    if (u % group == 0 && c.heads % u == 0) out.push_back(u);
+  return out;
+}
+
+std::vector<int> chunk_choices() {
+  return {1, 2, 4, 8, 16, 32};
+}
+
+int effective_stage_heads(const MethodInfo& m, const AttentionConfig& c, int ranks) {
+  if (!m.takes_stage_heads) return c.heads;
+  return c.knobs.stage_heads > 0 ? c.knobs.stage_heads : stage_group(m, c.knobs, ranks);
+}
+
+int64_t stages_per_layer(const MethodInfo& m, const AttentionConfig& c, int ranks) {
+  const int u = std::max(1, effective_stage_heads(m, c, ranks));
+  const int n = m.takes_chunks ? (c.knobs.chunks > 0 ? c.knobs.chunks : kFpdtDefaultChunks) : 1;
+  return int64_t(c.heads / u) * n;
+}
+
+std::unique_ptr<AttentionStrategy> make_strategy(const StrategyContext& ctx) {
+  ctx.cfg.validate_shape();
+  validate_knobs(ctx.cfg.knobs);
+  return method_info(ctx.cfg.knobs.method).make(ctx);
+}
+
+}  // namespace upipe

@@ -1,0 +1,70 @@
+// The attention methods, one row each: the name, what it is, which knobs it takes, what the
+// sequence length must be divisible by, the knob values the planner may try, and the factory.
+// Everything that depends on which method runs reads this table (the registry, the planner, the
+// run-file schema, help texts and error messages); a method's name is written here only.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "attention/methods.h"
+#include "attention/strategy.h"
+
+namespace upipe {
+
+struct MethodInfo {
+  std::string_view name;
+  std::string_view summary;           // one line, for help and docs
+  bool takes_stage_heads = false;     // U (MethodKnobs::stage_heads)
+  bool takes_ulysses_degree = false;  // u
+  bool takes_chunks = false;          // N
+  bool one_rank = false;              // runs on one rank only (local)
+  // What the sequence length must be divisible by on `ranks` ranks with cfg's knobs.
+  int64_t (*seq_divisor)(const AttentionConfig& cfg, int ranks) = nullptr;
+  // Validates cfg on ctx.comm.size() ranks (ConfigError saying what to change) and builds it.
+  std::unique_ptr<AttentionStrategy> (*make)(const StrategyContext& ctx) = nullptr;
+};
+
+// What `upipe plan` takes for "every method" (never a method itself).
+inline constexpr std::string_view kAllMethods = "all";
+
+// Every method, in the order help texts list them.
+const std::vector<MethodInfo>& methods();
+// The row of `name`; ConfigError naming the methods when there is none.
+const MethodInfo& method_info(std::string_view name);
+// "local, ulysses, upipe, ring, usp, upipe-ring, fpdt, upipe-fpdt"
+std::string method_names();
+
+// Range checks of the knobs that do not depend on the rank count (ConfigError naming the
+// setting): a known method, knobs in [0, their bound] (or kKnobAuto where allow_auto), and no
+// knob set that the method does not take.
+void validate_knobs(const MethodKnobs& k, bool allow_auto = false);
+// k without the knobs its method does not take (a request for every method keeps the rest).
+MethodKnobs knobs_for(const MethodKnobs& k, const MethodInfo& m);
+
+// The Ulysses degrees u that `method` (usp / upipe-ring) can run on `ranks` ranks with cfg's
+// heads: u divides the ranks, H is divisible by u, K and u divide one another; usp with u = 1 is
+// plain ring attention and takes any heads. Ascending.
+bool ulysses_degree_fits(const MethodInfo& m, const AttentionConfig& cfg, int ranks, int u);
+std::vector<int> ulysses_degrees(const MethodInfo& m, const AttentionConfig& cfg, int ranks);
+// The rank group whose all-to-all the head stages span: u for methods with a Ulysses degree
+// (u = 0 meaning all ranks), else all ranks. U must be a multiple of it.
+int stage_group(const MethodInfo& m, const MethodKnobs& k, int ranks);
+// The stage sizes U a group of `group` ranks can run: multiples of it dividing H, largest first.
+std::vector<int> stage_head_choices(const AttentionConfig& cfg, int group);
+// The sequence chunk counts N the planner tries for fpdt methods.
+std::vector<int> chunk_choices();
+
+// Query heads per stage the method runs with: H without a stage knob, U (0: the group) with.
+int effective_stage_heads(const MethodInfo& m, const AttentionConfig& cfg, int ranks);
+// Attention stages per layer: (H / U) x N (N: 1 without chunks, the default for 0).
+int64_t stages_per_layer(const MethodInfo& m, const AttentionConfig& cfg, int ranks);
+
+// Validates cfg for cfg.knobs.method on ctx.comm.size() ranks (ConfigError with what to change)
+// and builds the strategy.
+std::unique_ptr<AttentionStrategy> make_strategy(const StrategyContext& ctx);
+
+}  // namespace upipe

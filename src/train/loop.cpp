@@ -1,0 +1,164 @@
+#include "train/loop.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+
+#include "core/errors.h"
+#include "core/stop_signal.h"
+#include "core/watchdog.h"
+#include "model/safetensors.h"
+#include "train/checkpoint.h"
+#include "train/flops.h"
+#include "train/run_options.h"
+
+namespace upipe {
+namespace {
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+DataOptions data_options(const RunConfig& c, const ModelConfig& m, int dp_size) {
+  DataOptions o;
+  o.kind = parse_data_kind(c.data.kind);
+  o.path = c.data.path;
+  o.seq_len = c.train.seq_len;
+  o.vocab = m.vocab_size;
+  o.seed = uint64_t(c.train.seed);
+  o.dp_size = dp_size;
+  o.micro_steps = c.train.micro_steps;
+  return o;
+}
+
+// The start of the run: the newest checkpoint (resume), Hugging Face weights, or random.
+RunStart initialize(const RunConfig& c, Trainer& tr, int world_size, bool resume) {
+  RunStart s;
+  if (resume) {
+    if (c.checkpoint.dir.empty())
+      throw ConfigError(fmt::format("--resume needs {} (the run's checkpoint directory)",
+                                    setting_ref("checkpoint.dir")));
+    const std::optional<std::string> ckpt = latest_checkpoint(c.checkpoint.dir);
+    if (!ckpt)
+      throw ConfigError(fmt::format("--resume: no complete checkpoint in {}",
+                                    setting_value("checkpoint.dir", c.checkpoint.dir)));
+    const CheckpointInfo info = load_checkpoint(*ckpt, tr.zero());
+    s.step = info.step;
+    s.resumed = true;
+    s.origin = fmt::format("{} (step {}, written on {} ranks{})", *ckpt, info.step, info.world,
+                           info.world == world_size ? "" : ", resharded");
+  } else if (!c.model.init_from.empty()) {
+    const SafetensorsReader reader(c.model.init_from);
+    tr.zero().init(&reader, uint64_t(c.train.seed));
+    s.origin = "Hugging Face weights from " + c.model.init_from;
+  } else {
+    tr.zero().init(nullptr, uint64_t(c.train.seed));
+    s.origin = fmt::format("random init (seed {})", c.train.seed);
+  }
+  return s;
+}
+
+}  // namespace
+
+TrainingLoop::TrainingLoop(Device& dev, Communicator& world, const ModelConfig& m,
+                           const RunConfig& c, bool resume)
+    : dev_(dev), world_(world), m_(m), cfg_(c), toml_(to_toml(c)) {
+  trainer_ = std::make_unique<Trainer>(dev, world, m, train_options(c));
+  data_ = std::make_unique<DataSource>(data_options(c, m, trainer_->dp_size()));
+  start_ = initialize(c, *trainer_, world.size(), resume);
+  // MFU's denominator: this machine's GEMM rate in the compute dtype, measured now on every rank
+  // at once (as they run in training), best of 10; the ranks' best is the one reference.
+  world.barrier();
+  float rate = float(measure_gemm_flops(dev, c.memory.policy.dtype, 1024, 10));
+  world.all_reduce(&rate, 1, DType::kF32, ReduceOp::kMax);
+  gemm_flops_ = rate;
+}
+
+TrainingLoop::~TrainingLoop() = default;
+
+Sequence TrainingLoop::sequence(int64_t step, int micro, int dp_rank) const {
+  Sequence q{data_->sample(step, micro, dp_rank), {}};
+  if (copy_task())
+    for (int64_t p = 0; p < cfg_.train.seq_len; ++p)
+      q.group.push_back(copy_loss_counts(p, cfg_.train.seq_len) ? 1 : 0);
+  return q;
+}
+
+void TrainingLoop::checkpoint(int64_t step, TrainingObserver& obs) {
+  if (cfg_.checkpoint.dir.empty()) return;
+  WatchdogContext ctx(fmt::format("checkpoint of step {}", step));
+  const std::string path = save_checkpoint(cfg_.checkpoint.dir, step, trainer_->zero(),
+                                           trainer_->cp_size(), toml_, cfg_.checkpoint.keep);
+  obs.on_checkpoint(step, path);
+}
+
+void TrainingLoop::gather_peaks(StepMetrics& m) {
+  // Per arena: the peak over the ranks, and that rank's per-tag bytes at its peak.
+  auto worst = [&](Arena& a, int64_t& peak, std::map<std::string, int64_t>& by_tag) {
+    const int64_t mine = a.peak();
+    std::vector<int64_t> peaks(static_cast<size_t>(world_.size()));
+    world_.all_gather(&mine, peaks.data(), sizeof(int64_t));
+    const int rank = int(std::max_element(peaks.begin(), peaks.end()) - peaks.begin());
+    TagBytes at = a.at_peak_by_tag();
+    world_.broadcast(at.v.data(), sizeof(at.v), rank);
+    peak = peaks[size_t(rank)];
+    for (int t = 0; t < kNumTags; ++t)
+      if (at.v[size_t(t)] != 0) by_tag[tag_name(Tag(t))] = at.v[size_t(t)];
+  };
+  worst(dev_.mem(), m.peak_bytes, m.peak_by_tag);
+  worst(dev_.host(), m.host_peak_bytes, m.host_peak_by_tag);
+}
+
+LoopEnd TrainingLoop::run(TrainingObserver& obs) {
+  const int64_t steps = cfg_.train.steps, start = start_.step;
+  const double step_flops_per_rank = training_flops_per_sequence(m_, cfg_.train.seq_len) *
+                                     double(trainer_->dp_size()) * cfg_.train.micro_steps /
+                                     double(world_.size());
+  const SequenceFn data = [this](int64_t s, int micro, int dp) { return sequence(s, micro, dp); };
+  LoopEnd end;
+  double run_s = 0;
+  int64_t timed = 0, step = start;
+  while (step < steps) {
+    WatchdogContext ctx(fmt::format("step {}", step + 1));
+    dev_.mem().reset_peak();
+    dev_.host().reset_peak();
+    const double t0 = now_s();
+    const StepResult r = trainer_->step(step, data);
+    const double dt = now_s() - t0;
+    ++step;
+    float stop = stop_requested() ? 1.0f : 0.0f;
+    world_.all_reduce(&stop, 1, DType::kF32, ReduceOp::kMax);
+    if (step > start + 1 || steps - start == 1) {  // the first step warms up
+      run_s += dt;
+      ++timed;
+    }
+    if (step == start + 1) end.first_group_loss = r.group_loss;
+    end.last_group_loss = r.group_loss;
+    StepMetrics sm;
+    sm.step = step;
+    sm.loss = r.loss;
+    if (copy_task()) sm.copy_loss = r.group_loss;
+    sm.grad_norm = r.grad_norm;
+    sm.lr = r.lr;
+    sm.tokens_per_s = double(trainer_->tokens_per_rank_per_step()) / dt;
+    sm.mfu = gemm_flops_ > 0 ? step_flops_per_rank / dt / gemm_flops_ : 0;
+    gather_peaks(sm);
+    sm.budget_bytes = cfg_.memory.device_bytes;
+    sm.step_s = dt;
+    sm.eta_s = double(steps - step) * (timed > 0 ? run_s / double(timed) : dt);
+    obs.on_step(sm);
+    const bool last = step == steps;
+    if (stop != 0.0f && !last) {
+      end.stopped = true;
+      break;
+    }
+    if (!last && cfg_.checkpoint.interval > 0 && step % cfg_.checkpoint.interval == 0)
+      checkpoint(step, obs);
+  }
+  if (step > start) checkpoint(step, obs);
+  end.last_step = step;
+  return end;
+}
+
+}  // namespace upipe

@@ -1,0 +1,84 @@
+// The training loop of `upipe train`, on every rank: the run's start (the newest checkpoint, a
+// Hugging Face model's weights, or a random init), then optimizer steps until train.steps or a
+// stop request, each measured (loss, gradient norm, learning rate, the worst rank's device and
+// host peaks with their tags, time, tokens/s, MFU) and handed to an observer; checkpoints at the
+// configured interval and after the last step.
+//
+// A stop request (core/stop_signal.h) on any rank stops every rank after the same step: the
+// request is all-reduced each step. The first step is not timed (it warms up) unless it is the
+// only one. The command renders what the observer sees (train/metrics.h); the loop decides
+// nothing about output.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "model/config.h"
+#include "train/data.h"
+#include "train/metrics.h"
+#include "train/run_config.h"
+#include "train/trainer.h"
+
+namespace upipe {
+
+// Where the run starts.
+struct RunStart {
+  int64_t step = 0;  // steps already done (a checkpoint's), 0 for a new run
+  bool resumed = false;
+  std::string origin;  // "random init (seed 1)", "Hugging Face weights from DIR", a checkpoint
+};
+
+// What the loop reports. Every rank gets every call (rank 0 renders).
+class TrainingObserver {
+ public:
+  virtual ~TrainingObserver() = default;
+  // After each step: its metrics (the same on every rank).
+  virtual void on_step(const StepMetrics& m) {}
+  // After a checkpoint of `step` was written at `path`.
+  virtual void on_checkpoint(int64_t step, const std::string& path) {}
+};
+
+struct LoopEnd {
+  int64_t last_step = 0;        // steps done when the loop ended
+  bool stopped = false;         // a stop request ended it before train.steps
+  double first_group_loss = 0;  // the copy task's copied-half loss at the first and last step
+  double last_group_loss = 0;   // run (0 for other data)
+};
+
+class TrainingLoop {
+ public:
+  // Builds the trainer (world = DP x CP) and the data, then the start: with `resume` the newest
+  // complete checkpoint of checkpoint.dir (ConfigError when there is none), else model.init_from's
+  // weights, else a random init from train.seed. Measures the GEMM rate MFU is relative to.
+  TrainingLoop(Device& dev, Communicator& world, const ModelConfig& m, const RunConfig& c,
+               bool resume);
+  ~TrainingLoop();
+
+  Trainer& trainer() { return *trainer_; }
+  const DataSource& data() const { return *data_; }
+  const RunStart& start() const { return start_; }
+  bool copy_task() const { return data_->options().kind == DataKind::kCopy; }
+  double gemm_flops() const { return gemm_flops_; }  // per rank, the ranks' best
+
+  // Runs the steps from start().step to train.steps; returns how it ended.
+  LoopEnd run(TrainingObserver& obs);
+
+ private:
+  Sequence sequence(int64_t step, int micro, int dp_rank) const;
+  void checkpoint(int64_t step, TrainingObserver& obs);
+  // The step's peaks over the ranks, with the worst rank's per-tag bytes, into m.
+  void gather_peaks(StepMetrics& m);
+
+  Device& dev_;
+  Communicator& world_;
+  ModelConfig m_;
+  RunConfig cfg_;
+  std::string toml_;  // the run file recorded in every checkpoint
+  std::unique_ptr<Trainer> trainer_;
+  std::unique_ptr<DataSource> data_;
+  RunStart start_;
+  double gemm_flops_ = 0;
+};
+
+}  // namespace upipe

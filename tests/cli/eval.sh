@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# `upipe eval` on the committed transformers fixtures (tests/fixtures/hf), as typed on 2 ranks:
+#   fixture_loss      the llama fixture's loss is transformers' fp64 6.1841632 (to 7 digits)
+#   fixture_loss_bin  the same tokens as an llm.c .bin give the same loss
+#   tokenize_then_eval `upipe tokenize` (one process) writes a .bin that eval reads
+#   save_grads_FIX    --save-grads: every tensor of the fixture's fp64 gradients, same names and
+#                     shapes, within the fp32 rule, and the norms of --json (check_grads.py)
+# Usage: eval.sh UPIPE MPIRUN [MPIRUN ARGS...] -- CASE
+set -u
+upipe=$1
+shift
+mpirun=()
+while [ "$1" != "--" ]; do mpirun+=("$1"); shift; done
+case_name=$2
+here=$(cd "$(dirname "$0")" && pwd)
+fix="$here/../fixtures/hf"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL $case_name: $*"; exit 1; }
+
+# eval_expect TEXT ARGS...: `upipe eval ARGS` on 2 ranks succeeds and prints TEXT.
+eval_expect() {
+  local text=$1 out
+  shift
+  out=$(timeout 120 "${mpirun[@]}" -np 2 "$upipe" eval "$@" 2>&1) || { echo "$out"; fail "eval failed"; }
+  echo "$out"
+  printf '%s\n' "$out" | grep -q -F -e "$text" || fail "no '$text' in the output"
+}
+
+case $case_name in
+fixture_loss)
+  eval_expect "loss 6.184163" --model "$fix/llama" --tokens "$fix/llama/tokens.npy" --method upipe ;;
+fixture_loss_bin)
+  /usr/bin/python3 "$here/npy_to_bin.py" "$fix/llama/tokens.npy" "$tmp/t.bin" || fail "npy_to_bin"
+  eval_expect "loss 6.184163" --model "$fix/llama" --tokens "$tmp/t.bin" --method upipe ;;
+tokenize_then_eval)
+  printf 'upipe tokenize: one token per byte. %.0s' $(seq 20) > "$tmp/in.txt"
+  "$upipe" tokenize "$tmp/in.txt" "$tmp/in.bin" || fail "tokenize failed"
+  eval_expect "512 tokens" --model tiny --tokens "$tmp/in.bin" --seq-len 512 --method upipe ;;
+save_grads_llama | save_grads_qwen3)
+  fx=${case_name#save_grads_}
+  timeout 120 "${mpirun[@]}" -np 2 "$upipe" eval --model "$fix/$fx" --tokens "$fix/$fx/tokens.npy" \
+    --method upipe --json --save-grads "$tmp/g.safetensors" > "$tmp/eval.json" || fail "eval failed"
+  /usr/bin/python3 "$here/check_grads.py" "$tmp/g.safetensors" "$fix/$fx" "$tmp/eval.json" ||
+    fail "gradients differ" ;;
+*) echo "unknown case $case_name"; exit 2 ;;
+esac
+echo "PASS $case_name"

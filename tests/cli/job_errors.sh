@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# How the job ends on bad input and out-of-memory, as the user meets it under mpirun: bad input ->
+# one error line (rank 0) naming what to change, exit status 2 from every rank; an arena budget
+# too small, or a request beyond the machine's memory -> the out-of-memory message naming the tag
+# and the request, and the whole job ends with status 3 (not by the timeout).
+# Usage: job_errors.sh UPIPE MPIRUN [MPIRUN ARGS...] -- CASE
+set -u
+upipe=$1
+shift
+mpirun=()
+while [ "$1" != "--" ]; do mpirun+=("$1"); shift; done
+case_name=$2
+
+# expect RC PATTERN COUNT NP ARGS...: upipe ARGS on NP ranks exits RC, its output has COUNT lines
+# matching PATTERN (grep -E; COUNT "any": at least one).
+expect() {
+  local rc_want=$1 pattern=$2 count=$3 np=$4
+  shift 4
+  local out rc n
+  out=$(timeout 60 "${mpirun[@]}" -np "$np" "$upipe" "$@" 2>&1)
+  rc=$?
+  echo "$out"
+  n=$(printf '%s\n' "$out" | grep -c -E -e "$pattern")
+  if [ "$rc" -ne "$rc_want" ] || { [ "$count" = any ] && [ "$n" -lt 1 ]; } ||
+    { [ "$count" != any ] && [ "$n" -ne "$count" ]; }; then
+    echo "FAIL: upipe $* -> exit $rc and $n line(s) matching '$pattern'; want $rc_want and $count"
+    exit 1
+  fi
+  echo "PASS $case_name"
+}
+
+case $case_name in
+bad_config_every_rank)  # three ranks, one error line
+  expect 2 'must be divisible by --kv-heads \(3\); try --kv-heads 2' 1 3 check --method upipe \
+    --heads 8 --kv-heads 3 ;;
+out_of_memory)
+  expect 3 "out of memory in device arena: tag 'act' requested" any 2 check --method upipe \
+    --seq-len 2048 --device-memory 3M ;;
+beyond_machine_memory)  # 2^34 tokens x 512 columns: 32 TiB, within a 1 EiB budget
+  expect 3 "out of memory in device arena: tag '.*this machine has" any 2 check --method upipe \
+    --seq-len 17179869184 --device-memory 1048576T ;;
+*) echo "unknown case $case_name"; exit 2 ;;
+esac

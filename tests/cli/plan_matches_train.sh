@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# `upipe plan` against `upipe train` as a user runs them: one run file, trained for one step on N
+# ranks (its JSONL metrics hold the step's device and host peaks over the ranks, with the worst
+# rank's bytes per tag), and planned with `upipe plan RUN.toml --ranks N`. The peaks and every
+# tag must be equal, for methods, dtypes, offload, recompute modes and tile sizes off and on the
+# default. Usage: plan_matches_train.sh UPIPE MPIRUN [MPIRUN ARGS...]
+set -u
+upipe=$1
+shift
+mpirun=("$@")
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+failures=0
+
+# case NAME RANKS TOML: the run file's memory, parallel and train sections.
+case_() {
+  local name=$1 ranks=$2 toml=$3
+  local run="$tmp/$name.toml"
+  printf '%b\n' "$toml" > "$run"
+  if ! timeout 300 "${mpirun[@]}" -np "$ranks" "$upipe" train "$run" --steps=1 --progress=lines --device-memory=1T \
+      --metrics-path="$tmp/$name.jsonl" > "$tmp/$name.train" 2>&1; then
+    cat "$tmp/$name.train"
+    echo "FAIL $name: upipe train failed"
+    failures=$((failures + 1))
+    return
+  fi
+  # As a user plans in a shell: no OMP_NUM_THREADS (the ranks get one thread each).
+  if ! timeout 300 env -u OMP_NUM_THREADS "$upipe" plan "$run" --ranks "$ranks" --device-memory=1T --json > "$tmp/$name.plan" 2>&1; then
+    cat "$tmp/$name.plan"
+    echo "FAIL $name: upipe plan failed"
+    failures=$((failures + 1))
+    return
+  fi
+  if python3 - "$tmp/$name.jsonl" "$tmp/$name.plan" "$name" <<'PY'; then
+import json, sys
+run = [json.loads(l) for l in open(sys.argv[1])][-1]
+plan = json.load(open(sys.argv[2]))["methods"][0]
+pairs = [("device peak", run["peak_bytes"], plan["device_peak_bytes"]),
+         ("device tags", run["peak_by_tag"], plan["peak_by_tag"]),
+         ("host peak", run["host_peak_bytes"], plan["host_peak_bytes"]),
+         ("host tags", run["host_peak_by_tag"], plan["host_peak_by_tag"])]
+bad = [(what, r, p) for what, r, p in pairs if r != p]
+for what, r, p in bad:
+    print(f"  {what}: train {r}, plan {p}")
+print(f"{'ok' if not bad else 'FAIL'} {sys.argv[3]}: device {run['peak_bytes']} B, "
+      f"host {run['host_peak_bytes']} B")
+sys.exit(1 if bad else 0)
+PY
+    :
+  else
+    failures=$((failures + 1))
+  fi
+}
+
+case_ defaults 2 '[parallel]\nmethod = "upipe"'
+case_ ring_tile100 2 '[parallel]\nmethod = "ring"\n[train]\nseq_len = 512\n[memory]\ntile_tokens = 100'
+case_ ulysses_bf16_offload 2 '[parallel]\nmethod = "ulysses"\n[train]\nseq_len = 512\n[memory]\ndtype = "bf16"\ntile_tokens = 128\noffload_stash = true\nstash_dtype = "bf16"'
+case_ fpdt_block 2 '[parallel]\nmethod = "fpdt"\nchunks = 2\n[train]\nseq_len = 512\n[memory]\nrecompute = "block"\ntile_tokens = 48'
+case_ upipe_none_bf16res 2 '[parallel]\nmethod = "upipe"\n[train]\nseq_len = 256\n[memory]\ndtype = "bf16"\nresidual_dtype = "bf16"\nrecompute = "none"\ntile_tokens = 64'
+case_ qwen3_usp 2 '[model]\nname = "tiny-qwen3"\n[parallel]\nmethod = "usp"\nulysses_degree = 1\n[train]\nseq_len = 512'
+case_ cp2_dp2_upipe_fpdt 4 '[parallel]\ncp_size = 2\nmethod = "upipe-fpdt"\n[train]\nseq_len = 512\nmicro_steps = 2\n[memory]\noffload_stash = true'
+case_ local_none 1 '[parallel]\nmethod = "local"\n[train]\nseq_len = 256\n[memory]\nrecompute = "none"'
+
+[ "$failures" -eq 0 ] || { echo "$failures case(s) failed"; exit 1; }
+echo "PASS: plan = train on every case"
