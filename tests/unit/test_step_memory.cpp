@@ -13,10 +13,12 @@
 //     small attention intermediates), a handful of rows per rank (the kernels' fixed tile
 //     workspaces against the (S/C, D) buffers), one-row tiles, a wide head (d = 128: local's
 //     forward workspace above its backward's).
-// One moment never binds: the forward's last MLP. Its norm term is the last layer's start's with
-// fewer (or as many) checkpoints, and its MLP term is below the MLP backward's on this backend
-// (the backward's tiles include the forward's, plus the fp32 da, db); the test checks in every
-// configuration that it is at most the largest of those moments and of the LM head's.
+// The GEMM workspaces (oneDNN's scratchpads) grow with the thread count, so which moment is the
+// largest depends on it: the rows are for one thread per rank, as ctest runs them (they also
+// hold with two). One moment never binds: the forward's last MLP. Its norm term is the last layer's
+// start's with fewer (or as many) checkpoints, and its MLP term is below the MLP backward's on this
+// backend (the backward's tiles include the forward's, plus the fp32 da, db); the test checks in
+// every configuration that it is at most the largest of those moments and of the LM head's.
 #include <gtest/gtest.h>
 
 #include "comm/fake/fake_comm.h"
@@ -138,24 +140,24 @@ constexpr auto kLayer = CheckpointGranularity::kLayer, kBlock = CheckpointGranul
 // On the tiny Llama (H = 4, K = 2) with the hidden size D, the MLP width F, the vocabulary V,
 // the layers L and the head dim d as listed.
 const MomentCase kMomentCases[] = {
-    // The (T, V) logits tile of V = 4096 against 2 rows of D = 64 per rank.
-    {StepMoment::kLossHead, 64, 16, 4096, 1, 16, 4, 2, "upipe", F32, 1, false, F32, F32, kLayer},
+    // The (T, V) logits tile of V = 65536 against 2 rows of D = 64 per rank.
+    {StepMoment::kLossHead, 64, 16, 65536, 1, 16, 4, 2, "upipe", F32, 2, false, F32, F32, kLayer},
     // D = 1024 >> H d = 64, bf16 compute with the fp32 residual: x, dh, dx (three fp32 (R, D))
     // outweigh two and a bf16 h anywhere else; per block with fp32 checkpoints on the device.
-    {StepMoment::kLossNormBackward, 1024, 16, 256, 1, 16, 384, 2, "upipe", BF16, 1, false, F32, F32,
+    {StepMoment::kLossNormBackward, 1024, 16, 256, 1, 16, 768, 2, "upipe", BF16, 1, false, F32, F32,
      kBlock},
     // D = 32768 on 2 rows per rank: the norm's 12 D-byte workspace exceeds a bf16 (R, D) buffer
     // (the xm moment's), and the offloaded layer's two fp32 checkpoint slots are on the device.
     {StepMoment::kLayerStartNorm, 32768, 16, 256, 1, 16, 4, 2, "ring", BF16, 1, true, F32, BF16,
      kBlock},
-    // As the final norm's case, offloaded: the start holds the layer's two checkpoint slots,
-    // the loss none.
+    // D = 1024 >> H d, offloaded per block: the start holds the layer's two fp32 checkpoint
+    // slots beside dx, h and xm, the loss none.
     {StepMoment::kLayerStartXm, 1024, 16, 256, 1, 16, 384, 2, "upipe", BF16, 1, true, F32, F32,
      kBlock},
     // 2 rows per rank of D = 64: the attention kernels' tile workspaces dominate.
     {StepMoment::kAttention, 64, 16, 256, 1, 16, 4, 2, "upipe", F32, 1, false, F32, F32, kLayer},
-    // F = 4096: the MLP's (T, F) tiles.
-    {StepMoment::kMlp, 64, 4096, 256, 1, 16, 4, 2, "upipe", F32, 1, false, F32, F32, kLayer},
+    // F = 16384: the MLP's (T, F) tiles.
+    {StepMoment::kMlp, 64, 16384, 256, 1, 16, 4, 2, "upipe", F32, 2, false, F32, F32, kLayer},
     // local per layer keeps the recompute's intermediates; d = 128 makes its forward workspace
     // (768 x 512 tiles) larger than its backward's (96 x 256).
     {StepMoment::kRecomputeAttention, 64, 16, 256, 1, 128, 4, 1, "local", F32, 1, false, F32, F32,
