@@ -106,7 +106,7 @@ void LocalAttention::backward_stashed(std::unique_ptr<AttentionStash> kept, cons
                                       const Mat& dy, const AttentionWeights& w, const Mat& dx,
                                       const AttentionGrads& g, float dx_beta, float dw_beta) {
   auto* mine = dynamic_cast<LocalKept*>(kept.get());
-  UPIPE_CHECK(mine != nullptr, "local: backward_kept needs what local's forward_keep kept");
+  UPIPE_CHECK(mine != nullptr, "local: backward_stashed needs what local's forward_stash stashed");
   backward_from(dev(), cfg(), mine->f, x, dy, w, dx, g, dx_beta, dw_beta);
 }
 

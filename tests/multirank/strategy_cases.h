@@ -10,7 +10,7 @@
 //                   them), u = 1 for upipe-ring (UPipe stages of plain ring passes), and usp's
 //                   two degenerate degrees once each (u = 1 is ring, u = C is Ulysses).
 //   fpdt(N), upipe-fpdt(N, U): the ulysses/upipe head rules; S divisible by N C (S = 256).
-// Two groups of cases on top, for every method the rules admit on C ranks:
+// Three groups of cases on top, for every method the rules admit on C ranks:
 //   block options: H = 8, K = 4, d = 32, S = 256 (252 on 3 ranks) with hidden size D != H d,
 //                   Qwen3 QK-norm and llama3 RoPE scaling (factor 8, frequency factors 1 and 4,
 //                   original context 256, so the rescaled band lies inside these positions):
@@ -18,6 +18,12 @@
 //                   Every method uses the same shape, so rank 0 computes the oracle once.
 //                   U = C (upipe, upipe-fpdt), u = the largest proper divisor of C (usp,
 //                   upipe-ring; 1 when C is prime) with U = 2u when that divides H, N = 2.
+//   GQA runs across KV heads (upipe, upipe-fpdt, upipe-ring), off the tile grid: H = 6C,
+//                   K = 2C, d = 16 and m = 2 query heads per rank per stage (U = 2C; 2u for
+//                   upipe-ring, u as above), so m and G = 3 are co-prime and a rank's heads in a
+//                   stage read two KV heads; and K < C (C > 1: H = 3C, K = max(1, C/2), U = C,
+//                   three query heads per rank). S = 296 rounded up to a multiple of 2C (300 on
+//                   3 ranks, 304 on 8): every call's keys end in a partial kernel key tile.
 //   long shards (C = 2 only): S = 2048, so each rank holds 1024 rows, more than the largest
 //                   kernel tile (768 forward query rows): H = 4, K = 1, d = 16 (small: the
 //                   rank-0 fp64 oracle is shared by all and is the slow part), U = 2, N = 2
@@ -171,6 +177,24 @@ inline std::vector<StrategyCase> strategy_cases(int c) {
     add_case("ring", opt_shape, 0, 0, t, 0, opt);
     add_case("usp", opt_shape, 0, opt_deg, t, 0, opt);
     if (c > 1) add_case("upipe-ring", opt_shape, opt_u, opt_deg, t, 0, opt);
+  }
+
+  // GQA runs across KV heads, off the tile grid. Keys per call: S (upipe), S / 2 (an fpdt
+  // chunk), zigzag halves of S u / C (upipe-ring): partial key tiles, mostly off the 16-key
+  // panels too.
+  {
+    BlockOptions opt;
+    opt.seq_len = (296 + 2 * c - 1) / (2 * c) * (2 * c);
+    opt.head_dim = 16;
+    const Shape cross{6 * c, 2 * c};
+    add_case("upipe", cross, 2 * c, 0, DType::kF32, 0, opt);
+    add_case("upipe-fpdt", cross, 2 * c, 0, DType::kF32, 2, opt);
+    if (c > 1) add_case("upipe-ring", cross, 2 * opt_deg, opt_deg, DType::kF32, 0, opt);
+    if (c > 1) {
+      const Shape replicated{3 * c, std::max(1, c / 2)};
+      add_case("upipe", replicated, c, 0, DType::kF32, 0, opt);
+      add_case("upipe-fpdt", replicated, c, 0, DType::kF32, 2, opt);
+    }
   }
 
   // Long shards: more rows per rank than the largest kernel tile, on 2 ranks.

@@ -1,9 +1,15 @@
-// Every strategy against `local` on this job's ranks (ctest runs it on 1, 2, 4 and 8): y, dx
+// Every strategy against `local` on this job's ranks (ctest runs it on 1, 2, 3, 4 and 8): y, dx
 // and all weight gradients within the tolerance rule of attention/check.h, the measured
 // attention-intermediate peak equal to the documented formula, and the collective calls and
-// bytes equal to the documented counts. Bad configurations fail with a ConfigError.
+// bytes equal to the documented counts; `local` itself against the naive fp64 block off the
+// kernels' tile grid. Bad configurations fail with a ConfigError.
 #include "attention/check.h"
+#include "attention/harness.h"
+#include "attention/local.h"
 #include "attention/methods.h"
+#include "attention/reference_block.h"
+#include "backend/tensor_ops.h"
+#include "common/test_util.h"
 #include "core/errors.h"
 #include "multirank/mpi_test_main.h"
 #include "multirank/strategy_cases.h"
@@ -37,6 +43,52 @@ TEST_P(Strategies, MatchLocalWithExactMemoryAndCommunication) {
 INSTANTIATE_TEST_SUITE_P(Table, Strategies,
                          ::testing::ValuesIn(test::strategy_cases(world().size())),
                          [](const auto& i) { return i.param.name; });
+
+// The oracle itself: `local` (the kernels the strategies are compared with) against the naive
+// fp64 block on key counts off the kernels' tile grid (the table's GQA-runs sequence lengths:
+// a full key tile and a partial one, its last panel partial too), within the kernel suite's
+// rule: each tensor's error at most twice that of the naive block in fp32 (same inputs) plus 4
+// fp32 ulp of its largest value. A kernel bug that local shares with a strategy cancels in the
+// table's comparisons; here it cannot. On one rank (the check is the same on any).
+TEST(StrategyOracle, LocalEqualsTheFp64BlockOffTheTileGrid) {
+  if (world().size() != 1) GTEST_SKIP() << "rank-independent: run on one rank";
+  for (int64_t s : {296, 300, 304}) {
+    AttentionConfig cfg;
+    cfg.seq_len = s;
+    cfg.heads = 6;
+    cfg.kv_heads = 2;
+    cfg.head_dim = 16;
+    Device dev;
+    LocalAttention local({dev, world(), cfg});
+    BlockTensors t = make_block_tensors(dev, cfg, RowPositions::contiguous(s, 0), 1);
+    run_block(local, dev, t);
+    ref::BlockData<double> b64;
+    for (auto [dst, src] : {std::pair{&b64.x, &t.x},
+                            {&b64.dy, &t.dy},
+                            {&b64.wq, &t.wq},
+                            {&b64.wk, &t.wk},
+                            {&b64.wv, &t.wv},
+                            {&b64.wo, &t.wo}})
+      *dst = test::cast<double>(download(dev, *src));
+    ref::BlockData<float> b32;
+    for (auto [dst, src] : {std::pair{&b32.x, &b64.x},
+                            {&b32.dy, &b64.dy},
+                            {&b32.wq, &b64.wq},
+                            {&b32.wk, &b64.wk},
+                            {&b32.wv, &b64.wv},
+                            {&b32.wo, &b64.wo}})
+      *dst = test::cast<float>(*src);
+    ref::attention_block<double>(cfg, b64);
+    ref::attention_block<float>(cfg, b32);
+    const std::tuple<const char*, const Tensor*, std::vector<double>*, std::vector<float>*> outs[] =
+        {{"y", &t.y, &b64.y, &b32.y},      {"dx", &t.dx, &b64.dx, &b32.dx},
+         {"dwq", &t.gq, &b64.gq, &b32.gq}, {"dwk", &t.gk, &b64.gk, &b32.gk},
+         {"dwv", &t.gv, &b64.gv, &b32.gv}, {"dwo", &t.go, &b64.go, &b32.go}};
+    for (const auto& [name, got, want, base] : outs)
+      test::expect_close(test::cast<double>(download(dev, *got)), *want, test::cast<double>(*base),
+                         fmt::format("{} at S = {}", name, s));
+  }
+}
 
 // Each invalid configuration is rejected with a ConfigError whose message says what to change.
 TEST(StrategyConfig, BadConfigurationsFailWithAHint) {

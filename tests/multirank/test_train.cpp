@@ -1,7 +1,9 @@
 // The training step on real ranks: DP x CP splits of the same global batch give the same
-// weights; a run interrupted by a checkpoint and resumed (same ranks) ends bitwise equal to an
-// uninterrupted one; a checkpoint written on fewer ranks loads resharded; corrupt, incomplete and
-// mismatched checkpoints are refused with ConfigError.
+// weights, and pure DP without clipping the same as one rank; the optimizer step equals AdamW
+// (clipping, bias correction, decay) recomputed in fp64; a run interrupted by a checkpoint and
+// resumed (same ranks) ends bitwise equal to an uninterrupted one; a checkpoint written on fewer
+// ranks loads resharded; corrupt, incomplete and mismatched checkpoints are refused with
+// ConfigError.
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
@@ -10,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 #include "backend/tensor_ops.h"
 #include "core/errors.h"
@@ -107,6 +110,126 @@ TEST(Train, DpTimesCpSplitsGiveTheSameWeights) {
         ASSERT_NEAR(st[k][i], ref[k][i], 1e-5 * (1 + std::abs(ref[k][i])))
             << what << " state " << k << " element " << i;
   }
+}
+
+// The index in l.tensors of the tensor that holds element e of the unit (the padding: size()).
+size_t tensor_of(const ZeroUnitLayout& l, int64_t e) {
+  if (e >= l.numel) return l.tensors.size();
+  size_t i = 0;
+  while (i + 1 < l.tensors.size() && l.offsets[i + 1] <= e) ++i;
+  return i;
+}
+
+// Pure data parallelism against one rank: W ranks with one sequence each (cp 1, dp W) against a
+// single-rank run over the same W sequences as micro-steps, without clipping (clipping to a
+// fixed norm would hide a gradient off by a constant factor, and AdamW's m / sqrt(v) nearly
+// would: eps = 1e-3 is not small against these gradients). Masters and moments equal the
+// single-rank run's within the bound of DpTimesCpSplitsGiveTheSameWeights.
+TEST(Train, DataParallelWeightsEqualOneRankAfterAdamW) {
+  Communicator& world = test::world();
+  const int w = world.size();
+  if (w == 1) GTEST_SKIP() << "data parallelism needs two ranks or more";
+  const ModelConfig m = load_model_config("tiny");
+  const int64_t s = 64;
+  TrainOptions dp = options(1, 1, s);
+  dp.grad_clip = 0;
+  TrainOptions one = options(1, w, s);
+  one.grad_clip = 0;
+  auto solo = world.split([](int r) { return SplitKey{r, 0}; });
+  Device dev_one;
+  Trainer ref(dev_one, *solo, m, one);
+  ref.zero().init(nullptr, 9);
+  const std::vector<StepResult> want = run(ref, 0, 3, m);
+  Device dev;
+  Trainer tr(dev, world, m, dp);
+  ASSERT_EQ(tr.dp_size(), w);
+  tr.zero().init(nullptr, 9);
+  const std::vector<StepResult> got = run(tr, 0, 3, m);
+  for (size_t i = 0; i < got.size(); ++i)
+    EXPECT_NEAR(got[i].loss, want[i].loss, 1e-6 * want[i].loss) << "step " << i;
+  const auto mine = state(dev, tr.zero()), whole = state(dev_one, ref.zero());
+  ASSERT_EQ(mine.size(), whole.size());
+  for (size_t k = 0; k < mine.size(); ++k) {
+    const int64_t first = tr.zero().shard_first(int(k / 3)),
+                  numel = tr.zero().layout(int(k / 3)).numel;
+    for (int64_t e = first; e < std::min(first + int64_t(mine[k].size()), numel); ++e) {
+      const float r = whole[k][size_t(e)];
+      ASSERT_NEAR(mine[k][size_t(e - first)], r, 1e-5 * (1 + std::abs(r)))
+          << "state " << k << " (master, exp_avg, exp_avg_sq of unit " << k / 3 << ") element " << e
+          << " on rank " << world.rank() << " of " << w;
+    }
+  }
+}
+
+// The optimizer step of a training step, recomputed in fp64 from the state before it, the
+// gradient shard it used, the step's reported norm and learning rate: clipping by
+// min(1, clip / (norm + 1e-6)), AdamW with bias correction for t + 1, weight decay on matrices
+// only. Each new value within 8 fp32 ulp of the magnitudes it sums (fp32 arithmetic, a few
+// roundings per term), the weight also within what m's bound moves the update by. Three steps
+// (the bias correction's step count changes the update by tens of percent there), with a clip
+// the initial norms exceed and one they do not. Mismatches are counted, not asserted, so every
+// rank finishes the steps' collectives.
+
+// The elements of this rank's shards whose step t (`before` -> `after`) differs from AdamW;
+// `what` gets the first.
+int64_t adamw_mismatches(Device& dev, Zero3& z, const OptimizerSpec& a, double lr, double gs,
+                         int64_t t, const std::vector<std::vector<float>>& before,
+                         const std::vector<std::vector<float>>& after, std::string& what) {
+  const double eps32 = std::numeric_limits<float>::epsilon();
+  const double bc1 = 1 - std::pow(a.beta1, double(t + 1)),
+               bc2 = 1 - std::pow(a.beta2, double(t + 1));
+  int64_t bad = 0;
+  for (int u = 0; u < z.num_units(); ++u) {
+    const ZeroUnitLayout& l = z.layout(u);
+    const std::vector<float> g = download(dev, z.grad(u));
+    const size_t k = size_t(3 * u);
+    for (size_t i = 0; i < g.size(); ++i) {
+      const size_t ti = tensor_of(l, z.shard_first(u) + int64_t(i));
+      const bool matrix = ti < l.tensors.size() && l.tensors[ti].shape.size() == 2;
+      const double w0 = before[k][i], m0 = before[k + 1][i], v0 = before[k + 2][i];
+      const double gr = gs * g[i];
+      const double m1 = a.beta1 * m0 + (1 - a.beta1) * gr;
+      const double v1 = a.beta2 * v0 + (1 - a.beta2) * gr * gr;
+      const double step = lr / bc1 * m1 / (std::sqrt(v1 / bc2) + a.eps);
+      const double w1 = w0 * (1 - lr * (matrix ? a.weight_decay : 0.0)) - step;
+      const double tol_m = 8 * eps32 * (std::abs(m0) + std::abs(gr));
+      // The update's own roundings, and m's (m may be a small difference of its terms).
+      const double tol_w = 8 * eps32 * (std::abs(w0) + std::abs(step)) +
+                           lr / bc1 * tol_m / (std::sqrt(v1 / bc2) + a.eps);
+      const bool ok = std::abs(after[k + 1][i] - m1) <= tol_m &&
+                      std::abs(after[k + 2][i] - v1) <= 8 * eps32 * (v0 + gr * gr) &&
+                      std::abs(after[k][i] - w1) <= tol_w;
+      if (!ok && bad++ == 0)
+        what = fmt::format("step {} unit {} element {}: w {} m {} v {}, want {} {} {}", t, u, i,
+                           after[k][i], after[k + 1][i], after[k + 2][i], w1, m1, v1);
+    }
+  }
+  return bad;
+}
+
+TEST(Train, OptimizerStepEqualsAdamWInFp64) {
+  Communicator& world = test::world();
+  const ModelConfig m = load_model_config("tiny");
+  int clipped = 0, unclipped = 0;
+  for (double clip : {1.0, 1e3}) {
+    TrainOptions o = options(0, 1, 64);
+    o.grad_clip = clip;
+    Device dev;
+    Trainer tr(dev, world, m, o);
+    tr.zero().init(nullptr, 13);
+    for (int64_t t = 0; t < 3; ++t) {
+      const auto before = state(dev, tr.zero());
+      const StepResult r = run(tr, t, t + 1, m)[0];
+      const auto after = state(dev, tr.zero());
+      const double gs = r.grad_norm > clip ? clip / (r.grad_norm + 1e-6) : 1.0;
+      ++(gs < 1.0 ? clipped : unclipped);
+      std::string what;
+      EXPECT_EQ(adamw_mismatches(dev, tr.zero(), o.optimizer, r.lr, gs, t, before, after, what), 0)
+          << "clip " << clip << ", rank " << world.rank() << ": " << what;
+    }
+  }
+  EXPECT_GT(clipped, 0) << "no step was clipped: the clipping factor went unchecked";
+  EXPECT_GT(unclipped, 0) << "every step was clipped: the unclipped path went unchecked";
 }
 
 TEST(Train, ResumeIsBitwiseIdentical) {

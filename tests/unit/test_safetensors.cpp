@@ -314,6 +314,10 @@ TEST(Safetensors, CorruptFilesNameFileAndTensor) {
       open_bytes("size.safetensors",
                  st_bytes(R"({"w":{"dtype":"F32","shape":[2,2],"data_offsets":[0,12]}})", f32x4)),
       {"size.safetensors", "tensor 'w'", "hold 12 bytes but F32 [2, 2] needs 16"});
+  expect_error(
+      open_bytes("long.safetensors",
+                 st_bytes(R"({"w":{"dtype":"F32","shape":[3],"data_offsets":[0,16]}})", f32x4)),
+      {"long.safetensors", "tensor 'w'", "hold 16 bytes but F32 [3] needs 12"});
   expect_error(open_bytes("overlap.safetensors",
                           st_bytes(R"({"u":{"dtype":"F32","shape":[3],"data_offsets":[0,12]},
                               "v":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})",

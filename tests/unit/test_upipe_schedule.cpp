@@ -1,7 +1,9 @@
 // The UPipe GQA schedule over many (H, K, C, U): the head-pairing invariant (every query head a
 // rank processes reads a KV head resident on that rank in that stage), every query head
-// processed exactly once, each KV set crossing the network once, KV heads in stage order, and
-// U = H reducing to Ulysses' head assignment.
+// processed exactly once, each KV set crossing the network once, KV heads in stage order, the
+// attention calls of every stage and rank (head_runs) pairing each query head with its own KV
+// head (including runs that cross a KV boundary: m and G co-prime, G = 3, 5, 6, 7 as in real
+// models), and U = H reducing to Ulysses' head assignment.
 #include <gtest/gtest.h>
 
 #include <set>
@@ -19,6 +21,30 @@ AttentionConfig shape(int h, int k) {
   c.kv_heads = k;
   c.head_dim = 16;
   return c;
+}
+
+// The engine's attention calls of `stage` on rank j (head_runs): consecutive runs covering the
+// rank's m query heads in order, each reading nk resident KV heads with nh / nk query heads
+// apiece; every query head must read the KV head its GQA group names (q / G), resident there.
+void check_head_runs(const UpipeSchedule& s, int stage, int j) {
+  SCOPED_TRACE(testing::Message() << "stage " << stage << " rank " << j);
+  const std::vector<HeadRun> runs = head_runs(s, stage);
+  const int q_first = s.q_head(stage, j), kv_first = s.kv_head(s.set_of(stage), j);
+  int next = 0;
+  for (const HeadRun& r : runs) {
+    ASSERT_EQ(r.q0, next) << "runs must tile the rank's query heads in order";
+    ASSERT_GT(r.nh, 0);
+    ASSERT_GT(r.nk, 0);
+    ASSERT_EQ(r.nh % r.nk, 0) << "each KV head of a run is read by nh / nk query heads";
+    ASSERT_GE(r.k0, 0);
+    ASSERT_LE(r.k0 + r.nk, s.kv_per_rank) << "a run reads a KV head not resident on the rank";
+    for (int i = 0; i < r.nh; ++i) {
+      const int q = q_first + r.q0 + i, kv = kv_first + r.k0 + i / (r.nh / r.nk);
+      EXPECT_EQ(kv, q / s.gqa_group) << "query head " << q << " (run " << r.q0 << "+" << i << ")";
+    }
+    next = r.q0 + r.nh;
+  }
+  EXPECT_EQ(next, s.m) << "runs must cover the rank's m query heads";
 }
 
 void check_schedule(int h, int k, int c, int u) {
@@ -47,6 +73,8 @@ void check_schedule(int h, int k, int c, int u) {
     }
   }
   for (int q = 0; q < h; ++q) EXPECT_EQ(seen[size_t(q)], 1) << "query head " << q;
+  for (int st = 0; st < s.stages(); ++st)
+    for (int j = 0; j < c; ++j) check_head_runs(s, st, j);
   // Each rank holds a KV head in exactly one set; K >= C: every KV head on exactly one rank;
   // K < C: on exactly C/K ranks.
   std::vector<int> holders(size_t(k), 0);
@@ -57,7 +85,7 @@ void check_schedule(int h, int k, int c, int u) {
 TEST(UpipeSchedule, PairingInvariantAndCoverage) {
   int n = 0;
   for (int c : {1, 2, 3, 4, 8})
-    for (int h : {4, 8, 12, 16, 24, 32, 64})
+    for (int h : {4, 8, 12, 16, 20, 24, 28, 32, 40, 48, 56, 64})
       for (int k = 1; k <= h; ++k) {
         if (h % k || h % c) continue;
         if (k >= c ? k % c : c % k) continue;
