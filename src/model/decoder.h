@@ -22,22 +22,16 @@
 
 #include "attention/strategy.h"
 #include "model/config.h"
+#include "model/layer_weights.h"
+#include "model/lm_loss.h"
+#include "model/mlp.h"
 #include "model/param_source.h"
+#include "model/stash.h"
 
 namespace upipe {
 
 // Allocates every parameter of m in `dtype` (uninitialised) on dev, tagged `tag`.
 ParamMap allocate_params(Device& dev, const ModelConfig& m, DType dtype, Tag tag);
-
-// What backward recomputes from: one checkpoint per layer (its input residual; backward runs the
-// attention forward again to rebuild the MLP's input), one per block (the MLP's input residual
-// too: twice the checkpoint bytes, and the attention forward runs once less per layer), or none:
-// per block, and the MLP's gate and up products of every row are kept too (two (S/C, F) per layer,
-// tag mlp), so the MLP recomputes nothing; only the attention block's internals are recomputed.
-enum class Recompute { kLayer, kBlock, kNone };
-// "layer" | "block" | "none"
-Recompute parse_recompute(const std::string& s);
-const char* recompute_name(Recompute g);
 
 struct DecoderOptions {
   std::string method = "local";  // attention strategy (strategy.h)
@@ -95,13 +89,44 @@ class Decoder {
   double backward_seconds() const { return bwd_s_; }
 
  private:
-  AttentionWeights attn_weights(const ParamViews& p, int layer) const;
-  AttentionGrads attn_grads(const ParamViews& p, int layer) const;
+  // What the step reads of the options, resolved once by the constructor.
+  struct StepConfig {
+    int64_t seq_len = 0;           // S
+    DType compute = DType::kF32;   // weights, norm outputs
+    DType residual = DType::kF32;  // the residual stream and its gradient
+    float eps = 0;                 // the RMSNorms'
+    MlpConfig mlp;                 // the tiled MLP
+    LmLossConfig loss;             // the fused LM head
+    StashPolicy stash;             // what forward keeps for backward
+  };
+  // What the loss hands the head's backward.
+  struct HeadLoss {
+    StepLoss loss;  // this rank's part
+    Tensor dh;      // (R, D) residual dtype: d loss / d (final norm's output)
+    HeadParams w;   // the head's weights (lm_head valid only until the loss is computed)
+    HeadParams g;   // its gradients (a tied lm_head's: the embedding's, until its backward)
+  };
+
+  // The step's parts, in order; R = this rank's rows, `pos` their global positions.
+  void embed(const Mat& x, std::span<const int32_t> tokens, std::span<const int64_t> pos,
+             ParamSource& p);
+  void layer_forward(const Mat& x, const Mat& h, Stash& stash, int layer, ParamSource& p);
+  HeadLoss head_loss(const Mat& h, const Mat& x, std::span<const int32_t> tokens,
+                     std::span<const int64_t> pos, const LossSpec& spec, ParamSource& p);
+  void head_backward(const Mat& dx, Tensor& x, HeadLoss& head, ParamSource& p);
+  void layer_backward(const Mat& dx, Stash& stash, int layer, ParamSource& p);
+  std::unique_ptr<AttentionStash> rebuild_mlp_input(const Mat& xm, const Mat& h, const Mat& x,
+                                                    const AttentionWeights& w, Stash& stash,
+                                                    int layer);
+  void mlp_backward_tiled(const Mat& dx, const Mat& xm, const LayerWeights& w, const LayerGrads& g,
+                          const MlpStash* kept);
+  void embed_backward(const Mat& dx, const HeadLoss& head, std::span<const int32_t> tokens,
+                      std::span<const int64_t> pos, ParamSource& p);
 
   Device& dev_;
   Communicator& cp_;
   ModelConfig m_;
-  DecoderOptions opt_;
+  StepConfig cfg_;
   std::unique_ptr<AttentionStrategy> strat_;
   double fwd_s_ = 0, bwd_s_ = 0;
 };
