@@ -98,21 +98,29 @@ double Decoder::loss_and_grads(std::span<const int32_t> tokens, const ParamMap& 
   return run(tokens, p).loss;
 }
 
-// The step, and the order in which its buffers live (docs/model.md, "Memory", and
-// model/step_memory.h's closed form count exactly these; R = this rank's rows, tag act unless
-// said otherwise):
-//   embed            x (R, D) residual dtype: the residual stream, until head_backward;
-//   layer_forward    h (R, D) compute dtype: a norm's output, until the loss is computed; the
-//                    stash saves the layer's input, per block also the MLP's input (offloaded:
-//                    through a staging copy while it converts), and with none the MLP's products
-//                    and the attention's intermediates;
-//   head_loss        dh (R, D) residual dtype: d loss / dh, until head_backward has used it;
-//   head_backward    dx (R, D) residual dtype: d loss / d residual, until the step's end; frees x;
-//   layer_backward   fetches the last layer's offloaded stash first, then per layer: its own h
-//                    (R, D), then xm (R, D) (per block: copied from the stash, which drops it),
-//                    the MLP's (T, D) tiles (mlp_backward_tiled), xm freed and the MLP's products
-//                    dropped, dh (R, D) through the attention's backward, h freed, the layer
-//                    below's stash fetched (offloaded), the layer's input dropped.
+// The step, and the order in which its device buffers live. The closed form (the tests' oracle
+// tests/unit/step_memory.h, docs/model.md "Memory") counts exactly this order, and the unit and
+// multi-rank tests (test_step_memory, test_model_meta, test_plan) require every tag's peak to
+// match it; R = this rank's rows, (R, D) buffers are tag act:
+//   embed           x (R, D) residual dtype: the residual stream, until head_backward.
+//   (run)           h (R, D) compute dtype: each norm's output, until head_loss is done.
+//   layer_forward   the stash saves the layer's input before its attention, per block and none
+//                   also the MLP's input after it (offloaded in another dtype: through an (R, D)
+//                   staging copy, freed at once), and with none the attention's intermediates
+//                   and the MLP's two (R, F) products (tag mlp).
+//   head_loss       dh (R, D) residual dtype: d loss / dh, with the LM head's (T, V) tile.
+//   (run)           h freed, then dx (R, D) residual dtype: d loss / d residual, to the end.
+//   head_backward   x and dh freed after the final norm's backward.
+//   layer_backward  (the last layer's offloaded stash fetched before the first) h (R, D), the
+//                   attention's input; xm (R, D), the MLP's input (per block copied from the
+//                   stash, which drops it; per layer the attention forward run again, keeping
+//                   its intermediates when the strategy can); the MLP's (T, D) tiles
+//                   (mlp_backward_tiled); xm freed and the MLP's products dropped; dh (R, D)
+//                   through the attention's backward; h freed; the layer below's offloaded stash
+//                   fetched; the input norm's backward; dh freed and the layer's input dropped.
+//   embed_backward  nothing new; dx is freed when run returns.
+// Each part acquires its unit and prefetches the next in order of use, and takes a unit's
+// gradient buffers (ZeRO-3 allocates them) just before it first writes them.
 StepLoss Decoder::run(std::span<const int32_t> tokens, ParamSource& p, const LossSpec& spec) {
   const int64_t s = cfg_.seq_len, d = m_.hidden_size;
   UPIPE_CHECK(int64_t(tokens.size()) == s, "{} tokens for a sequence of {}", tokens.size(), s);

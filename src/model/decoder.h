@@ -3,15 +3,17 @@
 // cross-entropy, forward and backward in one call, with any attention strategy.
 //
 // The residual stream is fp32 (or bf16, DecoderOptions::residual_dtype) and every block
-// accumulates into it (beta = 1), so no block keeps an (S/C, D) output of its own. Full
-// activation checkpointing: forward keeps each layer's input (tag ckpt; in the host arena with
-// offload_stash) and backward recomputes the layer from it (the attention forward runs twice
-// per layer per step: once in forward, once to rebuild the MLP's input in backward, plus the
-// strategy's own recompute inside its backward). The loss has transformers' `labels = input_ids`
+// accumulates into it (beta = 1), so no block keeps an (S/C, D) output of its own. Activation
+// recompute: forward keeps what the granularity asks for in the stash (model/stash.h: at least each
+// layer's input, tag stash; in the host arena with offload_stash) and backward recomputes each
+// layer from it (Recompute::kLayer runs the attention forward twice per layer per step: once in
+// forward, once to rebuild the MLP's input in backward, plus the strategy's own recompute inside
+// its backward unless it keeps its intermediates). The loss has transformers' `labels = input_ids`
 // semantics: the mean over the S-1 next-token predictions of the whole sequence; a row's label is
 // the token at the next global position, whichever rank holds it, so every layout (contiguous,
-// zigzag, chunked, grid) gets its labels right. docs/model.md, "Memory", lists which buffer lives
-// when (model/step_memory.h is its closed form).
+// zigzag, chunked, grid) gets its labels right. Which buffer lives when: Decoder::run's comment
+// (decoder.cpp) by function, docs/model.md "Memory" by phase, and its closed form, the tests'
+// oracle tests/unit/step_memory.h.
 #pragma once
 
 #include <cstdint>

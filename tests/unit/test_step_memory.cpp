@@ -1,4 +1,4 @@
-// The decoder step's closed-form bytes (model/step_memory.h, docs/model.md) equal what the step
+// The decoder step's closed-form bytes (unit/step_memory.h, docs/model.md) equal what the step
 // allocates: a meta-device step (the same code as a real run, test_model_meta) as rank 0 and the
 // last rank of C = 1, 2, 4 peaks at exactly the formula's bytes, and its checkpoint and
 // activation tags peak at the formula's ckpt and act, for fp32 and bf16 (with an fp32 or a bf16
@@ -12,7 +12,7 @@
 
 #include "comm/fake/fake_comm.h"
 #include "model/decoder.h"
-#include "model/step_memory.h"
+#include "unit/step_memory.h"
 
 namespace upipe {
 namespace {
