@@ -144,7 +144,7 @@ StepLoss Decoder::run(std::span<const int32_t> tokens, ParamSource& p, const Los
   h.reset();
   Tensor dx(mem, Tag::kAct, cfg_.residual, rows, d);  // (R, D) d loss / d residual stream
   head_backward(dx, x, head, p);
-  stash.fetch(nl - 1);
+  stash.fetch(nl - 1);  // offloaded: the last layer's stash into device slots
   for (int l = nl - 1; l >= 0; --l) layer_backward(dx, stash, l, p);
   embed_backward(dx, head, tokens, pos, p);
   bwd_s_ = now() - t1;
@@ -281,9 +281,9 @@ void Decoder::mlp_backward_tiled(const Mat& dx, const Mat& xm, const LayerWeight
   for (int64_t r0 = 0; r0 < rows; r0 += tile) {
     const int64_t n = std::min(tile, rows - r0);
     const Mat xt = xm.rows_of(r0, n), dxt = dx.rows_of(r0, n);
-    Tensor g2(dev_.mem(), Tag::kMlp, cfg_.residual, n, d);
+    Tensor g2(dev_.mem(), Tag::kMlp, cfg_.residual, n, d);  // (n, D) d loss / d h2, then / d xt
     {
-      Tensor h2(dev_.mem(), Tag::kMlp, cfg_.compute, n, d);
+      Tensor h2(dev_.mem(), Tag::kMlp, cfg_.compute, n, d);  // (n, D) the norm of xt
       rmsnorm_forward(dev_, xt, w.post_attn_norm, cfg_.eps, h2);
       const MlpStash kt = kept ? kept->rows_of(r0, n) : MlpStash{};
       mlp_backward(dev_, cfg_.mlp, h2, dxt, w.mlp, g2, g.mlp, 0.0f, r0 == 0 ? 0.0f : 1.0f,
