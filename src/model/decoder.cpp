@@ -12,8 +12,6 @@
 #include "backend/tensor_ops.h"
 #include "core/errors.h"
 #include "model/hf_names.h"
-#include "model/lm_loss.h"
-#include "model/mlp.h"
 
 namespace upipe {
 
@@ -42,47 +40,51 @@ AttentionConfig block_config(const ModelConfig& m, const DecoderOptions& opt) {
   return c;
 }
 
-std::string layer_name(const ModelConfig& m, int l, LayerWeight w) {
-  return hf_layer_tensor(m, l, w).name;
+// Row r's label: the token at the next global position (-1 past the sequence's end); and, with
+// a group, whether that prediction belongs to it.
+void next_token_labels(std::vector<int32_t>& labels, std::vector<uint8_t>& group,
+                       std::span<const int32_t> tokens, std::span<const int64_t> pos,
+                       std::span<const uint8_t> spec_group) {
+  const int64_t s = int64_t(tokens.size());
+  labels.assign(pos.size(), -1);
+  group.assign(spec_group.empty() ? 0 : pos.size(), 0);
+  for (size_t r = 0; r < pos.size(); ++r) {
+    const int64_t at = pos[r];
+    labels[r] = at + 1 < s ? tokens[size_t(at + 1)] : -1;
+    if (!group.empty()) group[r] = spec_group[size_t(at)];
+  }
+}
+
+// The ranks' partial losses, summed in rank order in fp64 (the same on every rank).
+StepLoss sum_over_ranks(Communicator& cp, const StepLoss& mine) {
+  const double part[2] = {mine.loss, mine.group_sum};
+  std::vector<double> parts(2 * static_cast<size_t>(cp.size()));
+  cp.all_gather(part, parts.data(), sizeof(part));
+  StepLoss out;
+  for (size_t i = 0; i < parts.size(); i += 2) {
+    out.loss += parts[i];
+    out.group_sum += parts[i + 1];
+  }
+  return out;
 }
 
 }  // namespace
 
 Decoder::Decoder(Device& dev, Communicator& cp, const ModelConfig& m, const DecoderOptions& opt)
-    : dev_(dev), cp_(cp), m_(m), opt_(opt) {
+    : dev_(dev), cp_(cp), m_(m) {
   m_.validate();
-  opt.memory.validate();
-  attn_ = block_config(m, opt);
-  strat_ = make_strategy({dev, cp, attn_});
-}
-
-namespace {
-
-const Mat& param(const ParamViews& p, const std::string& name) {
-  const auto it = p.find(name);
-  UPIPE_CHECK(it != p.end(), "parameter {} is missing", name);
-  return it->second;
-}
-
-}  // namespace
-
-AttentionWeights Decoder::attn_weights(const ParamViews& p, int l) const {
-  AttentionWeights w{param(p, layer_name(m_, l, LayerWeight::kQ)),
-                     param(p, layer_name(m_, l, LayerWeight::kK)),
-                     param(p, layer_name(m_, l, LayerWeight::kV)),
-                     param(p, layer_name(m_, l, LayerWeight::kO)),
-                     {},
-                     {}};
-  if (m_.qk_norm) {
-    w.wqn = param(p, layer_name(m_, l, LayerWeight::kQNorm));
-    w.wkn = param(p, layer_name(m_, l, LayerWeight::kKNorm));
-  }
-  return w;
-}
-
-AttentionGrads Decoder::attn_grads(const ParamViews& p, int l) const {
-  const AttentionWeights w = attn_weights(p, l);
-  return {w.wq, w.wk, w.wv, w.wo, w.wqn, w.wkn};
+  const MemoryPolicy& mp = opt.memory;
+  mp.validate();
+  const AttentionConfig ac = block_config(m_, opt);
+  const DType t = ac.dtype, rt = mp.residual_dtype;
+  cfg_.seq_len = ac.seq_len;
+  cfg_.compute = t;
+  cfg_.residual = rt;
+  cfg_.eps = float(m_.rms_norm_eps);
+  cfg_.mlp = {m_.hidden_size, m_.intermediate_size, mp.tile_tokens, t, rt == DType::kF32};
+  cfg_.loss = {m_.hidden_size, m_.vocab_size, mp.tile_tokens, t, rt};
+  cfg_.stash = {mp.recompute, mp.stash_dtype, mp.offload_stash};
+  strat_ = make_strategy({dev, cp, ac});
 }
 
 double Decoder::loss_and_grads(std::span<const int32_t> tokens, const ParamMap& w,
@@ -91,229 +93,214 @@ double Decoder::loss_and_grads(std::span<const int32_t> tokens, const ParamMap& 
   return run(tokens, p).loss;
 }
 
+// The step, and the order in which its device buffers live. The closed form (the tests' oracle
+// tests/unit/step_memory.h, docs/model.md "Memory") counts exactly this order, and the unit and
+// multi-rank tests (test_step_memory, test_model_meta, test_plan) require every tag's peak to
+// match it; R = this rank's rows, (R, D) buffers are tag act:
+//   embed           x (R, D) residual dtype: the residual stream, until head_backward.
+//   (run)           h (R, D) compute dtype: each norm's output, until head_loss is done.
+//   layer_forward   the stash saves the layer's input before its attention, per block and none
+//                   also the MLP's input after it (offloaded in another dtype: through an (R, D)
+//                   staging copy, freed at once), and with none the attention's intermediates
+//                   and the MLP's two (R, F) products (tag mlp).
+//   head_loss       dh (R, D) residual dtype: d loss / dh, with the LM head's (T, V) tile.
+//   (run)           h freed, then dx (R, D) residual dtype: d loss / d residual, to the end.
+//   head_backward   x and dh freed after the final norm's backward.
+//   layer_backward  (the last layer's offloaded stash fetched before the first) h (R, D), the
+//                   attention's input; xm (R, D), the MLP's input (per block copied from the
+//                   stash, which drops it; per layer the attention forward run again, keeping
+//                   its intermediates when the strategy can); the MLP's (T, D) tiles
+//                   (mlp_backward_tiled); xm freed and the MLP's products dropped; dh (R, D)
+//                   through the attention's backward; h freed; the layer below's offloaded stash
+//                   fetched; the input norm's backward; dh freed and the layer's input dropped.
+//   embed_backward  nothing new; dx is freed when run returns.
+// Each part acquires its unit and prefetches the next in order of use, and takes a unit's
+// gradient buffers (ZeRO-3 allocates them) just before it first writes them.
 StepLoss Decoder::run(std::span<const int32_t> tokens, ParamSource& p, const LossSpec& spec) {
-  const AttentionConfig& c = attn_;
-  const int64_t s = c.seq_len, d = m_.hidden_size;
+  const int64_t s = cfg_.seq_len, d = m_.hidden_size;
   UPIPE_CHECK(int64_t(tokens.size()) == s, "{} tokens for a sequence of {}", tokens.size(), s);
   UPIPE_CHECK(spec.group.empty() || int64_t(spec.group.size()) == s,
               "{} group flags for a sequence of {}", spec.group.size(), s);
-  // t: the compute dtype (weights, norm outputs); rt: the residual stream's and its gradient's.
-  const DType t = c.dtype, rt = opt_.memory.residual_dtype;
-  const float eps = float(m_.rms_norm_eps);
-  Arena& mem = dev_.mem();
   const std::vector<int64_t> pos = strat_->layout().positions(cp_.rank()).expand();
   const int64_t rows = int64_t(pos.size());
-  const int nl = m_.num_hidden_layers, ue = embed_unit(), uh = head_unit(m_);
-  const bool tied = m_.tie_word_embeddings;
-  const MlpConfig mc{d, m_.intermediate_size, opt_.memory.tile_tokens, t, rt == DType::kF32};
-  auto mlp_w = [&](const ParamViews& pv, int l) {
-    return MlpWeights{param(pv, layer_name(m_, l, LayerWeight::kGate)),
-                      param(pv, layer_name(m_, l, LayerWeight::kUp)),
-                      param(pv, layer_name(m_, l, LayerWeight::kDown))};
-  };
-  auto norm_w = [&](const ParamViews& pv, int l, LayerWeight which) -> const Mat& {
-    return param(pv, layer_name(m_, l, which));
-  };
-  const std::string embed_name = hf_model_tensor(m_, ModelWeight::kEmbed).name;
-  const std::string head_name =
-      hf_model_tensor(m_, tied ? ModelWeight::kEmbed : ModelWeight::kLmHead).name;
-  const std::string final_name = hf_model_tensor(m_, ModelWeight::kFinalNorm).name;
+  const int nl = m_.num_hidden_layers;
+  Arena& mem = dev_.mem();
 
   const double t0 = now();
-  // Embedding: the residual stream x (rows, D) gets the rows of this rank's tokens.
-  Tensor x(mem, Tag::kAct, rt, rows, d);
-  {
-    const Mat& embed = param(p.acquire(ue), embed_name);
-    p.prefetch(nl > 0 ? layer_unit(0) : uh);
-    for (int64_t r = 0; r < rows; ++r)
-      copy(dev_, x.mat().rows_of(r, 1), embed.rows_of(tokens[size_t(pos[size_t(r)])], 1));
-    p.release(ue);
-  }
-  // Forward: keep each layer's input (the checkpoint; per block, also the MLP's input residual),
-  // accumulate both blocks into x. Checkpoints: in the device arena, or (offload) in the host
-  // arena, fetched back into device slots by the backward (a device with asynchronous copies
-  // overlaps the fetch with the layer above's work; on the CPU the copy is a memcpy).
-  const bool offload = opt_.memory.offload_stash;
-  const bool per_block = opt_.memory.recompute != Recompute::kLayer;
-  const bool keep_mlp = opt_.memory.recompute == Recompute::kNone;
-  std::vector<Tensor> kept;  // keep_mlp: layer l's gate and up products, kept[2l], kept[2l + 1]
-  // keep_mlp: each layer's attention intermediates too, when the strategy can keep them (else
-  // forward_stash keeps nothing and returns null), so that the backward recomputes nothing.
-  std::vector<std::unique_ptr<AttentionStash>> kept_attn(static_cast<size_t>(nl));
-  auto kept_of = [&](int l) {
-    return MlpStash{kept[2 * size_t(l)].mat(), kept[2 * size_t(l) + 1].mat()};
-  };
-  const size_t per_layer = per_block ? 2 : 1;  // checkpoint i = per_layer * l (+ 1: xm)
-  const DType ct = opt_.memory.stash_dtype;
-  std::vector<Tensor> ckpt;
-  auto save = [&] {
-    ckpt.emplace_back(offload ? dev_.host() : mem, Tag::kStash, ct, rows, d);
-    if (!offload) {
-      copy(dev_, ckpt.back(), x);  // converts to the checkpoint dtype
-    } else if (ct == rt) {
-      dev_.copy(ckpt.back().data(), x.data(), x.bytes(), CopyKind::kDeviceToHost);
-    } else {  // converted on the device, then copied to the host
-      Tensor staging(mem, Tag::kStash, ct, rows, d);
-      copy(dev_, staging, x);
-      dev_.copy(ckpt.back().data(), staging.data(), staging.bytes(), CopyKind::kDeviceToHost);
-    }
-  };
-  Tensor h(mem, Tag::kAct, t, rows, d);  // a norm's output, the blocks' input
-  for (int l = 0; l < nl; ++l) {
-    const ParamViews& w = p.acquire(layer_unit(l));
-    p.prefetch(l + 1 < nl ? layer_unit(l + 1) : uh);
-    save();
-    rmsnorm_forward(dev_, x, norm_w(w, l, LayerWeight::kInputNorm), eps, h);
-    if (keep_mlp)
-      kept_attn[size_t(l)] = strat_->forward_stash(h, attn_weights(w, l), x, 1.0f);
-    else
-      strat_->forward(h, attn_weights(w, l), x, 1.0f);
-    if (per_block) save();
-    rmsnorm_forward(dev_, x, norm_w(w, l, LayerWeight::kPostAttnNorm), eps, h);
-    MlpStash k;
-    if (keep_mlp) {
-      for (int i = 0; i < 2; ++i) kept.emplace_back(mem, Tag::kMlp, t, rows, m_.intermediate_size);
-      k = kept_of(l);
-    }
-    mlp_forward(dev_, mc, h, mlp_w(w, l), x, 1.0f, keep_mlp ? &k : nullptr);
-    p.release(layer_unit(l));
-  }
-  // Final norm and the fused LM head + loss: labels are the next global position's token.
-  const ParamViews& wh = p.acquire(uh);
-  if (tied) p.prefetch(ue);
-  const Mat& head = param(tied ? p.acquire(ue) : wh, head_name);
-  if (nl > 0) p.prefetch(layer_unit(nl - 1));  // the backward's first unit
-  rmsnorm_forward(dev_, x, param(wh, final_name), eps, h);
-  std::vector<int32_t> labels(static_cast<size_t>(rows));
-  std::vector<uint8_t> group(spec.group.empty() ? 0 : static_cast<size_t>(rows));
-  for (int64_t r = 0; r < rows; ++r) {
-    const int64_t at = pos[size_t(r)];
-    labels[size_t(r)] = at + 1 < s ? tokens[size_t(at + 1)] : -1;
-    if (!group.empty()) group[size_t(r)] = spec.group[size_t(at)];
-  }
-  const LmLossConfig lc{d, m_.vocab_size, opt_.memory.tile_tokens, t, rt};
-  // The loss phase holds x, h and dh = d loss / dh, then x, dh and dx = d loss / d residual.
-  Tensor dh(mem, Tag::kAct, rt, rows, d);
-  const ParamViews& gh = p.grads(uh);
-  // A tied head's gradient and the embedding's rows both add into the embedding's gradient.
-  const ParamViews* ge = tied ? &p.grads(ue) : nullptr;
-  if (tied) zero(dev_, param(*ge, embed_name));
-  const double scale = spec.scale != 0 ? spec.scale : 1.0 / double(s - 1);
-  StepLoss out;
-  out.loss = lm_loss(dev_, lc, h, head, labels, float(scale), dh, param(tied ? *ge : gh, head_name),
-                     tied ? 1.0f : 0.0f, group, group.empty() ? nullptr : &out.group_sum);
-  if (tied) p.release(ue);
+  Tensor x(mem, Tag::kAct, cfg_.residual, rows, d);  // (R, D) the residual stream
+  embed(x, tokens, pos, p);
+  Stash stash(dev_, cfg_.stash, {nl, rows, d, m_.intermediate_size, cfg_.compute});
+  Tensor h(mem, Tag::kAct, cfg_.compute, rows, d);  // (R, D) a norm's output, the blocks' input
+  for (int l = 0; l < nl; ++l) layer_forward(x, h, stash, l, p);
+  HeadLoss head = head_loss(h, x, tokens, pos, spec, p);
   const double t1 = now();
   fwd_s_ = t1 - t0;
+
   h.reset();
-  Tensor dx(mem, Tag::kAct, rt, rows, d);  // d loss / d residual stream
-  const Mat gfinal = param(gh, final_name);
-  zero(dev_, gfinal);
-  rmsnorm_backward(dev_, x, param(wh, final_name), eps, dh, dx, gfinal);
-  x.reset();  // backward rebuilds each layer's residual from its checkpoint
-  dh.reset();
-  p.release(uh);
-  p.grads_done(uh);
-  // Backward, layer by layer from the last: recompute the layer from its checkpoint (per block:
-  // take the MLP's input from its own checkpoint instead of recomputing the attention). Each
-  // (S/C, D) buffer lives only while it is needed, so the attention phases hold three of them
-  // (dx, h, and xm in the forward recompute or dh in the backward) besides the checkpoints, and
-  // the MLP phase runs in row tiles of T (only (T, D) of its norm output and gradient exist).
-  // Offloaded checkpoints come back into device slots (`fetched`), the layer's own ones first.
-  std::vector<Tensor> fetched(ckpt.size());
-  auto fetch_layer = [&](int l) {
-    for (size_t i = per_layer * size_t(l); i < per_layer * size_t(l + 1); ++i) {
-      fetched[i] = Tensor(mem, Tag::kStash, ct, rows, d);
-      dev_.copy(fetched[i].data(), ckpt[i].data(), fetched[i].bytes(), CopyKind::kHostToDevice);
-    }
-  };
-  // Frees checkpoint i (and its device slot) after its last use.
-  auto drop = [&](size_t i) {
-    fetched[i].reset();
-    ckpt[i].reset();
-  };
-  if (offload && nl > 0) fetch_layer(nl - 1);
-  const int64_t tile = std::min(opt_.memory.tile_tokens, rows);
-  for (int l = nl - 1; l >= 0; --l) {
-    const ParamViews& w = p.acquire(layer_unit(l));
-    if (l > 0) p.prefetch(layer_unit(l - 1));
-    const size_t il = per_layer * size_t(l);
-    const Mat xl = offload ? fetched[il].mat() : ckpt[il].mat();
-    Tensor hl(mem, Tag::kAct, t, rows, d);  // the attention's input, kept for its backward
-    rmsnorm_forward(dev_, xl, norm_w(w, l, LayerWeight::kInputNorm), eps, hl);
-    Tensor xm(mem, Tag::kAct, rt, rows, d);  // the residual between attention and MLP
-    if (per_block) {
-      copy(dev_, xm, offload ? fetched[il + 1].mat() : ckpt[il + 1].mat());
-      drop(il + 1);
-    } else {
-      // The layer's recompute keeps the attention's intermediates for its backward below when
-      // the strategy can (local), so the block does not recompute them a second time.
-      copy(dev_, xm, xl);
-      kept_attn[size_t(l)] = strat_->forward_stash(hl, attn_weights(w, l), xm, 1.0f);
-    }
-    const ParamViews& g = p.grads(layer_unit(l));
-    const Mat gpost = norm_w(g, l, LayerWeight::kPostAttnNorm),
-              gin = norm_w(g, l, LayerWeight::kInputNorm);
-    zero(dev_, gpost);
-    zero(dev_, gin);
-    // MLP, T rows at a time: h2 = the post-attention norm of xm's rows, the MLP's gradient into
-    // g2, through the norm, added into dx. The weight gradients sum over the tiles.
-    const MlpWeights gm = mlp_w(g, l);
-    for (int64_t r0 = 0; r0 < rows; r0 += tile) {
-      const int64_t n = std::min(tile, rows - r0);
-      const Mat xt = xm.mat().rows_of(r0, n), dxt = dx.mat().rows_of(r0, n);
-      Tensor g2(mem, Tag::kMlp, rt, n, d);
-      {
-        Tensor h2(mem, Tag::kMlp, t, n, d);
-        rmsnorm_forward(dev_, xt, norm_w(w, l, LayerWeight::kPostAttnNorm), eps, h2);
-        const MlpStash k = keep_mlp ? kept_of(l).rows_of(r0, n) : MlpStash{};
-        mlp_backward(dev_, mc, h2, dxt, mlp_w(w, l), g2, MlpGrads{gm.gate, gm.up, gm.down}, 0.0f,
-                     r0 == 0 ? 0.0f : 1.0f, keep_mlp ? &k : nullptr);
-      }
-      rmsnorm_backward(dev_, xt, norm_w(w, l, LayerWeight::kPostAttnNorm), eps, g2, g2, gpost);
-      add_into(dev_, dxt, g2);
-    }
-    xm.reset();
-    if (keep_mlp)
-      for (int i = 0; i < 2; ++i) kept[2 * size_t(l) + size_t(i)].reset();
-    // Attention: d/dh, then through the input norm. The next layer's checkpoints are fetched once
-    // the attention's backward is done, so only one slot is held through it (the copy overlaps
-    // the norm's backward; at long S it is a small fraction of a layer's attention time).
-    Tensor dhl(mem, Tag::kAct, rt, rows, d);
-    if (kept_attn[size_t(l)])
-      strat_->backward_stashed(std::move(kept_attn[size_t(l)]), hl, dx, attn_weights(w, l), dhl,
-                               attn_grads(g, l), 0.0f, 0.0f);
-    else
-      strat_->backward(hl, dx, attn_weights(w, l), dhl, attn_grads(g, l), 0.0f, 0.0f);
-    hl.reset();
-    if (offload && l > 0) fetch_layer(l - 1);
-    rmsnorm_backward(dev_, xl, norm_w(w, l, LayerWeight::kInputNorm), eps, dhl, dhl, gin);
-    add_into(dev_, dx, dhl);
-    dhl.reset();
-    drop(il);
-    p.release(layer_unit(l));
-    p.grads_done(layer_unit(l));
-  }
-  // Embedding backward: every row's gradient adds into its token's row.
-  if (!tied) {
-    ge = &p.grads(ue);
-    zero(dev_, param(*ge, embed_name));
-  }
-  const Mat& gembed = param(*ge, embed_name);
-  for (int64_t r = 0; r < rows; ++r)
-    add_into(dev_, gembed.rows_of(tokens[size_t(pos[size_t(r)])], 1), dx.mat().rows_of(r, 1));
-  p.grads_done(ue);
+  Tensor dx(mem, Tag::kAct, cfg_.residual, rows, d);  // (R, D) d loss / d residual stream
+  head_backward(dx, x, head, p);
+  stash.fetch(nl - 1);  // offloaded: the last layer's stash into device slots
+  for (int l = nl - 1; l >= 0; --l) layer_backward(dx, stash, l, p);
+  embed_backward(dx, head, tokens, pos, p);
   bwd_s_ = now() - t1;
-  // The ranks' partial losses, summed in rank order in fp64 (the same on every rank).
-  const double mine[2] = {out.loss, out.group_sum};
-  std::vector<double> parts(2 * static_cast<size_t>(cp_.size()));
-  cp_.all_gather(mine, parts.data(), sizeof(mine));
-  out = StepLoss{};
-  for (size_t i = 0; i < parts.size(); i += 2) {
-    out.loss += parts[i];
-    out.group_sum += parts[i + 1];
-  }
+  return sum_over_ranks(cp_, head.loss);
+}
+
+// x (R, D) residual dtype = the embedding's rows of this rank's tokens.
+void Decoder::embed(const Mat& x, std::span<const int32_t> tokens, std::span<const int64_t> pos,
+                    ParamSource& p) {
+  const Mat e = embedding(m_, p.acquire(embed_unit()));  // (V, D)
+  p.prefetch(layer_unit(0));
+  for (int64_t r = 0; r < x.rows; ++r)
+    copy(dev_, x.rows_of(r, 1), e.rows_of(tokens[size_t(pos[size_t(r)])], 1));
+  p.release(embed_unit());
+}
+
+// x (R, D) residual dtype += attention(norm(x)), then += MLP(norm(x)); h (R, D) compute dtype:
+// each norm's output. The stash saves what the granularity keeps.
+void Decoder::layer_forward(const Mat& x, const Mat& h, Stash& stash, int l, ParamSource& p) {
+  const LayerWeights w = layer_weights(m_, l, p.acquire(layer_unit(l)));
+  p.prefetch(l + 1 < m_.num_hidden_layers ? layer_unit(l + 1) : head_unit(m_));
+  stash.save_input(l, x);
+  rmsnorm_forward(dev_, x, w.input_norm, cfg_.eps, h);
+  if (stash.keeps_intermediates())
+    stash.keep_attention(l, strat_->forward_stash(h, w.attn, x, 1.0f));
+  else
+    strat_->forward(h, w.attn, x, 1.0f);
+  if (stash.keeps_mlp_input()) stash.save_mlp_input(l, x);
+  rmsnorm_forward(dev_, x, w.post_attn_norm, cfg_.eps, h);
+  mlp_forward(dev_, cfg_.mlp, h, w.mlp, x, 1.0f, stash.keep_mlp(l));
+  p.release(layer_unit(l));
+}
+
+// h (R, D) compute dtype = the final norm of x (R, D); the fused LM head and loss, whose labels
+// are the next global position's tokens. Returns this rank's loss and dh; the head's unit stays
+// acquired (and a tied embedding's gradient held) for head_backward and embed_backward.
+Decoder::HeadLoss Decoder::head_loss(const Mat& h, const Mat& x, std::span<const int32_t> tokens,
+                                     std::span<const int64_t> pos, const LossSpec& spec,
+                                     ParamSource& p) {
+  const bool tied = m_.tie_word_embeddings;
+  const int ue = embed_unit(), uh = head_unit(m_);
+  HeadLoss out;
+  const ParamViews& wh = p.acquire(uh);
+  if (tied) p.prefetch(ue);
+  out.w = head_params(m_, wh, tied ? &p.acquire(ue) : nullptr);
+  p.prefetch(layer_unit(m_.num_hidden_layers - 1));  // the backward's first unit
+  rmsnorm_forward(dev_, x, out.w.final_norm, cfg_.eps, h);
+  std::vector<int32_t> labels;  // (R) on the host
+  std::vector<uint8_t> group;   // (R) on the host, with a group
+  next_token_labels(labels, group, tokens, pos, spec.group);
+  out.dh = Tensor(dev_.mem(), Tag::kAct, cfg_.residual, x.rows, x.cols);
+  const ParamViews& gh = p.grads(uh);
+  // A tied head's gradient and the embedding's rows both add into the embedding's gradient.
+  out.g = head_params(m_, gh, tied ? &p.grads(ue) : nullptr);
+  if (tied) zero(dev_, out.g.lm_head);
+  const double scale = spec.scale != 0 ? spec.scale : 1.0 / double(cfg_.seq_len - 1);
+  out.loss.loss =
+      lm_loss(dev_, cfg_.loss, h, out.w.lm_head, labels, float(scale), out.dh, out.g.lm_head,
+              tied ? 1.0f : 0.0f, group, group.empty() ? nullptr : &out.loss.group_sum);
+  if (tied) p.release(ue);
   return out;
+}
+
+// dx (R, D) residual dtype = the final norm's backward of head.dh; frees x (the backward rebuilds
+// each layer's residual from the stash) and dh, and hands the head's unit back.
+void Decoder::head_backward(const Mat& dx, Tensor& x, HeadLoss& head, ParamSource& p) {
+  zero(dev_, head.g.final_norm);
+  rmsnorm_backward(dev_, x, head.w.final_norm, cfg_.eps, head.dh, dx, head.g.final_norm);
+  x.reset();
+  head.dh.reset();
+  p.release(head_unit(m_));
+  p.grads_done(head_unit(m_));
+}
+
+// dx (R, D) residual dtype: d loss / d (the layer's output) in, d loss / d (its input) out. The
+// layer is recomputed from the stash; each (R, D) buffer lives only while it is needed, so the
+// attention phases hold three (dx, h, and xm in the forward recompute or dh in the backward)
+// besides the stash, and the MLP phase runs in (T, D) tiles. The layer below's offloaded stash is
+// fetched once this layer's attention backward is done, so one slot is held through it (on a
+// device with asynchronous copies the fetch overlaps the input norm's backward).
+void Decoder::layer_backward(const Mat& dx, Stash& stash, int l, ParamSource& p) {
+  const LayerWeights w = layer_weights(m_, l, p.acquire(layer_unit(l)));
+  if (l > 0) p.prefetch(layer_unit(l - 1));
+  const Mat x = stash.input(l);  // (R, D) stash dtype: the layer's input
+  Arena& mem = dev_.mem();
+  Tensor h(mem, Tag::kAct, cfg_.compute, x.rows, x.cols);  // (R, D) the attention's input
+  rmsnorm_forward(dev_, x, w.input_norm, cfg_.eps, h);
+  Tensor xm(mem, Tag::kAct, cfg_.residual, x.rows, x.cols);  // (R, D) the MLP's input residual
+  std::unique_ptr<AttentionStash> attn = rebuild_mlp_input(xm, h, x, w.attn, stash, l);
+  const LayerGrads g = layer_grads(m_, l, p.grads(layer_unit(l)));
+  zero(dev_, g.post_attn_norm);
+  zero(dev_, g.input_norm);
+  mlp_backward_tiled(dx, xm, w, g, stash.mlp(l));
+  xm.reset();
+  stash.drop_mlp(l);
+  Tensor dh(mem, Tag::kAct, cfg_.residual, x.rows, x.cols);  // (R, D) d loss / dh
+  if (attn)
+    strat_->backward_stashed(std::move(attn), h, dx, w.attn, dh, g.attn, 0.0f, 0.0f);
+  else
+    strat_->backward(h, dx, w.attn, dh, g.attn, 0.0f, 0.0f);
+  h.reset();
+  if (l > 0) stash.fetch(l - 1);
+  rmsnorm_backward(dev_, x, w.input_norm, cfg_.eps, dh, dh, g.input_norm);
+  add_into(dev_, dx, dh);
+  dh.reset();
+  stash.drop_input(l);
+  p.release(layer_unit(l));
+  p.grads_done(layer_unit(l));
+}
+
+// xm (R, D) residual dtype = the residual between the layer's attention and its MLP: the stash's
+// copy (per block and none; the stash drops it), or x plus the attention forward of h (R, D) run
+// again (per layer). Returns the attention's intermediates for its backward when kept: the
+// forward's (none), or the recompute's when the strategy can keep them, so its backward does
+// not recompute them a second time.
+std::unique_ptr<AttentionStash> Decoder::rebuild_mlp_input(const Mat& xm, const Mat& h,
+                                                           const Mat& x, const AttentionWeights& w,
+                                                           Stash& stash, int l) {
+  if (stash.keeps_mlp_input()) {
+    copy(dev_, xm, stash.mlp_input(l));
+    stash.drop_mlp_input(l);
+    return stash.take_attention(l);
+  }
+  copy(dev_, xm, x);
+  return strat_->forward_stash(h, w, xm, 1.0f);
+}
+
+// dx (R, D) residual dtype += the MLP block's backward through the post-attention norm, T rows of
+// xm (R, D) at a time: h2 (n, D) the norm of the tile's rows, g2 (n, D) its gradient (tag mlp).
+// g's MLP and post-attention norm gradients sum over the tiles. kept: the MLP's stashed products.
+void Decoder::mlp_backward_tiled(const Mat& dx, const Mat& xm, const LayerWeights& w,
+                                 const LayerGrads& g, const MlpStash* kept) {
+  const int64_t rows = xm.rows, d = xm.cols, tile = std::min(cfg_.mlp.tile_tokens, rows);
+  for (int64_t r0 = 0; r0 < rows; r0 += tile) {
+    const int64_t n = std::min(tile, rows - r0);
+    const Mat xt = xm.rows_of(r0, n), dxt = dx.rows_of(r0, n);
+    Tensor g2(dev_.mem(), Tag::kMlp, cfg_.residual, n, d);  // (n, D) d loss / d h2, then / d xt
+    {
+      Tensor h2(dev_.mem(), Tag::kMlp, cfg_.compute, n, d);  // (n, D) the norm of xt
+      rmsnorm_forward(dev_, xt, w.post_attn_norm, cfg_.eps, h2);
+      const MlpStash kt = kept ? kept->rows_of(r0, n) : MlpStash{};
+      mlp_backward(dev_, cfg_.mlp, h2, dxt, w.mlp, g2, g.mlp, 0.0f, r0 == 0 ? 0.0f : 1.0f,
+                   kept ? &kt : nullptr);
+    }
+    rmsnorm_backward(dev_, xt, w.post_attn_norm, cfg_.eps, g2, g2, g.post_attn_norm);
+    add_into(dev_, dxt, g2);
+  }
+}
+
+// The embedding's gradient += each row of dx (R, D) at its token's row: a tied model's is the LM
+// head's, already held by head_loss; else the embedding unit's is taken here.
+void Decoder::embed_backward(const Mat& dx, const HeadLoss& head, std::span<const int32_t> tokens,
+                             std::span<const int64_t> pos, ParamSource& p) {
+  Mat g = head.g.lm_head;  // (V, D) fp32
+  if (!m_.tie_word_embeddings) {
+    g = embedding(m_, p.grads(embed_unit()));
+    zero(dev_, g);
+  }
+  for (int64_t r = 0; r < dx.rows; ++r)
+    add_into(dev_, g.rows_of(tokens[size_t(pos[size_t(r)])], 1), dx.rows_of(r, 1));
+  p.grads_done(embed_unit());
 }
 
 }  // namespace upipe

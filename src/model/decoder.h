@@ -3,15 +3,17 @@
 // cross-entropy, forward and backward in one call, with any attention strategy.
 //
 // The residual stream is fp32 (or bf16, MemoryPolicy::residual_dtype) and every block
-// accumulates into it (beta = 1), so no block keeps an (S/C, D) output of its own. Full
-// activation checkpointing: forward keeps each layer's input (tag ckpt; in the host arena with
-// offload_stash) and backward recomputes the layer from it (the attention forward runs twice
-// per layer per step: once in forward, once to rebuild the MLP's input in backward, plus the
-// strategy's own recompute inside its backward). The loss has transformers' `labels = input_ids`
+// accumulates into it (beta = 1), so no block keeps an (S/C, D) output of its own. Activation
+// recompute: forward keeps what the granularity asks for in the stash (model/stash.h: at least each
+// layer's input, tag stash; in the host arena with offload_stash) and backward recomputes each
+// layer from it (Recompute::kLayer runs the attention forward twice per layer per step: once in
+// forward, once to rebuild the MLP's input in backward, plus the strategy's own recompute inside
+// its backward unless it keeps its intermediates). The loss has transformers' `labels = input_ids`
 // semantics: the mean over the S-1 next-token predictions of the whole sequence; a row's label is
 // the token at the next global position, whichever rank holds it, so every layout (contiguous,
-// zigzag, chunked, grid) gets its labels right. docs/model.md, "Memory", lists which buffer lives
-// when (model/step_memory.h is its closed form).
+// zigzag, chunked, grid) gets its labels right. Which buffer lives when: Decoder::run's comment
+// (decoder.cpp) by function, docs/model.md "Memory" by phase, and its closed form, the tests'
+// oracle tests/unit/step_memory.h.
 #pragma once
 
 #include <cstdint>
@@ -22,8 +24,12 @@
 
 #include "attention/strategy.h"
 #include "model/config.h"
+#include "model/layer_weights.h"
+#include "model/lm_loss.h"
 #include "model/memory_policy.h"
+#include "model/mlp.h"
 #include "model/param_source.h"
+#include "model/stash.h"
 
 namespace upipe {
 
@@ -72,14 +78,44 @@ class Decoder {
   double backward_seconds() const { return bwd_s_; }
 
  private:
-  AttentionWeights attn_weights(const ParamViews& p, int layer) const;
-  AttentionGrads attn_grads(const ParamViews& p, int layer) const;
+  // What the step reads of the options, resolved once by the constructor.
+  struct StepConfig {
+    int64_t seq_len = 0;           // S
+    DType compute = DType::kF32;   // weights, norm outputs
+    DType residual = DType::kF32;  // the residual stream and its gradient
+    float eps = 0;                 // the RMSNorms'
+    MlpConfig mlp;                 // the tiled MLP
+    LmLossConfig loss;             // the fused LM head
+    StashPolicy stash;             // what forward keeps for backward
+  };
+  // What the loss hands the head's backward.
+  struct HeadLoss {
+    StepLoss loss;  // this rank's part
+    Tensor dh;      // (R, D) residual dtype: d loss / d (final norm's output)
+    HeadParams w;   // the head's weights (lm_head valid only until the loss is computed)
+    HeadParams g;   // its gradients (a tied lm_head's: the embedding's, until its backward)
+  };
+
+  // The step's parts, in order; R = this rank's rows, `pos` their global positions.
+  void embed(const Mat& x, std::span<const int32_t> tokens, std::span<const int64_t> pos,
+             ParamSource& p);
+  void layer_forward(const Mat& x, const Mat& h, Stash& stash, int layer, ParamSource& p);
+  HeadLoss head_loss(const Mat& h, const Mat& x, std::span<const int32_t> tokens,
+                     std::span<const int64_t> pos, const LossSpec& spec, ParamSource& p);
+  void head_backward(const Mat& dx, Tensor& x, HeadLoss& head, ParamSource& p);
+  void layer_backward(const Mat& dx, Stash& stash, int layer, ParamSource& p);
+  std::unique_ptr<AttentionStash> rebuild_mlp_input(const Mat& xm, const Mat& h, const Mat& x,
+                                                    const AttentionWeights& w, Stash& stash,
+                                                    int layer);
+  void mlp_backward_tiled(const Mat& dx, const Mat& xm, const LayerWeights& w, const LayerGrads& g,
+                          const MlpStash* kept);
+  void embed_backward(const Mat& dx, const HeadLoss& head, std::span<const int32_t> tokens,
+                      std::span<const int64_t> pos, ParamSource& p);
 
   Device& dev_;
   Communicator& cp_;
   ModelConfig m_;
-  DecoderOptions opt_;
-  AttentionConfig attn_;  // the block's: the model's shape with the options' S, dtype and knobs
+  StepConfig cfg_;
   std::unique_ptr<AttentionStrategy> strat_;
   double fwd_s_ = 0, bwd_s_ = 0;
 };

@@ -1,4 +1,4 @@
-// The decoder step's closed-form bytes (model/step_memory.h, docs/model.md) equal what the step
+// The decoder step's closed-form bytes (unit/step_memory.h, docs/model.md) equal what the step
 // allocates: a meta-device step (the same code as a real run, test_model_meta) peaks at exactly
 // the formula's bytes, and its checkpoint, activation, parameter and gradient tags peak at the
 // formula's, in two sets of configurations:
@@ -23,7 +23,7 @@
 
 #include "comm/fake/fake_comm.h"
 #include "model/decoder.h"
-#include "model/step_memory.h"
+#include "unit/step_memory.h"
 
 namespace upipe {
 namespace {

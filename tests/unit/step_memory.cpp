@@ -1,4 +1,4 @@
-#include "model/step_memory.h"
+#include "unit/step_memory.h"
 
 #include <algorithm>
 

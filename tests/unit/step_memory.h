@@ -1,7 +1,9 @@
 // The decoder step's per-rank device bytes in closed form (docs/model.md, "Memory"): what
-// Decoder::loss_and_grads allocates, from the same size functions the blocks allocate with, so the
-// planner can size a whole model without running it. A meta-device run of the step must peak at
-// exactly `peak` (tests/unit/test_step_memory.cpp).
+// Decoder::run allocates, written apart from it from the same size functions the blocks allocate
+// with. This is a test oracle, not the planner's fast path: `upipe plan` (src/plan) runs the step
+// itself on the meta device, and tests/unit/test_step_memory.cpp requires a meta-device step to
+// peak at exactly `peak`, so a change to the order in which the decoder holds its buffers that
+// this formula does not state fails there.
 #pragma once
 
 #include <array>
