@@ -19,7 +19,7 @@ constexpr int64_t kAttnFwdBq = 768;  // query rows per forward tile
 constexpr int64_t kAttnFwdBk = 512;  // key rows per forward tile
 constexpr int64_t kAttnBwdBq = 96;   // query rows per backward tile
 constexpr int64_t kAttnBwdBk = 256;  // key rows per backward tile
-constexpr int64_t kAttnStripe = 6;   // query rows per register block (a stripe of a tile)
+constexpr int64_t kAttnStripe = 12;  // query rows computed together (a stripe of a tile)
 constexpr int64_t kAttnPanel = 16;   // keys per packed panel; key tiles are multiples of it
 static_assert(kAttnFwdBk % kAttnPanel == 0 && kAttnBwdBk % kAttnPanel == 0);
 // Row strides of the score tiles (floats): one panel of padding, so that a tile's rows, read

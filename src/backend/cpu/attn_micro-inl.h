@@ -1,0 +1,262 @@
+// Building blocks of the CPU flash-attention kernels, written once with Google Highway and
+// compiled per target: key/value tiles packed into 16-wide panels and chunks (the same layout on
+// every target: a panel row is two AVX2 vectors or one AVX-512 vector), and two register-blocked
+// fp32 micro-kernels whose shape follows the target's register file (kScoreMr, kScoreNp,
+// kAccNc below).
+//
+// Every output element is reduced by one sequential FMA chain in a fixed order (over the head
+// dimension for scores, over increasing key or query index for the accumulating products), so
+// the value of an element never depends on which other rows, columns or heads share its block.
+// The scalar column tails use std::fma, which rounds exactly like a vector lane.
+//
+// Per-target header (see vec_math-inl.h).
+#if defined(UPIPE_BACKEND_CPU_ATTN_MICRO_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef UPIPE_BACKEND_CPU_ATTN_MICRO_INL_H_
+#undef UPIPE_BACKEND_CPU_ATTN_MICRO_INL_H_
+#else
+#define UPIPE_BACKEND_CPU_ATTN_MICRO_INL_H_
+#endif
+
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "backend/cpu/attention_tiles.h"
+#include "backend/cpu/vec_math-inl.h"
+#include "core/dtype.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace upipe::cpu {
+namespace HWY_NAMESPACE {
+
+constexpr int kNr = int(kAttnPanel);  // floats per panel row / chunk row
+constexpr int kPv = kNr / kLanes;     // vectors per panel row: 2 (AVX2), 1 (AVX-512)
+static_assert(kPv >= 1 && kNr % kLanes == 0);
+// Register blocks: the score kernel kScoreMr rows x kScoreNp panels, the accumulating kernel
+// kAccMr rows x kAccNc chunks: 12 accumulators of 16 ymm registers (AVX2), 24 of 32 zmm (AVX-512).
+constexpr int kScoreMr = kPv == 2 ? 6 : 12;
+constexpr int kScoreNp = kPv == 2 ? 1 : 2;
+constexpr int kAccMr = 6;
+constexpr int kAccNc = kPv == 2 ? 1 : 4;
+static_assert(kAttnStripe % kScoreMr == 0 && kAttnStripe % kAccMr == 0);
+
+inline int64_t round_up(int64_t x, int64_t m) {
+  return (x + m - 1) / m * m;
+}
+
+// Eight consecutive values of a row of fp32 (bf16 = false) or bf16 as fp32.
+template <bool kBf16>
+HWY_INLINE __m256 load8(const void* p) {
+  if constexpr (!kBf16) {
+    return _mm256_loadu_ps(static_cast<const float*>(p));
+  } else {
+    const __m128i h = _mm_loadu_si128(static_cast<const __m128i*>(p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+}
+template <bool kBf16>
+HWY_INLINE float load1(const void* p, int64_t i) {
+  if constexpr (!kBf16)
+    return static_cast<const float*>(p)[i];
+  else
+    return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
+}
+
+// In-register transpose of an 8x8 block: r[i] lane k becomes r[k] lane i.
+HWY_INLINE void transpose8(__m256 r[8]) {
+  const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+  const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+  const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+  const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+  const __m256 s0 = _mm256_shuffle_ps(t0, t2, 0x44), s1 = _mm256_shuffle_ps(t0, t2, 0xee);
+  const __m256 s2 = _mm256_shuffle_ps(t1, t3, 0x44), s3 = _mm256_shuffle_ps(t1, t3, 0xee);
+  const __m256 s4 = _mm256_shuffle_ps(t4, t6, 0x44), s5 = _mm256_shuffle_ps(t4, t6, 0xee);
+  const __m256 s6 = _mm256_shuffle_ps(t5, t7, 0x44), s7 = _mm256_shuffle_ps(t5, t7, 0xee);
+  r[0] = _mm256_permute2f128_ps(s0, s4, 0x20);
+  r[1] = _mm256_permute2f128_ps(s1, s5, 0x20);
+  r[2] = _mm256_permute2f128_ps(s2, s6, 0x20);
+  r[3] = _mm256_permute2f128_ps(s3, s7, 0x20);
+  r[4] = _mm256_permute2f128_ps(s0, s4, 0x31);
+  r[5] = _mm256_permute2f128_ps(s1, s5, 0x31);
+  r[6] = _mm256_permute2f128_ps(s2, s6, 0x31);
+  r[7] = _mm256_permute2f128_ps(s3, s7, 0x31);
+}
+
+// Packs rows [0, n) of an (n, d) matrix (row j at src + j * ld elements) transposed into panels
+// of kNr rows: dst[(j / kNr) * d * kNr + e * kNr + j % kNr] = x(j, e); the rows n ..
+// round_up(n, kNr) of the last panel are zero. Size: round_up(n, kNr) * d floats. The 8x8
+// transposes are 256-bit on every target (a panel row is 16 floats either way).
+template <bool kBf16>
+HWY_NOINLINE void pack_panels(const void* src, int64_t ld, int64_t n, int d, float* dst) {
+  const int64_t esize = kBf16 ? 2 : 4;
+  auto row = [&](int64_t j) HWY_ATTR { return static_cast<const char*>(src) + j * ld * esize; };
+  for (int64_t j0 = 0; j0 < n; j0 += kNr) {
+    float* panel = dst + j0 * d;
+    for (int64_t half = 0; half < kNr; half += 8) {
+      const int64_t jr = j0 + half;
+      int e = 0;
+      if (jr + 8 <= n) {
+        for (; e + 8 <= d; e += 8) {
+          __m256 r[8];
+          for (int i = 0; i < 8; ++i) r[i] = load8<kBf16>(row(jr + i) + e * esize);
+          transpose8(r);
+          for (int i = 0; i < 8; ++i) _mm256_storeu_ps(panel + (e + i) * kNr + half, r[i]);
+        }
+      }
+      for (; e < d; ++e)
+        for (int64_t i = 0; i < 8; ++i)
+          panel[e * kNr + half + i] = jr + i < n ? load1<kBf16>(row(jr + i), e) : 0.0f;
+    }
+  }
+}
+
+// Packs rows [0, n) of an (n, d) matrix (row j at src + j * ld elements) into column chunks of
+// kNr: dst[(e / kNr) * cs + j * kNr + e % kNr] = x(j, e), columns d .. round_up(d, kNr) of the
+// last chunk zero. Each chunk is then one sequential stream for acc_block.
+template <bool kBf16>
+HWY_NOINLINE void pack_chunks(const void* src, int64_t ld, int64_t n, int d, float* dst,
+                              int64_t cs) {
+  const int64_t esize = kBf16 ? 2 : 4;
+  for (int64_t j = 0; j < n; ++j) {
+    const char* row = static_cast<const char*>(src) + j * ld * esize;
+    int e = 0;
+    for (; e + kNr <= d; e += kNr) {
+      float* out = dst + (e / kNr) * cs + j * kNr;
+      _mm256_storeu_ps(out, load8<kBf16>(row + e * esize));
+      _mm256_storeu_ps(out + 8, load8<kBf16>(row + (e + 8) * esize));
+    }
+    if (e < d) {
+      float* out = dst + (e / kNr) * cs + j * kNr;
+      for (int c = 0; c < kNr; ++c) out[c] = e + c < d ? load1<kBf16>(row, e + c) : 0.0f;
+    }
+  }
+}
+
+// Inverse of pack_chunks for fp32: rows [0, n) of the chunks back to a row-major (n, d) matrix.
+HWY_INLINE void unpack_chunks(const float* src, int64_t cs, int64_t n, int d, float* dst,
+                              int64_t ld) {
+  for (int64_t j = 0; j < n; ++j) {
+    int e = 0;
+    for (; e + kNr <= d; e += kNr) {
+      const float* in = src + (e / kNr) * cs + j * kNr;
+      _mm256_storeu_ps(dst + j * ld + e, _mm256_loadu_ps(in));
+      _mm256_storeu_ps(dst + j * ld + e + 8, _mm256_loadu_ps(in + 8));
+    }
+    for (; e < d; ++e) dst[j * ld + e] = src[(e / kNr) * cs + j * kNr + e % kNr];
+  }
+}
+
+// Calls f.template operator()<MR>() for the runtime row count mr in [1, kMaxMr].
+template <int kMaxMr, class F>
+HWY_INLINE void with_rows(int mr, F&& f) {
+  if constexpr (kMaxMr <= 1) {
+    f.template operator()<1>();
+  } else {
+    if (mr >= kMaxMr)
+      f.template operator()<kMaxMr>();
+    else
+      with_rows<kMaxMr - 1>(mr, f);
+  }
+}
+
+// Score-like block: acc (MR, NP kNr) = A (MR, d) * NP panels (d, kNr), A row r at a + r * lda,
+// panel p at panel + p * ps as packed by pack_panels. Each acc(r, c) is the FMA chain over
+// e = 0 .. d-1. epi(r, p, v) receives row r's kPv vectors v[0..kPv) of panel p.
+template <int MR, int NP, class Epi>
+HWY_INLINE void score_block(const float* a, int64_t lda, const float* panel, int64_t ps, int d,
+                            Epi&& epi) {
+  const DF df;
+  VF c[MR][NP * kPv];
+#pragma GCC unroll 12
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < NP * kPv; ++v) c[r][v] = hn::Zero(df);
+#pragma GCC unroll 2
+  for (int e = 0; e < d; ++e) {
+    VF b[NP * kPv];
+#pragma GCC unroll 4
+    for (int v = 0; v < NP * kPv; ++v)
+      b[v] = hn::LoadU(df, panel + (v / kPv) * ps + e * kNr + (v % kPv) * kLanes);
+#pragma GCC unroll 12
+    for (int r = 0; r < MR; ++r) {
+      const VF av = hn::Set(df, a[r * lda + e]);
+#pragma GCC unroll 4
+      for (int v = 0; v < NP * kPv; ++v) c[r][v] = hn::MulAdd(av, b[v], c[r][v]);
+    }
+  }
+#pragma GCC unroll 12
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 2
+    for (int p = 0; p < NP; ++p) epi(r, p, &c[r][p * kPv]);
+}
+
+// Accumulating block: C (MR, NV vectors) += sum over k = k0 .. k1-1, in that order, of
+// A(r, k) * B(k, :). A(r, k) is a[r * lda + k], or a[k * lda + r] with kTransA. B and C are in
+// column chunks of kNr: vector v of B row k at b + (v / kPv) * bcs + k * ldb + (v % kPv) kLanes,
+// of C row r likewise with ccs and ldc.
+template <int MR, int NV, bool kTransA>
+HWY_INLINE void acc_block(const float* a, int64_t lda, const float* b, int64_t ldb, int64_t bcs,
+                          float* c, int64_t ldc, int64_t ccs, int64_t k0, int64_t k1) {
+  const DF df;
+  VF acc[MR][NV];
+  auto at = [](int v, int64_t cs) HWY_ATTR { return (v / kPv) * cs + (v % kPv) * kLanes; };
+#pragma GCC unroll 6
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) acc[r][v] = hn::LoadU(df, c + r * ldc + at(v, ccs));
+#pragma GCC unroll 2
+  for (int64_t k = k0; k < k1; ++k) {
+    VF bv[NV];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) bv[v] = hn::LoadU(df, b + k * ldb + at(v, bcs));
+#pragma GCC unroll 6
+    for (int r = 0; r < MR; ++r) {
+      const VF av = hn::Set(df, kTransA ? a[k * lda + r] : a[r * lda + k]);
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) acc[r][v] = hn::MulAdd(av, bv[v], acc[r][v]);
+    }
+  }
+#pragma GCC unroll 6
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) hn::StoreU(acc[r][v], df, c + r * ldc + at(v, ccs));
+}
+
+// C (mr, n) += A (mr, [k0, k1)) * B ([k0, k1), n) for any n and mr <= kAccMr: blocks of kAccNc
+// chunks, then single vectors, then scalar columns. B and C are stored in column chunks of kNr:
+// B(k, col) at b[(col / kNr) * bcs + k * ldb + col % kNr], C(r, col) likewise with ccs and ldc.
+// A row-major matrix has chunk stride kNr; one packed by pack_chunks has ld kNr and its own
+// chunk stride.
+template <bool kTransA>
+HWY_INLINE void acc_rows(int mr, int64_t n, const float* a, int64_t lda, const float* b,
+                         int64_t ldb, int64_t bcs, float* c, int64_t ldc, int64_t ccs, int64_t k0,
+                         int64_t k1) {
+  int64_t col = 0;
+  auto block = [&]<int NV>() HWY_ATTR {
+    const float* bc = b + (col / kNr) * bcs + col % kNr;
+    float* cc = c + (col / kNr) * ccs + col % kNr;
+    with_rows<kAccMr>(mr, [&]<int MR>() HWY_ATTR {
+      acc_block<MR, NV, kTransA>(a, lda, bc, ldb, bcs, cc, ldc, ccs, k0, k1);
+    });
+    col += NV * kLanes;
+  };
+  for (; col + kAccNc * kNr <= n;) block.template operator()<kAccNc * kPv>();
+  for (; col + kNr <= n;) block.template operator()<kPv>();
+  for (; col + kLanes <= n;) block.template operator()<1>();
+  const float* bc = b + (col / kNr) * bcs + col % kNr;
+  float* cc = c + (col / kNr) * ccs + col % kNr;
+  for (int64_t t = 0; col + t < n; ++t)
+    for (int r = 0; r < mr; ++r) {
+      float s = cc[r * ldc + t];
+      for (int64_t k = k0; k < k1; ++k)
+        s = std::fma(kTransA ? a[k * lda + r] : a[r * lda + k], bc[k * ldb + t], s);
+      cc[r * ldc + t] = s;
+    }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace upipe::cpu
+HWY_AFTER_NAMESPACE();
+
+#endif  // toggle guard
