@@ -11,6 +11,7 @@
 #include "apps/upipe/commands.h"
 #include "apps/upipe/model_run.h"
 #include "apps/upipe/report.h"
+#include "backend/cpu/cpu_isa.h"
 #include "core/errors.h"
 
 namespace upipe::app {
@@ -86,11 +87,11 @@ int run(Process& proc, const Options& opt) {
                       {"host_peak_bytes", host_peak}};
   j.update(memory_stack_json(opt.model));
   if (opt.json) {
-    std::printf("%s\n", j.dump().c_str());
+    print_json(j);
   } else {
-    std::printf("%s, %lld tokens, %s on %d rank(s), %s: loss %.6f\n", m.source.c_str(),
-                (long long)opt.seq_len, opt.model.method.c_str(), proc.world.size(),
-                opt.model.dtype.c_str(), loss);
+    std::printf("%s, %lld tokens, %s on %d rank(s), %s, CPU kernels %s: loss %.6f\n",
+                m.source.c_str(), (long long)opt.seq_len, opt.model.method.c_str(),
+                proc.world.size(), opt.model.dtype.c_str(), cpu_isa_name(cpu_isa()), loss);
     std::printf(
         "  step %.3f s (forward %.3f s, backward %.3f s; median of %d), %.0f tokens/s, "
         "%.3f model TFLOP/s\n",

@@ -85,7 +85,7 @@ int run(Process& proc, const Options& opt) {
                       {"bwd_s", run.dec->backward_seconds()}};
   j.update(memory_stack_json(opt.model));
   if (opt.json) {
-    std::printf("%s\n", j.dump().c_str());
+    print_json(j);
   } else {
     std::printf("%s, %zu tokens, %s on %d rank(s), %s\n", m.source.c_str(), tokens.size(),
                 opt.model.method.c_str(), proc.world.size(), opt.model.dtype.c_str());

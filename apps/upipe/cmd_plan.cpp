@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "apps/upipe/commands.h"
+#include "apps/upipe/report.h"
 #include "core/errors.h"
 #include "plan/planner.h"
 
@@ -193,7 +194,7 @@ int run(Process& proc, const Options& o) {
                     {"limiting_tag", tag_name(p.limiting_tag)}});
     }
     j["methods"] = ms;
-    std::printf("%s\n", j.dump().c_str());
+    print_json(j);
     return 0;
   }
   std::printf(

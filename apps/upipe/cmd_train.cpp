@@ -11,6 +11,7 @@
 #include <cmath>
 
 #include "apps/upipe/commands.h"
+#include "backend/cpu/cpu_isa.h"
 #include "core/errors.h"
 #include "core/stop_signal.h"
 #include "core/watchdog.h"
@@ -165,6 +166,7 @@ int run(Process& proc, const Options& opt, std::vector<std::string> overrides) {
     si.micro_steps = cfg.train.micro_steps;
     si.steps = cfg.train.steps;
     si.data = cfg.data.kind + (cfg.data.path.empty() ? "" : ": " + cfg.data.path);
+    si.isa = cpu_isa_name(cpu_isa());
     std::printf("%s", format_startup_table(si).c_str());
     std::printf("start: %s; GEMM rate %.1f GFLOP/s per rank (MFU's reference)\n", origin.c_str(),
                 gemm_flops / 1e9);

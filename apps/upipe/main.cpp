@@ -9,6 +9,7 @@
 #include <map>
 
 #include "apps/upipe/commands.h"
+#include "backend/cpu/cpu_isa.h"
 #include "comm/mpi/mpi_comm.h"
 #include "core/check.h"
 #include "core/errors.h"
@@ -76,6 +77,7 @@ int main(int argc, char** argv) {
       }
       throw ConfigError(e.what());
     }
+    cpu_isa();  // the CPU kernels' path, once: UPIPE_CPU_ISA or the widest (ConfigError if absent)
     Watchdog::start(timeout_s);
     for (auto& [cmd, run] : runners)
       if (cmd->parsed() && run) return run(proc);

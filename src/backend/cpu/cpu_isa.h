@@ -33,6 +33,10 @@ CpuIsa cpu_isa();
 // ConfigError if the CPU lacks it.
 void set_cpu_isa(CpuIsa isa);
 
+// The instruction set oneDNN's GEMMs run on ("avx512_core_bf16", "avx2"): its own choice, which
+// ONEDNN_MAX_CPU_ISA caps (UPIPE_CPU_ISA does not).
+std::string onednn_cpu_isa();
+
 // The CPU's brand string ("AMD EPYC 9R14 96-Core Processor"), for benchmark headers.
 std::string cpu_model_name();
 

@@ -18,6 +18,8 @@
 #include <unordered_map>
 #include <utility>
 
+#include "backend/cpu/cpu_isa.h"
+
 namespace upipe::cpu {
 namespace {
 
@@ -433,3 +435,30 @@ void gemm(const GemmArgs& g, void* ws) {
 }
 
 }  // namespace upipe::cpu
+
+namespace upipe {
+
+std::string onednn_cpu_isa() {
+  switch (dnnl_get_effective_cpu_isa()) {
+    case dnnl_cpu_isa_sse41:
+      return "sse41";
+    case dnnl_cpu_isa_avx:
+      return "avx";
+    case dnnl_cpu_isa_avx2:
+      return "avx2";
+    case dnnl_cpu_isa_avx2_vnni:
+      return "avx2_vnni";
+    case dnnl_cpu_isa_avx512_core:
+      return "avx512_core";
+    case dnnl_cpu_isa_avx512_core_vnni:
+      return "avx512_core_vnni";
+    case dnnl_cpu_isa_avx512_core_bf16:
+      return "avx512_core_bf16";
+    case dnnl_cpu_isa_avx512_core_amx:
+      return "avx512_core_amx";
+    default:
+      return "other";
+  }
+}
+
+}  // namespace upipe
