@@ -100,12 +100,15 @@ TEST_P(AttnKernel, ForwardAndBackwardWithinTwiceBaselineError) {
        d32 = cast<float>(in.dout);
   std::vector<float> o32(o64.size()), lse32(lse64.size()), dq32(dq64.size(), 0.f),
       dk32(dk64.size(), 0.f), dv32(dv64.size(), 0.f);
+  // bf16 attention's precision: every product has bf16 operands (also the computed P and dS,
+  // rounded as the kernels round them for their dot products) and fp32 accumulation.
+  auto stored = [&](float x) { return c.dtype == DType::kF32 ? x : bf16_to_f32(f32_to_bf16(x)); };
   ref::attention_forward<float>(in.dims, cview(q32, c.sq, qc), cview(k32, c.sk, kc),
-                                cview(v32, c.sk, kc), view(o32, c.sq, qc), view(lse32, c.hq, c.sq));
-  ref::attention_backward<float>(
-      in.dims, cview(q32, c.sq, qc), cview(k32, c.sk, kc), cview(v32, c.sk, kc),
-      cview(d32, c.sq, qc), view(dq32, c.sq, qc), view(dk32, c.sk, kc), view(dv32, c.sk, kc),
-      [&](float x) { return c.dtype == DType::kF32 ? x : bf16_to_f32(f32_to_bf16(x)); });
+                                cview(v32, c.sk, kc), view(o32, c.sq, qc), view(lse32, c.hq, c.sq),
+                                stored);
+  ref::attention_backward<float>(in.dims, cview(q32, c.sq, qc), cview(k32, c.sk, kc),
+                                 cview(v32, c.sk, kc), cview(d32, c.sq, qc), view(dq32, c.sq, qc),
+                                 view(dk32, c.sk, kc), view(dv32, c.sk, kc), stored, stored);
   const std::vector<double> o_base = test::rounded(cast<double>(o32), c.dtype);
 
   auto check = [&](const char* what, const std::vector<double>& fast,

@@ -130,6 +130,7 @@ struct FwdBuffers {
   float* m;        // (Bq)
   float* l;        // (Bq)
   float* q_stage;  // (Bq, d) the q tile, fp32
+  FwdBuffers() = default;
   FwdBuffers(float* ws, int64_t d, DType t) {
     const int64_t dp = attn_padded_dim(d);
     k_panel = ws;
@@ -233,8 +234,21 @@ void fwd_tile_end(const FwdBuffers& w, const Mat* o, const Mat* lse, const Mat* 
 
 }  // namespace
 
+#if HWY_TARGET == HWY_AVX3
+// The bf16-dot kernels (below): bf16 inputs on the avx512bf16 path.
+void attention_forward_bf16(const AttnProblem& p, const Mat* o, const Mat* lse, const Mat* acc,
+                            const Mat* m_state, const Mat* l_state, float* ws);
+void attention_backward_bf16(const AttnProblem& p, const Mat& dout, const Mat& lse,
+                             const Mat& delta, const Mat& dq, const Mat& dk, const Mat& dv,
+                             float* ws);
+#endif
+
 void attention_forward_t(const AttnProblem& p, const Mat* o, const Mat* lse, const Mat* acc,
-                         const Mat* m_state, const Mat* l_state, float* ws) {
+                         const Mat* m_state, const Mat* l_state, float* ws, bool bf16_dot) {
+#if HWY_TARGET == HWY_AVX3
+  if (bf16_dot) return attention_forward_bf16(p, o, lse, acc, m_state, l_state, ws);
+#endif
+  (void)bf16_dot;
   const int64_t sq = p.sq();
   const int d = p.d, group = p.hq / p.hk;
   const FwdBuffers w(ws, d, p.q.dtype);
@@ -260,6 +274,120 @@ void attention_forward_t(const AttnProblem& p, const Mat* o, const Mat* lse, con
     }
   }
 }
+
+#if HWY_TARGET == HWY_AVX3
+namespace {
+
+// The bf16-dot forward's buffers (attn_fwd_workspace_bytes with bf16_dot).
+struct FwdBuffersBf16 {
+  uint32_t* k_panel;  // (Bk, d) bf16 in pair panels
+  uint32_t* v_pack;   // (Bk, dp) bf16 in pair chunks along the keys
+  float* s_rows;      // (stripe, Bk + 16) scores, then probabilities
+  uint16_t* p16;      // (stripe, Bk + 16) probabilities in bf16
+  float* o_tile;      // (Bq, dp) un-normalised output
+  float* m;           // (Bq)
+  float* l;           // (Bq)
+  FwdBuffersBf16(float* ws, int64_t d) {
+    const int64_t dp = attn_padded_dim(d);
+    k_panel = reinterpret_cast<uint32_t*>(ws);
+    v_pack = k_panel + kAttnFwdBk * d / 2;
+    s_rows = reinterpret_cast<float*>(v_pack + kAttnFwdBk * dp / 2);
+    p16 = reinterpret_cast<uint16_t*>(s_rows + kAttnStripe * kAttnFwdSld);
+    o_tile = reinterpret_cast<float*>(p16 + kAttnStripe * kAttnFwdSld);
+    m = o_tile + kAttnFwdBq * dp;
+    l = m + kAttnFwdBq;
+    check_layout(ws, l + kAttnFwdBq, l + kAttnFwdBq, attn_fwd_workspace_bytes(d, DType::kBF16, true),
+                 DType::kBF16);
+  }
+  FwdBuffers as_fp32() const {
+    FwdBuffers f{};
+    f.s_rows = s_rows, f.o_tile = o_tile, f.m = m, f.l = l;
+    return f;
+  }
+};
+
+// fwd_stripe with bf16 q, k, v on the dot-product instruction: scores from the pair panels, the
+// probabilities rounded to bf16 for O += P V (their row sum stays fp32).
+void fwd_stripe_bf16(const AttnProblem& p, const FwdBuffersBf16& w, int h, int64_t i0, int64_t r0,
+                     int mr, int64_t j0, int64_t bk) {
+  const DF df;
+  const int d = p.d;
+  const int64_t dp = attn_padded_dim(d);
+  const VF vscale = hn::Set(df, p.softmax_scale());
+  int64_t lim[kAttnStripe], smax = 0;
+  for (int r = 0; r < mr; ++r) {
+    lim[r] = visible(p, i0 + r0 + r, j0, bk);
+    smax = std::max(smax, lim[r]);
+  }
+  if (smax == 0) return;
+  const int64_t n_panels = (smax + kNr - 1) / kNr, ps = int64_t(kNr) * d / 2;
+  const uint16_t* q = static_cast<const uint16_t*>(p.q.at(i0 + r0, int64_t(h) * d));
+  for (int g = 0; g < mr; g += kScoreMr) {
+    float* srow = w.s_rows + g * kAttnFwdSld;
+    with_rows<kScoreMr>(std::min(kScoreMr, mr - g), [&]<int MR>() HWY_ATTR {
+      auto store = [&](int64_t b) HWY_ATTR {
+        return [&, b](int r, int pn, const VF* v) HWY_ATTR {
+          hn::StoreU(hn::Mul(v[0], vscale), df, srow + r * kAttnFwdSld + (b + pn) * kNr);
+        };
+      };
+      const uint16_t* qg = q + g * p.q.ld;
+      int64_t b = 0;
+      for (; b + kScoreNp <= n_panels; b += kScoreNp)
+        score_block_bf16<MR, kScoreNp>(qg, p.q.ld, w.k_panel + b * ps, ps, d, store(b));
+      for (; b < n_panels; ++b) score_block_bf16<MR, 1>(qg, p.q.ld, w.k_panel + b * ps, ps, d, store(b));
+    });
+  }
+  const int64_t sp = n_panels * kNr;  // scores and probabilities defined up to here
+  for (int r = 0; r < mr; ++r) {
+    float* srow = w.s_rows + r * kAttnFwdSld;
+    if (lim[r] == 0) {
+      std::fill_n(srow, sp, 0.0f);
+    } else {
+      const float alpha = softmax_row(srow, lim[r], smax, w.m[r0 + r], w.l[r0 + r]);
+      if (alpha != 1.0f) {
+        float* orow = w.o_tile + (r0 + r) * dp;
+        for (int64_t e = 0; e < d; ++e) orow[e] *= alpha;
+      }
+    }
+    narrow_row(srow, w.p16 + r * kAttnFwdSld, true, sp);
+  }
+  // O += P V over the key pairs [0, ceil(smax / 2)): rows with fewer visible keys add zeros.
+  for (int g = 0; g < mr; g += kAccMr) {
+    const PairA a{reinterpret_cast<const uint32_t*>(w.p16 + g * kAttnFwdSld), kAttnFwdSld / 2, 1};
+    acc_rows_bf16(std::min(kAccMr, mr - g), dp, a, w.v_pack, kAttnFwdBk / 2 * kNr,
+                  w.o_tile + (r0 + g) * dp, dp, kNr, 0, (smax + 1) / 2);
+  }
+}
+
+}  // namespace
+
+void attention_forward_bf16(const AttnProblem& p, const Mat* o, const Mat* lse, const Mat* acc,
+                            const Mat* m_state, const Mat* l_state, float* ws) {
+  const int64_t sq = p.sq();
+  const int d = p.d, group = p.hq / p.hk;
+  const FwdBuffersBf16 w(ws, d);
+  const FwdBuffers wf = w.as_fp32();
+  for (int h = 0; h < p.hq; ++h) {
+    const int kvh = h / group;
+    for (int64_t i0 = 0; i0 < sq; i0 += kAttnFwdBq) {
+      const int64_t bq = std::min(kAttnFwdBq, sq - i0);
+      const int64_t n_keys = key_limit(p, i0, bq);
+      fwd_tile_begin(wf, acc, m_state, l_state, h, i0, bq, d);
+      if (acc && n_keys == 0) continue;
+      for (int64_t j0 = 0; j0 < n_keys; j0 += kAttnFwdBk) {
+        const int64_t bk = std::min(kAttnFwdBk, n_keys - j0);
+        pack_pair_panels(static_cast<const uint16_t*>(p.k.at(j0, int64_t(kvh) * d)), p.k.ld, bk, d,
+                         w.k_panel);
+        pack_pair_chunks(static_cast<const uint16_t*>(p.v.at(j0, int64_t(kvh) * d)), p.v.ld, bk, d,
+                         w.v_pack, kAttnFwdBk / 2 * kNr);
+        for (int64_t r0 = 0; r0 < bq; r0 += kAttnStripe)
+          fwd_stripe_bf16(p, w, h, i0, r0, int(std::min(kAttnStripe, bq - r0)), j0, bk);
+      }
+      fwd_tile_end(wf, o, lse, acc, m_state, l_state, h, i0, bq, d);
+    }
+  }
+}
+#endif  // HWY_TARGET == HWY_AVX3
 
 namespace {
 
@@ -404,7 +532,11 @@ void bwd_query_tile(const AttnProblem& p, const BwdBuffers& w, const Mat& dout, 
 }  // namespace
 
 void attention_backward_t(const AttnProblem& p, const Mat& dout, const Mat& lse, const Mat& delta,
-                          const Mat& dq, const Mat& dk, const Mat& dv, float* ws) {
+                          const Mat& dq, const Mat& dk, const Mat& dv, float* ws, bool bf16_dot) {
+#if HWY_TARGET == HWY_AVX3
+  if (bf16_dot) return attention_backward_bf16(p, dout, lse, delta, dq, dk, dv, ws);
+#endif
+  (void)bf16_dot;
   const int64_t sq = p.sq(), sk = p.sk();
   const int d = p.d, group = p.hq / p.hk;
   const BwdBuffers w(ws, d, p.q.dtype);
@@ -431,6 +563,180 @@ void attention_backward_t(const AttnProblem& p, const Mat& dout, const Mat& lse,
     }
   }
 }
+
+#if HWY_TARGET == HWY_AVX3
+namespace {
+
+// The bf16-dot backward's buffers (attn_bwd_workspace_bytes with bf16_dot).
+struct BwdBuffersBf16 {
+  static constexpr int64_t kcs = kAttnBwdBk / 2 * kNr, qcs = kAttnBwdBq / 2 * kNr;  // in words
+  static constexpr int64_t kcsf = kAttnBwdBk * kNr;  // dK, dV accumulators (floats)
+  uint32_t* k_panel;  // (Bk, d) bf16 pair panels
+  uint32_t* v_panel;  // (Bk, d) bf16 pair panels
+  uint32_t* k_pack;   // (Bk, dp) bf16 pair chunks along the keys
+  float* p_tile;      // (Bq, Bk + 16)
+  float* ds_tile;     // (Bq, Bk + 16)
+  uint16_t* ds16;     // (stripe, Bk + 16) the stripe's dS in bf16
+  uint32_t* p_pairs;  // (Bq / 2, Bk) P in bf16 pairs of query rows
+  uint32_t* ds_pairs; // (Bq / 2, Bk) dS likewise
+  uint32_t* q_pack;   // (Bq, dp) bf16 pair chunks along the query rows
+  uint32_t* do_pack;  // (Bq, dp) likewise
+  float* dk_acc;      // (Bk, dp) dk of the tile, in chunks
+  float* dv_acc;      // (Bk, dp) dv of the tile, in chunks
+  BwdBuffersBf16(float* ws, int64_t d) {
+    const int64_t dp = attn_padded_dim(d);
+    k_panel = reinterpret_cast<uint32_t*>(ws);
+    v_panel = k_panel + kAttnBwdBk * d / 2;
+    k_pack = v_panel + kAttnBwdBk * d / 2;
+    p_tile = reinterpret_cast<float*>(k_pack + kAttnBwdBk * dp / 2);
+    ds_tile = p_tile + kAttnBwdBq * kAttnBwdSld;
+    ds16 = reinterpret_cast<uint16_t*>(ds_tile + kAttnBwdBq * kAttnBwdSld);
+    p_pairs = reinterpret_cast<uint32_t*>(ds16 + kAttnStripe * kAttnBwdSld);
+    ds_pairs = p_pairs + kAttnBwdBq / 2 * kAttnBwdBk;
+    q_pack = ds_pairs + kAttnBwdBq / 2 * kAttnBwdBk;
+    do_pack = q_pack + kAttnBwdBq * dp / 2;
+    dk_acc = reinterpret_cast<float*>(do_pack + kAttnBwdBq * dp / 2);
+    dv_acc = dk_acc + kAttnBwdBk * dp;
+    const float* end = dv_acc + kAttnBwdBk * dp;
+    check_layout(ws, end, end, attn_bwd_workspace_bytes(d, DType::kBF16, true), DType::kBF16);
+  }
+};
+
+// P and dS of rows [r0, r0 + mr) against the key tile's pair panels [0, n_panels), as bwd_scores;
+// dS also rounded to bf16 into the stripe buffer for dQ.
+void bwd_scores_bf16(const BwdBuffersBf16& w, const BwdStripe& st, const uint16_t* q, int64_t ldq,
+                     const uint16_t* dout, int64_t ldo, int64_t r0, int64_t n_panels, int d,
+                     float scale) {
+  const DF df;
+  const VF vscale = hn::Set(df, scale);
+  const int64_t ps = int64_t(kNr) * d / 2;
+  for (int g = 0; g < st.mr; g += kScoreMr) {
+    float* p_rows = w.p_tile + (r0 + g) * kAttnBwdSld;
+    float* ds_rows = w.ds_tile + (r0 + g) * kAttnBwdSld;
+    uint16_t* ds16_rows = w.ds16 + g * kAttnBwdSld;
+    const uint16_t* qs = q + (r0 + g) * ldq;
+    const uint16_t* dos = dout + (r0 + g) * ldo;
+    with_rows<kScoreMr>(std::min(kScoreMr, st.mr - g), [&]<int MR>() HWY_ATTR {
+      auto p_epi = [&](int64_t b) HWY_ATTR {
+        return [&, b](int r, int pn, const VF* v) HWY_ATTR {
+          const int64_t n = st.lim[g + r] - (b + pn) * kNr;
+          VF x = exp_v(hn::MulSub(v[0], vscale, hn::Set(df, st.lse[g + r])));
+          if (n < kNr) x = hn::IfThenElseZero(lanes_below(n), x);
+          hn::StoreU(x, df, p_rows + r * kAttnBwdSld + (b + pn) * kNr);
+        };
+      };
+      auto ds_epi = [&](int64_t b) HWY_ATTR {
+        return [&, b](int r, int pn, const VF* v) HWY_ATTR {
+          const int64_t at = r * kAttnBwdSld + (b + pn) * kNr;
+          const VF pv = hn::LoadU(df, p_rows + at);
+          const VF ds = hn::Mul(hn::Mul(pv, hn::Sub(v[0], hn::Set(df, st.delta[g + r]))), vscale);
+          hn::StoreU(ds, df, ds_rows + at);
+          store_bf16(ds, ds16_rows + at);
+        };
+      };
+      int64_t b = 0;
+      for (; b + kScoreNp <= n_panels; b += kScoreNp) {
+        score_block_bf16<MR, kScoreNp>(qs, ldq, w.k_panel + b * ps, ps, d, p_epi(b));
+        score_block_bf16<MR, kScoreNp>(dos, ldo, w.v_panel + b * ps, ps, d, ds_epi(b));
+      }
+      for (; b < n_panels; ++b) {
+        score_block_bf16<MR, 1>(qs, ldq, w.k_panel + b * ps, ps, d, p_epi(b));
+        score_block_bf16<MR, 1>(dos, ldo, w.v_panel + b * ps, ps, d, ds_epi(b));
+      }
+    });
+  }
+}
+
+// bwd_query_tile with bf16 inputs on the dot-product instruction.
+void bwd_query_tile_bf16(const AttnProblem& p, const BwdBuffersBf16& w, const Mat& dout,
+                         const Mat& lse, const Mat& delta, const Mat& dq, int h, int64_t j0,
+                         int64_t bk, int64_t i0, int64_t bq) {
+  const int d = p.d;
+  const int64_t dp = attn_padded_dim(d), bkp = round_up(bk, kNr);
+  const uint16_t* q = static_cast<const uint16_t*>(p.q.at(i0, int64_t(h) * d));
+  const uint16_t* dot = static_cast<const uint16_t*>(dout.at(i0, int64_t(h) * d));
+  pack_pair_chunks(q, p.q.ld, bq, d, w.q_pack, w.qcs);
+  pack_pair_chunks(dot, dout.ld, bq, d, w.do_pack, w.qcs);
+  float* dq_t = static_cast<float*>(dq.at(i0, int64_t(h) * d));
+  for (int64_t r0 = 0; r0 < bq; r0 += kAttnStripe) {
+    BwdStripe st;
+    st.mr = int(std::min(kAttnStripe, bq - r0));
+    for (int r = 0; r < st.mr; ++r) {
+      st.lse[r] = *lse_at(lse, h, i0 + r0 + r);
+      st.lim[r] = st.lse[r] == kNegInf ? 0 : visible(p, i0 + r0 + r, j0, bk);
+      st.smax = std::max(st.smax, st.lim[r]);
+      st.delta[r] = *lse_at(delta, h, i0 + r0 + r);
+    }
+    const int64_t n_panels = (st.smax + kNr - 1) / kNr;
+    for (int r = 0; r < st.mr; ++r) {
+      float* pr = w.p_tile + (r0 + r) * kAttnBwdSld;
+      float* dr = w.ds_tile + (r0 + r) * kAttnBwdSld;
+      std::fill(pr + n_panels * kNr, pr + bkp, 0.0f);
+      std::fill(dr + n_panels * kNr, dr + bkp, 0.0f);
+    }
+    if (n_panels == 0) continue;
+    bwd_scores_bf16(w, st, q, p.q.ld, dot, dout.ld, r0, n_panels, d, p.softmax_scale());
+    // dQ += dS K over the key pairs [0, ceil(smax / 2)), in increasing order.
+    for (int g = 0; g < st.mr; g += kAccMr) {
+      const PairA a{reinterpret_cast<const uint32_t*>(w.ds16 + g * kAttnBwdSld), kAttnBwdSld / 2, 1};
+      acc_rows_bf16(std::min(kAccMr, st.mr - g), d, a, w.k_pack, w.kcs, dq_t + (r0 + g) * dq.ld,
+                    dq.ld, kNr, 0, (st.smax + 1) / 2);
+    }
+  }
+  // P and dS in bf16 pairs of query rows, then dV += P^T dO and dK += dS^T Q, kAccMr keys at a
+  // time, over the row pairs from the one holding the first row that sees them.
+  for (int64_t i = 0; i < bq; i += 2) {
+    const bool second = i + 1 < bq;
+    zip_rows_bf16(w.p_tile + i * kAttnBwdSld, second ? w.p_tile + (i + 1) * kAttnBwdSld : nullptr,
+                  bkp, w.p_pairs + i / 2 * kAttnBwdBk);
+    zip_rows_bf16(w.ds_tile + i * kAttnBwdSld, second ? w.ds_tile + (i + 1) * kAttnBwdSld : nullptr,
+                  bkp, w.ds_pairs + i / 2 * kAttnBwdBk);
+  }
+  for (int64_t jb = 0; jb < bk; jb += kAccMr) {
+    const int mr = int(std::min<int64_t>(kAccMr, bk - jb));
+    const int64_t i_lo =
+        p.causal ? std::clamp<int64_t>(p.k_pos0 + j0 + jb - p.q_pos0 - i0, 0, bq) : 0;
+    if (i_lo >= bq) break;
+    const PairA pa{w.p_pairs + jb, 1, kAttnBwdBk}, da{w.ds_pairs + jb, 1, kAttnBwdBk};
+    acc_rows_bf16(mr, dp, pa, w.do_pack, w.qcs, w.dv_acc + jb * kNr, kNr, w.kcsf, i_lo / 2,
+                  (bq + 1) / 2);
+    acc_rows_bf16(mr, dp, da, w.q_pack, w.qcs, w.dk_acc + jb * kNr, kNr, w.kcsf, i_lo / 2,
+                  (bq + 1) / 2);
+  }
+}
+
+}  // namespace
+
+void attention_backward_bf16(const AttnProblem& p, const Mat& dout, const Mat& lse,
+                             const Mat& delta, const Mat& dq, const Mat& dk, const Mat& dv,
+                             float* ws) {
+  const int64_t sq = p.sq(), sk = p.sk();
+  const int d = p.d, group = p.hq / p.hk;
+  const BwdBuffersBf16 w(ws, d);
+  for (int h = 0; h < p.hq; ++h) {
+    const int kvh = h / group;
+    for (int64_t j0 = 0; j0 < sk; j0 += kAttnBwdBk) {
+      const int64_t bk = std::min(kAttnBwdBk, sk - j0);
+      const int64_t i_first = p.causal ? std::clamp<int64_t>(p.k_pos0 + j0 - p.q_pos0, 0, sq) : 0;
+      if (i_first >= sq) continue;
+      const uint16_t* k = static_cast<const uint16_t*>(p.k.at(j0, int64_t(kvh) * d));
+      const uint16_t* v = static_cast<const uint16_t*>(p.v.at(j0, int64_t(kvh) * d));
+      pack_pair_panels(k, p.k.ld, bk, d, w.k_panel);
+      pack_pair_panels(v, p.v.ld, bk, d, w.v_panel);
+      pack_pair_chunks(k, p.k.ld, bk, d, w.k_pack, w.kcs);
+      pack_tile_chunks(dk, j0, bk, kvh, d, w.dk_acc, w.kcsf);
+      pack_tile_chunks(dv, j0, bk, kvh, d, w.dv_acc, w.kcsf);
+      for (int64_t i0 = i_first / kAttnBwdBq * kAttnBwdBq; i0 < sq; i0 += kAttnBwdBq)
+        bwd_query_tile_bf16(p, w, dout, lse, delta, dq, h, j0, bk, i0,
+                            std::min(kAttnBwdBq, sq - i0));
+      unpack_chunks(w.dk_acc, w.kcsf, bk, d, static_cast<float*>(dk.at(j0, int64_t(kvh) * d)),
+                    dk.ld);
+      unpack_chunks(w.dv_acc, w.kcsf, bk, d, static_cast<float*>(dv.at(j0, int64_t(kvh) * d)),
+                    dv.ld);
+    }
+  }
+}
+#endif  // HWY_TARGET == HWY_AVX3
 
 // delta(h, i) = sum_e o(i, e) do(i, e) on kLanes lanes, reduced in the target's fixed order.
 void attention_delta_t(const Mat& o, const Mat& dout, int d, const Mat& delta) {
@@ -501,6 +807,10 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace upipe::cpu {
 
+bool attn_bf16_dot(DType t) {
+  return t == DType::kBF16 && cpu_isa() == CpuIsa::kAvx512Bf16;
+}
+
 HWY_EXPORT(attention_forward_t);
 HWY_EXPORT(attention_backward_t);
 HWY_EXPORT(attention_delta_t);
@@ -509,14 +819,13 @@ HWY_EXPORT(lse_merge_t);
 
 void attention_forward(const AttnProblem& p, const Mat* o, const Mat* lse, const Mat* acc,
                        const Mat* m, const Mat* l, float* ws) {
-  cpu_isa();
-  HWY_DYNAMIC_DISPATCH(attention_forward_t)(p, o, lse, acc, m, l, ws);
+  HWY_DYNAMIC_DISPATCH(attention_forward_t)(p, o, lse, acc, m, l, ws, attn_bf16_dot(p.q.dtype));
 }
 
 void attention_backward(const AttnProblem& p, const Mat& dout, const Mat& lse, const Mat& delta,
                         const Mat& dq, const Mat& dk, const Mat& dv, float* ws) {
-  cpu_isa();
-  HWY_DYNAMIC_DISPATCH(attention_backward_t)(p, dout, lse, delta, dq, dk, dv, ws);
+  HWY_DYNAMIC_DISPATCH(attention_backward_t)(p, dout, lse, delta, dq, dk, dv, ws,
+                                             attn_bf16_dot(p.q.dtype));
 }
 
 void attention_delta(const Mat& o, const Mat& dout, int d, const Mat& delta) {

@@ -19,8 +19,10 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "backend/cpu/attention_tiles.h"
 #include "backend/cpu/vec_math-inl.h"
@@ -254,6 +256,194 @@ HWY_INLINE void acc_rows(int mr, int64_t n, const float* a, int64_t lda, const f
       cc[r * ldc + t] = s;
     }
 }
+
+
+#if HWY_TARGET == HWY_AVX3
+// ---- bf16 operands on the AVX512-BF16 dot product (the avx512bf16 path) ----
+//
+// vdpbf16ps: acc.fp32[i] += a.bf16[2i] b.bf16[2i] + a.bf16[2i+1] b.bf16[2i+1], products exact,
+// fp32 accumulation (subnormals flushed). Operands are pairs of bf16 along the contracted index,
+// one pair per 32-bit word: panels hold [pair][16 columns] words, A is read one broadcast word at
+// a time. Written as inline assembly so the AVX-512 target needs no extra compiler flags; it runs
+// only where cpu_isa() is avx512bf16.
+constexpr bool kHaveBf16Dot = true;
+typedef uint32_t word_unaligned __attribute__((aligned(1)));
+
+// acc += pairs(b) . broadcast(word at p).
+HWY_INLINE __m512 dot2_bcast(__m512 acc, __m512i b, const void* p) {
+  asm("vdpbf16ps %2%{1to16%}, %1, %0"
+      : "+v"(acc)
+      : "v"(b), "m"(*static_cast<const word_unaligned*>(p)));
+  return acc;
+}
+
+// Packs rows [0, n) of an (n, d) bf16 matrix (row j at src + j * ld elements) as pair panels:
+// dst[(j / kNr) * (d / 2) * kNr + e2 * kNr + j % kNr] = word (x(j, 2 e2), x(j, 2 e2 + 1)); rows
+// past n zero. The 32-bit transposes of pack_panels on the rows' words (d is even).
+HWY_NOINLINE void pack_pair_panels(const uint16_t* src, int64_t ld, int64_t n, int d,
+                                   uint32_t* dst) {
+  const int w = d / 2;
+  for (int64_t j0 = 0; j0 < n; j0 += kNr) {
+    uint32_t* panel = dst + j0 * w;
+    for (int64_t half = 0; half < kNr; half += 8) {
+      const int64_t jr = j0 + half;
+      int e = 0;
+      if (jr + 8 <= n) {
+        for (; e + 8 <= w; e += 8) {
+          __m256 r[8];
+          for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(reinterpret_cast<const float*>(src + (jr + i) * ld) + e);
+          transpose8(r);
+          for (int i = 0; i < 8; ++i)
+            _mm256_storeu_ps(reinterpret_cast<float*>(panel + (e + i) * kNr + half), r[i]);
+        }
+      }
+      for (; e < w; ++e)
+        for (int64_t i = 0; i < 8; ++i) {
+          uint32_t word = 0;
+          if (jr + i < n) std::memcpy(&word, src + (jr + i) * ld + 2 * e, 4);
+          panel[e * kNr + half + i] = word;
+        }
+    }
+  }
+}
+
+// Packs rows [0, n) of an (n, d) bf16 matrix into pair chunks along the rows: dst[(c / kNr) * cs
+// + (j / 2) * kNr + c % kNr] = word (x(j, c), x(j + 1, c)) for even j; columns past d and the row
+// past n (odd n) zero. B operand of a product contracted over the rows.
+HWY_NOINLINE void pack_pair_chunks(const uint16_t* src, int64_t ld, int64_t n, int d,
+                                   uint32_t* dst, int64_t cs) {
+  for (int64_t j = 0; j < n; j += 2) {
+    const uint16_t* r0 = src + j * ld;
+    const uint16_t* r1 = j + 1 < n ? r0 + ld : nullptr;
+    int c = 0;
+    for (; c + kNr <= d; c += kNr) {
+      const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r0 + c));
+      const __m256i b = r1 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r1 + c))
+                           : _mm256_setzero_si256();
+      const __m256i lo = _mm256_unpacklo_epi16(a, b), hi = _mm256_unpackhi_epi16(a, b);
+      uint32_t* out = dst + (c / kNr) * cs + (j / 2) * kNr;
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm256_permute2x128_si256(lo, hi, 0x20));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 8),
+                          _mm256_permute2x128_si256(lo, hi, 0x31));
+    }
+    if (c < d) {
+      uint32_t* out = dst + (c / kNr) * cs + (j / 2) * kNr;
+      for (int t = 0; t < kNr; ++t) {
+        const uint32_t lo = c + t < d ? r0[c + t] : 0, hi = c + t < d && r1 ? r1[c + t] : 0;
+        out[t] = lo | hi << 16;
+      }
+    }
+  }
+}
+
+// Score-like block on pairs: acc (MR, NP kNr) = A (MR, d) * NP pair panels, A row r of bf16 at
+// a + r * lda, panel p at panel + p * ps words. epi(r, p, v) receives row r's vector of panel p.
+template <int MR, int NP, class Epi>
+HWY_INLINE void score_block_bf16(const uint16_t* a, int64_t lda, const uint32_t* panel, int64_t ps,
+                                 int d, Epi&& epi) {
+  __m512 c[MR][NP];
+#pragma GCC unroll 12
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 2
+    for (int p = 0; p < NP; ++p) c[r][p] = _mm512_setzero_ps();
+#pragma GCC unroll 2
+  for (int e = 0; e < d / 2; ++e) {
+    __m512i b[NP];
+#pragma GCC unroll 2
+    for (int p = 0; p < NP; ++p) b[p] = _mm512_loadu_si512(panel + p * ps + e * kNr);
+#pragma GCC unroll 12
+    for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 2
+      for (int p = 0; p < NP; ++p) c[r][p] = dot2_bcast(c[r][p], b[p], a + r * lda + 2 * e);
+  }
+#pragma GCC unroll 12
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 2
+    for (int p = 0; p < NP; ++p) {
+      const VF v{c[r][p]};
+      epi(r, p, &v);
+    }
+}
+
+// A of a pair product: the word of row r and pair k at a + r * rs + k * ks (words): rs = ld / 2,
+// ks = 1 for a bf16 row-major matrix contracted over its columns; rs = 1, ks = ld for a pair
+// panel contracted over its rows.
+struct PairA {
+  const uint32_t* a;
+  int64_t rs, ks;
+};
+
+// Accumulating block on pairs: C (MR, NC chunks) += sum over pairs k = k0 .. k1-1, in order, of
+// A(r, k) . B(k, :), B chunk c at b + c * bcs + k * kNr words, C chunk c of row r at
+// c + c * ccs + r * ldc floats; the last chunk keeps only its first `last` columns.
+template <int MR, int NC>
+HWY_INLINE void acc_block_bf16(const PairA& a, const uint32_t* b, int64_t bcs, float* c,
+                               int64_t ldc, int64_t ccs, int last, int64_t k0, int64_t k1) {
+  const __mmask16 keep = last >= kNr ? __mmask16(0xffff) : __mmask16((1u << last) - 1);
+  __m512 acc[MR][NC];
+#pragma GCC unroll 6
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < NC; ++v)
+      acc[r][v] = _mm512_maskz_loadu_ps(v == NC - 1 ? keep : __mmask16(0xffff), c + v * ccs + r * ldc);
+#pragma GCC unroll 2
+  for (int64_t k = k0; k < k1; ++k) {
+    __m512i bv[NC];
+#pragma GCC unroll 4
+    for (int v = 0; v < NC; ++v) bv[v] = _mm512_loadu_si512(b + v * bcs + k * kNr);
+#pragma GCC unroll 6
+    for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+      for (int v = 0; v < NC; ++v) acc[r][v] = dot2_bcast(acc[r][v], bv[v], a.a + r * a.rs + k * a.ks);
+  }
+#pragma GCC unroll 6
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < NC; ++v)
+      _mm512_mask_storeu_ps(c + v * ccs + r * ldc, v == NC - 1 ? keep : __mmask16(0xffff),
+                            acc[r][v]);
+}
+
+// C (mr, n) += A (mr, pairs [k0, k1)) . B for any n (columns in chunks of kNr, the last one
+// masked) and mr <= kAccMr.
+HWY_INLINE void acc_rows_bf16(int mr, int64_t n, PairA a, const uint32_t* b, int64_t bcs, float* c,
+                              int64_t ldc, int64_t ccs, int64_t k0, int64_t k1) {
+  for (int64_t col = 0; col < n;) {
+    const int64_t chunks = std::min<int64_t>(kAccNc, (n - col + kNr - 1) / kNr);
+    const int last = int(std::min<int64_t>(kNr, n - col - (chunks - 1) * kNr));
+    const uint32_t* bc = b + (col / kNr) * bcs;
+    float* cc = c + (col / kNr) * ccs;
+    with_rows<kAccMr>(mr, [&]<int MR>() HWY_ATTR {
+      switch (chunks) {
+        case 4:
+          return acc_block_bf16<MR, 4>(a, bc, bcs, cc, ldc, ccs, last, k0, k1);
+        case 3:
+          return acc_block_bf16<MR, 3>(a, bc, bcs, cc, ldc, ccs, last, k0, k1);
+        case 2:
+          return acc_block_bf16<MR, 2>(a, bc, bcs, cc, ldc, ccs, last, k0, k1);
+        default:
+          return acc_block_bf16<MR, 1>(a, bc, bcs, cc, ldc, ccs, last, k0, k1);
+      }
+    });
+    col += chunks * kNr;
+  }
+}
+
+// Rows i and i + 1 of an fp32 matrix rounded to bf16 and zipped into words (the pair panel of a
+// product contracted over rows): dst[j] = (bf16 x(i, j), bf16 x(i + 1, j)) for j in [0, n),
+// n a multiple of kNr; row1 null means zeros.
+HWY_INLINE void zip_rows_bf16(const float* row0, const float* row1, int64_t n, uint32_t* dst) {
+  const DF df;
+  const DU32 du;
+  for (int64_t j = 0; j < n; j += kLanes) {
+    const auto lo = round_bf16_bits(hn::LoadU(df, row0 + j));
+    const auto hi = row1 ? hn::ShiftLeft<16>(round_bf16_bits(hn::LoadU(df, row1 + j))) : hn::Zero(du);
+    hn::StoreU(hn::Or(lo, hi), du, dst + j);
+  }
+}
+#else
+constexpr bool kHaveBf16Dot = false;
+#endif  // HWY_TARGET == HWY_AVX3
 
 }  // namespace HWY_NAMESPACE
 }  // namespace upipe::cpu

@@ -33,6 +33,10 @@ CpuIsa cpu_isa();
 // ConfigError if the CPU lacks it.
 void set_cpu_isa(CpuIsa isa);
 
+// Highway's name of the target the kernels dispatch to now: "AVX2" on the avx2 path, "AVX3"
+// (AVX-512) on both AVX-512 paths.
+std::string cpu_vector_target();
+
 // The instruction set oneDNN's GEMMs run on ("avx512_core_bf16", "avx2"): its own choice, which
 // ONEDNN_MAX_CPU_ISA caps (UPIPE_CPU_ISA does not).
 std::string onednn_cpu_isa();

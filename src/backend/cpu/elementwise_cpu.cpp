@@ -316,6 +316,10 @@ void adamw_t(const Mat& w, const Mat& g, const Mat& m, const Mat& v, const AdamW
   }
 }
 
+int64_t vector_target_t() {
+  return HWY_TARGET;
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace upipe::cpu
 HWY_AFTER_NAMESPACE();
@@ -335,6 +339,7 @@ HWY_EXPORT(add_into_t);
 HWY_EXPORT(add_transposed_t);
 HWY_EXPORT(sum_squares_t);
 HWY_EXPORT(adamw_t);
+HWY_EXPORT(vector_target_t);
 
 // Each entry point makes sure the path is chosen (cpu_isa), then calls the chosen target's code.
 void rope(const Mat& x, int d, const RowPositions& pos, const RopeParams& rp, int sign) {
@@ -390,4 +395,13 @@ void adamw(const Mat& w, const Mat& g, const Mat& m, const Mat& v, const AdamWAr
 }
 
 }  // namespace upipe::cpu
+
+namespace upipe {
+
+std::string cpu_vector_target() {
+  cpu_isa();
+  return hwy::TargetName(HWY_DYNAMIC_DISPATCH(cpu::vector_target_t)());
+}
+
+}  // namespace upipe
 #endif  // HWY_ONCE
