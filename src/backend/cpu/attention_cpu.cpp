@@ -278,6 +278,35 @@ void attention_forward_t(const AttnProblem& p, const Mat* o, const Mat* lse, con
 #if HWY_TARGET == HWY_AVX3
 namespace {
 
+// softmax_row writing the probabilities p[0, n) in bf16 (zeros past lim, n a multiple of kNr)
+// while their sum l is kept in fp32.
+float softmax_row_bf16(const float* s, int64_t lim, int64_t n, float& m, float& l, uint16_t* p) {
+  const DF df;
+  VF vmax = hn::Set(df, kNegInf);
+  for (int64_t c = 0; c < lim; c += kLanes)
+    vmax = hn::Max(vmax, hn::IfThenElse(lanes_below(lim - c), hn::LoadU(df, s + c), vmax));
+  const float m_new = std::max(m, max_lanes(vmax));
+  const VF vm = hn::Set(df, m_new);
+  VF vsum = hn::Zero(df);
+  auto prob = [&](int64_t c) HWY_ATTR {
+    const VF e = hn::IfThenElseZero(lanes_below(lim - c), exp_v(hn::Sub(hn::LoadU(df, s + c), vm)));
+    vsum = hn::Add(vsum, e);
+    return e.raw;
+  };
+  int64_t c = 0;
+  for (; c + 2 * kLanes <= n && c < lim; c += 2 * kLanes) {
+    const __m512 lo = prob(c), hi = prob(c + kLanes);
+    _mm512_storeu_si512(p + c, cvt2_bf16(hi, lo));
+  }
+  for (; c < n && c < lim; c += kLanes)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + c), cvt_bf16(prob(c)));
+  std::fill(p + c, p + n, uint16_t(0));
+  const float alpha = m == kNegInf ? 0.0f : exp_fast(m - m_new);
+  l = l * alpha + sum_lanes(vsum);
+  m = m_new;
+  return alpha;
+}
+
 // The bf16-dot forward's buffers (attn_fwd_workspace_bytes with bf16_dot).
 struct FwdBuffersBf16 {
   uint32_t* k_panel;  // (Bk, d) bf16 in pair panels
@@ -339,17 +368,17 @@ void fwd_stripe_bf16(const AttnProblem& p, const FwdBuffersBf16& w, int h, int64
   }
   const int64_t sp = n_panels * kNr;  // scores and probabilities defined up to here
   for (int r = 0; r < mr; ++r) {
-    float* srow = w.s_rows + r * kAttnFwdSld;
+    uint16_t* prow = w.p16 + r * kAttnFwdSld;
     if (lim[r] == 0) {
-      std::fill_n(srow, sp, 0.0f);
-    } else {
-      const float alpha = softmax_row(srow, lim[r], smax, w.m[r0 + r], w.l[r0 + r]);
-      if (alpha != 1.0f) {
-        float* orow = w.o_tile + (r0 + r) * dp;
-        for (int64_t e = 0; e < d; ++e) orow[e] *= alpha;
-      }
+      std::fill_n(prow, sp, uint16_t(0));
+      continue;
     }
-    narrow_row(srow, w.p16 + r * kAttnFwdSld, true, sp);
+    const float alpha = softmax_row_bf16(w.s_rows + r * kAttnFwdSld, lim[r], sp, w.m[r0 + r],
+                                         w.l[r0 + r], prow);
+    if (alpha != 1.0f) {
+      float* orow = w.o_tile + (r0 + r) * dp;
+      for (int64_t e = 0; e < d; ++e) orow[e] *= alpha;
+    }
   }
   // O += P V over the key pairs [0, ceil(smax / 2)): rows with fewer visible keys add zeros.
   for (int g = 0; g < mr; g += kAccMr) {
@@ -631,7 +660,7 @@ void bwd_scores_bf16(const BwdBuffersBf16& w, const BwdStripe& st, const uint16_
           const VF pv = hn::LoadU(df, p_rows + at);
           const VF ds = hn::Mul(hn::Mul(pv, hn::Sub(v[0], hn::Set(df, st.delta[g + r]))), vscale);
           hn::StoreU(ds, df, ds_rows + at);
-          store_bf16(ds, ds16_rows + at);
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(ds16_rows + at), cvt_bf16(ds.raw));
         };
       };
       int64_t b = 0;

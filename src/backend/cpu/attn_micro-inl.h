@@ -429,18 +429,32 @@ HWY_INLINE void acc_rows_bf16(int mr, int64_t n, PairA a, const uint32_t* b, int
   }
 }
 
+// fp32 to bf16 on the AVX512-BF16 conversions (round to nearest even; subnormal inputs flush to
+// zero, as the dot product would treat them): one vector, and two (b in the low half).
+HWY_INLINE __m256i cvt_bf16(__m512 a) {
+  __m256i r;
+  asm("vcvtneps2bf16 %1, %0" : "=v"(r) : "v"(a));
+  return r;
+}
+HWY_INLINE __m512i cvt2_bf16(__m512 a, __m512 b) {
+  __m512i r;
+  asm("vcvtne2ps2bf16 %2, %1, %0" : "=v"(r) : "v"(a), "v"(b));
+  return r;
+}
+
 // Rows i and i + 1 of an fp32 matrix rounded to bf16 and zipped into words (the pair panel of a
 // product contracted over rows): dst[j] = (bf16 x(i, j), bf16 x(i + 1, j)) for j in [0, n),
 // n a multiple of kNr; row1 null means zeros.
 HWY_INLINE void zip_rows_bf16(const float* row0, const float* row1, int64_t n, uint32_t* dst) {
-  const DF df;
-  const DU32 du;
-  for (int64_t j = 0; j < n; j += kLanes) {
-    const auto lo = round_bf16_bits(hn::LoadU(df, row0 + j));
-    const auto hi = row1 ? hn::ShiftLeft<16>(round_bf16_bits(hn::LoadU(df, row1 + j))) : hn::Zero(du);
-    hn::StoreU(hn::Or(lo, hi), du, dst + j);
+  const __m512i zip = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+                                       23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  for (int64_t j = 0; j < n; j += kNr) {
+    const __m512 hi = row1 ? _mm512_loadu_ps(row1 + j) : _mm512_setzero_ps();
+    const __m512i both = cvt2_bf16(hi, _mm512_loadu_ps(row0 + j));
+    _mm512_storeu_si512(dst + j, _mm512_permutexvar_epi16(zip, both));
   }
 }
+
 #else
 constexpr bool kHaveBf16Dot = false;
 #endif  // HWY_TARGET == HWY_AVX3
