@@ -44,6 +44,8 @@ int main(int argc, char** argv) {
   CLI::App* bcomm =
       bench->add_subcommand("comm", "one collective: engine (blocking, non-blocking) vs plain MPI");
   runners[bcomm] = app::add_bench_comm(*bcomm);
+  CLI::App* bops = bench->add_subcommand("ops", "memory-bound kernels vs a plain copy, one rank");
+  runners[bops] = app::add_bench_ops(*bops);
   CLI::App* bmodel = bench->add_subcommand("model", "the whole decoder's forward + backward");
   runners[bmodel] = app::add_bench_model(*bmodel);
   CLI::App* check = cli.add_subcommand("check", "verify a strategy against `local`");
