@@ -837,7 +837,8 @@ HWY_AFTER_NAMESPACE();
 namespace upipe::cpu {
 
 bool attn_bf16_dot(DType t) {
-  return t == DType::kBF16 && cpu_isa() == CpuIsa::kAvx512Bf16;
+  const CpuIsa isa = cpu_isa();  // first: it also makes the dispatch below use the chosen path
+  return t == DType::kBF16 && isa == CpuIsa::kAvx512Bf16;
 }
 
 HWY_EXPORT(attention_forward_t);
@@ -848,13 +849,14 @@ HWY_EXPORT(lse_merge_t);
 
 void attention_forward(const AttnProblem& p, const Mat* o, const Mat* lse, const Mat* acc,
                        const Mat* m, const Mat* l, float* ws) {
-  HWY_DYNAMIC_DISPATCH(attention_forward_t)(p, o, lse, acc, m, l, ws, attn_bf16_dot(p.q.dtype));
+  const bool bf16_dot = attn_bf16_dot(p.q.dtype);
+  HWY_DYNAMIC_DISPATCH(attention_forward_t)(p, o, lse, acc, m, l, ws, bf16_dot);
 }
 
 void attention_backward(const AttnProblem& p, const Mat& dout, const Mat& lse, const Mat& delta,
                         const Mat& dq, const Mat& dk, const Mat& dv, float* ws) {
-  HWY_DYNAMIC_DISPATCH(attention_backward_t)(p, dout, lse, delta, dq, dk, dv, ws,
-                                             attn_bf16_dot(p.q.dtype));
+  const bool bf16_dot = attn_bf16_dot(p.q.dtype);
+  HWY_DYNAMIC_DISPATCH(attention_backward_t)(p, dout, lse, delta, dq, dk, dv, ws, bf16_dot);
 }
 
 void attention_delta(const Mat& o, const Mat& dout, int d, const Mat& delta) {
