@@ -84,7 +84,8 @@ int run(Process& proc, const Options& opt) {
                       {"model_tflops_per_s", tflops},
                       {"peak_bytes", peak},
                       {"peak_by_tag", tags_json(dev.mem().at_peak_by_tag())},
-                      {"host_peak_bytes", host_peak}};
+                      {"host_peak_bytes", host_peak},
+                      {"cpu", cpu_model_name()}};
   j.update(memory_stack_json(opt.model));
   if (opt.json) {
     print_json(j);
