@@ -64,39 +64,55 @@ bool spot_check(Device& dev, const Mat& x, const Mat& y, const Mat& g, const Mat
   return ok;
 }
 
+// The tensors of the benchmark, (rows, cols) fp32 unless named, N(0, 1) values.
+struct Tensors {
+  Tensor x, y, g, m, v, x16, back, w, dw;
+  Tensors(Device& dev, int64_t r, int64_t c) {
+    Arena& mem = dev.mem();
+    auto make = [&](uint64_t seed) {
+      Tensor t(mem, Tag::kOther, DType::kF32, r, c);
+      std::vector<float> row(static_cast<size_t>(c));
+      for (int64_t i = 0; i < r; ++i) {
+        for (int64_t j = 0; j < c; ++j)
+          row[size_t(j)] = float(normal_at(seed, uint64_t(i * c + j)));
+        upload(dev, row.data(), t.mat().rows_of(i, 1));
+      }
+      return t;
+    };
+    x = make(1), y = make(2), g = make(3), m = make(4), v = make(5);
+    x16 = Tensor(mem, Tag::kOther, DType::kBF16, r, c);
+    back = Tensor(mem, Tag::kOther, DType::kF32, r, c);
+    w = Tensor(mem, Tag::kOther, DType::kF32, 1, c);
+    dw = Tensor(mem, Tag::kOther, DType::kF32, 1, c);
+    fill(dev, w, 1.0f);
+    zero(dev, dw);
+    fill(dev, v, 0.5f);  // AdamW's second moments are positive
+  }
+};
+
+// The timed ops: a copy first (the reference), then every memory-bound kernel.
+std::vector<Op> make_ops(Device& dev, Tensors& t, double elems) {
+  static const AdamWArgs aw{1e-3, 0.9, 0.95, 1e-8, 0.1, 1.0, 3};
+  return {
+      {"copy fp32", 8 * elems, [&] { copy(dev, t.y, t.x); }},
+      {"rmsnorm forward", 8 * elems, [&] { rmsnorm_forward(dev, t.x, t.w, 1e-5f, t.y); }},
+      {"rmsnorm backward", 12 * elems,
+       [&] { rmsnorm_backward(dev, t.x, t.w, 1e-5f, t.g, t.m, t.dw); }},
+      {"swiglu forward", 12 * elems, [&] { swiglu_forward(dev, t.x, t.g, t.y); }},
+      {"swiglu backward", 20 * elems, [&] { swiglu_backward(dev, t.x, t.g, t.y, t.m, t.back); }},
+      {"convert fp32->bf16", 6 * elems, [&] { copy(dev, t.x16, t.x); }},
+      {"convert bf16->fp32", 6 * elems, [&] { copy(dev, t.back, t.x16); }},
+      {"add_into fp32", 12 * elems, [&] { add_into(dev, t.y, t.x); }},
+      {"adamw", 28 * elems, [&] { adamw(dev, t.y, t.g, t.m, t.v, aw); }},
+  };
+}
+
 int run(Process& proc, const Options& opt) {
   Device dev;
-  Arena& mem = dev.mem();
   const int64_t r = opt.rows, c = opt.cols;
-  const DType f32 = DType::kF32, bf16 = DType::kBF16;
-  auto make = [&](DType t, uint64_t seed) {
-    Tensor x(mem, Tag::kOther, t, r, c);
-    std::vector<float> row(static_cast<size_t>(c));
-    for (int64_t i = 0; i < r; ++i) {
-      for (int64_t j = 0; j < c; ++j) row[size_t(j)] = float(normal_at(seed, uint64_t(i * c + j)));
-      upload(dev, row.data(), x.mat().rows_of(i, 1));
-    }
-    return x;
-  };
-  Tensor x = make(f32, 1), y = make(f32, 2), g = make(f32, 3), m = make(f32, 4), v = make(f32, 5);
-  Tensor x16(mem, Tag::kOther, bf16, r, c), back(mem, Tag::kOther, f32, r, c);
-  Tensor w(mem, Tag::kOther, f32, 1, c), dw(mem, Tag::kOther, f32, 1, c);
-  fill(dev, w, 1.0f);
-  zero(dev, dw);
-  fill(dev, v, 0.5f);
-  const double e = double(r) * double(c);
-  const AdamWArgs aw{1e-3, 0.9, 0.95, 1e-8, 0.1, 1.0, 3};
-  std::vector<Op> ops = {
-      {"copy fp32", 8 * e, [&] { copy(dev, y, x); }},
-      {"rmsnorm forward", 8 * e, [&] { rmsnorm_forward(dev, x, w, 1e-5f, y); }},
-      {"rmsnorm backward", 12 * e, [&] { rmsnorm_backward(dev, x, w, 1e-5f, g, m, dw); }},
-      {"swiglu forward", 12 * e, [&] { swiglu_forward(dev, x, g, y); }},
-      {"swiglu backward", 20 * e, [&] { swiglu_backward(dev, x, g, y, m, back); }},
-      {"convert fp32->bf16", 6 * e, [&] { copy(dev, x16, x); }},
-      {"convert bf16->fp32", 6 * e, [&] { copy(dev, back, x16); }},
-      {"add_into fp32", 12 * e, [&] { add_into(dev, y, x); }},
-      {"adamw", 28 * e, [&] { adamw(dev, y, g, m, v, aw); }},
-  };
+  Tensors t(dev, r, c);
+  const Tensor &x = t.x, &y = t.y, &g = t.g, &m = t.m, &x16 = t.x16, &back = t.back, &w = t.w;
+  std::vector<Op> ops = make_ops(dev, t, double(r) * double(c));
   // Correctness first: y = rmsnorm(x), then h = swiglu(x, g) into m, bf16 round trip into back.
   rmsnorm_forward(dev, x, w, 1e-5f, y);
   swiglu_forward(dev, x, g, m);
@@ -117,11 +133,12 @@ int run(Process& proc, const Options& opt) {
   nlohmann::json jops = nlohmann::json::array();
   for (const Op& op : ops) {
     const double gbs = op.bytes / op.best / 1e9;
-    jops.push_back({{"op", op.name}, {"s", op.best}, {"gb_per_s", gbs}, {"vs_copy", gbs / copy_gbs}});
+    jops.push_back(
+        {{"op", op.name}, {"s", op.best}, {"gb_per_s", gbs}, {"vs_copy", gbs / copy_gbs}});
   }
   if (opt.json) {
-    print_json({{"rows", r}, {"cols", c}, {"iters", opt.iters}, {"ops", jops},
-                {"cpu", cpu_model_name()}});
+    print_json(
+        {{"rows", r}, {"cols", c}, {"iters", opt.iters}, {"ops", jops}, {"cpu", cpu_model_name()}});
     return 0;
   }
   std::printf("memory-bound kernels, (%lld, %lld) fp32 tensors, one thread, kernels %s\n",

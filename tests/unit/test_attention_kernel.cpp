@@ -8,8 +8,8 @@
 #include <limits>
 
 #include "backend/attention.h"
-#include "backend/cpu/cpu_isa.h"
 #include "backend/cpu/attention_tiles.h"
+#include "backend/cpu/cpu_isa.h"
 #include "backend/reference/attention_ref.h"
 #include "common/test_util.h"
 

@@ -315,10 +315,10 @@ void attention_ops(Ops& o) {
         dims, cview(qv, c.sq, qc), cview(kv, c.sk, kc), cview(vv, c.sk, kc), cview(dv_in, c.sq, qc),
         view(dq64, c.sq, qc), view(dk64, c.sk, kc), view(dv64, c.sk, kc));
     auto dq32 = cast<float>(dq0), dk32 = cast<float>(dk0), dv32 = cast<float>(dv0);
-    ref::attention_backward<float>(
-        dims, cview(q32, c.sq, qc), cview(k32, c.sk, kc), cview(v32, c.sk, kc),
-        cview(do32, c.sq, qc), view(dq32, c.sq, qc), view(dk32, c.sk, kc), view(dv32, c.sk, kc),
-        operand, operand);
+    ref::attention_backward<float>(dims, cview(q32, c.sq, qc), cview(k32, c.sk, kc),
+                                   cview(v32, c.sk, kc), cview(do32, c.sq, qc),
+                                   view(dq32, c.sq, qc), view(dk32, c.sk, kc), view(dv32, c.sk, kc),
+                                   operand, operand);
     expect_rule(name + " backward dq", o.get(dq), dq64, cast<double>(dq32));
     expect_rule(name + " backward dk", o.get(dk), dk64, cast<double>(dk32));
     expect_rule(name + " backward dv", o.get(dv), dv64, cast<double>(dv32));

@@ -38,7 +38,8 @@ struct Tile {
 };
 Tile load_tile(const Mat& x, int64_t r0, int64_t rows, int head, int d, float* stage) {
   if (!is_bf16(x)) return {static_cast<const float*>(x.at(r0, int64_t(head) * d)), x.ld};
-  for (int64_t r = 0; r < rows; ++r) widen_row(x.at(r0 + r, int64_t(head) * d), true, stage + r * d, d);
+  for (int64_t r = 0; r < rows; ++r)
+    widen_row(x.at(r0 + r, int64_t(head) * d), true, stage + r * d, d);
   return {stage, d};
 }
 
@@ -191,8 +192,8 @@ void fwd_stripe(const AttnProblem& p, const FwdBuffers& w, int64_t i0, int64_t r
   }
   // O += P V over the keys [0, smax): rows with fewer visible keys add exact zeros.
   for (int g = 0; g < mr; g += kAccMr)
-    acc_rows<false>(std::min(kAccMr, mr - g), dp, w.s_rows + g * kAttnFwdSld, kAttnFwdSld,
-                    w.v_pack, kNr, kAttnFwdBk * kNr, w.o_tile + (r0 + g) * dp, dp, kNr, 0, smax);
+    acc_rows<false>(std::min(kAccMr, mr - g), dp, w.s_rows + g * kAttnFwdSld, kAttnFwdSld, w.v_pack,
+                    kNr, kAttnFwdBk * kNr, w.o_tile + (r0 + g) * dp, dp, kNr, 0, smax);
 }
 
 // Loads the tile's running state (accumulate mode) or resets it.
@@ -325,8 +326,8 @@ struct FwdBuffersBf16 {
     o_tile = reinterpret_cast<float*>(p16 + kAttnStripe * kAttnFwdSld);
     m = o_tile + kAttnFwdBq * dp;
     l = m + kAttnFwdBq;
-    check_layout(ws, l + kAttnFwdBq, l + kAttnFwdBq, attn_fwd_workspace_bytes(d, DType::kBF16, true),
-                 DType::kBF16);
+    check_layout(ws, l + kAttnFwdBq, l + kAttnFwdBq,
+                 attn_fwd_workspace_bytes(d, DType::kBF16, true), DType::kBF16);
   }
   FwdBuffers as_fp32() const {
     FwdBuffers f{};
@@ -363,7 +364,8 @@ void fwd_stripe_bf16(const AttnProblem& p, const FwdBuffersBf16& w, int h, int64
       int64_t b = 0;
       for (; b + kScoreNp <= n_panels; b += kScoreNp)
         score_block_bf16<MR, kScoreNp>(qg, p.q.ld, w.k_panel + b * ps, ps, d, store(b));
-      for (; b < n_panels; ++b) score_block_bf16<MR, 1>(qg, p.q.ld, w.k_panel + b * ps, ps, d, store(b));
+      for (; b < n_panels; ++b)
+        score_block_bf16<MR, 1>(qg, p.q.ld, w.k_panel + b * ps, ps, d, store(b));
     });
   }
   const int64_t sp = n_panels * kNr;  // scores and probabilities defined up to here
@@ -373,8 +375,8 @@ void fwd_stripe_bf16(const AttnProblem& p, const FwdBuffersBf16& w, int h, int64
       std::fill_n(prow, sp, uint16_t(0));
       continue;
     }
-    const float alpha = softmax_row_bf16(w.s_rows + r * kAttnFwdSld, lim[r], sp, w.m[r0 + r],
-                                         w.l[r0 + r], prow);
+    const float alpha =
+        softmax_row_bf16(w.s_rows + r * kAttnFwdSld, lim[r], sp, w.m[r0 + r], w.l[r0 + r], prow);
     if (alpha != 1.0f) {
       float* orow = w.o_tile + (r0 + r) * dp;
       for (int64_t e = 0; e < d; ++e) orow[e] *= alpha;
@@ -600,14 +602,14 @@ namespace {
 struct BwdBuffersBf16 {
   static constexpr int64_t kcs = kAttnBwdBk / 2 * kNr, qcs = kAttnBwdBq / 2 * kNr;  // in words
   static constexpr int64_t kcsf = kAttnBwdBk * kNr;  // dK, dV accumulators (floats)
-  uint32_t* k_panel;  // (Bk, d) bf16 pair panels
-  uint32_t* v_panel;  // (Bk, d) bf16 pair panels
-  uint32_t* k_pack;   // (Bk, dp) bf16 pair chunks along the keys
-  float* p_tile;      // (Bq, Bk + 16)
-  float* ds_tile;     // (Bq, Bk + 16)
-  uint16_t* ds16;     // (stripe, Bk + 16) the stripe's dS in bf16
-  uint32_t* p_pairs;  // (Bq / 2, Bk) P in bf16 pairs of query rows
-  uint32_t* ds_pairs; // (Bq / 2, Bk) dS likewise
+  uint32_t* k_panel;                                 // (Bk, d) bf16 pair panels
+  uint32_t* v_panel;                                 // (Bk, d) bf16 pair panels
+  uint32_t* k_pack;                                  // (Bk, dp) bf16 pair chunks along the keys
+  float* p_tile;                                     // (Bq, Bk + 16)
+  float* ds_tile;                                    // (Bq, Bk + 16)
+  uint16_t* ds16;                                    // (stripe, Bk + 16) the stripe's dS in bf16
+  uint32_t* p_pairs;                                 // (Bq / 2, Bk) P in bf16 pairs of query rows
+  uint32_t* ds_pairs;                                // (Bq / 2, Bk) dS likewise
   uint32_t* q_pack;   // (Bq, dp) bf16 pair chunks along the query rows
   uint32_t* do_pack;  // (Bq, dp) likewise
   float* dk_acc;      // (Bk, dp) dk of the tile, in chunks
@@ -707,7 +709,8 @@ void bwd_query_tile_bf16(const AttnProblem& p, const BwdBuffersBf16& w, const Ma
     bwd_scores_bf16(w, st, q, p.q.ld, dot, dout.ld, r0, n_panels, d, p.softmax_scale());
     // dQ += dS K over the key pairs [0, ceil(smax / 2)), in increasing order.
     for (int g = 0; g < st.mr; g += kAccMr) {
-      const PairA a{reinterpret_cast<const uint32_t*>(w.ds16 + g * kAttnBwdSld), kAttnBwdSld / 2, 1};
+      const PairA a{reinterpret_cast<const uint32_t*>(w.ds16 + g * kAttnBwdSld), kAttnBwdSld / 2,
+                    1};
       acc_rows_bf16(std::min(kAccMr, st.mr - g), d, a, w.k_pack, w.kcs, dq_t + (r0 + g) * dq.ld,
                     dq.ld, kNr, 0, (st.smax + 1) / 2);
     }
@@ -778,7 +781,8 @@ void attention_delta_t(const Mat& o, const Mat& dout, int d, const Mat& delta) {
       widen_row(o.at(i, int64_t(h) * d), is_bf16(o), orow, d);
       widen_row(dout.at(i, int64_t(h) * d), is_bf16(dout), drow, d);
       VF s = hn::Zero(df);
-      for_chunks(d, [&](const Chunk& k) HWY_ATTR { s = hn::MulAdd(k.load(orow), k.load(drow), s); });
+      for_chunks(d,
+                 [&](const Chunk& k) HWY_ATTR { s = hn::MulAdd(k.load(orow), k.load(drow), s); });
       *lse_at(delta, h, i) = sum_lanes(s);
     }
 }

@@ -257,7 +257,6 @@ HWY_INLINE void acc_rows(int mr, int64_t n, const float* a, int64_t lda, const f
     }
 }
 
-
 #if HWY_TARGET == HWY_AVX3
 // ---- bf16 operands on the AVX512-BF16 dot product (the avx512bf16 path) ----
 //
@@ -291,7 +290,8 @@ HWY_NOINLINE void pack_pair_panels(const uint16_t* src, int64_t ld, int64_t n, i
       if (jr + 8 <= n) {
         for (; e + 8 <= w; e += 8) {
           __m256 r[8];
-          for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(reinterpret_cast<const float*>(src + (jr + i) * ld) + e);
+          for (int i = 0; i < 8; ++i)
+            r[i] = _mm256_loadu_ps(reinterpret_cast<const float*>(src + (jr + i) * ld) + e);
           transpose8(r);
           for (int i = 0; i < 8; ++i)
             _mm256_storeu_ps(reinterpret_cast<float*>(panel + (e + i) * kNr + half), r[i]);
@@ -310,8 +310,8 @@ HWY_NOINLINE void pack_pair_panels(const uint16_t* src, int64_t ld, int64_t n, i
 // Packs rows [0, n) of an (n, d) bf16 matrix into pair chunks along the rows: dst[(c / kNr) * cs
 // + (j / 2) * kNr + c % kNr] = word (x(j, c), x(j + 1, c)) for even j; columns past d and the row
 // past n (odd n) zero. B operand of a product contracted over the rows.
-HWY_NOINLINE void pack_pair_chunks(const uint16_t* src, int64_t ld, int64_t n, int d,
-                                   uint32_t* dst, int64_t cs) {
+HWY_NOINLINE void pack_pair_chunks(const uint16_t* src, int64_t ld, int64_t n, int d, uint32_t* dst,
+                                   int64_t cs) {
   for (int64_t j = 0; j < n; j += 2) {
     const uint16_t* r0 = src + j * ld;
     const uint16_t* r1 = j + 1 < n ? r0 + ld : nullptr;
@@ -385,7 +385,8 @@ HWY_INLINE void acc_block_bf16(const PairA& a, const uint32_t* b, int64_t bcs, f
   for (int r = 0; r < MR; ++r)
 #pragma GCC unroll 4
     for (int v = 0; v < NC; ++v)
-      acc[r][v] = _mm512_maskz_loadu_ps(v == NC - 1 ? keep : __mmask16(0xffff), c + v * ccs + r * ldc);
+      acc[r][v] =
+          _mm512_maskz_loadu_ps(v == NC - 1 ? keep : __mmask16(0xffff), c + v * ccs + r * ldc);
 #pragma GCC unroll 2
   for (int64_t k = k0; k < k1; ++k) {
     __m512i bv[NC];
@@ -394,7 +395,8 @@ HWY_INLINE void acc_block_bf16(const PairA& a, const uint32_t* b, int64_t bcs, f
 #pragma GCC unroll 6
     for (int r = 0; r < MR; ++r)
 #pragma GCC unroll 4
-      for (int v = 0; v < NC; ++v) acc[r][v] = dot2_bcast(acc[r][v], bv[v], a.a + r * a.rs + k * a.ks);
+      for (int v = 0; v < NC; ++v)
+        acc[r][v] = dot2_bcast(acc[r][v], bv[v], a.a + r * a.rs + k * a.ks);
   }
 #pragma GCC unroll 6
   for (int r = 0; r < MR; ++r)

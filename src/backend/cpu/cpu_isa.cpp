@@ -87,8 +87,8 @@ CpuIsa cpu_isa() {
   }
   const std::optional<CpuIsa> want = parse_cpu_isa(env);
   if (!want)
-    throw ConfigError(fmt::format("{}={} is not a CPU path; use avx2, avx512 or avx512bf16",
-                                  kCpuIsaEnv, env));
+    throw ConfigError(
+        fmt::format("{}={} is not a CPU path; use avx2, avx512 or avx512bf16", kCpuIsaEnv, env));
   set_cpu_isa(*want);
   return *want;
 }
@@ -96,8 +96,8 @@ CpuIsa cpu_isa() {
 void set_cpu_isa(CpuIsa isa) {
   for (CpuIsa i : supported_cpu_isas())
     if (i == isa) return apply(isa);
-  throw ConfigError(fmt::format("{}={}: this CPU lacks it (it has {})", kCpuIsaEnv,
-                                cpu_isa_name(isa), names()));
+  throw ConfigError(
+      fmt::format("{}={}: this CPU lacks it (it has {})", kCpuIsaEnv, cpu_isa_name(isa), names()));
 }
 
 std::string cpu_model_name() {

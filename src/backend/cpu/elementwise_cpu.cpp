@@ -98,9 +98,8 @@ void rmsnorm_forward_t(const Mat& x, const Mat& w, int64_t group, float eps, con
         vss = hn::MulAdd(v, v, vss);
       });
       const VF vinv = hn::Set(df, 1.0f / std::sqrt(sum_lanes(vss) / float(n) + eps));
-      for_chunks(n, [&](const Chunk& k) HWY_ATTR {
-        k.store(yr, hn::Mul(hn::Mul(k.load(xr), vinv), k.load(wf)));
-      });
+      for_chunks(n, [&](const Chunk& k)
+                        HWY_ATTR { k.store(yr, hn::Mul(hn::Mul(k.load(xr), vinv), k.load(wf))); });
       store_at(y, r, c0, n, yr);
     }
 }
@@ -155,7 +154,8 @@ double cross_entropy_t(const Mat& logits, const int32_t* labels, float scale) {
       continue;
     }
     VF vmax = neg_inf;
-    for_chunks(v, [&](const Chunk& k) HWY_ATTR { vmax = hn::Max(vmax, k.select(k.load(row), neg_inf)); });
+    for_chunks(
+        v, [&](const Chunk& k) HWY_ATTR { vmax = hn::Max(vmax, k.select(k.load(row), neg_inf)); });
     const float m = max_lanes(vmax);
     const float target = row[label];
     const VF vm = hn::Set(df, m);
@@ -243,7 +243,8 @@ void add_into_t(const Mat& dst, const Mat& src) {
     for (int64_t r = 0; r < src.rows; ++r) {
       float* d = static_cast<float*>(dst.at(r, 0));
       const float* s = static_cast<const float*>(src.at(r, 0));
-      for_chunks(src.cols, [&](const Chunk& k) HWY_ATTR { k.store(d, hn::Add(k.load(d), k.load(s))); });
+      for_chunks(src.cols,
+                 [&](const Chunk& k) HWY_ATTR { k.store(d, hn::Add(k.load(d), k.load(s))); });
     }
     return;
   }
@@ -282,7 +283,8 @@ double sum_squares_t(const Mat& x) {
     const float* p = static_cast<const float*>(x.at(r, 0));
     for_chunks(x.cols, [&](const Chunk& k) HWY_ATTR {
       const VF v = k.select(k.load(p), hn::Zero(df));
-      const auto a = hn::PromoteTo(dd, hn::LowerHalf(dh, v)), b = hn::PromoteTo(dd, hn::UpperHalf(dh, v));
+      const auto a = hn::PromoteTo(dd, hn::LowerHalf(dh, v)),
+                 b = hn::PromoteTo(dd, hn::UpperHalf(dh, v));
       lo = hn::MulAdd(a, a, lo);
       hi = hn::MulAdd(b, b, hi);
     });
@@ -294,10 +296,10 @@ void adamw_t(const Mat& w, const Mat& g, const Mat& m, const Mat& v, const AdamW
   const DF df;
   const double bc1 = 1.0 - std::pow(a.beta1, double(a.step));
   const double bc2 = 1.0 - std::pow(a.beta2, double(a.step));
-  const VF decay = hn::Set(df, float(1.0 - a.lr * a.weight_decay)), b1 = hn::Set(df, float(a.beta1)),
-           b2 = hn::Set(df, float(a.beta2)), c1 = hn::Set(df, 1.0f - float(a.beta1)),
-           c2 = hn::Set(df, 1.0f - float(a.beta2)), gs = hn::Set(df, float(a.grad_scale)),
-           step = hn::Set(df, float(a.lr / bc1)),
+  const VF decay = hn::Set(df, float(1.0 - a.lr * a.weight_decay)),
+           b1 = hn::Set(df, float(a.beta1)), b2 = hn::Set(df, float(a.beta2)),
+           c1 = hn::Set(df, 1.0f - float(a.beta1)), c2 = hn::Set(df, 1.0f - float(a.beta2)),
+           gs = hn::Set(df, float(a.grad_scale)), step = hn::Set(df, float(a.lr / bc1)),
            inv_bc2_sqrt = hn::Set(df, float(1.0 / std::sqrt(bc2))), eps = hn::Set(df, float(a.eps));
   for (int64_t r = 0; r < w.rows; ++r) {
     float* pw = static_cast<float*>(w.at(r, 0));

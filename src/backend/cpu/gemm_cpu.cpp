@@ -336,8 +336,9 @@ int64_t scratch_bound(int64_t m, int64_t n, int64_t k, bool ab_bf16 = false, boo
     int64_t bound = 0;
     for (int variant = 0; variant < 8; ++variant) {
       const bool ta = variant & 1, tb = variant & 2;
-      const ProductKey key{m,  n,  k,    ta ? m : k,          tb ? k : n, n,
-                           ta, tb, 1.0f, float(variant >> 2), kNoLimit, ab_bf16, c_bf16};
+      const ProductKey key{m,        n,       k,     ta ? m : k, tb ? k : n,
+                           n,        ta,      tb,    1.0f,       float(variant >> 2),
+                           kNoLimit, ab_bf16, c_bf16};
       const PdPtr pd = brgemm_pd(key);
       if (!pd && ab_bf16) return int64_t(-1);
       if (pd) bound = std::max(bound, scratchpad_bytes(pd.get()));
@@ -401,6 +402,29 @@ void scale(float* c, int64_t ldc, int64_t rows, int64_t cols, float beta) {
     for (int64_t j = 0; j < cols; ++j) c[r * ldc + j] = beta == 0.0f ? 0.0f : beta * c[r * ldc + j];
 }
 
+// bf16 A and B as one bf16 product when oneDNN runs it as brgemm within `reserved` scratchpad
+// bytes; false (nothing done) otherwise.
+bool gemm_bf16(const GemmArgs& g, int64_t reserved, void* scratch) {
+  const GemmShape s = g.shape();
+  const ProductKey key{s.m,
+                       s.n,
+                       s.k,
+                       g.a.ld,
+                       g.b.ld,
+                       g.c.ld,
+                       g.trans_a,
+                       g.trans_b,
+                       g.alpha,
+                       g.beta,
+                       reserved,
+                       true,
+                       g.c.dtype == DType::kBF16};
+  Product& prod = cached_product(key);
+  if (!prod.runs_bf16()) return false;
+  prod.run(g.a.data, g.b.data, g.c.data, scratch);
+  return true;
+}
+
 }  // namespace
 
 int64_t gemm_workspace_bytes(const GemmShape& s) {
@@ -423,13 +447,7 @@ void gemm(const GemmArgs& g, void* ws) {
     cached_product(key).run(a.f32(), b.f32(), c.f32(), scratch);
     return;
   }
-  if (w.direct_scratch >= 0 && k > 0) {
-    const ProductKey key{m,     n,    k,     a.ld,        b.ld,  c.ld,
-                         trans_a, trans_b, alpha, beta, w.direct_scratch, true,
-                         c.dtype == DType::kBF16};
-    Product& prod = cached_product(key);
-    if (prod.runs_bf16()) return prod.run(a.data, b.data, c.data, scratch);
-  }
+  if (w.direct_scratch >= 0 && k > 0 && gemm_bf16(g, w.direct_scratch, scratch)) return;
   const int64_t mt = std::min(m, kGemmTile), nt = std::min(n, kGemmTile),
                 kt = std::min(k, kGemmTile);
   float* cursor = reinterpret_cast<float*>(static_cast<char*>(ws) + w.scratch);
