@@ -2,12 +2,15 @@
 """PyTorch eager baseline for `upipe bench model`: the same decoder (a Hugging Face config.json of
 model_type llama or qwen3) built with transformers on the CPU, one thread, fp32, random weights,
 timed on one forward + backward of model(input_ids, labels=input_ids).loss over S random tokens.
+With --dtype bf16 the step runs under torch.autocast("cpu", dtype=torch.bfloat16) (fp32 master
+weights, bf16 matmuls and attention), PyTorch's usual bf16 training on the CPU.
 
 Reports (one JSON line): median seconds of --iters timed steps after one warm-up step, tokens/s,
 the loss of the last step and the attention implementation. Needs torch and transformers (run it
 with the python that has them; bench/run_benchmarks.py uses /tmp/hf/bin/python when present).
 
 Usage: bench_model_torch.py --config DIR/config.json --seq-len S [--iters N] [--attn sdpa|eager]
+       [--dtype fp32|bf16]
 """
 import argparse
 import json
@@ -23,6 +26,8 @@ def main():
     ap.add_argument("--iters", type=int, default=3)
     ap.add_argument("--attn", default="sdpa", choices=["sdpa", "eager"],
                     help="transformers' attention implementation")
+    ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"],
+                    help="bf16: the step under CPU autocast to bfloat16")
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args()
 
@@ -40,10 +45,13 @@ def main():
     model.train()
     ids = torch.randint(0, config.vocab_size, (1, args.seq_len))
 
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.dtype == "bf16")
+
     def step():
         model.zero_grad(set_to_none=True)
         t0 = time.perf_counter()
-        loss = model(input_ids=ids, labels=ids).loss
+        with autocast:
+            loss = model(input_ids=ids, labels=ids).loss
         t1 = time.perf_counter()
         loss.backward()
         t2 = time.perf_counter()
@@ -53,7 +61,7 @@ def main():
     runs = [step() for _ in range(args.iters)]
     total = statistics.median(f + b for f, b, _ in runs)
     print(json.dumps({"framework": "pytorch-eager", "torch": torch.__version__,
-                      "transformers": transformers.__version__, "attn_implementation": args.attn,
+                      "transformers": transformers.__version__, "attn_implementation": args.attn, "dtype": args.dtype,
                       "threads": torch.get_num_threads(), "seq_len": args.seq_len, "iters": args.iters,
                       "step_s": total, "fwd_s": statistics.median(f for f, _, _ in runs),
                       "bwd_s": statistics.median(b for _, b, _ in runs),

@@ -7,14 +7,16 @@ by this script, whose command lines are printed next to the tables. Usage:
     python3 bench/run_benchmarks.py [--build build] [--quick] [--only kernel,memory,speed,all,plan,comm,model,train,plan-model]
 
 Sections
-  kernel  `upipe bench kernel`: attention forward/backward vs a oneDNN GEMM, one thread.
+  kernel  `upipe bench kernel` on every CPU kernel path: attention forward/backward vs a oneDNN GEMM,
+          one thread; `upipe bench ops`: the memory-bound kernels vs a plain copy.
   memory  measured attention intermediates of ulysses vs upipe(U) on 4 ranks (H=32, K=8).
   speed   ulysses vs upipe(U=C) time on 2 ranks (S=16384, H=16, K=4, d=64).
   all     every strategy side by side on the same configuration (time and peak).
   plan    meta-device plan of a Llama-3-8B attention block on 8 ranks, S up to 4M tokens.
   comm    `upipe bench comm`: each collective through the communicator vs plain MPI, 2 and 4 ranks.
-  model   `upipe bench model` (a whole Llama decoder's training step, 1 and 2 ranks) vs PyTorch eager
-          (transformers on the CPU, one thread, fp32; skipped with a note without TORCH_PYTHON).
+  model   `upipe bench model` (a whole Llama decoder's training step, 1 and 2 ranks, fp32 and bf16) vs
+          PyTorch eager (transformers on the CPU, one thread, fp32 and bf16 autocast; skipped with a
+          note without TORCH_PYTHON).
 """
 import argparse
 import datetime
@@ -32,11 +34,12 @@ TORCH_PYTHON = os.environ.get("TORCH_PYTHON", "/tmp/hf/bin/python")
 ALL_METHODS = ["ulysses", "upipe", "ring", "usp", "upipe-ring", "fpdt", "upipe-fpdt"]
 
 
-def run(args, ranks=None):
+def run(args, ranks=None, env_extra=None):
     """Runs one upipe command with --json; returns (command string, parsed JSON or None, error)."""
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env = dict(os.environ, OMP_NUM_THREADS="1", **(env_extra or {}))
     cmd = ([*MPI, "-np", str(ranks)] if ranks else []) + [UPIPE] + args + ["--json"]
-    shown = " ".join((["mpirun -np %d" % ranks] if ranks else []) + ["build/upipe"] + args)
+    shown = " ".join(["%s=%s" % kv for kv in (env_extra or {}).items()] +
+                     (["mpirun -np %d" % ranks] if ranks else []) + ["build/upipe"] + args)
     print("+ " + shown, flush=True)
     p = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if p.returncode != 0:
@@ -61,25 +64,62 @@ def table(header, rows):
     return "\n".join(out)
 
 
+# The CPU kernels' paths (docs/kernels.md, "Dispatch"), each with oneDNN on the same ISA.
+KERNEL_PATHS = [("avx2", {"UPIPE_CPU_ISA": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}),
+                ("avx512", {"UPIPE_CPU_ISA": "avx512"}),
+                ("avx512bf16", {"UPIPE_CPU_ISA": "avx512bf16"})]
+
+
 def section_kernel(quick):
-    shapes = [(8192, "fp32"), (8192, "bf16")] + ([] if quick else [(4096, "fp32"), (16384, "fp32")])
-    rows, cmds = [], []
-    for s, dt in shapes:
-        cmd, j, err = run(["bench", "kernel", "--seq-len", str(s), "--heads", "8", "--kv-heads", "2",
-                           "--head-dim", "64", "--dtype", dt, "--iters", "2"])
-        cmds.append(cmd)
-        if j is None:
-            rows.append([s, dt, "failed: " + err, "", "", "", "", ""])
+    """Attention kernels and memory-bound kernels on every path this CPU has."""
+    s, iters = (4096, 2) if quick else (8192, 3)
+    rows, ops_rows, cmds, missing, cpu, rate = [], [], [], [], "?", {}
+    for path, env in KERNEL_PATHS:
+        for dt in ["fp32", "bf16"]:
+            cmd, j, err = run(["bench", "kernel", "--seq-len", str(s), "--heads", "8", "--kv-heads", "2",
+                               "--head-dim", "64", "--dtype", dt, "--iters", str(iters)], env_extra=env)
+            if j is None:
+                if path not in missing:
+                    missing.append(path)
+                break
+            cmds.append(cmd)
+            cpu = j["cpu"]
+            # Each run's rates over its own GEMM's (timed in the same iterations), so the ratio does
+            # not see the machine's drift between the two runs.
+            rate[(path, dt)] = (j["fwd_vs_gemm"], j["bwd_vs_gemm"])
+            vs_fp32 = ""
+            if dt == "bf16" and (path, "fp32") in rate:
+                f32 = rate[(path, "fp32")]
+                vs_fp32 = "%.2f / %.2f" % (j["fwd_vs_gemm"] / f32[0], j["bwd_vs_gemm"] / f32[1])
+            rows.append([j["isa"], j["onednn_isa"], dt, "%.3f" % j["fwd_s"], "%.3f" % j["bwd_s"],
+                         "%.1f" % (j["fwd_tflops"] * 1e3), "%.1f" % (j["bwd_tflops"] * 1e3),
+                         "%.1f" % (j["gemm_tflops"] * 1e3), "%.2f / %.2f" % (j["fwd_vs_gemm"], j["bwd_vs_gemm"]),
+                         vs_fp32])
+        if path in missing:
             continue
-        rows.append([s, dt, "%.3f" % j["fwd_s"], "%.3f" % j["bwd_s"], "%.1f" % (j["fwd_tflops"] * 1e3),
-                     "%.1f" % (j["bwd_tflops"] * 1e3), "%.1f" % (j["gemm_tflops"] * 1e3),
-                     "%.2f / %.2f" % (j["fwd_vs_gemm"], j["bwd_vs_gemm"])])
+        cmd, j, err = run(["bench", "ops", "--iters", "3" if quick else "5"], env_extra={"UPIPE_CPU_ISA": path})
+        cmds.append(cmd)
+        if j is not None:
+            ops_rows.append([j["isa"]] + ["%.1f (%.2f×)" % (o["gb_per_s"], o["vs_copy"]) for o in j["ops"]])
+            ops_names = [o["op"] for o in j["ops"]]
     text = ["## Attention kernel (one thread)",
-            "Causal flash attention, H=8, K=2, d=64. FLOPs: forward 2·S²·H·d, backward 2.5× forward; "
-            "GEMM = oneDNN sgemm (min(S,4096))² × d in the same process. Targets: forward ≥ 0.75×, "
-            "backward ≥ 0.70× the GEMM rate.", "",
-            table(["S", "dtype", "fwd s", "bwd s", "fwd GFLOP/s", "bwd GFLOP/s", "GEMM GFLOP/s",
-                   "fwd / bwd vs GEMM"], rows), "", "Commands:", "```", *cmds, "```"]
+            "CPU: %s. Causal flash attention, S=%d, H=8, K=2, d=64, on each of the CPU kernels' paths "
+            "(`UPIPE_CPU_ISA`; the avx2 rows with oneDNN capped to AVX2 too). FLOPs: forward 2·S²·H·d, "
+            "backward 2.5× forward; GEMM = oneDNN fp32 (min(S,4096))² × d timed in the same iterations, on "
+            "oneDNN's ISA of the row. Targets: forward ≥ 0.80×, backward ≥ 0.75× the GEMM rate on each path; "
+            "bf16 ≥ 1.6× fp32 on avx512bf16 (*bf16 / fp32*: the ratio of the two rows' rates on the same path, each "
+            "over the GEMM of its own run)." % (cpu, s), ""]
+    if missing:
+        text += ["Paths this CPU lacks (not run): %s." % ", ".join(missing), ""]
+    text += [table(["kernels", "oneDNN", "dtype", "fwd s", "bwd s", "fwd GFLOP/s", "bwd GFLOP/s",
+                    "GEMM GFLOP/s", "fwd / bwd vs GEMM", "bf16 / fp32"], rows), ""]
+    if ops_rows:
+        text += ["### Memory-bound kernels (one thread)",
+                 "`upipe bench ops`: (4096, 4096) fp32 tensors (bf16 where converted), GB/s of the bytes each "
+                 "op must read and write, and in brackets the ratio to a plain copy (memcpy) of the same "
+                 "tensors timed in the same iterations. Target: ≥ 0.70× the copy.", "",
+                 table(["kernels"] + ops_names, ops_rows), ""]
+    text += ["Commands:", "```", *cmds, "```"]
     return "\n".join(text), None
 
 
@@ -425,10 +465,10 @@ MODEL_CONFIG = {"model_type": "llama", "hidden_size": 512, "intermediate_size": 
                 "tie_word_embeddings": False, "torch_dtype": "float32"}
 
 
-def run_torch(config, s, iters, attn):
+def run_torch(config, s, iters, attn, dtype="fp32"):
     """The PyTorch eager step on the same model: (command string, parsed JSON or None, error)."""
     script = os.path.join(ROOT, "bench", "bench_model_torch.py")
-    args = ["--config", config, "--seq-len", str(s), "--iters", str(iters), "--attn", attn]
+    args = ["--config", config, "--seq-len", str(s), "--iters", str(iters), "--attn", attn, "--dtype", dtype]
     shown = " ".join([TORCH_PYTHON, "bench/bench_model_torch.py", "--config", "DIR/config.json"] + args[2:])
     print("+ " + shown, flush=True)
     p = subprocess.run([TORCH_PYTHON, script] + args, capture_output=True, text=True,
@@ -440,88 +480,98 @@ def run_torch(config, s, iters, attn):
     return shown, json.loads([l for l in p.stdout.splitlines() if l.startswith("{")][-1]), None
 
 
+# (label, ranks, dtype, knobs) of the upipe rows and (label, attention, dtype) of PyTorch's.
+MODEL_RUNS = [("upipe local", 1, "fp32", []),
+              ("upipe local, no checkpoints (none)", 1, "fp32", ["--recompute", "none"]),
+              ("upipe upipe (U=C)", 2, "fp32", []),
+              ("upipe local, bf16", 1, "bf16", []),
+              ("upipe local, bf16, no checkpoints (none)", 1, "bf16", ["--recompute", "none"])]
+TORCH_RUNS = [("PyTorch eager, sdpa", "sdpa", "fp32"), ("PyTorch eager, eager attention", "eager", "fp32"),
+              ("PyTorch eager, sdpa, bf16 autocast", "sdpa", "bf16")]
+
+
+def model_rounds(d, s, iters, reps, have_torch):
+    """Interleaved rounds of every row: (best JSON per label, per-round step times, commands)."""
+    config = os.path.join(d, "config.json")
+    base = ["bench", "model", "--model", d, "--seq-len", str(s), "--iters", str(iters)]
+    best, cmds, rounds = {}, [], []
+    def keep(label, shown, j, this):
+        if shown not in cmds:
+            cmds.append(shown)
+        if j is not None:
+            this[label] = j["step_s"]
+            if label not in best or j["step_s"] < best[label]["step_s"]:
+                best[label] = j
+    # This VM's speed drifts by tens of percent over minutes: each row shows its best round, the
+    # ratio to PyTorch is taken within each round, then the median.
+    for _ in range(reps):
+        this = {}
+        for label, ranks, dt, knobs in MODEL_RUNS:
+            shown, j, _ = run(base + ["--dtype", dt, "--method", "upipe" if ranks > 1 else "local"] + knobs,
+                              ranks=ranks if ranks > 1 else None)
+            keep(label, shown.replace(d, "DIR"), j, this)
+        for label, attn, dt in TORCH_RUNS if have_torch else []:
+            shown, j, _ = run_torch(config, s, iters, attn, dt)
+            keep(label, shown, j, this)
+        rounds.append(this)
+    return best, rounds, cmds
+
+
 def section_model(quick):
-    s, iters = (512, 2) if quick else (1024, 5)
-    reps = 1 if quick else 5
+    s, iters = (1024, 2) if quick else (4096, 3)
+    reps = 1 if quick else 3
     have_torch = os.path.exists(TORCH_PYTHON)
     with tempfile.TemporaryDirectory(prefix="upipe_bench_model_") as d:
-        config = os.path.join(d, "config.json")
-        with open(config, "w") as f:
+        with open(os.path.join(d, "config.json"), "w") as f:
             json.dump(MODEL_CONFIG, f)
-        base = ["bench", "model", "--model", "CONFIG", "--seq-len", str(s), "--iters", str(iters), "--dtype", "fp32"]
-        runs = [("upipe local", 1, ["--method", "local"]),
-                ("upipe local, stash per block", 1, ["--method", "local", "--recompute", "block"]),
-                ("upipe local, nothing recomputed (none)", 1, ["--method", "local", "--recompute", "none"]),
-                ("upipe upipe (U=C)", 2, ["--method", "upipe"]),
-                ("upipe upipe (U=C), stash per block", 2,
-                 ["--method", "upipe", "--recompute", "block"])]
-        torch_runs = [("PyTorch eager, sdpa", "sdpa"), ("PyTorch eager, eager attention", "eager")]
-        best, cmds, rounds = {}, [], []
-        faster = lambda j, label: label not in best or j["step_s"] < best[label]["step_s"]
-        # Interleaved rounds (this VM's speed drifts by tens of percent over minutes): each row
-        # shows its best round; the ratio to PyTorch is taken within each round, then the median.
-        for _ in range(reps):
-            this = {}
-            for label, ranks, knobs in runs:
-                shown, j, err = run([a.replace("CONFIG", d) for a in base] + knobs, ranks=ranks if ranks > 1 else None)
-                shown = shown.replace(d, "DIR")
-                if shown not in cmds:
-                    cmds.append(shown)
-                if j is not None:
-                    this[label] = j["step_s"]
-                    if faster(j, label):
-                        best[label] = j
-            for label, attn in torch_runs if have_torch else []:
-                shown, j, err = run_torch(config, s, iters, attn)
-                if shown not in cmds:
-                    cmds.append(shown)
-                if j is not None:
-                    this[label] = j["step_s"]
-                    if faster(j, label):
-                        best[label] = j
-            rounds.append(this)
-    def ratio_median(label):
-        """Median over rounds of (the faster PyTorch step in that round) / (label's step)."""
-        rs = sorted(min(r[l] for l, _ in torch_runs if l in r) / r[label] for r in rounds
-                    if label in r and any(l in r for l, _ in torch_runs))
+        best, rounds, cmds = model_rounds(d, s, iters, reps, have_torch)
+    torch_of = {"fp32": [l for l, _, dt in TORCH_RUNS if dt == "fp32"],
+                "bf16": [l for l, _, dt in TORCH_RUNS if dt == "bf16"]}
+    def ratio_median(label, dt):
+        """Median over rounds of (the faster PyTorch step of the same dtype) / (label's step)."""
+        rs = sorted(min(r[l] for l in torch_of[dt] if l in r) / r[label] for r in rounds
+                    if label in r and any(l in r for l in torch_of[dt]))
         if not rs:
             return None
         return rs, (rs[len(rs) // 2] if len(rs) % 2 else (rs[len(rs) // 2 - 1] + rs[len(rs) // 2]) / 2)
     rows = []
-    for label in [r[0] for r in runs] + [t[0] for t in torch_runs]:
+    labels = [(r[0], r[2]) for r in MODEL_RUNS] + [(t[0], t[2]) for t in TORCH_RUNS]
+    for label, dt in labels:
         j = best.get(label)
         if j is None:
             if label.startswith("upipe") or have_torch:
-                rows.append([label, "failed", "", "", "", "", "", ""])
+                rows.append([label, "failed", "", "", "", "", "", "", ""])
             continue
-        rm = ratio_median(label)
+        rm = ratio_median(label, dt)
         ratio = ("%.2f× (%s)" % (rm[1], ", ".join("%.2f" % x for x in rm[0]))) if rm else "—"
-        rows.append([label, j.get("ranks", 1), "%.3f" % j["step_s"], "%.3f" % j["fwd_s"], "%.3f" % j["bwd_s"],
+        rows.append([label, dt, j.get("ranks", 1), "%.3f" % j["step_s"], "%.3f" % j["fwd_s"], "%.3f" % j["bwd_s"],
                      "%.0f" % j["tokens_per_s"], mib(j["peak_bytes"]) if "peak_bytes" in j else "—", ratio])
     m = MODEL_CONFIG
-    text = ["## Whole model: upipe vs PyTorch eager (CPU, one thread per rank, fp32)",
-            "Llama decoder, D=%d, F=%d, L=%d, H=%d, K=%d, d=%d, V=%d (%.1f M parameters), S=%d random tokens, "
-            "random weights, fp32. One training step = forward to transformers' `labels = input_ids` loss and "
-            "backward to every gradient. upipe: `upipe bench model` (full activation checkpointing: each layer "
-            "is recomputed in backward, so it does more arithmetic than PyTorch; `local` keeps the recompute's "
-            "attention intermediates for the block's backward, the 2-rank strategies recompute them once more; "
-            "with `--recompute block` the MLP's input is kept too and the layer's attention is not "
-            "recomputed; with `none` also the MLP's gate and up products and, on one rank, the attention "
-            "block's q, k, v, o and log-sum-exp, so one rank recomputes nothing; T=1024 tiles); PyTorch: "
-            "transformers %s, torch %s, `torch.set_num_threads(1)`, no checkpointing "
-            "(bench/bench_model_torch.py). Each row is the median of %d steps after a warm-up, the best of %d "
-            "interleaved rounds; 2-rank times are the slower rank's, with both ranks on this machine's %d shared "
-            "cores. *vs PyTorch* = in each round, the faster PyTorch step time / this row's step time (> 1: "
-            "upipe is faster); the median over the rounds, each round's ratio in brackets."
-            % (m["hidden_size"], m["intermediate_size"], m["num_hidden_layers"], m["num_attention_heads"],
-               m["num_key_value_heads"], m["head_dim"], m["vocab_size"],
-               best["upipe local"]["parameters"] / 1e6 if "upipe local" in best else float("nan"), s,
-               best.get("PyTorch eager, sdpa", {}).get("transformers", "?"),
-               best.get("PyTorch eager, sdpa", {}).get("torch", "?"), iters, reps, os.cpu_count()), ""]
+    up = best.get("upipe local", {})
+    tj = best.get("PyTorch eager, sdpa", {})
+    text = ["## Whole model: upipe vs PyTorch eager (CPU, one thread per rank)",
+            "CPU: %s; upipe's CPU kernels on the %s path (oneDNN chooses its own ISA). Llama decoder, D=%d, "
+            "F=%d, L=%d, H=%d, K=%d, d=%d, V=%d (%.1f M parameters), S=%d random tokens, random weights. One "
+            "training step = forward to transformers' `labels = input_ids` loss and backward to every gradient. "
+            "upipe: `upipe bench model` (full activation checkpointing: each layer is recomputed in backward, so "
+            "it does more arithmetic than PyTorch; `local` keeps the recompute's attention intermediates for the "
+            "block's backward, the 2-rank strategy recomputes them once more; with `--recompute "
+            "none` one rank recomputes nothing; T=1024 tiles; bf16: bf16 activations and compute weights, fp32 "
+            "master weights and accumulation); PyTorch: transformers %s, torch %s, `torch.set_num_threads(1)`, "
+            "no checkpointing, bf16 rows under `torch.autocast(\"cpu\", bfloat16)` (bench/bench_model_torch.py). "
+            "Each row is the median of %d steps after a warm-up, the best of %d interleaved rounds; 2-rank times "
+            "are the slower rank's, with both ranks on this machine's %d shared cores. *vs PyTorch* = in each "
+            "round, the faster PyTorch step of the same dtype / this row's step time (> 1: upipe is faster); the "
+            "median over the rounds, each round's ratio in brackets. Target: upipe local fp32 ≥ 1.5× PyTorch "
+            "eager with sdpa."
+            % (up.get("cpu", platform.processor() or "?"), up.get("isa", "?"), m["hidden_size"],
+               m["intermediate_size"], m["num_hidden_layers"], m["num_attention_heads"], m["num_key_value_heads"],
+               m["head_dim"], m["vocab_size"], up["parameters"] / 1e6 if "parameters" in up else float("nan"), s,
+               tj.get("transformers", "?"), tj.get("torch", "?"), iters, reps, os.cpu_count()), ""]
     if not have_torch:
         text += ["PyTorch baseline skipped: %s not found (set TORCH_PYTHON to a python with torch and "
                  "transformers)." % TORCH_PYTHON, ""]
-    text += [table(["implementation", "ranks", "step s", "fwd s", "bwd s", "tokens/s", "peak per rank",
+    text += [table(["implementation", "dtype", "ranks", "step s", "fwd s", "bwd s", "tokens/s", "peak per rank",
                     "vs PyTorch"], rows), "",
              "Commands (DIR/config.json holds the configuration above):", "```", *cmds, "```"]
     return "\n".join(text), None

@@ -40,7 +40,7 @@ int plan(const Options& opt, const AttentionConfig& cfg, int64_t budget) {
             {"attn_formula_bytes", strat->attn_formula_bytes()},
             {"comm", comm_json(comm.stats())}});
   if (opt.json) {
-    std::printf("%s\n", j.dump().c_str());
+    print_json(j);
   } else {
     std::printf(
         "%s planned for rank 0 of %d, S=%lld: peak %s, attention intermediates %s, "
@@ -94,7 +94,7 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
             {"attn_peak_bytes", attn},
             {"attn_formula_bytes", strat->attn_formula_bytes()}});
   if (opt.json) {
-    std::printf("%s\n", j.dump().c_str());
+    print_json(j);
   } else {
     std::printf("%s on %d rank(s), S=%lld: forward %.3f s, backward %.3f s, %.0f tokens/s\n",
                 cfg.knobs.method.c_str(), proc.world.size(), (long long)cfg.seq_len, fwd, bwd, tps);

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "apps/upipe/commands.h"
+#include "apps/upipe/report.h"
 #include "apps/upipe/settings_cli.h"
 #include "backend/device.h"
 #include "comm/mpi/mpi_comm.h"
@@ -265,7 +266,7 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
   j["overhead"] = double(j["upipe"]["time_s"]) / t_mpi;
   j["overhead_nonblocking"] = double(j["upipe_nonblocking"]["time_s"]) / t_mpi;
   if (opt.json) {
-    std::printf("%s\n", j.dump().c_str());
+    print_json(j);
     return 0;
   }
   std::printf("%s of %s (%lld B) on %d ranks; median of %d calls, data checked first\n",

@@ -12,6 +12,7 @@
 #include "apps/upipe/model_run.h"
 #include "apps/upipe/report.h"
 #include "apps/upipe/settings_cli.h"
+#include "backend/cpu/cpu_isa.h"
 #include "core/errors.h"
 #include "core/watchdog.h"
 
@@ -87,14 +88,16 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
                       {"model_tflops_per_s", tflops},
                       {"peak_bytes", peak},
                       {"peak_by_tag", tags_json(dev.mem().at_peak_by_tag())},
-                      {"host_peak_bytes", host_peak}};
+                      {"host_peak_bytes", host_peak},
+                      {"cpu", cpu_model_name()}};
   j.update(memory_policy_json(cfg.memory.policy));
   if (opt.json) {
-    std::printf("%s\n", j.dump().c_str());
+    print_json(j);
   } else {
-    std::printf("%s, %lld tokens, %s on %d rank(s), %s: loss %.6f\n", m.source.c_str(),
-                (long long)seq_len, cfg.parallel.knobs.method.c_str(), proc.world.size(),
-                dtype_name(cfg.memory.policy.dtype), loss);
+    std::printf("%s, %lld tokens, %s on %d rank(s), %s, CPU kernels %s: loss %.6f\n",
+                m.source.c_str(), (long long)seq_len, cfg.parallel.knobs.method.c_str(),
+                proc.world.size(), dtype_name(cfg.memory.policy.dtype), cpu_isa_name(cpu_isa()),
+                loss);
     std::printf(
         "  step %.3f s (forward %.3f s, backward %.3f s; median of %d), %.0f tokens/s, "
         "%.3f model TFLOP/s\n",

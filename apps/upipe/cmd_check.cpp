@@ -42,7 +42,7 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
               {"bwd_s", r.bwd_s}});
     if (r.comm_expected) j["comm_expected"] = comm_json(*r.comm_expected);
     if (opt.json) {
-      std::printf("%s\n", j.dump().c_str());
+      print_json(j);
     } else {
       std::printf("%s on %d rank(s): %s\n", r.method.c_str(), r.ranks,
                   r.passed ? "PASSED" : "FAILED");

@@ -94,7 +94,7 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
                       {"bwd_s", run.dec->backward_seconds()}};
   j.update(memory_policy_json(cfg.memory.policy));
   if (opt.json) {
-    std::printf("%s\n", j.dump().c_str());
+    print_json(j);
   } else {
     std::printf("%s, %zu tokens, %s on %d rank(s), %s\n", m.source.c_str(), tokens.size(),
                 cfg.parallel.knobs.method.c_str(), proc.world.size(),

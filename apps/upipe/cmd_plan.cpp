@@ -10,6 +10,7 @@
 
 #include "apps/upipe/commands.h"
 #include "apps/upipe/model_run.h"
+#include "apps/upipe/report.h"
 #include "apps/upipe/settings_cli.h"
 #include "attention/methods.h"
 #include "core/errors.h"
@@ -176,7 +177,7 @@ int run(Process& proc, const Options& o, const SettingArgs& sa, const CLI::App& 
                     {"limiting_tag", tag_name(p.limiting_tag)}});
     }
     j["methods"] = ms;
-    std::printf("%s\n", j.dump().c_str());
+    print_json(j);
     return 0;
   }
   std::printf(

@@ -11,6 +11,7 @@
 
 #include "apps/upipe/commands.h"
 #include "apps/upipe/settings_cli.h"
+#include "backend/cpu/cpu_isa.h"
 #include "core/errors.h"
 #include "core/stop_signal.h"
 #include "core/watchdog.h"
@@ -77,6 +78,7 @@ void print_startup(const RunConfig& cfg, const ModelConfig& m, TrainingLoop& loo
   si.micro_steps = cfg.train.micro_steps;
   si.steps = cfg.train.steps;
   si.data = cfg.data.kind + (cfg.data.path.empty() ? "" : ": " + cfg.data.path);
+  si.isa = cpu_isa_name(cpu_isa());
   std::printf("%s", format_startup_table(si).c_str());
   std::printf("start: %s; GEMM rate %.1f GFLOP/s per rank (MFU's reference)\n",
               loop.start().origin.c_str(), loop.gemm_flops() / 1e9);

@@ -15,6 +15,8 @@ Runner add_demo(CLI::App& app);
 Runner add_bench_kernel(CLI::App& bench);
 Runner add_bench_attention(CLI::App& bench);
 Runner add_bench_comm(CLI::App& bench);
+// `upipe bench ops`: the memory-bound kernels against a plain copy (cmd_bench_ops.cpp).
+Runner add_bench_ops(CLI::App& bench);
 Runner add_bench_model(CLI::App& bench);
 Runner add_check(CLI::App& app);
 Runner add_eval(CLI::App& app);

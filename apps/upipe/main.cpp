@@ -9,6 +9,7 @@
 #include <map>
 
 #include "apps/upipe/commands.h"
+#include "backend/cpu/cpu_isa.h"
 #include "comm/mpi/mpi_comm.h"
 #include "core/check.h"
 #include "core/errors.h"
@@ -44,6 +45,8 @@ int main(int argc, char** argv) {
   CLI::App* bcomm =
       bench->add_subcommand("comm", "one collective: engine (blocking, non-blocking) vs plain MPI");
   runners[bcomm] = app::add_bench_comm(*bcomm);
+  CLI::App* bops = bench->add_subcommand("ops", "memory-bound kernels vs a plain copy, one rank");
+  runners[bops] = app::add_bench_ops(*bops);
   CLI::App* bmodel = bench->add_subcommand("model", "the whole decoder's forward + backward");
   runners[bmodel] = app::add_bench_model(*bmodel);
   CLI::App* check = cli.add_subcommand("check", "verify a strategy against `local`");
@@ -76,6 +79,7 @@ int main(int argc, char** argv) {
       }
       throw ConfigError(e.what());
     }
+    cpu_isa();  // the CPU kernels' path, once: UPIPE_CPU_ISA or the widest (ConfigError if absent)
     for (auto& [cmd, run] : runners)
       if (cmd->parsed() && run) return run(proc);
     throw ConfigError("no command given; try upipe --help");

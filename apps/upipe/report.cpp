@@ -1,5 +1,9 @@
 #include "apps/upipe/report.h"
 
+#include <cstdio>
+
+#include "backend/cpu/cpu_isa.h"
+
 namespace upipe::app {
 
 nlohmann::json config_json(const AttentionConfig& cfg) {
@@ -28,6 +32,11 @@ nlohmann::json comm_json(const CommStats& s) {
       j[comm_op_name(CommOp(op))] = {{"calls", s.calls[size_t(op)]},
                                      {"bytes", s.bytes_sent[size_t(op)]}};
   return j;
+}
+
+void print_json(nlohmann::json j) {
+  j["isa"] = cpu_isa_name(cpu_isa());
+  std::printf("%s\n", j.dump().c_str());
 }
 
 }  // namespace upipe::app

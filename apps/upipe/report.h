@@ -1,5 +1,5 @@
 // JSON pieces every `upipe` command reports the same way: the block configuration, per-tag bytes
-// and communication counters.
+// and communication counters, and the printing of a command's JSON object.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -16,5 +16,7 @@ nlohmann::json config_json(const AttentionConfig& cfg);
 nlohmann::json tags_json(const TagBytes& b);
 // {op: {calls, bytes}} of the ops that were called.
 nlohmann::json comm_json(const CommStats& s);
+// Prints a command's JSON object on one line, with "isa": the CPU kernels' path (cpu_isa.h).
+void print_json(nlohmann::json j);
 
 }  // namespace upipe::app

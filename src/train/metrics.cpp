@@ -200,6 +200,7 @@ std::string format_startup_table(const StartupInfo& s) {
       {"ranks", fmt::format("{} = {} DP x {} CP", int64_t(s.dp) * s.cp, s.dp, s.cp)},
       {"method", method},
       {"dtype", s.dtype},
+      {"cpu kernels", s.isa},
       {"sequence",
        fmt::format("{} tokens, {} micro-step(s), {} tokens per step", format_count(s.seq_len),
                    s.micro_steps, fits ? format_count(per_step) : "?")},

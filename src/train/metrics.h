@@ -100,6 +100,7 @@ struct StartupInfo {
   int micro_steps = 1;
   int64_t steps = 0;
   std::string data;  // "copy", "files: DIR (N tokens in K files)", ...
+  std::string isa;   // the CPU kernels' path ("avx512bf16"; cpu_isa.h)
 };
 // An aligned two-column table, one row per field, ending in a newline.
 std::string format_startup_table(const StartupInfo& s);

@@ -9,6 +9,7 @@
 
 #include "backend/attention.h"
 #include "backend/cpu/attention_tiles.h"
+#include "backend/cpu/cpu_isa.h"
 #include "backend/reference/attention_ref.h"
 #include "common/test_util.h"
 
@@ -100,12 +101,15 @@ TEST_P(AttnKernel, ForwardAndBackwardWithinTwiceBaselineError) {
        d32 = cast<float>(in.dout);
   std::vector<float> o32(o64.size()), lse32(lse64.size()), dq32(dq64.size(), 0.f),
       dk32(dk64.size(), 0.f), dv32(dv64.size(), 0.f);
+  // bf16 attention's precision: every product has bf16 operands (also the computed P and dS,
+  // rounded as the kernels round them for their dot products) and fp32 accumulation.
+  auto stored = [&](float x) { return c.dtype == DType::kF32 ? x : bf16_to_f32(f32_to_bf16(x)); };
   ref::attention_forward<float>(in.dims, cview(q32, c.sq, qc), cview(k32, c.sk, kc),
-                                cview(v32, c.sk, kc), view(o32, c.sq, qc), view(lse32, c.hq, c.sq));
-  ref::attention_backward<float>(
-      in.dims, cview(q32, c.sq, qc), cview(k32, c.sk, kc), cview(v32, c.sk, kc),
-      cview(d32, c.sq, qc), view(dq32, c.sq, qc), view(dk32, c.sk, kc), view(dv32, c.sk, kc),
-      [&](float x) { return c.dtype == DType::kF32 ? x : bf16_to_f32(f32_to_bf16(x)); });
+                                cview(v32, c.sk, kc), view(o32, c.sq, qc), view(lse32, c.hq, c.sq),
+                                stored);
+  ref::attention_backward<float>(in.dims, cview(q32, c.sq, qc), cview(k32, c.sk, kc),
+                                 cview(v32, c.sk, kc), cview(d32, c.sq, qc), view(dq32, c.sq, qc),
+                                 view(dk32, c.sk, kc), view(dv32, c.sk, kc), stored, stored);
   const std::vector<double> o_base = test::rounded(cast<double>(o32), c.dtype);
 
   auto check = [&](const char* what, const std::vector<double>& fast,
@@ -136,15 +140,40 @@ INSTANTIATE_TEST_SUITE_P(
         Case{250, 333, 2, 1, 40, 100, 17, true, B}),   // bf16, ragged, offsets, d=40
     case_name);
 
+// The contract on every path this CPU supports (cpu_isa.h), in fp32 and bf16 (on avx512bf16 the
+// bf16 dot-product kernels).
+struct PathCase {
+  CpuIsa isa;
+  DType dtype;
+};
+std::vector<PathCase> path_cases() {
+  std::vector<PathCase> v;
+  for (CpuIsa isa : supported_cpu_isas())
+    for (DType t : {DType::kF32, DType::kBF16}) v.push_back({isa, t});
+  return v;
+}
+class AttnKernelPath : public ::testing::TestWithParam<PathCase> {
+ protected:
+  void SetUp() override {
+    before_ = cpu_isa();
+    set_cpu_isa(GetParam().isa);
+  }
+  void TearDown() override { set_cpu_isa(before_); }
+
+ private:
+  CpuIsa before_ = CpuIsa::kAvx2;
+};
+
 // The reduction-order contract: computing a subset of heads (as a head-sharded strategy does)
 // gives bitwise the values of the all-heads call.
-TEST(AttnKernelContract, HeadSubsetIsBitwiseEqual) {
+TEST_P(AttnKernelPath, HeadSubsetIsBitwiseEqual) {
+  const DType t = GetParam().dtype;
   Device dev;
   const int hq = 8, hk = 2, d = 32;
   const int64_t s = 520;
   Tensor q, k, v, dout;
-  make_inputs({s, s, hq, hk, d, 0, 0, true, DType::kF32}, dev, q, k, v, dout);
-  Tensor o(dev.mem(), Tag::kAttnOut, DType::kF32, s, hq * d),
+  make_inputs({s, s, hq, hk, d, 0, 0, true, t}, dev, q, k, v, dout);
+  Tensor o(dev.mem(), Tag::kAttnOut, t, s, hq * d),
       lse(dev.mem(), Tag::kAttnOut, DType::kF32, hq, s);
   attention_forward(dev, {q, k, v, hq, hk, d}, o, lse);
   Tensor delta(dev.mem(), Tag::kAttnGrad, DType::kF32, hq, s);
@@ -160,7 +189,7 @@ TEST(AttnKernelContract, HeadSubsetIsBitwiseEqual) {
   // Heads 4..7 read KV head 1: run them alone through strided views of the same buffers.
   const Mat qs = q.mat().cols_of(4 * d, 4 * d), ks = k.mat().cols_of(d, d),
             vs = v.mat().cols_of(d, d);
-  Tensor o2(dev.mem(), Tag::kAttnOut, DType::kF32, s, 4 * d),
+  Tensor o2(dev.mem(), Tag::kAttnOut, t, s, 4 * d),
       lse2(dev.mem(), Tag::kAttnOut, DType::kF32, 4, s);
   AttnProblem p2{qs, ks, vs, 4, 1, d};
   attention_forward(dev, p2, o2, lse2);
@@ -181,14 +210,15 @@ TEST(AttnKernelContract, HeadSubsetIsBitwiseEqual) {
 
 // The other half of the contract: a query view that is a prefix of another (same first row, same
 // keys) gives bitwise the same o, lse and dq for its rows.
-TEST(AttnKernelContract, QueryPrefixIsBitwiseEqual) {
+TEST_P(AttnKernelPath, QueryPrefixIsBitwiseEqual) {
+  const DType t = GetParam().dtype;
   Device dev;
   const int hq = 4, hk = 2, d = 64;
   const int64_t s = 700, s2 = 307;
   Tensor q, k, v, dout;
-  make_inputs({s, s, hq, hk, d, 0, 0, true, DType::kF32}, dev, q, k, v, dout);
+  make_inputs({s, s, hq, hk, d, 0, 0, true, t}, dev, q, k, v, dout);
   auto run = [&](int64_t rows, Tensor& o, Tensor& lse, Tensor& dq) {
-    o = Tensor(dev.mem(), Tag::kAttnOut, DType::kF32, rows, hq * d);
+    o = Tensor(dev.mem(), Tag::kAttnOut, t, rows, hq * d);
     lse = Tensor(dev.mem(), Tag::kAttnOut, DType::kF32, hq, rows);
     const AttnProblem p{q.mat().rows_of(0, rows), k, v, hq, hk, d};
     attention_forward(dev, p, o, lse);
@@ -209,6 +239,12 @@ TEST(AttnKernelContract, QueryPrefixIsBitwiseEqual) {
   EXPECT_EQ(read(lse2), read(lse.mat().cols_of(0, s2)));
   EXPECT_EQ(read(dq2), read(dq.mat().rows_of(0, s2)));
 }
+
+INSTANTIATE_TEST_SUITE_P(Paths, AttnKernelPath, ::testing::ValuesIn(path_cases()),
+                         [](const auto& i) {
+                           return std::string(cpu_isa_name(i.param.isa)) + "_" +
+                                  dtype_name(i.param.dtype);
+                         });
 
 // Same inputs, same bits, run to run.
 TEST(AttnKernelContract, Deterministic) {

@@ -4,7 +4,8 @@
 // delta, backward, lse_merge, rope, rmsnorm (whole row and per head), swiglu, cross-entropy,
 // fill, convert, add_into, add_transposed and upload/download, on strided views and both storage
 // dtypes.
-// A new backend is one more entry of kComputing.
+// A new backend is one more entry of kComputing. The CPU backend runs once per instruction-set
+// path this CPU supports (cpu_isa.h: avx2, avx512, avx512bf16), each against the references.
 //
 // Tolerance rule (the one of test_attention_kernel.cpp and test_elementwise.cpp): the
 // reference runs in fp64 on the stored inputs; a naive same-precision baseline (fp32 math,
@@ -25,6 +26,7 @@
 #include <string>
 
 #include "backend/attention.h"
+#include "backend/cpu/cpu_isa.h"
 #include "backend/gemm.h"
 #include "backend/loss.h"
 #include "backend/optim.h"
@@ -53,6 +55,34 @@ using test::view;
 // The backends that compute; each is tested against reference/, and the meta backend planning
 // for it must match its workspace.
 const BackendKind kComputing[] = {BackendKind::kCpu};
+
+// One computing backend on one of its code paths.
+struct Path {
+  BackendKind kind;
+  CpuIsa isa;
+};
+std::vector<Path> paths() {
+  std::vector<Path> v;
+  for (BackendKind k : kComputing)
+    for (CpuIsa isa : supported_cpu_isas()) v.push_back({k, isa});
+  return v;
+}
+std::string path_name(const Path& p) {
+  return std::string(backend_kind_name(p.kind)) + "_" + cpu_isa_name(p.isa);
+}
+void PrintTo(const Path& p, std::ostream* os) {
+  *os << path_name(p);
+}
+
+// Selects the path for the scope and restores the default path after it.
+class OnPath {
+ public:
+  explicit OnPath(CpuIsa isa) : before_(cpu_isa()) { set_cpu_isa(isa); }
+  ~OnPath() { set_cpu_isa(before_); }
+
+ private:
+  CpuIsa before_;
+};
 
 using test::kEps32;
 constexpr DType F = DType::kF32, B = DType::kBF16;
@@ -251,9 +281,11 @@ void attention_ops(Ops& o) {
     const auto q32 = cast<float>(qv), k32 = cast<float>(kv), v32 = cast<float>(vv),
                do32 = cast<float>(dv_in);
     std::vector<float> o32(o64.size()), lse32(lse64.size());
+    // bf16 attention's precision: bf16 operands in every product, the computed P and dS too.
+    auto operand = [&](float x) { return float(test::rounded({double(x)}, c.t)[0]); };
     ref::attention_forward<float>(dims, cview(q32, c.sq, qc), cview(k32, c.sk, kc),
                                   cview(v32, c.sk, kc), view(o32, c.sq, qc),
-                                  view(lse32, c.hq, c.sq));
+                                  view(lse32, c.hq, c.sq), operand);
     const auto o_base = stored(o32, c.t), lse_base = cast<double>(lse32);
     expect_rule(name + " forward o", o.get(out), o64, o_base);
     expect_rule(name + " forward lse", o.get(lse), lse64, lse_base);
@@ -283,10 +315,10 @@ void attention_ops(Ops& o) {
         dims, cview(qv, c.sq, qc), cview(kv, c.sk, kc), cview(vv, c.sk, kc), cview(dv_in, c.sq, qc),
         view(dq64, c.sq, qc), view(dk64, c.sk, kc), view(dv64, c.sk, kc));
     auto dq32 = cast<float>(dq0), dk32 = cast<float>(dk0), dv32 = cast<float>(dv0);
-    ref::attention_backward<float>(
-        dims, cview(q32, c.sq, qc), cview(k32, c.sk, kc), cview(v32, c.sk, kc),
-        cview(do32, c.sq, qc), view(dq32, c.sq, qc), view(dk32, c.sk, kc), view(dv32, c.sk, kc),
-        [&](float x) { return float(test::rounded({double(x)}, c.t)[0]); });
+    ref::attention_backward<float>(dims, cview(q32, c.sq, qc), cview(k32, c.sk, kc),
+                                   cview(v32, c.sk, kc), cview(do32, c.sq, qc),
+                                   view(dq32, c.sq, qc), view(dk32, c.sk, kc), view(dv32, c.sk, kc),
+                                   operand, operand);
     expect_rule(name + " backward dq", o.get(dq), dq64, cast<double>(dq32));
     expect_rule(name + " backward dk", o.get(dk), dk64, cast<double>(dk32));
     expect_rule(name + " backward dv", o.get(dv), dv64, cast<double>(dv32));
@@ -665,10 +697,13 @@ void all_ops(Ops& o) {
   optim_ops(o);
 }
 
-class BackendOps : public ::testing::TestWithParam<BackendKind> {
+class BackendOps : public ::testing::TestWithParam<Path> {
  protected:
   void run(void (*ops)(Ops&)) {
-    Device dev({GetParam()});
+    const OnPath on(GetParam().isa);
+    ASSERT_EQ(cpu_isa(), GetParam().isa);
+    ASSERT_EQ(cpu_vector_target(), GetParam().isa == CpuIsa::kAvx2 ? "AVX2" : "AVX3");
+    Device dev({GetParam().kind});
     Ops o(dev, true);
     ops(o);
     EXPECT_FALSE(o.log().empty());
@@ -703,14 +738,16 @@ TEST_P(BackendOps, Optimizer) {
   run(optim_ops);
 }
 
-INSTANTIATE_TEST_SUITE_P(Computing, BackendOps, ::testing::ValuesIn(kComputing),
-                         [](const auto& i) { return std::string(backend_kind_name(i.param)); });
+INSTANTIATE_TEST_SUITE_P(Computing, BackendOps, ::testing::ValuesIn(paths()),
+                         [](const auto& i) { return path_name(i.param); });
 
 // The meta backend planning for each computing backend: the same op list takes, call by call,
 // the workspace bytes that backend takes (the planner's exactness rests on it), and nothing
 // runs: the meta arena is not backed, so every tensor's data is null.
 TEST(MetaBackendOps, SameWorkspaceAsItsTargetAndComputesNothing) {
-  for (BackendKind kind : kComputing) {
+  for (const Path& path : paths()) {
+    const OnPath on(path.isa);
+    const BackendKind kind = path.kind;
     Device real({kind});
     Device meta({BackendKind::kMeta, int64_t(1) << 40, int64_t(1) << 40, kind});
     ASSERT_FALSE(meta.backend().computes());
@@ -718,7 +755,7 @@ TEST(MetaBackendOps, SameWorkspaceAsItsTargetAndComputesNothing) {
     Ops r(real, false), m(meta, false);
     all_ops(r);
     all_ops(m);
-    EXPECT_EQ(m.log(), r.log()) << "meta planning for " << backend_kind_name(kind);
+    EXPECT_EQ(m.log(), r.log()) << "meta planning for " << path_name(path);
   }
 }
 

@@ -205,12 +205,14 @@ TEST(Metrics, StartupTable) {
   s.micro_steps = 2;
   s.steps = 1000;
   s.data = "copy";
+  s.isa = "avx512bf16";
   const std::string t = format_startup_table(s);
   EXPECT_NE(t.find("  model          llama3-8b (preset)\n"), std::string::npos) << t;
   EXPECT_NE(t.find("  parameters     8.03 B (8,030,261,248)\n"), std::string::npos) << t;
   EXPECT_NE(t.find("  ranks          8 = 2 DP x 4 CP\n"), std::string::npos) << t;
   EXPECT_NE(t.find("  method         upipe (head_chunk 8)\n"), std::string::npos) << t;
   EXPECT_NE(t.find("  dtype          bf16\n"), std::string::npos) << t;
+  EXPECT_NE(t.find("  cpu kernels    avx512bf16\n"), std::string::npos) << t;
   EXPECT_NE(t.find("1,048,576 tokens, 2 micro-step(s), 4,194,304 tokens per step"),
             std::string::npos)
       << t;

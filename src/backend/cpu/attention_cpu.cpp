@@ -1,19 +1,34 @@
-#include "backend/cpu/attention_cpu.h"
+// CPU flash-attention kernels, compiled once per vector target by Highway's foreach_target
+// (AVX2, AVX-512) and dispatched at run time (cpu_isa.h). The tiles and their order are the same
+// on every target (attention_tiles.h); only the register blocks of the micro-kernels differ.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "backend/cpu/attention_cpu.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+//
+#include <hwy/highway.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
 
+#include "backend/cpu/attention_cpu.h"
 #include "backend/cpu/attention_tiles.h"
-#include "backend/cpu/attn_micro.h"
+#include "backend/cpu/attn_micro-inl.h"
+#include "backend/cpu/cpu_isa.h"
+#include "backend/cpu/vec_math-inl.h"
 #include "backend/cpu/vec_math.h"
 
+HWY_BEFORE_NAMESPACE();
 namespace upipe::cpu {
+namespace HWY_NAMESPACE {
 namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-static_assert(kAttnStripe == kMr && kAttnPanel == kNr, "tile constants and micro-kernel shape");
+
+bool is_bf16(const Mat& x) {
+  return x.dtype == DType::kBF16;
+}
 
 // A (rows, d) fp32 tile of head `head` of view x starting at row r0: a direct pointer into fp32
 // data, or a converted copy in `stage` for bf16.
@@ -22,31 +37,29 @@ struct Tile {
   int64_t ld;
 };
 Tile load_tile(const Mat& x, int64_t r0, int64_t rows, int head, int d, float* stage) {
-  if (x.dtype == DType::kF32) return {static_cast<const float*>(x.at(r0, int64_t(head) * d)), x.ld};
+  if (!is_bf16(x)) return {static_cast<const float*>(x.at(r0, int64_t(head) * d)), x.ld};
   for (int64_t r = 0; r < rows; ++r)
-    to_f32(x.at(r0 + r, int64_t(head) * d), x.dtype, stage + r * d, d);
+    widen_row(x.at(r0 + r, int64_t(head) * d), true, stage + r * d, d);
   return {stage, d};
 }
 
 // Packs rows [r0, r0 + rows) of head `head` of x transposed into kNr-row panels.
 void pack_tile_t(const Mat& x, int64_t r0, int64_t rows, int head, int d, float* dst) {
   const void* src = x.at(r0, int64_t(head) * d);
-  if (x.dtype == DType::kF32) {
-    pack_panels<DType::kF32>(src, x.ld, rows, d, dst);
-  } else {
-    pack_panels<DType::kBF16>(src, x.ld, rows, d, dst);
-  }
+  if (is_bf16(x))
+    pack_panels<true>(src, x.ld, rows, d, dst);
+  else
+    pack_panels<false>(src, x.ld, rows, d, dst);
 }
 
 // Packs rows [r0, r0 + rows) of head `head` of x into kNr-column chunks cs floats apart.
 void pack_tile_chunks(const Mat& x, int64_t r0, int64_t rows, int head, int d, float* dst,
                       int64_t cs) {
   const void* src = x.at(r0, int64_t(head) * d);
-  if (x.dtype == DType::kF32) {
-    pack_chunks<DType::kF32>(src, x.ld, rows, d, dst, cs);
-  } else {
-    pack_chunks<DType::kBF16>(src, x.ld, rows, d, dst, cs);
-  }
+  if (is_bf16(x))
+    pack_chunks<true>(src, x.ld, rows, d, dst, cs);
+  else
+    pack_chunks<false>(src, x.ld, rows, d, dst, cs);
 }
 
 // Number of keys of tile [j0, j0+bk) visible to query row i (causal), in [0, bk].
@@ -73,313 +86,730 @@ inline float* lse_at(const Mat& x, int h, int64_t i) {
   return static_cast<float*>(x.at(h, i));
 }
 
-// Online-softmax step of one query row over the scores s[0, lim) of a key tile (lim >= 1) whose
-// maximum is mx: overwrites s[0, n) with p = exp(s - m_new) and zeros past lim (n >= lim),
-// updates the running max m and sum l, and returns the factor alpha the row's output
-// accumulator must be scaled by.
-float softmax_row(float* s, int64_t lim, int64_t n, float mx, float& m, float& l) {
-  const float m_new = std::max(m, mx);
-  const __m256 vm = _mm256_set1_ps(m_new);
-  __m256 vsum = _mm256_setzero_ps();
+// Lanes [0, n) of a vector (n <= 0: none; n >= kLanes: all).
+HWY_INLINE hn::Mask<DF> lanes_below(int64_t n) {
+  return hn::FirstN(DF(), size_t(std::clamp<int64_t>(n, 0, kLanes)));
+}
+
+// Online-softmax step of one query row over the scores s[0, lim) of a key tile (lim >= 1):
+// overwrites s[0, n) with p = exp(s - m_new) and zeros past lim (n >= lim, s has room up to a
+// multiple of kNr), updates the running max m and sum l, and returns the factor alpha the
+// row's output accumulator must be scaled by.
+float softmax_row(float* s, int64_t lim, int64_t n, float& m, float& l) {
+  const DF df;
+  VF vmax = hn::Set(df, kNegInf);
+  for (int64_t c = 0; c < lim; c += kLanes)
+    vmax = hn::Max(vmax, hn::IfThenElse(lanes_below(lim - c), hn::LoadU(df, s + c), vmax));
+  const float m_new = std::max(m, max_lanes(vmax));
+  const VF vm = hn::Set(df, m_new);
+  VF vsum = hn::Zero(df);
   int64_t c = 0;
-  for (; c + 8 <= lim; c += 8) {
-    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + c), vm));
-    _mm256_storeu_ps(s + c, e);
-    vsum = _mm256_add_ps(vsum, e);
+  for (; c + kLanes <= lim; c += kLanes) {
+    const VF e = exp_v(hn::Sub(hn::LoadU(df, s + c), vm));
+    hn::StoreU(e, df, s + c);
+    vsum = hn::Add(vsum, e);
   }
   if (c < lim) {
-    // s has room up to the next multiple of kNr past lim: the lanes past lim are zeroed.
-    const __m256 e =
-        _mm256_and_ps(exp8(_mm256_sub_ps(_mm256_loadu_ps(s + c), vm)), lane_mask(lim - c));
-    _mm256_storeu_ps(s + c, e);
-    vsum = _mm256_add_ps(vsum, e);
-    c += 8;
+    const VF e = hn::IfThenElseZero(lanes_below(lim - c), exp_v(hn::Sub(hn::LoadU(df, s + c), vm)));
+    hn::StoreU(e, df, s + c);
+    vsum = hn::Add(vsum, e);
+    c += kLanes;
   }
-  for (; c < n; c += 8) _mm256_storeu_ps(s + c, _mm256_setzero_ps());
+  for (; c < n; c += kLanes) hn::StoreU(hn::Zero(df), df, s + c);
   const float alpha = m == kNegInf ? 0.0f : exp_fast(m - m_new);
-  l = l * alpha + hsum8(vsum);
+  l = l * alpha + sum_lanes(vsum);
   m = m_new;
   return alpha;
 }
 
+// The forward's buffers, carved out of the workspace (attn_fwd_workspace_bytes).
+struct FwdBuffers {
+  float* k_panel;  // (Bk, d) packed transposed
+  float* v_pack;   // (Bk, dp) packed in column chunks
+  float* s_rows;   // (stripe, Bk + 16) scores, then probabilities
+  float* o_tile;   // (Bq, dp) un-normalised output
+  float* m;        // (Bq)
+  float* l;        // (Bq)
+  float* q_stage;  // (Bq, d) the q tile, fp32
+  FwdBuffers() = default;
+  FwdBuffers(float* ws, int64_t d, DType t) {
+    const int64_t dp = attn_padded_dim(d);
+    k_panel = ws;
+    v_pack = k_panel + kAttnFwdBk * d;
+    s_rows = v_pack + kAttnFwdBk * dp;
+    o_tile = s_rows + kAttnStripe * kAttnFwdSld;
+    m = o_tile + kAttnFwdBq * dp;
+    l = m + kAttnFwdBq;
+    q_stage = l + kAttnFwdBq;
+    check_layout(ws, q_stage + kAttnFwdBq * d, q_stage + kAttnFwdBq * d,
+                 attn_fwd_workspace_bytes(d, t), t);
+  }
+};
+
+// One stripe of query rows [r0, r0 + mr) of the staged q tile against the packed key tile of
+// bk keys starting at key j0: scores, online softmax, O += P V.
+void fwd_stripe(const AttnProblem& p, const FwdBuffers& w, int64_t i0, int64_t r0, int mr,
+                int64_t j0, int64_t bk) {
+  const DF df;
+  const int d = p.d;
+  const int64_t dp = attn_padded_dim(d);
+  const VF vscale = hn::Set(df, p.softmax_scale());
+  int64_t lim[kAttnStripe], smax = 0;
+  for (int r = 0; r < mr; ++r) {
+    lim[r] = visible(p, i0 + r0 + r, j0, bk);
+    smax = std::max(smax, lim[r]);
+  }
+  if (smax == 0) return;
+  const int64_t n_panels = (smax + kNr - 1) / kNr, ps = int64_t(kNr) * d;
+  // Scores, scaled, in row groups of kScoreMr and kScoreNp panels at a time.
+  for (int g = 0; g < mr; g += kScoreMr) {
+    const float* qs = w.q_stage + (r0 + g) * d;
+    float* srow = w.s_rows + g * kAttnFwdSld;
+    with_rows<kScoreMr>(std::min(kScoreMr, mr - g), [&]<int MR>() HWY_ATTR {
+      auto store = [&](int64_t b) HWY_ATTR {
+        return [&, b](int r, int pn, const VF* v) HWY_ATTR {
+          float* dst = srow + r * kAttnFwdSld + (b + pn) * kNr;
+          for (int i = 0; i < kPv; ++i) hn::StoreU(hn::Mul(v[i], vscale), df, dst + i * kLanes);
+        };
+      };
+      int64_t b = 0;
+      for (; b + kScoreNp <= n_panels; b += kScoreNp)
+        score_block<MR, kScoreNp>(qs, d, w.k_panel + b * ps, ps, d, store(b));
+      for (; b < n_panels; ++b) score_block<MR, 1>(qs, d, w.k_panel + b * ps, ps, d, store(b));
+    });
+  }
+  for (int r = 0; r < mr; ++r) {
+    float* srow = w.s_rows + r * kAttnFwdSld;
+    if (lim[r] == 0) {
+      std::fill_n(srow, smax, 0.0f);
+      continue;
+    }
+    const float alpha = softmax_row(srow, lim[r], smax, w.m[r0 + r], w.l[r0 + r]);
+    if (alpha != 1.0f) {
+      float* orow = w.o_tile + (r0 + r) * dp;
+      for (int64_t e = 0; e < d; ++e) orow[e] *= alpha;
+    }
+  }
+  // O += P V over the keys [0, smax): rows with fewer visible keys add exact zeros.
+  for (int g = 0; g < mr; g += kAccMr)
+    acc_rows<false>(std::min(kAccMr, mr - g), dp, w.s_rows + g * kAttnFwdSld, kAttnFwdSld, w.v_pack,
+                    kNr, kAttnFwdBk * kNr, w.o_tile + (r0 + g) * dp, dp, kNr, 0, smax);
+}
+
+// Loads the tile's running state (accumulate mode) or resets it.
+void fwd_tile_begin(const FwdBuffers& w, const Mat* acc, const Mat* m_state, const Mat* l_state,
+                    int h, int64_t i0, int64_t bq, int d) {
+  const int64_t dp = attn_padded_dim(d);
+  if (!acc) {
+    std::fill_n(w.m, bq, kNegInf);
+    std::fill_n(w.l, bq, 0.0f);
+    std::fill_n(w.o_tile, bq * dp, 0.0f);
+    return;
+  }
+  for (int64_t r = 0; r < bq; ++r) {
+    w.m[r] = *lse_at(*m_state, h, i0 + r);
+    w.l[r] = *lse_at(*l_state, h, i0 + r);
+    std::copy_n(static_cast<const float*>(acc->at(i0 + r, int64_t(h) * d)), d, w.o_tile + r * dp);
+    std::fill(w.o_tile + r * dp + d, w.o_tile + (r + 1) * dp, 0.0f);
+  }
+}
+
+// Stores the tile's running state (accumulate mode) or its normalised output and lse.
+void fwd_tile_end(const FwdBuffers& w, const Mat* o, const Mat* lse, const Mat* acc,
+                  const Mat* m_state, const Mat* l_state, int h, int64_t i0, int64_t bq, int d) {
+  const int64_t dp = attn_padded_dim(d);
+  for (int64_t r = 0; r < bq; ++r) {
+    float* orow = w.o_tile + r * dp;
+    if (acc) {
+      *lse_at(*m_state, h, i0 + r) = w.m[r];
+      *lse_at(*l_state, h, i0 + r) = w.l[r];
+      std::copy_n(orow, d, static_cast<float*>(acc->at(i0 + r, int64_t(h) * d)));
+      continue;
+    }
+    const float inv = w.l[r] > 0.0f ? 1.0f / w.l[r] : 0.0f;
+    for (int64_t e = 0; e < d; ++e) orow[e] *= inv;
+    narrow_row(orow, o->at(i0 + r, int64_t(h) * d), is_bf16(*o), d);
+    *lse_at(*lse, h, i0 + r) = w.l[r] > 0.0f ? w.m[r] + std::log(w.l[r]) : kNegInf;
+  }
+}
+
 }  // namespace
 
-void attention_forward(const AttnProblem& p, const Mat* o, const Mat* lse, const Mat* acc,
-                       const Mat* m_state, const Mat* l_state, float* ws) {
-  const int64_t sq = p.sq(), d = p.d;
-  const int group = p.hq / p.hk;
-  const float scale = p.softmax_scale();
-  const int64_t dp = attn_padded_dim(d);
-  float* k_panel = ws;                                 // (Bk, d) packed transposed
-  float* v_pack = k_panel + kAttnFwdBk * d;            // (Bk, dp) packed in column chunks
-  float* s_rows = v_pack + kAttnFwdBk * dp;            // (6, Bk + 16) scores, then probabilities
-  float* o_tile = s_rows + kAttnStripe * kAttnFwdSld;  // (Bq, dp) un-normalised output
-  float* m = o_tile + kAttnFwdBq * dp;                 // (Bq)
-  float* l = m + kAttnFwdBq;                           // (Bq)
-  float* q_stage = l + kAttnFwdBq;                     // (Bq, d) the q tile, fp32
-  const __m256 vscale = _mm256_set1_ps(scale), neg_inf = _mm256_set1_ps(kNegInf);
-  check_layout(ws, q_stage + kAttnFwdBq * d, q_stage + kAttnFwdBq * d,
-               attn_fwd_workspace_bytes(d, p.q.dtype), p.q.dtype);
+#if HWY_TARGET == HWY_AVX3
+// The bf16-dot kernels (below): bf16 inputs on the avx512bf16 path.
+void attention_forward_bf16(const AttnProblem& p, const Mat* o, const Mat* lse, const Mat* acc,
+                            const Mat* m_state, const Mat* l_state, float* ws);
+void attention_backward_bf16(const AttnProblem& p, const Mat& dout, const Mat& lse,
+                             const Mat& delta, const Mat& dq, const Mat& dk, const Mat& dv,
+                             float* ws);
+#endif
 
+void attention_forward_t(const AttnProblem& p, const Mat* o, const Mat* lse, const Mat* acc,
+                         const Mat* m_state, const Mat* l_state, float* ws, bool bf16_dot) {
+#if HWY_TARGET == HWY_AVX3
+  if (bf16_dot) return attention_forward_bf16(p, o, lse, acc, m_state, l_state, ws);
+#endif
+  (void)bf16_dot;
+  const int64_t sq = p.sq();
+  const int d = p.d, group = p.hq / p.hk;
+  const FwdBuffers w(ws, d, p.q.dtype);
   for (int h = 0; h < p.hq; ++h) {
     const int kvh = h / group;
     for (int64_t i0 = 0; i0 < sq; i0 += kAttnFwdBq) {
       const int64_t bq = std::min(kAttnFwdBq, sq - i0);
       const int64_t n_keys = key_limit(p, i0, bq);
-      if (acc) {
-        for (int64_t r = 0; r < bq; ++r) {
-          m[r] = *lse_at(*m_state, h, i0 + r);
-          l[r] = *lse_at(*l_state, h, i0 + r);
-          std::copy_n(static_cast<const float*>(acc->at(i0 + r, h * d)), d, o_tile + r * dp);
-          std::fill(o_tile + r * dp + d, o_tile + (r + 1) * dp, 0.0f);
-        }
-        if (n_keys == 0) continue;
-      } else {
-        std::fill_n(m, bq, kNegInf);
-        std::fill_n(l, bq, 0.0f);
-        std::fill_n(o_tile, bq * dp, 0.0f);
-      }
+      fwd_tile_begin(w, acc, m_state, l_state, h, i0, bq, d);
+      if (acc && n_keys == 0) continue;
       // The q tile, staged contiguous once: it is read again for every key tile.
-      if (n_keys > 0) {
+      if (n_keys > 0)
         for (int64_t r = 0; r < bq; ++r)
-          to_f32(p.q.at(i0 + r, h * d), p.q.dtype, q_stage + r * d, d);
-      }
+          widen_row(p.q.at(i0 + r, int64_t(h) * d), is_bf16(p.q), w.q_stage + r * d, d);
       for (int64_t j0 = 0; j0 < n_keys; j0 += kAttnFwdBk) {
         const int64_t bk = std::min(kAttnFwdBk, n_keys - j0);
-        pack_tile_t(p.k, j0, bk, kvh, int(d), k_panel);
-        pack_tile_chunks(p.v, j0, bk, kvh, int(d), v_pack, kAttnFwdBk * kNr);
-        for (int64_t r0 = 0; r0 < bq; r0 += kAttnStripe) {
-          const int mr = int(std::min(kAttnStripe, bq - r0));
-          int64_t lim[kAttnStripe], smax = 0;
-          for (int r = 0; r < mr; ++r) {
-            lim[r] = visible(p, i0 + r0 + r, j0, bk);
-            smax = std::max(smax, lim[r]);
-          }
-          if (smax == 0) continue;
-          const int64_t n_panels = (smax + kNr - 1) / kNr;
-          const float* qs = q_stage + r0 * d;
-          // Scores, scaled, and their row maxima over the visible keys.
-          __m256 vmax[kAttnStripe];
-          for (int r = 0; r < mr; ++r) vmax[r] = _mm256_set1_ps(kNegInf);
-          with_rows(mr, [&]<int MR>() {
-            for (int64_t b = 0; b < n_panels; ++b) {
-              score_block<MR>(qs, d, k_panel + b * kNr * d, int(d),
-                              [&](int r, __m256 lo, __m256 hi) {
-                                float* dst = s_rows + r * kAttnFwdSld + b * kNr;
-                                lo = _mm256_mul_ps(lo, vscale);
-                                hi = _mm256_mul_ps(hi, vscale);
-                                _mm256_storeu_ps(dst, lo);
-                                _mm256_storeu_ps(dst + 8, hi);
-                                const int64_t n = lim[r] - b * kNr;
-                                if (n < kNr) {
-                                  lo = _mm256_blendv_ps(neg_inf, lo, lane_mask(n));
-                                  hi = _mm256_blendv_ps(neg_inf, hi, lane_mask(n - 8));
-                                }
-                                vmax[r] = _mm256_max_ps(vmax[r], _mm256_max_ps(lo, hi));
-                              });
-            }
-          });
-          for (int r = 0; r < mr; ++r) {
-            float* srow = s_rows + r * kAttnFwdSld;
-            if (lim[r] == 0) {
-              std::fill_n(srow, smax, 0.0f);
-              continue;
-            }
-            const float alpha =
-                softmax_row(srow, lim[r], smax, hmax8(vmax[r]), m[r0 + r], l[r0 + r]);
-            if (alpha != 1.0f) {
-              float* orow = o_tile + (r0 + r) * dp;
-              for (int64_t e = 0; e < d; ++e) orow[e] *= alpha;
-            }
-          }
-          // O += P V over the keys [0, smax): rows with fewer visible keys add exact zeros.
-          acc_rows<false>(mr, dp, s_rows, kAttnFwdSld, v_pack, kNr, kAttnFwdBk * kNr,
-                          o_tile + r0 * dp, dp, kNr, 0, smax);
-        }
+        pack_tile_t(p.k, j0, bk, kvh, d, w.k_panel);
+        pack_tile_chunks(p.v, j0, bk, kvh, d, w.v_pack, kAttnFwdBk * kNr);
+        for (int64_t r0 = 0; r0 < bq; r0 += kAttnStripe)
+          fwd_stripe(p, w, i0, r0, int(std::min(kAttnStripe, bq - r0)), j0, bk);
       }
-      if (acc) {
-        for (int64_t r = 0; r < bq; ++r) {
-          *lse_at(*m_state, h, i0 + r) = m[r];
-          *lse_at(*l_state, h, i0 + r) = l[r];
-          std::copy_n(o_tile + r * dp, d, static_cast<float*>(acc->at(i0 + r, h * d)));
-        }
-      } else {
-        for (int64_t r = 0; r < bq; ++r) {
-          float* orow = o_tile + r * dp;
-          const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
-          for (int64_t e = 0; e < d; ++e) orow[e] *= inv;
-          from_f32(orow, o->at(i0 + r, h * d), o->dtype, d);
-          *lse_at(*lse, h, i0 + r) = l[r] > 0.0f ? m[r] + std::log(l[r]) : kNegInf;
-        }
-      }
+      fwd_tile_end(w, o, lse, acc, m_state, l_state, h, i0, bq, d);
     }
   }
 }
 
-void attention_backward(const AttnProblem& p, const Mat& dout, const Mat& lse, const Mat& delta,
-                        const Mat& dq, const Mat& dk, const Mat& dv, float* ws) {
-  const int64_t sq = p.sq(), sk = p.sk(), d = p.d;
-  const int group = p.hq / p.hk;
-  const float scale = p.softmax_scale();
-  const int64_t dp = attn_padded_dim(d);
-  constexpr int64_t kcs = kAttnBwdBk * kNr, qcs = kAttnBwdBq * kNr;  // chunk strides
-  float* k_panel = ws;                                               // (Bk, d) packed transposed
-  float* v_panel = k_panel + kAttnBwdBk * d;                         // (Bk, d) packed transposed
-  float* k_pack = v_panel + kAttnBwdBk * d;            // (Bk, dp) packed in column chunks
-  float* p_tile = k_pack + kAttnBwdBk * dp;            // (Bq, Bk + 16)
-  float* ds_tile = p_tile + kAttnBwdBq * kAttnBwdSld;  // (Bq, Bk + 16)
-  float* q_pack = ds_tile + kAttnBwdBq * kAttnBwdSld;  // (Bq, dp) packed in column chunks
-  float* do_pack = q_pack + kAttnBwdBq * dp;           // (Bq, dp) packed in column chunks
-  float* dk_acc = do_pack + kAttnBwdBq * dp;           // (Bk, dp) dk of the tile, in chunks
-  float* dv_acc = dk_acc + kAttnBwdBk * dp;            // (Bk, dp) dv of the tile, in chunks
-  float* q_stage = dv_acc + kAttnBwdBk * dp;           // (Bq, d), bf16 only
-  float* do_stage = q_stage + kAttnBwdBq * d;          // (Bq, d), bf16 only
-  check_layout(ws, q_stage, do_stage + kAttnBwdBq * d, attn_bwd_workspace_bytes(d, p.q.dtype),
-               p.q.dtype);
-  const __m256 vscale = _mm256_set1_ps(scale);
-  const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+#if HWY_TARGET == HWY_AVX3
+namespace {
 
+// softmax_row writing the probabilities p[0, n) in bf16 (zeros past lim, n a multiple of kNr)
+// while their sum l is kept in fp32.
+float softmax_row_bf16(const float* s, int64_t lim, int64_t n, float& m, float& l, uint16_t* p) {
+  const DF df;
+  VF vmax = hn::Set(df, kNegInf);
+  for (int64_t c = 0; c < lim; c += kLanes)
+    vmax = hn::Max(vmax, hn::IfThenElse(lanes_below(lim - c), hn::LoadU(df, s + c), vmax));
+  const float m_new = std::max(m, max_lanes(vmax));
+  const VF vm = hn::Set(df, m_new);
+  VF vsum = hn::Zero(df);
+  auto prob = [&](int64_t c) HWY_ATTR {
+    const VF e = hn::IfThenElseZero(lanes_below(lim - c), exp_v(hn::Sub(hn::LoadU(df, s + c), vm)));
+    vsum = hn::Add(vsum, e);
+    return e.raw;
+  };
+  int64_t c = 0;
+  for (; c + 2 * kLanes <= n && c < lim; c += 2 * kLanes) {
+    const __m512 lo = prob(c), hi = prob(c + kLanes);
+    _mm512_storeu_si512(p + c, cvt2_bf16(hi, lo));
+  }
+  for (; c < n && c < lim; c += kLanes)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + c), cvt_bf16(prob(c)));
+  std::fill(p + c, p + n, uint16_t(0));
+  const float alpha = m == kNegInf ? 0.0f : exp_fast(m - m_new);
+  l = l * alpha + sum_lanes(vsum);
+  m = m_new;
+  return alpha;
+}
+
+// The bf16-dot forward's buffers (attn_fwd_workspace_bytes with bf16_dot).
+struct FwdBuffersBf16 {
+  uint32_t* k_panel;  // (Bk, d) bf16 in pair panels
+  uint32_t* v_pack;   // (Bk, dp) bf16 in pair chunks along the keys
+  float* s_rows;      // (stripe, Bk + 16) scores, then probabilities
+  uint16_t* p16;      // (stripe, Bk + 16) probabilities in bf16
+  float* o_tile;      // (Bq, dp) un-normalised output
+  float* m;           // (Bq)
+  float* l;           // (Bq)
+  FwdBuffersBf16(float* ws, int64_t d) {
+    const int64_t dp = attn_padded_dim(d);
+    k_panel = reinterpret_cast<uint32_t*>(ws);
+    v_pack = k_panel + kAttnFwdBk * d / 2;
+    s_rows = reinterpret_cast<float*>(v_pack + kAttnFwdBk * dp / 2);
+    p16 = reinterpret_cast<uint16_t*>(s_rows + kAttnStripe * kAttnFwdSld);
+    o_tile = reinterpret_cast<float*>(p16 + kAttnStripe * kAttnFwdSld);
+    m = o_tile + kAttnFwdBq * dp;
+    l = m + kAttnFwdBq;
+    check_layout(ws, l + kAttnFwdBq, l + kAttnFwdBq,
+                 attn_fwd_workspace_bytes(d, DType::kBF16, true), DType::kBF16);
+  }
+  FwdBuffers as_fp32() const {
+    FwdBuffers f{};
+    f.s_rows = s_rows, f.o_tile = o_tile, f.m = m, f.l = l;
+    return f;
+  }
+};
+
+// fwd_stripe with bf16 q, k, v on the dot-product instruction: scores from the pair panels, the
+// probabilities rounded to bf16 for O += P V (their row sum stays fp32).
+void fwd_stripe_bf16(const AttnProblem& p, const FwdBuffersBf16& w, int h, int64_t i0, int64_t r0,
+                     int mr, int64_t j0, int64_t bk) {
+  const DF df;
+  const int d = p.d;
+  const int64_t dp = attn_padded_dim(d);
+  const VF vscale = hn::Set(df, p.softmax_scale());
+  int64_t lim[kAttnStripe], smax = 0;
+  for (int r = 0; r < mr; ++r) {
+    lim[r] = visible(p, i0 + r0 + r, j0, bk);
+    smax = std::max(smax, lim[r]);
+  }
+  if (smax == 0) return;
+  const int64_t n_panels = (smax + kNr - 1) / kNr, ps = int64_t(kNr) * d / 2;
+  const uint16_t* q = static_cast<const uint16_t*>(p.q.at(i0 + r0, int64_t(h) * d));
+  for (int g = 0; g < mr; g += kScoreMr) {
+    float* srow = w.s_rows + g * kAttnFwdSld;
+    with_rows<kScoreMr>(std::min(kScoreMr, mr - g), [&]<int MR>() HWY_ATTR {
+      auto store = [&](int64_t b) HWY_ATTR {
+        return [&, b](int r, int pn, const VF* v) HWY_ATTR {
+          hn::StoreU(hn::Mul(v[0], vscale), df, srow + r * kAttnFwdSld + (b + pn) * kNr);
+        };
+      };
+      const uint16_t* qg = q + g * p.q.ld;
+      int64_t b = 0;
+      for (; b + kScoreNp <= n_panels; b += kScoreNp)
+        score_block_bf16<MR, kScoreNp>(qg, p.q.ld, w.k_panel + b * ps, ps, d, store(b));
+      for (; b < n_panels; ++b)
+        score_block_bf16<MR, 1>(qg, p.q.ld, w.k_panel + b * ps, ps, d, store(b));
+    });
+  }
+  const int64_t sp = n_panels * kNr;  // scores and probabilities defined up to here
+  for (int r = 0; r < mr; ++r) {
+    uint16_t* prow = w.p16 + r * kAttnFwdSld;
+    if (lim[r] == 0) {
+      std::fill_n(prow, sp, uint16_t(0));
+      continue;
+    }
+    const float alpha =
+        softmax_row_bf16(w.s_rows + r * kAttnFwdSld, lim[r], sp, w.m[r0 + r], w.l[r0 + r], prow);
+    if (alpha != 1.0f) {
+      float* orow = w.o_tile + (r0 + r) * dp;
+      for (int64_t e = 0; e < d; ++e) orow[e] *= alpha;
+    }
+  }
+  // O += P V over the key pairs [0, ceil(smax / 2)): rows with fewer visible keys add zeros.
+  for (int g = 0; g < mr; g += kAccMr) {
+    const PairA a{reinterpret_cast<const uint32_t*>(w.p16 + g * kAttnFwdSld), kAttnFwdSld / 2, 1};
+    acc_rows_bf16(std::min(kAccMr, mr - g), dp, a, w.v_pack, kAttnFwdBk / 2 * kNr,
+                  w.o_tile + (r0 + g) * dp, dp, kNr, 0, (smax + 1) / 2);
+  }
+}
+
+}  // namespace
+
+void attention_forward_bf16(const AttnProblem& p, const Mat* o, const Mat* lse, const Mat* acc,
+                            const Mat* m_state, const Mat* l_state, float* ws) {
+  const int64_t sq = p.sq();
+  const int d = p.d, group = p.hq / p.hk;
+  const FwdBuffersBf16 w(ws, d);
+  const FwdBuffers wf = w.as_fp32();
+  for (int h = 0; h < p.hq; ++h) {
+    const int kvh = h / group;
+    for (int64_t i0 = 0; i0 < sq; i0 += kAttnFwdBq) {
+      const int64_t bq = std::min(kAttnFwdBq, sq - i0);
+      const int64_t n_keys = key_limit(p, i0, bq);
+      fwd_tile_begin(wf, acc, m_state, l_state, h, i0, bq, d);
+      if (acc && n_keys == 0) continue;
+      for (int64_t j0 = 0; j0 < n_keys; j0 += kAttnFwdBk) {
+        const int64_t bk = std::min(kAttnFwdBk, n_keys - j0);
+        pack_pair_panels(static_cast<const uint16_t*>(p.k.at(j0, int64_t(kvh) * d)), p.k.ld, bk, d,
+                         w.k_panel);
+        pack_pair_chunks(static_cast<const uint16_t*>(p.v.at(j0, int64_t(kvh) * d)), p.v.ld, bk, d,
+                         w.v_pack, kAttnFwdBk / 2 * kNr);
+        for (int64_t r0 = 0; r0 < bq; r0 += kAttnStripe)
+          fwd_stripe_bf16(p, w, h, i0, r0, int(std::min(kAttnStripe, bq - r0)), j0, bk);
+      }
+      fwd_tile_end(wf, o, lse, acc, m_state, l_state, h, i0, bq, d);
+    }
+  }
+}
+#endif  // HWY_TARGET == HWY_AVX3
+
+namespace {
+
+// The backward's buffers, carved out of the workspace (attn_bwd_workspace_bytes).
+struct BwdBuffers {
+  static constexpr int64_t kcs = kAttnBwdBk * kNr, qcs = kAttnBwdBq * kNr;  // chunk strides
+  float* k_panel;   // (Bk, d) packed transposed
+  float* v_panel;   // (Bk, d) packed transposed
+  float* k_pack;    // (Bk, dp) packed in column chunks
+  float* p_tile;    // (Bq, Bk + 16)
+  float* ds_tile;   // (Bq, Bk + 16)
+  float* q_pack;    // (Bq, dp) packed in column chunks
+  float* do_pack;   // (Bq, dp) packed in column chunks
+  float* dk_acc;    // (Bk, dp) dk of the tile, in chunks
+  float* dv_acc;    // (Bk, dp) dv of the tile, in chunks
+  float* q_stage;   // (Bq, d), bf16 only
+  float* do_stage;  // (Bq, d), bf16 only
+  BwdBuffers(float* ws, int64_t d, DType t) {
+    const int64_t dp = attn_padded_dim(d);
+    k_panel = ws;
+    v_panel = k_panel + kAttnBwdBk * d;
+    k_pack = v_panel + kAttnBwdBk * d;
+    p_tile = k_pack + kAttnBwdBk * dp;
+    ds_tile = p_tile + kAttnBwdBq * kAttnBwdSld;
+    q_pack = ds_tile + kAttnBwdBq * kAttnBwdSld;
+    do_pack = q_pack + kAttnBwdBq * dp;
+    dk_acc = do_pack + kAttnBwdBq * dp;
+    dv_acc = dk_acc + kAttnBwdBk * dp;
+    q_stage = dv_acc + kAttnBwdBk * dp;
+    do_stage = q_stage + kAttnBwdBq * d;
+    check_layout(ws, q_stage, do_stage + kAttnBwdBq * d, attn_bwd_workspace_bytes(d, t), t);
+  }
+};
+
+// The per-row inputs of one backward stripe.
+struct BwdStripe {
+  int mr;
+  int64_t lim[kAttnStripe];
+  float lse[kAttnStripe], delta[kAttnStripe];
+  int64_t smax = 0;
+};
+
+// P = exp(scale q k^T - lse) (zero where masked) and dS = P (do v^T - delta) scale for the rows
+// [r0, r0 + mr) of the query tile against the key tile's panels [0, n_panels).
+void bwd_scores(const BwdBuffers& w, const BwdStripe& st, const Tile& qt, const Tile& dot,
+                int64_t r0, int64_t n_panels, int d, float scale) {
+  const DF df;
+  const VF vscale = hn::Set(df, scale);
+  const int64_t ps = int64_t(kNr) * d;
+  for (int g = 0; g < st.mr; g += kScoreMr) {
+    float* p_rows = w.p_tile + (r0 + g) * kAttnBwdSld;
+    float* ds_rows = w.ds_tile + (r0 + g) * kAttnBwdSld;
+    const float* qs = qt.ptr + (r0 + g) * qt.ld;
+    const float* ds_src = dot.ptr + (r0 + g) * dot.ld;
+    with_rows<kScoreMr>(std::min(kScoreMr, st.mr - g), [&]<int MR>() HWY_ATTR {
+      auto p_epi = [&](int64_t b) HWY_ATTR {
+        return [&, b](int r, int pn, const VF* v) HWY_ATTR {
+          const VF vlse = hn::Set(df, st.lse[g + r]);
+          const int64_t n = st.lim[g + r] - (b + pn) * kNr;
+          float* dst = p_rows + r * kAttnBwdSld + (b + pn) * kNr;
+          for (int i = 0; i < kPv; ++i) {
+            VF x = exp_v(hn::MulSub(v[i], vscale, vlse));
+            if (n < kNr) x = hn::IfThenElseZero(lanes_below(n - i * kLanes), x);
+            hn::StoreU(x, df, dst + i * kLanes);
+          }
+        };
+      };
+      auto ds_epi = [&](int64_t b) HWY_ATTR {
+        return [&, b](int r, int pn, const VF* v) HWY_ATTR {
+          const VF vdelta = hn::Set(df, st.delta[g + r]);
+          const float* pr = p_rows + r * kAttnBwdSld + (b + pn) * kNr;
+          float* dst = ds_rows + r * kAttnBwdSld + (b + pn) * kNr;
+          for (int i = 0; i < kPv; ++i) {
+            const VF pv = hn::LoadU(df, pr + i * kLanes);
+            hn::StoreU(hn::Mul(hn::Mul(pv, hn::Sub(v[i], vdelta)), vscale), df, dst + i * kLanes);
+          }
+        };
+      };
+      int64_t b = 0;
+      for (; b + kScoreNp <= n_panels; b += kScoreNp) {
+        score_block<MR, kScoreNp>(qs, qt.ld, w.k_panel + b * ps, ps, d, p_epi(b));
+        score_block<MR, kScoreNp>(ds_src, dot.ld, w.v_panel + b * ps, ps, d, ds_epi(b));
+      }
+      for (; b < n_panels; ++b) {
+        score_block<MR, 1>(qs, qt.ld, w.k_panel + b * ps, ps, d, p_epi(b));
+        score_block<MR, 1>(ds_src, dot.ld, w.v_panel + b * ps, ps, d, ds_epi(b));
+      }
+    });
+  }
+}
+
+// One query tile [i0, i0 + bq) of the backward against the packed key tile [j0, j0 + bk).
+void bwd_query_tile(const AttnProblem& p, const BwdBuffers& w, const Mat& dout, const Mat& lse,
+                    const Mat& delta, const Mat& dq, int h, int64_t j0, int64_t bk, int64_t i0,
+                    int64_t bq) {
+  const int d = p.d;
+  const int64_t dp = attn_padded_dim(d), bkp = round_up(bk, kNr);
+  const Tile qt = load_tile(p.q, i0, bq, h, d, w.q_stage);
+  const Tile dot = load_tile(dout, i0, bq, h, d, w.do_stage);
+  pack_tile_chunks(p.q, i0, bq, h, d, w.q_pack, w.qcs);
+  pack_tile_chunks(dout, i0, bq, h, d, w.do_pack, w.qcs);
+  float* dq_t = static_cast<float*>(dq.at(i0, int64_t(h) * d));
+  for (int64_t r0 = 0; r0 < bq; r0 += kAttnStripe) {
+    BwdStripe st;
+    st.mr = int(std::min(kAttnStripe, bq - r0));
+    for (int r = 0; r < st.mr; ++r) {
+      st.lse[r] = *lse_at(lse, h, i0 + r0 + r);
+      st.lim[r] = st.lse[r] == kNegInf ? 0 : visible(p, i0 + r0 + r, j0, bk);
+      st.smax = std::max(st.smax, st.lim[r]);
+      st.delta[r] = *lse_at(delta, h, i0 + r0 + r);
+    }
+    const int64_t n_panels = (st.smax + kNr - 1) / kNr;
+    // Keys past the stripe's last visible panel: zero, read by the dV and dK products.
+    for (int r = 0; r < st.mr; ++r) {
+      float* pr = w.p_tile + (r0 + r) * kAttnBwdSld;
+      float* dr = w.ds_tile + (r0 + r) * kAttnBwdSld;
+      std::fill(pr + n_panels * kNr, pr + bkp, 0.0f);
+      std::fill(dr + n_panels * kNr, dr + bkp, 0.0f);
+    }
+    if (n_panels == 0) continue;
+    bwd_scores(w, st, qt, dot, r0, n_panels, d, p.softmax_scale());
+    // dQ += dS K over the keys [0, smax), in increasing key order.
+    for (int g = 0; g < st.mr; g += kAccMr)
+      acc_rows<false>(std::min(kAccMr, st.mr - g), d, w.ds_tile + (r0 + g) * kAttnBwdSld,
+                      kAttnBwdSld, w.k_pack, kNr, w.kcs, dq_t + (r0 + g) * dq.ld, dq.ld, kNr, 0,
+                      st.smax);
+  }
+  // dV += P^T dO and dK += dS^T Q, kAccMr keys at a time, over the query rows that see them
+  // (in increasing row order; rows before the first that sees a key add exact zeros).
+  for (int64_t jb = 0; jb < bk; jb += kAccMr) {
+    const int mr = int(std::min<int64_t>(kAccMr, bk - jb));
+    const int64_t i_lo =
+        p.causal ? std::clamp<int64_t>(p.k_pos0 + j0 + jb - p.q_pos0 - i0, 0, bq) : 0;
+    if (i_lo >= bq) break;
+    acc_rows<true>(mr, dp, w.p_tile + jb, kAttnBwdSld, w.do_pack, kNr, w.qcs, w.dv_acc + jb * kNr,
+                   kNr, w.kcs, i_lo, bq);
+    acc_rows<true>(mr, dp, w.ds_tile + jb, kAttnBwdSld, w.q_pack, kNr, w.qcs, w.dk_acc + jb * kNr,
+                   kNr, w.kcs, i_lo, bq);
+  }
+}
+
+}  // namespace
+
+void attention_backward_t(const AttnProblem& p, const Mat& dout, const Mat& lse, const Mat& delta,
+                          const Mat& dq, const Mat& dk, const Mat& dv, float* ws, bool bf16_dot) {
+#if HWY_TARGET == HWY_AVX3
+  if (bf16_dot) return attention_backward_bf16(p, dout, lse, delta, dq, dk, dv, ws);
+#endif
+  (void)bf16_dot;
+  const int64_t sq = p.sq(), sk = p.sk();
+  const int d = p.d, group = p.hq / p.hk;
+  const BwdBuffers w(ws, d, p.q.dtype);
   for (int h = 0; h < p.hq; ++h) {
     const int kvh = h / group;
     for (int64_t j0 = 0; j0 < sk; j0 += kAttnBwdBk) {
       const int64_t bk = std::min(kAttnBwdBk, sk - j0);
-      const int64_t bkp = round_up(bk, kNr);
       // First query row that sees key j0.
       const int64_t i_first = p.causal ? std::clamp<int64_t>(p.k_pos0 + j0 - p.q_pos0, 0, sq) : 0;
       if (i_first >= sq) continue;
-      pack_tile_t(p.k, j0, bk, kvh, int(d), k_panel);
-      pack_tile_t(p.v, j0, bk, kvh, int(d), v_panel);
-      pack_tile_chunks(p.k, j0, bk, kvh, int(d), k_pack, kcs);
+      pack_tile_t(p.k, j0, bk, kvh, d, w.k_panel);
+      pack_tile_t(p.v, j0, bk, kvh, d, w.v_panel);
+      pack_tile_chunks(p.k, j0, bk, kvh, d, w.k_pack, w.kcs);
       // dK and dV of the tile are accumulated in place of dk and dv, in chunks: the same FMA
       // chains, in a contiguous buffer.
-      pack_tile_chunks(dk, j0, bk, kvh, int(d), dk_acc, kcs);
-      pack_tile_chunks(dv, j0, bk, kvh, int(d), dv_acc, kcs);
-      for (int64_t i0 = i_first / kAttnBwdBq * kAttnBwdBq; i0 < sq; i0 += kAttnBwdBq) {
-        const int64_t bq = std::min(kAttnBwdBq, sq - i0);
-        const Tile qt = load_tile(p.q, i0, bq, h, int(d), q_stage);
-        const Tile dot = load_tile(dout, i0, bq, h, int(d), do_stage);
-        pack_tile_chunks(p.q, i0, bq, h, int(d), q_pack, qcs);
-        pack_tile_chunks(dout, i0, bq, h, int(d), do_pack, qcs);
-        float* dq_t = static_cast<float*>(dq.at(i0, int64_t(h) * d));
-        for (int64_t r0 = 0; r0 < bq; r0 += kAttnStripe) {
-          const int mr = int(std::min(kAttnStripe, bq - r0));
-          int64_t lim[kAttnStripe], smax = 0;
-          __m256 vlse[kAttnStripe], vdelta[kAttnStripe];
-          for (int r = 0; r < mr; ++r) {
-            const float lr = *lse_at(lse, h, i0 + r0 + r);
-            lim[r] = lr == kNegInf ? 0 : visible(p, i0 + r0 + r, j0, bk);
-            smax = std::max(smax, lim[r]);
-            vlse[r] = _mm256_set1_ps(lr);
-            vdelta[r] = _mm256_set1_ps(*lse_at(delta, h, i0 + r0 + r));
-          }
-          const int64_t n_panels = (smax + kNr - 1) / kNr;
-          float* p_rows = p_tile + r0 * kAttnBwdSld;
-          float* ds_rows = ds_tile + r0 * kAttnBwdSld;
-          // Keys past the stripe's last visible panel: zero, read by the dV and dK products.
-          for (int r = 0; r < mr; ++r) {
-            std::fill(p_rows + r * kAttnBwdSld + n_panels * kNr, p_rows + r * kAttnBwdSld + bkp,
-                      0.0f);
-            std::fill(ds_rows + r * kAttnBwdSld + n_panels * kNr, ds_rows + r * kAttnBwdSld + bkp,
-                      0.0f);
-          }
-          if (n_panels == 0) continue;
-          with_rows(mr, [&]<int MR>() {
-            const float* qs = qt.ptr + r0 * qt.ld;
-            const float* ds_src = dot.ptr + r0 * dot.ld;
-            for (int64_t b = 0; b < n_panels; ++b) {
-              // P = exp(scale * q k^T - lse), zero where masked.
-              score_block<MR>(
-                  qs, qt.ld, k_panel + b * kNr * d, int(d), [&](int r, __m256 lo, __m256 hi) {
-                    float* dst = p_rows + r * kAttnBwdSld + b * kNr;
-                    __m256 p0 = exp8(_mm256_fmsub_ps(lo, vscale, vlse[r]));
-                    __m256 p1 = exp8(_mm256_fmsub_ps(hi, vscale, vlse[r]));
-                    if ((b + 1) * kNr > lim[r]) {
-                      const __m256i n = _mm256_set1_epi32(int32_t(lim[r] - b * kNr));
-                      p0 = _mm256_and_ps(p0, _mm256_castsi256_ps(_mm256_cmpgt_epi32(n, iota)));
-                      p1 = _mm256_and_ps(p1, _mm256_castsi256_ps(_mm256_cmpgt_epi32(
-                                                 n, _mm256_add_epi32(iota, _mm256_set1_epi32(8)))));
-                    }
-                    _mm256_storeu_ps(dst, p0);
-                    _mm256_storeu_ps(dst + 8, p1);
-                  });
-              // dS = P * (do v^T - delta) * scale.
-              score_block<MR>(
-                  ds_src, dot.ld, v_panel + b * kNr * d, int(d), [&](int r, __m256 lo, __m256 hi) {
-                    const float* pr = p_rows + r * kAttnBwdSld + b * kNr;
-                    float* dst = ds_rows + r * kAttnBwdSld + b * kNr;
-                    const __m256 s0 = _mm256_mul_ps(
-                        _mm256_mul_ps(_mm256_loadu_ps(pr), _mm256_sub_ps(lo, vdelta[r])), vscale);
-                    const __m256 s1 = _mm256_mul_ps(
-                        _mm256_mul_ps(_mm256_loadu_ps(pr + 8), _mm256_sub_ps(hi, vdelta[r])),
-                        vscale);
-                    _mm256_storeu_ps(dst, s0);
-                    _mm256_storeu_ps(dst + 8, s1);
-                  });
-            }
-          });
-          // dQ += dS K over the keys [0, smax), in increasing key order.
-          acc_rows<false>(mr, d, ds_rows, kAttnBwdSld, k_pack, kNr, kcs, dq_t + r0 * dq.ld, dq.ld,
-                          kNr, 0, smax);
-        }
-        // dV += P^T dO and dK += dS^T Q, six keys at a time, over the query rows that see them
-        // (in increasing row order; rows before the first that sees a key add exact zeros).
-        for (int64_t jb = 0; jb < bk; jb += kAttnStripe) {
-          const int mr = int(std::min(kAttnStripe, bk - jb));
-          const int64_t i_lo =
-              p.causal ? std::clamp<int64_t>(p.k_pos0 + j0 + jb - p.q_pos0 - i0, 0, bq) : 0;
-          if (i_lo >= bq) break;
-          acc_rows<true>(mr, dp, p_tile + jb, kAttnBwdSld, do_pack, kNr, qcs, dv_acc + jb * kNr,
-                         kNr, kcs, i_lo, bq);
-          acc_rows<true>(mr, dp, ds_tile + jb, kAttnBwdSld, q_pack, kNr, qcs, dk_acc + jb * kNr,
-                         kNr, kcs, i_lo, bq);
-        }
-      }
-      unpack_chunks(dk_acc, kcs, bk, int(d), static_cast<float*>(dk.at(j0, int64_t(kvh) * d)),
+      pack_tile_chunks(dk, j0, bk, kvh, d, w.dk_acc, w.kcs);
+      pack_tile_chunks(dv, j0, bk, kvh, d, w.dv_acc, w.kcs);
+      for (int64_t i0 = i_first / kAttnBwdBq * kAttnBwdBq; i0 < sq; i0 += kAttnBwdBq)
+        bwd_query_tile(p, w, dout, lse, delta, dq, h, j0, bk, i0, std::min(kAttnBwdBq, sq - i0));
+      unpack_chunks(w.dk_acc, w.kcs, bk, d, static_cast<float*>(dk.at(j0, int64_t(kvh) * d)),
                     dk.ld);
-      unpack_chunks(dv_acc, kcs, bk, int(d), static_cast<float*>(dv.at(j0, int64_t(kvh) * d)),
+      unpack_chunks(w.dv_acc, w.kcs, bk, d, static_cast<float*>(dv.at(j0, int64_t(kvh) * d)),
                     dv.ld);
     }
   }
 }
 
-void attention_delta(const Mat& o, const Mat& dout, int d, const Mat& delta) {
+#if HWY_TARGET == HWY_AVX3
+namespace {
+
+// The bf16-dot backward's buffers (attn_bwd_workspace_bytes with bf16_dot).
+struct BwdBuffersBf16 {
+  static constexpr int64_t kcs = kAttnBwdBk / 2 * kNr, qcs = kAttnBwdBq / 2 * kNr;  // in words
+  static constexpr int64_t kcsf = kAttnBwdBk * kNr;  // dK, dV accumulators (floats)
+  uint32_t* k_panel;                                 // (Bk, d) bf16 pair panels
+  uint32_t* v_panel;                                 // (Bk, d) bf16 pair panels
+  uint32_t* k_pack;                                  // (Bk, dp) bf16 pair chunks along the keys
+  float* p_tile;                                     // (Bq, Bk + 16)
+  float* ds_tile;                                    // (Bq, Bk + 16)
+  uint16_t* ds16;                                    // (stripe, Bk + 16) the stripe's dS in bf16
+  uint32_t* p_pairs;                                 // (Bq / 2, Bk) P in bf16 pairs of query rows
+  uint32_t* ds_pairs;                                // (Bq / 2, Bk) dS likewise
+  uint32_t* q_pack;   // (Bq, dp) bf16 pair chunks along the query rows
+  uint32_t* do_pack;  // (Bq, dp) likewise
+  float* dk_acc;      // (Bk, dp) dk of the tile, in chunks
+  float* dv_acc;      // (Bk, dp) dv of the tile, in chunks
+  BwdBuffersBf16(float* ws, int64_t d) {
+    const int64_t dp = attn_padded_dim(d);
+    k_panel = reinterpret_cast<uint32_t*>(ws);
+    v_panel = k_panel + kAttnBwdBk * d / 2;
+    k_pack = v_panel + kAttnBwdBk * d / 2;
+    p_tile = reinterpret_cast<float*>(k_pack + kAttnBwdBk * dp / 2);
+    ds_tile = p_tile + kAttnBwdBq * kAttnBwdSld;
+    ds16 = reinterpret_cast<uint16_t*>(ds_tile + kAttnBwdBq * kAttnBwdSld);
+    p_pairs = reinterpret_cast<uint32_t*>(ds16 + kAttnStripe * kAttnBwdSld);
+    ds_pairs = p_pairs + kAttnBwdBq / 2 * kAttnBwdBk;
+    q_pack = ds_pairs + kAttnBwdBq / 2 * kAttnBwdBk;
+    do_pack = q_pack + kAttnBwdBq * dp / 2;
+    dk_acc = reinterpret_cast<float*>(do_pack + kAttnBwdBq * dp / 2);
+    dv_acc = dk_acc + kAttnBwdBk * dp;
+    const float* end = dv_acc + kAttnBwdBk * dp;
+    check_layout(ws, end, end, attn_bwd_workspace_bytes(d, DType::kBF16, true), DType::kBF16);
+  }
+};
+
+// P and dS of rows [r0, r0 + mr) against the key tile's pair panels [0, n_panels), as bwd_scores;
+// dS also rounded to bf16 into the stripe buffer for dQ.
+void bwd_scores_bf16(const BwdBuffersBf16& w, const BwdStripe& st, const uint16_t* q, int64_t ldq,
+                     const uint16_t* dout, int64_t ldo, int64_t r0, int64_t n_panels, int d,
+                     float scale) {
+  const DF df;
+  const VF vscale = hn::Set(df, scale);
+  const int64_t ps = int64_t(kNr) * d / 2;
+  for (int g = 0; g < st.mr; g += kScoreMr) {
+    float* p_rows = w.p_tile + (r0 + g) * kAttnBwdSld;
+    float* ds_rows = w.ds_tile + (r0 + g) * kAttnBwdSld;
+    uint16_t* ds16_rows = w.ds16 + g * kAttnBwdSld;
+    const uint16_t* qs = q + (r0 + g) * ldq;
+    const uint16_t* dos = dout + (r0 + g) * ldo;
+    with_rows<kScoreMr>(std::min(kScoreMr, st.mr - g), [&]<int MR>() HWY_ATTR {
+      auto p_epi = [&](int64_t b) HWY_ATTR {
+        return [&, b](int r, int pn, const VF* v) HWY_ATTR {
+          const int64_t n = st.lim[g + r] - (b + pn) * kNr;
+          VF x = exp_v(hn::MulSub(v[0], vscale, hn::Set(df, st.lse[g + r])));
+          if (n < kNr) x = hn::IfThenElseZero(lanes_below(n), x);
+          hn::StoreU(x, df, p_rows + r * kAttnBwdSld + (b + pn) * kNr);
+        };
+      };
+      auto ds_epi = [&](int64_t b) HWY_ATTR {
+        return [&, b](int r, int pn, const VF* v) HWY_ATTR {
+          const int64_t at = r * kAttnBwdSld + (b + pn) * kNr;
+          const VF pv = hn::LoadU(df, p_rows + at);
+          const VF ds = hn::Mul(hn::Mul(pv, hn::Sub(v[0], hn::Set(df, st.delta[g + r]))), vscale);
+          hn::StoreU(ds, df, ds_rows + at);
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(ds16_rows + at), cvt_bf16(ds.raw));
+        };
+      };
+      int64_t b = 0;
+      for (; b + kScoreNp <= n_panels; b += kScoreNp) {
+        score_block_bf16<MR, kScoreNp>(qs, ldq, w.k_panel + b * ps, ps, d, p_epi(b));
+        score_block_bf16<MR, kScoreNp>(dos, ldo, w.v_panel + b * ps, ps, d, ds_epi(b));
+      }
+      for (; b < n_panels; ++b) {
+        score_block_bf16<MR, 1>(qs, ldq, w.k_panel + b * ps, ps, d, p_epi(b));
+        score_block_bf16<MR, 1>(dos, ldo, w.v_panel + b * ps, ps, d, ds_epi(b));
+      }
+    });
+  }
+}
+
+// bwd_query_tile with bf16 inputs on the dot-product instruction.
+void bwd_query_tile_bf16(const AttnProblem& p, const BwdBuffersBf16& w, const Mat& dout,
+                         const Mat& lse, const Mat& delta, const Mat& dq, int h, int64_t j0,
+                         int64_t bk, int64_t i0, int64_t bq) {
+  const int d = p.d;
+  const int64_t dp = attn_padded_dim(d), bkp = round_up(bk, kNr);
+  const uint16_t* q = static_cast<const uint16_t*>(p.q.at(i0, int64_t(h) * d));
+  const uint16_t* dot = static_cast<const uint16_t*>(dout.at(i0, int64_t(h) * d));
+  pack_pair_chunks(q, p.q.ld, bq, d, w.q_pack, w.qcs);
+  pack_pair_chunks(dot, dout.ld, bq, d, w.do_pack, w.qcs);
+  float* dq_t = static_cast<float*>(dq.at(i0, int64_t(h) * d));
+  for (int64_t r0 = 0; r0 < bq; r0 += kAttnStripe) {
+    BwdStripe st;
+    st.mr = int(std::min(kAttnStripe, bq - r0));
+    for (int r = 0; r < st.mr; ++r) {
+      st.lse[r] = *lse_at(lse, h, i0 + r0 + r);
+      st.lim[r] = st.lse[r] == kNegInf ? 0 : visible(p, i0 + r0 + r, j0, bk);
+      st.smax = std::max(st.smax, st.lim[r]);
+      st.delta[r] = *lse_at(delta, h, i0 + r0 + r);
+    }
+    const int64_t n_panels = (st.smax + kNr - 1) / kNr;
+    for (int r = 0; r < st.mr; ++r) {
+      float* pr = w.p_tile + (r0 + r) * kAttnBwdSld;
+      float* dr = w.ds_tile + (r0 + r) * kAttnBwdSld;
+      std::fill(pr + n_panels * kNr, pr + bkp, 0.0f);
+      std::fill(dr + n_panels * kNr, dr + bkp, 0.0f);
+    }
+    if (n_panels == 0) continue;
+    bwd_scores_bf16(w, st, q, p.q.ld, dot, dout.ld, r0, n_panels, d, p.softmax_scale());
+    // dQ += dS K over the key pairs [0, ceil(smax / 2)), in increasing order.
+    for (int g = 0; g < st.mr; g += kAccMr) {
+      const PairA a{reinterpret_cast<const uint32_t*>(w.ds16 + g * kAttnBwdSld), kAttnBwdSld / 2,
+                    1};
+      acc_rows_bf16(std::min(kAccMr, st.mr - g), d, a, w.k_pack, w.kcs, dq_t + (r0 + g) * dq.ld,
+                    dq.ld, kNr, 0, (st.smax + 1) / 2);
+    }
+  }
+  // P and dS in bf16 pairs of query rows, then dV += P^T dO and dK += dS^T Q, kAccMr keys at a
+  // time, over the row pairs from the one holding the first row that sees them.
+  for (int64_t i = 0; i < bq; i += 2) {
+    const bool second = i + 1 < bq;
+    zip_rows_bf16(w.p_tile + i * kAttnBwdSld, second ? w.p_tile + (i + 1) * kAttnBwdSld : nullptr,
+                  bkp, w.p_pairs + i / 2 * kAttnBwdBk);
+    zip_rows_bf16(w.ds_tile + i * kAttnBwdSld, second ? w.ds_tile + (i + 1) * kAttnBwdSld : nullptr,
+                  bkp, w.ds_pairs + i / 2 * kAttnBwdBk);
+  }
+  for (int64_t jb = 0; jb < bk; jb += kAccMr) {
+    const int mr = int(std::min<int64_t>(kAccMr, bk - jb));
+    const int64_t i_lo =
+        p.causal ? std::clamp<int64_t>(p.k_pos0 + j0 + jb - p.q_pos0 - i0, 0, bq) : 0;
+    if (i_lo >= bq) break;
+    const PairA pa{w.p_pairs + jb, 1, kAttnBwdBk}, da{w.ds_pairs + jb, 1, kAttnBwdBk};
+    acc_rows_bf16(mr, dp, pa, w.do_pack, w.qcs, w.dv_acc + jb * kNr, kNr, w.kcsf, i_lo / 2,
+                  (bq + 1) / 2);
+    acc_rows_bf16(mr, dp, da, w.q_pack, w.qcs, w.dk_acc + jb * kNr, kNr, w.kcsf, i_lo / 2,
+                  (bq + 1) / 2);
+  }
+}
+
+}  // namespace
+
+void attention_backward_bf16(const AttnProblem& p, const Mat& dout, const Mat& lse,
+                             const Mat& delta, const Mat& dq, const Mat& dk, const Mat& dv,
+                             float* ws) {
+  const int64_t sq = p.sq(), sk = p.sk();
+  const int d = p.d, group = p.hq / p.hk;
+  const BwdBuffersBf16 w(ws, d);
+  for (int h = 0; h < p.hq; ++h) {
+    const int kvh = h / group;
+    for (int64_t j0 = 0; j0 < sk; j0 += kAttnBwdBk) {
+      const int64_t bk = std::min(kAttnBwdBk, sk - j0);
+      const int64_t i_first = p.causal ? std::clamp<int64_t>(p.k_pos0 + j0 - p.q_pos0, 0, sq) : 0;
+      if (i_first >= sq) continue;
+      const uint16_t* k = static_cast<const uint16_t*>(p.k.at(j0, int64_t(kvh) * d));
+      const uint16_t* v = static_cast<const uint16_t*>(p.v.at(j0, int64_t(kvh) * d));
+      pack_pair_panels(k, p.k.ld, bk, d, w.k_panel);
+      pack_pair_panels(v, p.v.ld, bk, d, w.v_panel);
+      pack_pair_chunks(k, p.k.ld, bk, d, w.k_pack, w.kcs);
+      pack_tile_chunks(dk, j0, bk, kvh, d, w.dk_acc, w.kcsf);
+      pack_tile_chunks(dv, j0, bk, kvh, d, w.dv_acc, w.kcsf);
+      for (int64_t i0 = i_first / kAttnBwdBq * kAttnBwdBq; i0 < sq; i0 += kAttnBwdBq)
+        bwd_query_tile_bf16(p, w, dout, lse, delta, dq, h, j0, bk, i0,
+                            std::min(kAttnBwdBq, sq - i0));
+      unpack_chunks(w.dk_acc, w.kcsf, bk, d, static_cast<float*>(dk.at(j0, int64_t(kvh) * d)),
+                    dk.ld);
+      unpack_chunks(w.dv_acc, w.kcsf, bk, d, static_cast<float*>(dv.at(j0, int64_t(kvh) * d)),
+                    dv.ld);
+    }
+  }
+}
+#endif  // HWY_TARGET == HWY_AVX3
+
+// delta(h, i) = sum_e o(i, e) do(i, e) on kLanes lanes, reduced in the target's fixed order.
+void attention_delta_t(const Mat& o, const Mat& dout, int d, const Mat& delta) {
+  const DF df;
   const int hq = int(o.cols / d);
   float orow[1024], drow[1024];
   UPIPE_CHECK(d <= 1024, "head_dim {} above 1024 is not supported", d);
-  for (int64_t i = 0; i < o.rows; ++i) {
+  for (int64_t i = 0; i < o.rows; ++i)
     for (int h = 0; h < hq; ++h) {
-      to_f32(o.at(i, int64_t(h) * d), o.dtype, orow, d);
-      to_f32(dout.at(i, int64_t(h) * d), dout.dtype, drow, d);
-      float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-      for (int e = 0; e < d; ++e) s += orow[e] * drow[e];
-      *lse_at(delta, h, i) = s;
+      widen_row(o.at(i, int64_t(h) * d), is_bf16(o), orow, d);
+      widen_row(dout.at(i, int64_t(h) * d), is_bf16(dout), drow, d);
+      VF s = hn::Zero(df);
+      for_chunks(d,
+                 [&](const Chunk& k) HWY_ATTR { s = hn::MulAdd(k.load(orow), k.load(drow), s); });
+      *lse_at(delta, h, i) = sum_lanes(s);
     }
-  }
 }
 
-void attention_finalize(const Mat& acc, const Mat& m, const Mat& l, int d, const Mat& o,
-                        const Mat& lse) {
+void attention_finalize_t(const Mat& acc, const Mat& m, const Mat& l, int d, const Mat& o,
+                          const Mat& lse) {
+  const DF df;
   const int hq = int(acc.cols / d);
   float row[1024];
   UPIPE_CHECK(d <= 1024, "head_dim {} above 1024 is not supported", d);
-  for (int64_t i = 0; i < acc.rows; ++i) {
+  for (int64_t i = 0; i < acc.rows; ++i)
     for (int h = 0; h < hq; ++h) {
       const float li = *lse_at(l, h, i);
-      const float inv = li > 0.0f ? 1.0f / li : 0.0f;
+      const VF inv = hn::Set(df, li > 0.0f ? 1.0f / li : 0.0f);
       const float* a = static_cast<const float*>(acc.at(i, int64_t(h) * d));
-      for (int e = 0; e < d; ++e) row[e] = a[e] * inv;
-      from_f32(row, o.at(i, int64_t(h) * d), o.dtype, d);
+      for_chunks(d, [&](const Chunk& k) HWY_ATTR { k.store(row, hn::Mul(k.load(a), inv)); });
+      narrow_row(row, o.at(i, int64_t(h) * d), is_bf16(o), d);
       *lse_at(lse, h, i) = li > 0.0f ? *lse_at(m, h, i) + std::log(li) : kNegInf;
     }
-  }
 }
 
-void lse_merge(const Mat& o, const Mat& lse, const Mat& o2, const Mat& lse2, int d) {
+void lse_merge_t(const Mat& o, const Mat& lse, const Mat& o2, const Mat& lse2, int d) {
+  const DF df;
   const int hq = int(o.cols / d);
   float a[1024], b[1024];
   UPIPE_CHECK(d <= 1024, "head_dim {} above 1024 is not supported", d);
-  for (int64_t i = 0; i < o.rows; ++i) {
+  for (int64_t i = 0; i < o.rows; ++i)
     for (int h = 0; h < hq; ++h) {
       float* l1 = lse_at(lse, h, i);
       const float l2 = *lse_at(lse2, h, i);
@@ -392,14 +822,62 @@ void lse_merge(const Mat& o, const Mat& lse, const Mat& o2, const Mat& lse2, int
       }
       const float mx = std::max(*l1, l2);
       const float w1 = std::exp(*l1 - mx), w2 = std::exp(l2 - mx);
-      const float inv = 1.0f / (w1 + w2);
-      to_f32(o.at(i, int64_t(h) * d), o.dtype, a, d);
-      to_f32(o2.at(i, int64_t(h) * d), o2.dtype, b, d);
-      for (int e = 0; e < d; ++e) a[e] = (a[e] * w1 + b[e] * w2) * inv;
-      from_f32(a, o.at(i, int64_t(h) * d), o.dtype, d);
+      const VF inv = hn::Set(df, 1.0f / (w1 + w2)), vw1 = hn::Set(df, w1), vw2 = hn::Set(df, w2);
+      widen_row(o.at(i, int64_t(h) * d), is_bf16(o), a, d);
+      widen_row(o2.at(i, int64_t(h) * d), is_bf16(o2), b, d);
+      for_chunks(d, [&](const Chunk& k) HWY_ATTR {
+        k.store(a, hn::Mul(hn::Add(hn::Mul(k.load(a), vw1), hn::Mul(k.load(b), vw2)), inv));
+      });
+      narrow_row(a, o.at(i, int64_t(h) * d), is_bf16(o), d);
       *l1 = mx + std::log(w1 + w2);
     }
-  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace upipe::cpu
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace upipe::cpu {
+
+bool attn_bf16_dot(DType t) {
+  const CpuIsa isa = cpu_isa();  // first: it also makes the dispatch below use the chosen path
+  return t == DType::kBF16 && isa == CpuIsa::kAvx512Bf16;
+}
+
+HWY_EXPORT(attention_forward_t);
+HWY_EXPORT(attention_backward_t);
+HWY_EXPORT(attention_delta_t);
+HWY_EXPORT(attention_finalize_t);
+HWY_EXPORT(lse_merge_t);
+
+void attention_forward(const AttnProblem& p, const Mat* o, const Mat* lse, const Mat* acc,
+                       const Mat* m, const Mat* l, float* ws) {
+  const bool bf16_dot = attn_bf16_dot(p.q.dtype);
+  HWY_DYNAMIC_DISPATCH(attention_forward_t)(p, o, lse, acc, m, l, ws, bf16_dot);
+}
+
+void attention_backward(const AttnProblem& p, const Mat& dout, const Mat& lse, const Mat& delta,
+                        const Mat& dq, const Mat& dk, const Mat& dv, float* ws) {
+  const bool bf16_dot = attn_bf16_dot(p.q.dtype);
+  HWY_DYNAMIC_DISPATCH(attention_backward_t)(p, dout, lse, delta, dq, dk, dv, ws, bf16_dot);
+}
+
+void attention_delta(const Mat& o, const Mat& dout, int d, const Mat& delta) {
+  cpu_isa();
+  HWY_DYNAMIC_DISPATCH(attention_delta_t)(o, dout, d, delta);
+}
+
+void attention_finalize(const Mat& acc, const Mat& m, const Mat& l, int d, const Mat& o,
+                        const Mat& lse) {
+  cpu_isa();
+  HWY_DYNAMIC_DISPATCH(attention_finalize_t)(acc, m, l, d, o, lse);
+}
+
+void lse_merge(const Mat& o, const Mat& lse, const Mat& o2, const Mat& lse2, int d) {
+  cpu_isa();
+  HWY_DYNAMIC_DISPATCH(lse_merge_t)(o, lse, o2, lse2, d);
 }
 
 }  // namespace upipe::cpu
+#endif  // HWY_ONCE

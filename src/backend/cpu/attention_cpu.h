@@ -1,5 +1,5 @@
-// CPU flash-attention kernels (internal to backend/cpu): tiles of attention_tiles.h, AVX2/FMA
-// micro-kernels of attn_micro.h on packed K/V/Q/dO tiles, vectorised online softmax (see
+// CPU flash-attention kernels (internal to backend/cpu): tiles of attention_tiles.h, Highway
+// micro-kernels of attn_micro-inl.h on packed K/V/Q/dO tiles, vectorised online softmax (see
 // docs/kernels.md). Workspace comes from the caller (attention.cpp), sized by
 // attn_*_workspace_bytes().
 #pragma once
@@ -7,6 +7,10 @@
 #include "backend/attention.h"
 
 namespace upipe::cpu {
+
+// Whether attention on dtype t runs on the bf16 dot product (bf16 inputs on the avx512bf16
+// path; docs/kernels.md): its workspace has the bf16_dot layout of attention_tiles.h.
+bool attn_bf16_dot(DType t);
 
 // If acc is null the call is a normalised forward (writes o, lse); otherwise it continues the
 // online softmax in acc/m/l.

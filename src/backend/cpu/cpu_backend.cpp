@@ -38,11 +38,11 @@ int64_t CpuBackend::gemm_workspace_bytes(const GemmShape& s) const {
 }
 
 int64_t CpuBackend::attention_fwd_workspace_bytes(const AttnShape& s) const {
-  return cpu::attn_fwd_workspace_bytes(s.d, s.t);
+  return cpu::attn_fwd_workspace_bytes(s.d, s.t, cpu::attn_bf16_dot(s.t));
 }
 
 int64_t CpuBackend::attention_bwd_workspace_bytes(const AttnShape& s) const {
-  return cpu::attn_bwd_workspace_bytes(s.d, s.t);
+  return cpu::attn_bwd_workspace_bytes(s.d, s.t, cpu::attn_bf16_dot(s.t));
 }
 
 int64_t CpuBackend::rmsnorm_workspace_bytes(int64_t group) const {

@@ -18,6 +18,8 @@
 #include <unordered_map>
 #include <utility>
 
+#include "backend/cpu/cpu_isa.h"
+
 namespace upipe::cpu {
 namespace {
 
@@ -65,6 +67,9 @@ struct ProductKey {
   bool ta, tb;
   float alpha, beta;
   int64_t scratch_limit;
+  // bf16 A and B (oneDNN's bf16 matmul, fp32 accumulation; brgemm only, no sgemm fallback), and
+  // a bf16 C.
+  bool ab_bf16 = false, c_bf16 = false;
   bool operator==(const ProductKey&) const = default;
 };
 
@@ -73,7 +78,7 @@ struct ProductKeyHash {
     uint64_t h = 0xcbf29ce484222325ull;
     auto mix = [&h](uint64_t v) { h = (h ^ v) * 0x100000001b3ull + (h >> 29); };
     for (int64_t v : {p.m, p.n, p.k, p.lda, p.ldb, p.ldc, p.scratch_limit}) mix(uint64_t(v));
-    mix(uint64_t(p.ta) | uint64_t(p.tb) << 1);
+    mix(uint64_t(p.ta) | uint64_t(p.tb) << 1 | uint64_t(p.ab_bf16) << 2 | uint64_t(p.c_bf16) << 3);
     mix(std::bit_cast<uint32_t>(p.alpha) | uint64_t(std::bit_cast<uint32_t>(p.beta)) << 32);
     return size_t(h);
   }
@@ -81,9 +86,10 @@ struct ProductKeyHash {
 
 std::string describe(const ProductKey& p) {
   return fmt::format(
-      "fp32 matmul m={} n={} k={} lda={} ldb={} ldc={} trans_a={} trans_b={} "
+      "{} matmul m={} n={} k={} lda={} ldb={} ldc={} trans_a={} trans_b={} "
       "alpha={} beta={}",
-      p.m, p.n, p.k, p.lda, p.ldb, p.ldc, p.ta, p.tb, p.alpha, p.beta);
+      p.ab_bf16 ? (p.c_bf16 ? "bf16" : "bf16->fp32") : "fp32", p.m, p.n, p.k, p.lda, p.ldb, p.ldc,
+      p.ta, p.tb, p.alpha, p.beta);
 }
 
 }  // namespace
@@ -155,9 +161,11 @@ PdPtr create_pd(const ProductKey& key) {
   const dnnl_dims_t a_str = {key.ta ? 1 : key.lda, key.ta ? key.lda : 1};
   const dnnl_dims_t b_str = {key.tb ? 1 : key.ldb, key.tb ? key.ldb : 1};
   const dnnl_dims_t c_str = {key.ldc, 1};
-  UPIPE_DNNL_CHECK(dnnl_memory_desc_init_by_strides(&a_md, 2, a_dims, dnnl_f32, a_str), key);
-  UPIPE_DNNL_CHECK(dnnl_memory_desc_init_by_strides(&b_md, 2, b_dims, dnnl_f32, b_str), key);
-  UPIPE_DNNL_CHECK(dnnl_memory_desc_init_by_strides(&c_md, 2, c_dims, dnnl_f32, c_str), key);
+  const dnnl_data_type_t ab = key.ab_bf16 ? dnnl_bf16 : dnnl_f32,
+                         ct = key.c_bf16 ? dnnl_bf16 : dnnl_f32;
+  UPIPE_DNNL_CHECK(dnnl_memory_desc_init_by_strides(&a_md, 2, a_dims, ab, a_str), key);
+  UPIPE_DNNL_CHECK(dnnl_memory_desc_init_by_strides(&b_md, 2, b_dims, ab, b_str), key);
+  UPIPE_DNNL_CHECK(dnnl_memory_desc_init_by_strides(&c_md, 2, c_dims, ct, c_str), key);
   dnnl_matmul_desc_t desc;
   UPIPE_DNNL_CHECK(dnnl_matmul_desc_init(&desc, &a_md, &b_md, nullptr, &c_md), key);
 
@@ -177,15 +185,19 @@ PdPtr create_pd(const ProductKey& key) {
   }
 
   dnnl_primitive_desc_t pd = nullptr;
-  UPIPE_DNNL_CHECK(dnnl_primitive_desc_create(&pd, &desc, attr.get(), engine(), nullptr), key);
+  const dnnl_status_t st = dnnl_primitive_desc_create(&pd, &desc, attr.get(), engine(), nullptr);
+  // This CPU may have no bf16 matmul at all (oneDNN 2.6 needs AVX512-BF16 for it).
+  if (key.ab_bf16 && st == dnnl_unimplemented) return nullptr;
+  UPIPE_DNNL_CHECK(st, key);
   return PdPtr(pd);
 }
 
 // oneDNN's choice for `key` when it is the brgemm matmul (all of its buffers in the scratchpad),
 // else null. The scratchpad limit is not checked here.
 PdPtr brgemm_pd(const ProductKey& key) {
-  if (key.n > kMatmulMaxN) return nullptr;
+  if (key.n > kMatmulMaxN && !key.ab_bf16) return nullptr;
   PdPtr pd = create_pd(key);
+  if (!pd) return nullptr;
   const char* impl = nullptr;
   UPIPE_DNNL_CHECK(dnnl_primitive_desc_query(pd.get(), dnnl_query_impl_info_str, 0, &impl), key);
   return std::string_view(impl).starts_with("brg") ? std::move(pd) : nullptr;
@@ -203,12 +215,20 @@ class Product {
     }
   }
 
-  // a: op(A) at lda, b: op(B) at ldb, c: (m, n) at ldc; scratch: scratchpad bytes, 64-aligned.
-  void run(const float* a, const float* b, float* c, void* scratch) {
-    if (!pd_) return sgemm(a, b, c);
+  // Whether a bf16 product runs here (else its caller stages the operands to fp32).
+  bool runs_bf16() const { return pd_ != nullptr; }
+
+  // a: op(A) at lda, b: op(B) at ldb, c: (m, n) at ldc, in the key's types; scratch: scratchpad
+  // bytes, 64-aligned.
+  void run(const void* a, const void* b, void* c, void* scratch) {
+    if (!pd_) {
+      UPIPE_CHECK(!key_.ab_bf16, "no bf16 product for the {}", describe(key_));
+      return sgemm(static_cast<const float*>(a), static_cast<const float*>(b),
+                   static_cast<float*>(c));
+    }
     if (!prim_) create();
-    UPIPE_DNNL_CHECK(dnnl_memory_set_data_handle(mem_[0].get(), const_cast<float*>(a)), key_);
-    UPIPE_DNNL_CHECK(dnnl_memory_set_data_handle(mem_[1].get(), const_cast<float*>(b)), key_);
+    UPIPE_DNNL_CHECK(dnnl_memory_set_data_handle(mem_[0].get(), const_cast<void*>(a)), key_);
+    UPIPE_DNNL_CHECK(dnnl_memory_set_data_handle(mem_[1].get(), const_cast<void*>(b)), key_);
     UPIPE_DNNL_CHECK(dnnl_memory_set_data_handle(mem_[2].get(), c), key_);
     dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, mem_[0].get()},
                                {DNNL_ARG_WEIGHTS, mem_[1].get()},
@@ -296,36 +316,46 @@ int64_t round_up(int64_t x, int64_t a) {
 // asks for with dense operands, over both transposes of each operand and beta zero or not. A call
 // whose strides need more runs on sgemm, so the reservation depends on the shape alone, as the
 // memory formulas require.
-int64_t scratch_bound(int64_t m, int64_t n, int64_t k) {
+// With ab_bf16 (c_bf16: C too), the bound of the bf16 products, or -1 when oneDNN has no bf16
+// brgemm for a dense operand layout of the shape (the product is then staged to fp32).
+int64_t scratch_bound(int64_t m, int64_t n, int64_t k, bool ab_bf16 = false, bool c_bf16 = false) {
   if (m == 0 || n == 0 || k == 0) return 0;
   struct Shape {
     int64_t m, n, k;
+    int types;
     bool operator==(const Shape&) const = default;
   };
   struct ShapeHash {
     size_t operator()(const Shape& s) const {
       return std::hash<int64_t>()(s.m) ^ std::hash<int64_t>()(s.n) * 31 ^
-             std::hash<int64_t>()(s.k) * 1009;
+             std::hash<int64_t>()(s.k) * 1009 ^ size_t(s.types) * 7919;
     }
   };
   thread_local LruCache<Shape, int64_t, ShapeHash> cache(kMaxCachedBounds);
-  return cache.get(Shape{m, n, k}, [&] {
+  return cache.get(Shape{m, n, k, int(ab_bf16) | int(c_bf16) << 1}, [&] {
     int64_t bound = 0;
     for (int variant = 0; variant < 8; ++variant) {
       const bool ta = variant & 1, tb = variant & 2;
-      const ProductKey key{m,  n,  k,    ta ? m : k,          tb ? k : n, n,
-                           ta, tb, 1.0f, float(variant >> 2), kNoLimit};
-      if (const PdPtr pd = brgemm_pd(key)) bound = std::max(bound, scratchpad_bytes(pd.get()));
+      const ProductKey key{m,        n,       k,     ta ? m : k, tb ? k : n,
+                           n,        ta,      tb,    1.0f,       float(variant >> 2),
+                           kNoLimit, ab_bf16, c_bf16};
+      const PdPtr pd = brgemm_pd(key);
+      if (!pd && ab_bf16) return int64_t(-1);
+      if (pd) bound = std::max(bound, scratchpad_bytes(pd.get()));
     }
     return round_up(bound, kScratchAlign);
   });
 }
 
 // The workspace of one gemm() call: the scratchpad first (the buffer's start is page-aligned),
-// then the fp32 staging blocks of the bf16 operands.
+// then the fp32 staging blocks of the bf16 operands. bf16 A and B run as one bf16 product
+// (direct) where oneDNN has one for the shape; the workspace then also covers the staged path,
+// taken when the operands' strides rule the bf16 product out.
 struct Workspace {
   int64_t scratch = 0, a_elems = 0, b_elems = 0, c_elems = 0;
-  int64_t bytes() const { return scratch + (a_elems + b_elems + c_elems) * 4; }
+  int64_t direct_scratch = -1;  // >= 0: the bf16 product's reservation
+  int64_t staged() const { return scratch + (a_elems + b_elems + c_elems) * 4; }
+  int64_t bytes() const { return std::max(staged(), direct_scratch); }
 };
 
 Workspace workspace(int64_t m, int64_t n, int64_t k, DType a, DType b, DType c) {
@@ -334,6 +364,8 @@ Workspace workspace(int64_t m, int64_t n, int64_t k, DType a, DType b, DType c) 
     w.scratch = scratch_bound(m, n, k);
     return w;
   }
+  if (a == DType::kBF16 && b == DType::kBF16)
+    w.direct_scratch = scratch_bound(m, n, k, true, c == DType::kBF16);
   const int64_t mb = std::min(m, kGemmTile), nb = std::min(n, kGemmTile),
                 kb = std::min(k, kGemmTile);
   w.scratch = scratch_bound(mb, nb, kb);
@@ -370,6 +402,29 @@ void scale(float* c, int64_t ldc, int64_t rows, int64_t cols, float beta) {
     for (int64_t j = 0; j < cols; ++j) c[r * ldc + j] = beta == 0.0f ? 0.0f : beta * c[r * ldc + j];
 }
 
+// bf16 A and B as one bf16 product when oneDNN runs it as brgemm within `reserved` scratchpad
+// bytes; false (nothing done) otherwise.
+bool gemm_bf16(const GemmArgs& g, int64_t reserved, void* scratch) {
+  const GemmShape s = g.shape();
+  const ProductKey key{s.m,
+                       s.n,
+                       s.k,
+                       g.a.ld,
+                       g.b.ld,
+                       g.c.ld,
+                       g.trans_a,
+                       g.trans_b,
+                       g.alpha,
+                       g.beta,
+                       reserved,
+                       true,
+                       g.c.dtype == DType::kBF16};
+  Product& prod = cached_product(key);
+  if (!prod.runs_bf16()) return false;
+  prod.run(g.a.data, g.b.data, g.c.data, scratch);
+  return true;
+}
+
 }  // namespace
 
 int64_t gemm_workspace_bytes(const GemmShape& s) {
@@ -392,6 +447,7 @@ void gemm(const GemmArgs& g, void* ws) {
     cached_product(key).run(a.f32(), b.f32(), c.f32(), scratch);
     return;
   }
+  if (w.direct_scratch >= 0 && k > 0 && gemm_bf16(g, w.direct_scratch, scratch)) return;
   const int64_t mt = std::min(m, kGemmTile), nt = std::min(n, kGemmTile),
                 kt = std::min(k, kGemmTile);
   float* cursor = reinterpret_cast<float*>(static_cast<char*>(ws) + w.scratch);
@@ -433,3 +489,30 @@ void gemm(const GemmArgs& g, void* ws) {
 }
 
 }  // namespace upipe::cpu
+
+namespace upipe {
+
+std::string onednn_cpu_isa() {
+  switch (dnnl_get_effective_cpu_isa()) {
+    case dnnl_cpu_isa_sse41:
+      return "sse41";
+    case dnnl_cpu_isa_avx:
+      return "avx";
+    case dnnl_cpu_isa_avx2:
+      return "avx2";
+    case dnnl_cpu_isa_avx2_vnni:
+      return "avx2_vnni";
+    case dnnl_cpu_isa_avx512_core:
+      return "avx512_core";
+    case dnnl_cpu_isa_avx512_core_vnni:
+      return "avx512_core_vnni";
+    case dnnl_cpu_isa_avx512_core_bf16:
+      return "avx512_core_bf16";
+    case dnnl_cpu_isa_avx512_core_amx:
+      return "avx512_core_amx";
+    default:
+      return "other";
+  }
+}
+
+}  // namespace upipe

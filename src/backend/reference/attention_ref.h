@@ -1,6 +1,9 @@
 // Naive causal GQA attention, forward and backward: one query row at a time, a score row of
 // sk values (never an S x S matrix), no tiling, no online softmax. Same layouts and masking
-// rules as backend/attention.h.
+// rules as backend/attention.h. `operand` rounds the computed operands of the products (the
+// probabilities P before P V and P^T dO, dS before dS K and dS^T Q) the way the tested kernel
+// stores them for its dot products: identity for fp32, to bf16 for bf16 attention
+// (docs/kernels.md, "Precision").
 #pragma once
 
 #include <algorithm>
@@ -52,10 +55,16 @@ T attention_row(const AttnDims& a, const View<const T>& q, const View<const T>& 
   return mx + std::log(sum);
 }
 
-// o (sq, hq*d), lse (hq, sq).
 template <class T>
+T keep(T x) {
+  return x;
+}
+
+// o (sq, hq*d), lse (hq, sq).
+template <class T, class Operand = T (*)(T)>
 void attention_forward(const AttnDims& a, const View<const T>& q, const View<const T>& k,
-                       const View<const T>& v, const View<T>& o, const View<T>& lse) {
+                       const View<const T>& v, const View<T>& o, const View<T>& lse,
+                       Operand operand = keep<T>) {
   std::vector<T> p(size_t(a.sk));
   const int g = a.hq / a.hk;
   for (int h = 0; h < a.hq; ++h) {
@@ -63,7 +72,7 @@ void attention_forward(const AttnDims& a, const View<const T>& q, const View<con
       lse(h, i) = attention_row(a, q, k, h, i, p);
       for (int e = 0; e < a.d; ++e) {
         T s = 0;
-        for (int64_t j = 0; j < a.sk; ++j) s += p[j] * v(j, int64_t(h / g) * a.d + e);
+        for (int64_t j = 0; j < a.sk; ++j) s += operand(p[j]) * v(j, int64_t(h / g) * a.d + e);
         o(i, int64_t(h) * a.d + e) = s;
       }
     }
@@ -72,11 +81,11 @@ void attention_forward(const AttnDims& a, const View<const T>& q, const View<con
 
 // Accumulates (+=) dq (sq, hq*d), dk, dv (sk, hk*d). store_o rounds o the way the tested
 // implementation stores it (bf16 storage) before delta = rowsum(do * o) is formed.
-template <class T, class StoreO = T (*)(T)>
-void attention_backward(
-    const AttnDims& a, const View<const T>& q, const View<const T>& k, const View<const T>& v,
-    const View<const T>& dout, const View<T>& dq, const View<T>& dk, const View<T>& dv,
-    StoreO store_o = [](T x) { return x; }) {
+template <class T, class StoreO = T (*)(T), class Operand = T (*)(T)>
+void attention_backward(const AttnDims& a, const View<const T>& q, const View<const T>& k,
+                        const View<const T>& v, const View<const T>& dout, const View<T>& dq,
+                        const View<T>& dk, const View<T>& dv, StoreO store_o = keep<T>,
+                        Operand operand = keep<T>) {
   std::vector<T> p(size_t(a.sk)), orow(size_t(a.d));
   const int g = a.hq / a.hk;
   const T scale = T(a.softmax_scale());
@@ -87,18 +96,18 @@ void attention_backward(
       T delta = 0;
       for (int e = 0; e < a.d; ++e) {
         T s = 0;
-        for (int64_t j = 0; j < a.sk; ++j) s += p[j] * v(j, kc + e);
+        for (int64_t j = 0; j < a.sk; ++j) s += operand(p[j]) * v(j, kc + e);
         delta += store_o(s) * dout(i, qc + e);
       }
       for (int64_t j = 0; j < a.sk; ++j) {
         if (p[j] == T(0)) continue;
         T dp = 0;
         for (int e = 0; e < a.d; ++e) dp += dout(i, qc + e) * v(j, kc + e);
-        const T ds = p[j] * (dp - delta) * scale;
+        const T ds = operand(p[j] * (dp - delta) * scale), pj = operand(p[j]);
         for (int e = 0; e < a.d; ++e) {
           dq(i, qc + e) += ds * k(j, kc + e);
           dk(j, kc + e) += ds * q(i, qc + e);
-          dv(j, kc + e) += p[j] * dout(i, qc + e);
+          dv(j, kc + e) += pj * dout(i, qc + e);
         }
       }
     }
