@@ -19,7 +19,7 @@
 
 namespace upipe {
 
-inline constexpr double kDefaultWatchdogTimeoutS = 600;  // --timeout, comm.timeout_s
+inline constexpr double kDefaultWatchdogTimeoutS = 600;  // comm.timeout (--timeout)
 inline constexpr int kWatchdogExitCode = 4;              // status of a rank the watchdog ends
 
 // Called on the watchdog thread with the full message when the timeout expires. The default
