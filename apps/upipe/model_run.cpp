@@ -1,9 +1,14 @@
 #include "apps/upipe/model_run.h"
 
-#include <algorithm>
+#include <fmt/format.h>
 
+#include <algorithm>
+#include <filesystem>
+
+#include "core/errors.h"
 #include "core/rng.h"
 #include "model/weights.h"
+#include "train/checkpoint.h"
 #include "train/run_options.h"
 
 namespace upipe::app {
@@ -24,12 +29,24 @@ nlohmann::json memory_policy_json(const MemoryPolicy& p) {
           {"offload_stash", p.offload_stash}};
 }
 
-ModelRun::ModelRun(Communicator& world, const ModelConfig& m, const RunConfig& c, int64_t seq_len)
+ModelRun::ModelRun(Communicator& world, const ModelConfig& m, const RunConfig& c, int64_t seq_len,
+                   bool grads)
     : dev(device_options(c)) {
   const DecoderOptions dopt = decoder_options(c, seq_len);
   dec = std::make_unique<Decoder>(dev, world, m, dopt);
   w = load_params(dev, m, c.model.name, dopt.memory.dtype, uint64_t(c.train.seed));
-  g = allocate_params(dev, m, DType::kF32, Tag::kGrads);
+  if (grads) g = allocate_params(dev, m, DType::kF32, Tag::kGrads);
+}
+
+void refuse_training_checkpoint(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(path, ec)) return;
+  if (std::filesystem::exists(std::filesystem::path(path) / "meta.json", ec) ||
+      latest_checkpoint(path))
+    throw ConfigError(fmt::format(
+        "{} is a training checkpoint, not a Hugging Face model; export it first: upipe export "
+        "{} OUT_DIR, then --model OUT_DIR",
+        path, path));
 }
 
 int64_t max_over_ranks(Communicator& world, int64_t v) {

@@ -92,15 +92,17 @@ Saved read_saved(const std::string& path) {
   if (!fs::is_directory(p))
     throw ConfigError(fmt::format("checkpoint {} is not a directory", path));
   if (!fs::exists(p / "DONE"))
-    throw ConfigError(fmt::format("checkpoint {} is incomplete (no DONE marker): it was being "
-                                  "written when the run stopped; use an older one",
-                                  path));
+    throw ConfigError(
+        fmt::format("checkpoint {} is incomplete (no DONE marker): it was being "
+                    "written when the run stopped; use an older one",
+                    path));
   const std::string meta = (p / "meta.json").string();
   Saved s;
   try {
     const json j = json::parse(read_text(meta));
     if (j.at("format").get<std::string>() != kFormat)
-      throw ConfigError(fmt::format("{}: format {} is not {}", meta, j.at("format").dump(), kFormat));
+      throw ConfigError(
+          fmt::format("{}: format {} is not {}", meta, j.at("format").dump(), kFormat));
     s.info.path = path;
     s.info.step = j.at("step").get<int64_t>();
     s.info.world = j.at("world").get<int>();
@@ -112,8 +114,8 @@ Saved read_saved(const std::string& path) {
     throw ConfigError(fmt::format("{}: malformed checkpoint metadata: {}", meta, e.what()));
   }
   if (s.info.world < 1 || s.info.step < 0)
-    throw ConfigError(fmt::format("{}: world {} / step {} are invalid", meta, s.info.world,
-                                  s.info.step));
+    throw ConfigError(
+        fmt::format("{}: world {} / step {} are invalid", meta, s.info.world, s.info.step));
   return s;
 }
 
@@ -124,8 +126,7 @@ void read_flat(const std::vector<SafetensorsReader>& files, const SavedUnit& su,
     const int64_t qa = int64_t(q) * su.shard, qb = qa + su.shard;
     const int64_t x = std::max(a, qa), y = std::min(b, qb);
     if (x >= y) continue;
-    files[size_t(q)].read_range(tensor_key(unit, field), x - qa, y - x, DType::kF32,
-                                dst + (x - a));
+    files[size_t(q)].read_range(tensor_key(unit, field), x - qa, y - x, DType::kF32, dst + (x - a));
   }
 }
 
@@ -133,8 +134,7 @@ std::vector<SafetensorsReader> open_rank_files(const Saved& s) {
   std::vector<SafetensorsReader> files;
   for (int q = 0; q < s.info.world; ++q) {
     const fs::path f = fs::path(s.info.path) / rank_file(q);
-    if (!fs::exists(f))
-      throw ConfigError(fmt::format("checkpoint file {} is missing", f.string()));
+    if (!fs::exists(f)) throw ConfigError(fmt::format("checkpoint file {} is missing", f.string()));
     files.emplace_back(f.string());
     for (size_t u = 0; u < s.units.size(); ++u)
       for (int field = 0; field < 3; ++field) {
@@ -150,9 +150,10 @@ std::vector<SafetensorsReader> open_rank_files(const Saved& s) {
 
 void check_model(const Saved& s, const std::vector<ZeroUnitLayout>& layout, const ModelConfig& m) {
   if (s.units.size() != layout.size())
-    throw ConfigError(fmt::format("checkpoint {} has {} parameter units, this model ({}) has {}: it "
-                                  "was written for another model",
-                                  s.info.path, s.units.size(), m.source, layout.size()));
+    throw ConfigError(
+        fmt::format("checkpoint {} has {} parameter units, this model ({}) has {}: it "
+                    "was written for another model",
+                    s.info.path, s.units.size(), m.source, layout.size()));
   for (size_t u = 0; u < layout.size(); ++u)
     if (s.units[u].numel != layout[u].numel)
       throw ConfigError(fmt::format(
@@ -182,7 +183,10 @@ std::string save_checkpoint(const std::string& dir, int64_t step, Zero3& z, int 
   for (int u = 0; u < z.num_units(); ++u)
     for (int field = 0; field < 3; ++field) {
       const Mat m = field == 0 ? z.master(u) : field == 1 ? z.exp_avg(u) : z.exp_avg_sq(u);
-      items.push_back({tensor_key(u, field), DType::kF32, {m.cols}, nullptr,
+      items.push_back({tensor_key(u, field),
+                       DType::kF32,
+                       {m.cols},
+                       nullptr,
                        [&dev, m](int64_t first, int64_t count, void* dst) {
                          dev.copy(dst, m.at(0, first), mat_bytes(1, count, DType::kF32),
                                   CopyKind::kDeviceToHost);
@@ -199,9 +203,9 @@ std::string save_checkpoint(const std::string& dir, int64_t step, Zero3& z, int 
       units.push_back({{"name", unit_name(z.model(), u)},
                        {"numel", z.layout(u).numel},
                        {"shard", z.layout(u).shard}});
-    const json meta = {{"format", kFormat},  {"step", step},
+    const json meta = {{"format", kFormat},     {"step", step},
                        {"world", world.size()}, {"cp_size", cp_size},
-                       {"units", units},     {"model", model_config_json(z.model(), "float32")},
+                       {"units", units},        {"model", model_config_json(z.model(), "float32")},
                        {"run", run_toml}};
     write_synced(tmp / "meta.json", meta.dump(2) + "\n");
     fsync_path(tmp, true);

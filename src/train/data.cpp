@@ -157,6 +157,14 @@ std::vector<int32_t> DataSource::sequence(int64_t index) const {
   return ids;
 }
 
+std::vector<int32_t> DataSource::window(int64_t begin) const {
+  UPIPE_CHECK(opt_.kind == DataKind::kFiles && begin >= 0 && begin <= total_tokens() - opt_.seq_len,
+              "window at {} of a {}-token stream", begin, total_tokens());
+  std::vector<int32_t> ids(static_cast<size_t>(opt_.seq_len));
+  read_stream(begin, opt_.seq_len, ids.data());
+  return ids;
+}
+
 void DataSource::read_stream(int64_t begin, int64_t n, int32_t* out) const {
   // The file holding stream position `begin`: the last start <= begin.
   size_t f = size_t(std::upper_bound(starts_.begin(), starts_.end(), begin) - starts_.begin()) - 1;

@@ -16,6 +16,10 @@
 namespace upipe {
 namespace {
 
+// The copy / random task's held-out sequences: the training seed plus this (a seed the training
+// never draws from).
+constexpr uint64_t kHeldOutSeed = 0x5eed0f1e1d;
+
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -66,6 +70,19 @@ TrainingLoop::TrainingLoop(Device& dev, Communicator& world, const ModelConfig& 
     : dev_(dev), world_(world), m_(m), cfg_(c), toml_(to_toml(c)) {
   trainer_ = std::make_unique<Trainer>(dev, world, m, train_options(c));
   data_ = std::make_unique<DataSource>(data_options(c, m, trainer_->dp_size()));
+  if (c.metrics.val_interval > 0) {
+    DataOptions v = data_options(c, m, trainer_->dp_size());
+    if (!c.data.val_path.empty()) {
+      v.kind = DataKind::kFiles;
+      v.path = c.data.val_path;
+    } else {
+      v.seed += kHeldOutSeed;  // the same task, sequences the training never sees
+    }
+    val_ = std::make_unique<DataSource>(v);
+    val_n_ = v.kind == DataKind::kFiles
+                 ? std::min(c.metrics.val_sequences, val_->total_tokens() / c.train.seq_len)
+                 : c.metrics.val_sequences;
+  }
   start_ = initialize(c, *trainer_, world.size(), resume);
   // MFU's denominator: this machine's GEMM rate in the compute dtype, measured now on every rank
   // at once (as they run in training), best of 10; the ranks' best is the one reference.
@@ -83,6 +100,17 @@ Sequence TrainingLoop::sequence(int64_t step, int micro, int dp_rank) const {
     for (int64_t p = 0; p < cfg_.train.seq_len; ++p)
       q.group.push_back(copy_loss_counts(p, cfg_.train.seq_len) ? 1 : 0);
   return q;
+}
+
+double TrainingLoop::validate(int64_t step) {
+  WatchdogContext ctx(fmt::format("validation after step {}", step));
+  const int64_t s = cfg_.train.seq_len;
+  const bool files = val_->options().kind == DataKind::kFiles;
+  return trainer_->evaluate(
+      [&](int64_t i) {
+        return Sequence{files ? val_->window(i * s) : val_->sequence(i), {}};
+      },
+      val_n_);
 }
 
 void TrainingLoop::checkpoint(int64_t step, TrainingObserver& obs) {
@@ -147,8 +175,10 @@ LoopEnd TrainingLoop::run(TrainingObserver& obs) {
     sm.budget_bytes = cfg_.memory.device_bytes;
     sm.step_s = dt;
     sm.eta_s = double(steps - step) * (timed > 0 ? run_s / double(timed) : dt);
-    obs.on_step(sm);
     const bool last = step == steps;
+    if (val_ && (step % cfg_.metrics.val_interval == 0 || last || stop != 0.0f))
+      sm.val_loss = validate(step);
+    obs.on_step(sm);
     if (stop != 0.0f && !last) {
       end.stopped = true;
       break;

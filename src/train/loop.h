@@ -4,6 +4,10 @@
 // host peaks with their tags, time, tokens/s, MFU) and handed to an observer; checkpoints at the
 // configured interval and after the last step.
 //
+// With metrics.val_interval, every that many steps and after the last, the mean loss of the
+// held-out sequences (data.val_path's first non-overlapping windows of S tokens, or sequences of
+// the copy / random task from another seed), forward only, is reported with the step.
+//
 // A stop request (core/stop_signal.h) on any rank stops every rank after the same step: the
 // request is all-reduced each step. The first step is not timed (it warms up) unless it is the
 // only one. The command renders what the observer sees (train/metrics.h); the loop decides
@@ -66,6 +70,8 @@ class TrainingLoop {
 
  private:
   Sequence sequence(int64_t step, int micro, int dp_rank) const;
+  // The held-out loss after `step` (forward only).
+  double validate(int64_t step);
   void checkpoint(int64_t step, TrainingObserver& obs);
   // The step's peaks over the ranks, with the worst rank's per-tag bytes, into m.
   void gather_peaks(StepMetrics& m);
@@ -77,6 +83,8 @@ class TrainingLoop {
   std::string toml_;  // the run file recorded in every checkpoint
   std::unique_ptr<Trainer> trainer_;
   std::unique_ptr<DataSource> data_;
+  std::unique_ptr<DataSource> val_;  // held-out data (metrics.val_interval > 0)
+  int64_t val_n_ = 0;                // sequences per validation
   RunStart start_;
   double gemm_flops_ = 0;
 };

@@ -175,6 +175,9 @@ std::vector<Field> fields(RunConfig& c) {
        "files, random or copy"},
       {"data.path", "--data-path", "", &c.data.path, kScopeTrain, ResumeRule::kBreaks,
        "files: a .npy/.bin token file, a directory of them, or a glob"},
+      {"data.val_path", "--val-path", "", &c.data.val_path, kScopeTrain, ResumeRule::kFree,
+       "held-out token files for the validation loss (as data.path); \"\" = held-out sequences "
+       "of the copy / random task"},
       {"checkpoint.dir", "--checkpoint-dir", "", &c.checkpoint.dir, kScopeTrain, ResumeRule::kFree,
        "where checkpoints go; \"\" = no checkpoints"},
       {"checkpoint.interval", "--checkpoint-interval", "", &c.checkpoint.interval, kScopeTrain,
@@ -187,6 +190,12 @@ std::vector<Field> fields(RunConfig& c) {
        ResumeRule::kFree, "steps between log lines"},
       {"metrics.progress", "--progress", "", &c.metrics.progress, kScopeTrain, ResumeRule::kFree,
        "auto (a progress bar when stdout is a terminal), bar or lines"},
+      {"metrics.val_interval", "--val-interval", "", &c.metrics.val_interval, kScopeTrain,
+       ResumeRule::kFree, "steps between validation losses (forward only); 0 = none"},
+      {"metrics.val_sequences", "--val-sequences", "", &c.metrics.val_sequences, kScopeTrain,
+       ResumeRule::kFree,
+       "held-out sequences of S tokens per validation: the first non-overlapping windows of "
+       "data.val_path"},
       {"comm.timeout",
        "--timeout",
        "",
@@ -699,6 +708,16 @@ void validate(const RunConfig& c, uint32_t scopes) {
     bad("checkpoint.keep", fmt::format("must be >= 1, got {}", c.checkpoint.keep));
   if (c.metrics.log_interval < 1)
     bad("metrics.log_interval", fmt::format("must be >= 1, got {}", c.metrics.log_interval));
+  if (c.metrics.val_interval < 0)
+    bad("metrics.val_interval",
+        fmt::format("must be >= 0 (0 = no validation), got {}", c.metrics.val_interval));
+  if (c.metrics.val_sequences < 1)
+    bad("metrics.val_sequences", fmt::format("must be >= 1, got {}", c.metrics.val_sequences));
+  if ((scopes & kScopeTrain) && c.metrics.val_interval > 0 && c.data.kind == "files" &&
+      c.data.val_path.empty())
+    bad("metrics.val_interval",
+        fmt::format("needs held-out data: give {} (token files not trained on)",
+                    setting_ref("data.val_path")));
   if (!one_of(c.metrics.progress, {"auto", "bar", "lines"}))
     bad("metrics.progress",
         fmt::format("'{}' is unknown; choose auto, bar or lines", c.metrics.progress));

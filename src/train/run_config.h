@@ -74,6 +74,7 @@ struct RunConfig {
   struct Data {
     std::string kind = "copy";  // files | random | copy
     std::string path;           // files: a token file, a directory of them, or a glob
+    std::string val_path;       // held-out token files for the validation loss ("" = none)
     bool operator==(const Data&) const = default;
   } data;
   struct Checkpoint {
@@ -86,6 +87,8 @@ struct RunConfig {
     std::string path;               // JSONL file, one object per step; "" = none
     int64_t log_interval = 1;       // steps between log lines
     std::string progress = "auto";  // auto (bar on a terminal) | bar | lines
+    int64_t val_interval = 0;       // steps between validation losses; 0 = none
+    int64_t val_sequences = 8;      // held-out sequences of S tokens per validation
     bool operator==(const Metrics&) const = default;
   } metrics;
   struct Comm {

@@ -43,6 +43,21 @@ int64_t Trainer::tokens_per_rank_per_step() const {
   return int64_t(opt_.micro_steps) * opt_.decoder.seq_len / cp_size_;
 }
 
+double Trainer::evaluate(const std::function<Sequence(int64_t i)>& data, int64_t n) {
+  const int64_t s = opt_.decoder.seq_len;
+  const double predicted = double(n) * double(s - 1);
+  double mine = 0;
+  for (int64_t i = dp_rank_; i < n; i += dp_size_) {
+    const Sequence seq = data(i);
+    mine += dec_->loss(seq.tokens, *zero_, LossSpec{1.0 / predicted, {}}).loss;
+  }
+  std::vector<double> parts(static_cast<size_t>(dp_size_));
+  dp_->all_gather(&mine, parts.data(), sizeof(mine));
+  double loss = 0;
+  for (double p : parts) loss += p;  // in rank order: the same bits on every rank
+  return loss;
+}
+
 StepResult Trainer::step(int64_t t, const SequenceFn& data) {
   const int64_t s = opt_.decoder.seq_len;
   const double predicted = double(dp_size_) * opt_.micro_steps * double(s - 1);

@@ -141,8 +141,8 @@ void Zero3::grads_done(int unit) {
   const int64_t s = layout(unit).shard;
   x.grad_views.clear();
   x.recv = Tensor(dev_.mem(), Tag::kGrads, DType::kF32, 1, s);
-  x.reduce = world_.ireduce_scatter(x.full_grad.data(), x.recv.data(), s, DType::kF32,
-                                    ReduceOp::kSum);
+  x.reduce =
+      world_.ireduce_scatter(x.full_grad.data(), x.recv.data(), s, DType::kF32, ReduceOp::kSum);
   // At most two units' whole gradients exist at once: the one just started and the one the
   // decoder writes next; the older reduce-scatters complete now.
   while (!reducing_.empty()) {
