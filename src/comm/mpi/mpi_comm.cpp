@@ -3,6 +3,7 @@
 #include <climits>
 #include <vector>
 
+#include "comm/mpi/fail_job.h"
 #include "core/check.h"
 #include "core/watchdog.h"
 
@@ -134,11 +135,13 @@ MpiRuntime::MpiRuntime(int* argc, char*** argv) {
   set_fatal_handler(abort_handler);
   MPI_CHECK(MPI_Op_create(bf16_sum, 1, &g_bf16_sum));
   MPI_CHECK(MPI_Op_create(bf16_max, 1, &g_bf16_max));
+  init_fail_comm();
 }
 
 MpiRuntime::~MpiRuntime() {
   MPI_Op_free(&g_bf16_sum);
   MPI_Op_free(&g_bf16_max);
+  free_fail_comm();
   set_fatal_handler(nullptr);
   MPI_Finalize();
 }
