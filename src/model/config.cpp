@@ -5,17 +5,20 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "core/errors.h"
+#include "core/safe_fs.h"
+#include "core/strict_json.h"
 
 namespace upipe {
 
 namespace {
 
 using nlohmann::json;
+
+// A config.json is a few KB; anything beyond this is not one (refused before reading it).
+constexpr int64_t kMaxConfigBytes = int64_t(16) << 20;
 
 // Field readers over one JSON object; every error names the source file and the field path.
 class Fields {
@@ -289,7 +292,7 @@ void ModelConfig::validate() const {
 ModelConfig parse_model_config(const std::string& json_text, const std::string& source) {
   json j;
   try {
-    j = json::parse(json_text);
+    j = parse_json_strict(json_text, source);
   } catch (const json::parse_error& e) {
     throw ConfigError(fmt::format("{}: not valid JSON: {}", source, e.what()));
   }
@@ -328,6 +331,22 @@ std::string model_config_json(const ModelConfig& m, const std::string& torch_dty
   return j.dump(2) + "\n";
 }
 
+std::string first_model_difference(const ModelConfig& a, const std::string& a_name,
+                                   const ModelConfig& b, const std::string& b_name) {
+  const json ja = json::parse(model_config_json(a, "float32"));
+  const json jb = json::parse(model_config_json(b, "float32"));
+  for (const auto& [key, va] : ja.items()) {
+    const json vb = jb.contains(key) ? jb[key] : json();
+    if (va != vb)
+      return fmt::format("field '{}': {} has {}, {} has {}", key, a_name, va.dump(), b_name,
+                         vb.dump());
+  }
+  for (const auto& [key, vb] : jb.items())
+    if (!ja.contains(key))
+      return fmt::format("field '{}': {} has none, {} has {}", key, a_name, b_name, vb.dump());
+  return "";
+}
+
 const std::vector<std::string>& model_preset_names() {
   static const std::vector<std::string> names = [] {
     std::vector<std::string> v;
@@ -362,12 +381,8 @@ ModelConfig load_model_config(const std::string& path_or_preset) {
         fmt::format("'{}' is neither a config.json, a directory holding one, nor a preset ({})",
                     path_or_preset, preset_list()));
   }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw ConfigError(fmt::format("{}: cannot open for reading", path.string()));
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) throw ConfigError(fmt::format("{}: read error", path.string()));
-  return parse_model_config(text.str(), path.string());
+  return parse_model_config(read_small_file(path.string(), "config.json", kMaxConfigBytes),
+                            path.string());
 }
 
 AttentionConfig to_attention_config(const ModelConfig& m) {

@@ -6,12 +6,12 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
-#include <fstream>
 #include <limits>
 #include <sstream>
 #include <variant>
 
 #include "core/errors.h"
+#include "core/safe_fs.h"
 
 namespace upipe {
 namespace {
@@ -425,11 +425,7 @@ void validate(const RunConfig& c) {
 RunConfig load_run_config(const std::string& path, std::span<const std::string> overrides) {
   RunConfig c;
   if (!path.empty()) {
-    std::ifstream f(path, std::ios::binary);
-    if (!f) throw ConfigError(fmt::format("cannot read run file {}", path));
-    std::ostringstream text;
-    text << f.rdbuf();
-    c = parse_run_toml(text.str(), path);
+    c = parse_run_toml(read_small_file(path, "run file", int64_t(16) << 20), path);
   }
   apply_overrides(c, overrides);
   validate(c);

@@ -91,7 +91,7 @@ run_case "at least 2 tokens" eval --model tiny --seq-len 1
 run_case "cannot open token file" eval --model tiny --tokens /nonexistent.npy
 # Token files the eval reads: a text file is neither .npy nor .bin; tokenize needs a readable input.
 run_case "neither a .npy file" eval --model tiny --tokens "$fix/llama/config.json"
-run_case "cannot read text file" tokenize /nonexistent.txt /nonexistent.bin
+run_case "cannot open text file" tokenize /nonexistent.txt /nonexistent.bin
 run_case "IN is required" tokenize
 
 if [ "$failures" -ne 0 ]; then

@@ -251,7 +251,7 @@ TEST(RunConfig, FileThenOverridesThenValidation) {
   EXPECT_EQ(c.train.lr, 1e-3);   // the file's value stays
   EXPECT_EQ(c.data.kind, "random");
   expect_config_error([&] { load_run_config(d.file("none.toml")); },
-                      {"cannot read run file", "none.toml"});
+                      {"cannot open run file", "none.toml"});
   expect_config_error([&] { load_run_config(p, args({"--train.steps=0"})); }, {"train.steps"});
 }
 
