@@ -31,6 +31,9 @@ void add_model_options(CLI::App& cmd, ModelOptions& o) {
       ->check(integer_in<int64_t>(1, int64_t(1) << 30));
   cmd.add_option("--seed", o.seed, "random weights (presets) and random tokens")
       ->capture_default_str();
+  cmd.add_flag("--random-weights", o.random_weights,
+               "random weights for a model directory's config (a directory without weights is "
+               "an error otherwise)");
   cmd.add_option("--memory-budget", o.budget, "device arena budget per rank, e.g. 80G")
       ->capture_default_str();
   cmd.add_flag("--offload-checkpoints", o.offload_checkpoints,
@@ -109,7 +112,7 @@ ModelRun::ModelRun(Communicator& world, const ModelConfig& m, const ModelOptions
   } catch (const ConfigError& e) {
     throw ConfigError(name_model_fields(e.what(), m));
   }
-  w = load_params(dev, m, o.model, dopt.attn.dtype, o.seed);
+  w = load_params(dev, m, weights_dir(o.model, o.random_weights), dopt.attn.dtype, o.seed);
   g = allocate_params(dev, m, DType::kF32, Tag::kGrads);
 }
 

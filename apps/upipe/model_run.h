@@ -22,7 +22,8 @@ struct ModelOptions {
   std::string residual_dtype = "fp32";  // the residual stream and its gradient
   int head_chunk = 0, ulysses_degree = 0, chunks = 0;
   int64_t tile_tokens = 1024;
-  uint64_t seed = 1;  // random weights (presets, directories without weights) and tokens
+  uint64_t seed = 1;            // random weights (presets, --random-weights) and tokens
+  bool random_weights = false;  // a directory's config with random weights instead of its own
   std::string budget = "1T";
   bool offload_checkpoints = false;
   std::string checkpoint_dtype = "fp32";
