@@ -30,6 +30,7 @@ struct Options {
   std::string run_file;
   std::string init_from;
   bool resume = false;
+  bool overwrite_checkpoints = false;
   bool print_config = false;
 };
 
@@ -113,22 +114,16 @@ int run(Process& proc, const Options& opt, std::vector<std::string> overrides) {
   // Start: the newest complete checkpoint (--resume), Hugging Face weights, or random.
   int64_t start = 0;
   std::string origin = "random init (seed " + std::to_string(cfg.train.seed) + ")";
-  std::optional<std::string> ckpt;
-  if (opt.resume) {
-    if (cfg.checkpoint.dir.empty())
-      throw ConfigError("--resume needs checkpoint.dir (the run's checkpoint directory)");
-    ckpt = latest_checkpoint(cfg.checkpoint.dir);
-    if (!ckpt)
-      throw ConfigError(fmt::format("--resume: no complete checkpoint in checkpoint.dir = {}",
-                                    cfg.checkpoint.dir));
-  }
+  const CheckpointStart cs = open_checkpoint_run(world, cfg.checkpoint.dir, opt.resume,
+                                                 opt.overwrite_checkpoints, cfg.checkpoint.keep);
+  const std::optional<std::string>& ckpt = cs.resume_from;
   if (ckpt) {
     const CheckpointInfo info = load_checkpoint(*ckpt, tr.zero());
     start = info.step;
     origin = fmt::format("{} (step {}, written on {} ranks{})", *ckpt, info.step, info.world,
                          info.world == world.size() ? "" : ", resharded");
   } else if (!cfg.model.init_from.empty()) {
-    const SafetensorsReader reader(cfg.model.init_from);
+    const SafetensorsReader reader = open_init_weights(cfg.model.init_from, m);
     tr.zero().init(&reader, uint64_t(cfg.train.seed));
     origin = "Hugging Face weights from " + cfg.model.init_from;
   } else {
@@ -182,8 +177,7 @@ int run(Process& proc, const Options& opt, std::vector<std::string> overrides) {
   auto checkpoint = [&](int64_t step) {
     if (cfg.checkpoint.dir.empty()) return;
     WatchdogContext ctx(fmt::format("checkpoint of step {}", step));
-    const std::string path =
-        save_checkpoint(cfg.checkpoint.dir, step, tr.zero(), tr.cp_size(), toml, cfg.checkpoint.keep);
+    const std::string path = save_checkpoint(cs.run, step, tr.zero(), tr.cp_size(), toml);
     if (display) display->print("checkpoint written: " + path);
   };
   double run_s = 0;
@@ -285,6 +279,9 @@ Runner add_train(CLI::App& cmd) {
                "continue from the newest complete checkpoint in checkpoint.dir");
   cmd.add_option("--init-from", opt->init_from,
                  "start from this Hugging Face directory's weights (= --model.init_from=DIR)");
+  cmd.add_flag("--overwrite-checkpoints", opt->overwrite_checkpoints,
+               "a fresh run may replace another run's checkpoints in checkpoint.dir (deleted "
+               "after this run's first complete checkpoint)");
   cmd.add_flag("--print-config", opt->print_config, "print the effective run file and exit");
   cmd.allow_extras();
   cmd.footer(

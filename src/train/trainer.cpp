@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "core/errors.h"
+#include "core/fault_inject.h"
 
 namespace upipe {
 
@@ -34,6 +35,7 @@ Trainer::Trainer(Device& dev, Communicator& world, const ModelConfig& m, const T
   dp_ = world.split([c](int r) { return SplitKey{r % c, r / c}; });
   dec_ = std::make_unique<Decoder>(dev, *cp_, m, opt.decoder);
   zero_ = std::make_unique<Zero3>(dev, world, m, opt.decoder.attn.dtype);
+  fault_point("startup");
 }
 
 Trainer::~Trainer() = default;

@@ -6,6 +6,7 @@
 #include "backend/optim.h"
 #include "backend/tensor_ops.h"
 #include "core/checked.h"
+#include "core/fault_inject.h"
 #include "model/safetensors.h"
 #include "model/weights.h"
 
@@ -57,6 +58,7 @@ void Zero3::init(const SafetensorsReader* reader, uint64_t seed) {
   if (reader != nullptr)
     for (const ZeroUnitLayout& l : layout_)
       for (const HfTensorSpec& s : l.tensors) reader->check_shape(s.name, s.shape);
+  if (reader != nullptr) fault_point("init");
   constexpr int64_t kChunk = int64_t(1) << 20;  // host staging, elements
   std::vector<float> host;
   for (int u = 0; u < num_units(); ++u) {
