@@ -5,6 +5,7 @@
 
 #include "comm/mpi/fail_job.h"
 #include "core/check.h"
+#include "core/stop_signal.h"
 #include "core/watchdog.h"
 
 namespace upipe {
@@ -126,6 +127,7 @@ constexpr int kP2pTag = 17;
 }  // namespace
 
 MpiRuntime::MpiRuntime(int* argc, char*** argv) {
+  end_with_launcher();  // first: the launcher that started this rank is alive now
   int provided = 0;
   MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided));
   MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
