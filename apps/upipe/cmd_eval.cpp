@@ -10,6 +10,7 @@
 #include "apps/upipe/report.h"
 #include "backend/optim.h"
 #include "core/errors.h"
+#include "core/safe_fs.h"
 #include "model/decoder.h"
 #include "model/safetensors.h"
 #include "model/tokens.h"
@@ -27,20 +28,26 @@ struct Options {
 
 int run(Process& proc, const Options& opt) {
   const ModelConfig m = load_model_config(opt.model.model);
-  std::vector<int32_t> tokens;
+  if (!opt.save_grads.empty()) check_replaceable(opt.save_grads, "gradients file");
+  int64_t n = opt.seq_len;
+  TokenFileInfo file;
   if (!opt.tokens.empty()) {
-    tokens = read_tokens(opt.tokens, m.vocab_size);
-  } else {  // no file: uniform random ids, the same on every rank
-    if (opt.seq_len <= 0)
-      throw ConfigError("give --tokens FILE (.npy or .bin), or --seq-len S for random tokens");
-    tokens = random_tokens(m, opt.seq_len, opt.model.seed);
+    file = inspect_token_file(opt.tokens);
+    if (opt.seq_len > file.count)
+      throw ConfigError(fmt::format("--seq-len {} is longer than the {} tokens of {}", opt.seq_len,
+                                    file.count, opt.tokens));
+    if (n <= 0) n = file.count;
+    check_token_ids(file, n, m.vocab_size);
+  } else if (opt.seq_len <= 0) {
+    throw ConfigError("give --tokens FILE (.npy or .bin), or --seq-len S for random tokens");
   }
-  if (opt.seq_len > int64_t(tokens.size()))
-    throw ConfigError(fmt::format("--seq-len {} is longer than the {} tokens of {}", opt.seq_len,
-                                  tokens.size(), opt.tokens));
-  if (opt.seq_len > 0) tokens.resize(static_cast<size_t>(opt.seq_len));
-  if (tokens.size() < 2) throw ConfigError("the sequence needs at least 2 tokens");
-  ModelRun run(proc.world, m, opt.model, int64_t(tokens.size()));
+  if (n < 2) throw ConfigError("the sequence needs at least 2 tokens");
+  ModelRun run(proc.world, m, opt.model, n);  // its sizes checked before anything is allocated
+  std::vector<int32_t> tokens(static_cast<size_t>(n));
+  if (!opt.tokens.empty())
+    read_token_range(file, 0, n, m.vocab_size, tokens.data());
+  else  // no file: uniform random ids, the same on every rank
+    tokens = random_tokens(m, n, opt.model.seed);
   Device& dev = run.dev;
   const ParamMap &w = run.w, &g = run.g;
   dev.mem().reset_peak();

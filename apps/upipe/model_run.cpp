@@ -107,12 +107,15 @@ ModelRun::ModelRun(Communicator& world, const ModelConfig& m, const ModelOptions
                    int64_t seq_len)
     : dev(device_options(o)) {
   const DecoderOptions dopt = decoder_options(o, seq_len);
+  const std::string weights = weights_dir(o.model, o.random_weights);
+  const int64_t rows = (seq_len + world.size() - 1) / world.size();
+  dev.mem().check_fits(full_model_floor(m, dopt.attn.dtype, rows, dopt.residual_dtype));
   try {
     dec = std::make_unique<Decoder>(dev, world, m, dopt);
   } catch (const ConfigError& e) {
     throw ConfigError(name_model_fields(e.what(), m));
   }
-  w = load_params(dev, m, weights_dir(o.model, o.random_weights), dopt.attn.dtype, o.seed);
+  w = load_params(dev, m, weights, dopt.attn.dtype, o.seed);
   g = allocate_params(dev, m, DType::kF32, Tag::kGrads);
 }
 

@@ -17,6 +17,9 @@ namespace upipe {
 enum class ModelFamily { kLlama, kQwen3 };
 const char* model_family_name(ModelFamily f);  // "llama" / "qwen3", as in model_type
 
+// The most decoder layers a config may have (the largest models have about 130).
+inline constexpr int kMaxLayers = 1 << 16;
+
 struct ModelConfig {
   ModelFamily family = ModelFamily::kLlama;
   int64_t hidden_size = 0;              // D

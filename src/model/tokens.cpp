@@ -186,6 +186,12 @@ void read_token_range(const TokenFileInfo& info, int64_t begin, int64_t n, int64
   }
 }
 
+void check_token_ids(const TokenFileInfo& f, int64_t n, int64_t vocab) {
+  std::vector<int32_t> buf(static_cast<size_t>(std::min(n, kReadChunk)));
+  for (int64_t b = 0; b < n; b += kReadChunk)
+    read_token_range(f, b, std::min(kReadChunk, n - b), vocab, buf.data());
+}
+
 std::vector<int32_t> read_tokens(const std::string& path, int64_t vocab) {
   const TokenFileInfo info = inspect_token_file(path);
   std::vector<int32_t> ids(static_cast<size_t>(info.count));

@@ -41,6 +41,10 @@ TokenFileInfo inspect_token_file(const std::string& path);
 void read_token_range(const TokenFileInfo& f, int64_t begin, int64_t n, int64_t vocab,
                       int32_t* out);
 
+// Checks ids [0, n) of `f` against the vocabulary like read_token_range, through a bounded
+// buffer: nothing proportional to n is allocated.
+void check_token_ids(const TokenFileInfo& f, int64_t n, int64_t vocab);
+
 // Every id of a token file of either format (dispatched on the magic).
 std::vector<int32_t> read_tokens(const std::string& path, int64_t vocab);
 // Every id of a .npy file; anything else (another dtype, a 2-D array, Fortran order, a

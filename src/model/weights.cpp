@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "backend/tensor_ops.h"
+#include "core/checked.h"
 #include "core/errors.h"
 #include "core/rng.h"
 #include "model/hf_names.h"
@@ -57,6 +58,16 @@ std::string weights_dir(const std::string& model, bool random_weights) {
       fmt::format("{} holds no weights (model.safetensors or model.safetensors.index.json); pass "
                   "--random-weights to use random ones",
                   dir.string()));
+}
+
+TagBytes full_model_floor(const ModelConfig& m, DType dtype, int64_t rows, DType residual) {
+  const int64_t p = parameter_count(m);
+  TagBytes need;
+  need.v[size_t(Tag::kParams)] = checked_mul(p, dtype_size(dtype), "parameter bytes");
+  need.v[size_t(Tag::kGrads)] = checked_mul(p, 4, "gradient bytes");
+  need.v[size_t(Tag::kAct)] = checked_mul(checked_mul(rows, m.hidden_size, "residual elements"),
+                                          dtype_size(residual), "residual bytes");
+  return need;
 }
 
 void param_values(const HfTensorSpec& s, int index, const SafetensorsReader* reader,

@@ -33,6 +33,10 @@ SafetensorsReader open_init_weights(const std::string& dir, const ModelConfig& m
 // cache with a missing blob has, counts as none).
 std::string weights_dir(const std::string& model, bool random_weights);
 
+// What a rank holding the whole model needs at least (core/arena.h check_fits): its parameters
+// in `dtype`, their fp32 gradients and the residual stream of its `rows` tokens.
+TagBytes full_model_floor(const ModelConfig& m, DType dtype, int64_t rows, DType residual);
+
 // Parameters of m in `dtype` on dev (tag params): from the checkpoint in `dir` when it has one
 // (every tensor checked for name and shape), else random with `seed`.
 ParamMap load_params(Device& dev, const ModelConfig& m, const std::string& dir, DType dtype,

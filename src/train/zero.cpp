@@ -30,6 +30,20 @@ std::vector<ZeroUnitLayout> zero_layout(const ModelConfig& m, int world) {
   return units;
 }
 
+int64_t zero_shard_elements(const ModelConfig& m, int world) {
+  auto shard = [&](int unit) {
+    int64_t n = 0;
+    for (const HfTensorSpec& s : unit_tensors(m, unit))
+      n = checked_add(n, s.numel(), "unit elements");
+    return (n + world - 1) / world;
+  };
+  // Unit 0 the embedding, units 1 .. L the layers (all alike), the last the head.
+  const int units = num_param_units(m);
+  const int64_t layers = checked_mul(units - 2, shard(1), "shard elements");
+  return checked_add(checked_add(shard(0), layers, "shard elements"), shard(units - 1),
+                     "shard elements");
+}
+
 Zero3::Zero3(Device& dev, Communicator& world, const ModelConfig& m, DType compute)
     : dev_(dev), world_(world), m_(m), compute_(compute), layout_(zero_layout(m, world.size())) {
   Arena& mem = dev_.mem();
