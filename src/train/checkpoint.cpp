@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <array>
 #include <charconv>
+#include <cstdio>
 #include <filesystem>
 #include <map>
 #include <random>
@@ -497,6 +498,19 @@ void prepare_tmp(const CheckpointRun& run, int64_t step) {
   write_file_atomic((tmp / "run_id").string(), run.run_id + "\n", "checkpoint run id");
 }
 
+// Collective: rank 0 prepares the temporary directory; a ConfigError there (the step belongs to
+// another run) is thrown on every rank, so no rank is left waiting for the others.
+void prepare_tmp_everywhere(Communicator& world, const CheckpointRun& run, int64_t step) {
+  char err[1024] = {};
+  if (world.rank() == 0) try {
+      prepare_tmp(run, step);
+    } catch (const ConfigError& e) {
+      std::snprintf(err, sizeof err, "%s", e.what());
+    }
+  world.broadcast(err, sizeof err, 0);
+  if (err[0] != '\0') throw ConfigError(err);
+}
+
 // Rank 0, after `step` is complete: this run's checkpoints beyond the newest run.keep, its stale
 // temporaries and incomplete directories, and (overwrite_others) every other run's entries.
 void prune(const CheckpointRun& run, int64_t step) {
@@ -559,8 +573,7 @@ std::string save_checkpoint(const CheckpointRun& run, int64_t step, Zero3& z, in
   Communicator& world = z.world();
   const fs::path dir(run.dir), final_dir = dir / step_dir_name(step);
   const fs::path tmp = dir / (step_dir_name(step) + ".tmp");
-  if (world.rank() == 0) prepare_tmp(run, step);
-  world.barrier();
+  prepare_tmp_everywhere(world, run, step);
   const std::vector<uint64_t> mine = write_rank_file(tmp, run, step, z);
   fault_point("checkpoint");
   std::vector<uint64_t> records(mine.size() * size_t(world.size()));

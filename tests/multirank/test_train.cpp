@@ -16,6 +16,7 @@
 #include "core/rng.h"
 #include "model/safetensors.h"
 #include "multirank/mpi_test_main.h"
+#include "multirank/shared_dir.h"
 #include "train/checkpoint.h"
 #include "train/trainer.h"
 
@@ -23,29 +24,7 @@ namespace upipe {
 namespace {
 namespace fs = std::filesystem;
 
-// A directory every rank of comm sees (rank 0 makes it), removed at the end.
-class SharedDir {
- public:
-  explicit SharedDir(Communicator& comm) : comm_(comm) {
-    char buf[256] = {};
-    if (comm.rank() == 0) {
-      std::string tmpl = (fs::temp_directory_path() / "upipe_train_XXXXXX").string();
-      if (!mkdtemp(tmpl.data())) ADD_FAILURE() << "mkdtemp failed";
-      std::strncpy(buf, tmpl.c_str(), sizeof(buf) - 1);
-    }
-    comm.broadcast(buf, sizeof(buf), 0);
-    path_ = buf;
-  }
-  ~SharedDir() {
-    comm_.barrier();
-    if (comm_.rank() == 0) fs::remove_all(path_);
-  }
-  std::string path() const { return path_; }
-
- private:
-  Communicator& comm_;
-  std::string path_;
-};
+using test::SharedDir;
 
 // Sequence `index` of the global batch of `step`: random ids, a pure function of both.
 Sequence global_sequence(int64_t step, int64_t index, int64_t s, int64_t vocab) {
