@@ -1,11 +1,7 @@
 #include "core/stop_signal.h"
 
-#include <sys/prctl.h>
-#include <unistd.h>
-
 #include <atomic>
 #include <csignal>
-#include <cstdlib>
 #include <cstring>
 
 namespace upipe {
@@ -44,14 +40,6 @@ int stop_signal() {
 
 void clear_stop_request() {
   g_signal.store(0, std::memory_order_relaxed);
-}
-
-void end_with_launcher() {
-  if (std::getenv("OMPI_COMM_WORLD_SIZE") == nullptr) return;
-  const pid_t parent = ::getppid();
-  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-  // The parent may have exited before prctl: then this process has been reparented already.
-  if (::getppid() != parent) ::_exit(128 + SIGKILL);
 }
 
 }  // namespace upipe

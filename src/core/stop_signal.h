@@ -8,7 +8,7 @@
 // Under mpirun, signal mpirun with SIGUSR1 (it forwards it to every rank and exits with the
 // ranks' status, 0); SIGINT/SIGTERM sent to mpirun reach the ranks as SIGTERM but mpirun kills
 // them odls_base_sigkill_timeout seconds later and exits 1; no rank outlives mpirun
-// (end_with_launcher). docs/training-signals.md has the measurements and the recommended commands.
+// (core/launcher.h). docs/training-signals.md has the measurements and the recommended commands.
 #pragma once
 
 namespace upipe {
@@ -22,12 +22,5 @@ bool stop_requested();
 int stop_signal();
 // Forgets a request (tests).
 void clear_stop_request();
-
-// Under an OpenMPI launcher (OMPI_COMM_WORLD_SIZE set), makes the kernel end this process with
-// SIGKILL the moment its parent (mpirun, or a host's orted) exits, and ends it at once when the
-// parent is already gone: once mpirun has returned, no rank runs, so none writes anything (a
-// second Ctrl-C makes mpirun return before its ranks have finished a checkpoint). Elsewhere (no
-// launcher: the parent is a shell that may legitimately exit first) it does nothing.
-void end_with_launcher();
 
 }  // namespace upipe

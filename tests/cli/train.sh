@@ -47,6 +47,8 @@ disrupt() {
   wait $job; rc=$?
   took=$(( $(date +%s) - start ))
   echo "rank $victim got SIG$sig: the job ended with status $rc after ${took} s"
+  # A rank's launcher guard (core/launcher.h) exits the moment mpirun is gone: allow it a second.
+  for _ in $(seq 10); do pgrep -f "upipe train.*$tmp/$name.jsonl" > /dev/null || break; sleep 0.1; done
   pgrep -f "upipe train.*$tmp/$name.jsonl" && fail "rank processes left behind"
 }
 

@@ -5,7 +5,7 @@
 
 #include "comm/mpi/fail_job.h"
 #include "core/check.h"
-#include "core/stop_signal.h"
+#include "core/launcher.h"
 #include "core/watchdog.h"
 
 namespace upipe {
@@ -24,6 +24,7 @@ void mpi_check(int rc, const char* call, const char* file, int line) {
 #define MPI_CHECK(call) mpi_check((call), #call, __FILE__, __LINE__)
 
 void abort_handler(int code) {
+  guard_launcher();
   MPI_Abort(MPI_COMM_WORLD, code);
 }
 
@@ -153,6 +154,7 @@ std::unique_ptr<Communicator> MpiRuntime::world() {
 }
 
 void MpiRuntime::abort_job(int exit_code) {
+  guard_launcher();
   MPI_Abort(MPI_COMM_WORLD, exit_code);
   std::abort();
 }

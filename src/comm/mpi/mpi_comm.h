@@ -23,7 +23,8 @@ class MpiRuntime {
   MpiRuntime(const MpiRuntime&) = delete;
   MpiRuntime& operator=(const MpiRuntime&) = delete;
   std::unique_ptr<Communicator> world();
-  // Ends every rank of the job with exit_code. Never returns.
+  // Ends every rank of the job with exit_code (MPI_Abort, after leaving a launcher guard:
+  // core/launcher.h). Never returns.
   [[noreturn]] static void abort_job(int exit_code);
   // Called by a rank that caught an error (`cause`, printed as `line`), on any rank at any point:
   // ends the job within seconds (docs/training.md, "What ends a job"). It tells the other ranks
