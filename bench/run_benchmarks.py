@@ -446,7 +446,8 @@ def section_model(quick):
         config = os.path.join(d, "config.json")
         with open(config, "w") as f:
             json.dump(MODEL_CONFIG, f)
-        base = ["bench", "model", "--model", "CONFIG", "--seq-len", str(s), "--iters", str(iters), "--dtype", "fp32"]
+        base = ["bench", "model", "--model", "CONFIG", "--random-weights", "--seq-len", str(s), "--iters", str(iters),
+                "--dtype", "fp32"]
         runs = [("upipe local", 1, ["--method", "local"]),
                 ("upipe local, checkpoints per block", 1, ["--method", "local", "--checkpoint-granularity", "block"]),
                 ("upipe local, no checkpoints (none)", 1, ["--method", "local", "--checkpoint-granularity", "none"]),
