@@ -1,9 +1,10 @@
-// `upipe train [RUN.toml] [--section.key=value ...] [--resume] [--init-from DIR]`: the training
-// loop. The run file (train/run_config.h) is printed back in full at start with a table of the
-// run; every step gives one log line (a live bar on a terminal) and one JSONL metrics object;
-// checkpoints are written every checkpoint.interval steps and at the end; SIGINT/SIGTERM/SIGUSR1
-// finish the current step, write a checkpoint and exit 0; a stuck rank ends the job after
-// comm.timeout_s (core/watchdog.h). docs/training.md is the user's guide.
+// `upipe train [RUN.toml] [--section.key=value ...] [--resume] [--init-from DIR]
+// [--overwrite-checkpoints]`: the training loop. The run file (train/run_config.h) is printed back
+// in full at start with a table of the run; every step gives one log line (a live bar on a
+// terminal) and one JSONL metrics object; checkpoints are written every checkpoint.interval steps
+// and at the end; SIGINT/SIGTERM/SIGUSR1 finish the current step, write a checkpoint and exit 0; a
+// stuck rank ends the job after comm.timeout_s (core/watchdog.h). docs/training.md is the user's
+// guide.
 #include <unistd.h>
 
 #include <chrono>
