@@ -11,6 +11,7 @@
 #include "apps/upipe/settings_cli.h"
 #include "backend/optim.h"
 #include "core/errors.h"
+#include "core/safe_fs.h"
 #include "core/watchdog.h"
 #include "model/decoder.h"
 #include "model/safetensors.h"
@@ -80,29 +81,33 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
   spell_model_fields(set, m);
   if (!opt.save_grads.empty() && (opt.loss_only || opt.windows))
     throw ConfigError("--save-grads needs the gradients: drop --loss-only / --windows");
+  if (!opt.save_grads.empty()) check_replaceable(opt.save_grads, "gradients file");
   // The sequence: --tokens (all of it, or its first train.seq_len), or train.seq_len random ids.
+  // A file is read from its header first: only the ids used are loaded, each checked.
   const bool seq_given = set.given("train.seq_len");
   const int64_t seq_len = cfg.train.seq_len;
+  if (opt.windows && (opt.tokens.empty() || !seq_given))
+    throw ConfigError(
+        fmt::format("--windows needs --tokens FILE and {}", setting_value("train.seq_len", "S")));
   std::vector<int32_t> tokens;
   if (!opt.tokens.empty()) {
-    tokens = read_tokens(opt.tokens, m.vocab_size);
+    const TokenFileInfo file = inspect_token_file(opt.tokens);
+    if (seq_given && seq_len > file.count)
+      throw ConfigError(fmt::format("{} is longer than the {} tokens of {}",
+                                    setting_value("train.seq_len", seq_len), file.count,
+                                    opt.tokens));
+    const int64_t n = opt.windows ? file.count / seq_len * seq_len
+                      : seq_given ? seq_len
+                                  : file.count;
+    tokens.resize(size_t(n));
+    read_token_range(file, 0, n, m.vocab_size, tokens.data());
   } else {  // no file: uniform random ids, the same on every rank
     if (!seq_given)
       throw ConfigError(fmt::format("give --tokens FILE (.npy or .bin), or {} for random tokens",
                                     setting_value("train.seq_len", "S")));
     tokens = random_tokens(m, seq_len, uint64_t(cfg.train.seed));
   }
-  if (seq_given && seq_len > int64_t(tokens.size()))
-    throw ConfigError(fmt::format("{} is longer than the {} tokens of {}",
-                                  setting_value("train.seq_len", seq_len), tokens.size(),
-                                  opt.tokens));
-  if (opt.windows) {
-    if (opt.tokens.empty() || !seq_given)
-      throw ConfigError(
-          fmt::format("--windows needs --tokens FILE and {}", setting_value("train.seq_len", "S")));
-    return run_loss(proc, opt, cfg, m, tokens, seq_len);
-  }
-  if (seq_given) tokens.resize(static_cast<size_t>(seq_len));
+  if (opt.windows) return run_loss(proc, opt, cfg, m, tokens, seq_len);
   if (tokens.size() < 2) throw ConfigError("the sequence needs at least 2 tokens");
   if (opt.loss_only) return run_loss(proc, opt, cfg, m, tokens, int64_t(tokens.size()));
   ModelRun run(proc.world, m, cfg, int64_t(tokens.size()));

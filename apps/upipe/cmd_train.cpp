@@ -30,6 +30,7 @@ struct Options {
   std::string run_file;
   bool resume = false;
   bool accept_changes = false;
+  bool overwrite_checkpoints = false;
   bool print_config = false;
 };
 
@@ -156,7 +157,7 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
   install_stop_handlers();
   const ModelConfig m = load_model_config(cfg.model.name);
   Device dev(device_options(cfg));
-  TrainingLoop loop(dev, proc.world, m, cfg, opt.resume);
+  TrainingLoop loop(dev, proc.world, m, cfg, opt.resume, opt.overwrite_checkpoints);
   std::unique_ptr<Render> render;
   if (proc.root()) {
     print_startup(cfg, m, loop, toml);
@@ -192,6 +193,9 @@ Runner add_train(CLI::App& cmd) {
   cmd.add_flag("--accept-changes", opt->accept_changes,
                "with --resume: allow settings that change what the remaining steps compute on "
                "(model, data, sequence length, batch)");
+  cmd.add_flag("--overwrite-checkpoints", opt->overwrite_checkpoints,
+               "a fresh run may replace another run's checkpoints in checkpoint.dir (deleted "
+               "after this run's first complete checkpoint)");
   cmd.add_flag("--print-config", opt->print_config, "print the effective run file and exit");
   cmd.footer("e.g. upipe train --model=tiny --steps=50 --method=upipe");
   auto sa = add_settings(cmd, kScopeTrain);

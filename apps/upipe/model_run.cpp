@@ -33,8 +33,13 @@ ModelRun::ModelRun(Communicator& world, const ModelConfig& m, const RunConfig& c
                    bool grads)
     : dev(device_options(c)) {
   const DecoderOptions dopt = decoder_options(c, seq_len);
+  const std::string weights = weights_dir(c.model.name, c.model.random_weights);
+  // Before anything is allocated: sizes no budget can hold are an out-of-memory error now.
+  const int64_t rows = (seq_len + world.size() - 1) / world.size();
+  dev.mem().check_fits(
+      full_model_floor(m, dopt.memory.dtype, rows, dopt.memory.residual_dtype));
   dec = std::make_unique<Decoder>(dev, world, m, dopt);
-  w = load_params(dev, m, c.model.name, dopt.memory.dtype, uint64_t(c.train.seed));
+  w = load_params(dev, m, weights, dopt.memory.dtype, uint64_t(c.train.seed));
   if (grads) g = allocate_params(dev, m, DType::kF32, Tag::kGrads);
 }
 

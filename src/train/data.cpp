@@ -9,6 +9,7 @@
 #include "core/check.h"
 #include "core/checked.h"
 #include "core/errors.h"
+#include "core/fault_inject.h"
 #include "core/rng.h"
 
 namespace upipe {
@@ -126,6 +127,7 @@ int64_t DataSource::global_index(int64_t step, int micro, int dp_rank) const {
 }
 
 std::vector<int32_t> DataSource::sample(int64_t step, int micro, int dp_rank) const {
+  fault_point("data");
   return sequence(global_index(step, micro, dp_rank));
 }
 

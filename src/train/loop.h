@@ -19,6 +19,7 @@
 #include <string>
 
 #include "model/config.h"
+#include "train/checkpoint.h"
 #include "train/data.h"
 #include "train/metrics.h"
 #include "train/run_config.h"
@@ -54,9 +55,11 @@ class TrainingLoop {
  public:
   // Builds the trainer (world = DP x CP) and the data, then the start: with `resume` the newest
   // complete checkpoint of checkpoint.dir (ConfigError when there is none), else model.init_from's
-  // weights, else a random init from train.seed. Measures the GEMM rate MFU is relative to.
+  // weights, else a random init from train.seed. A fresh run refuses a checkpoint.dir holding
+  // another run's checkpoints unless overwrite_checkpoints (train/checkpoint.h). Measures the GEMM
+  // rate MFU is relative to.
   TrainingLoop(Device& dev, Communicator& world, const ModelConfig& m, const RunConfig& c,
-               bool resume);
+               bool resume, bool overwrite_checkpoints = false);
   ~TrainingLoop();
 
   Trainer& trainer() { return *trainer_; }
@@ -86,6 +89,7 @@ class TrainingLoop {
   std::unique_ptr<DataSource> val_;  // held-out data (metrics.val_interval > 0)
   int64_t val_n_ = 0;                // sequences per validation
   RunStart start_;
+  CheckpointRun ckpt_run_;  // where and as which run the checkpoints are written
   double gemm_flops_ = 0;
 };
 

@@ -6,7 +6,6 @@
 
 #include <cstdint>
 #include <cstdio>
-#include <fstream>
 #include <map>
 #include <optional>
 #include <string>
@@ -40,18 +39,22 @@ struct StepMetrics {
 // A non-finite number is written as null.
 std::string metrics_json(const StepMetrics& m);
 
-// The JSONL metrics file. A new run truncates it; a resumed run (resume_step >= 0) keeps the
-// lines of steps <= resume_step (a run that died after logging steps its last checkpoint does
-// not hold would otherwise log them twice), drops the rest, and appends.
+// The JSONL metrics file. A new run empties it; a resumed run (resume_step >= 0) keeps the lines
+// of steps <= resume_step (a run that died after logging steps its last checkpoint does not hold
+// would otherwise log them twice), drops the rest, and appends. The file is replaced atomically
+// at open and never when it is a symlink or not a regular file (ConfigError).
 class MetricsWriter {
  public:
   explicit MetricsWriter(const std::string& path, int64_t resume_step = -1);
-  void write(const StepMetrics& m);  // one line, flushed
+  ~MetricsWriter();
+  MetricsWriter(const MetricsWriter&) = delete;
+  MetricsWriter& operator=(const MetricsWriter&) = delete;
+  void write(const StepMetrics& m);  // one line, one write(); Error when it fails
   const std::string& path() const { return path_; }
 
  private:
   std::string path_;
-  std::ofstream out_;
+  int fd_ = -1;  // opened for appending
 };
 
 // "1:02:03" (hours unbounded); "--:--:--" for a negative or non-finite time.

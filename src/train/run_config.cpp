@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
-#include <fstream>
 #include <limits>
 #include <sstream>
 #include <variant>
@@ -14,6 +13,7 @@
 #include "attention/methods.h"
 #include "core/errors.h"
 #include "model/config.h"
+#include "core/safe_fs.h"
 
 namespace upipe {
 namespace {
@@ -64,6 +64,10 @@ std::vector<Field> fields(RunConfig& c) {
        "preset (" + presets + ") or Hugging Face directory"},
       {"model.init_from", "--init-from", "", &c.model.init_from, kScopeTrain, ResumeRule::kFree,
        "Hugging Face directory whose weights start the run; \"\" = random init from train.seed"},
+      {"model.random_weights", "--random-weights", "", &c.model.random_weights, kScopeModel,
+       ResumeRule::kFree,
+       "random weights (train.seed) for a model directory's config; without it a directory "
+       "with no weights is an error"},
       {"parallel.cp_size", "--cp-size", "", &c.parallel.cp_size, kScopeTrain | kScopePlan,
        ResumeRule::kArithmetic,
        "ranks per context-parallel group C; 0 = all ranks; DP = ranks / C"},
@@ -728,11 +732,7 @@ void validate(const RunConfig& c, uint32_t scopes) {
 }
 
 RunConfig read_run_file(const std::string& path, SettingSources* sources) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw ConfigError(fmt::format("cannot read run file {}", path));
-  std::ostringstream text;
-  text << f.rdbuf();
-  return parse_run_toml(text.str(), path, sources);
+  return parse_run_toml(read_small_file(path, "run file", int64_t(16) << 20), path, sources);
 }
 
 RunConfig load_run_config(const std::string& path, std::span<const std::string> overrides,

@@ -45,6 +45,7 @@ struct RunConfig {
   struct Model {
     std::string name = "tiny";  // preset name or Hugging Face directory (config.json)
     std::string init_from;      // Hugging Face directory whose weights start the run; "" = random
+    bool random_weights = false;  // eval / bench: a directory's config with random weights
     bool operator==(const Model&) const = default;
   } model;
   struct Parallel {
