@@ -90,6 +90,7 @@ struct RunConfig {
     std::string progress = "auto";  // auto (bar on a terminal) | bar | lines
     int64_t val_interval = 0;       // steps between validation losses; 0 = none
     int64_t val_sequences = 8;      // held-out sequences of S tokens per validation
+    double peak_flops = 0;          // MFU's denominator per rank; 0 = the GEMM rate measured
     bool operator==(const Metrics&) const = default;
   } metrics;
   struct Comm {
