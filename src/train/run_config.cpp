@@ -778,8 +778,8 @@ std::vector<std::pair<std::string, std::string>> setting_values(const RunConfig&
   return out;
 }
 
-std::string to_flags(const RunConfig& c, uint32_t scopes) {
-  RunConfig copy = c, defaults;
+std::string to_flags(const RunConfig& c, uint32_t scopes, const RunConfig& base) {
+  RunConfig copy = c, defaults = base;
   const std::vector<Field> fs = fields(copy), ds = fields(defaults);
   std::string out;
   for (size_t i = 0; i < fs.size(); ++i) {
