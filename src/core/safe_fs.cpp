@@ -166,30 +166,22 @@ AtomicFile::~AtomicFile() {
   if (!tmp_.empty()) ::unlink(tmp_.c_str());
 }
 
-void AtomicFile::write(const void* src, int64_t n) {
-  const char* p = static_cast<const char*>(src);
-  while (n > 0) {
-    const ssize_t w = ::write(fd_, p, size_t(std::min<int64_t>(n, 1 << 30)));
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0)
-      throw Error(fmt::format("{} {}: write failed: {}", what_, tmp_,
-                              w < 0 ? std::strerror(errno) : "no bytes written"));
-    p += w;
-    n -= w;
-  }
-}
+void AtomicFile::write(const void* src, int64_t n) { put(src, n, -1); }
 
-void AtomicFile::write_at(const void* src, int64_t n, int64_t offset) {
+void AtomicFile::write_at(const void* src, int64_t n, int64_t offset) { put(src, n, offset); }
+
+void AtomicFile::put(const void* src, int64_t n, int64_t offset) {
   const char* p = static_cast<const char*>(src);
   while (n > 0) {
-    const ssize_t w = ::pwrite(fd_, p, size_t(std::min<int64_t>(n, 1 << 30)), off_t(offset));
+    const size_t chunk = size_t(std::min<int64_t>(n, 1 << 30));
+    const ssize_t w = offset < 0 ? ::write(fd_, p, chunk) : ::pwrite(fd_, p, chunk, off_t(offset));
     if (w < 0 && errno == EINTR) continue;
     if (w <= 0)
       throw Error(fmt::format("{} {}: write failed: {}", what_, tmp_,
                               w < 0 ? std::strerror(errno) : "no bytes written"));
     p += w;
     n -= w;
-    offset += w;
+    if (offset >= 0) offset += w;
   }
 }
 

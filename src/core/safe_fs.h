@@ -79,6 +79,9 @@ class AtomicFile {
   const std::string& temp_path() const { return tmp_; }
 
  private:
+  // n bytes at `offset`, or appended when offset < 0, retried until all are written.
+  void put(const void* src, int64_t n, int64_t offset);
+
   std::string path_, what_, tmp_;
   int fd_ = -1;
 };
