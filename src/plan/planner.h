@@ -62,7 +62,10 @@ struct Plan {
   Tag limiting_tag = Tag::kParams;        // the largest tag at the worst device peak
   std::vector<RankPlan> ranks;            // every rank (complete plans only)
   std::string failure;                    // what did not fit, when !complete
-  int rank_classes = 0;                   // the ranks played: one per class (or every rank)
+  // What stops this plan, or (max_seq_len) one granule more: the arena whose budget it exceeds
+  // ("device" or "host") and the tag of the request that did not fit; empty when nothing does.
+  std::string limit_arena, limit_tag;
+  int rank_classes = 0;  // the ranks played: one per class (or every rank)
 };
 
 // Ranks whose steps make the same allocations (sizes, tags, order; at most a kernel's workspace
