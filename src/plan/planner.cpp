@@ -1,3 +1,5 @@
+// The planner (planner.h): a training step on the meta device for one rank of each rank class,
+// the worst rank's peaks, the longest S that fits and the auto knobs.
 #include "plan/planner.h"
 
 #include <fmt/format.h>
@@ -58,10 +60,6 @@ AttentionConfig block_shape(const ModelConfig& m, const PlanRequest& r) {
   c.knobs = r.decoder.knobs;
   return c;
 }
-
-}  // namespace
-
-namespace {
 
 // A meta device with the given budgets (0 = the whole reserved range).
 DeviceOptions meta_device(int64_t budget_device, int64_t budget_host) {

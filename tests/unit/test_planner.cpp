@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <iterator>
 #include <string>
 #include <utility>
 #include <vector>
@@ -241,8 +242,11 @@ void expect_same_plan(const Plan& fast, const Plan& every, const std::string& wh
   EXPECT_EQ(fast.device_at_peak.v, every.device_at_peak.v) << what;
   EXPECT_EQ(fast.host_at_peak.v, every.host_at_peak.v) << what;
   EXPECT_EQ(fast.limiting_tag, every.limiting_tag) << what;
+  EXPECT_EQ(fast.limit_arena, every.limit_arena) << what;
+  EXPECT_EQ(fast.limit_tag, every.limit_tag) << what;
   ASSERT_EQ(fast.ranks.size(), every.ranks.size()) << what;
-  for (size_t i = 0; i < fast.ranks.size(); ++i) expect_same_rank(fast.ranks[i], every.ranks[i], what);
+  for (size_t i = 0; i < fast.ranks.size(); ++i)
+    expect_same_rank(fast.ranks[i], every.ranks[i], what);
   EXPECT_EQ(every.rank_classes, every.request.ranks) << what;
 }
 
@@ -276,11 +280,13 @@ TEST(Planner, RankClassesPlanExactlyLikeEveryRank) {
   };
   // CP = all ranks (K < C: replicated KV heads), CP x DP with K >= C and with K < C.
   const Shape shapes[] = {{8, 8}, {16, 16}, {16, 4}, {8, 2}, {16, 8}};
+  const Recompute modes[] = {Recompute::kLayer, Recompute::kBlock, Recompute::kNone};
   int compared = 0;
   for (bool qwen : {false, true}) {
     const ModelConfig m = odd_model(qwen);
-    for (const Shape& sh : shapes)
+    for (size_t i = 0; i < std::size(shapes); ++i)
       for (const MethodInfo& mi : methods()) {
+        const Shape& sh = shapes[i];
         if (mi.one_rank) continue;
         PlanRequest r = tiny_request(std::string(mi.name), int64_t(1) << 40);
         r.ranks = sh.ranks;
@@ -289,12 +295,15 @@ TEST(Planner, RankClassesPlanExactlyLikeEveryRank) {
         r.decoder.memory.tile_tokens = 48;
         r.decoder.memory.offload_stash = qwen;
         r.decoder.memory.stash_dtype = qwen ? DType::kBF16 : DType::kF32;
+        r.decoder.memory.residual_dtype = qwen ? DType::kBF16 : DType::kF32;
+        r.decoder.memory.recompute = modes[(i + (qwen ? 1 : 0)) % std::size(modes)];
         // Every value of every knob the method takes (every U, u and N the planner tries).
         for (const PlanRequest& q : knob_candidates(m, with_auto(r, true, true, true))) {
           const MethodKnobs& k = q.decoder.knobs;
           const std::string what =
-              fmt::format("{} {} on {} ranks (CP {}) U={} u={} N={}", m.source, mi.name, sh.ranks,
-                          sh.cp, k.stage_heads, k.ulysses_degree, k.chunks);
+              fmt::format("{} {} on {} ranks (CP {}) U={} u={} N={} recompute {}", m.source,
+                          mi.name, sh.ranks, sh.cp, k.stage_heads, k.ulysses_degree, k.chunks,
+                          recompute_name(r.decoder.memory.recompute));
           const int classes = compare_classes_with_every_rank(m, q, what);
           if (classes == 0) continue;
           ++compared;
@@ -302,6 +311,7 @@ TEST(Planner, RankClassesPlanExactlyLikeEveryRank) {
         }
       }
   }
+  RecordProperty("compared", compared);
   EXPECT_GT(compared, 200);
 }
 
@@ -309,6 +319,8 @@ TEST(Planner, RankClassesSplitWhereRunsDiffer) {
   // usp with an odd Ulysses degree: C = 6 ranks in r = 2 groups of u = 3; each group's zigzag
   // shard is chunks g and 3-g of S/4 tokens, cut into three slices of S/6, so the middle member
   // holds the end of one chunk and the start of the other (two runs), the others one run each.
+  // The classes split there whether or not an allocation depends on it; the plans are the
+  // every-rank plans either way.
   ModelConfig m = odd_model(false);
   m.num_attention_heads = 12;
   m.num_key_value_heads = 3;
@@ -319,18 +331,16 @@ TEST(Planner, RankClassesSplitWhereRunsDiffer) {
     r.decoder.knobs.ulysses_degree = 3;
     r.decoder.seq_len = 1152;
     r.decoder.memory.tile_tokens = 48;
+    const std::string what = fmt::format("usp u=3 on CP 6 x DP {}", dp);
+    EXPECT_EQ(compare_classes_with_every_rank(m, r, what), 2) << what;
+    std::vector<int> ends, middles;
+    for (int w = 0; w < r.ranks; ++w) (w % 3 == 1 ? middles : ends).push_back(w);
     const std::vector<RankClass> c = rank_classes(m, r);
-    ASSERT_EQ(c.size(), 2u);
-    std::vector<int> ends = {0, 2, 3, 5}, middles = {1, 4};
-    if (dp == 2) {
-      ends = {0, 2, 3, 5, 6, 8, 9, 11};
-      middles = {1, 4, 7, 10};
-    }
-    EXPECT_EQ(c[0].first, 0);
-    EXPECT_EQ(c[0].ranks, ends);
-    EXPECT_EQ(c[1].first, 1);
-    EXPECT_EQ(c[1].ranks, middles);
-    EXPECT_EQ(compare_classes_with_every_rank(m, r, fmt::format("usp u=3 on 6 x {}", dp)), 2);
+    ASSERT_EQ(c.size(), 2u) << what;
+    EXPECT_EQ(c[0].first, 0) << what;
+    EXPECT_EQ(c[0].ranks, ends) << what;
+    EXPECT_EQ(c[1].first, 1) << what;
+    EXPECT_EQ(c[1].ranks, middles) << what;
   }
 }
 
