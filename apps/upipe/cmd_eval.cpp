@@ -32,12 +32,8 @@ struct Options {
 // sequence, or on every non-overlapping window of S tokens of the file; the mean loss over them
 // and its perplexity.
 int run_loss(Process& proc, const Options& opt, const RunConfig& cfg, const ModelConfig& m,
-             const std::vector<int32_t>& all, int64_t s) {
-  const int64_t n = opt.windows ? int64_t(all.size()) / s : 1;
-  if (n < 1)
-    throw ConfigError(fmt::format("{} has {} tokens, fewer than one window of {}", opt.tokens,
-                                  all.size(), setting_value("train.seq_len", s)));
-  ModelRun run(proc.world, m, cfg, s, false);
+             ModelRun& run, const std::vector<int32_t>& all, int64_t s) {
+  const int64_t n = int64_t(all.size()) / s;
   run.dev.mem().reset_peak();
   const ParamMap no_grads;
   FullParams p(m, run.w, no_grads);
@@ -89,28 +85,36 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
   if (opt.windows && (opt.tokens.empty() || !seq_given))
     throw ConfigError(
         fmt::format("--windows needs --tokens FILE and {}", setting_value("train.seq_len", "S")));
-  std::vector<int32_t> tokens;
+  // The number of tokens first, then the model (its sizes checked before anything is
+  // allocated), then the tokens.
+  TokenFileInfo file;
+  int64_t n = seq_len;
   if (!opt.tokens.empty()) {
-    const TokenFileInfo file = inspect_token_file(opt.tokens);
+    file = inspect_token_file(opt.tokens);
     if (seq_given && seq_len > file.count)
       throw ConfigError(fmt::format("{} is longer than the {} tokens of {}",
                                     setting_value("train.seq_len", seq_len), file.count,
                                     opt.tokens));
-    const int64_t n = opt.windows ? file.count / seq_len * seq_len
-                      : seq_given ? seq_len
-                                  : file.count;
+    n = opt.windows ? file.count / seq_len * seq_len : seq_given ? seq_len : file.count;
+    check_token_ids(file, n, m.vocab_size);  // through a bounded buffer
+  } else if (!seq_given) {
+    throw ConfigError(fmt::format("give --tokens FILE (.npy or .bin), or {} for random tokens",
+                                  setting_value("train.seq_len", "S")));
+  }
+  if (opt.windows && n < 1)
+    throw ConfigError(fmt::format("{} has {} tokens, fewer than one window of {}", opt.tokens,
+                                  file.count, setting_value("train.seq_len", seq_len)));
+  if (n < 2) throw ConfigError("the sequence needs at least 2 tokens");
+  const bool forward_only = opt.loss_only || opt.windows;
+  ModelRun run(proc.world, m, cfg, opt.windows ? seq_len : n, !forward_only);
+  std::vector<int32_t> tokens;
+  if (!opt.tokens.empty()) {
     tokens.resize(size_t(n));
     read_token_range(file, 0, n, m.vocab_size, tokens.data());
   } else {  // no file: uniform random ids, the same on every rank
-    if (!seq_given)
-      throw ConfigError(fmt::format("give --tokens FILE (.npy or .bin), or {} for random tokens",
-                                    setting_value("train.seq_len", "S")));
-    tokens = random_tokens(m, seq_len, uint64_t(cfg.train.seed));
+    tokens = random_tokens(m, n, uint64_t(cfg.train.seed));
   }
-  if (opt.windows) return run_loss(proc, opt, cfg, m, tokens, seq_len);
-  if (tokens.size() < 2) throw ConfigError("the sequence needs at least 2 tokens");
-  if (opt.loss_only) return run_loss(proc, opt, cfg, m, tokens, int64_t(tokens.size()));
-  ModelRun run(proc.world, m, cfg, int64_t(tokens.size()));
+  if (forward_only) return run_loss(proc, opt, cfg, m, run, tokens, opt.windows ? seq_len : n);
   Device& dev = run.dev;
   const ParamMap &w = run.w, &g = run.g;
   dev.mem().reset_peak();

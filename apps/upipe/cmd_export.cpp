@@ -1,6 +1,7 @@
-// `upipe export CKPT OUTDIR [--dtype bf16|fp32]`: a training checkpoint (a step directory, or a
-// checkpoint.dir whose newest complete checkpoint is taken) as a consolidated Hugging Face folder
-// that transformers loads (train/export.h). Runs on one process; under mpirun rank 0 does the
+// `upipe export CKPT OUTDIR [--dtype bf16|fp32] [--tokenizer auto|none|bytes|DIR] [--force]`: a
+// training checkpoint (a step directory, or a checkpoint.dir whose newest complete checkpoint is
+// taken) as a consolidated Hugging Face folder, with its tokenizer, that transformers loads
+// (train/export.h). Runs on one process; under mpirun rank 0 does the
 // work. A non-empty OUTDIR is refused unless --force.
 #include <filesystem>
 
@@ -16,12 +17,14 @@ namespace {
 struct Options {
   std::string checkpoint, out;
   std::string dtype = "bf16";
+  std::string tokenizer = "auto";
   bool force = false;
 };
 
 int run(Process& proc, const Options& opt) {
   namespace fs = std::filesystem;
   const DType dt = parse_dtype(opt.dtype);
+  const TokenizerChoice tc = parse_tokenizer_choice(opt.tokenizer);
   std::string path = opt.checkpoint;
   if (!fs::exists(fs::path(path) / "meta.json")) {
     const auto latest = latest_checkpoint(path);
@@ -32,11 +35,13 @@ int run(Process& proc, const Options& opt) {
     path = *latest;
   }
   const CheckpointReader reader(path);  // every rank validates: errors are the same everywhere
+  const TokenizerPlan tok = plan_tokenizer(reader, tc);
   if (!proc.root()) return 0;
-  export_hf(reader, opt.out, dt, opt.force);
+  export_hf(reader, opt.out, dt, opt.force, tok);
   std::printf("exported %s (step %lld, %zu tensors, %s) to %s\n", path.c_str(),
               (long long)reader.info().step, hf_tensors(reader.model()).size(), opt.dtype.c_str(),
               opt.out.c_str());
+  std::printf("%s\n", tok.note.c_str());
   return 0;
 }
 
@@ -50,9 +55,13 @@ Runner add_export(CLI::App& cmd) {
   cmd.add_option("out", opt->out, "output directory (config.json + model.safetensors)")
       ->required();
   cmd.add_option("--dtype", opt->dtype, "stored dtype: bf16 or fp32")->capture_default_str();
+  cmd.add_option("--tokenizer", opt->tokenizer,
+                 "auto (the run's Hugging Face directory's tokenizer, else the byte tokenizer for a "
+                 "256-id vocabulary), none, bytes, or a directory to copy tokenizer files from")
+      ->capture_default_str();
   cmd.add_flag("--force", opt->force,
                "write into a non-empty directory: its weight files and config.json are removed "
-               "first (tokenizer files stay)");
+               "first (other files stay; tokenizer files the export writes replace their namesakes)");
   return [opt](Process& p) { return run(p, *opt); };
 }
 

@@ -82,8 +82,11 @@ std::string train_command(const Settings& set, const Options& o, const Plan& p) 
   RunConfig c = set.config;
   c.parallel.knobs = p.request.decoder.knobs;
   c.train.seq_len = p.request.decoder.seq_len;
-  return fmt::format("mpirun -np {} upipe train{}{} {}", o.ranks, o.run_file.empty() ? "" : " ",
-                     o.run_file, to_flags(c, kScopeTrain));
+  // With a run file: the file, and the flags for what differs from it (typed or chosen here).
+  const RunConfig base = o.run_file.empty() ? RunConfig{} : read_run_file(o.run_file);
+  const std::string flags = to_flags(c, kScopeTrain, base);
+  return fmt::format("mpirun -np {} upipe train{}{}{}{}", o.ranks, o.run_file.empty() ? "" : " ",
+                     o.run_file, flags.empty() ? "" : " ", flags);
 }
 
 struct Row {

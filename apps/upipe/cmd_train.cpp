@@ -13,6 +13,7 @@
 #include "apps/upipe/settings_cli.h"
 #include "backend/cpu/cpu_isa.h"
 #include "core/errors.h"
+#include "core/setting_ref.h"
 #include "core/stop_signal.h"
 #include "core/watchdog.h"
 #include "model/weights.h"
@@ -107,8 +108,16 @@ void print_startup(const RunConfig& cfg, const ModelConfig& m, TrainingLoop& loo
   si.data = cfg.data.kind + (cfg.data.path.empty() ? "" : ": " + cfg.data.path);
   si.isa = cpu_isa_name(cpu_isa());
   std::printf("%s", format_startup_table(si).c_str());
-  std::printf("start: %s; GEMM rate %.1f GFLOP/s per rank (MFU's reference)\n",
-              loop.start().origin.c_str(), loop.gemm_flops() / 1e9);
+  const std::string peak = render_setting_refs(setting_ref("metrics.peak_flops"));
+  if (cfg.metrics.peak_flops > 0)
+    std::printf("start: %s; MFU relative to %s = %.1f TFLOP/s per rank\n",
+                loop.start().origin.c_str(), peak.c_str(), loop.gemm_flops() / 1e12);
+  else
+    std::printf("start: %s; MFU relative to the GEMM rate measured now, %.1f GFLOP/s per rank "
+                "(a busy machine lowers it; %s states a peak)\n",
+                loop.start().origin.c_str(), loop.gemm_flops() / 1e9, peak.c_str());
+  for (const std::string& w : run_warnings(cfg, m))
+    std::printf("warning: %s\n", render_setting_refs(w).c_str());
   // Under mpirun (one node) rank 0's parent is mpirun, which forwards SIGUSR1 to every rank.
   std::printf("stop cleanly (finish the step, checkpoint, exit 0): kill -USR1 %d\n",
               std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr ? int(getppid()) : int(getpid()));

@@ -29,5 +29,7 @@ Runner add_tokenize(CLI::App& app);
 Runner add_plan(CLI::App& app);
 // `upipe settings`: the table of every setting (cmd_settings.cpp).
 Runner add_settings_command(CLI::App& app);
+// `upipe presets`: the built-in models and their sizes (cmd_presets.cpp).
+Runner add_presets(CLI::App& app);
 
 }  // namespace upipe::app

@@ -71,6 +71,9 @@ int main(int argc, char** argv) {
   CLI::App* sets = cli.add_subcommand(
       "settings", "every setting: its run-file key, flag, type, default and commands");
   runners[sets] = app::add_settings_command(*sets);
+  CLI::App* presets =
+      cli.add_subcommand("presets", "the built-in models (--model NAME): shapes and sizes");
+  runners[presets] = app::add_presets(*presets);
 
   try {
     try {

@@ -92,8 +92,13 @@ TrainingLoop::TrainingLoop(Device& dev, Communicator& world, const ModelConfig& 
                  : c.metrics.val_sequences;
   }
   start_ = initialize(world, c, m, *trainer_, resume, overwrite_checkpoints, ckpt_run_);
-  // MFU's denominator: this machine's GEMM rate in the compute dtype, measured now on every rank
-  // at once (as they run in training), best of 10; the ranks' best is the one reference.
+  // MFU's denominator: the stated peak, or this machine's GEMM rate in the compute dtype,
+  // measured now on every rank at once (as they run in training), best of 10; the ranks' best is
+  // the one reference.
+  if (c.metrics.peak_flops > 0) {
+    gemm_flops_ = c.metrics.peak_flops;
+    return;
+  }
   world.barrier();
   float rate = float(measure_gemm_flops(dev, c.memory.policy.dtype, 1024, 10));
   world.all_reduce(&rate, 1, DType::kF32, ReduceOp::kMax);

@@ -66,7 +66,8 @@ class TrainingLoop {
   const DataSource& data() const { return *data_; }
   const RunStart& start() const { return start_; }
   bool copy_task() const { return data_->options().kind == DataKind::kCopy; }
-  double gemm_flops() const { return gemm_flops_; }  // per rank, the ranks' best
+  // MFU's denominator per rank: metrics.peak_flops, or the GEMM rate measured (the ranks' best).
+  double gemm_flops() const { return gemm_flops_; }
 
   // Runs the steps from start().step to train.steps; returns how it ended.
   LoopEnd run(TrainingObserver& obs);

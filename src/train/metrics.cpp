@@ -135,9 +135,10 @@ std::string format_count(int64_t n) {
   return n < 0 ? "-" + out : out;
 }
 
-std::string format_step_line(const StepMetrics& m, int64_t total_steps) {
+std::string format_step_line(const StepMetrics& m, int64_t total_steps, int64_t mean_of) {
   const int w = int(fmt::format("{}", total_steps).size());
   std::string s = fmt::format("step {:>{}}/{} | loss {:.4f}", m.step, w, total_steps, m.loss);
+  if (mean_of > 1) s += fmt::format(" (mean of {} steps)", mean_of);
   if (m.copy_loss) s += fmt::format(" | copy {:.4f}", *m.copy_loss);
   if (m.val_loss) s += fmt::format(" | val {:.4f}", *m.val_loss);
   s += fmt::format(" | gnorm {:.2e} | lr {:.2e} | {} tok/s/rank | MFU {:.1f}%", m.grad_norm, m.lr,
@@ -183,17 +184,30 @@ ProgressDisplay::ProgressDisplay(std::FILE* out, int64_t total_steps, int64_t lo
                                  ProgressMode mode)
     : out_(out), total_(total_steps), interval_(std::max<int64_t>(1, log_interval)), mode_(mode) {}
 
+std::string ProgressDisplay::logged_line(const StepMetrics& m) {
+  StepMetrics mean = m;
+  mean.loss = loss_sum_ / double(steps_);
+  if (m.copy_loss) mean.copy_loss = copy_sum_ / double(steps_);
+  const std::string line = format_step_line(mean, total_, steps_);
+  loss_sum_ = copy_sum_ = 0;
+  steps_ = 0;
+  return line;
+}
+
 void ProgressDisplay::update(const StepMetrics& m) {
   const bool log = m.step % interval_ == 0 || m.step == total_;
+  loss_sum_ += m.loss;
+  copy_sum_ += m.copy_loss.value_or(0.0);
+  ++steps_;
   if (mode_ == ProgressMode::kBar) {
     std::fputs("\r\x1b[2K", out_);  // clear the old bar
-    if (log) std::fprintf(out_, "%s\n", format_step_line(m, total_).c_str());
+    if (log) std::fprintf(out_, "%s\n", logged_line(m).c_str());
     bar_ = fmt::format(
         "{} loss {:.4f} | {} tok/s/rank | ETA {}", format_progress_bar(m.step, total_), m.loss,
         format_count(int64_t(std::llround(m.tokens_per_s))), format_duration(m.eta_s));
     std::fputs(bar_.c_str(), out_);
   } else if (log) {
-    std::fprintf(out_, "%s\n", format_step_line(m, total_).c_str());
+    std::fprintf(out_, "%s\n", logged_line(m).c_str());
   }
   std::fflush(out_);
 }

@@ -63,8 +63,9 @@ std::string format_duration(double seconds);
 std::string format_count(int64_t n);
 // "step  12/100 | loss 5.1234 | copy 3.2100 | gnorm 1.23e+00 | lr 3.00e-04 |
 //  12,345 tok/s/rank | MFU 12.3% | peak 1.23 GiB (45% of 2.00 GiB) | 0.52 s/step | ETA 0:01:23"
-// (one line; copy only when set; the budget part only with a budget).
-std::string format_step_line(const StepMetrics& m, int64_t total_steps);
+// (one line; copy only when set; the budget part only with a budget). mean_of > 1: the losses
+// are the mean of that many steps, and the line says so ("loss 5.1234 (mean of 10 steps)").
+std::string format_step_line(const StepMetrics& m, int64_t total_steps, int64_t mean_of = 1);
 // "[#######-------------]  12/100  12%": `width` cells between the brackets.
 std::string format_progress_bar(int64_t step, int64_t total, int width = 30);
 
@@ -74,7 +75,8 @@ bool stdout_is_terminal();
 ProgressMode parse_progress_mode(const std::string& s, bool terminal);
 
 // Shows the steps on `out`. Lines mode: the step line every `log_interval` steps and at the
-// last step. Bar mode: the same lines, and below them one bar line redrawn in place (\r) after
+// last step, its loss (and copy loss) the mean over the steps since the previous line, the rest
+// the step's own. Bar mode: the same lines, and below them one bar line redrawn in place (\r) after
 // every step.
 class ProgressDisplay {
  public:
@@ -90,6 +92,11 @@ class ProgressDisplay {
   int64_t total_, interval_;
   ProgressMode mode_;
   std::string bar_;  // the bar line currently shown ("" = none)
+  double loss_sum_ = 0, copy_sum_ = 0;  // over the steps since the last logged line
+  int64_t steps_ = 0;
+
+  // The step line of m with the mean losses of the steps since the last one; starts a new mean.
+  std::string logged_line(const StepMetrics& m);
 };
 
 // The start-up table's values.

@@ -200,6 +200,10 @@ std::vector<Field> fields(RunConfig& c) {
        ResumeRule::kFree,
        "held-out sequences of S tokens per validation: the first non-overlapping windows of "
        "data.val_path"},
+      {"metrics.peak_flops", "--peak-flops", "", &c.metrics.peak_flops, kScopeTrain,
+       ResumeRule::kFree,
+       "MFU's denominator, FLOP/s per rank (e.g. 989e12: an H200's dense bf16 peak); 0 = this "
+       "machine's GEMM rate in the compute dtype, measured at start"},
       {"comm.timeout",
        "--timeout",
        "",
@@ -715,6 +719,9 @@ void validate(const RunConfig& c, uint32_t scopes) {
   if (c.metrics.val_interval < 0)
     bad("metrics.val_interval",
         fmt::format("must be >= 0 (0 = no validation), got {}", c.metrics.val_interval));
+  if (!(c.metrics.peak_flops >= 0) || !std::isfinite(c.metrics.peak_flops))
+    bad("metrics.peak_flops",
+        fmt::format("must be a finite number >= 0 (0 = measure), got {}", c.metrics.peak_flops));
   if (c.metrics.val_sequences < 1)
     bad("metrics.val_sequences", fmt::format("must be >= 1, got {}", c.metrics.val_sequences));
   if ((scopes & kScopeTrain) && c.metrics.val_interval > 0 && c.data.kind == "files" &&
@@ -771,8 +778,8 @@ std::vector<std::pair<std::string, std::string>> setting_values(const RunConfig&
   return out;
 }
 
-std::string to_flags(const RunConfig& c, uint32_t scopes) {
-  RunConfig copy = c, defaults;
+std::string to_flags(const RunConfig& c, uint32_t scopes, const RunConfig& base) {
+  RunConfig copy = c, defaults = base;
   const std::vector<Field> fs = fields(copy), ds = fields(defaults);
   std::string out;
   for (size_t i = 0; i < fs.size(); ++i) {

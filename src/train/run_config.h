@@ -90,6 +90,7 @@ struct RunConfig {
     std::string progress = "auto";  // auto (bar on a terminal) | bar | lines
     int64_t val_interval = 0;       // steps between validation losses; 0 = none
     int64_t val_sequences = 8;      // held-out sequences of S tokens per validation
+    double peak_flops = 0;          // MFU's denominator per rank; 0 = the GEMM rate measured
     bool operator==(const Metrics&) const = default;
   } metrics;
   struct Comm {
@@ -161,8 +162,9 @@ RunConfig load_run_config(const std::string& path, std::span<const std::string> 
 // The full effective config as a TOML document, every setting with a comment, in the order of
 // settings(); parse_run_toml(to_toml(c)) == c.
 std::string to_toml(const RunConfig& c);
-// The settings of `scopes` that differ from the defaults, as flags ("--seq-len 4096 ...").
-std::string to_flags(const RunConfig& c, uint32_t scopes);
+// The settings of `scopes` that differ from `base` (the defaults, or a run file's settings), as
+// flags ("--seq-len=4096 ...").
+std::string to_flags(const RunConfig& c, uint32_t scopes, const RunConfig& base = RunConfig{});
 
 // Every setting's value in c, as its flag takes it ("fp32", "80G", "auto"), in the table's order.
 std::vector<std::pair<std::string, std::string>> setting_values(const RunConfig& c);

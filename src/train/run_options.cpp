@@ -1,5 +1,9 @@
 #include "train/run_options.h"
 
+#include <fmt/format.h>
+
+#include "core/setting_ref.h"
+
 namespace upipe {
 
 DecoderOptions decoder_options(const RunConfig& c, int64_t seq_len) {
@@ -19,6 +23,23 @@ TrainOptions train_options(const RunConfig& c) {
 
 DeviceOptions device_options(const RunConfig& c) {
   return {BackendKind::kCpu, c.memory.device_bytes, c.memory.host_bytes};
+}
+
+std::vector<std::string> run_warnings(const RunConfig& c, const ModelConfig& m) {
+  std::vector<std::string> w;
+  if (m.max_position_embeddings > 0 && c.train.seq_len > m.max_position_embeddings)
+    w.push_back(fmt::format(
+        "{} is longer than the model's context (max_position_embeddings = {} in {}): RoPE "
+        "positions past it were never trained; extend the context on purpose (rope_scaling) or "
+        "train shorter sequences",
+        setting_value("train.seq_len", c.train.seq_len), m.max_position_embeddings, m.source));
+  if (c.train.warmup_steps >= c.train.steps)
+    w.push_back(fmt::format(
+        "{} is not shorter than the run ({}): the learning rate never reaches {} and never "
+        "decays",
+        setting_value("train.warmup_steps", c.train.warmup_steps),
+        setting_value("train.steps", c.train.steps), setting_value("train.lr", c.train.lr)));
+  return w;
 }
 
 }  // namespace upipe

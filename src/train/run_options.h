@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "backend/device.h"
 #include "model/decoder.h"
@@ -17,5 +19,10 @@ DecoderOptions decoder_options(const RunConfig& c, int64_t seq_len);
 TrainOptions train_options(const RunConfig& c);
 // The CPU backend with the device and host memory settings as its arenas' budgets.
 DeviceOptions device_options(const RunConfig& c);
+
+// What a valid run may still not mean to do, one line each, naming the settings as the user
+// spelled them: a sequence longer than the model's context (max_position_embeddings), a warmup
+// as long as the run (the learning rate never reaches train.lr).
+std::vector<std::string> run_warnings(const RunConfig& c, const ModelConfig& m);
 
 }  // namespace upipe

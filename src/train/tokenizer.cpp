@@ -1,6 +1,7 @@
 #include "train/tokenizer.h"
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <climits>
@@ -13,7 +14,68 @@
 namespace upipe {
 namespace {
 constexpr int64_t kChunk = int64_t(1) << 16;  // bytes per read
+
+// The UTF-8 encoding of code point c (< 0x800: every character of the byte alphabet).
+std::string utf8(int c) {
+  if (c < 0x80) return std::string(1, char(c));
+  return {char(0xC0 | (c >> 6)), char(0x80 | (c & 0x3F))};
+}
+
+// GPT-2's byte-to-unicode map: printable Latin-1 bytes stand for themselves, the other 68 bytes
+// for the code points from 256 up, in byte order.
+std::vector<int> byte_alphabet() {
+  std::vector<int> cp(256, -1);
+  auto keep = [&](int a, int b) {
+    for (int x = a; x <= b; ++x) cp[size_t(x)] = x;
+  };
+  keep('!', '~');
+  keep(0xA1, 0xAC);
+  keep(0xAE, 0xFF);
+  int next = 256;
+  for (int& c : cp)
+    if (c < 0) c = next++;
+  return cp;
+}
+
 }  // namespace
+
+std::string byte_tokenizer_json() {
+  using nlohmann::ordered_json;
+  const std::vector<int> cp = byte_alphabet();
+  ordered_json vocab = ordered_json::object();
+  for (int b = 0; b < int(kByteVocab); ++b) vocab[utf8(cp[size_t(b)])] = b;
+  const ordered_json byte_level = {{"type", "ByteLevel"},
+                                   {"add_prefix_space", false},
+                                   {"trim_offsets", false},
+                                   {"use_regex", false}};
+  const ordered_json j = {{"version", "1.0"},
+                          {"truncation", nullptr},
+                          {"padding", nullptr},
+                          {"added_tokens", ordered_json::array()},
+                          {"normalizer", nullptr},
+                          {"pre_tokenizer", byte_level},
+                          {"post_processor", nullptr},
+                          {"decoder", byte_level},
+                          {"model",
+                           {{"type", "BPE"},
+                            {"dropout", nullptr},
+                            {"unk_token", nullptr},
+                            {"continuing_subword_prefix", nullptr},
+                            {"end_of_word_suffix", nullptr},
+                            {"fuse_unk", false},
+                            {"byte_fallback", false},
+                            {"ignore_merges", false},
+                            {"vocab", vocab},
+                            {"merges", ordered_json::array()}}}};
+  return j.dump(1) + "\n";
+}
+
+std::string byte_tokenizer_config_json(int64_t max_len) {
+  const nlohmann::ordered_json j = {{"tokenizer_class", "PreTrainedTokenizerFast"},
+                                    {"model_max_length", max_len},
+                                    {"clean_up_tokenization_spaces", false}};
+  return j.dump(2) + "\n";
+}
 
 int64_t tokenize_bytes(const std::string& in, const std::string& out) {
   const ReadFile src(in, "text file");

@@ -1,6 +1,8 @@
 // The byte-level tokenizer of `upipe tokenize`: each byte of a text file is one token id in
 // [0, 256), written as an llm.c .bin file (version 1, uint16 ids). Any model with a vocabulary
-// of at least 256 can train on it; the tiny presets have exactly 256.
+// of at least 256 can train on it; the tiny presets have exactly 256. The same tokenizer as a
+// Hugging Face tokenizer.json, for `upipe export`: transformers' AutoTokenizer loads it and maps
+// text to the same ids.
 #pragma once
 
 #include <cstdint>
@@ -16,5 +18,13 @@ inline constexpr int64_t kByteVocab = 256;
 // file, or `in` has 2^31 bytes or more (the .bin header counts tokens in an int32; split the
 // text); Error when a write fails.
 int64_t tokenize_bytes(const std::string& in, const std::string& out);
+
+// tokenizer.json of the byte tokenizer: a BPE model without merges over GPT-2's byte-to-unicode
+// alphabet (id b = byte b), ByteLevel pre-tokenizer and decoder without regex splitting or a
+// prefix space, so encoding any UTF-8 text gives its bytes and decoding gives the text back.
+std::string byte_tokenizer_json();
+
+// tokenizer_config.json for it: PreTrainedTokenizerFast, at most max_len tokens.
+std::string byte_tokenizer_config_json(int64_t max_len);
 
 }  // namespace upipe

@@ -74,6 +74,18 @@ else
   echo "ok: past the host limit -> $(printf '%s\n' "$out" | grep '^upipe ')"
 fi
 
+# A run file's plan prints the command with that file and only what differs from it (the knob
+# --stage-heads auto chose); the file's own settings are not repeated as flags.
+run=$(mktemp --suffix=.toml)
+trap 'rm -f "$run"' EXIT
+printf '[model]\nname = "llama3-8b"\n[train]\nseq_len = 1048576\nsteps = 7\n[memory]\ndevice_memory = "80G"\n' > "$run"
+out=$(timeout 120 "$upipe" plan "$run" --ranks 8 --stage-heads auto --json 2>&1)
+cmd=$(printf '%s' "$out" | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["methods"][0]["train_command"])' 2>&1)
+case "$cmd" in
+  "mpirun -np 8 upipe train $run --stage-heads="[0-9]*) echo "ok: run file plan -> $cmd" ;;
+  *) fail "run file plan command: $cmd" ;;
+esac
+
 # Under mpirun rank 0 plans and prints once; every rank exits 0.
 out=$(timeout 120 "${MPIRUN[@]}" -np 2 "$upipe" plan $L8 --device-memory 80G --method ulysses --seq-len 1048576 2>&1)
 rc=$?

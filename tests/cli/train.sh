@@ -5,11 +5,13 @@
 #            sequence length without --accept-changes, is refused in one line
 #   resume   a run stopped by SIGUSR1 (checkpoint, exit 0) and resumed ends with rank files
 #            bitwise equal to an uninterrupted run's; the metrics file has every step once;
-#            export -> a Hugging Face folder that `upipe eval` loads; resume on 1 rank reshards
+#            export -> a Hugging Face folder (with the byte tokenizer) that `upipe eval` loads;
+#            resume on 1 rank reshards
 #   kill     a rank killed with SIGKILL mid-run ends the job (non-zero) within 30 s, and the
 #            newest complete checkpoint still resumes
 #   init     --init-from the committed transformers fixture, one step at lr 0, export: eval of
-#            the exported folder gives the fixture's loss (HF weights in, HF weights out);
+#            the exported folder gives the fixture's loss (HF weights in, HF weights out), its
+#            tokenizer files copied with --tokenizer DIR;
 #            another model's weights are refused with exit 2, naming the first field that differs
 #   hang     a rank stopped with SIGSTOP ends the job within comm.timeout + a few seconds,
 #            with the watchdog naming the step
@@ -97,6 +99,8 @@ PY
   # Export, then evaluate the exported folder.
   "${mpirun[@]}" -np 1 "$upipe" export "$tmp/b" "$tmp/hf" --dtype fp32 || fail "export failed"
   [ -f "$tmp/hf/config.json" ] && [ -f "$tmp/hf/model.safetensors" ] || fail "export wrote no folder"
+  # The tiny preset's 256 ids are bytes: the export carries the byte tokenizer.
+  python3 "$(dirname "$0")/byte_tokenizer.py" "$tmp/hf" || fail "the export's tokenizer"
   "${mpirun[@]}" -np 2 "$upipe" eval --model "$tmp/hf" --seq-len 64 --method ulysses --json \
     > "$tmp/eval.json" || fail "eval of the exported folder failed"
   # Resharding: the 2-rank checkpoint continues on 1 rank.
@@ -129,6 +133,17 @@ init)
     --method ulysses 2>&1) || { echo "$out"; fail "eval of the export failed"; }
   echo "$out" | grep loss
   echo "$out" | grep -q -F "loss 6.184163" || fail "the exported weights do not give the fixture's loss 6.184163"
+  # --tokenizer DIR copies a Hugging Face folder's tokenizer files, byte for byte; a folder
+  # without any is refused before anything is written.
+  mkdir "$tmp/tok" && echo '{"tokenizer_class": "PreTrainedTokenizerFast"}' > "$tmp/tok/tokenizer_config.json" &&
+    printf 'a b\n' > "$tmp/tok/merges.txt" && echo '{}' > "$tmp/tok/unrelated.json"
+  "${mpirun[@]}" -np 1 "$upipe" export "$tmp/i" "$tmp/hf2" --tokenizer "$tmp/tok" || fail "export --tokenizer DIR failed"
+  cmp "$tmp/tok/tokenizer_config.json" "$tmp/hf2/tokenizer_config.json" && cmp "$tmp/tok/merges.txt" "$tmp/hf2/merges.txt" ||
+    fail "the tokenizer files were not copied"
+  [ -e "$tmp/hf2/unrelated.json" ] && fail "a file that is not a tokenizer's was copied"
+  out=$("${mpirun[@]}" -np 1 "$upipe" export "$tmp/i" "$tmp/hf3" --tokenizer "$fixture" 2>&1); rc=$?
+  [ $rc -eq 2 ] && echo "$out" | grep -q "holds no tokenizer files" && [ ! -e "$tmp/hf3" ] ||
+    { echo "$out"; fail "--tokenizer of a folder without one: exit $rc"; }
   # Another model's weights (the Llama fixture for the Qwen3 preset): its config.json is compared
   # with the run's model field by field before any weights are opened, one line, exit 2.
   out=$(timeout 120 "${mpirun[@]}" -np 2 "$upipe" train "${small[@]}" --init-from "$fixture" \

@@ -178,6 +178,32 @@ TEST(Metrics, PlainLinesWhenNotATerminal) {
   EXPECT_EQ(lines[3].rfind("step 5/5 |", 0), 0u);
 }
 
+// A logged line's losses are the mean over the steps since the line before, and it says so.
+TEST(Metrics, LoggedLossIsTheIntervalMean) {
+  char* buf = nullptr;
+  size_t len = 0;
+  std::FILE* f = open_memstream(&buf, &len);
+  {
+    ProgressDisplay p(f, 5, 2, ProgressMode::kLines);
+    for (int64_t s = 1; s <= 5; ++s) {
+      StepMetrics m = sample_metrics(s);
+      m.loss = double(s);
+      m.copy_loss = 10.0 * double(s);
+      p.update(m);
+    }
+  }
+  std::fclose(f);
+  const std::string out(buf, len);
+  std::free(buf);
+  EXPECT_NE(out.find("step 2/5 | loss 1.5000 (mean of 2 steps) | copy 15.0000 |"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("step 4/5 | loss 3.5000 (mean of 2 steps) | copy 35.0000 |"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("step 5/5 | loss 5.0000 | copy 50.0000 |"), std::string::npos) << out;
+}
+
 TEST(Metrics, BarRedrawnInPlaceOnATerminal) {
   const std::string out = display_output(ProgressMode::kBar);
   // One redraw per step, each starting by clearing the line.

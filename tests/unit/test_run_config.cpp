@@ -6,12 +6,14 @@
 // docs/training.md documenting every setting.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <fstream>
 #include <set>
 #include <sstream>
 
 #include "core/setting_ref.h"
 #include "train/run_config.h"
+#include "train/run_options.h"
 #include "unit/expect_config_error.h"
 #include "unit/temp_dir.h"
 
@@ -421,7 +423,7 @@ TEST(RunConfig, SizesReadAndPrint) {
 
 TEST(RunConfig, TableFollowsTheSpellingConvention) {
   const auto& keys = settings();
-  ASSERT_EQ(keys.size(), 40u);
+  ASSERT_EQ(keys.size(), 41u);
   EXPECT_EQ(keys.front().key, "model.name");
   EXPECT_EQ(keys.front().type, "string");
   EXPECT_EQ(keys.front().default_value, "\"tiny\"");
@@ -473,6 +475,42 @@ TEST(RunConfig, DocsListEverySetting) {
         "| `" + k.key + "` | `" + k.flag + "` | " + k.type + " | `" + k.default_value + "` |";
     EXPECT_NE(section.find(row), std::string::npos) << "missing row: " << row;
   }
+}
+
+
+// Valid runs that may not mean what they say are warned about, naming the settings.
+TEST(RunConfig, WarningsForContextAndWarmup) {
+  RunConfig c;
+  ModelConfig m = model_preset("tiny");
+  m.max_position_embeddings = 4096;
+  c.train.seq_len = 4096;
+  c.train.warmup_steps = 10;
+  c.train.steps = 11;
+  EXPECT_TRUE(run_warnings(c, m).empty());
+  c.train.seq_len = 4098;
+  c.train.warmup_steps = 11;
+  const std::vector<std::string> w = run_warnings(c, m);
+  ASSERT_EQ(w.size(), 2u);
+  EXPECT_NE(render_setting_refs(w[0]).find("--seq-len 4098 is longer than the model's context "
+                                           "(max_position_embeddings = 4096"),
+            std::string::npos)
+      << w[0];
+  EXPECT_NE(render_setting_refs(w[1]).find("--warmup-steps 11 is not shorter than the run "
+                                           "(--steps 11)"),
+            std::string::npos)
+      << w[1];
+  m.max_position_embeddings = 0;  // a config without the field: nothing to compare with
+  EXPECT_EQ(run_warnings(c, m).size(), 1u);
+}
+
+TEST(RunConfig, PeakFlopsMustBeFiniteAndNonNegative) {
+  RunConfig c;
+  c.metrics.peak_flops = -1;
+  expect_config_error([&] { validate(c, kScopeTrain); }, {"--peak-flops", ">= 0"});
+  c.metrics.peak_flops = INFINITY;
+  expect_config_error([&] { validate(c, kScopeTrain); }, {"--peak-flops", "finite"});
+  c.metrics.peak_flops = 989e12;
+  validate(c, kScopeTrain);
 }
 
 }  // namespace
