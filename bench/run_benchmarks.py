@@ -4,7 +4,7 @@
 Nothing on the results page is typed by hand: every number comes from a `upipe bench` run made
 by this script, whose command lines are printed next to the tables. Usage:
 
-    python3 bench/run_benchmarks.py [--build build] [--quick] [--only kernel,memory,speed,all,plan,comm,model,train,plan-model]
+    python3 bench/run_benchmarks.py [--build build] [--quick] [--only kernel,memory,speed,all,plan,comm,model,train,plan-model,plan-scale]
 
 Sections
   kernel  `upipe bench kernel` on every CPU kernel path: attention forward/backward vs a oneDNN GEMM,
@@ -17,6 +17,8 @@ Sections
   model   `upipe bench model` (a whole Llama decoder's training step, 1 and 2 ranks, fp32 and bf16) vs
           PyTorch eager (transformers on the CPU, one thread, fp32 and bf16 autocast; skipped with a
           note without TORCH_PYTHON).
+  plan-scale  how long `upipe plan --max-seq-len --method all` takes for Llama-3-8B on 8 to 1024
+          ranks (one rank per rank class played, docs/planner.md).
 """
 import argparse
 import datetime
@@ -373,6 +375,38 @@ def section_plan_model(quick):
     return "\n".join(text), data
 
 
+def section_plan_scale(quick):
+    """Seconds `upipe plan --max-seq-len --method all` takes as the rank count grows."""
+    base = ["plan", "--model", "llama3-8b", "--max-seq-len", "--method", "all", "--offload-stash",
+            "--stash-dtype", "bf16", "--device-memory", "80G"]
+    auto = ["--stage-heads", "auto", "--ulysses-degree", "auto", "--chunks", "auto"]
+    setups = [(n, []) for n in ((8, 64) if quick else (8, 16, 32, 64, 1024))]
+    setups += [(n, auto) for n in ((64,) if quick else (64, 1024))]
+    cmds, rows = [], []
+    for ranks, knobs in setups:
+        shown, j, err = run(base + ["--ranks", str(ranks)] + knobs)
+        cmds.append(shown)
+        if j is None:
+            rows.append([ranks, "auto" if knobs else "default", "failed: " + err, "", ""])
+            continue
+        planned = [m for m in j["methods"] if "seq_len" in m]
+        rows.append([ranks, "auto" if knobs else "default",
+                     "%.1f" % j["plan_seconds"],
+                     ", ".join("%s %.2fM (%d)" % (m["method"], m["seq_len"] / 1e6, m["rank_classes"])
+                               for m in planned) or "none",
+                     len(j["methods"]) - len(planned)])
+    text = ["## Planner time at scale (upipe plan --max-seq-len, every method)",
+            "The whole `--max-seq-len` search of every method for Llama-3-8B (fp32, 80 GiB device, 256 GiB "
+            "host, stash offloaded in bf16), CP = all ranks, one process. Every rank is planned; the ranks "
+            "of a rank class allocate alike and one of them is played for all (docs/planner.md, \"Rank "
+            "classes\"). Seconds as the command reports them (`plan_seconds`), on the machine above, "
+            "which other jobs may share.", "",
+            table(["ranks", "knobs", "seconds", "max S per method (rank classes played)",
+                   "methods not allowed"], rows), "",
+            "Commands:", "```", *cmds, "```"]
+    return "\n".join(text), None
+
+
 def plot_plan_model(data, bars_path, curve_path):
     """A stacked per-tag bar chart at each method's maximum, and device peak vs S (Llama-3-8B)."""
     try:
@@ -696,7 +730,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     ap.add_argument("--quick", action="store_true", help="smaller sizes (minutes instead of tens of minutes)")
-    ap.add_argument("--only", default="kernel,memory,speed,all,plan,comm,model,train,plan-model",
+    ap.add_argument("--only", default="kernel,memory,speed,all,plan,comm,model,train,plan-model,plan-scale",
                     help="sections to run; the page keeps the others from its previous version")
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "results.md"))
     args = ap.parse_args()
@@ -715,7 +749,7 @@ def main():
     sections = {"kernel": section_kernel, "memory": section_memory, "speed": section_speed,
                 "all": section_all, "plan": section_plan, "comm": section_comm,
                 "model": section_model, "train": section_train,
-                "plan-model": section_plan_model}
+                "plan-model": section_plan_model, "plan-scale": section_plan_scale}
     fresh = []
     for name in args.only.split(","):
         text, data = sections[name](args.quick)

@@ -215,6 +215,7 @@ int run(Process& proc, const Options& o, const SettingArgs& sa, const CLI::App& 
                     {"peak_by_tag", tags_json(p.device_at_peak)},
                     {"host_peak_by_tag", tags_json(p.host_at_peak)},
                     {"worst_rank", p.worst_rank},
+                    {"rank_classes", p.rank_classes},
                     {"limiting_tag", tag_name(p.limiting_tag)},
                     {"limit",
                      {{"arena", limit_of(p).arena},
@@ -228,7 +229,8 @@ int run(Process& proc, const Options& o, const SettingArgs& sa, const CLI::App& 
   }
   std::printf(
       "%s on %d ranks (CP %d x DP %d), %s, %.4g GiB device (reserve %.4g GiB) and %.4g GiB "
-      "host per rank%s; one full training step planned on every rank (%.1f s)\n",
+      "host per rank%s; one full training step planned for every rank, played once per rank "
+      "class (%.1f s)\n",
       m.source.c_str(), base.ranks, c, base.ranks / c, dtype_name(base.decoder.memory.dtype),
       gib(base.device_bytes), gib(base.reserve_bytes), gib(base.host_bytes),
       base.decoder.memory.offload_stash ? ", stash offloaded" : "", secs);

@@ -1,14 +1,19 @@
+// The planner (planner.h): a training step on the meta device for one rank of each rank class,
+// the worst rank's peaks, the longest S that fits and the auto knobs.
 #include "plan/planner.h"
 
 #include <fmt/format.h>
+#include <sys/mman.h>
 
 #include <algorithm>
+#include <map>
 #include <numeric>
 
 #include "attention/headwise.h"
 #include "attention/methods.h"
 #include "backend/device.h"
 #include "comm/fake/fake_comm.h"
+#include "core/check.h"
 #include "core/checked.h"
 #include "core/errors.h"
 #include "train/trainer.h"
@@ -56,54 +61,124 @@ AttentionConfig block_shape(const ModelConfig& m, const PlanRequest& r) {
   return c;
 }
 
+// A meta device with the given budgets (0 = the whole reserved range).
+DeviceOptions meta_device(int64_t budget_device, int64_t budget_host) {
+  const int64_t unlimited = MetaAllocator::reserved_bytes();
+  return {BackendKind::kMeta, budget_device > 0 ? budget_device : unlimited,
+          budget_host > 0 ? budget_host : unlimited};
+}
+
+// What a rank's allocations can depend on of its rank (rank_classes): the lengths of the runs of
+// its CP rank's rows in the layout, in order.
+std::vector<int64_t> run_lengths(const SeqLayout& layout, int cp_rank) {
+  std::vector<int64_t> out;
+  for (const RowPositions::Run& run : layout.positions(cp_rank).runs) out.push_back(run.rows);
+  return out;
+}
+
+// S token ids, all zero (valid ids; on the meta device their values do not matter), that cost no
+// memory whatever S: a private read-only anonymous mapping, whose pages all read as the
+// kernel's zero page. A step reads only its own rows' ids.
+class ZeroTokens {
+ public:
+  explicit ZeroTokens(int64_t n) : bytes_(size_t(checked_mul(n, int64_t(sizeof(int32_t))))) {
+    void* p = mmap(nullptr, std::max<size_t>(bytes_, 1), PROT_READ,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    UPIPE_CHECK(p != MAP_FAILED, "could not map {} of zero token ids for the planner",
+                format_bytes(int64_t(bytes_)));
+    data_ = static_cast<const int32_t*>(p);
+  }
+  ZeroTokens(const ZeroTokens&) = delete;
+  ZeroTokens& operator=(const ZeroTokens&) = delete;
+  ~ZeroTokens() { munmap(const_cast<int32_t*>(data_), std::max<size_t>(bytes_, 1)); }
+  std::span<const int32_t> ids() const { return {data_, bytes_ / sizeof(int32_t)}; }
+
+ private:
+  size_t bytes_;
+  const int32_t* data_ = nullptr;
+};
+
+std::vector<RankClass> every_rank(int ranks) {
+  std::vector<RankClass> out;
+  for (int w = 0; w < ranks; ++w) out.push_back({w, {w}});
+  return out;
+}
+
 }  // namespace
+
+std::vector<RankClass> rank_classes(const ModelConfig& m, const PlanRequest& r) {
+  check_request(r);
+  // The layout the trainer's strategy shards the sequence with: the same on every rank.
+  Device dev(meta_device(0, 0));
+  FakeCommunicator world(0, r.ranks);
+  const Trainer tr(dev, world, m, train_options(r));
+  const SeqLayout layout = tr.decoder().strategy().layout();
+  std::map<std::vector<int64_t>, size_t> index;  // run lengths -> class
+  std::vector<RankClass> out;
+  for (int w = 0; w < r.ranks; ++w) {
+    const auto [it, fresh] = index.emplace(run_lengths(layout, w % tr.cp_size()), out.size());
+    if (fresh) out.push_back({w, {}});
+    out[it->second].ranks.push_back(w);
+  }
+  return out;
+}
 
 RankPlan plan_rank(const ModelConfig& m, const PlanRequest& r, int rank, int64_t budget_device,
                    int64_t budget_host) {
   check_request(r);
-  const int64_t unlimited = MetaAllocator::reserved_bytes();
-  Device dev({BackendKind::kMeta, budget_device > 0 ? budget_device : unlimited,
-              budget_host > 0 ? budget_host : unlimited});
+  Device dev(meta_device(budget_device, budget_host));
   FakeCommunicator world(rank, r.ranks);
   Trainer tr(dev, world, m, train_options(r));
   tr.zero().init(nullptr, 0);
   dev.mem().reset_peak();
   dev.host().reset_peak();
-  // Token ids do not matter on the meta device (nothing reads them); zeros are valid ids.
-  const Sequence seq{std::vector<int32_t>(size_t(r.decoder.seq_len), 0), {}};
-  tr.step(0, [&](int64_t, int, int) { return seq; });
+  const ZeroTokens tokens(r.decoder.seq_len);
+  tr.step_views(0, [&](int64_t, int, int) { return SequenceView{tokens.ids(), {}}; });
   return {rank, dev.mem().peak(), dev.host().peak(), dev.mem().at_peak_by_tag(),
           dev.host().at_peak_by_tag()};
 }
 
-Plan plan_step(const ModelConfig& m, const PlanRequest& r, bool stop_at_budget) {
+Plan plan_step(const ModelConfig& m, const PlanRequest& r, bool stop_at_budget,
+               RankCoverage coverage) {
   check_request(r);
+  const std::vector<RankClass> classes =
+      coverage == RankCoverage::kEveryRank ? every_rank(r.ranks) : rank_classes(m, r);
   Plan p;
   p.request = r;
-  const int64_t dev_budget = r.device_bytes - r.reserve_bytes;
-  for (int rank = 0; rank < r.ranks; ++rank) {
+  p.rank_classes = int(classes.size());
+  p.ranks.resize(size_t(r.ranks));
+  // In order of the classes' first ranks: the first class that fails holds the lowest rank that
+  // fails, the one planning every rank in order would name.
+  for (const RankClass& c : classes) {
     RankPlan rp;
     try {
-      rp = stop_at_budget ? plan_rank(m, r, rank, dev_budget, r.host_bytes) : plan_rank(m, r, rank);
+      rp = stop_at_budget ? plan_rank(m, r, c.first, r.device_bytes - r.reserve_bytes, r.host_bytes)
+                          : plan_rank(m, r, c.first);
     } catch (const OutOfMemoryError& e) {
       p.complete = false;
       p.fits = false;
-      p.failure = fmt::format("rank {}: {}", rank, e.what());
+      p.ranks.clear();
+      p.failure = fmt::format("rank {}: {}", c.first, e.what());
       p.limit_arena = e.arena;
       p.limit_tag = e.tag;
       return p;
     }
-    if (rp.device_peak > p.device_peak || rank == 0) {
+    for (int w : c.ranks) {
+      p.ranks[size_t(w)] = rp;
+      p.ranks[size_t(w)].rank = w;
+    }
+  }
+  for (const RankPlan& rp : p.ranks) {
+    if (rp.device_peak > p.device_peak || rp.rank == 0) {
       p.device_peak = rp.device_peak;
       p.device_at_peak = rp.device_at_peak;
-      p.worst_rank = rank;
+      p.worst_rank = rp.rank;
     }
-    if (rp.host_peak > p.host_peak || rank == 0) {
+    if (rp.host_peak > p.host_peak || rp.rank == 0) {
       p.host_peak = rp.host_peak;
       p.host_at_peak = rp.host_at_peak;
-      p.worst_host_rank = rank;
+      p.worst_host_rank = rp.rank;
     }
-    p.ranks.push_back(std::move(rp));
   }
   p.limiting_tag = largest_tag(p.device_at_peak);
   p.fits =

@@ -1,11 +1,13 @@
 // The planner: what one whole training step (ZeRO-3 gathers and reduce-scatters, forward,
 // backward, gradient norm, AdamW) costs in device and host memory on every rank, found by running
 // the real Trainer::step on the meta device (nothing backed, nothing computed) with a fake
-// communicator playing each rank in turn. Nothing here is a formula of its own: the bytes are the
-// ones the engine allocates, so a real run of the same configuration peaks at exactly the same
-// bytes per tag (tests/multirank/test_plan.cpp). On top: the longest sequence that fits a budget
-// (max_seq_len) and the `auto` strategy knobs (fewest UPipe stages, fewest FPDT chunks that fit).
-// docs/planner.md explains the reserve, the search and its granularity.
+// communicator playing a rank. Nothing here is a formula of its own: the bytes are the ones the
+// engine allocates, so a real run of the same configuration peaks at exactly the same bytes per
+// tag (tests/multirank/test_plan.cpp). The ranks fall into classes whose steps allocate the same
+// bytes in the same order (rank_classes); one rank of each class is played. On top: the longest
+// sequence that fits a budget (max_seq_len) and the `auto` strategy knobs (fewest UPipe stages,
+// fewest FPDT chunks that fit). docs/planner.md explains the rank classes, the reserve, the
+// search and its granularity.
 #pragma once
 
 #include <cstdint>
@@ -49,8 +51,8 @@ struct RankPlan {
 
 struct Plan {
   PlanRequest request;
-  // false when the step stopped at the budget (plan_step with stop_at_budget): the peaks are then
-  // only lower bounds, at the failing allocation.
+  // false when the step stopped at the budget (plan_step with stop_at_budget): the plan then
+  // holds only the verdict (fits = false) and the failure.
   bool complete = true;
   bool fits = false;        // device_peak + reserve <= device_bytes and host_peak <= host_bytes
   int worst_rank = 0;       // of the device peak (the lowest such rank)
@@ -63,7 +65,27 @@ struct Plan {
   // What stops this plan, or (max_seq_len) one granule more: the arena whose budget it exceeds
   // ("device" or "host") and the tag of the request that did not fit; empty when nothing does.
   std::string limit_arena, limit_tag;
+  int rank_classes = 0;  // the ranks played: one per class (or every rank)
 };
+
+// Ranks whose steps make the same allocations (sizes, tags, order; at most a kernel's workspace
+// taken and given back a different number of times in a row, which moves no peak), so they reach
+// the same device and host peaks with the same bytes per tag, and one of them (the lowest,
+// `first`) is planned for all. Of everything a step reads of its rank, only the run lengths of
+// its CP rank's rows in the strategy's sequence layout (SeqLayout::positions) could size or count
+// an allocation; the rest (positions, head indices, shard offsets, peers, the DP rank) only
+// selects views, values and peers. docs/planner.md ("Rank classes") goes through each place.
+// Ranks with the same run lengths form a class; classes come in order of their first rank, ranks
+// ascend within one.
+struct RankClass {
+  int first = 0;
+  std::vector<int> ranks;
+};
+std::vector<RankClass> rank_classes(const ModelConfig& m, const PlanRequest& r);
+
+// Which ranks plan_step plays: one per rank class, or every rank (the reference the tests compare
+// the classes with).
+enum class RankCoverage { kOnePerClass, kEveryRank };
 
 // One rank's step on the meta device. Throws ConfigError when the request is not a valid
 // configuration (method, knobs, S), OutOfMemoryError when budget_device / budget_host (per arena;
@@ -71,10 +93,13 @@ struct Plan {
 RankPlan plan_rank(const ModelConfig& m, const PlanRequest& r, int rank, int64_t budget_device = 0,
                    int64_t budget_host = 0);
 
-// Every rank's step; the worst rank's peaks. With stop_at_budget the meta arenas get the request's
-// budgets (device minus reserve) and the first rank that exceeds one ends the plan (fits = false,
-// complete = false): the search only needs the verdict.
-Plan plan_step(const ModelConfig& m, const PlanRequest& r, bool stop_at_budget = false);
+// Every rank's step (each rank's RankPlan is its class's); the worst rank's peaks. With
+// stop_at_budget the meta arenas get the request's budgets (device minus reserve, host) and the
+// first rank that exceeds one ends the plan (fits = false, complete = false, the failure naming
+// that rank): the search only needs the verdict. A plan that completes within the budgets is the
+// plan without them (budgets only stop a step), and it fits.
+Plan plan_step(const ModelConfig& m, const PlanRequest& r, bool stop_at_budget = false,
+               RankCoverage coverage = RankCoverage::kOnePerClass);
 
 // The bytes each rank holds before any step: the ZeRO-3 fp32 master, gradient and AdamW shards.
 int64_t model_state_bytes(const ModelConfig& m, const PlanRequest& r);

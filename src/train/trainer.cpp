@@ -83,13 +83,21 @@ double Trainer::evaluate(const std::function<Sequence(int64_t i)>& data, int64_t
 }
 
 StepResult Trainer::step(int64_t t, const SequenceFn& data) {
+  Sequence held;  // the running micro-step's
+  return step_views(t, [&](int64_t at, int micro, int dp_rank) {
+    held = data(at, micro, dp_rank);
+    return SequenceView{held.tokens, held.group};
+  });
+}
+
+StepResult Trainer::step_views(int64_t t, const SequenceViewFn& data) {
   const int64_t s = opt_.decoder.seq_len;
   const double predicted = double(dp_size_) * opt_.micro_steps * double(s - 1);
   StepResult r;
   double mine[3] = {0, 0, 0};  // scaled loss, group loss sum, group predictions
   zero_->zero_grads();
   for (int micro = 0; micro < opt_.micro_steps; ++micro) {
-    const Sequence seq = data(t, micro, dp_rank_);
+    const SequenceView seq = data(t, micro, dp_rank_);
     if (int64_t(seq.tokens.size()) != s)
       throw Error(
           fmt::format("the data gave {} tokens for a sequence of {}", seq.tokens.size(), s));

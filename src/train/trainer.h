@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "model/decoder.h"
@@ -45,6 +46,13 @@ struct Sequence {
 };
 // The sequence of (step, micro-step, DP rank): must be a pure function of its arguments.
 using SequenceFn = std::function<Sequence(int64_t step, int micro, int dp_rank)>;
+// A sequence the caller owns, valid until its micro-step ends (the planner's S zero ids, which
+// it maps rather than stores).
+struct SequenceView {
+  std::span<const int32_t> tokens;
+  std::span<const uint8_t> group;
+};
+using SequenceViewFn = std::function<SequenceView(int64_t step, int micro, int dp_rank)>;
 
 struct StepResult {
   double loss = 0;        // the batch mean token loss
@@ -74,6 +82,8 @@ class Trainer {
 
   // Runs step t (counted from 0; AdamW's bias correction uses t + 1).
   StepResult step(int64_t t, const SequenceFn& data);
+  // The same step on sequences the caller owns.
+  StepResult step_views(int64_t t, const SequenceViewFn& data);
   // The mean next-token loss over sequences 0..n-1 of `data` (held-out data), forward only:
   // sequence i goes to DP rank i % DP; the same value on every rank.
   double evaluate(const std::function<Sequence(int64_t i)>& data, int64_t n);

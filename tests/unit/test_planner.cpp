@@ -1,13 +1,20 @@
 // The planner's search on the meta device (one process, fake ranks): the peak grows with S, the
 // maximum S is a multiple of the stated granularity that fits while one granule more does not,
-// `auto` picks the fewest stages (then the largest Ulysses degree) that fit, and inputs that
-// cannot fit are refused in one line.
+// `auto` picks the fewest stages (then the largest Ulysses degree) that fit, inputs that cannot
+// fit are refused in one line, and planning one rank per rank class gives exactly the plan of
+// every rank (every method and knob, 8 and 16 ranks, CP x DP splits, K < C, ZeRO-3 padding, usp
+// grids whose ranks hold different runs).
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <iterator>
+#include <string>
 #include <utility>
 #include <vector>
 
+#include "attention/methods.h"
 #include "core/errors.h"
 #include "plan/planner.h"
 #include "unit/expect_config_error.h"
@@ -199,6 +206,142 @@ TEST(Planner, ImpossibleInputsAreOneLine) {
   r.decoder.knobs.method = "ring";
   r.decoder.seq_len = 1000;
   expect_config_error([&] { plan_step(m, r); }, {"--seq-len (1000) must be divisible by 16"});
+}
+
+// A model whose shapes can split rank classes: K = 4 KV heads (replicated on 8 and 16 ranks), 16
+// query heads, D = 60 and V = 1001, so no ZeRO-3 unit divides by the world and the last ranks'
+// shards hold padding.
+ModelConfig odd_model(bool qwen) {
+  ModelConfig m = load_model_config(qwen ? "tiny-qwen3" : "tiny");
+  m.hidden_size = 60;
+  m.intermediate_size = 100;
+  m.num_attention_heads = 16;
+  m.num_key_value_heads = 4;
+  m.head_dim = 8;
+  m.vocab_size = 1001;
+  return m;
+}
+
+void expect_same_rank(const RankPlan& a, const RankPlan& b, const std::string& what) {
+  EXPECT_EQ(a.rank, b.rank) << what;
+  EXPECT_EQ(a.device_peak, b.device_peak) << what << " rank " << b.rank;
+  EXPECT_EQ(a.host_peak, b.host_peak) << what << " rank " << b.rank;
+  EXPECT_EQ(a.device_at_peak.v, b.device_at_peak.v) << what << " rank " << b.rank;
+  EXPECT_EQ(a.host_at_peak.v, b.host_at_peak.v) << what << " rank " << b.rank;
+}
+
+// Every field of the plan of one rank per class equals the plan of every rank.
+void expect_same_plan(const Plan& fast, const Plan& every, const std::string& what) {
+  EXPECT_EQ(fast.complete, every.complete) << what;
+  EXPECT_EQ(fast.fits, every.fits) << what;
+  EXPECT_EQ(fast.failure, every.failure) << what;
+  EXPECT_EQ(fast.worst_rank, every.worst_rank) << what;
+  EXPECT_EQ(fast.worst_host_rank, every.worst_host_rank) << what;
+  EXPECT_EQ(fast.device_peak, every.device_peak) << what;
+  EXPECT_EQ(fast.host_peak, every.host_peak) << what;
+  EXPECT_EQ(fast.device_at_peak.v, every.device_at_peak.v) << what;
+  EXPECT_EQ(fast.host_at_peak.v, every.host_at_peak.v) << what;
+  EXPECT_EQ(fast.limiting_tag, every.limiting_tag) << what;
+  EXPECT_EQ(fast.limit_arena, every.limit_arena) << what;
+  EXPECT_EQ(fast.limit_tag, every.limit_tag) << what;
+  ASSERT_EQ(fast.ranks.size(), every.ranks.size()) << what;
+  for (size_t i = 0; i < fast.ranks.size(); ++i)
+    expect_same_rank(fast.ranks[i], every.ranks[i], what);
+  EXPECT_EQ(every.rank_classes, every.request.ranks) << what;
+}
+
+// Plans r with one rank per class and with every rank, unbudgeted and with budgets just below and
+// at the worst rank's peaks (the verdicts and the failing rank); returns the number of classes,
+// 0 when the method refuses r.
+int compare_classes_with_every_rank(const ModelConfig& m, const PlanRequest& r,
+                                    const std::string& what) {
+  Plan every;
+  try {
+    every = plan_step(m, r, false, RankCoverage::kEveryRank);
+  } catch (const ConfigError& e) {
+    expect_config_error([&] { plan_step(m, r); }, {e.what()});
+    return 0;
+  }
+  const Plan fast = plan_step(m, r);
+  expect_same_plan(fast, every, what);
+  for (const int64_t less : {int64_t(1), int64_t(0)}) {
+    PlanRequest q = r;
+    q.device_bytes = every.device_peak + q.reserve_bytes - less;
+    q.host_bytes = std::max<int64_t>(1, every.host_peak - less);
+    const std::string w = fmt::format("{}, budgets at the peaks - {}", what, less);
+    expect_same_plan(plan_step(m, q, true), plan_step(m, q, true, RankCoverage::kEveryRank), w);
+  }
+  return fast.rank_classes;
+}
+
+TEST(Planner, RankClassesPlanExactlyLikeEveryRank) {
+  struct Shape {
+    int ranks, cp;
+  };
+  // CP = all ranks (K < C: replicated KV heads), CP x DP with K >= C and with K < C.
+  const Shape shapes[] = {{8, 8}, {16, 16}, {16, 4}, {8, 2}, {16, 8}};
+  const Recompute modes[] = {Recompute::kLayer, Recompute::kBlock, Recompute::kNone};
+  int compared = 0;
+  for (bool qwen : {false, true}) {
+    const ModelConfig m = odd_model(qwen);
+    for (size_t i = 0; i < std::size(shapes); ++i)
+      for (const MethodInfo& mi : methods()) {
+        const Shape& sh = shapes[i];
+        if (mi.one_rank) continue;
+        PlanRequest r = tiny_request(std::string(mi.name), int64_t(1) << 40);
+        r.ranks = sh.ranks;
+        r.cp_size = sh.cp;
+        r.decoder.seq_len = 2048;  // divisible by 2C, N C (N <= 32) and the usp grids
+        r.decoder.memory.tile_tokens = 48;
+        r.decoder.memory.offload_stash = qwen;
+        r.decoder.memory.stash_dtype = qwen ? DType::kBF16 : DType::kF32;
+        r.decoder.memory.residual_dtype = qwen ? DType::kBF16 : DType::kF32;
+        r.decoder.memory.recompute = modes[(i + (qwen ? 1 : 0)) % std::size(modes)];
+        // Every value of every knob the method takes (every U, u and N the planner tries).
+        for (const PlanRequest& q : knob_candidates(m, with_auto(r, true, true, true))) {
+          const MethodKnobs& k = q.decoder.knobs;
+          const std::string what =
+              fmt::format("{} {} on {} ranks (CP {}) U={} u={} N={} recompute {}", m.source,
+                          mi.name, sh.ranks, sh.cp, k.stage_heads, k.ulysses_degree, k.chunks,
+                          recompute_name(r.decoder.memory.recompute));
+          const int classes = compare_classes_with_every_rank(m, q, what);
+          if (classes == 0) continue;
+          ++compared;
+          EXPECT_EQ(classes, 1) << what << ": every rank's rows have the same run lengths";
+        }
+      }
+  }
+  RecordProperty("compared", compared);
+  EXPECT_GT(compared, 200);
+}
+
+TEST(Planner, RankClassesSplitWhereRunsDiffer) {
+  // usp with an odd Ulysses degree: C = 6 ranks in r = 2 groups of u = 3; each group's zigzag
+  // shard is chunks g and 3-g of S/4 tokens, cut into three slices of S/6, so the middle member
+  // holds the end of one chunk and the start of the other (two runs), the others one run each.
+  // The classes split there whether or not an allocation depends on it; the plans are the
+  // every-rank plans either way.
+  ModelConfig m = odd_model(false);
+  m.num_attention_heads = 12;
+  m.num_key_value_heads = 3;
+  for (const int dp : {1, 2}) {
+    PlanRequest r = tiny_request("usp", int64_t(1) << 40);
+    r.ranks = 6 * dp;
+    r.cp_size = 6;
+    r.decoder.knobs.ulysses_degree = 3;
+    r.decoder.seq_len = 1152;
+    r.decoder.memory.tile_tokens = 48;
+    const std::string what = fmt::format("usp u=3 on CP 6 x DP {}", dp);
+    EXPECT_EQ(compare_classes_with_every_rank(m, r, what), 2) << what;
+    std::vector<int> ends, middles;
+    for (int w = 0; w < r.ranks; ++w) (w % 3 == 1 ? middles : ends).push_back(w);
+    const std::vector<RankClass> c = rank_classes(m, r);
+    ASSERT_EQ(c.size(), 2u) << what;
+    EXPECT_EQ(c[0].first, 0) << what;
+    EXPECT_EQ(c[0].ranks, ends) << what;
+    EXPECT_EQ(c[1].first, 1) << what;
+    EXPECT_EQ(c[1].ranks, middles) << what;
+  }
 }
 
 }  // namespace
