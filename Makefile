@@ -3,7 +3,8 @@
 BUILD ?= build
 JOBS ?= $(shell nproc)
 APT_PACKAGES := cmake g++ make libdnnl-dev libopenmpi-dev openmpi-bin libcli11-dev \
-	nlohmann-json3-dev libfmt-dev libgtest-dev libtomlplusplus-dev libhwy-dev python3
+	nlohmann-json3-dev libfmt-dev libgtest-dev libtomlplusplus-dev libhwy-dev libxxhash-dev iproute2 \
+	python3
 
 # One thread per rank (OpenMP spin-waiting with more threads than cores is 3-4x slower), and
 # OpenMPI may run as root in containers and CI.

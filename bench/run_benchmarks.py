@@ -493,7 +493,7 @@ TORCH_RUNS = [("PyTorch eager, sdpa", "sdpa", "fp32"), ("PyTorch eager, eager at
 def model_rounds(d, s, iters, reps, have_torch):
     """Interleaved rounds of every row: (best JSON per label, per-round step times, commands)."""
     config = os.path.join(d, "config.json")
-    base = ["bench", "model", "--model", d, "--seq-len", str(s), "--iters", str(iters)]
+    base = ["bench", "model", "--model", d, "--random-weights", "--seq-len", str(s), "--iters", str(iters)]
     best, cmds, rounds = {}, [], []
     def keep(label, shown, j, this):
         if shown not in cmds:

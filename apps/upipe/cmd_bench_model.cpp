@@ -44,6 +44,7 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
   const Settings set = resolve_settings(proc, sa, cmd);
   const RunConfig& cfg = set.config;
   Watchdog::start(cfg.comm.timeout);
+  refuse_training_checkpoint(cfg.model.name);
   const ModelConfig m = load_model_config(cfg.model.name);
   spell_model_fields(set, m);
   const int64_t seq_len = cfg.train.seq_len;

@@ -11,6 +11,7 @@
 #include "apps/upipe/settings_cli.h"
 #include "backend/optim.h"
 #include "core/errors.h"
+#include "core/safe_fs.h"
 #include "core/watchdog.h"
 #include "model/decoder.h"
 #include "model/safetensors.h"
@@ -22,33 +23,93 @@ namespace {
 struct Options {
   std::string tokens;
   std::string save_grads;
+  bool loss_only = false;  // forward only: the loss, no gradients
+  bool windows = false;    // the loss of every S-token window of --tokens (forward only)
   bool json = false;
 };
+
+// --loss-only / --windows: the forward alone (no gradient buffers, nothing stashed) on one
+// sequence, or on every non-overlapping window of S tokens of the file; the mean loss over them
+// and its perplexity.
+int run_loss(Process& proc, const Options& opt, const RunConfig& cfg, const ModelConfig& m,
+             const std::vector<int32_t>& all, int64_t s) {
+  const int64_t n = opt.windows ? int64_t(all.size()) / s : 1;
+  if (n < 1)
+    throw ConfigError(fmt::format("{} has {} tokens, fewer than one window of {}", opt.tokens,
+                                  all.size(), setting_value("train.seq_len", s)));
+  ModelRun run(proc.world, m, cfg, s, false);
+  run.dev.mem().reset_peak();
+  const ParamMap no_grads;
+  FullParams p(m, run.w, no_grads);
+  double sum = 0, fwd = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const std::span<const int32_t> window(all.data() + i * s, size_t(s));
+    sum += run.dec->loss(window, p).loss;  // each window's mean over its S - 1 predictions
+    fwd += run.dec->forward_seconds();
+  }
+  const double loss = sum / double(n);
+  const int64_t peak = max_over_ranks(proc.world, run.dev.mem().peak());
+  if (!proc.root()) return 0;
+  nlohmann::json j = {{"model", m.source},
+                      {"loss", loss},
+                      {"perplexity", std::exp(loss)},
+                      {"windows", n},
+                      {"tokens", n * s},
+                      {"method", cfg.parallel.knobs.method},
+                      {"ranks", proc.world.size()},
+                      {"peak_bytes", peak},
+                      {"fwd_s", fwd}};
+  j.update(memory_policy_json(cfg.memory.policy));
+  if (opt.json) {
+    print_json(j);
+    return 0;
+  }
+  std::printf("%s, %lld window(s) of %lld tokens, %s on %d rank(s), %s, forward only\n",
+              m.source.c_str(), (long long)n, (long long)s, cfg.parallel.knobs.method.c_str(),
+              proc.world.size(), dtype_name(cfg.memory.policy.dtype));
+  std::printf("  loss %.8f  perplexity %.4f\n", loss, std::exp(loss));
+  std::printf("  forward %.3f s, peak %s per rank (max)\n", fwd, format_bytes(peak).c_str());
+  return 0;
+}
 
 int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App& cmd) {
   const Settings set = resolve_settings(proc, sa, cmd);
   const RunConfig& cfg = set.config;
   Watchdog::start(cfg.comm.timeout);
+  refuse_training_checkpoint(cfg.model.name);
   const ModelConfig m = load_model_config(cfg.model.name);
   spell_model_fields(set, m);
+  if (!opt.save_grads.empty() && (opt.loss_only || opt.windows))
+    throw ConfigError("--save-grads needs the gradients: drop --loss-only / --windows");
+  if (!opt.save_grads.empty()) check_replaceable(opt.save_grads, "gradients file");
   // The sequence: --tokens (all of it, or its first train.seq_len), or train.seq_len random ids.
+  // A file is read from its header first: only the ids used are loaded, each checked.
   const bool seq_given = set.given("train.seq_len");
   const int64_t seq_len = cfg.train.seq_len;
+  if (opt.windows && (opt.tokens.empty() || !seq_given))
+    throw ConfigError(
+        fmt::format("--windows needs --tokens FILE and {}", setting_value("train.seq_len", "S")));
   std::vector<int32_t> tokens;
   if (!opt.tokens.empty()) {
-    tokens = read_tokens(opt.tokens, m.vocab_size);
+    const TokenFileInfo file = inspect_token_file(opt.tokens);
+    if (seq_given && seq_len > file.count)
+      throw ConfigError(fmt::format("{} is longer than the {} tokens of {}",
+                                    setting_value("train.seq_len", seq_len), file.count,
+                                    opt.tokens));
+    const int64_t n = opt.windows ? file.count / seq_len * seq_len
+                      : seq_given ? seq_len
+                                  : file.count;
+    tokens.resize(size_t(n));
+    read_token_range(file, 0, n, m.vocab_size, tokens.data());
   } else {  // no file: uniform random ids, the same on every rank
     if (!seq_given)
       throw ConfigError(fmt::format("give --tokens FILE (.npy or .bin), or {} for random tokens",
                                     setting_value("train.seq_len", "S")));
     tokens = random_tokens(m, seq_len, uint64_t(cfg.train.seed));
   }
-  if (seq_given && seq_len > int64_t(tokens.size()))
-    throw ConfigError(fmt::format("{} is longer than the {} tokens of {}",
-                                  setting_value("train.seq_len", seq_len), tokens.size(),
-                                  opt.tokens));
-  if (seq_given) tokens.resize(static_cast<size_t>(seq_len));
+  if (opt.windows) return run_loss(proc, opt, cfg, m, tokens, seq_len);
   if (tokens.size() < 2) throw ConfigError("the sequence needs at least 2 tokens");
+  if (opt.loss_only) return run_loss(proc, opt, cfg, m, tokens, int64_t(tokens.size()));
   ModelRun run(proc.world, m, cfg, int64_t(tokens.size()));
   Device& dev = run.dev;
   const ParamMap &w = run.w, &g = run.g;
@@ -117,6 +178,11 @@ Runner add_eval(CLI::App& cmd) {
                  "--seq-len, its first S (without: --seq-len random ids)");
   cmd.add_option("--save-grads", opt->save_grads,
                  "write the fp32 gradients (summed over ranks) as FILE.safetensors");
+  cmd.add_flag("--loss-only", opt->loss_only,
+               "the forward alone: the loss and its perplexity, no gradients (less memory)");
+  cmd.add_flag("--windows", opt->windows,
+               "the mean loss and perplexity over every non-overlapping --seq-len window of "
+               "--tokens (forward only)");
   cmd.add_flag("--json", opt->json, "print one JSON object (rank 0)");
   auto sa = add_settings(cmd, kScopeModel);
   CLI::App* c = &cmd;

@@ -50,6 +50,42 @@ nlohmann::json tags_json(const TagBytes& b) {
   return j;
 }
 
+// What limits a plan: for the longest S, the arena one granule more exceeds; at a given S, the
+// arena over its budget, or (the plan fits) the one nearer its budget. With that arena's largest
+// tag at its peak.
+struct Limit {
+  std::string arena;  // "device" or "host"
+  Tag tag = Tag::kParams;
+  int64_t bytes = 0;
+};
+
+Tag largest(const TagBytes& b) {
+  int best = 0;
+  for (int t = 1; t < kNumTags; ++t)
+    if (b.v[size_t(t)] > b.v[size_t(best)]) best = t;
+  return Tag(best);
+}
+
+Limit limit_of(const Plan& p) {
+  const PlanRequest& r = p.request;
+  const double dev = double(p.device_peak + r.reserve_bytes) / double(r.device_bytes),
+               host = double(p.host_peak) / double(r.host_bytes);
+  const bool host_limits = !p.limit_arena.empty() ? p.limit_arena == "host" : host > dev;
+  const TagBytes& at = host_limits ? p.host_at_peak : p.device_at_peak;
+  const Tag t = largest(at);
+  return {host_limits ? "host" : "device", t, at[t]};
+}
+
+// The `upipe train` command that runs a plan's answer: the settings given to the plan, with the
+// method, knobs and S the plan chose.
+std::string train_command(const Settings& set, const Options& o, const Plan& p) {
+  RunConfig c = set.config;
+  c.parallel.knobs = p.request.decoder.knobs;
+  c.train.seq_len = p.request.decoder.seq_len;
+  return fmt::format("mpirun -np {} upipe train{}{} {}", o.ranks, o.run_file.empty() ? "" : " ",
+                     o.run_file, to_flags(c, kScopeTrain));
+}
+
 struct Row {
   std::string method;
   Plan plan;
@@ -124,11 +160,13 @@ int run(Process& proc, const Options& o, const SettingArgs& sa, const CLI::App& 
     throw ConfigError(fmt::format("{} is not allowed by any method: {}",
                                   setting_value("train.seq_len", base.decoder.seq_len),
                                   rows.front().refused));
-  if (!any_host)
+  // The longest S needs some S to fit the host; at a given S the table says what limits.
+  if (o.max_seq_len && !any_host)
     throw ConfigError(fmt::format(
-        "{} is too small for the offloaded stash: every method needs at least {} of host memory "
-        "per rank at S = {}; give more host memory or drop {}",
+        "{} is too small for the offloaded stash: {} at least {} of host memory per rank at "
+        "S = {}; give more host memory or drop {}",
         setting_value("memory.host_memory", bytes_text(base.host_bytes)),
+        rows.size() > 1 ? "every method needs" : rows.front().method + " needs",
         format_bytes(least_host->host_peak), least_host->request.decoder.seq_len,
         setting_ref("memory.offload_stash")));
   if (o.max_seq_len) {
@@ -174,7 +212,12 @@ int run(Process& proc, const Options& o, const SettingArgs& sa, const CLI::App& 
                     {"peak_by_tag", tags_json(p.device_at_peak)},
                     {"host_peak_by_tag", tags_json(p.host_at_peak)},
                     {"worst_rank", p.worst_rank},
-                    {"limiting_tag", tag_name(p.limiting_tag)}});
+                    {"limiting_tag", tag_name(p.limiting_tag)},
+                    {"limit",
+                     {{"arena", limit_of(p).arena},
+                      {"tag", tag_name(limit_of(p).tag)},
+                      {"bytes", limit_of(p).bytes}}},
+                    {"train_command", train_command(set, o, p)}});
     }
     j["methods"] = ms;
     print_json(j);
@@ -187,17 +230,19 @@ int run(Process& proc, const Options& o, const SettingArgs& sa, const CLI::App& 
       gib(base.device_bytes), gib(base.reserve_bytes), gib(base.host_bytes),
       base.decoder.memory.offload_stash ? ", stash offloaded" : "", secs);
   std::printf("%-11s %-12s %12s %5s %13s %11s  %s\n", "method", "knobs",
-              o.max_seq_len ? "max S" : "S", "fits", "device GiB", "host GiB", "limiting tag");
+              o.max_seq_len ? "max S" : "S", "fits", "device GiB", "host GiB",
+              "limit (its largest tag)");
   for (const Row& r : rows) {
     if (!r.refused.empty()) {
       std::printf("%-11s not allowed: %s\n", r.method.c_str(), r.refused.c_str());
       continue;
     }
     const Plan& p = r.plan;
-    std::printf("%-11s %-12s %12lld %5s %13.2f %11.2f  %s (%.2f GiB)\n", r.method.c_str(),
+    const Limit l = limit_of(p);
+    std::printf("%-11s %-12s %12lld %5s %13.2f %11.2f  %s (%s %.2f GiB)\n", r.method.c_str(),
                 knobs_text(p.request).c_str(), (long long)p.request.decoder.seq_len,
-                p.fits ? "yes" : "no", gib(p.device_peak), gib(p.host_peak),
-                tag_name(p.limiting_tag), gib(p.device_at_peak[p.limiting_tag]));
+                p.fits ? "yes" : "no", gib(p.device_peak), gib(p.host_peak), l.arena.c_str(),
+                tag_name(l.tag), gib(l.bytes));
   }
   for (const Row& r : rows) {
     if (!r.refused.empty()) continue;
@@ -208,6 +253,7 @@ int run(Process& proc, const Options& o, const SettingArgs& sa, const CLI::App& 
     if (p.host_peak > 0)
       std::printf("  host peak %s (rank %d): %s\n", format_bytes(p.host_peak).c_str(),
                   p.worst_host_rank, Arena::describe(p.host_at_peak).c_str());
+    if (p.fits) std::printf("  run it: %s\n", train_command(set, o, p).c_str());
   }
   return 0;
 }

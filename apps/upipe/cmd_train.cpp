@@ -16,8 +16,10 @@
 #include "core/stop_signal.h"
 #include "core/watchdog.h"
 #include "model/weights.h"
+#include "train/checkpoint.h"
 #include "train/loop.h"
 #include "train/metrics.h"
+#include "train/resume.h"
 #include "train/run_config.h"
 #include "train/run_options.h"
 
@@ -27,8 +29,33 @@ namespace {
 struct Options {
   std::string run_file;
   bool resume = false;
+  bool accept_changes = false;
+  bool overwrite_checkpoints = false;
   bool print_config = false;
 };
+
+// --resume: the run the newest checkpoint of checkpoint.dir records, with what was typed on top;
+// the changes are checked (train/resume.h) and reported by rank 0.
+RunConfig resumed_settings(const Process& proc, const Options& opt, const SettingArgs& sa,
+                           const CLI::App& cmd, const RunConfig& typed) {
+  if (typed.checkpoint.dir.empty())
+    throw ConfigError(fmt::format("--resume needs {} (the run's checkpoint directory)",
+                                  setting_ref("checkpoint.dir")));
+  const std::optional<std::string> ckpt = latest_checkpoint(typed.checkpoint.dir);
+  if (!ckpt)
+    throw ConfigError(fmt::format("--resume: no complete checkpoint in {}",
+                                  setting_value("checkpoint.dir", typed.checkpoint.dir)));
+  const CheckpointInfo info = read_checkpoint_info(*ckpt);
+  SettingSources ignored;  // older spellings in an older checkpoint are not the user's
+  RecordedRun rec{parse_run_toml(info.run_toml, *ckpt + "/meta.json", &ignored), info.step,
+                  info.world, info.cp_size, *ckpt};
+  const RunConfig now = resolve_settings(proc, sa, cmd, opt.run_file, {}, &rec.config).config;
+  const std::vector<std::string> lines =
+      check_resume(rec, now, proc.world.size(), opt.accept_changes);
+  if (proc.root())
+    for (const std::string& l : lines) std::printf("%s\n", l.c_str());
+  return now;
+}
 
 std::vector<std::pair<std::string, std::string>> knobs(const RunConfig& c) {
   std::vector<std::pair<std::string, std::string>> k;
@@ -119,7 +146,8 @@ const std::vector<std::string> kDemoSettings = {
 
 int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App& cmd,
         const std::vector<std::string>& preset) {
-  const RunConfig cfg = resolve_settings(proc, sa, cmd, opt.run_file, preset).config;
+  RunConfig cfg = resolve_settings(proc, sa, cmd, opt.run_file, preset).config;
+  if (opt.resume) cfg = resumed_settings(proc, opt, sa, cmd, cfg);
   const std::string toml = to_toml(cfg);
   if (opt.print_config) {
     if (proc.root()) std::printf("%s", toml.c_str());
@@ -129,13 +157,7 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
   install_stop_handlers();
   const ModelConfig m = load_model_config(cfg.model.name);
   Device dev(device_options(cfg));
-  TrainingLoop loop(dev, proc.world, m, cfg, opt.resume);
-  if (loop.start().step >= cfg.train.steps)
-    throw ConfigError(fmt::format(
-        "--resume: the run is at step {} and {} asks for no more; give a larger {} to train on "
-        "(start: {})",
-        loop.start().step, setting_value("train.steps", cfg.train.steps),
-        setting_ref("train.steps"), loop.start().origin));
+  TrainingLoop loop(dev, proc.world, m, cfg, opt.resume, opt.overwrite_checkpoints);
   std::unique_ptr<Render> render;
   if (proc.root()) {
     print_startup(cfg, m, loop, toml);
@@ -166,7 +188,14 @@ Runner add_train(CLI::App& cmd) {
       "run_file", opt->run_file,
       "TOML run file (docs/training.md); every setting has a default, so it is optional");
   cmd.add_flag("--resume", opt->resume,
-               "continue from the newest complete checkpoint in checkpoint.dir");
+               "continue the run the newest complete checkpoint in checkpoint.dir records (its "
+               "settings, overridden by what is given here)");
+  cmd.add_flag("--accept-changes", opt->accept_changes,
+               "with --resume: allow settings that change what the remaining steps compute on "
+               "(model, data, sequence length, batch)");
+  cmd.add_flag("--overwrite-checkpoints", opt->overwrite_checkpoints,
+               "a fresh run may replace another run's checkpoints in checkpoint.dir (deleted "
+               "after this run's first complete checkpoint)");
   cmd.add_flag("--print-config", opt->print_config, "print the effective run file and exit");
   cmd.footer("e.g. upipe train --model=tiny --steps=50 --method=upipe");
   auto sa = add_settings(cmd, kScopeTrain);

@@ -1,10 +1,13 @@
-// `upipe`: the command-line entry point. It owns the error boundary: bad input (ConfigError) is
-// detected identically on every rank before any communication (or, for the planner, on rank 0
-// alone), so rank 0 reports it in one line and every rank exits with status 2. Failures of one
-// rank end the whole job through MPI_Abort, naming the rank, so no rank is left waiting in a
-// collective: out-of-memory with status 3, a size overflow that input validation did not catch
-// (SizeError) with status 2, anything else with status 1. A collective that makes no progress
-// for --timeout seconds (a rank stuck or dead) ends the job through the watchdog, status 4.
+// `upipe`: the command-line entry point. It owns the error boundary: an error on any rank, at any
+// point, ends every rank within seconds through MpiRuntime::fail_job, its cause printed once:
+// bad input (ConfigError) and a size overflow that input validation did not catch (SizeError)
+// with status 2, out-of-memory with status 3, anything else with status 1. An error every rank
+// raises alike (bad input checked before any communication) ends the job cleanly with one line;
+// an error of some ranks only ends it through MPI_Abort, so no rank is left waiting in a
+// collective. A collective that makes no progress for --timeout seconds (a rank stuck or dead)
+// ends the job through the watchdog, status 4.
+#include <fmt/format.h>
+
 #include <cstdio>
 #include <map>
 
@@ -84,19 +87,15 @@ int main(int argc, char** argv) {
       if (cmd->parsed() && run) return run(proc);
     throw ConfigError("no command given; try upipe --help");
   } catch (const ConfigError& e) {
-    if (proc.root()) std::fprintf(stderr, "upipe: error: %s\n", e.what());
-    return 2;
+    return MpiRuntime::fail_job(2, e.what(), fmt::format("upipe: error: {}", e.what()));
   } catch (const SizeError& e) {
-    std::fprintf(stderr, "upipe: error [rank %d]: %s\n", proc.rank(), e.what());
-    std::fflush(stderr);
-    MpiRuntime::abort_job(2);
+    return MpiRuntime::fail_job(2, e.what(),
+                                fmt::format("upipe: error [rank {}]: {}", proc.rank(), e.what()));
   } catch (const OutOfMemoryError& e) {
-    std::fprintf(stderr, "upipe: [rank %d] %s\n", proc.rank(), e.what());
-    std::fflush(stderr);
-    MpiRuntime::abort_job(3);
+    return MpiRuntime::fail_job(3, e.what(),
+                                fmt::format("upipe: [rank {}] {}", proc.rank(), e.what()));
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "upipe: [rank %d] fatal: %s\n", proc.rank(), e.what());
-    std::fflush(stderr);
-    MpiRuntime::abort_job(1);
+    return MpiRuntime::fail_job(1, e.what(),
+                                fmt::format("upipe: [rank {}] fatal: {}", proc.rank(), e.what()));
   }
 }

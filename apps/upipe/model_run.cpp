@@ -1,9 +1,14 @@
 #include "apps/upipe/model_run.h"
 
-#include <algorithm>
+#include <fmt/format.h>
 
+#include <algorithm>
+#include <filesystem>
+
+#include "core/errors.h"
 #include "core/rng.h"
 #include "model/weights.h"
+#include "train/checkpoint.h"
 #include "train/run_options.h"
 
 namespace upipe::app {
@@ -24,12 +29,29 @@ nlohmann::json memory_policy_json(const MemoryPolicy& p) {
           {"offload_stash", p.offload_stash}};
 }
 
-ModelRun::ModelRun(Communicator& world, const ModelConfig& m, const RunConfig& c, int64_t seq_len)
+ModelRun::ModelRun(Communicator& world, const ModelConfig& m, const RunConfig& c, int64_t seq_len,
+                   bool grads)
     : dev(device_options(c)) {
   const DecoderOptions dopt = decoder_options(c, seq_len);
+  const std::string weights = weights_dir(c.model.name, c.model.random_weights);
+  // Before anything is allocated: sizes no budget can hold are an out-of-memory error now.
+  const int64_t rows = (seq_len + world.size() - 1) / world.size();
+  dev.mem().check_fits(
+      full_model_floor(m, dopt.memory.dtype, rows, dopt.memory.residual_dtype));
   dec = std::make_unique<Decoder>(dev, world, m, dopt);
-  w = load_params(dev, m, c.model.name, dopt.memory.dtype, uint64_t(c.train.seed));
-  g = allocate_params(dev, m, DType::kF32, Tag::kGrads);
+  w = load_params(dev, m, weights, dopt.memory.dtype, uint64_t(c.train.seed));
+  if (grads) g = allocate_params(dev, m, DType::kF32, Tag::kGrads);
+}
+
+void refuse_training_checkpoint(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(path, ec)) return;
+  if (std::filesystem::exists(std::filesystem::path(path) / "meta.json", ec) ||
+      latest_checkpoint(path))
+    throw ConfigError(fmt::format(
+        "{} is a training checkpoint, not a Hugging Face model; export it first: upipe export "
+        "{} OUT_DIR, then --model OUT_DIR",
+        path, path));
 }
 
 int64_t max_over_ranks(Communicator& world, int64_t v) {

@@ -26,12 +26,17 @@ std::vector<int32_t> random_tokens(const ModelConfig& m, int64_t n, uint64_t see
 // a sequence of seq_len tokens with the settings' method and memory policy, the parameters (the
 // model directory's, or random from train.seed) and fp32 gradients.
 struct ModelRun {
-  ModelRun(Communicator& world, const ModelConfig& m, const RunConfig& c, int64_t seq_len);
+  // grads: allocate the gradients (false: the loss alone, Decoder::loss).
+  ModelRun(Communicator& world, const ModelConfig& m, const RunConfig& c, int64_t seq_len,
+           bool grads = true);
   Device dev;
   std::unique_ptr<Decoder> dec;
   ParamMap w;  // tag params, compute dtype
   ParamMap g;  // tag grads, fp32
 };
+
+// A training checkpoint where a Hugging Face model is expected: ConfigError saying to export it.
+void refuse_training_checkpoint(const std::string& path);
 
 // The largest of the ranks' values (every rank gets it).
 int64_t max_over_ranks(Communicator& world, int64_t v);

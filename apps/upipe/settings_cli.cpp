@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <map>
+#include <set>
 
 #include "core/errors.h"
 
@@ -45,19 +46,30 @@ std::shared_ptr<SettingArgs> add_settings(CLI::App& cmd, uint32_t scope) {
 }
 
 Settings resolve_settings(const Process& proc, const SettingArgs& args, const CLI::App& cmd,
-                          const std::string& run_file, const std::vector<std::string>& preset) {
+                          const std::string& run_file, const std::vector<std::string>& preset,
+                          const RunConfig* base) {
   const uint32_t scope = args.scope;
   Settings s;
   // What CLI11 did not know is refused first: a mistyped flag's value may have been taken for
   // the run file.
   RunConfig scratch;
   apply_overrides(scratch, cmd.remaining(), scope);
-  if (!run_file.empty()) s.config = read_run_file(run_file, &s.sources);
+  if (base) s.config = *base;
+  if (!run_file.empty()) {
+    // The run file's settings over the base's: parsed alone, then applied where it sets them.
+    SettingSources file;
+    const RunConfig f = read_run_file(run_file, &file);
+    for (const auto& [key, value] : setting_values(f))
+      if (file.spelled.count(key)) apply_override(s.config, key, value);
+    s.sources = file;
+  }
   apply_overrides(s.config, preset, scope, &s.sources);
   apply_overrides(s.config, args.args, scope, &s.sources);
+  static std::set<std::string> printed;  // once per process, however often settings are read
   if (proc.root())
     for (const std::string& n : s.sources.notes)
-      std::fprintf(stderr, "upipe: note: %s (the old spelling still works)\n", n.c_str());
+      if (printed.insert(n).second)
+        std::fprintf(stderr, "upipe: note: %s (the old spelling still works)\n", n.c_str());
   set_setting_speller(setting_speller(s.sources));
   validate(s.config, scope);
   return s;

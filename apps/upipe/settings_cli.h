@@ -32,13 +32,15 @@ struct Settings {
   bool given(const std::string& key) const { return sources.spelled.count(key) > 0; }
 };
 
-// Defaults, then the run file (`run_file`, "" = none), then `preset` arguments (a command's own
+// The defaults (or `base`, the run a checkpoint recorded), then the run file (`run_file`, "" =
+// none), then `preset` arguments (a command's own
 // defaults, e.g. the demo's), then what the user typed (args, and anything CLI11 did not know,
 // which is refused with the nearest setting suggested); the notes on older spellings are printed
 // by rank 0; the speller naming settings as given is installed; then validated for the scope.
 Settings resolve_settings(const Process& proc, const SettingArgs& args, const CLI::App& cmd,
                           const std::string& run_file = "",
-                          const std::vector<std::string>& preset = {});
+                          const std::vector<std::string>& preset = {},
+                          const RunConfig* base = nullptr);
 
 // From now on, errors name the attention shape's settings (heads, kv-heads, head dim, hidden
 // size) as the fields of m's config.json: "num_key_value_heads of tiny".

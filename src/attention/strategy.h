@@ -4,7 +4,7 @@
 // Blocks are self-recomputing: forward(x) -> y keeps nothing; backward(x, dy) -> dx, dW
 // recomputes what it needs. A strategy that can_stash() also offers forward_stash, which keeps its
 // intermediates (AttentionStash) for backward_stashed, so that backward recomputes nothing: the
-// decoder keeps them from the forward with --checkpoint-granularity none, and from each layer's
+// decoder keeps them from the forward with --recompute none, and from each layer's
 // recompute per layer. Only a strategy whose own backward holds all of them at once anyway
 // (local) says it can; UPipe's stages exist to never hold every head's. Every buffer comes from
 // the device arena of the context.

@@ -50,9 +50,7 @@ void* HostCachingAllocator::allocate(int64_t bytes) {
     return p;
   }
   if (g_held + n > physical_bytes()) trim();  // the cache may hold what the system lacks
-  if (g_held + n > physical_bytes())
-    throw BackingExhausted(fmt::format("this machine has {} of memory and this process holds {}",
-                                       format_bytes(physical_bytes()), format_bytes(g_held)));
+  check_can_back(n);
   void* p = std::aligned_alloc(4096, size_t(n));
   if (!p) {
     trim();
@@ -61,6 +59,12 @@ void* HostCachingAllocator::allocate(int64_t bytes) {
   if (!p) throw BackingExhausted(fmt::format("the system could not allocate {}", format_bytes(n)));
   g_held += n;
   return p;
+}
+
+void HostCachingAllocator::check_can_back(int64_t bytes) const {
+  if (bytes > physical_bytes() - g_held)
+    throw BackingExhausted(fmt::format("this machine has {} of memory and this process holds {}",
+                                       format_bytes(physical_bytes()), format_bytes(g_held)));
 }
 
 void HostCachingAllocator::release(void* p, int64_t bytes) {

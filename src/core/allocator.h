@@ -22,6 +22,8 @@ class Allocator {
   virtual void* allocate(int64_t bytes) = 0;
   virtual void release(void* p, int64_t bytes) = 0;
   virtual bool backed() const = 0;
+  // Throws the BackingExhausted that allocating `bytes` more would throw now, allocating nothing.
+  virtual void check_can_back(int64_t) const {}
   static constexpr int64_t kAlignment = 64;
 };
 
@@ -33,6 +35,7 @@ class HostCachingAllocator final : public Allocator {
   void* allocate(int64_t bytes) override;
   void release(void* p, int64_t bytes) override;
   bool backed() const override { return true; }
+  void check_can_back(int64_t bytes) const override;  // beyond the machine's physical memory
   void trim();  // return every cached block to the system
   int64_t cached_bytes() const { return cached_; }
 

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "core/check.h"
+#include "core/checked.h"
 #include "core/errors.h"
 
 namespace upipe {
@@ -73,6 +74,30 @@ void* Arena::allocate(int64_t bytes, Tag tag) {
   }
   on_change(tag, bytes);
   return p;
+}
+
+void Arena::check_fits(const TagBytes& need) const {
+  int64_t bytes = 0;
+  for (int64_t b : need.v) bytes = checked_add(bytes, b, "planned bytes");
+  const std::string what = fmt::format(
+      "out of memory in {} arena: this configuration needs at least {} ({} B: {}) before its first "
+      "step",
+      name_, format_bytes(bytes), bytes, describe(need));
+  if (bytes > budget_ - current_)
+    throw OutOfMemoryError(
+        fmt::format("{}, over the budget of {} ({} in use); raise the memory budget or choose a "
+                    "configuration with a smaller peak",
+                    what, format_bytes(budget_), format_bytes(current_)),
+        name_, "planned", bytes, describe(cur_));
+  try {
+    backing_.check_can_back(bytes);
+  } catch (const std::bad_alloc& e) {
+    throw OutOfMemoryError(fmt::format("{}, within the budget, but {}; lower the memory budget to "
+                                       "what this machine has or choose a configuration with a "
+                                       "smaller peak",
+                                       what, e.what()),
+                           name_, "planned", bytes, describe(cur_));
+  }
 }
 
 void Arena::release(void* p, int64_t bytes, Tag tag) {

@@ -30,6 +30,10 @@ class Arena {
 
   // Throws OutOfMemoryError when current + bytes > budget.
   void* allocate(int64_t bytes, Tag tag);
+  // Throws the OutOfMemoryError that allocating all of `need` (bytes per tag, live at once) would
+  // end in, allocating nothing: sizes that come from files or flags are checked against the
+  // budget and the machine before any allocation depends on them.
+  void check_fits(const TagBytes& need) const;
   void release(void* p, int64_t bytes, Tag tag);
 
   const std::string& name() const { return name_; }

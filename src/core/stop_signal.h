@@ -7,8 +7,8 @@
 //
 // Under mpirun, signal mpirun with SIGUSR1 (it forwards it to every rank and exits with the
 // ranks' status, 0); SIGINT/SIGTERM sent to mpirun reach the ranks as SIGTERM but mpirun kills
-// them odls_base_sigkill_timeout seconds later and exits 1. docs/training-signals.md has the
-// measurements and the recommended commands.
+// them odls_base_sigkill_timeout seconds later and exits 1; no rank outlives mpirun
+// (core/launcher.h). docs/training-signals.md has the measurements and the recommended commands.
 #pragma once
 
 namespace upipe {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "core/launcher.h"
 
 namespace upipe {
 
@@ -36,6 +37,7 @@ void default_action(const std::string& message) {
     if (n <= 0) break;
     done += size_t(n);
   }
+  guard_launcher();
   ::_exit(kWatchdogExitCode);
 }
 

@@ -2,8 +2,10 @@
 // MPI communicator, blocking or a Work::wait) or a training step that makes no progress for
 // timeout_s seconds ends this process with kWatchdogExitCode and a message naming the rank, the
 // operation and the context (step, phase). Ending one rank is enough: mpirun then kills the
-// others, a stopped one included (docs/training-signals.md). A rank waiting in a collective for a
-// stopped or stuck peer makes no progress, so the waiting ranks detect a peer that cannot.
+// others, a stopped one included (docs/training-signals.md), and where mpirun cannot (a host
+// unreachable) the rank's launcher guard ends mpirun (core/launcher.h). A rank waiting in a
+// collective for a stopped or stuck peer makes no progress, so the waiting ranks detect a peer
+// that cannot.
 //
 // The watchdog is armed only while an operation (WatchdogOp) or a context (WatchdogContext) is
 // open, so a rank idling between commands, or one with no watchdog started, never times out.
@@ -19,7 +21,7 @@
 
 namespace upipe {
 
-inline constexpr double kDefaultWatchdogTimeoutS = 600;  // --timeout, comm.timeout_s
+inline constexpr double kDefaultWatchdogTimeoutS = 600;  // comm.timeout (--timeout)
 inline constexpr int kWatchdogExitCode = 4;              // status of a rank the watchdog ends
 
 // Called on the watchdog thread with the full message when the timeout expires. The default

@@ -5,17 +5,21 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
+#include "core/checked.h"
 #include "core/errors.h"
+#include "core/safe_fs.h"
+#include "core/strict_json.h"
 
 namespace upipe {
 
 namespace {
 
 using nlohmann::json;
+
+// A config.json is a few KB; anything beyond this is not one (refused before reading it).
+constexpr int64_t kMaxConfigBytes = int64_t(16) << 20;
 
 // Field readers over one JSON object; every error names the source file and the field path.
 class Fields {
@@ -271,7 +275,9 @@ void ModelConfig::validate() const {
   };
   if (hidden_size <= 0) fail("hidden_size", "must be positive");
   if (intermediate_size <= 0) fail("intermediate_size", "must be positive");
-  if (num_hidden_layers <= 0) fail("num_hidden_layers", "must be positive");
+  if (num_hidden_layers <= 0 || num_hidden_layers > kMaxLayers)
+    fail("num_hidden_layers",
+         fmt::format("must be in [1, {}] (got {})", kMaxLayers, num_hidden_layers));
   if (num_attention_heads <= 0) fail("num_attention_heads", "must be positive");
   if (num_key_value_heads <= 0) fail("num_key_value_heads", "must be positive");
   if (vocab_size <= 0) fail("vocab_size", "must be positive");
@@ -284,12 +290,20 @@ void ModelConfig::validate() const {
     fail("rms_norm_eps", fmt::format("must be positive and finite (got {})", rms_norm_eps));
   if (!(rope.theta > 0) || !std::isfinite(rope.theta))
     fail("rope_theta", fmt::format("must be positive and finite (got {})", rope.theta));
+  try {
+    parameter_count(*this);
+  } catch (const SizeError&) {
+    fail("hidden_size",
+         fmt::format("x intermediate_size x vocab_size x num_hidden_layers ({} x {} x {} x {}): "
+                     "the parameter count overflows 64 bits",
+                     hidden_size, intermediate_size, vocab_size, num_hidden_layers));
+  }
 }
 
 ModelConfig parse_model_config(const std::string& json_text, const std::string& source) {
   json j;
   try {
-    j = json::parse(json_text);
+    j = parse_json_strict(json_text, source);
   } catch (const json::parse_error& e) {
     throw ConfigError(fmt::format("{}: not valid JSON: {}", source, e.what()));
   }
@@ -328,6 +342,22 @@ std::string model_config_json(const ModelConfig& m, const std::string& torch_dty
   return j.dump(2) + "\n";
 }
 
+std::string first_model_difference(const ModelConfig& a, const std::string& a_name,
+                                   const ModelConfig& b, const std::string& b_name) {
+  const json ja = json::parse(model_config_json(a, "float32"));
+  const json jb = json::parse(model_config_json(b, "float32"));
+  for (const auto& [key, va] : ja.items()) {
+    const json vb = jb.contains(key) ? jb[key] : json();
+    if (va != vb)
+      return fmt::format("field '{}': {} has {}, {} has {}", key, a_name, va.dump(), b_name,
+                         vb.dump());
+  }
+  for (const auto& [key, vb] : jb.items())
+    if (!ja.contains(key))
+      return fmt::format("field '{}': {} has none, {} has {}", key, a_name, b_name, vb.dump());
+  return "";
+}
+
 const std::vector<std::string>& model_preset_names() {
   static const std::vector<std::string> names = [] {
     std::vector<std::string> v;
@@ -362,12 +392,8 @@ ModelConfig load_model_config(const std::string& path_or_preset) {
         fmt::format("'{}' is neither a config.json, a directory holding one, nor a preset ({})",
                     path_or_preset, preset_list()));
   }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw ConfigError(fmt::format("{}: cannot open for reading", path.string()));
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) throw ConfigError(fmt::format("{}: read error", path.string()));
-  return parse_model_config(text.str(), path.string());
+  return parse_model_config(read_small_file(path.string(), "config.json", kMaxConfigBytes),
+                            path.string());
 }
 
 AttentionConfig to_attention_config(const ModelConfig& m) {
@@ -383,17 +409,22 @@ AttentionConfig to_attention_config(const ModelConfig& m) {
 }
 
 int64_t layer_parameter_count(const ModelConfig& m) {
-  const int64_t d_model = m.hidden_size;
-  int64_t attn = d_model * m.q_dim() * 2 + d_model * m.kv_dim() * 2;  // q, o; k, v
-  int64_t mlp = 3 * d_model * m.intermediate_size;                    // gate, up, down
-  int64_t norms = 2 * d_model + (m.qk_norm ? 2 * int64_t(m.head_dim) : 0);
-  return attn + mlp + norms;
+  const int64_t d = m.hidden_size;
+  const char* what = "parameter count";
+  const int64_t attn = checked_mul(checked_add(checked_mul(d, m.q_dim(), what),  // q, o; k, v
+                                               checked_mul(d, m.kv_dim(), what), what),
+                                   2, what);
+  const int64_t mlp = checked_mul(checked_mul(d, m.intermediate_size, what), 3, what);
+  const int64_t norms = 2 * d + (m.qk_norm ? 2 * int64_t(m.head_dim) : 0);
+  return checked_add(checked_add(attn, mlp, what), norms, what);
 }
 
 int64_t parameter_count(const ModelConfig& m) {
-  int64_t embed = m.vocab_size * m.hidden_size;
-  return embed + m.num_hidden_layers * layer_parameter_count(m) + m.hidden_size +
-         (m.tie_word_embeddings ? 0 : embed);
+  const char* what = "parameter count";
+  const int64_t embed = checked_mul(m.vocab_size, m.hidden_size, what);
+  const int64_t layers = checked_mul(m.num_hidden_layers, layer_parameter_count(m), what);
+  int64_t n = checked_add(checked_add(embed, layers, what), m.hidden_size, what);
+  return m.tie_word_embeddings ? n : checked_add(n, embed, what);
 }
 
 }  // namespace upipe

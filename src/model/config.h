@@ -17,6 +17,9 @@ namespace upipe {
 enum class ModelFamily { kLlama, kQwen3 };
 const char* model_family_name(ModelFamily f);  // "llama" / "qwen3", as in model_type
 
+// The most decoder layers a config may have (the largest models have about 130).
+inline constexpr int kMaxLayers = 1 << 16;
+
 struct ModelConfig {
   ModelFamily family = ModelFamily::kLlama;
   int64_t hidden_size = 0;              // D
@@ -46,6 +49,12 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
 // The Hugging Face config.json text of m (hub form: rope_theta + rope_scaling), which
 // parse_model_config reads back to m and transformers loads; torch_dtype as given.
 std::string model_config_json(const ModelConfig& m, const std::string& torch_dtype);
+
+// The first field in which two models' architectures differ, as "field 'num_attention_heads':
+// A_NAME has 32, B_NAME has 16"; "" when they are the same model (every field of config.json that
+// the engine reads, compared one by one in the alphabetical order of their keys).
+std::string first_model_difference(const ModelConfig& a, const std::string& a_name,
+                                   const ModelConfig& b, const std::string& b_name);
 
 // A directory holding config.json, a path to a config.json, or a preset name.
 ModelConfig load_model_config(const std::string& path_or_preset);

@@ -131,7 +131,7 @@ StepLoss Decoder::run(std::span<const int32_t> tokens, ParamSource& p, const Los
   embed(x, tokens, pos, p);
   Stash stash(dev_, cfg_.stash, {nl, rows, d, m_.intermediate_size, cfg_.compute});
   Tensor h(mem, Tag::kAct, cfg_.compute, rows, d);  // (R, D) a norm's output, the blocks' input
-  for (int l = 0; l < nl; ++l) layer_forward(x, h, stash, l, p);
+  for (int l = 0; l < nl; ++l) layer_forward(x, h, &stash, l, p);
   HeadLoss head = head_loss(h, x, tokens, pos, spec, p);
   const double t1 = now();
   fwd_s_ = t1 - t0;
@@ -158,19 +158,52 @@ void Decoder::embed(const Mat& x, std::span<const int32_t> tokens, std::span<con
 
 // x (R, D) residual dtype += attention(norm(x)), then += MLP(norm(x)); h (R, D) compute dtype:
 // each norm's output. The stash saves what the granularity keeps.
-void Decoder::layer_forward(const Mat& x, const Mat& h, Stash& stash, int l, ParamSource& p) {
+void Decoder::layer_forward(const Mat& x, const Mat& h, Stash* stash, int l, ParamSource& p) {
   const LayerWeights w = layer_weights(m_, l, p.acquire(layer_unit(l)));
   p.prefetch(l + 1 < m_.num_hidden_layers ? layer_unit(l + 1) : head_unit(m_));
-  stash.save_input(l, x);
+  if (stash) stash->save_input(l, x);
   rmsnorm_forward(dev_, x, w.input_norm, cfg_.eps, h);
-  if (stash.keeps_intermediates())
-    stash.keep_attention(l, strat_->forward_stash(h, w.attn, x, 1.0f));
+  if (stash && stash->keeps_intermediates())
+    stash->keep_attention(l, strat_->forward_stash(h, w.attn, x, 1.0f));
   else
     strat_->forward(h, w.attn, x, 1.0f);
-  if (stash.keeps_mlp_input()) stash.save_mlp_input(l, x);
+  if (stash && stash->keeps_mlp_input()) stash->save_mlp_input(l, x);
   rmsnorm_forward(dev_, x, w.post_attn_norm, cfg_.eps, h);
-  mlp_forward(dev_, cfg_.mlp, h, w.mlp, x, 1.0f, stash.keep_mlp(l));
+  mlp_forward(dev_, cfg_.mlp, h, w.mlp, x, 1.0f, stash ? stash->keep_mlp(l) : nullptr);
   p.release(layer_unit(l));
+}
+
+StepLoss Decoder::loss(std::span<const int32_t> tokens, ParamSource& p, const LossSpec& spec) {
+  const int64_t s = cfg_.seq_len, d = m_.hidden_size;
+  UPIPE_CHECK(int64_t(tokens.size()) == s, "{} tokens for a sequence of {}", tokens.size(), s);
+  UPIPE_CHECK(spec.group.empty() || int64_t(spec.group.size()) == s,
+              "{} group flags for a sequence of {}", spec.group.size(), s);
+  const std::vector<int64_t> pos = strat_->layout().positions(cp_.rank()).expand();
+  const int64_t rows = int64_t(pos.size());
+  const double t0 = now();
+  Tensor x(dev_.mem(), Tag::kAct, cfg_.residual, rows, d);  // (R, D) the residual stream
+  embed(x, tokens, pos, p);
+  Tensor h(dev_.mem(), Tag::kAct, cfg_.compute, rows, d);  // (R, D) a norm's output
+  for (int l = 0; l < m_.num_hidden_layers; ++l) layer_forward(x, h, nullptr, l, p);
+  // The head: the final norm and the loss, nothing kept for a backward.
+  const bool tied = m_.tie_word_embeddings;
+  const int ue = embed_unit(), uh = head_unit(m_);
+  const ParamViews& wh = p.acquire(uh);
+  if (tied) p.prefetch(ue);
+  const HeadParams w = head_params(m_, wh, tied ? &p.acquire(ue) : nullptr);
+  rmsnorm_forward(dev_, x, w.final_norm, cfg_.eps, h);
+  std::vector<int32_t> labels;  // (R) on the host
+  std::vector<uint8_t> group;   // (R) on the host, with a group
+  next_token_labels(labels, group, tokens, pos, spec.group);
+  const double scale = spec.scale != 0 ? spec.scale : 1.0 / double(cfg_.seq_len - 1);
+  StepLoss out;
+  out.loss = lm_loss_value(dev_, cfg_.loss, h, w.lm_head, labels, float(scale), group,
+                           group.empty() ? nullptr : &out.group_sum);
+  if (tied) p.release(ue);
+  p.release(uh);
+  fwd_s_ = now() - t0;
+  bwd_s_ = 0;
+  return sum_over_ranks(cp_, out);
 }
 
 // h (R, D) compute dtype = the final norm of x (R, D); the fused LM head and loss, whose labels

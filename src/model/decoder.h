@@ -73,6 +73,9 @@ class Decoder {
   StepLoss run(std::span<const int32_t> tokens, ParamSource& p, const LossSpec& spec = {});
   // The same with whole replicated parameters (FullParams) and transformers' mean loss.
   double loss_and_grads(std::span<const int32_t> tokens, const ParamMap& w, const ParamMap& g);
+  // The loss alone (evaluation): the forward, with nothing stashed and no gradient; the same
+  // loss as run's. Uses p's prefetch / acquire / release only.
+  StepLoss loss(std::span<const int32_t> tokens, ParamSource& p, const LossSpec& spec = {});
   // Wall time of the last call's forward (to the loss) and backward, seconds.
   double forward_seconds() const { return fwd_s_; }
   double backward_seconds() const { return bwd_s_; }
@@ -99,7 +102,8 @@ class Decoder {
   // The step's parts, in order; R = this rank's rows, `pos` their global positions.
   void embed(const Mat& x, std::span<const int32_t> tokens, std::span<const int64_t> pos,
              ParamSource& p);
-  void layer_forward(const Mat& x, const Mat& h, Stash& stash, int layer, ParamSource& p);
+  // stash: null keeps nothing (the loss alone).
+  void layer_forward(const Mat& x, const Mat& h, Stash* stash, int layer, ParamSource& p);
   HeadLoss head_loss(const Mat& h, const Mat& x, std::span<const int32_t> tokens,
                      std::span<const int64_t> pos, const LossSpec& spec, ParamSource& p);
   void head_backward(const Mat& dx, Tensor& x, HeadLoss& head, ParamSource& p);

@@ -22,11 +22,10 @@ std::array<int64_t, 2> tile_rows(const LmLossConfig& c, int64_t rows) {
   return {t, rows % c.tile_rows == 0 ? t : rows % c.tile_rows};
 }
 
-}  // namespace
-
-double lm_loss(Device& dev, const LmLossConfig& c, const Mat& h, const Mat& w,
-               std::span<const int32_t> labels, float scale, const Mat& dh, const Mat& dw,
-               float dw_beta, std::span<const uint8_t> group, double* group_sum) {
+// The tiles' loss; with gradients (dh non-null) also dh and dW from each tile.
+double tiled_loss(Device& dev, const LmLossConfig& c, const Mat& h, const Mat& w,
+                  std::span<const int32_t> labels, float scale, const Mat* dh, const Mat* dw,
+                  float dw_beta, std::span<const uint8_t> group, double* group_sum) {
   check_config(c);
   const int64_t rows = h.rows, d = c.hidden, v = c.vocab;
   UPIPE_CHECK(h.cols == d && h.dtype == c.dtype, "lm_loss h is ({}, {}) {}, expected (rows, {}) {}",
@@ -34,12 +33,14 @@ double lm_loss(Device& dev, const LmLossConfig& c, const Mat& h, const Mat& w,
   UPIPE_CHECK(w.rows == v && w.cols == d && w.dtype == c.dtype,
               "lm_loss W is ({}, {}) {}, expected ({}, {}) {}", w.rows, w.cols, dtype_name(w.dtype),
               v, d, dtype_name(c.dtype));
-  UPIPE_CHECK(dh.rows == rows && dh.cols == d && dh.dtype == c.grad_dtype,
-              "lm_loss dh is ({}, {}) {}, expected ({}, {}) {}", dh.rows, dh.cols,
-              dtype_name(dh.dtype), rows, d, dtype_name(c.grad_dtype));
-  UPIPE_CHECK(dw.rows == v && dw.cols == d && dw.dtype == DType::kF32,
-              "lm_loss dW is ({}, {}) {}, expected ({}, {}) f32", dw.rows, dw.cols,
-              dtype_name(dw.dtype), v, d);
+  if (dh) {
+    UPIPE_CHECK(dh->rows == rows && dh->cols == d && dh->dtype == c.grad_dtype,
+                "lm_loss dh is ({}, {}) {}, expected ({}, {}) {}", dh->rows, dh->cols,
+                dtype_name(dh->dtype), rows, d, dtype_name(c.grad_dtype));
+    UPIPE_CHECK(dw->rows == v && dw->cols == d && dw->dtype == DType::kF32,
+                "lm_loss dW is ({}, {}) {}, expected ({}, {}) f32", dw->rows, dw->cols,
+                dtype_name(dw->dtype), v, d);
+  }
   UPIPE_CHECK(int64_t(labels.size()) == rows, "lm_loss has {} labels for {} rows", labels.size(),
               rows);
   for (size_t i = 0; i < labels.size(); ++i)
@@ -53,7 +54,7 @@ double lm_loss(Device& dev, const LmLossConfig& c, const Mat& h, const Mat& w,
               dw_beta);
   // The first tile's product overwrites dW when dw_beta is 0 (no separate pass over the (V, D)
   // gradient); with no rows there is no tile, so dW is zeroed here.
-  if (dw_beta == 0.0f && rows == 0) zero(dev, dw);
+  if (dw && dw_beta == 0.0f && rows == 0) zero(dev, *dw);
   double loss = 0;
   for (int64_t r0 = 0; r0 < rows; r0 += c.tile_rows) {
     const int64_t t = std::min(c.tile_rows, rows - r0);
@@ -71,10 +72,25 @@ double lm_loss(Device& dev, const LmLossConfig& c, const Mat& h, const Mat& w,
       if (!group.empty() && group[size_t(r0 + a)] != 0) *group_sum += part;
       a = b;
     }
-    gemm(dev, logits, false, w, false, dh.rows_of(r0, t));                   // dh = G W
-    gemm(dev, logits, true, ht, false, dw, 1.0f, r0 == 0 ? dw_beta : 1.0f);  // dW += G^T h
+    if (!dh) continue;
+    gemm(dev, logits, false, w, false, dh->rows_of(r0, t));                   // dh = G W
+    gemm(dev, logits, true, ht, false, *dw, 1.0f, r0 == 0 ? dw_beta : 1.0f);  // dW += G^T h
   }
   return double(scale) * loss;
+}
+
+}  // namespace
+
+double lm_loss(Device& dev, const LmLossConfig& c, const Mat& h, const Mat& w,
+               std::span<const int32_t> labels, float scale, const Mat& dh, const Mat& dw,
+               float dw_beta, std::span<const uint8_t> group, double* group_sum) {
+  return tiled_loss(dev, c, h, w, labels, scale, &dh, &dw, dw_beta, group, group_sum);
+}
+
+double lm_loss_value(Device& dev, const LmLossConfig& c, const Mat& h, const Mat& w,
+                     std::span<const int32_t> labels, float scale, std::span<const uint8_t> group,
+                     double* group_sum) {
+  return tiled_loss(dev, c, h, w, labels, scale, nullptr, nullptr, 0.0f, group, group_sum);
 }
 
 int64_t lm_loss_peak_bytes(const Backend& be, const LmLossConfig& c, int64_t rows) {

@@ -36,6 +36,12 @@ double lm_loss(Device& dev, const LmLossConfig& c, const Mat& h, const Mat& w,
                std::span<const int32_t> labels, float scale, const Mat& dh, const Mat& dw,
                float dw_beta, std::span<const uint8_t> group = {}, double* group_sum = nullptr);
 
+// The same loss without gradients (evaluation): the (T, V) logits tiles and the cross-entropy
+// only, the same bits as lm_loss's value.
+double lm_loss_value(Device& dev, const LmLossConfig& c, const Mat& h, const Mat& w,
+                     std::span<const int32_t> labels, float scale,
+                     std::span<const uint8_t> group = {}, double* group_sum = nullptr);
+
 // Peak device bytes lm_loss allocates on `rows` rows (everything but h, w, dh, dw): the fp32
 // (T, V) logits tile plus the largest of its three GEMMs' workspaces. Independent of rows once
 // rows >= T.

@@ -35,7 +35,7 @@ struct MlpGrads {
 
 // The gate and up products a = x gate^T and b = x up^T of every row, (rows, F) each in dtype:
 // the caller's buffers when it keeps them from forward to backward (the decoder's
-// --checkpoint-granularity none), so backward does not recompute them.
+// --recompute none), so backward does not recompute them.
 struct MlpStash {
   Mat a, b;
   MlpStash rows_of(int64_t r0, int64_t n) const { return {a.rows_of(r0, n), b.rows_of(r0, n)}; }

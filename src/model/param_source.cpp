@@ -23,6 +23,7 @@ std::vector<ParamViews> unit_views(const ModelConfig& m, const ParamMap& p, cons
 }  // namespace
 
 FullParams::FullParams(const ModelConfig& m, const ParamMap& w, const ParamMap& g)
-    : w_(unit_views(m, w, "parameter")), g_(unit_views(m, g, "gradient")) {}
+    : w_(unit_views(m, w, "parameter")),
+      g_(g.empty() ? std::vector<ParamViews>{} : unit_views(m, g, "gradient")) {}
 
 }  // namespace upipe

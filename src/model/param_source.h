@@ -12,6 +12,7 @@
 #include <map>
 #include <string>
 
+#include "core/check.h"
 #include "core/tensor.h"
 #include "model/config.h"
 
@@ -36,13 +37,17 @@ class ParamSource {
 };
 
 // Every parameter and its gradient held whole on this rank (evaluation, single-rank references).
+// With no gradients (g empty) it serves a forward alone (Decoder::loss); grads() is then an error.
 class FullParams final : public ParamSource {
  public:
   FullParams(const ModelConfig& m, const ParamMap& w, const ParamMap& g);
   void prefetch(int) override {}
   const ParamViews& acquire(int unit) override { return w_.at(size_t(unit)); }
   void release(int) override {}
-  const ParamViews& grads(int unit) override { return g_.at(size_t(unit)); }
+  const ParamViews& grads(int unit) override {
+    UPIPE_CHECK(!g_.empty(), "FullParams without gradients: grads({}) of a forward alone", unit);
+    return g_.at(size_t(unit));
+  }
   void grads_done(int) override {}
 
  private:

@@ -1,8 +1,6 @@
 #include "model/safetensors.h"
 
-#include <fcntl.h>
 #include <fmt/format.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,6 +12,8 @@
 #include <utility>
 
 #include "core/errors.h"
+#include "core/safe_fs.h"
+#include "core/strict_json.h"
 
 namespace upipe {
 
@@ -165,24 +165,10 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
     }
     path_ = index.string();
     json j;
-    {
-      int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-      if (fd < 0) fail(path_, fmt::format("cannot open: {}", std::strerror(errno)));
-      struct stat st;
-      std::string text;
-      int err = 0;
-      bool ok = ::fstat(fd, &st) == 0 && st.st_size < kMaxHeaderBytes;
-      if (ok) {
-        text.resize(size_t(st.st_size));
-        ok = pread_all(fd, text.data(), int64_t(text.size()), 0, &err);
-      }
-      ::close(fd);
-      if (!ok) fail(path_, "cannot read the index (unreadable or over 100 MB)");
-      try {
-        j = json::parse(text);
-      } catch (const json::parse_error& e) {
-        fail(path_, fmt::format("bad JSON: {}", e.what()));
-      }
+    try {
+      j = parse_json_strict(read_small_file(path_, "safetensors index", kMaxHeaderBytes), path_);
+    } catch (const json::parse_error& e) {
+      fail(path_, fmt::format("bad JSON: {}", e.what()));
     }
     if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object() ||
         j["weight_map"].empty())
@@ -194,7 +180,8 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
     std::map<std::string, std::unordered_map<std::string, SafetensorsTensor>> shards;
     for (const auto& [name, v] : j["weight_map"].items()) {
       if (!v.is_string()) fail(path_, name, "weight_map value is not a file name");
-      std::string shard = (index.parent_path() / v.get<std::string>()).string();
+      const std::string dir = index.parent_path().empty() ? "." : index.parent_path().string();
+      const std::string shard = confined_path(dir, v.get<std::string>(), path_);
       auto it = shards.find(shard);
       if (it == shards.end()) {
         std::map<std::string, std::string> shard_metadata;
@@ -213,14 +200,12 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
 
 std::unordered_map<std::string, SafetensorsTensor> SafetensorsReader::open_file(
     const std::string& file, std::map<std::string, std::string>* metadata) {
-  int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail(file, fmt::format("cannot open: {}", std::strerror(errno)));
+  ReadFile rf(file, "safetensors file");  // a regular file, opened without blocking
+  const int64_t size = rf.size();
   const int index = int(files_.size());
   files_.push_back(file);
-  fds_.push_back(fd);
-  struct stat st;
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) fail(file, "not a regular file");
-  const int64_t size = st.st_size;
+  fds_.push_back(rf.release());
+  const int fd = fds_.back();
   if (size < 8)
     fail(file, fmt::format("truncated: {} bytes, shorter than the 8-byte header length", size));
   uint64_t n = 0;
@@ -236,7 +221,7 @@ std::unordered_map<std::string, SafetensorsTensor> SafetensorsReader::open_file(
   if (!pread_all(fd, text.data(), int64_t(n), 8, &err)) fail(file, "cannot read the header");
   json h;
   try {
-    h = json::parse(text);
+    h = parse_json_strict(text, file);
   } catch (const json::parse_error& e) {
     fail(file, fmt::format("bad JSON header: {}", e.what()));
   }
@@ -320,6 +305,13 @@ void SafetensorsReader::check_shape(const std::string& name,
   if (t.shape != expected_shape)
     fail(files_[t.file], name,
          fmt::format("has shape {}, expected {}", shape_str(t.shape), shape_str(expected_shape)));
+  check_readable(t);
+}
+
+void SafetensorsReader::check_readable(const SafetensorsTensor& t) const {
+  if (t.dtype != "F32" && t.dtype != "BF16" && t.dtype != "F16")
+    fail(files_[t.file], t.name,
+         fmt::format("dtype {} cannot be read; upipe reads F32, BF16 and F16", t.dtype));
 }
 
 void SafetensorsReader::read(const std::string& name, const std::vector<int64_t>& expected_shape,
@@ -332,9 +324,7 @@ void SafetensorsReader::read_range(const std::string& name, int64_t first, int64
                                    DType dtype, void* dst) const {
   const SafetensorsTensor& t = tensor(name);
   const std::string& file = files_[t.file];
-  if (t.dtype != "F32" && t.dtype != "BF16" && t.dtype != "F16")
-    fail(file, name,
-         fmt::format("dtype {} cannot be read; upipe reads F32, BF16 and F16", t.dtype));
+  check_readable(t);
   if (first < 0 || count < 0 || first > t.numel - count)
     fail(file, name,
          fmt::format("elements [{}, {}) are outside its {} elements", first, first + count,
@@ -363,21 +353,6 @@ void SafetensorsReader::read_range(const std::string& name, int64_t first, int64
 }
 
 // ---- Writer ----
-
-namespace {
-
-void write_all(int fd, const void* src, int64_t n, const std::string& tmp) {
-  const char* p = static_cast<const char*>(src);
-  while (n > 0) {
-    ssize_t w = ::write(fd, p, size_t(std::min<int64_t>(n, 1 << 30)));
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) throw Error(fmt::format("{}: write failed: {}", tmp, std::strerror(errno)));
-    p += w;
-    n -= w;
-  }
-}
-
-}  // namespace
 
 void write_safetensors(const std::string& path, const std::vector<SafetensorsWriteItem>& tensors,
                        const std::map<std::string, std::string>& metadata) {
@@ -412,48 +387,25 @@ void write_safetensors(const std::string& path, const std::vector<SafetensorsWri
   text.append((8 - text.size() % 8) % 8, ' ');
   const uint64_t n = text.size();
 
-  const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw Error(fmt::format("{}: cannot create: {}", tmp, std::strerror(errno)));
-  try {
-    write_all(fd, &n, 8, tmp);
-    write_all(fd, text.data(), int64_t(n), tmp);
-    std::vector<char> staging;  // fill items: at most kSafetensorsWriteChunk elements
-    for (size_t i = 0; i < tensors.size(); ++i) {
-      const SafetensorsWriteItem& t = tensors[i];
-      if (!t.fill) {
-        write_all(fd, t.data, nbytes[i], tmp);
-        continue;
-      }
-      const int64_t esize = dtype_size(t.dtype), count = nbytes[i] / esize;
-      staging.resize(size_t(std::min(count, kSafetensorsWriteChunk) * esize));
-      for (int64_t c = 0; c < count; c += kSafetensorsWriteChunk) {
-        const int64_t k = std::min(kSafetensorsWriteChunk, count - c);
-        t.fill(c, k, staging.data());
-        write_all(fd, staging.data(), k * esize, tmp);
-      }
+  AtomicFile out(path, "safetensors file");
+  out.write(&n, 8);
+  out.write(text);
+  std::vector<char> staging;  // fill items: at most kSafetensorsWriteChunk elements
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const SafetensorsWriteItem& t = tensors[i];
+    if (!t.fill) {
+      out.write(t.data, nbytes[i]);
+      continue;
     }
-    if (::fsync(fd) != 0)
-      throw Error(fmt::format("{}: fsync failed: {}", tmp, std::strerror(errno)));
-    if (::close(fd) != 0) {
-      fd = -1;
-      throw Error(fmt::format("{}: close failed: {}", tmp, std::strerror(errno)));
+    const int64_t esize = dtype_size(t.dtype), count = nbytes[i] / esize;
+    staging.resize(size_t(std::min(count, kSafetensorsWriteChunk) * esize));
+    for (int64_t c = 0; c < count; c += kSafetensorsWriteChunk) {
+      const int64_t k = std::min(kSafetensorsWriteChunk, count - c);
+      t.fill(c, k, staging.data());
+      out.write(staging.data(), k * esize);
     }
-    fd = -1;
-    if (::rename(tmp.c_str(), path.c_str()) != 0)
-      throw Error(fmt::format("{}: cannot rename to {}: {}", tmp, path, std::strerror(errno)));
-  } catch (...) {
-    if (fd >= 0) ::close(fd);
-    ::unlink(tmp.c_str());
-    throw;
   }
-  // Make the rename itself durable.
-  std::string dir = fs::path(path).parent_path().string();
-  int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
+  out.commit();
 }
 
 }  // namespace upipe

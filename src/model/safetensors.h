@@ -9,7 +9,10 @@
 // caller-provided host buffer, converting F32 / BF16 / F16 to the engine's fp32 or bf16. The
 // whole file is never loaded. Problems with the files are ConfigErrors naming file and tensor.
 //
-// The writer writes named fp32 / bf16 tensors atomically (temporary file, fsync, rename).
+// The writer writes named fp32 / bf16 tensors atomically (temporary file, fsync, rename), never
+// over a symlink or anything but a regular file. Files and shard names are untrusted: every file
+// is opened without blocking and must be regular, a shard named by the index must lie inside the
+// index's directory, and a key given twice in a JSON header or index is an error.
 #pragma once
 
 #include <cstdint>
@@ -82,7 +85,8 @@ class SafetensorsReader {
   // Throws ConfigError naming the checkpoint when the tensor is absent.
   const SafetensorsTensor& tensor(const std::string& name) const;
 
-  // Throws ConfigError naming the file and tensor when it is absent or its shape differs.
+  // Throws ConfigError naming the file and tensor when it is absent, its shape differs or its
+  // dtype cannot be read (every rank checks every tensor before any rank reads its part).
   void check_shape(const std::string& name, const std::vector<int64_t>& expected_shape) const;
   // Reads the whole tensor into dst (numel elements of `dtype`, contiguous). Throws
   // ConfigError when the stored shape differs from expected_shape or the stored dtype is not
@@ -96,6 +100,7 @@ class SafetensorsReader {
 
  private:
   void close_all();
+  void check_readable(const SafetensorsTensor& t) const;  // F32, BF16 or F16
   // Opens one file, keeps its descriptor, and returns its validated tensors and metadata.
   std::unordered_map<std::string, SafetensorsTensor> open_file(
       const std::string& file, std::map<std::string, std::string>* metadata);
@@ -125,10 +130,11 @@ struct SafetensorsWriteItem {
 // many elements of the item's dtype.
 inline constexpr int64_t kSafetensorsWriteChunk = int64_t(1) << 20;
 
-// Writes `tensors` (in this order) and `metadata` as one safetensors file at `path`, atomically:
-// a temporary file beside it is written, fsynced and renamed over `path`. Throws ConfigError for
-// invalid items (empty or duplicate names, "__metadata__", negative dims, neither or both of data
-// and fill) and Error on I/O failure (the temporary file is removed).
+// Writes `tensors` (in this order) and `metadata` as one safetensors file at `path`, atomically
+// (core/safe_fs.h AtomicFile: a temporary file beside it is written, fsynced and renamed over
+// `path`). Throws ConfigError for invalid items (empty or duplicate names, "__metadata__", negative
+// dims, neither or both of data and fill) or a target that is a symlink or not a regular file,
+// and Error on I/O failure (the temporary file is removed).
 void write_safetensors(const std::string& path, const std::vector<SafetensorsWriteItem>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
 

@@ -5,10 +5,10 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 
 #include "core/checked.h"
 #include "core/errors.h"
+#include "core/safe_fs.h"
 
 namespace upipe {
 namespace {
@@ -16,26 +16,9 @@ namespace {
 // Ids converted per read: bounds the staging buffer (64 KiB of 8-byte ids) whatever the window.
 constexpr int64_t kReadChunk = 8192;
 
-int64_t file_bytes(const std::string& path) {
-  std::error_code ec;
-  const auto n = std::filesystem::file_size(path, ec);
-  if (ec) throw ConfigError(fmt::format("cannot open token file {}: {}", path, ec.message()));
-  return int64_t(n);
-}
-
-// Reads bytes [offset, offset + n) of `f` into `out`, or ConfigError naming the file.
-void read_at(std::ifstream& f, const std::string& path, int64_t offset, int64_t n, char* out) {
-  f.seekg(offset);
-  f.read(out, n);
-  if (f.gcount() != n)
-    throw ConfigError(
-        fmt::format("{}: truncated: cannot read {} bytes at offset {}", path, n, offset));
-}
-
-std::ifstream open_or_throw(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw ConfigError(fmt::format("cannot open token file {}", path));
-  return f;
+// Token files are opened without blocking and must be regular files (core/safe_fs.h).
+ReadFile open_token_file(const std::string& path) {
+  return ReadFile(path, "token file");
 }
 
 // The value of `key` in the header dict ("'descr': '<i4', 'fortran_order': False, 'shape':
@@ -62,14 +45,19 @@ std::string header_field(const std::string& header, const std::string& key,
   return header.substr(v, end - v);
 }
 
-TokenFileInfo inspect_npy(const std::string& path, std::ifstream& f, int64_t size) {
+TokenFileInfo inspect_npy(const std::string& path, const ReadFile& f, int64_t size) {
   TokenFileInfo info;
   info.path = path;
   info.format = TokenFormat::kNpy;
   unsigned char pre[12] = {};
   if (size < 10) throw ConfigError(fmt::format("{}: truncated .npy header", path));
-  read_at(f, path, 0, std::min<int64_t>(size, 12), reinterpret_cast<char*>(pre));
-  const int major = pre[6];
+  f.read_at(pre, std::min<int64_t>(size, 12), 0);
+  // Versions 1.0 (2-byte header length), 2.0 and 3.0 (4-byte; 3.0's header is UTF-8).
+  const int major = pre[6], minor = pre[7];
+  if (minor != 0 || major < 1 || major > 3)
+    throw ConfigError(
+        fmt::format("{}: .npy format version {}.{} is not supported; NumPy writes 1.0, 2.0 or 3.0",
+                    path, major, minor));
   int64_t hlen = 0, start = 0;
   if (major == 1) {
     hlen = int64_t(pre[8]) | int64_t(pre[9]) << 8;
@@ -81,7 +69,7 @@ TokenFileInfo inspect_npy(const std::string& path, std::ifstream& f, int64_t siz
   }
   if (start + hlen > size) throw ConfigError(fmt::format("{}: truncated .npy header", path));
   std::string header(static_cast<size_t>(hlen), '\0');
-  read_at(f, path, start, hlen, header.data());
+  f.read_at(header.data(), hlen, start);
   const std::string descr = header_field(header, "descr", path);
   if (header_field(header, "fortran_order", path) != "False")
     throw ConfigError(fmt::format("{}: Fortran-ordered arrays are not supported", path));
@@ -110,7 +98,7 @@ TokenFileInfo inspect_npy(const std::string& path, std::ifstream& f, int64_t siz
   return info;
 }
 
-TokenFileInfo inspect_bin(const std::string& path, std::ifstream& f, int64_t size) {
+TokenFileInfo inspect_bin(const std::string& path, const ReadFile& f, int64_t size) {
   TokenFileInfo info;
   info.path = path;
   info.format = TokenFormat::kBin;
@@ -120,7 +108,7 @@ TokenFileInfo inspect_bin(const std::string& path, std::ifstream& f, int64_t siz
         fmt::format("{}: truncated: an llm.c .bin header is {} bytes, the file has {}", path,
                     header_bytes, size));
   int32_t h[3];
-  read_at(f, path, 0, sizeof(h), reinterpret_cast<char*>(h));
+  f.read_at(h, sizeof(h), 0);
   if (h[0] == kBinMagicU16 && h[1] == kBinVersionU16)
     info.width = 2;
   else if (h[0] == kBinMagicU32 && h[1] == kBinVersionU32)
@@ -146,11 +134,10 @@ TokenFileInfo inspect_bin(const std::string& path, std::ifstream& f, int64_t siz
 }  // namespace
 
 TokenFileInfo inspect_token_file(const std::string& path) {
-  const int64_t size = file_bytes(path);
-  std::ifstream f = open_or_throw(path);
+  const ReadFile f = open_token_file(path);
+  const int64_t size = f.size();
   char magic[6] = {};
-  f.read(magic, std::min<int64_t>(size, 6));
-  f.clear();
+  f.read_at(magic, std::min<int64_t>(size, 6), 0);
   if (size >= 6 && std::memcmp(magic, "\x93NUMPY", 6) == 0) return inspect_npy(path, f, size);
   int32_t m = 0;
   if (size >= 4) std::memcpy(&m, magic, 4);
@@ -167,12 +154,11 @@ void read_token_range(const TokenFileInfo& info, int64_t begin, int64_t n, int64
   if (begin < 0 || n < 0 || begin > info.count || n > info.count - begin)
     throw ConfigError(fmt::format("{}: ids [{}, {}) requested, the file has {}", info.path, begin,
                                   checked_add(begin, n), info.count));
-  std::ifstream f = open_or_throw(info.path);
+  const ReadFile f = open_token_file(info.path);
   std::vector<char> buf(static_cast<size_t>(std::min(n, kReadChunk) * info.width));
   for (int64_t done = 0; done < n;) {
     const int64_t m = std::min(n - done, kReadChunk);
-    read_at(f, info.path, info.data_offset + (begin + done) * info.width, m * info.width,
-            buf.data());
+    f.read_at(buf.data(), m * info.width, info.data_offset + (begin + done) * info.width);
     for (int64_t i = 0; i < m; ++i) {
       const char* p = buf.data() + i * info.width;
       int64_t v = 0;
@@ -198,6 +184,12 @@ void read_token_range(const TokenFileInfo& info, int64_t begin, int64_t n, int64
     }
     done += m;
   }
+}
+
+void check_token_ids(const TokenFileInfo& f, int64_t n, int64_t vocab) {
+  std::vector<int32_t> buf(static_cast<size_t>(std::min(n, kReadChunk)));
+  for (int64_t b = 0; b < n; b += kReadChunk)
+    read_token_range(f, b, std::min(kReadChunk, n - b), vocab, buf.data());
 }
 
 std::vector<int32_t> read_tokens(const std::string& path, int64_t vocab) {
@@ -233,23 +225,22 @@ void write_bin_tokens(const std::string& path, std::span<const int32_t> ids, int
   header[0] = width == 2 ? kBinMagicU16 : kBinMagicU32;
   header[1] = width == 2 ? kBinVersionU16 : kBinVersionU32;
   header[2] = int32_t(ids.size());
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  if (!f) throw ConfigError(fmt::format("cannot write token file {}", path));
-  f.write(reinterpret_cast<const char*>(header.data()), kBinHeaderInts * 4);
-  for (size_t i = 0; i < ids.size(); ++i) {
-    if (ids[i] < 0 || ids[i] >= limit)
-      throw ConfigError(
-          fmt::format("{}: id {} at index {} does not fit {} bytes", path, ids[i], i, width));
-    if (width == 2) {
-      const uint16_t u = uint16_t(ids[i]);
-      f.write(reinterpret_cast<const char*>(&u), 2);
-    } else {
+  AtomicFile f(path, "token file");
+  f.write(header.data(), kBinHeaderInts * 4);
+  std::vector<char> buf;  // one chunk of ids in the file's width
+  for (size_t i = 0; i < ids.size();) {
+    buf.clear();
+    for (const size_t end = std::min(ids.size(), i + size_t(kReadChunk)); i < end; ++i) {
+      if (ids[i] < 0 || ids[i] >= limit)
+        throw ConfigError(
+            fmt::format("{}: id {} at index {} does not fit {} bytes", path, ids[i], i, width));
       const uint32_t u = uint32_t(ids[i]);
-      f.write(reinterpret_cast<const char*>(&u), 4);
+      const char* b = reinterpret_cast<const char*>(&u);
+      buf.insert(buf.end(), b, b + width);  // little-endian: the low bytes first
     }
+    f.write(buf.data(), int64_t(buf.size()));
   }
-  f.flush();
-  if (!f) throw ConfigError(fmt::format("cannot write token file {}", path));
+  f.commit();
 }
 
 }  // namespace upipe

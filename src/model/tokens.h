@@ -41,6 +41,10 @@ TokenFileInfo inspect_token_file(const std::string& path);
 void read_token_range(const TokenFileInfo& f, int64_t begin, int64_t n, int64_t vocab,
                       int32_t* out);
 
+// Checks ids [0, n) of `f` against the vocabulary like read_token_range, through a bounded
+// buffer: nothing proportional to n is allocated.
+void check_token_ids(const TokenFileInfo& f, int64_t n, int64_t vocab);
+
 // Every id of a token file of either format (dispatched on the magic).
 std::vector<int32_t> read_tokens(const std::string& path, int64_t vocab);
 // Every id of a .npy file; anything else (another dtype, a 2-D array, Fortran order, a
@@ -51,7 +55,8 @@ std::vector<int32_t> read_bin_tokens(const std::string& path, int64_t vocab);
 
 // Writes `ids` as an llm.c .bin file of `width` bytes per id (2: magic 20240520 version 1;
 // 4: magic 20240801 version 7). Throws ConfigError when an id does not fit the width, there are
-// 2^31 ids or more (the header's count is an int32), or the file cannot be written.
+// 2^31 ids or more (the header's count is an int32), or `path` is a symlink or not a regular file;
+// Error when a write fails. Written atomically (core/safe_fs.h AtomicFile).
 void write_bin_tokens(const std::string& path, std::span<const int32_t> ids, int width = 2);
 
 }  // namespace upipe

@@ -1,10 +1,14 @@
 #include "model/weights.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <vector>
 
 #include "backend/tensor_ops.h"
+#include "core/checked.h"
+#include "core/errors.h"
 #include "core/rng.h"
 #include "model/hf_names.h"
 #include "model/safetensors.h"
@@ -16,6 +20,54 @@ bool has_checkpoint(const std::string& dir) {
   return !dir.empty() && fs::is_directory(dir) &&
          (fs::exists(fs::path(dir) / "model.safetensors") ||
           fs::exists(fs::path(dir) / "model.safetensors.index.json"));
+}
+
+SafetensorsReader open_init_weights(const std::string& dir, const ModelConfig& m) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec))
+    throw ConfigError(fmt::format(
+        "model.init_from = {} is not a directory (a Hugging Face model: config.json + safetensors)",
+        dir));
+  const ModelConfig init = load_model_config(dir);
+  const std::string diff =
+      first_model_difference(init, dir, m, "this run's model (" + m.source + ")");
+  if (!diff.empty())
+    throw ConfigError(fmt::format(
+        "model.init_from = {} is another model than this run's: {}; train that model with "
+        "--model.name={}",
+        dir, diff, dir));
+  return SafetensorsReader(dir);
+}
+
+std::string weights_dir(const std::string& model, bool random_weights) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (random_weights) return "";
+  if (!fs::exists(model, ec) && is_model_preset(model)) return "";
+  fs::path dir = fs::is_directory(model, ec) ? fs::path(model) : fs::path(model).parent_path();
+  if (dir.empty()) dir = ".";
+  if (has_checkpoint(dir.string())) return dir.string();
+  for (const char* f : {"model.safetensors", "model.safetensors.index.json"})
+    if (fs::is_symlink(dir / f, ec) && !fs::exists(dir / f, ec))
+      throw ConfigError(fmt::format(
+          "{}: {} is a dangling symlink (its target {} is missing); fetch the weights, or pass "
+          "--random-weights to use random ones",
+          dir.string(), f, fs::read_symlink(dir / f, ec).string()));
+  throw ConfigError(
+      fmt::format("{} holds no weights (model.safetensors or model.safetensors.index.json); pass "
+                  "--random-weights to use random ones",
+                  dir.string()));
+}
+
+TagBytes full_model_floor(const ModelConfig& m, DType dtype, int64_t rows, DType residual) {
+  const int64_t p = parameter_count(m);
+  TagBytes need;
+  need.v[size_t(Tag::kParams)] = checked_mul(p, dtype_size(dtype), "parameter bytes");
+  need.v[size_t(Tag::kGrads)] = checked_mul(p, 4, "gradient bytes");
+  need.v[size_t(Tag::kAct)] = checked_mul(checked_mul(rows, m.hidden_size, "residual elements"),
+                                          dtype_size(residual), "residual bytes");
+  return need;
 }
 
 void param_values(const HfTensorSpec& s, int index, const SafetensorsReader* reader,

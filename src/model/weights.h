@@ -9,19 +9,33 @@
 #include "model/config.h"
 #include "model/decoder.h"
 #include "model/hf_names.h"
+#include "model/safetensors.h"
 
 namespace upipe {
 
 // Whether `dir` (a directory) holds safetensors weights.
 bool has_checkpoint(const std::string& dir);
 
-class SafetensorsReader;
-
 // Elements [first, first + count) of tensor `index` of hf_tensors(m) (spec s), as fp32: read from
 // `reader` when it is not null (its shape checked by the caller, SafetensorsReader::check_shape), else the deterministic initialisation of `seed` (the values
 // load_params gives, whatever range is asked: ZeRO-3 ranks fill exactly their shard).
 void param_values(const HfTensorSpec& s, int index, const SafetensorsReader* reader,
                   uint64_t seed, int64_t first, int64_t count, float* dst);
+
+// The weights of the Hugging Face directory `dir` for a run of model m: ConfigError when dir holds
+// no config.json or its model differs from m (naming the first field that differs), before any
+// weights are opened.
+SafetensorsReader open_init_weights(const std::string& dir, const ModelConfig& m);
+
+// The directory whose weights a model given as `model` (a preset, a Hugging Face directory or its
+// config.json) loads: "" (random weights) for a preset or when random_weights is asked for;
+// ConfigError when the directory holds no weights (a dangling model.safetensors symlink, as a
+// cache with a missing blob has, counts as none).
+std::string weights_dir(const std::string& model, bool random_weights);
+
+// What a rank holding the whole model needs at least (core/arena.h check_fits): its parameters
+// in `dtype`, their fp32 gradients and the residual stream of its `rows` tokens.
+TagBytes full_model_floor(const ModelConfig& m, DType dtype, int64_t rows, DType residual);
 
 // Parameters of m in `dtype` on dev (tag params): from the checkpoint in `dir` when it has one
 // (every tensor checked for name and shape), else random with `seed`.

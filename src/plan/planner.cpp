@@ -89,6 +89,8 @@ Plan plan_step(const ModelConfig& m, const PlanRequest& r, bool stop_at_budget) 
       p.complete = false;
       p.fits = false;
       p.failure = fmt::format("rank {}: {}", rank, e.what());
+      p.limit_arena = e.arena;
+      p.limit_tag = e.tag;
       return p;
     }
     if (rp.device_peak > p.device_peak || rank == 0) {
@@ -262,7 +264,15 @@ Plan max_seq_len(const ModelConfig& m, const PlanRequest& r) {
     best.decoder.seq_len = at(k).decoder.seq_len;
     Plan p = plan_auto(m, best);
     const int64_t further = largest(p.request, k);
-    if (further <= k) return p;
+    if (further <= k) {
+      // What one granule more would exceed.
+      PlanRequest next = p.request;
+      next.decoder.seq_len = at(k + 1).decoder.seq_len;
+      const Plan n = plan_step(m, next, true);
+      p.limit_arena = n.limit_arena;
+      p.limit_tag = n.limit_tag;
+      return p;
+    }
     k = further;
   }
 }

@@ -60,6 +60,9 @@ struct Plan {
   Tag limiting_tag = Tag::kParams;        // the largest tag at the worst device peak
   std::vector<RankPlan> ranks;            // every rank (complete plans only)
   std::string failure;                    // what did not fit, when !complete
+  // What stops this plan, or (max_seq_len) one granule more: the arena whose budget it exceeds
+  // ("device" or "host") and the tag of the request that did not fit; empty when nothing does.
+  std::string limit_arena, limit_tag;
 };
 
 // One rank's step on the meta device. Throws ConfigError when the request is not a valid

@@ -1,17 +1,24 @@
 #include "train/checkpoint.h"
 
-#include <fcntl.h>
 #include <fmt/format.h>
-#include <unistd.h>
+#include <xxhash.h>
 
 #include <algorithm>
+#include <array>
+#include <charconv>
+#include <cstdio>
 #include <filesystem>
-#include <fstream>
-#include <nlohmann/json.hpp>
-#include <sstream>
+#include <map>
+#include <random>
+#include <set>
+#include <tuple>
 
 #include "backend/tensor_ops.h"
+#include "core/checked.h"
 #include "core/errors.h"
+#include "core/fault_inject.h"
+#include "core/safe_fs.h"
+#include "core/strict_json.h"
 #include "model/safetensors.h"
 
 namespace upipe {
@@ -20,8 +27,13 @@ using json = nlohmann::json;
 
 namespace {
 
-constexpr const char* kFormat = "upipe-zero3-checkpoint-1";
+constexpr const char* kFormat = "upipe-zero3-checkpoint-2";
+constexpr const char* kChecksum = "xxh3-64";
 const char* const kFields[] = {"master", "exp_avg", "exp_avg_sq"};
+constexpr int kNumFields = 3;
+// Bounds on what is read from a checkpoint directory before parsing it.
+constexpr int64_t kMaxMetaBytes = int64_t(256) << 20;
+constexpr int64_t kMaxSmallFileBytes = 4096;  // DONE, the run-id marker
 
 std::string step_dir_name(int64_t step) {
   return fmt::format("step_{:08d}", step);
@@ -32,202 +44,562 @@ std::string rank_file(int rank) {
 std::string tensor_key(int unit, int field) {
   return fmt::format("unit{}.{}", unit, kFields[field]);
 }
-
-void fsync_path(const fs::path& p, bool directory) {
-  const int fd = ::open(p.c_str(), directory ? O_RDONLY | O_DIRECTORY : O_RDONLY);
-  if (fd < 0) throw Error(fmt::format("cannot open {} to sync it", p.string()));
-  const int rc = ::fsync(fd);
-  ::close(fd);
-  if (rc != 0) throw Error(fmt::format("fsync of {} failed", p.string()));
+std::string hex64(uint64_t h) {
+  return fmt::format("{:016x}", h);
+}
+uint64_t xxh3(const void* p, int64_t bytes) {
+  return XXH3_64bits(p, size_t(bytes));
 }
 
-void write_synced(const fs::path& p, const std::string& text) {
-  {
-    std::ofstream f(p, std::ios::binary | std::ios::trunc);
-    f << text;
-    f.flush();
-    if (!f) throw Error(fmt::format("cannot write {}", p.string()));
+// ---- The directory: which step directories exist and whose they are ----
+
+// One step_<digits> or step_<digits>.tmp entry of a checkpoint directory.
+struct Entry {
+  int64_t step = 0;
+  fs::path path;
+  bool tmp = false;       // being written (or left by a crash while being written)
+  bool complete = false;  // renamed, with DONE
+  std::string run_id;     // "" when it cannot be read
+};
+
+// "step_<1 to 18 digits>[.tmp]" -> the step; false for any other name.
+bool parse_step_name(const std::string& n, int64_t* step, bool* tmp) {
+  if (n.rfind("step_", 0) != 0) return false;
+  *tmp = n.size() > 4 && n.compare(n.size() - 4, 4, ".tmp") == 0;
+  const size_t b = 5, e = n.size() - (*tmp ? 4 : 0);
+  if (e <= b || e - b > 18) return false;
+  const auto r = std::from_chars(n.data() + b, n.data() + e, *step);
+  return r.ec == std::errc() && r.ptr == n.data() + e;
+}
+
+std::string read_run_id(const fs::path& entry, bool tmp) {
+  try {
+    if (tmp) {
+      std::string s = read_small_file((entry / "run_id").string(), "run id", kMaxSmallFileBytes);
+      while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+      return s;
+    }
+    const std::string meta = (entry / "meta.json").string();
+    const json j =
+        parse_json_strict(read_small_file(meta, "checkpoint metadata", kMaxMetaBytes), meta);
+    return j.at("run_id").get<std::string>();
+  } catch (const std::exception&) {
+    return "";
   }
-  fsync_path(p, false);
 }
 
-std::string read_text(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  if (!f) throw ConfigError(fmt::format("checkpoint file {} is missing", p.string()));
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-bool complete(const fs::path& p) {
-  return fs::is_directory(p) && fs::exists(p / "DONE") && fs::exists(p / "meta.json");
-}
-
-// The complete checkpoints under dir, oldest first.
-std::vector<std::pair<int64_t, fs::path>> complete_checkpoints(const fs::path& dir) {
-  std::vector<std::pair<int64_t, fs::path>> v;
-  if (!fs::is_directory(dir)) return v;
-  for (const auto& e : fs::directory_iterator(dir)) {
-    const std::string n = e.path().filename().string();
-    if (n.size() != 13 || n.rfind("step_", 0) != 0 || !complete(e.path())) continue;
-    if (n.find_first_not_of("0123456789", 5) != std::string::npos) continue;
-    v.emplace_back(std::stoll(n.substr(5)), e.path());
+// Every step entry under dir, by step (temporaries after the directory of the same step).
+std::vector<Entry> list_entries(const fs::path& dir) {
+  std::vector<Entry> v;
+  std::error_code ec, ignored;  // ec: the listing's; ignored: each entry's own checks
+  if (!fs::is_directory(dir, ignored)) return v;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    Entry x;
+    if (!parse_step_name(e.path().filename().string(), &x.step, &x.tmp)) continue;
+    if (!e.is_directory(ignored) || e.is_symlink(ignored)) continue;
+    x.path = e.path();
+    x.complete = !x.tmp && fs::is_regular_file(x.path / "DONE", ignored) &&
+                 fs::is_regular_file(x.path / "meta.json", ignored);
+    x.run_id = read_run_id(x.path, x.tmp);
+    v.push_back(std::move(x));
   }
-  std::sort(v.begin(), v.end());
+  if (ec) throw ConfigError(fmt::format("cannot list {}: {}", dir.string(), ec.message()));
+  std::sort(v.begin(), v.end(), [](const Entry& a, const Entry& b) {
+    return std::tie(a.step, a.tmp) < std::tie(b.step, b.tmp);
+  });
   return v;
 }
 
-// Per unit: element count and the shard size the writer used.
+std::string new_run_id(Communicator& world) {
+  char id[33] = {};
+  if (world.rank() == 0) {
+    std::random_device rd;
+    const std::string s = fmt::format("{:08x}{:08x}{:08x}{:08x}", rd(), rd(), rd(), rd());
+    std::copy(s.begin(), s.end(), id);
+  }
+  world.broadcast(id, 32, 0);
+  return std::string(id, 32);
+}
+
+// ---- Reading: meta.json, verified against DONE, and the rank files, verified against it ----
+
 struct SavedUnit {
   int64_t numel = 0, shard = 0;
+};
+
+struct SavedFile {
+  int64_t bytes = 0;
+  uint64_t header = 0;          // XXH3-64 of the 8-byte length and the JSON header
+  std::vector<uint64_t> piece;  // per tensor in (unit, field) order, per piece
 };
 
 struct Saved {
   CheckpointInfo info;
   std::vector<SavedUnit> units;
+  std::vector<SavedFile> files;  // per writer rank
+  int64_t piece = kCheckpointPiece;
+  std::vector<int64_t> piece_base;  // per tensor (unit * 3 + field): its first piece's index
 };
+
+uint64_t parse_hex64(const json& v, const std::string& meta) {
+  const std::string s = v.get<std::string>();
+  uint64_t h = 0;
+  const auto r = std::from_chars(s.data(), s.data() + s.size(), h, 16);
+  if (s.size() != 16 || r.ec != std::errc() || r.ptr != s.data() + s.size())
+    throw ConfigError(fmt::format("{}: '{}' is not a 16-digit hexadecimal checksum", meta, s));
+  return h;
+}
+
+// The text of meta.json, checked against the checksum DONE holds.
+std::string verified_meta_text(const fs::path& p) {
+  const std::string done_path = (p / "DONE").string(), meta = (p / "meta.json").string();
+  const std::string done = read_small_file(done_path, "checkpoint marker", kMaxSmallFileBytes);
+  const std::string text = read_small_file(meta, "checkpoint metadata", kMaxMetaBytes);
+  const std::string want =
+      fmt::format("meta.json {} {}\n", kChecksum, hex64(xxh3(text.data(), int64_t(text.size()))));
+  if (done.find(want) == std::string::npos)
+    throw ConfigError(fmt::format(
+        "{} does not match the checksum in {}: the checkpoint is corrupt; use another one", meta,
+        done_path));
+  return text;
+}
+
+void parse_meta(const json& j, const std::string& meta, Saved& s) {
+  if (j.at("format").get<std::string>() != kFormat)
+    throw ConfigError(fmt::format("{}: format {} is not {}", meta, j.at("format").dump(), kFormat));
+  s.info.run_id = j.at("run_id").get<std::string>();
+  s.info.step = j.at("step").get<int64_t>();
+  s.info.world = j.at("world").get<int>();
+  s.info.cp_size = j.at("cp_size").get<int>();
+  s.info.model_json = j.at("model").get<std::string>();
+  s.info.run_toml = j.at("run").get<std::string>();
+  const json& c = j.at("checksum");
+  if (c.at("algorithm").get<std::string>() != kChecksum)
+    throw ConfigError(
+        fmt::format("{}: checksum {} is not {}", meta, c.at("algorithm").dump(), kChecksum));
+  s.piece = c.at("piece_elements").get<int64_t>();
+  for (const json& u : j.at("units")) s.units.push_back({u.at("numel"), u.at("shard")});
+  for (const json& f : j.at("files")) {
+    SavedFile sf;
+    sf.bytes = f.at("bytes").get<int64_t>();
+    sf.header = parse_hex64(f.at("header_xxh3"), meta);
+    for (const json& h : f.at("pieces_xxh3")) sf.piece.push_back(parse_hex64(h, meta));
+    s.files.push_back(std::move(sf));
+  }
+}
+
+// Every count in meta.json consistent with the others, in checked arithmetic.
+void check_meta(const std::string& meta, Saved& s) {
+  auto bad = [&](const std::string& what) {
+    throw ConfigError(fmt::format("{}: {}; the checkpoint is corrupt", meta, what));
+  };
+  if (s.info.world < 1 || s.info.step < 0 || s.info.cp_size < 1 || s.info.world % s.info.cp_size)
+    bad(fmt::format("world {}, cp_size {}, step {} are invalid", s.info.world, s.info.cp_size,
+                    s.info.step));
+  if (s.piece < 1 || s.piece > (int64_t(1) << 30))
+    bad(fmt::format("piece_elements {} is out of range", s.piece));
+  if (int64_t(s.files.size()) != s.info.world)
+    bad(fmt::format("{} rank files listed for world {}", s.files.size(), s.info.world));
+  int64_t pieces = 0;
+  for (const SavedUnit& u : s.units) {
+    if (u.numel < 1 || u.shard != (u.numel + s.info.world - 1) / s.info.world)
+      bad(fmt::format("a unit of {} elements has shard {} over {} ranks", u.numel, u.shard,
+                      s.info.world));
+    for (int f = 0; f < kNumFields; ++f) {
+      s.piece_base.push_back(pieces);
+      pieces = checked_add(pieces, (u.shard + s.piece - 1) / s.piece, "checkpoint pieces");
+    }
+  }
+  for (size_t q = 0; q < s.files.size(); ++q)
+    if (int64_t(s.files[q].piece.size()) != pieces)
+      bad(fmt::format("{} lists {} checksums, its tensors have {} pieces", rank_file(int(q)),
+                      s.files[q].piece.size(), pieces));
+}
 
 Saved read_saved(const std::string& path) {
   const fs::path p(path);
-  if (!fs::is_directory(p))
+  std::error_code ec;
+  if (!fs::is_directory(p, ec))
     throw ConfigError(fmt::format("checkpoint {} is not a directory", path));
-  if (!fs::exists(p / "DONE"))
-    throw ConfigError(fmt::format("checkpoint {} is incomplete (no DONE marker): it was being "
-                                  "written when the run stopped; use an older one",
-                                  path));
+  if (!fs::exists(p / "DONE", ec))
+    throw ConfigError(
+        fmt::format("checkpoint {} is incomplete (no DONE marker): it was being "
+                    "written when the run stopped; use an older one",
+                    path));
   const std::string meta = (p / "meta.json").string();
   Saved s;
+  s.info.path = path;
   try {
-    const json j = json::parse(read_text(meta));
-    if (j.at("format").get<std::string>() != kFormat)
-      throw ConfigError(fmt::format("{}: format {} is not {}", meta, j.at("format").dump(), kFormat));
-    s.info.path = path;
-    s.info.step = j.at("step").get<int64_t>();
-    s.info.world = j.at("world").get<int>();
-    s.info.cp_size = j.at("cp_size").get<int>();
-    s.info.model_json = j.at("model").get<std::string>();
-    s.info.run_toml = j.at("run").get<std::string>();
-    for (const json& u : j.at("units")) s.units.push_back({u.at("numel"), u.at("shard")});
+    parse_meta(parse_json_strict(verified_meta_text(p), meta), meta, s);
   } catch (const json::exception& e) {
     throw ConfigError(fmt::format("{}: malformed checkpoint metadata: {}", meta, e.what()));
   }
-  if (s.info.world < 1 || s.info.step < 0)
-    throw ConfigError(fmt::format("{}: world {} / step {} are invalid", meta, s.info.world,
-                                  s.info.step));
+  check_meta(meta, s);
   return s;
 }
 
-// Reads elements [a, b) of unit u's flat `field` from the writer's shards.
-void read_flat(const std::vector<SafetensorsReader>& files, const SavedUnit& su, int unit,
-               int field, int64_t a, int64_t b, float* dst) {
-  for (int q = 0; q < int(files.size()) && a < b; ++q) {
-    const int64_t qa = int64_t(q) * su.shard, qb = qa + su.shard;
-    const int64_t x = std::max(a, qa), y = std::min(b, qb);
-    if (x >= y) continue;
-    files[size_t(q)].read_range(tensor_key(unit, field), x - qa, y - x, DType::kF32,
-                                dst + (x - a));
+// The rank files of a checkpoint, opened and checked against meta.json, read piece by piece with
+// every piece verified (the last one kept, so sequential reads read each piece once).
+class RankFiles {
+ public:
+  explicit RankFiles(Saved s) : s_(std::move(s)) {
+    for (int q = 0; q < s_.info.world; ++q) open(q);
   }
-}
+  const Saved& saved() const { return s_; }
 
-std::vector<SafetensorsReader> open_rank_files(const Saved& s) {
-  std::vector<SafetensorsReader> files;
-  for (int q = 0; q < s.info.world; ++q) {
-    const fs::path f = fs::path(s.info.path) / rank_file(q);
-    if (!fs::exists(f))
-      throw ConfigError(fmt::format("checkpoint file {} is missing", f.string()));
-    files.emplace_back(f.string());
-    for (size_t u = 0; u < s.units.size(); ++u)
-      for (int field = 0; field < 3; ++field) {
-        const SafetensorsTensor& t = files.back().tensor(tensor_key(int(u), field));
-        if (t.shape != std::vector<int64_t>{s.units[u].shard})
-          throw ConfigError(fmt::format("{}: tensor {} has {} elements, meta.json says {}",
-                                        f.string(), tensor_key(int(u), field),
-                                        t.shape.empty() ? 0 : t.shape[0], s.units[u].shard));
+  // Elements [a, b) of unit u's flat `field` from the writers' shards.
+  void read(int unit, int field, int64_t a, int64_t b, float* dst) {
+    const int64_t shard = s_.units[size_t(unit)].shard;
+    for (int q = 0; q < int(files_.size()) && a < b; ++q) {
+      const int64_t qa = int64_t(q) * shard;
+      const int64_t x = std::max(a, qa), y = std::min(b, qa + shard);
+      for (int64_t e = x; e < y;) {  // e: element of the unit; e - qa: of q's shard
+        const int64_t p = (e - qa) / s_.piece, p0 = qa + p * s_.piece;
+        const float* src = piece(q, unit * kNumFields + field, p);
+        const int64_t n = std::min(y, p0 + s_.piece) - e;
+        std::copy(src + (e - p0), src + (e - p0) + n, dst + (e - a));
+        e += n;
+      }
+    }
+  }
+
+ private:
+  std::string file(int q) const { return (fs::path(s_.info.path) / rank_file(q)).string(); }
+
+  void open(int q) {
+    const std::string f = file(q);
+    const SavedFile& sf = s_.files[size_t(q)];
+    {
+      const ReadFile rf(f, "checkpoint file");
+      if (rf.size() != sf.bytes)
+        throw ConfigError(
+            fmt::format("checkpoint file {} has {} bytes, meta.json says {}: it is "
+                        "truncated or was replaced",
+                        f, rf.size(), sf.bytes));
+      uint64_t n = 0;
+      rf.read_at(&n, 8, 0);
+      if (rf.size() < 8 || n > uint64_t(rf.size() - 8))
+        throw ConfigError(
+            fmt::format("checkpoint file {}: header length {} exceeds the file", f, n));
+      std::string head(size_t(8 + n), '\0');
+      rf.read_at(head.data(), int64_t(head.size()), 0);
+      if (xxh3(head.data(), int64_t(head.size())) != sf.header)
+        throw ConfigError(
+            fmt::format("checkpoint file {}: its header does not match the checksum "
+                        "in meta.json (the file is corrupt); use another checkpoint",
+                        f));
+    }
+    files_.emplace_back(f);
+    check_file_metadata(q);
+    for (size_t u = 0; u < s_.units.size(); ++u)
+      for (int field = 0; field < kNumFields; ++field) {
+        const SafetensorsTensor& t = files_.back().tensor(tensor_key(int(u), field));
+        if (t.dtype != "F32" || t.shape != std::vector<int64_t>{s_.units[u].shard})
+          throw ConfigError(
+              fmt::format("{}: tensor {} is {} with {} elements, meta.json says F32 "
+                          "with {}",
+                          f, t.name, t.dtype, t.numel, s_.units[u].shard));
       }
   }
-  return files;
+
+  // The rank file names its rank, world, step and run: they must be the checkpoint's.
+  void check_file_metadata(int q) const {
+    const std::map<std::string, std::string>& md = files_[size_t(q)].metadata();
+    const std::pair<const char*, std::string> want[] = {{"rank", std::to_string(q)},
+                                                        {"world", std::to_string(s_.info.world)},
+                                                        {"step", std::to_string(s_.info.step)},
+                                                        {"run_id", s_.info.run_id}};
+    for (const auto& [key, value] : want) {
+      const auto it = md.find(key);
+      if (it == md.end() || it->second != value)
+        throw ConfigError(
+            fmt::format("checkpoint file {}: its {} is {}, meta.json's is {}: the "
+                        "file belongs to another checkpoint",
+                        file(q), key, it == md.end() ? "missing" : it->second, value));
+    }
+  }
+
+  const float* piece(int q, int tensor, int64_t p) {
+    if (q == cached_[0] && tensor == cached_[1] && p == cached_[2]) return buf_.data();
+    const int unit = tensor / kNumFields, field = tensor % kNumFields;
+    const int64_t shard = s_.units[size_t(unit)].shard;
+    const int64_t first = p * s_.piece, n = std::min(s_.piece, shard - first);
+    buf_.resize(size_t(n));
+    cached_ = {-1, -1, -1};
+    files_[size_t(q)].read_range(tensor_key(unit, field), first, n, DType::kF32, buf_.data());
+    const uint64_t want = s_.files[size_t(q)].piece[size_t(s_.piece_base[size_t(tensor)] + p)];
+    if (xxh3(buf_.data(), n * 4) != want)
+      throw ConfigError(fmt::format(
+          "checkpoint file {}: tensor {} elements [{}, {}) do not match their checksum in "
+          "meta.json (the file is corrupt); use another checkpoint",
+          file(q), tensor_key(unit, field), first, first + n));
+    cached_ = {q, tensor, p};
+    return buf_.data();
+  }
+
+  Saved s_;
+  std::vector<SafetensorsReader> files_;
+  std::vector<float> buf_;                        // one piece, at most s_.piece elements
+  std::array<int64_t, 3> cached_ = {-1, -1, -1};  // (file, tensor, piece) in buf_
+};
+
+void check_model(const Saved& s, const ModelConfig& m) {
+  const ModelConfig saved =
+      parse_model_config(s.info.model_json, s.info.path + "/meta.json (model)");
+  const std::string diff = first_model_difference(saved, "the checkpoint", m, "this run's model");
+  if (!diff.empty())
+    throw ConfigError(
+        fmt::format("checkpoint {} was written for another model: {}", s.info.path, diff));
+  const std::vector<ZeroUnitLayout> layout = zero_layout(m, 1);
+  bool same = s.units.size() == layout.size();
+  for (size_t u = 0; same && u < layout.size(); ++u) same = s.units[u].numel == layout[u].numel;
+  if (!same)
+    throw ConfigError(
+        fmt::format("checkpoint {}: meta.json's parameter units do not match its "
+                    "model (the checkpoint is corrupt)",
+                    s.info.path));
 }
 
-void check_model(const Saved& s, const std::vector<ZeroUnitLayout>& layout, const ModelConfig& m) {
-  if (s.units.size() != layout.size())
-    throw ConfigError(fmt::format("checkpoint {} has {} parameter units, this model ({}) has {}: it "
-                                  "was written for another model",
-                                  s.info.path, s.units.size(), m.source, layout.size()));
-  for (size_t u = 0; u < layout.size(); ++u)
-    if (s.units[u].numel != layout[u].numel)
-      throw ConfigError(fmt::format(
-          "checkpoint {}: {} has {} parameters, this model ({}) has {}: it was written for another "
-          "model",
-          s.info.path, unit_name(m, int(u)), s.units[u].numel, m.source, layout[u].numel));
+// ---- Writing ----
+
+// The XXH3-64 of every piece of one tensor as the writer streams it, in order.
+class PieceHasher {
+ public:
+  PieceHasher() : st_(XXH3_createState()) {}
+  ~PieceHasher() { XXH3_freeState(st_); }
+  PieceHasher(const PieceHasher&) = delete;
+  PieceHasher& operator=(const PieceHasher&) = delete;
+  const std::vector<uint64_t>& hashes() const { return out_; }
+
+  // Elements [first, first + count) of a tensor of `total`, which follow the ones before.
+  void add(const float* p, int64_t first, int64_t count, int64_t total) {
+    if (first == 0) {
+      XXH3_64bits_reset(st_);
+      next_ = 0, in_piece_ = 0;
+    }
+    UPIPE_CHECK(first == next_, "the writer skipped elements [{}, {})", next_, first);
+    while (count > 0) {
+      const int64_t n = std::min(count, kCheckpointPiece - in_piece_);
+      XXH3_64bits_update(st_, p, size_t(n) * 4);
+      p += n, count -= n, next_ += n, in_piece_ += n;
+      if (in_piece_ == kCheckpointPiece || next_ == total) {
+        out_.push_back(XXH3_64bits_digest(st_));
+        XXH3_64bits_reset(st_);
+        in_piece_ = 0;
+      }
+    }
+  }
+
+ private:
+  XXH3_state_t* st_;
+  int64_t next_ = 0, in_piece_ = 0;
+  std::vector<uint64_t> out_;
+};
+
+// What rank 0 needs of every rank's file: its size, header checksum and piece checksums.
+std::vector<uint64_t> file_record(const std::string& path, const PieceHasher& h) {
+  const ReadFile rf(path, "checkpoint file");
+  uint64_t n = 0;
+  rf.read_at(&n, 8, 0);
+  std::string head(size_t(8 + n), '\0');
+  rf.read_at(head.data(), int64_t(head.size()), 0);
+  std::vector<uint64_t> r = {uint64_t(rf.size()), xxh3(head.data(), int64_t(head.size()))};
+  r.insert(r.end(), h.hashes().begin(), h.hashes().end());
+  return r;
+}
+
+// This rank's file, streamed from the device piece by piece (the writer's one staging buffer)
+// and hashed as it goes.
+std::vector<uint64_t> write_rank_file(const fs::path& tmp, const CheckpointRun& run, int64_t step,
+                                      Zero3& z) {
+  Communicator& world = z.world();
+  Device& dev = z.device();
+  PieceHasher hasher;
+  std::vector<SafetensorsWriteItem> items;
+  for (int u = 0; u < z.num_units(); ++u)
+    for (int field = 0; field < kNumFields; ++field) {
+      const Mat m = field == 0 ? z.master(u) : field == 1 ? z.exp_avg(u) : z.exp_avg_sq(u);
+      items.push_back({tensor_key(u, field),
+                       DType::kF32,
+                       {m.cols},
+                       nullptr,
+                       [&dev, &hasher, m](int64_t first, int64_t count, void* dst) {
+                         dev.copy(dst, m.at(0, first), mat_bytes(1, count, DType::kF32),
+                                  CopyKind::kDeviceToHost);
+                         hasher.add(static_cast<const float*>(dst), first, count, m.cols);
+                       }});
+    }
+  const std::string path = (tmp / rank_file(world.rank())).string();
+  write_safetensors(path, items,
+                    {{"rank", std::to_string(world.rank())},
+                     {"world", std::to_string(world.size())},
+                     {"step", std::to_string(step)},
+                     {"run_id", run.run_id}});
+  return file_record(path, hasher);
+}
+
+json meta_json(const CheckpointRun& run, int64_t step, Zero3& z, int cp_size,
+               const std::string& run_toml, const std::vector<uint64_t>& records) {
+  const int world = z.world().size();
+  json units = json::array();
+  for (int u = 0; u < z.num_units(); ++u)
+    units.push_back({{"name", unit_name(z.model(), u)},
+                     {"numel", z.layout(u).numel},
+                     {"shard", z.layout(u).shard}});
+  const size_t per_rank = records.size() / size_t(world);
+  json files = json::array();
+  for (int q = 0; q < world; ++q) {
+    const uint64_t* r = records.data() + size_t(q) * per_rank;
+    json pieces = json::array();
+    for (size_t i = 2; i < per_rank; ++i) pieces.push_back(hex64(r[i]));
+    files.push_back({{"name", rank_file(q)},
+                     {"bytes", r[0]},
+                     {"header_xxh3", hex64(r[1])},
+                     {"pieces_xxh3", pieces}});
+  }
+  return {{"format", kFormat},
+          {"run_id", run.run_id},
+          {"step", step},
+          {"world", world},
+          {"cp_size", cp_size},
+          {"units", units},
+          {"model", model_config_json(z.model(), "float32")},
+          {"run", run_toml},
+          {"checksum", {{"algorithm", kChecksum}, {"piece_elements", kCheckpointPiece}}},
+          {"files", files}};
+}
+
+// Whether this run may replace the entry (its own, or another run's it was allowed to overwrite).
+void check_ours(const CheckpointRun& run, const Entry& e) {
+  if (e.run_id == run.run_id || run.overwrite_others) return;
+  throw ConfigError(fmt::format(
+      "{} belongs to another run ({}); this run ({}) does not replace it: choose another "
+      "checkpoint.dir, or pass --overwrite-checkpoints",
+      e.path.string(), e.run_id.empty() ? "unreadable run id" : "run " + e.run_id, run.run_id));
+}
+
+// Rank 0, before any rank writes: the step's temporary directory, fresh and marked as ours.
+void prepare_tmp(const CheckpointRun& run, int64_t step) {
+  const fs::path dir(run.dir), tmp = dir / (step_dir_name(step) + ".tmp");
+  fs::create_directories(dir);
+  for (const fs::path& p : {dir / step_dir_name(step), tmp}) {
+    std::error_code ec;
+    const fs::file_status st = fs::symlink_status(p, ec);
+    if (fs::exists(st) && st.type() != fs::file_type::directory)
+      throw ConfigError(
+          fmt::format("{} exists and is not a directory; this run does not replace "
+                      "it: remove it or choose another checkpoint.dir",
+                      p.string()));
+  }
+  for (const Entry& e : list_entries(dir))
+    if (e.step == step) check_ours(run, e);
+  fs::remove_all(tmp);
+  fs::create_directory(tmp);
+  write_file_atomic((tmp / "run_id").string(), run.run_id + "\n", "checkpoint run id");
+}
+
+// Collective: rank 0 prepares the temporary directory; a ConfigError there (the step belongs to
+// another run) is thrown on every rank, so no rank is left waiting for the others.
+void prepare_tmp_everywhere(Communicator& world, const CheckpointRun& run, int64_t step) {
+  char err[1024] = {};
+  if (world.rank() == 0) try {
+      prepare_tmp(run, step);
+    } catch (const ConfigError& e) {
+      std::snprintf(err, sizeof err, "%s", e.what());
+    }
+  world.broadcast(err, sizeof err, 0);
+  if (err[0] != '\0') throw ConfigError(err);
+}
+
+// Rank 0, after `step` is complete: this run's checkpoints beyond the newest run.keep, its stale
+// temporaries and incomplete directories, and (overwrite_others) every other run's entries.
+void prune(const CheckpointRun& run, int64_t step) {
+  std::vector<Entry> ours;
+  for (Entry& e : list_entries(run.dir)) {
+    const bool mine = e.run_id == run.run_id;
+    if (mine && e.complete)
+      ours.push_back(std::move(e));
+    else if ((mine && e.step != step) || (!mine && run.overwrite_others))
+      fs::remove_all(e.path);
+  }
+  if (run.keep > 0)
+    for (size_t i = 0; i + size_t(run.keep) < ours.size(); ++i)
+      if (ours[i].step < step) fs::remove_all(ours[i].path);
 }
 
 }  // namespace
 
-std::string save_checkpoint(const std::string& dir, int64_t step, Zero3& z, int cp_size,
-                            const std::string& run_toml, int keep) {
-  Communicator& world = z.world();
-  const fs::path final_dir = fs::path(dir) / step_dir_name(step);
-  const fs::path tmp = fs::path(dir) / (step_dir_name(step) + ".tmp");
-  if (world.rank() == 0) {
-    fs::create_directories(dir);
-    fs::remove_all(tmp);
-    fs::create_directories(tmp);
+CheckpointStart open_checkpoint_run(Communicator& world, const std::string& dir, bool resume,
+                                    bool overwrite, int keep) {
+  CheckpointStart cs;
+  cs.run = {dir, "", keep, overwrite};
+  if (resume) {
+    if (dir.empty())
+      throw ConfigError("--resume needs checkpoint.dir (the run's checkpoint directory)");
+    if (overwrite)
+      throw ConfigError(
+          "--overwrite-checkpoints is for a fresh run; --resume continues the run in "
+          "checkpoint.dir");
+    std::set<std::string> runs;
+    for (const Entry& e : list_entries(dir))
+      if (e.complete) {
+        runs.insert(e.run_id);
+        cs.resume_from = e.path.string();
+        cs.run.run_id = e.run_id;
+      }
+    if (!cs.resume_from)
+      throw ConfigError(
+          fmt::format("--resume: no complete checkpoint in checkpoint.dir = {}", dir));
+    if (runs.size() > 1)
+      throw ConfigError(fmt::format(
+          "--resume: checkpoint.dir = {} holds checkpoints of {} runs; which to continue is "
+          "ambiguous: move the other run's step_* directories away",
+          dir, runs.size()));
+    return cs;
   }
-  world.barrier();
-  // Every rank: its shards, written atomically and fsynced by write_safetensors.
-  // Streamed from the device piece by piece (the writer's one staging buffer): no host copy of
-  // the shards.
-  Device& dev = z.device();
-  std::vector<SafetensorsWriteItem> items;
-  for (int u = 0; u < z.num_units(); ++u)
-    for (int field = 0; field < 3; ++field) {
-      const Mat m = field == 0 ? z.master(u) : field == 1 ? z.exp_avg(u) : z.exp_avg_sq(u);
-      items.push_back({tensor_key(u, field), DType::kF32, {m.cols}, nullptr,
-                       [&dev, m](int64_t first, int64_t count, void* dst) {
-                         dev.copy(dst, m.at(0, first), mat_bytes(1, count, DType::kF32),
-                                  CopyKind::kDeviceToHost);
-                       }});
-    }
-  write_safetensors((tmp / rank_file(world.rank())).string(), items,
-                    {{"rank", std::to_string(world.rank())},
-                     {"world", std::to_string(world.size())},
-                     {"step", std::to_string(step)}});
-  world.barrier();
+  cs.run.run_id = new_run_id(world);
+  if (dir.empty() || overwrite) return cs;
+  const std::vector<Entry> entries = list_entries(dir);
+  if (!entries.empty())
+    throw ConfigError(fmt::format(
+        "checkpoint.dir = {} holds checkpoints of another run ({}, {} in all): continue it with "
+        "--resume, choose another checkpoint.dir, or pass --overwrite-checkpoints to replace them",
+        dir, entries.back().path.filename().string(), entries.size()));
+  return cs;
+}
+
+std::string save_checkpoint(const CheckpointRun& run, int64_t step, Zero3& z, int cp_size,
+                            const std::string& run_toml) {
+  Communicator& world = z.world();
+  const fs::path dir(run.dir), final_dir = dir / step_dir_name(step);
+  const fs::path tmp = dir / (step_dir_name(step) + ".tmp");
+  prepare_tmp_everywhere(world, run, step);
+  const std::vector<uint64_t> mine = write_rank_file(tmp, run, step, z);
+  fault_point("checkpoint");
+  std::vector<uint64_t> records(mine.size() * size_t(world.size()));
+  world.all_gather(mine.data(), records.data(), int64_t(mine.size() * sizeof(uint64_t)));
   if (world.rank() == 0) {
-    json units = json::array();
-    for (int u = 0; u < z.num_units(); ++u)
-      units.push_back({{"name", unit_name(z.model(), u)},
-                       {"numel", z.layout(u).numel},
-                       {"shard", z.layout(u).shard}});
-    const json meta = {{"format", kFormat},  {"step", step},
-                       {"world", world.size()}, {"cp_size", cp_size},
-                       {"units", units},     {"model", model_config_json(z.model(), "float32")},
-                       {"run", run_toml}};
-    write_synced(tmp / "meta.json", meta.dump(2) + "\n");
-    fsync_path(tmp, true);
-    fs::remove_all(final_dir);
+    const std::string meta = meta_json(run, step, z, cp_size, run_toml, records).dump(1) + "\n";
+    write_file_atomic((tmp / "meta.json").string(), meta, "checkpoint metadata");
+    fsync_directory(tmp.string());
+    fs::remove_all(final_dir);  // ours or allowed: prepare_tmp checked
     fs::rename(tmp, final_dir);
-    write_synced(final_dir / "DONE", fmt::format("{}\n", step));
-    fsync_path(final_dir, true);
-    fsync_path(fs::path(dir), true);
-    // Prune: the newest `keep` complete checkpoints stay; stale temporaries go.
-    const auto all = complete_checkpoints(dir);
-    if (keep > 0)
-      for (size_t i = 0; i + size_t(keep) < all.size(); ++i) fs::remove_all(all[i].second);
-    for (const auto& e : fs::directory_iterator(dir)) {
-      const std::string n = e.path().filename().string();
-      if (n.size() > 4 && n.substr(n.size() - 4) == ".tmp" && n.rfind("step_", 0) == 0)
-        fs::remove_all(e.path());
-    }
+    write_file_atomic((final_dir / "DONE").string(),
+                      fmt::format("step {}\nmeta.json {} {}\n", step, kChecksum,
+                                  hex64(xxh3(meta.data(), int64_t(meta.size())))),
+                      "checkpoint marker");
+    fsync_directory(dir.string());
+    prune(run, step);
   }
   world.barrier();
   return final_dir.string();
 }
 
 std::optional<std::string> latest_checkpoint(const std::string& dir) {
-  const auto all = complete_checkpoints(dir);
-  if (all.empty()) return std::nullopt;
-  return all.back().second.string();
+  std::optional<std::string> latest;
+  for (const Entry& e : list_entries(dir))
+    if (e.complete) latest = e.path.string();
+  return latest;
 }
 
 CheckpointInfo read_checkpoint_info(const std::string& path) {
@@ -235,43 +607,44 @@ CheckpointInfo read_checkpoint_info(const std::string& path) {
 }
 
 CheckpointInfo load_checkpoint(const std::string& path, Zero3& z) {
-  const Saved s = read_saved(path);
-  check_model(s, zero_layout(z.model(), 1), z.model());
-  const std::vector<SafetensorsReader> files = open_rank_files(s);
+  Saved s = read_saved(path);
+  check_model(s, z.model());
+  const CheckpointInfo info = s.info;
+  RankFiles files(std::move(s));
+  fault_point("resume");
   Device& dev = z.device();
-  constexpr int64_t kChunk = int64_t(1) << 20;
-  std::vector<float> host;
+  std::vector<float> host;  // one chunk, at most kCheckpointPiece elements
   for (int u = 0; u < z.num_units(); ++u) {
     const ZeroUnitLayout& l = z.layout(u);
     const int64_t lo = z.shard_first(u), hi = std::min(lo + l.shard, l.numel);
-    for (int field = 0; field < 3; ++field) {
+    for (int field = 0; field < kNumFields; ++field) {
       const Mat dst = field == 0 ? z.master(u) : field == 1 ? z.exp_avg(u) : z.exp_avg_sq(u);
       zero(dev, dst);  // the padding
       if (!dev.backend().computes()) continue;
-      for (int64_t c = lo; c < hi; c += kChunk) {
-        const int64_t n = std::min(kChunk, hi - c);
+      for (int64_t c = lo; c < hi; c += kCheckpointPiece) {
+        const int64_t n = std::min(kCheckpointPiece, hi - c);
         host.resize(size_t(n));
-        read_flat(files, s.units[size_t(u)], u, field, c, c + n, host.data());
+        files.read(u, field, c, c + n, host.data());
         upload(dev, host.data(), dst.block(0, 1, c - lo, n));
       }
     }
   }
-  return s.info;
+  return info;
 }
 
 struct CheckpointReader::Impl {
-  Saved saved;
-  std::vector<SafetensorsReader> files;
+  explicit Impl(Saved s) : files(std::move(s)) {}
+  RankFiles files;
   std::vector<ZeroUnitLayout> layout;
 };
 
-CheckpointReader::CheckpointReader(const std::string& path) : impl_(std::make_unique<Impl>()) {
-  impl_->saved = read_saved(path);
-  info_ = impl_->saved.info;
+CheckpointReader::CheckpointReader(const std::string& path) {
+  Saved s = read_saved(path);
+  info_ = s.info;
   m_ = parse_model_config(info_.model_json, path + "/meta.json (model)");
+  check_model(s, m_);
+  impl_ = std::make_unique<Impl>(std::move(s));
   impl_->layout = zero_layout(m_, 1);
-  check_model(impl_->saved, impl_->layout, m_);
-  impl_->files = open_rank_files(impl_->saved);
 }
 
 CheckpointReader::~CheckpointReader() = default;
@@ -292,6 +665,7 @@ void CheckpointReader::read(int tensor_index, float* dst) const {
 
 void CheckpointReader::read_range(int tensor_index, int64_t first, int64_t count,
                                   float* dst) const {
+  fault_point("export");
   const auto [u, i] = locate(tensor_index);
   const ZeroUnitLayout& l = impl_->layout[u];
   const int64_t numel = l.tensors[i].numel();
@@ -299,7 +673,7 @@ void CheckpointReader::read_range(int tensor_index, int64_t first, int64_t count
               "elements [{}, {} + {}) of {}, which has {}", first, first, count, l.tensors[i].name,
               numel);
   const int64_t a = l.offsets[i] + first;
-  read_flat(impl_->files, impl_->saved.units[u], int(u), 0, a, a + count, dst);
+  impl_->files.read(int(u), 0, a, a + count, dst);
 }
 
 }  // namespace upipe

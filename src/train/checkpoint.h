@@ -1,15 +1,24 @@
 // Training checkpoints: every rank's ZeRO-3 shards (fp32 master weights and AdamW moments) plus
-// the step, written atomically so that a crash at any moment leaves the newest complete
-// checkpoint loadable.
+// the step, written atomically with checksums and the run's identity, so that a crash at any
+// moment leaves the newest complete checkpoint loadable, corrupt bytes are never loaded, and two
+// runs never mix in one directory.
 //
-// Layout (docs/training.md): DIR/step_00000100/
+// Layout (docs/training.md): DIR/step_00000100/ (8 digits or more: step_123456789 after 10^8)
 //   rank_00000.safetensors ...  one per rank: tensors "unit<u>.master", "unit<u>.exp_avg",
-//                               "unit<u>.exp_avg_sq" (F32, 1-D, the rank's s_u elements)
-//   meta.json                   format, step, world size, cp size, per-unit element counts, the
-//                               model's config.json and the run file the run was started with
-//   DONE                        written last: a directory without it is incomplete and ignored
-// Writing goes to step_XXXXXXXX.tmp, every file is fsynced, rank 0 renames the directory and
-// writes DONE, then deletes all but the newest `keep` complete checkpoints.
+//                               "unit<u>.exp_avg_sq" (F32, 1-D, the rank's s_u elements); its
+//                               __metadata__ names rank, world, step and run id
+//   meta.json                   format, run id, step, world, cp size, per-unit element counts,
+//                               the model's config.json, the run file, and per rank file its
+//                               size, the XXH3-64 of its header and of every piece of
+//                               kCheckpointPiece elements of every tensor
+//   run_id                      the run's identity, written first (also marks the temporary)
+//   DONE                        written last, holds the step and the XXH3-64 of meta.json: a
+//                               directory without it is incomplete and ignored
+// Writing goes to step_XXXXXXXX.tmp (marked with the run id first), every file is fsynced,
+// rank 0 renames the directory and writes DONE, then deletes this run's checkpoints beyond the
+// newest `keep`, this run's stale temporaries and, when the run was allowed to overwrite another
+// run's, that run's. Reading verifies the chain: DONE -> meta.json -> each rank file's size and
+// header -> each piece as it is read; any mismatch is a ConfigError naming the file.
 //
 // Everything the run's future depends on is in it: data and randomness are pure functions of
 // (seed, step, micro-step, DP rank), and the learning-rate schedule of the step, so a resumed
@@ -19,37 +28,66 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
 
+#include "comm/communicator.h"
 #include "train/zero.h"
 
 namespace upipe {
 
+// Elements of fp32 per checksum piece (4 MiB); a reader verifies every piece it touches.
+inline constexpr int64_t kCheckpointPiece = int64_t(1) << 20;
+
 struct CheckpointInfo {
-  std::string path;  // the step directory
-  int64_t step = 0;  // steps completed when it was written
+  std::string path;    // the step directory
+  std::string run_id;  // the run that wrote it
+  int64_t step = 0;    // steps completed when it was written
   int world = 0, cp_size = 0;
   std::string model_json;  // the model's config.json text
   std::string run_toml;    // the run file's effective text
 };
 
-// Collective over z.world(): writes the checkpoint of `step` under dir (created if needed) and
-// prunes to the newest `keep` (keep <= 0 keeps all). Returns its path.
-std::string save_checkpoint(const std::string& dir, int64_t step, Zero3& z, int cp_size,
-                            const std::string& run_toml, int keep);
+// The checkpoints one run writes: where, its identity, how many it keeps, and whether it may
+// replace checkpoints of another run there (and deletes them after its first complete one).
+struct CheckpointRun {
+  std::string dir;     // "" = no checkpoints
+  std::string run_id;  // written into every checkpoint; a resumed run keeps its checkpoint's
+  int keep = 0;        // complete checkpoints kept, newest first; <= 0 keeps all
+  bool overwrite_others = false;
+};
+
+// Where a run starts, decided on every rank alike.
+struct CheckpointStart {
+  CheckpointRun run;
+  std::optional<std::string> resume_from;  // the checkpoint to load; none for a fresh run
+};
+
+// Collective over `world`. resume: the newest complete checkpoint in dir and its run's identity
+// (ConfigError without dir or checkpoint, or when dir holds checkpoints of several runs). Fresh:
+// a new run identity from rank 0; ConfigError when dir holds any checkpoint (complete or not) of
+// another run, unless overwrite.
+CheckpointStart open_checkpoint_run(Communicator& world, const std::string& dir, bool resume,
+                                    bool overwrite, int keep);
+
+// Collective over z.world(): writes the checkpoint of `step` under run.dir (created if needed)
+// and prunes (see above). Returns its path. ConfigError when a directory of that step exists and
+// belongs to another run that run.overwrite_others does not allow to replace.
+std::string save_checkpoint(const CheckpointRun& run, int64_t step, Zero3& z, int cp_size,
+                            const std::string& run_toml);
 
 // The newest complete checkpoint under dir (the largest step with DONE), if any.
 std::optional<std::string> latest_checkpoint(const std::string& dir);
 
-// Reads meta.json of a checkpoint directory; ConfigError naming the file when it is missing,
-// incomplete (no DONE) or malformed.
+// Reads meta.json of a checkpoint directory, verified against DONE; ConfigError naming the file
+// when it is missing, incomplete (no DONE), corrupt or malformed.
 CheckpointInfo read_checkpoint_info(const std::string& path);
 
 // Collective: fills z's master shards and moments from the checkpoint at `path` (any world size)
-// and returns its info. ConfigError when it was written for another model (a unit's element count
-// differs) or a file is missing, truncated or corrupt, naming the file.
+// and returns its info. ConfigError when it was written for another model (naming the first
+// field of config.json that differs) or a file is missing, truncated or corrupt, naming the file.
 CheckpointInfo load_checkpoint(const std::string& path, Zero3& z);
 
 // Reads tensor `name` of the whole model (fp32) from a checkpoint into dst (numel elements),
@@ -66,7 +104,7 @@ class CheckpointReader {
 
  private:
   std::pair<size_t, size_t> locate(int tensor_index) const;  // (unit, tensor in the unit)
-  struct Impl;
+  struct Impl;  // the verified rank files, with the last piece read
   CheckpointInfo info_;
   ModelConfig m_;
   std::unique_ptr<Impl> impl_;

@@ -9,6 +9,7 @@
 #include "core/check.h"
 #include "core/checked.h"
 #include "core/errors.h"
+#include "core/fault_inject.h"
 #include "core/rng.h"
 
 namespace upipe {
@@ -126,6 +127,7 @@ int64_t DataSource::global_index(int64_t step, int micro, int dp_rank) const {
 }
 
 std::vector<int32_t> DataSource::sample(int64_t step, int micro, int dp_rank) const {
+  fault_point("data");
   return sequence(global_index(step, micro, dp_rank));
 }
 
@@ -154,6 +156,14 @@ std::vector<int32_t> DataSource::sequence(int64_t index) const {
       read_stream(window_start(index), s, ids.data());
       break;
   }
+  return ids;
+}
+
+std::vector<int32_t> DataSource::window(int64_t begin) const {
+  UPIPE_CHECK(opt_.kind == DataKind::kFiles && begin >= 0 && begin <= total_tokens() - opt_.seq_len,
+              "window at {} of a {}-token stream", begin, total_tokens());
+  std::vector<int32_t> ids(static_cast<size_t>(opt_.seq_len));
+  read_stream(begin, opt_.seq_len, ids.data());
   return ids;
 }
 

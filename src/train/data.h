@@ -56,6 +56,9 @@ class DataSource {
   // Sequence number `index` of the run: S ids, a pure function of (kind, seed, index, files).
   std::vector<int32_t> sequence(int64_t index) const;
 
+  // files: the S ids from stream position `begin` on, in [0, total_tokens() - S].
+  std::vector<int32_t> window(int64_t begin) const;
+
   // files: the first stream position of sequence `index`, in [0, total_tokens() - S].
   int64_t window_start(int64_t index) const;
 

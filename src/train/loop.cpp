@@ -9,12 +9,17 @@
 #include "core/stop_signal.h"
 #include "core/watchdog.h"
 #include "model/safetensors.h"
+#include "model/weights.h"
 #include "train/checkpoint.h"
 #include "train/flops.h"
 #include "train/run_options.h"
 
 namespace upipe {
 namespace {
+
+// The copy / random task's held-out sequences: the training seed plus this (a seed the training
+// never draws from).
+constexpr uint64_t kHeldOutSeed = 0x5eed0f1e1d;
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -32,24 +37,31 @@ DataOptions data_options(const RunConfig& c, const ModelConfig& m, int dp_size) 
   return o;
 }
 
-// The start of the run: the newest checkpoint (resume), Hugging Face weights, or random.
-RunStart initialize(const RunConfig& c, Trainer& tr, int world_size, bool resume) {
+// The start of the run: the newest checkpoint (resume), Hugging Face weights, or random; and the
+// identity of the checkpoints this run writes (a resumed run keeps its checkpoint's).
+RunStart initialize(Communicator& world, const RunConfig& c, const ModelConfig& m, Trainer& tr,
+                    bool resume, bool overwrite, CheckpointRun& run) {
   RunStart s;
   if (resume) {
     if (c.checkpoint.dir.empty())
       throw ConfigError(fmt::format("--resume needs {} (the run's checkpoint directory)",
                                     setting_ref("checkpoint.dir")));
-    const std::optional<std::string> ckpt = latest_checkpoint(c.checkpoint.dir);
-    if (!ckpt)
+    if (!latest_checkpoint(c.checkpoint.dir))
       throw ConfigError(fmt::format("--resume: no complete checkpoint in {}",
                                     setting_value("checkpoint.dir", c.checkpoint.dir)));
-    const CheckpointInfo info = load_checkpoint(*ckpt, tr.zero());
+  }
+  const CheckpointStart cs =
+      open_checkpoint_run(world, c.checkpoint.dir, resume, overwrite, c.checkpoint.keep);
+  run = cs.run;
+  if (cs.resume_from) {
+    const std::string& ckpt = *cs.resume_from;
+    const CheckpointInfo info = load_checkpoint(ckpt, tr.zero());
     s.step = info.step;
     s.resumed = true;
-    s.origin = fmt::format("{} (step {}, written on {} ranks{})", *ckpt, info.step, info.world,
-                           info.world == world_size ? "" : ", resharded");
+    s.origin = fmt::format("{} (step {}, written on {} ranks{})", ckpt, info.step, info.world,
+                           info.world == world.size() ? "" : ", resharded");
   } else if (!c.model.init_from.empty()) {
-    const SafetensorsReader reader(c.model.init_from);
+    const SafetensorsReader reader = open_init_weights(c.model.init_from, m);
     tr.zero().init(&reader, uint64_t(c.train.seed));
     s.origin = "Hugging Face weights from " + c.model.init_from;
   } else {
@@ -62,11 +74,24 @@ RunStart initialize(const RunConfig& c, Trainer& tr, int world_size, bool resume
 }  // namespace
 
 TrainingLoop::TrainingLoop(Device& dev, Communicator& world, const ModelConfig& m,
-                           const RunConfig& c, bool resume)
+                           const RunConfig& c, bool resume, bool overwrite_checkpoints)
     : dev_(dev), world_(world), m_(m), cfg_(c), toml_(to_toml(c)) {
   trainer_ = std::make_unique<Trainer>(dev, world, m, train_options(c));
   data_ = std::make_unique<DataSource>(data_options(c, m, trainer_->dp_size()));
-  start_ = initialize(c, *trainer_, world.size(), resume);
+  if (c.metrics.val_interval > 0) {
+    DataOptions v = data_options(c, m, trainer_->dp_size());
+    if (!c.data.val_path.empty()) {
+      v.kind = DataKind::kFiles;
+      v.path = c.data.val_path;
+    } else {
+      v.seed += kHeldOutSeed;  // the same task, sequences the training never sees
+    }
+    val_ = std::make_unique<DataSource>(v);
+    val_n_ = v.kind == DataKind::kFiles
+                 ? std::min(c.metrics.val_sequences, val_->total_tokens() / c.train.seq_len)
+                 : c.metrics.val_sequences;
+  }
+  start_ = initialize(world, c, m, *trainer_, resume, overwrite_checkpoints, ckpt_run_);
   // MFU's denominator: this machine's GEMM rate in the compute dtype, measured now on every rank
   // at once (as they run in training), best of 10; the ranks' best is the one reference.
   world.barrier();
@@ -85,11 +110,22 @@ Sequence TrainingLoop::sequence(int64_t step, int micro, int dp_rank) const {
   return q;
 }
 
+double TrainingLoop::validate(int64_t step) {
+  WatchdogContext ctx(fmt::format("validation after step {}", step));
+  const int64_t s = cfg_.train.seq_len;
+  const bool files = val_->options().kind == DataKind::kFiles;
+  return trainer_->evaluate(
+      [&](int64_t i) {
+        return Sequence{files ? val_->window(i * s) : val_->sequence(i), {}};
+      },
+      val_n_);
+}
+
 void TrainingLoop::checkpoint(int64_t step, TrainingObserver& obs) {
   if (cfg_.checkpoint.dir.empty()) return;
   WatchdogContext ctx(fmt::format("checkpoint of step {}", step));
-  const std::string path = save_checkpoint(cfg_.checkpoint.dir, step, trainer_->zero(),
-                                           trainer_->cp_size(), toml_, cfg_.checkpoint.keep);
+  const std::string path =
+      save_checkpoint(ckpt_run_, step, trainer_->zero(), trainer_->cp_size(), toml_);
   obs.on_checkpoint(step, path);
 }
 
@@ -147,8 +183,10 @@ LoopEnd TrainingLoop::run(TrainingObserver& obs) {
     sm.budget_bytes = cfg_.memory.device_bytes;
     sm.step_s = dt;
     sm.eta_s = double(steps - step) * (timed > 0 ? run_s / double(timed) : dt);
-    obs.on_step(sm);
     const bool last = step == steps;
+    if (val_ && (step % cfg_.metrics.val_interval == 0 || last || stop != 0.0f))
+      sm.val_loss = validate(step);
+    obs.on_step(sm);
     if (stop != 0.0f && !last) {
       end.stopped = true;
       break;

@@ -4,6 +4,10 @@
 // host peaks with their tags, time, tokens/s, MFU) and handed to an observer; checkpoints at the
 // configured interval and after the last step.
 //
+// With metrics.val_interval, every that many steps and after the last, the mean loss of the
+// held-out sequences (data.val_path's first non-overlapping windows of S tokens, or sequences of
+// the copy / random task from another seed), forward only, is reported with the step.
+//
 // A stop request (core/stop_signal.h) on any rank stops every rank after the same step: the
 // request is all-reduced each step. The first step is not timed (it warms up) unless it is the
 // only one. The command renders what the observer sees (train/metrics.h); the loop decides
@@ -15,6 +19,7 @@
 #include <string>
 
 #include "model/config.h"
+#include "train/checkpoint.h"
 #include "train/data.h"
 #include "train/metrics.h"
 #include "train/run_config.h"
@@ -50,9 +55,11 @@ class TrainingLoop {
  public:
   // Builds the trainer (world = DP x CP) and the data, then the start: with `resume` the newest
   // complete checkpoint of checkpoint.dir (ConfigError when there is none), else model.init_from's
-  // weights, else a random init from train.seed. Measures the GEMM rate MFU is relative to.
+  // weights, else a random init from train.seed. A fresh run refuses a checkpoint.dir holding
+  // another run's checkpoints unless overwrite_checkpoints (train/checkpoint.h). Measures the GEMM
+  // rate MFU is relative to.
   TrainingLoop(Device& dev, Communicator& world, const ModelConfig& m, const RunConfig& c,
-               bool resume);
+               bool resume, bool overwrite_checkpoints = false);
   ~TrainingLoop();
 
   Trainer& trainer() { return *trainer_; }
@@ -66,6 +73,8 @@ class TrainingLoop {
 
  private:
   Sequence sequence(int64_t step, int micro, int dp_rank) const;
+  // The held-out loss after `step` (forward only).
+  double validate(int64_t step);
   void checkpoint(int64_t step, TrainingObserver& obs);
   // The step's peaks over the ranks, with the worst rank's per-tag bytes, into m.
   void gather_peaks(StepMetrics& m);
@@ -77,7 +86,10 @@ class TrainingLoop {
   std::string toml_;  // the run file recorded in every checkpoint
   std::unique_ptr<Trainer> trainer_;
   std::unique_ptr<DataSource> data_;
+  std::unique_ptr<DataSource> val_;  // held-out data (metrics.val_interval > 0)
+  int64_t val_n_ = 0;                // sequences per validation
   RunStart start_;
+  CheckpointRun ckpt_run_;  // where and as which run the checkpoints are written
   double gemm_flops_ = 0;
 };
 

@@ -5,8 +5,11 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -14,6 +17,8 @@
 #include "core/arena.h"
 #include "core/checked.h"
 #include "core/errors.h"
+#include "core/fault_inject.h"
+#include "core/safe_fs.h"
 
 namespace upipe {
 namespace {
@@ -39,6 +44,7 @@ std::string metrics_json(const StepMetrics& m) {
   j["step"] = m.step;
   j["loss"] = number(m.loss);
   if (m.copy_loss) j["copy_loss"] = number(*m.copy_loss);
+  if (m.val_loss) j["val_loss"] = number(*m.val_loss);
   j["grad_norm"] = number(m.grad_norm);
   j["lr"] = number(m.lr);
   j["tokens_per_s"] = number(m.tokens_per_s);
@@ -55,42 +61,63 @@ std::string metrics_json(const StepMetrics& m) {
   return j.dump();
 }
 
-MetricsWriter::MetricsWriter(const std::string& path, int64_t resume_step) : path_(path) {
-  std::error_code ec;
-  if (resume_step >= 0 && std::filesystem::exists(path, ec)) {
-    // Keep the lines of steps the checkpoint holds; a torn last line (a crash mid-write) fails
-    // to parse and goes too.
-    std::string kept;
-    {
-      std::ifstream in(path);
-      std::string line;
-      while (std::getline(in, line)) {
-        const auto j = nlohmann::json::parse(line, nullptr, false);
-        if (j.is_object() && j.contains("step") && j["step"].is_number_integer() &&
-            j["step"].get<int64_t>() <= resume_step)
-          kept += line + "\n";
+namespace {
+
+// The lines of `path` (a regular file) whose step is at most `step`; a torn last line (a crash
+// mid-write) fails to parse and is dropped.
+std::string lines_up_to(const std::string& path, int64_t step) {
+  const ReadFile f(path, "metrics file");
+  std::string kept, line, chunk(size_t(1) << 16, '\0');
+  auto keep = [&](const std::string& l) {
+    const auto j = nlohmann::json::parse(l, nullptr, false);
+    if (j.is_object() && j.contains("step") && j["step"].is_number_integer() &&
+        j["step"].get<int64_t>() <= step)
+      kept += l + "\n";
+  };
+  for (int64_t at = 0; at < f.size();) {
+    const int64_t n = std::min(int64_t(chunk.size()), f.size() - at);
+    f.read_at(chunk.data(), n, at);
+    at += n;
+    for (int64_t i = 0; i < n; ++i) {
+      if (chunk[size_t(i)] != '\n') {
+        line += chunk[size_t(i)];
+        continue;
       }
+      keep(line);
+      line.clear();
     }
-    const std::string tmp = path + ".tmp";
-    {
-      std::ofstream t(tmp, std::ios::trunc);
-      t << kept;
-      if (!t.flush()) throw ConfigError(fmt::format("metrics.path: cannot write {}", tmp));
-    }
-    std::filesystem::rename(tmp, path, ec);
-    if (ec)
-      throw ConfigError(fmt::format("metrics.path: cannot replace {}: {}", path, ec.message()));
-    out_.open(path, std::ios::app);
-  } else {
-    out_.open(path, std::ios::trunc);
   }
-  if (!out_) throw ConfigError(fmt::format("metrics.path: cannot write {}", path));
+  keep(line);
+  return kept;
+}
+
+}  // namespace
+
+MetricsWriter::MetricsWriter(const std::string& path, int64_t resume_step) : path_(path) {
+  check_replaceable(path, "metrics file");
+  std::error_code ec;
+  const bool keep = resume_step >= 0 && std::filesystem::exists(path, ec);
+  write_file_atomic(path, keep ? lines_up_to(path, resume_step) : "", "metrics file");
+  fd_ = ::open(path.c_str(), O_WRONLY | O_APPEND | O_NOFOLLOW | O_CLOEXEC);
+  if (fd_ < 0)
+    throw ConfigError(fmt::format("metrics.path: cannot open {}: {}", path, std::strerror(errno)));
+}
+
+MetricsWriter::~MetricsWriter() {
+  if (fd_ >= 0) ::close(fd_);
 }
 
 void MetricsWriter::write(const StepMetrics& m) {
-  out_ << metrics_json(m) << '\n';
-  out_.flush();
-  if (!out_) throw std::runtime_error(fmt::format("cannot write metrics to {}", path_));
+  fault_point("metrics");
+  const std::string line = metrics_json(m) + "\n";
+  for (size_t done = 0; done < line.size();) {
+    const ssize_t w = ::write(fd_, line.data() + done, line.size() - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0)
+      throw Error(fmt::format("cannot write metrics to {}: {}", path_,
+                              w < 0 ? std::strerror(errno) : "no bytes written"));
+    done += size_t(w);
+  }
 }
 
 std::string format_duration(double seconds) {
@@ -112,6 +139,7 @@ std::string format_step_line(const StepMetrics& m, int64_t total_steps) {
   const int w = int(fmt::format("{}", total_steps).size());
   std::string s = fmt::format("step {:>{}}/{} | loss {:.4f}", m.step, w, total_steps, m.loss);
   if (m.copy_loss) s += fmt::format(" | copy {:.4f}", *m.copy_loss);
+  if (m.val_loss) s += fmt::format(" | val {:.4f}", *m.val_loss);
   s += fmt::format(" | gnorm {:.2e} | lr {:.2e} | {} tok/s/rank | MFU {:.1f}%", m.grad_norm, m.lr,
                    format_count(int64_t(std::llround(m.tokens_per_s))), 100 * m.mfu);
   s += fmt::format(" | peak {}", format_bytes(m.peak_bytes));

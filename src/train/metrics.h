@@ -6,7 +6,6 @@
 
 #include <cstdint>
 #include <cstdio>
-#include <fstream>
 #include <map>
 #include <optional>
 #include <string>
@@ -19,6 +18,7 @@ struct StepMetrics {
   int64_t step = 0;                            // 1-based number of the step just finished
   double loss = 0;                             // mean next-token loss of the step's global batch
   std::optional<double> copy_loss;             // copy task: mean loss over the copied half
+  std::optional<double> val_loss;              // the held-out loss, on validation steps
   double grad_norm = 0;                        // global gradient norm before clipping
   double lr = 0;                               // learning rate the step used
   double tokens_per_s = 0;                     // training tokens per second, per rank
@@ -32,24 +32,29 @@ struct StepMetrics {
   double eta_s = 0;                                 // estimated seconds to the last step
 };
 
-// One JSON object, no newline; keys in this order: step, loss, copy_loss (only when set),
+// One JSON object, no newline; keys in this order: step, loss, copy_loss and val_loss (only when
+// set),
 // grad_norm, lr, tokens_per_s, mfu, peak_bytes, peak_by_tag, host_peak_bytes, host_peak_by_tag,
 // budget_bytes, step_s, eta_s.
 // A non-finite number is written as null.
 std::string metrics_json(const StepMetrics& m);
 
-// The JSONL metrics file. A new run truncates it; a resumed run (resume_step >= 0) keeps the
-// lines of steps <= resume_step (a run that died after logging steps its last checkpoint does
-// not hold would otherwise log them twice), drops the rest, and appends.
+// The JSONL metrics file. A new run empties it; a resumed run (resume_step >= 0) keeps the lines
+// of steps <= resume_step (a run that died after logging steps its last checkpoint does not hold
+// would otherwise log them twice), drops the rest, and appends. The file is replaced atomically
+// at open and never when it is a symlink or not a regular file (ConfigError).
 class MetricsWriter {
  public:
   explicit MetricsWriter(const std::string& path, int64_t resume_step = -1);
-  void write(const StepMetrics& m);  // one line, flushed
+  ~MetricsWriter();
+  MetricsWriter(const MetricsWriter&) = delete;
+  MetricsWriter& operator=(const MetricsWriter&) = delete;
+  void write(const StepMetrics& m);  // one line, one write(); Error when it fails
   const std::string& path() const { return path_; }
 
  private:
   std::string path_;
-  std::ofstream out_;
+  int fd_ = -1;  // opened for appending
 };
 
 // "1:02:03" (hours unbounded); "--:--:--" for a negative or non-finite time.

@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
-#include <fstream>
 #include <limits>
 #include <sstream>
 #include <variant>
@@ -14,6 +13,7 @@
 #include "attention/methods.h"
 #include "core/errors.h"
 #include "model/config.h"
+#include "core/safe_fs.h"
 
 namespace upipe {
 namespace {
@@ -42,6 +42,7 @@ struct Field {
   const char* short_flag;
   FieldPtr ptr;
   uint32_t scopes;
+  ResumeRule resume;  // what a changed value means when a run resumes
   std::string doc;
   std::vector<Alias> aliases = {};
 };
@@ -59,49 +60,62 @@ std::vector<Field> fields(RunConfig& c) {
   std::string presets;
   for (const std::string& n : model_preset_names()) presets += (presets.empty() ? "" : ", ") + n;
   return {
-      {"model.name", "--model", "", &c.model.name, kModels,
+      {"model.name", "--model", "", &c.model.name, kModels, ResumeRule::kBreaks,
        "preset (" + presets + ") or Hugging Face directory"},
-      {"model.init_from", "--init-from", "", &c.model.init_from, kScopeTrain,
+      {"model.init_from", "--init-from", "", &c.model.init_from, kScopeTrain, ResumeRule::kFree,
        "Hugging Face directory whose weights start the run; \"\" = random init from train.seed"},
+      {"model.random_weights", "--random-weights", "", &c.model.random_weights, kScopeModel,
+       ResumeRule::kFree,
+       "random weights (train.seed) for a model directory's config; without it a directory "
+       "with no weights is an error"},
       {"parallel.cp_size", "--cp-size", "", &c.parallel.cp_size, kScopeTrain | kScopePlan,
+       ResumeRule::kArithmetic,
        "ranks per context-parallel group C; 0 = all ranks; DP = ranks / C"},
-      {"parallel.method", "--method", "-m", &k.method, kAll, "attention: " + method_names()},
+      {"parallel.method", "--method", "-m", &k.method, kAll, ResumeRule::kArithmetic,
+       "attention: " + method_names()},
       {"parallel.stage_heads",
        "--stage-heads",
        "-U",
        KnobRef{&k.stage_heads},
        kAll,
+       ResumeRule::kArithmetic,
        "upipe methods: query heads per stage U; 0 = the all-to-all group size",
        {{"parallel.head_chunk"}, {"--head-chunk"}}},
       {"parallel.ulysses_degree", "--ulysses-degree", "-u", KnobRef{&k.ulysses_degree}, kAll,
-       "usp / upipe-ring: ranks per Ulysses group u; 0 = all ranks"},
-      {"parallel.chunks", "--chunks", "-N", KnobRef{&k.chunks}, kAll,
+       ResumeRule::kArithmetic, "usp / upipe-ring: ranks per Ulysses group u; 0 = all ranks"},
+      {"parallel.chunks", "--chunks", "-N", KnobRef{&k.chunks}, kAll, ResumeRule::kArithmetic,
        "fpdt methods: sequence chunks N; 0 = the largest N <= 4 dividing S/C"},
-      {"train.steps", "--steps", "", &c.train.steps, kScopeTrain, "optimizer steps"},
+      {"train.steps", "--steps", "", &c.train.steps, kScopeTrain, ResumeRule::kSchedule,
+       "optimizer steps"},
       {"train.seq_len", "--seq-len", "-S", &c.train.seq_len, kAll | kScopeKernel,
-       "tokens per sequence S (split over the CP group)"},
+       ResumeRule::kBreaks, "tokens per sequence S (split over the CP group)"},
       {"train.micro_steps", "--micro-steps", "", &c.train.micro_steps, kScopeTrain,
-       "gradient accumulation: sequences per DP rank per step"},
-      {"train.lr", "--lr", "", &c.train.lr, kScopeTrain,
+       ResumeRule::kBreaks, "gradient accumulation: sequences per DP rank per step"},
+      {"train.lr", "--lr", "", &c.train.lr, kScopeTrain, ResumeRule::kSchedule,
        "peak learning rate, reached at the end of warmup"},
       {"train.min_lr_ratio", "--min-lr-ratio", "", &c.train.min_lr_ratio, kScopeTrain,
+       ResumeRule::kSchedule,
        "learning rate at the end of the cosine decay, as a fraction of train.lr"},
       {"train.warmup_steps", "--warmup-steps", "", &c.train.warmup_steps, kScopeTrain,
-       "steps of linear warmup from 0"},
+       ResumeRule::kSchedule, "steps of linear warmup from 0"},
       {"train.weight_decay", "--weight-decay", "", &c.train.weight_decay, kScopeTrain,
-       "AdamW decoupled weight decay"},
-      {"train.beta1", "--beta1", "", &c.train.beta1, kScopeTrain, "AdamW first-moment decay"},
-      {"train.beta2", "--beta2", "", &c.train.beta2, kScopeTrain, "AdamW second-moment decay"},
-      {"train.eps", "--eps", "", &c.train.eps, kScopeTrain, "AdamW epsilon"},
-      {"train.grad_clip", "--grad-clip", "", &c.train.grad_clip, kScopeTrain,
+       ResumeRule::kSchedule, "AdamW decoupled weight decay"},
+      {"train.beta1", "--beta1", "", &c.train.beta1, kScopeTrain, ResumeRule::kSchedule,
+       "AdamW first-moment decay"},
+      {"train.beta2", "--beta2", "", &c.train.beta2, kScopeTrain, ResumeRule::kSchedule,
+       "AdamW second-moment decay"},
+      {"train.eps", "--eps", "", &c.train.eps, kScopeTrain, ResumeRule::kSchedule, "AdamW epsilon"},
+      {"train.grad_clip", "--grad-clip", "", &c.train.grad_clip, kScopeTrain, ResumeRule::kSchedule,
        "global gradient norm limit; 0 = no clipping"},
       {"train.seed", "--seed", "", &c.train.seed, kScopeTrain | kScopeModel | kScopeBlock,
+       ResumeRule::kBreaks,
        "random weights and data (train), random tokens and inputs (eval, bench, check)"},
       {"memory.dtype",
        "--dtype",
        "",
        &p.dtype,
        kAll | kScopeKernel | kScopeDemo,
+       ResumeRule::kArithmetic,
        "compute dtype: fp32 or bf16 (master weights stay fp32)",
        {{"train.dtype"}}},
       {"memory.residual_dtype",
@@ -109,6 +123,7 @@ std::vector<Field> fields(RunConfig& c) {
        "",
        &p.residual_dtype,
        kAll,
+       ResumeRule::kArithmetic,
        "residual stream and its gradient: fp32, or bf16 with memory.dtype = bf16",
        {{"train.residual_dtype"}}},
       {"memory.recompute",
@@ -116,6 +131,7 @@ std::vector<Field> fields(RunConfig& c) {
        "",
        &p.recompute,
        kModels,
+       ResumeRule::kFree,
        "what backward recomputes from: layer (one stash per layer), block (two: the attention "
        "runs once less per layer) or none (block + the MLP's products stashed)",
        {{"train.checkpoint_granularity"}, {"--checkpoint-granularity"}}},
@@ -124,6 +140,7 @@ std::vector<Field> fields(RunConfig& c) {
        "",
        &p.stash_dtype,
        kModels,
+       ResumeRule::kArithmetic,
        "the stash's storage: fp32 (exact) or bf16 (half the bytes)",
        {{"train.checkpoint_dtype"}, {"--checkpoint-dtype"}}},
       {"memory.offload_stash",
@@ -131,6 +148,7 @@ std::vector<Field> fields(RunConfig& c) {
        "",
        &p.offload_stash,
        kModels,
+       ResumeRule::kFree,
        "keep the stash in the host arena, fetched back layer by layer",
        {{"train.offload_checkpoints"}, {"--offload-checkpoints"}}},
       {"memory.tile_tokens",
@@ -138,6 +156,7 @@ std::vector<Field> fields(RunConfig& c) {
        "",
        &p.tile_tokens,
        kModels,
+       ResumeRule::kArithmetic,
        "rows per MLP / LM-head tile T",
        {{"train.tile_tokens"}}},
       {"memory.device_memory",
@@ -145,6 +164,7 @@ std::vector<Field> fields(RunConfig& c) {
        "",
        BytesRef{&c.memory.device_bytes},
        kAll,
+       ResumeRule::kFree,
        "device memory per rank: the device arena's budget, e.g. 80G",
        {{"memory.budget_gib", true}, {"--memory-budget"}, {"--device-gib", true}}},
       {"memory.host_memory",
@@ -152,28 +172,40 @@ std::vector<Field> fields(RunConfig& c) {
        "",
        BytesRef{&c.memory.host_bytes},
        kModels,
+       ResumeRule::kFree,
        "host memory per rank: the host arena's budget (the offloaded stash, fpdt's K/V)",
        {{"--host-gib", true}}},
-      {"data.kind", "--data-kind", "", &c.data.kind, kScopeTrain, "files, random or copy"},
-      {"data.path", "--data-path", "", &c.data.path, kScopeTrain,
+      {"data.kind", "--data-kind", "", &c.data.kind, kScopeTrain, ResumeRule::kBreaks,
+       "files, random or copy"},
+      {"data.path", "--data-path", "", &c.data.path, kScopeTrain, ResumeRule::kBreaks,
        "files: a .npy/.bin token file, a directory of them, or a glob"},
-      {"checkpoint.dir", "--checkpoint-dir", "", &c.checkpoint.dir, kScopeTrain,
+      {"data.val_path", "--val-path", "", &c.data.val_path, kScopeTrain, ResumeRule::kFree,
+       "held-out token files for the validation loss (as data.path); \"\" = held-out sequences "
+       "of the copy / random task"},
+      {"checkpoint.dir", "--checkpoint-dir", "", &c.checkpoint.dir, kScopeTrain, ResumeRule::kFree,
        "where checkpoints go; \"\" = no checkpoints"},
       {"checkpoint.interval", "--checkpoint-interval", "", &c.checkpoint.interval, kScopeTrain,
-       "steps between checkpoints; 0 = only at the end"},
+       ResumeRule::kFree, "steps between checkpoints; 0 = only at the end"},
       {"checkpoint.keep", "--checkpoint-keep", "", &c.checkpoint.keep, kScopeTrain,
-       "complete checkpoints kept, newest first"},
-      {"metrics.path", "--metrics-path", "", &c.metrics.path, kScopeTrain,
+       ResumeRule::kFree, "complete checkpoints kept, newest first"},
+      {"metrics.path", "--metrics-path", "", &c.metrics.path, kScopeTrain, ResumeRule::kFree,
        "JSONL file, one object per step; \"\" = none"},
       {"metrics.log_interval", "--log-interval", "", &c.metrics.log_interval, kScopeTrain,
-       "steps between log lines"},
-      {"metrics.progress", "--progress", "", &c.metrics.progress, kScopeTrain,
+       ResumeRule::kFree, "steps between log lines"},
+      {"metrics.progress", "--progress", "", &c.metrics.progress, kScopeTrain, ResumeRule::kFree,
        "auto (a progress bar when stdout is a terminal), bar or lines"},
+      {"metrics.val_interval", "--val-interval", "", &c.metrics.val_interval, kScopeTrain,
+       ResumeRule::kFree, "steps between validation losses (forward only); 0 = none"},
+      {"metrics.val_sequences", "--val-sequences", "", &c.metrics.val_sequences, kScopeTrain,
+       ResumeRule::kFree,
+       "held-out sequences of S tokens per validation: the first non-overlapping windows of "
+       "data.val_path"},
       {"comm.timeout",
        "--timeout",
        "",
        &c.comm.timeout,
        kRunning,
+       ResumeRule::kFree,
        "seconds a collective or step may make no progress before the job is ended; 0 = never",
        {{"comm.timeout_s"}}},
   };
@@ -494,9 +526,15 @@ const std::vector<SettingInfo>& settings() {
     RunConfig defaults;
     std::vector<SettingInfo> v;
     for (const Field& f : fields(defaults)) {
-      SettingInfo s{
-          f.key,    f.flag, f.short_flag, type_name(f.ptr), value_text(f.ptr, true), f.doc,
-          f.scopes, {}};
+      SettingInfo s{f.key,
+                    f.flag,
+                    f.short_flag,
+                    type_name(f.ptr),
+                    value_text(f.ptr, true),
+                    f.doc,
+                    f.scopes,
+                    f.resume,
+                    {}};
       for (const Alias& a : f.aliases) s.aliases.push_back(a.name);
       v.push_back(std::move(s));
     }
@@ -674,6 +712,16 @@ void validate(const RunConfig& c, uint32_t scopes) {
     bad("checkpoint.keep", fmt::format("must be >= 1, got {}", c.checkpoint.keep));
   if (c.metrics.log_interval < 1)
     bad("metrics.log_interval", fmt::format("must be >= 1, got {}", c.metrics.log_interval));
+  if (c.metrics.val_interval < 0)
+    bad("metrics.val_interval",
+        fmt::format("must be >= 0 (0 = no validation), got {}", c.metrics.val_interval));
+  if (c.metrics.val_sequences < 1)
+    bad("metrics.val_sequences", fmt::format("must be >= 1, got {}", c.metrics.val_sequences));
+  if ((scopes & kScopeTrain) && c.metrics.val_interval > 0 && c.data.kind == "files" &&
+      c.data.val_path.empty())
+    bad("metrics.val_interval",
+        fmt::format("needs held-out data: give {} (token files not trained on)",
+                    setting_ref("data.val_path")));
   if (!one_of(c.metrics.progress, {"auto", "bar", "lines"}))
     bad("metrics.progress",
         fmt::format("'{}' is unknown; choose auto, bar or lines", c.metrics.progress));
@@ -684,11 +732,7 @@ void validate(const RunConfig& c, uint32_t scopes) {
 }
 
 RunConfig read_run_file(const std::string& path, SettingSources* sources) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw ConfigError(fmt::format("cannot read run file {}", path));
-  std::ostringstream text;
-  text << f.rdbuf();
-  return parse_run_toml(text.str(), path, sources);
+  return parse_run_toml(read_small_file(path, "run file", int64_t(16) << 20), path, sources);
 }
 
 RunConfig load_run_config(const std::string& path, std::span<const std::string> overrides,
@@ -717,6 +761,13 @@ std::string to_toml(const RunConfig& c) {
         fmt::format("{} = {}", name.substr(name.find('.') + 1), value_text(f.ptr, true));
     out += fmt::format("{:<30} # {}\n", line, f.doc);
   }
+  return out;
+}
+
+std::vector<std::pair<std::string, std::string>> setting_values(const RunConfig& c) {
+  RunConfig copy = c;
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const Field& f : fields(copy)) out.emplace_back(f.key, value_text(f.ptr, false));
   return out;
 }
 

@@ -45,6 +45,7 @@ struct RunConfig {
   struct Model {
     std::string name = "tiny";  // preset name or Hugging Face directory (config.json)
     std::string init_from;      // Hugging Face directory whose weights start the run; "" = random
+    bool random_weights = false;  // eval / bench: a directory's config with random weights
     bool operator==(const Model&) const = default;
   } model;
   struct Parallel {
@@ -74,6 +75,7 @@ struct RunConfig {
   struct Data {
     std::string kind = "copy";  // files | random | copy
     std::string path;           // files: a token file, a directory of them, or a glob
+    std::string val_path;       // held-out token files for the validation loss ("" = none)
     bool operator==(const Data&) const = default;
   } data;
   struct Checkpoint {
@@ -86,6 +88,8 @@ struct RunConfig {
     std::string path;               // JSONL file, one object per step; "" = none
     int64_t log_interval = 1;       // steps between log lines
     std::string progress = "auto";  // auto (bar on a terminal) | bar | lines
+    int64_t val_interval = 0;       // steps between validation losses; 0 = none
+    int64_t val_sequences = 8;      // held-out sequences of S tokens per validation
     bool operator==(const Metrics&) const = default;
   } metrics;
   struct Comm {
@@ -97,15 +101,24 @@ struct RunConfig {
   double min_lr() const { return train.lr * train.min_lr_ratio; }
 };
 
+// What a setting that differs from the recorded run means when a run resumes (train/resume.h).
+enum class ResumeRule {
+  kBreaks,      // what the remaining steps compute on: the model, the data, the sequence, the batch
+  kSchedule,    // the learning-rate schedule and the optimizer, from the next step on
+  kArithmetic,  // the same computation in other arithmetic (method, dtypes, tiles): not bitwise
+  kFree,        // how the run goes about it, not what it computes (memory, logging, checkpoints)
+};
+
 // One setting of the table.
 struct SettingInfo {
-  std::string key;                   // "train.seq_len"
-  std::string flag;                  // "--seq-len"
-  std::string short_flag;            // "-S", or ""
-  std::string type;                  // int, float, bool, string, dtype, recompute, bytes, knob
-  std::string default_value;         // as the run file writes it: 3e-4, "upipe", false, "1T"
-  std::string doc;                   // one line
-  uint32_t scopes = 0;               // SettingScope bits
+  std::string key;            // "train.seq_len"
+  std::string flag;           // "--seq-len"
+  std::string short_flag;     // "-S", or ""
+  std::string type;           // int, float, bool, string, dtype, recompute, bytes, knob
+  std::string default_value;  // as the run file writes it: 3e-4, "upipe", false, "1T"
+  std::string doc;            // one line
+  uint32_t scopes = 0;        // SettingScope bits
+  ResumeRule resume = ResumeRule::kFree;
   std::vector<std::string> aliases;  // older keys and flags, e.g. "train.dtype", "--head-chunk"
 };
 const std::vector<SettingInfo>& settings();
@@ -150,6 +163,9 @@ RunConfig load_run_config(const std::string& path, std::span<const std::string> 
 std::string to_toml(const RunConfig& c);
 // The settings of `scopes` that differ from the defaults, as flags ("--seq-len 4096 ...").
 std::string to_flags(const RunConfig& c, uint32_t scopes);
+
+// Every setting's value in c, as its flag takes it ("fp32", "80G", "auto"), in the table's order.
+std::vector<std::pair<std::string, std::string>> setting_values(const RunConfig& c);
 
 // The known key nearest to `name` by edit distance (for "did you mean" hints).
 std::string closest_run_key(const std::string& name);

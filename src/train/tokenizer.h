@@ -10,9 +10,11 @@ namespace upipe {
 
 inline constexpr int64_t kByteVocab = 256;
 
-// Streams `in` (any bytes) into the .bin file `out` and returns the number of tokens. Throws
-// ConfigError naming the file when `in` cannot be read, `out` cannot be written, or `in` has
-// 2^31 bytes or more (the .bin header counts tokens in an int32; split the text).
+// Streams `in` (any bytes; a regular file) into the .bin file `out`, written atomically, and
+// returns the number of tokens. Throws ConfigError naming the file when `in` cannot be read or is
+// not a regular file, `out` is `in` (the same file under any name), a symlink or not a regular
+// file, or `in` has 2^31 bytes or more (the .bin header counts tokens in an int32; split the
+// text); Error when a write fails.
 int64_t tokenize_bytes(const std::string& in, const std::string& out);
 
 }  // namespace upipe

@@ -4,7 +4,9 @@
 
 #include <cmath>
 
+#include "core/checked.h"
 #include "core/errors.h"
+#include "core/fault_inject.h"
 
 namespace upipe {
 
@@ -15,6 +17,24 @@ double LrSchedule::lr_at(int64_t t) const {
   const double progress = std::min(1.0, double(t - warmup) / double(span - 1));
   return min_lr + 0.5 * (lr - min_lr) * (1.0 + std::cos(M_PI * progress));
 }
+
+namespace {
+
+// What every rank holds at least during a step, whatever the strategy: the ZeRO-3 shards (fp32
+// master weights, gradients, two moments) and the residual stream of its rows.
+TagBytes training_floor(const ModelConfig& m, const TrainOptions& o, int world, int cp) {
+  const int64_t shard = zero_shard_elements(m, world);
+  const int64_t rows = (o.decoder.seq_len + cp - 1) / cp;
+  TagBytes need;
+  need.v[size_t(Tag::kParams)] = checked_mul(shard, 4, "parameter bytes");
+  need.v[size_t(Tag::kGrads)] = checked_mul(shard, 4, "gradient bytes");
+  need.v[size_t(Tag::kOptim)] = checked_mul(shard, 8, "optimizer bytes");
+  need.v[size_t(Tag::kAct)] = checked_mul(checked_mul(rows, m.hidden_size, "residual elements"),
+                                          dtype_size(o.decoder.memory.residual_dtype), "residual bytes");
+  return need;
+}
+
+}  // namespace
 
 Trainer::Trainer(Device& dev, Communicator& world, const ModelConfig& m, const TrainOptions& opt)
     : dev_(dev), world_(world), m_(m), opt_(opt) {
@@ -27,6 +47,9 @@ Trainer::Trainer(Device& dev, Communicator& world, const ModelConfig& m, const T
     throw ConfigError(fmt::format("train.micro_steps must be >= 1 (got {})", opt.micro_steps));
   if (opt.grad_clip < 0)
     throw ConfigError(fmt::format("train.grad_clip must be >= 0 (got {})", opt.grad_clip));
+  // Before anything is allocated: a size from the run file or config.json the budget (or the
+  // machine) can never hold is an out-of-memory error now, not a std::bad_alloc later.
+  dev.mem().check_fits(training_floor(m, opt, w, cp_size_));
   dp_size_ = w / cp_size_;
   dp_rank_ = world.rank() / cp_size_;
   const int c = cp_size_;
@@ -35,12 +58,28 @@ Trainer::Trainer(Device& dev, Communicator& world, const ModelConfig& m, const T
   dp_ = world.split([c](int r) { return SplitKey{r % c, r / c}; });
   dec_ = std::make_unique<Decoder>(dev, *cp_, m, opt.decoder);
   zero_ = std::make_unique<Zero3>(dev, world, m, opt.decoder.memory.dtype);
+  fault_point("startup");
 }
 
 Trainer::~Trainer() = default;
 
 int64_t Trainer::tokens_per_rank_per_step() const {
   return int64_t(opt_.micro_steps) * opt_.decoder.seq_len / cp_size_;
+}
+
+double Trainer::evaluate(const std::function<Sequence(int64_t i)>& data, int64_t n) {
+  const int64_t s = opt_.decoder.seq_len;
+  const double predicted = double(n) * double(s - 1);
+  double mine = 0;
+  for (int64_t i = dp_rank_; i < n; i += dp_size_) {
+    const Sequence seq = data(i);
+    mine += dec_->loss(seq.tokens, *zero_, LossSpec{1.0 / predicted, {}}).loss;
+  }
+  std::vector<double> parts(static_cast<size_t>(dp_size_));
+  dp_->all_gather(&mine, parts.data(), sizeof(mine));
+  double loss = 0;
+  for (double p : parts) loss += p;  // in rank order: the same bits on every rank
+  return loss;
 }
 
 StepResult Trainer::step(int64_t t, const SequenceFn& data) {

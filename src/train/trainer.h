@@ -29,12 +29,12 @@ struct LrSchedule {
 };
 
 struct TrainOptions {
-  int cp_size = 0;           // ranks per sequence (0 = all ranks)
-  DecoderOptions decoder;    // method, seq_len, dtype, knobs, tile_tokens, offload
-  int micro_steps = 1;       // gradient accumulation
+  int cp_size = 0;         // ranks per sequence (0 = all ranks)
+  DecoderOptions decoder;  // method, seq_len, dtype, knobs, tile_tokens, offload
+  int micro_steps = 1;     // gradient accumulation
   LrSchedule schedule;
   OptimizerSpec optimizer;
-  double grad_clip = 1.0;    // 0 = no clipping
+  double grad_clip = 1.0;  // 0 = no clipping
 };
 
 // One sequence of S tokens and, optionally, S group flags (the copy task's copied half; see
@@ -47,9 +47,9 @@ struct Sequence {
 using SequenceFn = std::function<Sequence(int64_t step, int micro, int dp_rank)>;
 
 struct StepResult {
-  double loss = 0;       // the batch mean token loss
-  double group_loss = 0; // the mean over the group's predictions (NaN-free; 0 without a group)
-  double grad_norm = 0;  // before clipping
+  double loss = 0;        // the batch mean token loss
+  double group_loss = 0;  // the mean over the group's predictions (NaN-free; 0 without a group)
+  double grad_norm = 0;   // before clipping
   double lr = 0;
   double fwd_s = 0, bwd_s = 0;  // this rank's decoder time, summed over micro-steps
 };
@@ -74,6 +74,9 @@ class Trainer {
 
   // Runs step t (counted from 0; AdamW's bias correction uses t + 1).
   StepResult step(int64_t t, const SequenceFn& data);
+  // The mean next-token loss over sequences 0..n-1 of `data` (held-out data), forward only:
+  // sequence i goes to DP rank i % DP; the same value on every rank.
+  double evaluate(const std::function<Sequence(int64_t i)>& data, int64_t n);
 
  private:
   Device& dev_;

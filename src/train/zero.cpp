@@ -6,6 +6,7 @@
 #include "backend/optim.h"
 #include "backend/tensor_ops.h"
 #include "core/checked.h"
+#include "core/fault_inject.h"
 #include "model/safetensors.h"
 #include "model/weights.h"
 
@@ -27,6 +28,20 @@ std::vector<ZeroUnitLayout> zero_layout(const ModelConfig& m, int world) {
     units.push_back(std::move(l));
   }
   return units;
+}
+
+int64_t zero_shard_elements(const ModelConfig& m, int world) {
+  auto shard = [&](int unit) {
+    int64_t n = 0;
+    for (const HfTensorSpec& s : unit_tensors(m, unit))
+      n = checked_add(n, s.numel(), "unit elements");
+    return (n + world - 1) / world;
+  };
+  // Unit 0 the embedding, units 1 .. L the layers (all alike), the last the head.
+  const int units = num_param_units(m);
+  const int64_t layers = checked_mul(units - 2, shard(1), "shard elements");
+  return checked_add(checked_add(shard(0), layers, "shard elements"), shard(units - 1),
+                     "shard elements");
 }
 
 Zero3::Zero3(Device& dev, Communicator& world, const ModelConfig& m, DType compute)
@@ -57,6 +72,7 @@ void Zero3::init(const SafetensorsReader* reader, uint64_t seed) {
   if (reader != nullptr)
     for (const ZeroUnitLayout& l : layout_)
       for (const HfTensorSpec& s : l.tensors) reader->check_shape(s.name, s.shape);
+  if (reader != nullptr) fault_point("init");
   constexpr int64_t kChunk = int64_t(1) << 20;  // host staging, elements
   std::vector<float> host;
   for (int u = 0; u < num_units(); ++u) {
@@ -141,8 +157,8 @@ void Zero3::grads_done(int unit) {
   const int64_t s = layout(unit).shard;
   x.grad_views.clear();
   x.recv = Tensor(dev_.mem(), Tag::kGrads, DType::kF32, 1, s);
-  x.reduce = world_.ireduce_scatter(x.full_grad.data(), x.recv.data(), s, DType::kF32,
-                                    ReduceOp::kSum);
+  x.reduce =
+      world_.ireduce_scatter(x.full_grad.data(), x.recv.data(), s, DType::kF32, ReduceOp::kSum);
   // At most two units' whole gradients exist at once: the one just started and the one the
   // decoder writes next; the older reduce-scatters complete now.
   while (!reducing_.empty()) {

@@ -38,6 +38,9 @@ struct ZeroUnitLayout {
   int64_t shard = 0;             // s_u = ceil(n_u / W)
 };
 std::vector<ZeroUnitLayout> zero_layout(const ModelConfig& m, int world);
+// sum_u s_u, in closed form (nothing proportional to the layers is built): the elements of each
+// of a rank's four shards.
+int64_t zero_shard_elements(const ModelConfig& m, int world);
 
 struct OptimizerSpec {
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;  // decay on matrices only

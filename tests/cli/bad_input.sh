@@ -100,8 +100,18 @@ run_case "--seq-len must be in [2," eval --model tiny --seq-len 1
 run_case "cannot open token file" eval --model tiny --tokens /nonexistent.npy
 # Token files the eval reads: a text file is neither .npy nor .bin; tokenize needs a readable input.
 run_case "neither a .npy file" eval --model tiny --tokens "$fix/llama/config.json"
-run_case "cannot read text file" tokenize /nonexistent.txt /nonexistent.bin
+run_case "cannot open text file" tokenize /nonexistent.txt /nonexistent.bin
 run_case "IN is required" tokenize
+# Files that would block a reader (FIFOs) or that a writer would replace: refused, never opened
+# in a way that blocks.
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+mkfifo "$tmp/fifo"
+run_case "run file $tmp/fifo is a FIFO, not a regular file" train "$tmp/fifo"
+run_case "token file $tmp/fifo is a FIFO" train --data-kind=files --data-path="$tmp/fifo" --steps=1
+run_case "text file $tmp/fifo is a FIFO" tokenize "$tmp/fifo" "$tmp/out.bin"
+run_case "refusing to write token file $tmp/fifo" tokenize "$fix/llama/config.json" "$tmp/fifo"
+run_case "is the input" tokenize "$fix/llama/config.json" "$fix/llama/config.json"
 
 if [ "$failures" -ne 0 ]; then
   echo "$failures case(s) failed"

@@ -3,6 +3,9 @@
 #   fixture_loss      the llama fixture's loss is transformers' fp64 6.1841632 (to 7 digits)
 #   fixture_loss_bin  the same tokens as an llm.c .bin give the same loss
 #   tokenize_then_eval `upipe tokenize` (one process) writes a .bin that eval reads
+#   loss_only         --loss-only (the forward alone) gives the same loss; --windows the mean
+#                     loss and perplexity over every S-token window; a training checkpoint as
+#                     --model is refused with the export command
 #   save_grads_FIX    --save-grads: every tensor of the fixture's fp64 gradients, same names and
 #                     shapes, within the fp32 rule, and the norms of --json (check_grads.py)
 # Usage: eval.sh UPIPE MPIRUN [MPIRUN ARGS...] -- CASE
@@ -37,6 +40,16 @@ tokenize_then_eval)
   printf 'upipe tokenize: one token per byte. %.0s' $(seq 20) > "$tmp/in.txt"
   "$upipe" tokenize "$tmp/in.txt" "$tmp/in.bin" || fail "tokenize failed"
   eval_expect "512 tokens" --model tiny --tokens "$tmp/in.bin" --seq-len 512 --method upipe ;;
+loss_only)
+  eval_expect "loss 6.184163" --model "$fix/llama" --tokens "$fix/llama/tokens.npy" --method upipe --loss-only
+  eval_expect "4 window(s) of 128 tokens" --model "$fix/llama" --tokens "$fix/llama/tokens.npy" \
+    --method upipe --windows --seq-len 128
+  eval_expect "perplexity" --model "$fix/llama" --tokens "$fix/llama/tokens.npy" --method upipe \
+    --windows --seq-len 128
+  mkdir -p "$tmp/ck/step_00000001" && echo '{}' > "$tmp/ck/step_00000001/meta.json" && touch "$tmp/ck/step_00000001/DONE"
+  out=$(timeout 120 "${mpirun[@]}" -np 2 "$upipe" eval --model "$tmp/ck" --seq-len 64 2>&1); rc=$?
+  [ $rc -eq 2 ] && echo "$out" | grep -q "is a training checkpoint, not a Hugging Face model; export it first" ||
+    { echo "$out"; fail "a training checkpoint as --model: exit $rc"; } ;;
 save_grads_llama | save_grads_qwen3)
   fx=${case_name#save_grads_}
   timeout 120 "${mpirun[@]}" -np 2 "$upipe" eval --model "$fix/$fx" --tokens "$fix/$fx/tokens.npy" \

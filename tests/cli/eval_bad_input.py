@@ -130,7 +130,8 @@ def build(root):
     d = model_dir(root, "heads3", lambda c: c.update(num_attention_heads=3, num_key_value_heads=1,
                                                      hidden_size=48), weights=False)
     case("num_attention_heads of $TMP/heads3/config.json (3) must be divisible by the number of ranks "
-         "in the all-to-all group (2)", "eval", "--model", d, "--seq-len", "16", "--method", "ulysses")
+         "in the all-to-all group (2)", "eval", "--model", d, "--seq-len", "16", "--method", "ulysses",
+         "--random-weights")
     case("--stage-heads 3 must be a multiple", "eval", "--model", FIXTURE, "--tokens", tokens, "--method",
          "upipe", "--stage-heads", "3")
     case("--chunks", "eval", "--model", FIXTURE, "--tokens", tokens, "--method", "fpdt", "--chunks", "7")
@@ -142,11 +143,69 @@ def build(root):
          tokens, "--recompute", "op")
     case("--checkpoint-granularity: 'op' is unknown", "eval", "--model", FIXTURE, "--tokens", tokens,
          "--checkpoint-granularity", "op")
+    # Untrusted model directories: no weights (or a dangling symlink for them, as a Hugging Face
+    # cache with a missing blob has) is an error unless random weights are asked for; shard names
+    # of an index stay inside the directory; a FIFO is refused, never opened in a way that blocks;
+    # a key given twice in config.json or a safetensors header is an error.
+    d = model_dir(root, "no_weights", weights=False)
+    case("no_weights holds no weights", "eval", "--model", d, "--seq-len", "8")
+    d = model_dir(root, "dangling", weights=False)
+    os.symlink(os.path.join(root, "blobs", "missing"), os.path.join(d, "model.safetensors"))
+    case("model.safetensors is a dangling symlink", "eval", "--model", d, "--seq-len", "8")
+    shutil.copy(os.path.join(FIXTURE, "model.safetensors"), os.path.join(root, "outside.safetensors"))
+    for name, shard in (("escape", "../outside.safetensors"),
+                        ("absolute", os.path.join(root, "outside.safetensors"))):
+        d = model_dir(root, name, weights=False)
+        with open(os.path.join(d, "model.safetensors.index.json"), "w") as f:
+            json.dump({"weight_map": {t: shard for t in header if t != "__metadata__"}}, f)
+        case("is not a relative name inside", "eval", "--model", d, "--tokens", tokens, "--method", "ulysses")
+    d = model_dir(root, "fifo_shard", weights=False)
+    os.mkfifo(os.path.join(d, "model-00001-of-00001.safetensors"))
+    with open(os.path.join(d, "model.safetensors.index.json"), "w") as f:
+        json.dump({"weight_map": {t: "model-00001-of-00001.safetensors" for t in header
+                                  if t != "__metadata__"}}, f)
+    case("is a FIFO, not a regular file", "eval", "--model", d, "--tokens", tokens, "--method", "ulysses")
+    d = model_dir(root, "fifo_config", weights=False)
+    os.remove(os.path.join(d, "config.json"))
+    os.mkfifo(os.path.join(d, "config.json"))
+    case("fifo_config: directory holds no config.json", "eval", "--model", d, "--seq-len", "8")
+    os.mkfifo(os.path.join(root, "fifo_config.json"))
+    case("fifo_config.json is a FIFO, not a regular file", "eval", "--model",
+         os.path.join(root, "fifo_config.json"), "--seq-len", "8")
+    d = model_dir(root, "dup_config", weights=False)
+    with open(os.path.join(d, "config.json")) as f:
+        text = f.read()
+    with open(os.path.join(d, "config.json"), "w") as f:
+        f.write(text.replace('{', '{"hidden_size": 32, ', 1))
+    case("duplicate key 'hidden_size'", "eval", "--model", d, "--seq-len", "8")
+    d = model_dir(root, "dup_header", weights=False)
+    text = json.dumps(header).replace('{', '{"%s": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}, ' % gate, 1)
+    with open(os.path.join(d, "model.safetensors"), "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text.encode() + data)
+    case("duplicate key '%s'" % gate, "eval", "--model", d, "--tokens", tokens, "--method", "ulysses")
+    with open(tokens, "rb") as f:
+        raw = bytearray(f.read())
+    raw[6] = 4  # format version 4.0: not one NumPy writes
+    with open(os.path.join(root, "v4.npy"), "wb") as f:
+        f.write(raw)
+    case(".npy format version 4.0 is not supported", "eval", "--model", FIXTURE, "--tokens",
+         os.path.join(root, "v4.npy"))
+    # --save-grads never replaces a FIFO, a device or a symlink (checked before any work).
+    os.mkfifo(os.path.join(root, "grads.fifo"))
+    case("refusing to write gradients file", "eval", "--model", FIXTURE, "--tokens", tokens,
+         "--save-grads", os.path.join(root, "grads.fifo"))
+    os.symlink(os.path.join(root, "victim"), os.path.join(root, "grads.link"))
+    case("it is a symlink", "eval", "--model", FIXTURE, "--tokens", tokens, "--save-grads",
+         os.path.join(root, "grads.link"))
+    case("it is a character device", "eval", "--model", FIXTURE, "--tokens", tokens,
+         "--save-grads", "/dev/null")
     # `upipe bench model` shares eval's model loading and checks.
     case("seq-len (9)", "bench", "model", "--model", FIXTURE, "--seq-len", "9", "--method", "ulysses")
     case("--seq-len", "bench", "model", "--model", "tiny", "--seq-len", "1")
     case("--iters", "bench", "model", "--model", "tiny", "--iters", "0")
     case("field 'model_type' = \"gpt2\"", "bench", "model", "--model", os.path.join(root, "gpt2"), "--seq-len", "8")
+    case("no_weights holds no weights", "bench", "model", "--model", os.path.join(root, "no_weights"),
+         "--seq-len", "8")
     case("tensor 'model.layers.0.mlp.gate_proj.weight': has shape [64, 160]", "bench", "model", "--model",
          os.path.join(root, "wrong_shape"), "--seq-len", "16", "--method", "ulysses")
     return cases

@@ -34,7 +34,7 @@ expect "does not fit 8 ranks of 10.00 GiB" $L8 --device-memory 10G --seq-len 655
 expect "--seq-len 1001 is not allowed by any method" $L8 --device-memory 80G --method all --seq-len 1001
 expect "--seq-len (1001) must be divisible by 8" $L8 --device-memory 80G --seq-len 1001
 expect "too small for the offloaded stash" $L8 --device-memory 80G --host-memory 1G --offload-stash --max-seq-len
-expect "too small for the offloaded stash" $L8 --device-memory 80G --host-memory 1G --offload-stash --seq-len 1048576
+expect "too small for the offloaded stash: upipe needs at least" $L8 --device-memory 80G --host-memory 1G --offload-stash --method upipe --max-seq-len
 expect "no method fits 8 ranks of 20.00 GiB" $L8 --device-memory 20G --max-seq-len
 expect "give one of --seq-len and --max-seq-len" $L8 --device-memory 80G --seq-len 65536 --max-seq-len
 expect "give the device memory per rank, e.g. --device-memory 80G" $L8 --seq-len 65536
@@ -51,15 +51,27 @@ j = json.load(sys.stdin)
 for k in ("model", "ranks", "cp_size", "device_gib", "host_gib", "reserve_gib", "methods"):
     assert k in j, k
 m = j["methods"][0]
-for k in ("method", "knobs", "seq_len", "fits", "device_peak_bytes", "host_peak_bytes", "peak_by_tag", "limiting_tag"):
+for k in ("method", "knobs", "seq_len", "fits", "device_peak_bytes", "host_peak_bytes", "peak_by_tag", "limiting_tag", "limit", "train_command"):
     assert k in m, k
 assert m["method"] == "upipe" and m["fits"] and m["seq_len"] % 65536 == 0 and m["seq_len"] >= 1 << 21
 assert sum(m["peak_by_tag"].values()) == m["device_peak_bytes"]
 assert m["device_peak_bytes"] + j["reserve_gib"] * 2**30 <= 80 * 2**30
 assert j["reserve_gib"] == 2 and j["cp_size"] == 8
+assert m["limit"]["arena"] in ("device", "host") and m["train_command"].startswith("mpirun -np 8 upipe train ")
+assert "--seq-len=%d" % m["seq_len"] in m["train_command"]
 print("ok: --json upipe max S", m["seq_len"], m["limiting_tag"])
 '; then
   fail "upipe plan --json (exit $rc)"
+fi
+
+# One length past the host limit is an answer, not an error: fits no, limited by the host.
+out=$(timeout 120 "$upipe" plan $L8 --device-memory 80G --host-memory 64G --offload-stash --method upipe --seq-len 2097152 2>&1)
+rc=$?
+if [ $rc -ne 0 ] || ! printf '%s\n' "$out" | grep -q -E '^upipe .* no .* host \(stash'; then
+  fail "a plan past the host limit (exit $rc)"
+  printf '%s\n' "$out" | head -5
+else
+  echo "ok: past the host limit -> $(printf '%s\n' "$out" | grep '^upipe ')"
 fi
 
 # Under mpirun rank 0 plans and prints once; every rank exits 0.

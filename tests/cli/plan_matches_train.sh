@@ -3,7 +3,8 @@
 # ranks (its JSONL metrics hold the step's device and host peaks over the ranks, with the worst
 # rank's bytes per tag), and planned with `upipe plan RUN.toml --ranks N`. The peaks and every
 # tag must be equal, for methods, dtypes, offload, recompute modes and tile sizes off and on the
-# default. Usage: plan_matches_train.sh UPIPE MPIRUN [MPIRUN ARGS...]
+# default; and the `upipe train` command a plan prints for its answer runs and peaks at the
+# plan's bytes. Usage: plan_matches_train.sh UPIPE MPIRUN [MPIRUN ARGS...]
 set -u
 upipe=$1
 shift
@@ -60,6 +61,35 @@ case_ upipe_none_bf16res 2 '[parallel]\nmethod = "upipe"\n[train]\nseq_len = 256
 case_ qwen3_usp 2 '[model]\nname = "tiny-qwen3"\n[parallel]\nmethod = "usp"\nulysses_degree = 1\n[train]\nseq_len = 512'
 case_ cp2_dp2_upipe_fpdt 4 '[parallel]\ncp_size = 2\nmethod = "upipe-fpdt"\n[train]\nseq_len = 512\nmicro_steps = 2\n[memory]\noffload_stash = true'
 case_ local_none 1 '[parallel]\nmethod = "local"\n[train]\nseq_len = 256\n[memory]\nrecompute = "none"'
+
+# The plan prints the command that runs its answer: run it (one step) and compare again.
+if ! env -u OMP_NUM_THREADS "$upipe" plan --model tiny-qwen3 --ranks 2 --device-memory=64M \
+    --reserve 0 --method upipe --stage-heads auto --seq-len 512 --tile-tokens 96 --recompute block \
+    --json \
+    > "$tmp/rt.plan" 2>&1; then
+  cat "$tmp/rt.plan"; echo "FAIL round trip: upipe plan failed"; failures=$((failures + 1))
+else
+  cmd=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["methods"][0]["train_command"])' "$tmp/rt.plan")
+  echo "plan says: $cmd"
+  # "mpirun -np 2 upipe train FLAGS": this test's mpirun and binary, one step, metrics.
+  read -r -a words <<< "$cmd"
+  [ "${words[0]} ${words[1]} ${words[2]} ${words[3]} ${words[4]}" = "mpirun -np 2 upipe train" ] ||
+    { echo "FAIL round trip: unexpected command"; failures=$((failures + 1)); }
+  if timeout 300 "${mpirun[@]}" -np 2 "$upipe" train "${words[@]:5}" --steps=1 --progress=lines \
+      --metrics-path="$tmp/rt.jsonl" > "$tmp/rt.train" 2>&1; then
+    python3 - "$tmp/rt.jsonl" "$tmp/rt.plan" <<'PY' || failures=$((failures + 1))
+import json, sys
+run = [json.loads(l) for l in open(sys.argv[1])][-1]
+plan = json.load(open(sys.argv[2]))["methods"][0]
+ok = run["peak_bytes"] == plan["device_peak_bytes"] and run["peak_by_tag"] == plan["peak_by_tag"]
+print(("ok" if ok else "FAIL") + " round trip: the printed command peaks at %d B, the plan %d B"
+      % (run["peak_bytes"], plan["device_peak_bytes"]))
+sys.exit(0 if ok else 1)
+PY
+  else
+    cat "$tmp/rt.train"; echo "FAIL round trip: the printed command failed"; failures=$((failures + 1))
+  fi
+fi
 
 [ "$failures" -eq 0 ] || { echo "$failures case(s) failed"; exit 1; }
 echo "PASS: plan = train on every case"

@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # `upipe train` end to end under mpirun (2 ranks), one case per argument:
 #   learns   the copy task: the copied half's loss falls from ~log V to below 0.5 in 600 steps
+#   resume_rules  --resume continues the recorded run's settings; a finished run, or a changed
+#            sequence length without --accept-changes, is refused in one line
 #   resume   a run stopped by SIGUSR1 (checkpoint, exit 0) and resumed ends with rank files
 #            bitwise equal to an uninterrupted run's; the metrics file has every step once;
 #            export -> a Hugging Face folder that `upipe eval` loads; resume on 1 rank reshards
 #   kill     a rank killed with SIGKILL mid-run ends the job (non-zero) within 30 s, and the
 #            newest complete checkpoint still resumes
 #   init     --init-from the committed transformers fixture, one step at lr 0, export: eval of
-#            the exported folder gives the fixture's loss (HF weights in, HF weights out); weights
-#            of another shape are refused with exit 2
-#   hang     a rank stopped with SIGSTOP ends the job within comm.timeout_s + a few seconds,
+#            the exported folder gives the fixture's loss (HF weights in, HF weights out);
+#            another model's weights are refused with exit 2, naming the first field that differs
+#   hang     a rank stopped with SIGSTOP ends the job within comm.timeout + a few seconds,
 #            with the watchdog naming the step
 # Usage: train.sh UPIPE MPIRUN... -- CASE
 set -u
@@ -47,6 +49,8 @@ disrupt() {
   wait $job; rc=$?
   took=$(( $(date +%s) - start ))
   echo "rank $victim got SIG$sig: the job ended with status $rc after ${took} s"
+  # A rank's launcher guard (core/launcher.h) exits the moment mpirun is gone: allow it a second.
+  for _ in $(seq 10); do pgrep -f "upipe train.*$tmp/$name.jsonl" > /dev/null || break; sleep 0.1; done
   pgrep -f "upipe train.*$tmp/$name.jsonl" && fail "rank processes left behind"
 }
 
@@ -79,8 +83,10 @@ resume)
   timeout 300 "${mpirun[@]}" -np 2 "$upipe" train "${args[@]}" --checkpoint-dir="$tmp/b" \
     --metrics-path="$tmp/b.jsonl" --resume > "$tmp/c.out" 2>&1 || { cat "$tmp/c.out"; fail "resume failed"; }
   grep "^start:" "$tmp/c.out"
+  # The same tensors bitwise; only the run identity in the metadata differs (two runs).
   for f in rank_00000.safetensors rank_00001.safetensors; do
-    cmp "$tmp/a/step_00000300/$f" "$tmp/b/step_00000300/$f" || fail "$f differs after resume"
+    python3 "$(dirname "$0")/same_tensors.py" --ignore run_id "$tmp/a/step_00000300/$f" \
+      "$tmp/b/step_00000300/$f" || fail "$f differs after resume"
   done
   python3 - "$tmp/b.jsonl" <<'PY' || fail "metrics file after resume"
 import json, sys
@@ -123,11 +129,33 @@ init)
     --method ulysses 2>&1) || { echo "$out"; fail "eval of the export failed"; }
   echo "$out" | grep loss
   echo "$out" | grep -q -F "loss 6.184163" || fail "the exported weights do not give the fixture's loss 6.184163"
-  # Weights of another shape (the Llama fixture for the Qwen3 preset): refused on every rank
-  # before any rank reads its shard, one line, exit 2.
+  # Another model's weights (the Llama fixture for the Qwen3 preset): its config.json is compared
+  # with the run's model field by field before any weights are opened, one line, exit 2.
   out=$(timeout 120 "${mpirun[@]}" -np 2 "$upipe" train "${small[@]}" --init-from "$fixture" \
     --model=tiny-qwen3 --steps=1 2>&1); rc=$?
-  [ $rc -eq 2 ] && [ "$(echo "$out" | grep -c 'has shape')" -eq 1 ] || { echo "$out"; fail "mis-shaped --init-from: exit $rc"; }
+  [ $rc -eq 2 ] && [ "$(echo "$out" | grep -c "another model than this run's: field 'architectures'")" -eq 1 ] || { echo "$out"; fail "another model's --init-from: exit $rc"; }
+  ;;
+resume_rules)
+  # --resume continues the recorded run: its settings, none typed again; a finished run is an
+  # error; a changed sequence length is refused unless accepted; a longer run is reported.
+  timeout 300 "${mpirun[@]}" -np 2 "$upipe" train "${small[@]}" --steps=3 --data-kind=random \
+    --lr=1e-3 --checkpoint-dir="$tmp/r" > "$tmp/r0.out" 2>&1 || { cat "$tmp/r0.out"; fail "first run failed"; }
+  out=$(timeout 120 "${mpirun[@]}" -np 2 "$upipe" train --checkpoint-dir="$tmp/r" --resume 2>&1); rc=$?
+  [ $rc -eq 2 ] && [ "$(echo "$out" | grep -c 'has done 3 steps, and --steps 3 leaves none')" -eq 1 ] ||
+    { echo "$out"; fail "resuming a finished run: exit $rc"; }
+  out=$(timeout 120 "${mpirun[@]}" -np 2 "$upipe" train --checkpoint-dir="$tmp/r" --resume --steps=5 --seq-len=128 2>&1); rc=$?
+  [ $rc -eq 2 ] && echo "$out" | grep -q -e '--seq-len 64 -> 128 would change what the remaining steps' ||
+    { echo "$out"; fail "a changed --seq-len: exit $rc"; }
+  timeout 300 "${mpirun[@]}" -np 2 "$upipe" train --checkpoint-dir="$tmp/r" --resume --steps=5 \
+    --metrics-path="$tmp/r.jsonl" > "$tmp/r1.out" 2>&1 || { cat "$tmp/r1.out"; fail "resume failed"; }
+  grep -q "continues from step 3" "$tmp/r1.out" && grep -q -e "--steps 3 -> 5: the schedule" "$tmp/r1.out" ||
+    { cat "$tmp/r1.out"; fail "the resume was not reported"; }
+  grep -q '^kind = "random"' "$tmp/r1.out" && grep -q '^lr = 0.001' "$tmp/r1.out" ||
+    { cat "$tmp/r1.out"; fail "the recorded run's data and lr were not continued"; }
+  [ "$(last "$tmp/r.jsonl" step)" = 5 ] || fail "did not train to step 5"
+  timeout 300 "${mpirun[@]}" -np 2 "$upipe" train --checkpoint-dir="$tmp/r" --resume --steps=6 \
+    --seq-len=128 --accept-changes > "$tmp/r2.out" 2>&1 || { cat "$tmp/r2.out"; fail "accepted change failed"; }
+  grep -q "accepted (--accept-changes): --seq-len 64 -> 128" "$tmp/r2.out" || { cat "$tmp/r2.out"; fail "no accepted line"; }
   ;;
 hang)
   disrupt STOP 20 h --timeout=3

@@ -29,6 +29,8 @@ class SharedDir {
     comm_.barrier();
     if (comm_.rank() == 0) std::filesystem::remove_all(path_);
   }
+  SharedDir(const SharedDir&) = delete;
+  SharedDir& operator=(const SharedDir&) = delete;
   std::string path() const { return path_; }
 
  private:

@@ -122,6 +122,34 @@ TEST(Loop, ResumeContinuesLikeAnUninterruptedRun) {
   for (size_t i = 0; i < 2; ++i) EXPECT_EQ(part.steps[i].loss, all.steps[i].loss);
 }
 
+// The held-out loss every val_interval steps and after the last, the same in a second run.
+TEST(Loop, ValidationEveryIntervalAndAfterTheLast) {
+  test::SharedDir dir(test::world());
+  RunConfig c = small_run("");
+  c.train.steps = 5;
+  c.metrics.val_interval = 2;
+  c.metrics.val_sequences = 3;
+  std::vector<double> first;
+  for (int run = 0; run < 2; ++run) {
+    Record rec;
+    run_loop(c, false, rec);
+    ASSERT_EQ(rec.steps.size(), 5u);
+    std::vector<double> val;
+    for (const StepMetrics& m : rec.steps) {
+      EXPECT_EQ(m.val_loss.has_value(), m.step == 2 || m.step == 4 || m.step == 5) << m.step;
+      if (m.val_loss) {
+        EXPECT_TRUE(std::isfinite(*m.val_loss) && *m.val_loss > 0);
+        val.push_back(*m.val_loss);
+      }
+    }
+    if (run == 0)
+      first = val;
+    else
+      EXPECT_EQ(val, first) << "the held-out loss is deterministic";
+  }
+  EXPECT_NE(first[0], first[2]) << "the model trained between the validations";
+}
+
 TEST(Loop, ResumeWithoutACheckpointIsRefused) {
   test::SharedDir dir(test::world());
   RunConfig c = small_run(dir.path());

@@ -134,6 +134,10 @@ void check_model(const std::string& model, DType dtype, DType ckpt = DType::kF32
     opt.memory.residual_dtype = residual;
     Decoder dec(dev, comm, m, opt);
     const double loss = dec.loss_and_grads(tokens, w, g);
+    {  // the forward alone (evaluation) gives the same loss, bit for bit
+      FullParams no_grads(m, w, {});
+      EXPECT_EQ(dec.loss(tokens, no_grads).loss, loss) << model << " " << method << " loss only";
+    }
     if (method == methods(comm.size()).front() && !bf16) {  // offloading changes no bit
       DecoderOptions off = opt;
       off.memory.offload_stash = true;

@@ -251,7 +251,7 @@ TEST(Train, ResumeIsBitwiseIdentical) {
     Trainer tr(dev, world, m, o);
     tr.zero().init(nullptr, 11);
     run(tr, 0, 2, m);
-    save_checkpoint(dir.path(), 2, tr.zero(), tr.cp_size(), "[train]\nsteps = 4\n", 2);
+    save_checkpoint({dir.path(), "run-a", 2}, 2, tr.zero(), tr.cp_size(), "[train]\nsteps = 4\n");
   }
   const auto latest = latest_checkpoint(dir.path());
   ASSERT_TRUE(latest.has_value());
@@ -286,7 +286,7 @@ TEST(Train, CheckpointOfShardsLongerThanAWritePiece) {
     tr.zero().init(nullptr, 5);
     run(tr, 0, 1, m);
     saved = state(dev, tr.zero());
-    save_checkpoint(dir.path(), 1, tr.zero(), tr.cp_size(), "", 0);
+    save_checkpoint({dir.path(), "run-a", 0}, 1, tr.zero(), tr.cp_size(), "");
   }
   ASSERT_GT(saved[0].size(), size_t(kSafetensorsWriteChunk));
   Device dev;
@@ -312,7 +312,7 @@ TEST(Train, CheckpointReshardsAndRefusesBadOnes) {
     Trainer tr(dev, *half, m, options(0, 1, 64));
     tr.zero().init(nullptr, 3);
     run(tr, 0, 1, m);
-    save_checkpoint(dir.path(), 1, tr.zero(), tr.cp_size(), "", 0);
+    save_checkpoint({dir.path(), "run-a", 0}, 1, tr.zero(), tr.cp_size(), "");
   }
   world.barrier();
   const std::string ck = dir.path() + "/step_00000001";

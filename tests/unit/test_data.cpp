@@ -3,6 +3,7 @@
 // half and the copy loss covers exactly the predictable predictions; token files are one stream
 // read by windows that equal slices of the concatenated files; the byte tokenizer round trips.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <cmath>
 #include <fstream>
@@ -244,9 +245,30 @@ TEST(Data, ByteTokenizerRoundTrips) {
   EXPECT_EQ(tokenize_bytes(d.write("empty.txt", ""), d.file("empty.bin")), 0);
   EXPECT_TRUE(read_tokens(d.file("empty.bin"), kByteVocab).empty());
   expect_config_error([&] { tokenize_bytes(d.file("none.txt"), d.file("x.bin")); },
-                      {"cannot read text file", "none.txt"});
+                      {"cannot open text file", "none.txt"});
   expect_config_error([&] { tokenize_bytes(in, d.file("no/such/dir/x.bin")); },
-                      {"cannot write token file", "x.bin"});
+                      {"cannot create token file", "x.bin"});
+}
+
+// The output is never the input (under any name), a symlink or a special file; the input is never
+// a FIFO (it would block) — and the input survives every refusal.
+TEST(Data, TokenizerNeverDestroysItsInput) {
+  TempDir d;
+  const std::string text = "keep this text";
+  const std::string in = d.write("in.txt", text);
+  std::filesystem::create_symlink(in, d.file("alias.txt"));
+  expect_config_error([&] { tokenize_bytes(in, in); }, {"is the input", "in.txt"});
+  expect_config_error([&] { tokenize_bytes(in, d.file("alias.txt")); }, {"is the input"});
+  expect_config_error([&] { tokenize_bytes(in, d.path().string() + "/./in.txt"); },
+                      {"is the input"});
+  std::ifstream f(in, std::ios::binary);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(f), {}), text);
+  const std::string other = d.write("other.bin", "x");
+  std::filesystem::create_symlink(other, d.file("link.bin"));
+  expect_config_error([&] { tokenize_bytes(in, d.file("link.bin")); }, {"a symlink"});
+  ASSERT_EQ(::mkfifo(d.file("fifo").c_str(), 0644), 0);
+  expect_config_error([&] { tokenize_bytes(d.file("fifo"), d.file("o.bin")); }, {"a FIFO"});
+  expect_config_error([&] { tokenize_bytes(in, d.file("fifo")); }, {"a FIFO"});
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <functional>
+#include <nlohmann/json.hpp>
 
 #include "core/errors.h"
 #include "model/config.h"
@@ -14,12 +15,15 @@
 namespace upipe {
 namespace {
 
-// A Llama-3.1-8B-shaped config.json with `extra` fields appended (later keys win in nlohmann).
+// A Llama-3.1-8B-shaped config.json with the fields of `extra` (", key: value, ...") set on top
+// (a key of extra replaces the base's: a config.json may not give a key twice).
 std::string llama_json(const std::string& extra = "") {
-  return R"({"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
-             "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
-             "vocab_size": 128256, "rms_norm_eps": 1e-05, "rope_theta": 500000.0)" +
-         extra + "}";
+  nlohmann::json j = nlohmann::json::parse(
+      R"({"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
+          "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+          "vocab_size": 128256, "rms_norm_eps": 1e-05, "rope_theta": 500000.0})");
+  if (!extra.empty()) j.update(nlohmann::json::parse("{" + extra.substr(1) + "}"));
+  return j.dump();
 }
 
 // Expects a ConfigError of one line containing every one of `parts`.
@@ -204,6 +208,8 @@ TEST(ModelConfig, RefusalsNameFileAndField) {
   std::string f = "m/config.json";
   expect_error(with(R"(, "model_type": "mistral")"), {f, "'model_type'", "mistral", "llama"});
   expect_error(parse(R"({"hidden_size": 64})"), {f, "'model_type' is missing"});
+  expect_error(parse(R"({"model_type": "llama", "hidden_size": 64, "hidden_size": 128})"),
+               {f, "duplicate key 'hidden_size'"});
   expect_error(with(R"(, "rope_scaling": {"rope_type": "yarn", "factor": 4.0})"),
                {f, "'rope_scaling.rope_type'", "yarn", "not supported"});
   expect_error(with(R"(, "rope_scaling": {"type": "dynamic", "factor": 2.0})"),

@@ -3,7 +3,9 @@
 #include <climits>
 #include <vector>
 
+#include "comm/mpi/fail_job.h"
 #include "core/check.h"
+#include "core/launcher.h"
 #include "core/watchdog.h"
 
 namespace upipe {
@@ -22,6 +24,7 @@ void mpi_check(int rc, const char* call, const char* file, int line) {
 #define MPI_CHECK(call) mpi_check((call), #call, __FILE__, __LINE__)
 
 void abort_handler(int code) {
+  guard_launcher();
   MPI_Abort(MPI_COMM_WORLD, code);
 }
 
@@ -125,6 +128,7 @@ constexpr int kP2pTag = 17;
 }  // namespace
 
 MpiRuntime::MpiRuntime(int* argc, char*** argv) {
+  end_with_launcher();  // first: the launcher that started this rank is alive now
   int provided = 0;
   MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided));
   MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
@@ -134,11 +138,13 @@ MpiRuntime::MpiRuntime(int* argc, char*** argv) {
   set_fatal_handler(abort_handler);
   MPI_CHECK(MPI_Op_create(bf16_sum, 1, &g_bf16_sum));
   MPI_CHECK(MPI_Op_create(bf16_max, 1, &g_bf16_max));
+  init_fail_comm();
 }
 
 MpiRuntime::~MpiRuntime() {
   MPI_Op_free(&g_bf16_sum);
   MPI_Op_free(&g_bf16_max);
+  free_fail_comm();
   set_fatal_handler(nullptr);
   MPI_Finalize();
 }
@@ -148,6 +154,7 @@ std::unique_ptr<Communicator> MpiRuntime::world() {
 }
 
 void MpiRuntime::abort_job(int exit_code) {
+  guard_launcher();
   MPI_Abort(MPI_COMM_WORLD, exit_code);
   std::abort();
 }

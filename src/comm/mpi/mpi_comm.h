@@ -10,6 +10,7 @@
 #include <mpi.h>
 
 #include <memory>
+#include <string>
 
 #include "comm/communicator.h"
 
@@ -22,9 +23,21 @@ class MpiRuntime {
   MpiRuntime(const MpiRuntime&) = delete;
   MpiRuntime& operator=(const MpiRuntime&) = delete;
   std::unique_ptr<Communicator> world();
-  // Ends every rank of the job with exit_code. Never returns.
+  // Ends every rank of the job with exit_code (MPI_Abort, after leaving a launcher guard:
+  // core/launcher.h). Never returns.
   [[noreturn]] static void abort_job(int exit_code);
+  // Called by a rank that caught an error (`cause`, printed as `line`), on any rank at any point:
+  // ends the job within seconds (docs/training.md, "What ends a job"). It tells the other ranks
+  // and waits up to kFailAgreeSeconds for all of them to fail too. If they do (an error every rank
+  // detects alike, e.g. bad input checked before any communication), the lowest rank of each
+  // distinct cause prints its line and the status to exit with (the largest of the ranks') is
+  // returned, so the job ends cleanly. Otherwise the other ranks are waiting in a collective for
+  // this one: it prints its line (unless a lower rank reported the same cause and prints it) and
+  // ends the whole job with MPI_Abort(exit_code); it never returns.
+  static int fail_job(int exit_code, const std::string& cause, const std::string& line);
 };
+
+inline constexpr double kFailAgreeSeconds = 2.0;
 
 class MpiCommunicator final : public Communicator {
  public:

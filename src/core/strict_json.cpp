@@ -1,0 +1,36 @@
+#include "core/strict_json.h"
+
+#include <fmt/format.h>
+
+#include <unordered_set>
+#include <vector>
+
+#include "core/errors.h"
+
+namespace upipe {
+
+nlohmann::json parse_json_strict(std::string_view text, const std::string& source) {
+  using json = nlohmann::json;
+  std::vector<std::unordered_set<std::string>> open;  // the keys of each object being parsed
+  const json::parser_callback_t check = [&](int, json::parse_event_t event, json& parsed) {
+    switch (event) {
+      case json::parse_event_t::object_start:
+        open.emplace_back();
+        break;
+      case json::parse_event_t::key:
+        if (!open.back().insert(parsed.get<std::string>()).second)
+          throw ConfigError(fmt::format("{}: duplicate key '{}' in one JSON object", source,
+                                        parsed.get<std::string>()));
+        break;
+      case json::parse_event_t::object_end:
+        open.pop_back();
+        break;
+      default:
+        break;
+    }
+    return true;
+  };
+  return json::parse(text, check);
+}
+
+}  // namespace upipe

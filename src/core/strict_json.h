@@ -1,0 +1,17 @@
+// JSON from files users give (config.json, safetensors headers, index files, checkpoint
+// metadata) parsed strictly: a key given twice in one object is an error, where nlohmann::json
+// (like most parsers) would silently keep the last one, so two readers of the same file could
+// disagree about what it says.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+
+namespace upipe {
+
+// Parses `text`; ConfigError "SOURCE: duplicate key 'K' in one JSON object" for a repeated key.
+// Syntax errors are nlohmann::json::parse_error, as from nlohmann::json::parse.
+nlohmann::json parse_json_strict(std::string_view text, const std::string& source);
+
+}  // namespace upipe

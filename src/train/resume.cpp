@@ -1,0 +1,92 @@
+#include "train/resume.h"
+
+#include <fmt/format.h>
+
+#include "core/errors.h"
+#include "train/trainer.h"
+
+namespace upipe {
+namespace {
+
+int dp_of(int world, int cp_size) {
+  return cp_size > 0 && world % cp_size == 0 ? world / cp_size : 1;
+}
+
+LrSchedule schedule_of(const RunConfig& c) {
+  return {c.train.lr, c.min_lr(), c.train.warmup_steps, c.train.steps};
+}
+
+std::string flag_of(const std::string& key) {
+  const SettingInfo* s = find_setting(key);
+  return s ? s->flag : key;
+}
+
+}  // namespace
+
+std::vector<SettingChange> setting_changes(const RunConfig& recorded, const RunConfig& now) {
+  const auto a = setting_values(recorded), b = setting_values(now);
+  std::vector<SettingChange> out;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (a[i].second != b[i].second)
+      out.push_back({a[i].first, a[i].second, b[i].second, find_setting(a[i].first)->resume});
+  return out;
+}
+
+std::vector<std::string> check_resume(const RecordedRun& rec, const RunConfig& now, int world,
+                                      bool accept) {
+  if (now.train.steps <= rec.step)
+    throw ConfigError(fmt::format(
+        "--resume: the run in {} has done {} steps, and {} leaves none to do; give a larger {} "
+        "to train on",
+        rec.source, rec.step, setting_value("train.steps", now.train.steps),
+        setting_ref("train.steps")));
+  std::vector<std::string> lines{
+      fmt::format("resume: the run recorded in {} continues from step {}", rec.source, rec.step)};
+  std::string breaks;
+  auto add_break = [&](const std::string& what) { breaks += (breaks.empty() ? "" : "; ") + what; };
+  const int dp_rec = dp_of(rec.world, rec.cp_size);
+  const int cp_now = now.parallel.cp_size > 0 ? now.parallel.cp_size : world;
+  const int dp_now = dp_of(world, cp_now);
+  if (dp_now != dp_rec)
+    add_break(fmt::format("DP {} -> {} on {} ranks (the global batch: {} x {} sequences a step)",
+                          dp_rec, dp_now, world, dp_now, now.train.micro_steps));
+  else if (world != rec.world)
+    lines.push_back(
+        fmt::format("  {} -> {} ranks: the shards are re-cut (the same batch)", rec.world, world));
+  bool schedule = false;
+  for (const SettingChange& c : setting_changes(rec.config, now)) {
+    const std::string what = fmt::format("{} {} -> {}", flag_of(c.key), c.from, c.to);
+    switch (c.rule) {
+      case ResumeRule::kBreaks:
+        add_break(what);
+        break;
+      case ResumeRule::kSchedule:
+        lines.push_back("  " + what + ": the schedule and optimizer from the next step");
+        schedule = true;
+        break;
+      case ResumeRule::kArithmetic:
+        lines.push_back("  " + what +
+                        ": the same computation in other arithmetic (not bitwise the "
+                        "uninterrupted run)");
+        break;
+      case ResumeRule::kFree:
+        lines.push_back("  " + what);
+        break;
+    }
+  }
+  if (schedule)
+    lines.push_back(fmt::format("  learning rate at step {}: {:.4g} (the recorded run's: {:.4g})",
+                                rec.step + 1, schedule_of(now).lr_at(rec.step),
+                                schedule_of(rec.config).lr_at(rec.step)));
+  if (!breaks.empty()) {
+    if (!accept)
+      throw ConfigError(fmt::format(
+          "--resume: {} would change what the remaining steps of the run in {} compute on; "
+          "drop them to continue that run, or add --accept-changes",
+          breaks, rec.source));
+    lines.push_back("  accepted (--accept-changes): " + breaks);
+  }
+  return lines;
+}
+
+}  // namespace upipe

@@ -1,0 +1,264 @@
+#!/usr/bin/env bash
+# Faults against `upipe` under mpirun (2 ranks), one case per call (docs/training.md, "Faults"):
+#   one_rank PHASE  a failure injected on one rank (UPIPE_INJECT_FAULT) in PHASE = startup, data,
+#                   init, metrics, checkpoint, resume or export ends every rank within seconds
+#                   (the watchdog stays at its 600 s default), non-zero, the cause printed once;
+#                   after a failed checkpoint write the last complete checkpoint resumes
+#   metrics_dir     --metrics-path in a directory that does not exist (rank 0 alone opens it)
+#   init_dtype      --init-from a directory whose tensor has an integer dtype: every rank refuses
+#   corrupt         a flipped byte in one rank file: --resume (only that rank reads it) and export
+#                   end with exit 2 naming the file; export leaves no model.safetensors
+#   other_run       a fresh run refuses a checkpoint.dir of another run; --overwrite-checkpoints
+#                   replaces it, and --resume then continues the new run
+#   other_model     --resume with a model of the same element counts but other heads is refused,
+#                   naming the field
+#   export_force    export refuses a non-empty directory; --force removes a stale sharded index that
+#                   a reader would prefer: eval then gives the new weights' loss
+#   tokenize_self   `upipe tokenize a.txt a.txt` is refused and the text survives
+#   sizes           num_hidden_layers 2^30 -> exit 2; train.seq_len 2^40 and eval --seq-len 2^40 ->
+#                   exit 3 with the out-of-memory message, before any allocation
+#   signal_twice    two SIGTERMs to mpirun (it returns at once): no rank is alive and no file is
+#                   written after mpirun has returned
+# Each case prints the time from the start (or the fault) to the end of the job.
+# Usage: faults.sh UPIPE MPIRUN... -- CASE [ARG]
+set -u
+upipe=$1
+shift
+mpirun=()
+while [ "$1" != "--" ]; do mpirun+=("$1"); shift; done
+shift
+case_name=$1
+arg=${2:-}
+here=$(cd "$(dirname "$0")" && pwd)
+fixture=$here/../fixtures/hf/llama
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL ($case_name $arg): $*"; exit 1; }
+small=(--seq-len=64 --tile-tokens=64 --progress=lines --log-interval=1000)
+now() { date +%s.%N; }
+secs() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", b - a }'; }
+within() { awk -v t="$1" -v l="$2" 'BEGIN { exit !(t < l) }'; }
+
+# job NAME LIMIT ARGS...: runs mpirun -np 2 upipe ARGS (output in $tmp/NAME.out), sets rc and t
+# (seconds); a job still running after LIMIT seconds is a hang.
+job() {
+  local name=$1 limit=$2
+  shift 2
+  local t0
+  t0=$(now)
+  timeout "$limit" "${mpirun[@]}" -np 2 "$upipe" "$@" > "$tmp/$name.out" 2>&1
+  rc=$?
+  t=$(secs "$t0" "$(now)")
+  echo "$name: exit $rc after $t s"
+  [ $rc -ne 124 ] || { cat "$tmp/$name.out"; fail "$name hung ($limit s)"; }
+}
+# once NAME TEXT: TEXT appears on exactly one line of NAME's output.
+once() {
+  local n
+  n=$(grep -c -F -e "$2" "$tmp/$1.out")
+  [ "$n" -eq 1 ] || { cat "$tmp/$1.out"; fail "'$2' printed $n times in $1, want once"; }
+  grep -F -e "$2" "$tmp/$1.out"
+}
+# A checkpoint directory with steps 2 and 4 of a 2-rank run.
+make_checkpoints() {
+  job make 120 train "${small[@]}" --steps=4 --checkpoint-dir="$1" --checkpoint-interval=2
+  [ $rc -eq 0 ] || { cat "$tmp/make.out"; fail "the run making checkpoints failed"; }
+}
+# flip FILE: one byte of FILE's first tensor flipped.
+flip() {
+  python3 - "$1" <<'PY'
+import struct, sys
+p = sys.argv[1]
+b = bytearray(open(p, "rb").read())
+n = struct.unpack("<Q", bytes(b[:8]))[0]
+b[8 + n + 5] ^= 0x10
+open(p, "wb").write(bytes(b))
+PY
+}
+
+case $case_name in
+one_rank)
+  phase=$arg
+  rank=1
+  args=(train "${small[@]}" --steps=6)
+  case $phase in
+  init) args+=(--model="$fixture" --init-from "$fixture") ;;
+  metrics) rank=0 && args+=(--metrics-path="$tmp/m.jsonl") ;;
+  checkpoint | resume)
+    make_checkpoints "$tmp/ck"
+    args=(train "${small[@]}" --steps=8 --checkpoint-dir="$tmp/ck" --checkpoint-interval=2
+      --resume)
+    ;;
+  export)
+    make_checkpoints "$tmp/ck"
+    rank=0 && args=(export "$tmp/ck" "$tmp/hf")
+    ;;
+  esac
+  UPIPE_INJECT_FAULT=$phase@$rank job fault 60 "${args[@]}"
+  [ $rc -ne 0 ] || { cat "$tmp/fault.out"; fail "exit 0 after a fault"; }
+  within "$t" 30 || fail "took $t s, want < 30 s"
+  once fault "injected fault in phase '$phase' on rank $rank"
+  case $phase in
+  checkpoint)  # step 6's checkpoint never completed: step 4 resumes, and the run finishes
+    [ -d "$tmp/ck/step_00000006" ] && fail "the failed checkpoint was completed"
+    job again 120 "${args[@]}"
+    [ $rc -eq 0 ] || { cat "$tmp/again.out"; fail "resume after the failed checkpoint: exit $rc"; }
+    grep -q "^start: $tmp/ck/step_00000004 " "$tmp/again.out" || fail "did not resume step 4"
+    [ -f "$tmp/ck/step_00000008/DONE" ] && [ ! -e "$tmp/ck/step_00000006.tmp" ] ||
+      fail "no step 8, or the failed temporary left behind"
+    ;;
+  export) [ -e "$tmp/hf/model.safetensors" ] && fail "a failed export left model.safetensors" ;;
+  esac
+  ;;
+metrics_dir)
+  job m 60 train "${small[@]}" --steps=3 --metrics-path="$tmp/none/m.jsonl"
+  [ $rc -eq 2 ] || fail "exit $rc, want 2"
+  within "$t" 30 || fail "took $t s"
+  once m "upipe: error: cannot create metrics file $tmp/none/m.jsonl"
+  ;;
+init_dtype)
+  mkdir "$tmp/int"
+  cp "$fixture/config.json" "$tmp/int/"
+  python3 - "$fixture/model.safetensors" "$tmp/int/model.safetensors" <<'PY'
+import json, struct, sys
+raw = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+h = json.loads(raw[8:8 + n])
+h["model.layers.1.mlp.down_proj.weight"]["dtype"] = "I32"  # the same bytes, read by rank 1
+text = json.dumps(h).encode()
+text += b" " * ((8 - len(text) % 8) % 8)
+open(sys.argv[2], "wb").write(struct.pack("<Q", len(text)) + text + raw[8 + n:])
+PY
+  job i 60 train "${small[@]}" --steps=2 --model="$tmp/int" --init-from "$tmp/int"
+  [ $rc -eq 2 ] || { cat "$tmp/i.out"; fail "exit $rc, want 2"; }
+  within "$t" 30 || fail "took $t s"
+  once i "dtype I32 cannot be read"
+  ;;
+corrupt)
+  make_checkpoints "$tmp/ck"
+  flip "$tmp/ck/step_00000004/rank_00001.safetensors"
+  job r 60 train "${small[@]}" --steps=6 --checkpoint-dir="$tmp/ck" --resume
+  [ $rc -eq 2 ] || { cat "$tmp/r.out"; fail "resume of a corrupt checkpoint: exit $rc, want 2"; }
+  within "$t" 30 || fail "took $t s"
+  once r "rank_00001.safetensors: tensor unit0.master elements [0, "
+  job e 60 export "$tmp/ck" "$tmp/hf"
+  [ $rc -eq 2 ] || { cat "$tmp/e.out"; fail "export of a corrupt checkpoint: exit $rc, want 2"; }
+  once e "rank_00001.safetensors: tensor unit0.master"
+  [ -e "$tmp/hf/model.safetensors" ] && fail "export of a corrupt checkpoint wrote model.safetensors"
+  ;;
+other_run)
+  make_checkpoints "$tmp/ck"
+  job fresh 60 train "${small[@]}" --steps=4 --checkpoint-dir="$tmp/ck"
+  [ $rc -eq 2 ] || { cat "$tmp/fresh.out"; fail "a fresh run in another run's directory: exit $rc"; }
+  once fresh "holds checkpoints of another run"
+  [ -f "$tmp/ck/step_00000002/DONE" ] && [ -f "$tmp/ck/step_00000004/DONE" ] ||
+    fail "the other run's checkpoints were touched"
+  job over 120 train "${small[@]}" --steps=3 --checkpoint-dir="$tmp/ck" \
+    --checkpoint-interval=3 --overwrite-checkpoints
+  [ $rc -eq 0 ] || { cat "$tmp/over.out"; fail "--overwrite-checkpoints: exit $rc"; }
+  [ "$(ls "$tmp/ck")" = step_00000003 ] || fail "left: $(ls "$tmp/ck" | tr '\n' ' ')"
+  job cont 120 train "${small[@]}" --steps=5 --checkpoint-dir="$tmp/ck" --resume
+  [ $rc -eq 0 ] || { cat "$tmp/cont.out"; fail "--resume of the new run: exit $rc"; }
+  grep -q "^start: $tmp/ck/step_00000003 " "$tmp/cont.out" || fail "did not continue the new run"
+  ;;
+other_model)
+  make_checkpoints "$tmp/ck"
+  mkdir "$tmp/m2"
+  # tiny with 2 heads of 32 instead of 4 of 16: every tensor has the same element count.
+  cat > "$tmp/m2/config.json" <<'EOF'
+{"model_type": "llama", "hidden_size": 64, "intermediate_size": 160, "num_hidden_layers": 2,
+ "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32, "vocab_size": 256,
+ "max_position_embeddings": 4096, "rms_norm_eps": 1e-05, "rope_theta": 10000.0,
+ "tie_word_embeddings": false}
+EOF
+  job o 60 train "${small[@]}" --steps=6 --checkpoint-dir="$tmp/ck" --resume \
+    --model="$tmp/m2" --method=ulysses
+  [ $rc -eq 2 ] || { cat "$tmp/o.out"; fail "resume with another architecture: exit $rc, want 2"; }
+  once o "was written for another model: field 'head_dim': the checkpoint has 16"
+  ;;
+export_force)
+  make_checkpoints "$tmp/ck"
+  "${mpirun[@]}" -np 1 "$upipe" export "$tmp/ck/step_00000004" "$tmp/new" --dtype fp32 > /dev/null ||
+    fail "export"
+  # A folder holding step 2's weights as a sharded checkpoint, which a reader prefers to
+  # model.safetensors.
+  "${mpirun[@]}" -np 1 "$upipe" export "$tmp/ck/step_00000002" "$tmp/out" --dtype fp32 > /dev/null ||
+    fail "export"
+  mv "$tmp/out/model.safetensors" "$tmp/out/model-00001-of-00001.safetensors"
+  python3 - "$tmp/out" <<'PY'
+import json, struct, sys
+d = sys.argv[1]
+raw = open(d + "/model-00001-of-00001.safetensors", "rb").read()
+h = json.loads(raw[8:8 + struct.unpack("<Q", raw[:8])[0]])
+json.dump({"weight_map": {k: "model-00001-of-00001.safetensors" for k in h if k != "__metadata__"}},
+          open(d + "/model.safetensors.index.json", "w"))
+PY
+  echo tokenizer > "$tmp/out/tokenizer.json"
+  job x 60 export "$tmp/ck/step_00000004" "$tmp/out" --dtype fp32
+  [ $rc -eq 2 ] || { cat "$tmp/x.out"; fail "export into a non-empty directory: exit $rc, want 2"; }
+  once x "is not empty"
+  job f 60 export "$tmp/ck/step_00000004" "$tmp/out" --dtype fp32 --force
+  [ $rc -eq 0 ] || { cat "$tmp/f.out"; fail "export --force: exit $rc"; }
+  [ -e "$tmp/out/model.safetensors.index.json" ] && fail "the stale index is still there"
+  [ -f "$tmp/out/tokenizer.json" ] || fail "export --force removed tokenizer.json"
+  loss() { "${mpirun[@]}" -np 2 "$upipe" eval --model "$1" --seq-len 64 --method ulysses --json |
+    python3 -c "import json,sys; print(json.load(sys.stdin)['loss'])"; }
+  a=$(loss "$tmp/new") b=$(loss "$tmp/out")
+  echo "eval loss: fresh export $a, forced export $b"
+  [ "$a" = "$b" ] || fail "the forced export does not give step 4's weights ($b, want $a)"
+  ;;
+tokenize_self)
+  printf 'keep this text' > "$tmp/a.txt"
+  out=$("$upipe" tokenize "$tmp/a.txt" "$tmp/a.txt" 2>&1); rc=$?
+  echo "$out"
+  [ $rc -eq 2 ] || fail "exit $rc, want 2"
+  [ "$(cat "$tmp/a.txt")" = "keep this text" ] || fail "the input was changed"
+  ln -s "$tmp/a.txt" "$tmp/link.bin"
+  "$upipe" tokenize "$tmp/a.txt" "$tmp/link.bin" > /dev/null 2>&1 && fail "wrote through a symlink"
+  [ "$(cat "$tmp/a.txt")" = "keep this text" ] || fail "the input was changed through the symlink"
+  ;;
+sizes)
+  mkdir "$tmp/deep"
+  python3 -c "import json,sys; c=json.load(open(sys.argv[1])); c['num_hidden_layers']=2**30; json.dump(c, open(sys.argv[2],'w'))" \
+    "$fixture/config.json" "$tmp/deep/config.json"
+  job l 60 train "${small[@]}" --model="$tmp/deep" --steps=1
+  [ $rc -eq 2 ] || { cat "$tmp/l.out"; fail "2^30 layers: exit $rc, want 2"; }
+  once l "field 'num_hidden_layers' must be in [1, 65536]"
+  job s 60 train --seq-len=1099511627776 --steps=1 --progress=lines
+  [ $rc -eq 3 ] || { cat "$tmp/s.out"; fail "train.seq_len 2^40: exit $rc, want 3"; }
+  once s "out of memory in device arena: this configuration needs at least"
+  job b 60 train --seq-len=1099511627776 --steps=1 --device-memory=1048576T
+  [ $rc -eq 3 ] || { cat "$tmp/b.out"; fail "train.seq_len 2^40 in 1 EiB: exit $rc, want 3"; }
+  once b "within the budget, but this machine has"
+  job v 60 eval --model tiny --seq-len 1099511627776
+  [ $rc -eq 3 ] || { cat "$tmp/v.out"; fail "eval --seq-len 2^40: exit $rc, want 3"; }
+  once v "out of memory in device arena"
+  ;;
+signal_twice)
+  "${mpirun[@]}" -np 2 "$upipe" train --seq-len=4096 --tile-tokens=1024 \
+    --progress=lines --steps=100000 --metrics-path="$tmp/m.jsonl" \
+    --checkpoint-dir="$tmp/ck" --checkpoint-interval=1 --checkpoint-keep=1000 > "$tmp/s.out" 2>&1 &
+  pid=$!
+  for _ in $(seq 600); do [ -f "$tmp/m.jsonl" ] && [ "$(wc -l < "$tmp/m.jsonl")" -ge 2 ] && break; sleep 0.1; done
+  ranks=$(pgrep -P $pid -d ' ')
+  [ -n "$ranks" ] || fail "no rank processes"
+  t0=$(now)
+  kill -TERM $pid
+  sleep 0.3
+  kill -TERM $pid
+  wait $pid
+  rc=$?
+  touch "$tmp/returned"
+  echo "mpirun exited $rc $(secs "$t0" "$(now)") s after the first SIGTERM"
+  alive=""
+  for p in $ranks; do
+    case $(ps -o stat= -p "$p" 2>/dev/null) in "" | Z*) ;; *) alive="$alive $p" ;; esac
+  done
+  [ -z "$alive" ] || { kill -KILL $alive; fail "rank processes$alive alive after mpirun returned"; }
+  sleep 2
+  late=$(find "$tmp/ck" "$tmp/m.jsonl" -newer "$tmp/returned" | head -3)
+  [ -z "$late" ] || fail "written after mpirun returned: $late"
+  ;;
+*) fail "unknown case" ;;
+esac
+echo "PASS $case_name $arg"

@@ -1,0 +1,256 @@
+// Checkpoints under faults, on real ranks: a flipped byte in a rank file's data or header, a
+// truncated file, an edited meta.json (with or without a matching DONE), a rank file of another
+// checkpoint — each refused with a ConfigError naming the file; steps of 10^8 and more; runs that
+// never mix in one directory (a fresh run refuses another run's checkpoints, pruning removes only
+// this run's, --resume refuses an ambiguous directory, overwriting is explicit); a model with the
+// same element counts but another architecture refused naming the first field that differs.
+#include <gtest/gtest.h>
+#include <xxhash.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "backend/tensor_ops.h"
+#include "core/errors.h"
+#include "multirank/mpi_test_main.h"
+#include "multirank/shared_dir.h"
+#include "train/checkpoint.h"
+#include "train/zero.h"
+
+namespace upipe {
+namespace {
+namespace fs = std::filesystem;
+using test::SharedDir;
+
+std::string slurp(const std::string& p) {
+  std::ifstream f(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+void spit(const std::string& p, const std::string& bytes) {
+  std::ofstream(p, std::ios::binary | std::ios::trunc) << bytes;
+}
+
+// Rank 0 rewrites file p with f applied to its bytes; every rank waits for it.
+void edit_file(Communicator& world, const std::string& p,
+               const std::function<void(std::string&)>& f) {
+  world.barrier();
+  if (world.rank() == 0) {
+    std::string b = slurp(p);
+    f(b);
+    spit(p, b);
+  }
+  world.barrier();
+}
+
+// A checkpoint of the tiny model's random initialisation (seed) at `step`.
+std::string save(Communicator& world, const CheckpointRun& run, int64_t step, uint64_t seed = 3,
+                 const ModelConfig& m = load_model_config("tiny")) {
+  Device dev;
+  Zero3 z(dev, world, m, DType::kF32);
+  z.init(nullptr, seed);
+  return save_checkpoint(run, step, z, world.size(), "");
+}
+
+// load_checkpoint on every rank; "" when it loaded, else the ConfigError's message.
+std::string load_error(const std::string& path, const ModelConfig& m = load_model_config("tiny")) {
+  Device dev;
+  Zero3 z(dev, test::world(), m, DType::kF32);
+  try {
+    load_checkpoint(path, z);
+    return "";
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+}
+
+void expect_has(const std::string& msg, const std::vector<std::string>& parts) {
+  EXPECT_FALSE(msg.empty()) << "no error";
+  for (const std::string& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << msg;
+}
+
+// meta.json edited by f, and DONE rewritten to match it (what a consistent forgery needs).
+void forge_meta(Communicator& world, const std::string& ck,
+                const std::function<void(nlohmann::json&)>& f) {
+  edit_file(world, ck + "/meta.json", [&](std::string& text) {
+    nlohmann::json j = nlohmann::json::parse(text);
+    f(j);
+    text = j.dump(1) + "\n";
+    spit(ck + "/DONE", fmt::format("step {}\nmeta.json xxh3-64 {:016x}\n", j["step"].get<int64_t>(),
+                                   XXH3_64bits(text.data(), text.size())));
+  });
+}
+
+TEST(Checkpoint, CorruptionIsRefusedNamingTheFile) {
+  Communicator& world = test::world();
+  SharedDir dir(world);
+  const std::string ck = save(world, {dir.path(), "run-a", 0}, 1);
+  EXPECT_EQ(load_error(ck), "");
+  const int last = world.size() - 1;
+  const std::string mine = fmt::format("{}/rank_{:05d}.safetensors", ck, last);
+  const std::string pristine = world.rank() == 0 ? slurp(mine) : "";
+  auto restore = [&] { edit_file(world, mine, [&](std::string& b) { b = pristine; }); };
+
+  // A bit flipped in the first tensor's data (unit0.master, the embedding): only the rank that
+  // reads that piece (the last rank, whose own shard it is) sees it, and names the file.
+  edit_file(world, mine, [](std::string& b) {
+    uint64_t n = 0;
+    std::memcpy(&n, b.data(), 8);
+    b[8 + n + 5] ^= 0x10;
+  });
+  const std::string data_err = load_error(ck);
+  if (world.rank() == last)
+    expect_has(data_err, {mine, "do not match their checksum"});
+  else
+    EXPECT_EQ(data_err, "") << "rank " << world.rank() << " does not read that piece";
+  {  // export reads everything: every rank refuses
+    const CheckpointReader reader(ck);
+    const ModelConfig& m = reader.model();
+    const std::vector<HfTensorSpec> specs = hf_tensors(m);
+    std::string err;
+    try {
+      for (size_t i = 0; i < specs.size(); ++i) {
+        std::vector<float> v(size_t(specs[i].numel()));
+        reader.read(int(i), v.data());
+      }
+    } catch (const ConfigError& e) {
+      err = e.what();
+    }
+    expect_has(err, {mine, "checksum"});
+  }
+  restore();
+  // A byte of the header (its run id), a truncated file, another checkpoint's file.
+  edit_file(world, mine, [](std::string& b) { b[b.find("run-a") + 4] = 'b'; });
+  expect_has(load_error(ck), {mine, "header does not match"});
+  restore();
+  edit_file(world, mine, [](std::string& b) { b.resize(b.size() - 8); });
+  expect_has(load_error(ck), {mine, "meta.json says", "truncated"});
+  restore();
+  EXPECT_EQ(load_error(ck), "");
+  // meta.json edited (its world): DONE's checksum no longer matches.
+  edit_file(world, ck + "/meta.json", [&](std::string& t) {
+    const size_t at = t.find("\"world\": ") + 9;
+    t.replace(at, 1, std::to_string(world.size() + 1));
+  });
+  expect_has(load_error(ck), {ck + "/meta.json", "does not match the checksum in"});
+  // ... and forged consistently: checked against the rank files it lists.
+  forge_meta(world, ck, [&](nlohmann::json& j) {
+    j["world"] = world.size() + 1;
+    j["cp_size"] = world.size() + 1;
+  });
+  expect_has(load_error(ck), {"rank files listed for world"});
+}
+
+TEST(Checkpoint, RankFilesMustBelongToTheCheckpoint) {
+  Communicator& world = test::world();
+  SharedDir dir(world);
+  const std::string a = save(world, {dir.path(), "run-a", 0}, 1);
+  const std::string b = save(world, {dir.path(), "run-a", 2}, 2);  // the same values, step 2
+  world.barrier();
+  if (world.rank() == 0)
+    fs::copy_file(b + "/rank_00000.safetensors", a + "/rank_00000.safetensors",
+                  fs::copy_options::overwrite_existing);
+  world.barrier();
+  expect_has(load_error(a), {a + "/rank_00000.safetensors", "header does not match"});
+  // A meta.json forged to accept that header: the file's own metadata still names step 2.
+  const std::string header = [&] {
+    const std::string f = slurp(a + "/rank_00000.safetensors");
+    uint64_t n = 0;
+    std::memcpy(&n, f.data(), 8);
+    return fmt::format("{:016x}", XXH3_64bits(f.data(), 8 + n));
+  }();
+  forge_meta(world, a, [&](nlohmann::json& j) { j["files"][0]["header_xxh3"] = header; });
+  expect_has(load_error(a), {"its step is 2, meta.json's is 1", "belongs to another checkpoint"});
+}
+
+TEST(Checkpoint, StepsOfAnyCount) {
+  Communicator& world = test::world();
+  SharedDir dir(world);
+  save(world, {dir.path(), "run-a", 1}, 99999999);
+  const std::string big = save(world, {dir.path(), "run-a", 1}, 123456789);
+  EXPECT_EQ(fs::path(big).filename(), "step_123456789");
+  EXPECT_EQ(latest_checkpoint(dir.path()), big);
+  EXPECT_FALSE(fs::exists(dir.path() + "/step_99999999")) << "keep = 1 prunes the older one";
+  EXPECT_EQ(read_checkpoint_info(big).step, 123456789);
+  EXPECT_EQ(load_error(big), "");
+  const CheckpointStart cs = open_checkpoint_run(world, dir.path(), true, false, 1);
+  EXPECT_EQ(cs.resume_from, big);
+}
+
+TEST(Checkpoint, RunsNeverMix) {
+  Communicator& world = test::world();
+  SharedDir dir(world);
+  const std::string d = dir.path();
+  save(world, {d, "run-a", 0}, 1);
+  save(world, {d, "run-a", 0}, 2);
+  try {
+    open_checkpoint_run(world, d, false, false, 3);
+    ADD_FAILURE() << "a fresh run accepted another run's checkpoints";
+  } catch (const ConfigError& e) {
+    expect_has(e.what(), {"holds checkpoints of another run", "--overwrite-checkpoints"});
+  }
+  const CheckpointStart resumed = open_checkpoint_run(world, d, true, false, 3);
+  EXPECT_EQ(resumed.run.run_id, "run-a");
+  EXPECT_EQ(resumed.resume_from, d + "/step_00000002");
+  // Another run's pruning (keep = 1) removes only its own older checkpoints; its stale temporary
+  // goes, another run's temporary stays.
+  world.barrier();
+  if (world.rank() == 0)
+    for (const auto& [name, id] :
+         {std::pair{"step_00000005.tmp", "run-b"}, std::pair{"step_00000006.tmp", "run-x"}}) {
+      fs::create_directory(d + "/" + name);
+      spit(d + "/" + name + "/run_id", std::string(id) + "\n");
+    }
+  world.barrier();
+  save(world, {d, "run-b", 1}, 3);
+  save(world, {d, "run-b", 1}, 4);
+  world.barrier();
+  for (const char* kept : {"step_00000001", "step_00000002", "step_00000004", "step_00000006.tmp"})
+    EXPECT_TRUE(fs::exists(d + "/" + kept)) << kept;
+  for (const char* gone : {"step_00000003", "step_00000005.tmp"})
+    EXPECT_FALSE(fs::exists(d + "/" + gone)) << gone;
+  try {
+    open_checkpoint_run(world, d, true, false, 3);
+    ADD_FAILURE() << "--resume picked one of two runs";
+  } catch (const ConfigError& e) {
+    expect_has(e.what(), {"holds checkpoints of 2 runs"});
+  }
+  try {
+    save(world, {d, "run-b", 1}, 2);  // run-a's step 2
+    ADD_FAILURE() << "a run replaced another run's checkpoint";
+  } catch (const ConfigError& e) {
+    expect_has(e.what(), {"step_00000002 belongs to another run (run run-a)"});
+  }
+  world.barrier();
+  EXPECT_EQ(read_checkpoint_info(d + "/step_00000002").run_id, "run-a");
+  // Overwriting is explicit: a fresh run with it gets a new identity, and once its first
+  // checkpoint is complete every other run's entry is gone.
+  const CheckpointStart fresh = open_checkpoint_run(world, d, false, true, 3);
+  EXPECT_EQ(fresh.run.run_id.size(), 32u);
+  EXPECT_FALSE(fresh.resume_from.has_value());
+  save(world, fresh.run, 2);
+  world.barrier();
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(d)) left.push_back(e.path().filename());
+  EXPECT_EQ(left, std::vector<std::string>{"step_00000002"});
+  EXPECT_EQ(read_checkpoint_info(d + "/step_00000002").run_id, fresh.run.run_id);
+}
+
+TEST(Checkpoint, AnotherArchitectureIsRefused) {
+  Communicator& world = test::world();
+  SharedDir dir(world);
+  const std::string ck = save(world, {dir.path(), "run-a", 0}, 1);
+  // 2 heads of 32 instead of 4 of 16: the same element count in every tensor.
+  ModelConfig other = load_model_config("tiny");
+  other.num_attention_heads = 2;
+  other.num_key_value_heads = 1;
+  other.head_dim = 32;
+  const std::vector<ZeroUnitLayout> a = zero_layout(load_model_config("tiny"), 1),
+                                    b = zero_layout(other, 1);
+  for (size_t u = 0; u < a.size(); ++u) ASSERT_EQ(a[u].numel, b[u].numel);
+  expect_has(load_error(ck, other),
+             {"written for another model", "field 'head_dim': the checkpoint has 16"});
+}
+
+}  // namespace
+}  // namespace upipe

@@ -1,0 +1,94 @@
+// Resuming: the recorded run continues; settings that differ are reported by what they mean, and
+// the ones that change what the remaining steps compute on (model, data, S, batch) are refused
+// unless accepted; no step left is an error.
+#include <gtest/gtest.h>
+
+#include "train/resume.h"
+#include "unit/expect_config_error.h"
+
+namespace upipe {
+namespace {
+
+RecordedRun recorded() {
+  RecordedRun r;
+  r.config.train.steps = 100;
+  r.config.data.kind = "random";
+  r.step = 40;
+  r.world = 2;
+  r.cp_size = 2;
+  r.source = "ckpt/step_00000040";
+  return r;
+}
+
+std::string joined(const std::vector<std::string>& lines) {
+  std::string s;
+  for (const std::string& l : lines) s += l + "\n";
+  return s;
+}
+
+TEST(Resume, TheRecordedRunContinuesUnchanged) {
+  const RecordedRun rec = recorded();
+  EXPECT_TRUE(setting_changes(rec.config, rec.config).empty());
+  const std::vector<std::string> lines = check_resume(rec, rec.config, 2, false);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_NE(lines[0].find("continues from step 40"), std::string::npos);
+}
+
+TEST(Resume, ChangesAreReportedByWhatTheyMean) {
+  const RecordedRun rec = recorded();
+  RunConfig now = rec.config;
+  now.train.steps = 200;                // schedule
+  now.parallel.knobs.method = "ring";   // arithmetic
+  now.metrics.path = "m.jsonl";         // free
+  const std::vector<SettingChange> c = setting_changes(rec.config, now);
+  ASSERT_EQ(c.size(), 3u);
+  EXPECT_EQ(c[0].key, "parallel.method");
+  EXPECT_EQ(c[0].rule, ResumeRule::kArithmetic);
+  EXPECT_EQ(c[1].key, "train.steps");
+  EXPECT_EQ(c[1].from, "100");
+  EXPECT_EQ(c[1].to, "200");
+  EXPECT_EQ(c[1].rule, ResumeRule::kSchedule);
+  EXPECT_EQ(c[2].rule, ResumeRule::kFree);
+  const std::string out = joined(check_resume(rec, now, 2, false));
+  EXPECT_NE(out.find("--steps 100 -> 200: the schedule"), std::string::npos) << out;
+  EXPECT_NE(out.find("--method upipe -> ring: the same computation in other arithmetic"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("learning rate at step 41"), std::string::npos) << out;
+  // Fewer ranks with the same DP size (the CP group shrinks): re-cut shards, allowed.
+  RunConfig one = rec.config;
+  EXPECT_NE(joined(check_resume(rec, one, 1, false)).find("2 -> 1 ranks"), std::string::npos);
+}
+
+TEST(Resume, ChangesOfWhatIsComputedAreRefusedUnlessAccepted) {
+  const RecordedRun rec = recorded();
+  for (const auto& [flag, set] :
+       std::vector<std::pair<std::string, void (*)(RunConfig&)>>{
+           {"--seq-len", [](RunConfig& c) { c.train.seq_len = 2048; }},
+           {"--model", [](RunConfig& c) { c.model.name = "tiny-qwen3"; }},
+           {"--data-kind", [](RunConfig& c) { c.data.kind = "copy"; }},
+           {"--micro-steps", [](RunConfig& c) { c.train.micro_steps = 2; }},
+           {"--seed", [](RunConfig& c) { c.train.seed = 9; }}}) {
+    SCOPED_TRACE(flag);
+    RunConfig now = rec.config;
+    set(now);
+    expect_config_error([&] { check_resume(rec, now, 2, false); },
+                        {flag, "would change what the remaining steps", "--accept-changes"});
+    EXPECT_NE(joined(check_resume(rec, now, 2, true)).find("accepted"), std::string::npos);
+  }
+  // Another DP size changes the global batch: 2 ranks as DP 2 instead of one CP group.
+  RunConfig dp2 = rec.config;
+  dp2.parallel.cp_size = 1;
+  expect_config_error([&] { check_resume(rec, dp2, 2, false); }, {"DP 1 -> 2"});
+}
+
+TEST(Resume, NoStepLeftIsAnError) {
+  const RecordedRun rec = recorded();
+  RunConfig now = rec.config;
+  now.train.steps = 40;
+  expect_config_error([&] { check_resume(rec, now, 2, false); },
+                      {"has done 40 steps", "leaves none to do"});
+}
+
+}  // namespace
+}  // namespace upipe
