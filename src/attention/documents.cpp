@@ -83,8 +83,9 @@ double causal_work(const Documents& d, const RowPositions& rows) {
 
 RowPositions Documents::positions_in_documents(const RowPositions& rows) const {
   RowPositions out;
-  for_each_piece(*this, rows,
-                 [&](int64_t, int64_t n, int64_t, int64_t pos) { out.runs.push_back({n, pos}); });
+  for_each_piece(*this, rows, [&](int64_t, int64_t n, int64_t, int64_t pos) {
+    out.runs.push_back({n, pos});
+  });
   return out;
 }
 
@@ -201,16 +202,38 @@ std::vector<RowPositions> place_documents(const Documents& d, int members) {
 }
 
 DocMask::DocMask(Device& dev, const Documents& d, std::span<const RowPositions> views) {
-  std::vector<DocSpan> all;
   for (const RowPositions& v : views) {
     const std::vector<DocSpan> s = d.spans(v);
-    first_.push_back(int64_t(all.size()));
+    first_.push_back(int64_t(host_.size()));
     count_.push_back(int64_t(s.size()));
-    all.insert(all.end(), s.begin(), s.end());
+    host_.insert(host_.end(), s.begin(), s.end());
   }
-  const int64_t bytes = checked_mul(int64_t(all.size()), int64_t(sizeof(DocSpan)), "mask bytes");
+  const int64_t bytes = checked_mul(int64_t(host_.size()), int64_t(sizeof(DocSpan)), "mask bytes");
   buf_ = Buffer(dev.mem(), bytes, Tag::kDocs);
-  if (dev.backend().computes()) dev.copy(buf_.data(), all.data(), bytes, CopyKind::kHostToDevice);
+  if (dev.backend().computes()) dev.copy(buf_.data(), host_.data(), bytes, CopyKind::kHostToDevice);
+}
+
+bool DocMask::any_visible(size_t qi, size_t ki) const {
+  UPIPE_CHECK(qi < first_.size() && ki < first_.size(), "mask views {}, {} of {}", qi, ki,
+              first_.size());
+  // Both lists are sorted by (document, position): walk them by document; a document in both
+  // has a visible pair iff its first key position is at most its last query position.
+  const DocSpan *q = host_.data() + first_[qi], *qe = q + count_[qi];
+  const DocSpan *k = host_.data() + first_[ki], *ke = k + count_[ki];
+  while (q < qe && k < ke) {
+    if (q->doc < k->doc) {
+      ++q;
+    } else if (k->doc < q->doc) {
+      ++k;
+    } else {
+      const int64_t doc = q->doc, first_key = k->pos;
+      while (q + 1 < qe && q[1].doc == doc) ++q;
+      if (first_key <= q->pos + q->rows - 1) return true;
+      ++q;
+      while (k < ke && k->doc == doc) ++k;
+    }
+  }
+  return false;
 }
 
 DocRows DocMask::list(size_t i) const {

@@ -48,7 +48,8 @@ void attention_forward(Device& dev, const AttnProblem& p, const Mat& o, const Ma
   check_problem(be, p);
   UPIPE_CHECK(o.rows == p.sq() && o.cols == p.q.cols, "o shape {}x{}", o.rows, o.cols);
   check_rowstat(lse, p.hq, p.sq(), "lse");
-  Buffer ws(dev.mem(), attention_fwd_workspace_bytes(be, p.d, p.q.dtype, p.documents()), Tag::kWorkspace);
+  Buffer ws(dev.mem(), attention_fwd_workspace_bytes(be, p.d, p.q.dtype, p.documents()),
+            Tag::kWorkspace);
   AttnFwdArgs a;
   a.p = p;
   a.o = o;
@@ -68,7 +69,8 @@ void attention_forward_accumulate(Device& dev, const AttnProblem& p, const Mat& 
               "acc must be fp32 {}x{}", p.sq(), p.q.cols);
   check_rowstat(m, p.hq, p.sq(), "m");
   check_rowstat(l, p.hq, p.sq(), "l");
-  Buffer ws(dev.mem(), attention_fwd_workspace_bytes(be, p.d, p.q.dtype, p.documents()), Tag::kWorkspace);
+  Buffer ws(dev.mem(), attention_fwd_workspace_bytes(be, p.d, p.q.dtype, p.documents()),
+            Tag::kWorkspace);
   AttnFwdArgs a;
   a.p = p;
   a.acc = acc;
@@ -111,7 +113,8 @@ void attention_backward(Device& dev, const AttnProblem& p, const Mat& dout, cons
   UPIPE_CHECK(dq.rows == p.sq() && dq.cols == p.q.cols && dk.rows == p.sk() &&
                   dk.cols == p.k.cols && dv.rows == p.sk() && dv.cols == p.k.cols,
               "gradient shapes do not match q, k, v");
-  Buffer ws(dev.mem(), attention_bwd_workspace_bytes(be, p.d, p.q.dtype, p.documents()), Tag::kWorkspace);
+  Buffer ws(dev.mem(), attention_bwd_workspace_bytes(be, p.d, p.q.dtype, p.documents()),
+            Tag::kWorkspace);
   be.attention_backward({p, dout, lse, delta, dq, dk, dv}, ws.data());
 }
 

@@ -10,8 +10,10 @@
 #include <gtest/gtest.h>
 
 #include <limits>
+#include <random>
 
 #include "backend/attention.h"
+#include "backend/cpu/attention_mask.h"
 #include "backend/cpu/attention_tiles.h"
 #include "backend/cpu/cpu_isa.h"
 #include "backend/reference/attention_ref.h"
@@ -300,8 +302,8 @@ TEST_P(AttnKernelPath, QueryPrefixIsBitwiseEqual) {
 // query list, a key view holding two non-adjacent pieces of one document, a query document with
 // no key in the block).
 std::vector<Case> document_cases(DType t) {
-  Case whole{700, 700, 4, 2, 32, 0, 0, true, t, packed_docs({1, 5, 130, 1, 300, 17, 246}), {},
-             "whole"};
+  Case whole{700, 700,    4, 2, 32, 0, 0, true, t, packed_docs({1, 5, 130, 1, 300, 17, 246}),
+             {},  "whole"};
   whole.kd = whole.qd;
   Case longer{1700, 1700, 2, 1, 16, 0, 0, true, t, packed_docs({900, 1, 1, 798}), {}, "long"};
   longer.kd = longer.qd;
@@ -394,6 +396,72 @@ TEST_P(AttnKernelPath, RowsWithoutTheirDocumentSeeNothing) {
     for (int64_t col = 0; col < c.hq * c.d; ++col) {
       EXPECT_EQ(r[0][size_t(i * c.hq * c.d + col)], 0.0);
       EXPECT_EQ(r[2][size_t(i * c.hq * c.d + col)], 0.0);
+    }
+  }
+}
+
+// The tile decisions' inputs (cpu/attention_mask.h) against the visibility rule row by row, on
+// random span lists of sub-views: each query row's key range is exactly its visible keys (one
+// contiguous range, empty when none), both bounds never decrease, and query_rows holds every row
+// that sees a key of a tile.
+TEST(AttnKernelMask, KeyRangesAreExactlyTheVisibleKeys) {
+  std::mt19937_64 rng(5);
+  for (int trial = 0; trial < 200; ++trial) {
+    // Query and key lists over documents 0..7: pieces in (document, position) order.
+    auto list = [&](int64_t& rows) {
+      ViewDocs v;
+      rows = 0;
+      int64_t pos = 0;
+      for (int64_t doc = 0; doc < 8; ++doc) {
+        if (rng() % 3 == 0) continue;
+        pos = int64_t(rng() % 20);
+        for (int piece = 0; piece < 1 + int(rng() % 2); ++piece) {
+          const int64_t n = int64_t(rng() % 40) + 1;
+          v.spans.push_back({rows, n, doc, pos});
+          rows += n;
+          pos += n + int64_t(rng() % 30);
+        }
+      }
+      return v;
+    };
+    int64_t nq = 0, nk = 0;
+    ViewDocs qd = list(nq), kd = list(nk);
+    if (nq < 4 || nk < 4) continue;
+    qd.row0 = int64_t(rng() % uint64_t(nq / 2));  // a sub-view of the query list
+    const int64_t sq = nq - qd.row0, sk = nk;
+    AttnProblem p{Mat{nullptr, DType::kF32, sq, 16, 16},
+                  Mat{nullptr, DType::kF32, sk, 16, 16},
+                  Mat{nullptr, DType::kF32, sk, 16, 16},
+                  1,
+                  1,
+                  16};
+    p.q_docs = qd.rows();
+    p.k_docs = kd.rows();
+    std::vector<int64_t> qdoc, qpos, kdoc, kpos;
+    qd.expand(sq, qdoc, qpos);
+    kd.expand(sk, kdoc, kpos);
+    std::vector<int64_t> lo(static_cast<size_t>(sq)), hi(static_cast<size_t>(sq));
+    cpu::key_ranges(p, 0, sq, lo.data(), hi.data());
+    for (int64_t i = 0; i < sq; ++i) {
+      for (int64_t j = 0; j < sk; ++j) {
+        const bool vis = qdoc[size_t(i)] == kdoc[size_t(j)] && kpos[size_t(j)] <= qpos[size_t(i)];
+        ASSERT_EQ(vis, j >= lo[size_t(i)] && j < hi[size_t(i)])
+            << "trial " << trial << " row " << i << " key " << j;
+      }
+      if (i > 0 && lo[size_t(i)] < hi[size_t(i)]) {
+        EXPECT_GE(hi[size_t(i)], hi[size_t(i - 1)]);
+        if (lo[size_t(i - 1)] < hi[size_t(i - 1)]) {
+          EXPECT_GE(lo[size_t(i)], lo[size_t(i - 1)]);
+        }
+      }
+    }
+    for (int64_t j0 = 0; j0 < sk; j0 += 16) {
+      const int64_t n = std::min<int64_t>(16, sk - j0);
+      const cpu::RowRange rows = cpu::query_rows(p, j0, n);
+      for (int64_t i = 0; i < sq; ++i)
+        if (lo[size_t(i)] < std::min(hi[size_t(i)], j0 + n) && hi[size_t(i)] > j0) {
+          EXPECT_TRUE(i >= rows.first && i < rows.end) << "trial " << trial << " tile " << j0;
+        }
     }
   }
 }

@@ -117,13 +117,11 @@ HWY_INLINE hn::Mask<DF> lanes_in(int64_t lo, int64_t hi) {
 // m_new) inside [start, lim) and zeros outside (n >= lim, s has room up to a multiple of kNr),
 // updates the running max m and sum l, and returns the factor alpha the row's output
 // accumulator must be scaled by.
-float softmax_row(float* s, int64_t c0, int64_t start, int64_t lim, int64_t n, float& m,
-                  float& l) {
+float softmax_row(float* s, int64_t c0, int64_t start, int64_t lim, int64_t n, float& m, float& l) {
   const DF df;
   VF vmax = hn::Set(df, kNegInf);
   for (int64_t c = c0; c < lim; c += kLanes)
-    vmax = hn::Max(vmax,
-                   hn::IfThenElse(lanes_in(start - c, lim - c), hn::LoadU(df, s + c), vmax));
+    vmax = hn::Max(vmax, hn::IfThenElse(lanes_in(start - c, lim - c), hn::LoadU(df, s + c), vmax));
   const float m_new = std::max(m, max_lanes(vmax));
   const VF vm = hn::Set(df, m_new);
   VF vsum = hn::Zero(df);
@@ -333,14 +331,13 @@ float softmax_row_bf16(const float* s, int64_t c0, int64_t start, int64_t lim, i
   const DF df;
   VF vmax = hn::Set(df, kNegInf);
   for (int64_t c = c0; c < lim; c += kLanes)
-    vmax = hn::Max(vmax,
-                   hn::IfThenElse(lanes_in(start - c, lim - c), hn::LoadU(df, s + c), vmax));
+    vmax = hn::Max(vmax, hn::IfThenElse(lanes_in(start - c, lim - c), hn::LoadU(df, s + c), vmax));
   const float m_new = std::max(m, max_lanes(vmax));
   const VF vm = hn::Set(df, m_new);
   VF vsum = hn::Zero(df);
   auto prob = [&](int64_t c) HWY_ATTR {
-    const VF e = hn::IfThenElseZero(lanes_in(start - c, lim - c),
-                                    exp_v(hn::Sub(hn::LoadU(df, s + c), vm)));
+    const VF e =
+        hn::IfThenElseZero(lanes_in(start - c, lim - c), exp_v(hn::Sub(hn::LoadU(df, s + c), vm)));
     vsum = hn::Add(vsum, e);
     return e.raw;
   };
@@ -423,8 +420,8 @@ void fwd_stripe_bf16(const AttnProblem& p, const FwdBuffersBf16& w, const int64_
       std::fill(prow + c0, prow + sp, uint16_t(0));
       continue;
     }
-    const float alpha = softmax_row_bf16(w.s_rows + r * kAttnFwdSld, c0, st.start[r], st.lim[r],
-                                         sp, w.m[r0 + r], w.l[r0 + r], prow);
+    const float alpha = softmax_row_bf16(w.s_rows + r * kAttnFwdSld, c0, st.start[r], st.lim[r], sp,
+                                         w.m[r0 + r], w.l[r0 + r], prow);
     if (alpha != 1.0f) {
       float* orow = w.o_tile + (r0 + r) * dp;
       for (int64_t e = 0; e < d; ++e) orow[e] *= alpha;
@@ -516,7 +513,8 @@ struct BwdStripe {
     for (int r = 0; r < mr; ++r) {
       lse[r] = *lse_at(lse_m, h, i0 + r0 + r);
       delta[r] = *lse_at(delta_m, h, i0 + r0 + r);
-      const TileCols t = lse[r] == kNegInf ? TileCols{0, 0} : tile_cols(lo[r0 + r], hi[r0 + r], j0, bk);
+      const TileCols t =
+          lse[r] == kNegInf ? TileCols{0, 0} : tile_cols(lo[r0 + r], hi[r0 + r], j0, bk);
       start[r] = t.start;
       lim[r] = t.lim;
     }
@@ -533,7 +531,8 @@ struct BwdStripe {
 RowRange tile_rows_seeing(const int64_t* klo, const int64_t* khi, int64_t bq, int64_t j0,
                           int64_t jb, int64_t n) {
   const int64_t k = j0 + jb;
-  const int64_t first = std::partition_point(khi, khi + bq, [k](int64_t h) { return h <= k; }) - khi;
+  const int64_t first =
+      std::partition_point(khi, khi + bq, [k](int64_t h) { return h <= k; }) - khi;
   const int64_t end =
       std::partition_point(klo, klo + bq, [k, n](int64_t l) { return l < k + n; }) - klo;
   return {first, end};
@@ -559,7 +558,8 @@ void bwd_scores(const BwdBuffers& w, const BwdStripe& st, const Tile& qt, const 
           float* dst = p_rows + r * kAttnBwdSld + (b + pn) * kNr;
           for (int i = 0; i < kPv; ++i) {
             VF x = exp_v(hn::MulSub(v[i], vscale, vlse));
-            if (n < kNr || n0 > 0) x = hn::IfThenElseZero(lanes_in(n0 - i * kLanes, n - i * kLanes), x);
+            if (n < kNr || n0 > 0)
+              x = hn::IfThenElseZero(lanes_in(n0 - i * kLanes, n - i * kLanes), x);
             hn::StoreU(x, df, dst + i * kLanes);
           }
         };
@@ -624,8 +624,8 @@ void bwd_query_tile(const AttnProblem& p, const BwdBuffers& w, const Mat& dout, 
     // dQ += dS K over the keys [c0, smax), in increasing key order.
     for (int g = 0; g < st.mr; g += kAccMr)
       acc_rows<false>(std::min(kAccMr, st.mr - g), d, w.ds_tile + (r0 + g) * kAttnBwdSld,
-                      kAttnBwdSld, w.k_pack, kNr, w.kcs, dq_t + (r0 + g) * dq.ld, dq.ld, kNr,
-                      st.c0, st.smax);
+                      kAttnBwdSld, w.k_pack, kNr, w.kcs, dq_t + (r0 + g) * dq.ld, dq.ld, kNr, st.c0,
+                      st.smax);
   }
   // dV += P^T dO and dK += dS^T Q, kAccMr keys at a time, over the query rows that may see them
   // (in increasing row order; rows in that range that do not see a key add exact zeros).

@@ -1,9 +1,9 @@
 // Naive causal GQA attention, forward and backward: one query row at a time, a score row of
 // sk values (never an S x S matrix), no tiling, no online softmax. Same layouts and masking
-// rules as backend/attention.h, document-causal masking written out per row. `operand` rounds the computed operands of the products (the
-// probabilities P before P V and P^T dO, dS before dS K and dS^T Q) the way the tested kernel
-// stores them for its dot products: identity for fp32, to bf16 for bf16 attention
-// (docs/kernels.md, "Precision").
+// rules as backend/attention.h, document-causal masking written out per row. `operand` rounds the
+// computed operands of the products (the probabilities P before P V and P^T dO, dS before dS K and
+// dS^T Q) the way the tested kernel stores them for its dot products: identity for fp32, to bf16
+// for bf16 attention (docs/kernels.md, "Precision").
 #pragma once
 
 #include <algorithm>
