@@ -15,7 +15,6 @@
 #include "attention/reference_block.h"
 #include "backend/tensor_ops.h"
 #include "comm/fake/fake_comm.h"
-#include "core/setting_ref.h"
 
 namespace upipe {
 namespace {
@@ -169,8 +168,7 @@ CheckResult check_strategy(const AttentionConfig& cfg, Communicator& world,
   auto strat = make_strategy({dev, world, cfg});
   const bool docs = opt.doc_lens.size() > 1;  // one document is the plain sequence
   if (docs)
-    strat->set_documents(std::make_shared<const Documents>(opt.doc_lens, cfg.seq_len,
-                                                           setting_ref("check.doc_lens")));
+    strat->set_documents(std::make_shared<const Documents>(opt.doc_lens, cfg.seq_len));
   const SeqLayout layout = strat->layout();
   BlockTensors t = make_block_tensors(dev, cfg, layout.positions(world.rank()), opt.seed);
   world.reset_stats();
