@@ -12,8 +12,10 @@
 namespace upipe {
 namespace {
 
+// A list has a comma or only digits; anything else names a file.
 bool is_list(const std::string& s) {
-  return !s.empty() && s.find_first_not_of("0123456789, ") == std::string::npos;
+  return s.find(',') != std::string::npos ||
+         (!s.empty() && s.find_first_not_of("0123456789 ") == std::string::npos);
 }
 
 std::vector<int64_t> parse_list(const std::string& s, int64_t seq_len, const std::string& what) {
