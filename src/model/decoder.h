@@ -52,12 +52,12 @@ struct LossSpec {
   // passes 1/(tokens predicted in the global batch), so the summed gradient is the batch mean
   // whatever the DP x CP split.
   double scale = 0;
-  // The sequence's documents (null: one document, the plain causal sequence).
-  std::shared_ptr<const Documents> documents;
   // Optional: S flags by global position p, whether the prediction at p (label = token p+1)
   // belongs to the group whose unscaled loss sum StepLoss::group_sum reports (e.g. the copied
   // half of the copy task).
   std::span<const uint8_t> group;
+  // The sequence's documents (null: one document, the plain causal sequence).
+  std::shared_ptr<const Documents> documents = nullptr;
 };
 
 struct StepLoss {
