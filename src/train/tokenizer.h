@@ -1,6 +1,8 @@
 // The byte-level tokenizer of `upipe tokenize`: each byte of a text file is one token id in
-// [0, 256), written as an llm.c .bin file (version 1, uint16 ids). Any model with a vocabulary
-// of at least 256 can train on it; the tiny presets have exactly 256.
+// [0, 256), written as an llm.c .bin file (version 1, uint16 ids), or, for a directory of text
+// files, one document per file as a Megatron-LM indexed dataset (PREFIX.bin + PREFIX.idx, read by
+// data.documents = "index"). Any model with a vocabulary of at least 256 can train on it; the
+// tiny presets have exactly 256.
 #pragma once
 
 #include <cstdint>
@@ -16,5 +18,15 @@ inline constexpr int64_t kByteVocab = 256;
 // file, or `in` has 2^31 bytes or more (the .bin header counts tokens in an int32; split the
 // text); Error when a write fails.
 int64_t tokenize_bytes(const std::string& in, const std::string& out);
+
+// Every regular file of the directory `dir` (not recursive, sorted by name) as one document, in
+// that order, into PREFIX.bin + PREFIX.idx (PREFIX: `out` without a .bin / .idx extension),
+// written atomically. Throws ConfigError when `dir` holds no file, an input is one of the
+// outputs, or a file cannot be read; Error when a write fails.
+struct TokenizedDocuments {
+  std::string prefix;
+  int64_t documents = 0, tokens = 0;
+};
+TokenizedDocuments tokenize_documents(const std::string& dir, const std::string& out);
 
 }  // namespace upipe
