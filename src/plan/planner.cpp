@@ -19,6 +19,7 @@ TrainOptions train_options(const PlanRequest& r) {
   TrainOptions o;
   o.cp_size = r.cp_size;
   o.decoder = r.decoder;
+  o.packed = !r.doc_lens.empty();
   return o;
 }
 
@@ -70,7 +71,9 @@ RankPlan plan_rank(const ModelConfig& m, const PlanRequest& r, int rank, int64_t
   dev.mem().reset_peak();
   dev.host().reset_peak();
   // Token ids do not matter on the meta device (nothing reads them); zeros are valid ids.
-  const Sequence seq{std::vector<int32_t>(size_t(r.decoder.seq_len), 0), {}};
+  Sequence seq{std::vector<int32_t>(size_t(r.decoder.seq_len), 0), {}};
+  if (!r.doc_lens.empty())
+    seq.documents = std::make_shared<const Documents>(r.doc_lens, r.decoder.seq_len, "--doc-lens");
   tr.step(0, [&](int64_t, int, int) { return seq; });
   return {rank, dev.mem().peak(), dev.host().peak(), dev.mem().at_peak_by_tag(),
           dev.host().at_peak_by_tag()};
