@@ -20,9 +20,16 @@ Each directory holds
     grads_fp64.safetensors      d loss / d param, fp64 reference (see below)
     grads_fp32.safetensors      d loss / d param, stock transformers in fp32
     reference.json              losses, versions, per-tensor fp32-vs-fp64 gradient error
+    doc_lens.npy                1-D int32 document lengths summing to S (packed sequence)
+    grads_packed_fp64.safetensors, grads_packed_fp32.safetensors
+                                the same gradients for tokens.npy packed as those documents
+    reference.json "packed"     its losses and per-tensor fp32-vs-fp64 gradient error
 
 The loss is `model(input_ids, labels=input_ids).loss`: mean cross-entropy over the S-1
-next-token predictions. attn_implementation="eager" (the plain math:
+next-token predictions. The packed reference runs each document alone through the model (its own
+positions from 0, its own causal mask) and sums the token losses: the loss is that sum over the
+S - (number of documents) predictions inside documents, divided by their count; a document of
+length 1 predicts nothing. attn_implementation="eager" (the plain math:
 softmax(q k^T / sqrt(d) + causal mask) v), so the reference does not depend on which
 fused SDPA kernel torch picks.
 
@@ -53,6 +60,8 @@ well under a minute.
 Usage (needs torch, transformers, safetensors, numpy; `make test` and CI never run it):
     python3 tools/make_hf_fixture.py [--out tests/fixtures/hf] [--seq-len 512]
                                      [--seed 1234] [--models llama,qwen3] [--verify-only]
+                                     [--packed-only]
+--packed-only writes only the packed files, from the weights and tokens already there.
 """
 import argparse
 import copy
@@ -455,6 +464,66 @@ def generate(name, outdir, seq_len, seed):
 
 
 # ----------------------------------------------------------------------------------------
+# Packed documents: each document alone through the model, token losses summed
+# ----------------------------------------------------------------------------------------
+
+# Lengths summing to the fixtures' S = 512: documents of length 1, lengths off every power of
+# two, one longer than S / 4.
+PACKED_DOC_LENS = [1, 63, 100, 1, 211, 37, 99]
+
+
+def packed_loss_and_grads(model, ids, lens):
+    """sum over documents of (their token losses summed) / (predictions inside documents)."""
+    model.zero_grad(set_to_none=True)
+    predictions = sum(l - 1 for l in lens)
+    total = 0.0
+    start = 0
+    for l in lens:
+        if l > 1:
+            d = ids[start:start + l]
+            out = model(input_ids=d[None, :], labels=d[None, :], use_cache=False)
+            part = out.loss * (l - 1) / predictions
+            part.backward()
+            total += float(part.detach())
+        start += l
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+    return total, grads
+
+
+def generate_packed(name, outdir):
+    """The packed reference from the weights and tokens already in outdir."""
+    seq_len = int(np.load(os.path.join(outdir, "tokens.npy")).shape[0])
+    lens = PACKED_DOC_LENS
+    assert sum(lens) == seq_len, (sum(lens), seq_len)
+    np.save(os.path.join(outdir, "doc_lens.npy"), np.array(lens, dtype=np.int32))
+    ids = torch.from_numpy(np.load(os.path.join(outdir, "tokens.npy")).astype(np.int64))
+    model = AutoModelForCausalLM.from_pretrained(outdir, dtype=torch.float32, attn_implementation="eager")
+    model.train(False)
+    loss32, g32 = packed_loss_and_grads(model, ids, lens)
+    m64 = to_fp64_exact(copy.deepcopy(model))
+    with Fp64Exact(name):
+        loss64, g64 = packed_loss_and_grads(m64, ids, lens)
+    np_save_file({n: g64[n].numpy() for n in g64}, os.path.join(outdir, "grads_packed_fp64.safetensors"),
+                 metadata={"format": "pt"})
+    np_save_file({n: g32[n].numpy() for n in g32}, os.path.join(outdir, "grads_packed_fp32.safetensors"),
+                 metadata={"format": "pt"})
+    errs = {n: rel_err(g32[n].double(), g64[n]) for n in g64}
+    with open(os.path.join(outdir, "reference.json")) as f:
+        ref = json.load(f)
+    ref["packed"] = {
+        "doc_lens": lens,
+        "loss_definition": "each document alone through the model; the sum of the token losses over "
+                           "the S - (documents) next-token predictions inside documents, divided by their count",
+        "loss_fp64": loss64,
+        "loss_fp32": loss32,
+        "loss_fp32_rel_err": abs(loss32 - loss64) / abs(loss64),
+        "grad_rel_err": errs,
+    }
+    write_json(os.path.join(outdir, "reference.json"), ref)
+    print(f"  {name} packed ({len(lens)} documents): loss fp64 {loss64:.17g}  fp32 {loss32:.9g}")
+
+
+# ----------------------------------------------------------------------------------------
 # Verification: reload what was written with transformers and reproduce the reference
 # ----------------------------------------------------------------------------------------
 
@@ -505,11 +574,16 @@ def main():
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--models", default="llama,qwen3")
     ap.add_argument("--verify-only", action="store_true", help="only reload and check existing fixtures")
+    ap.add_argument("--packed-only", action="store_true",
+                    help="only (re)write the packed-documents reference from the existing weights and tokens")
     args = ap.parse_args()
     setup_torch()
     out = os.path.normpath(args.out)
     for name in args.models.split(","):
         d = os.path.join(out, name)
+        if args.packed_only:
+            generate_packed(name, d)
+            continue
         if not args.verify_only:
             ref = generate(name, d, args.seq_len, args.seed)
             w = ref["grad_rel_err_max"]
@@ -519,6 +593,7 @@ def main():
                   f"fro_rel {w['fro_rel']:.3e} ({w['fro_rel_tensor']})")
             print(f"  independent fp64 check: loss rel {ref['fp64_check_independent']['loss_rel_err']:.2e}, "
                   f"grad rel {ref['fp64_check_independent']['grad_max_abs_rel']:.2e}")
+            generate_packed(name, d)
         verify(name, d)
     print(f"wrote {out}" if not args.verify_only else f"verified {out}")
 

@@ -1,8 +1,12 @@
 // `upipe bench attention`: times forward + backward of one strategy across the ranks of the
 // job (after a warm-up iteration), and reports time, throughput and memory; with --meta-ranks
-// it plans the same configuration on the meta device instead.
+// it plans the same configuration on the meta device instead. With --doc-lens the sequence is
+// packed documents, and the one-document time of the same S is measured and reported beside it.
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "apps/upipe/commands.h"
 #include "apps/upipe/report.h"
@@ -12,12 +16,14 @@
 #include "comm/fake/fake_comm.h"
 #include "core/errors.h"
 #include "core/watchdog.h"
+#include "model/doc_lens.h"
 
 namespace upipe::app {
 namespace {
 
 struct Options {
   ShapeOptions shape;
+  std::string doc_lens;
   int iters = 3;
   int meta_ranks = 0;
   bool json = false;
@@ -25,10 +31,12 @@ struct Options {
 
 // --meta-ranks C: plan instead of run. Rank 0 of C on the meta device (fake communicator):
 // exact bytes and communication, no data, no timing.
-int plan(const Options& opt, const AttentionConfig& cfg, int64_t budget) {
+int plan(const Options& opt, const AttentionConfig& cfg, int64_t budget,
+         const std::shared_ptr<const Documents>& docs) {
   Device dev({BackendKind::kMeta, budget, budget});
   FakeCommunicator comm(0, opt.meta_ranks);
   auto strat = make_strategy({dev, comm, cfg});
+  strat->set_documents(docs);
   BlockTensors t = make_block_tensors(dev, cfg, strat->layout().positions(0), 1);
   const BlockRun r = run_block(*strat, dev, t);
   nlohmann::json j = config_json(cfg);
@@ -52,55 +60,86 @@ int plan(const Options& opt, const AttentionConfig& cfg, int64_t budget) {
   return 0;
 }
 
+// The minimum over opt.iters runs (after a warm-up) of the slowest rank's forward and backward
+// times, the max over ranks of the peaks, and the formula, for the strategy's current documents.
+struct Timing {
+  double fwd = 1e30, bwd = 1e30;
+  int64_t peak = 0, attn = 0, formula = 0;
+  TagBytes peak_by_tag;
+};
+
+Timing time_block(Process& proc, AttentionStrategy& strat, Device& dev, const AttentionConfig& cfg,
+                  int iters) {
+  BlockTensors t = make_block_tensors(dev, cfg, strat.layout().positions(proc.rank()), 1);
+  run_block(strat, dev, t);  // warm-up
+  Timing r;
+  BlockRun last;
+  for (int i = 0; i < iters; ++i) {
+    proc.world.barrier();
+    last = run_block(strat, dev, t);
+    // The slowest rank sets the pace.
+    float times[2] = {float(last.fwd_s), float(last.bwd_s)};
+    proc.world.all_reduce(times, 2, DType::kF32, ReduceOp::kMax);
+    r.fwd = std::min(r.fwd, double(times[0]));
+    r.bwd = std::min(r.bwd, double(times[1]));
+  }
+  std::vector<int64_t> mine{last.peak_bytes, last.attn_peak_bytes},
+      all(size_t(2 * proc.world.size()));
+  proc.world.all_gather(mine.data(), all.data(), 2 * sizeof(int64_t));
+  for (int j = 0; j < proc.world.size(); ++j) {
+    r.peak = std::max(r.peak, all[size_t(2 * j)]);
+    r.attn = std::max(r.attn, all[size_t(2 * j + 1)]);
+  }
+  r.peak_by_tag = last.peak_by_tag;
+  r.formula = strat.attn_formula_bytes();
+  return r;
+}
+
 int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App& cmd) {
   const RunConfig set = resolve_settings(proc, sa, cmd).config;
   Watchdog::start(set.comm.timeout);
   const AttentionConfig cfg = opt.shape.config(set);
   const int64_t budget = set.memory.device_bytes;
-  if (opt.meta_ranks > 0) return proc.root() ? plan(opt, cfg, budget) : 0;
+  const std::shared_ptr<const Documents> docs = documents_from(opt.doc_lens, cfg.seq_len);
+  if (opt.meta_ranks > 0) return proc.root() ? plan(opt, cfg, budget, docs) : 0;
   Device dev({BackendKind::kCpu, budget, budget});
   auto strat = make_strategy({dev, proc.world, cfg});
-  BlockTensors t = make_block_tensors(dev, cfg, strat->layout().positions(proc.rank()), 1);
-  run_block(*strat, dev, t);  // warm-up
-  double fwd = 1e30, bwd = 1e30;
-  BlockRun last;
-  for (int i = 0; i < opt.iters; ++i) {
-    proc.world.barrier();
-    last = run_block(*strat, dev, t);
-    // The slowest rank sets the pace.
-    float times[2] = {float(last.fwd_s), float(last.bwd_s)};
-    proc.world.all_reduce(times, 2, DType::kF32, ReduceOp::kMax);
-    fwd = std::min(fwd, double(times[0]));
-    bwd = std::min(bwd, double(times[1]));
-  }
-  std::vector<int64_t> mine{last.peak_bytes, last.attn_peak_bytes},
-      all(size_t(2 * proc.world.size()));
-  proc.world.all_gather(mine.data(), all.data(), 2 * sizeof(int64_t));
-  int64_t peak = 0, attn = 0;
-  for (int j = 0; j < proc.world.size(); ++j) {
-    peak = std::max(peak, all[size_t(2 * j)]);
-    attn = std::max(attn, all[size_t(2 * j + 1)]);
+  strat->set_documents(docs);
+  const Timing r = time_block(proc, *strat, dev, cfg, opt.iters);
+  std::optional<Timing> one;  // the same S as one document
+  if (packed(docs)) {
+    strat->set_documents(nullptr);
+    one = time_block(proc, *strat, dev, cfg, opt.iters);
   }
   if (!proc.root()) return 0;
-  const double tps = double(cfg.seq_len) / (fwd + bwd);
+  const double tps = double(cfg.seq_len) / (r.fwd + r.bwd);
   nlohmann::json j = config_json(cfg);
   j.update({{"ranks", proc.world.size()},
             {"iters", opt.iters},
-            {"fwd_s", fwd},
-            {"bwd_s", bwd},
+            {"documents", docs ? docs->count() : 1},
+            {"fwd_s", r.fwd},
+            {"bwd_s", r.bwd},
             {"tokens_per_s", tps},
-            {"peak_bytes", peak},
-            {"peak_by_tag", tags_json(last.peak_by_tag)},
-            {"attn_peak_bytes", attn},
-            {"attn_formula_bytes", strat->attn_formula_bytes()}});
+            {"peak_bytes", r.peak},
+            {"peak_by_tag", tags_json(r.peak_by_tag)},
+            {"attn_peak_bytes", r.attn},
+            {"attn_formula_bytes", r.formula}});
+  if (one) {
+    j["one_document"] = {{"fwd_s", one->fwd}, {"bwd_s", one->bwd}, {"attn_peak_bytes", one->attn}};
+    j["speedup"] = (one->fwd + one->bwd) / (r.fwd + r.bwd);
+  }
   if (opt.json) {
     print_json(j);
-  } else {
-    std::printf("%s on %d rank(s), S=%lld: forward %.3f s, backward %.3f s, %.0f tokens/s\n",
-                cfg.knobs.method.c_str(), proc.world.size(), (long long)cfg.seq_len, fwd, bwd, tps);
-    std::printf("  peak %s, attention intermediates %s (formula %s)\n", format_bytes(peak).c_str(),
-                format_bytes(attn).c_str(), format_bytes(strat->attn_formula_bytes()).c_str());
+    return 0;
   }
+  std::printf("%s on %d rank(s), S=%lld%s: forward %.3f s, backward %.3f s, %.0f tokens/s\n",
+              cfg.knobs.method.c_str(), proc.world.size(), (long long)cfg.seq_len,
+              docs ? fmt::format(", {} documents", docs->count()).c_str() : "", r.fwd, r.bwd, tps);
+  std::printf("  peak %s, attention intermediates %s (formula %s)\n", format_bytes(r.peak).c_str(),
+              format_bytes(r.attn).c_str(), format_bytes(r.formula).c_str());
+  if (one)
+    std::printf("  one document of %lld: forward %.3f s, backward %.3f s; %.1fx faster packed\n",
+                (long long)cfg.seq_len, one->fwd, one->bwd, (one->fwd + one->bwd) / (r.fwd + r.bwd));
   return 0;
 }
 
@@ -115,6 +154,9 @@ Runner add_bench_attention(CLI::App& cmd) {
   cmd.add_option("--meta-ranks", opt->meta_ranks,
                  "plan on the meta device as rank 0 of this many ranks (no data, no timing)")
       ->check(integer_in<int>(0, kMaxRanks));
+  cmd.add_option("--doc-lens", opt->doc_lens,
+                 "packed documents: lengths a,b,c summing to --seq-len, or a .npy/.bin file of them; "
+                 "the one-document time of the same S is reported beside");
   cmd.add_flag("--json", opt->json, "print one JSON object (rank 0)");
   auto sa = add_settings(cmd, kScopeBlock);
   CLI::App* c = &cmd;

@@ -1,7 +1,11 @@
 // `upipe check`: runs a strategy forward + backward on random inputs across the ranks of the
 // job, compares y, dx and the weight gradients with `local` on the gathered sequence, and
 // reports errors, tolerances, the measured and documented attention-intermediate peaks and the
-// communication counts. Exit status 0 exactly when the comparison passed.
+// communication counts. With --doc-lens the sequence is packed documents and the comparison is
+// with each document run alone through `local`. Exit status 0 exactly when the comparison passed.
+#include <fmt/format.h>
+
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
 #include "apps/upipe/commands.h"
@@ -9,12 +13,14 @@
 #include "apps/upipe/settings_cli.h"
 #include "attention/check.h"
 #include "core/watchdog.h"
+#include "model/doc_lens.h"
 
 namespace upipe::app {
 namespace {
 
 struct Options {
   ShapeOptions shape;
+  std::string doc_lens;
   bool json = false;
 };
 
@@ -25,10 +31,12 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
   CheckOptions co;
   co.seed = uint64_t(set.train.seed);
   co.device_budget = set.memory.device_bytes;
+  if (const auto docs = documents_from(opt.doc_lens, cfg.seq_len)) co.doc_lens = docs->lengths();
   const CheckResult r = check_strategy(cfg, proc.world, co);
   if (proc.root()) {
     nlohmann::json j = config_json(cfg);
     j.update({{"ranks", r.ranks},
+              {"documents", std::max<size_t>(1, co.doc_lens.size())},
               {"max_abs_err", r.max_abs_err},
               {"tolerance", r.tolerance},
               {"tolerance_rule", r.rule},
@@ -44,7 +52,10 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
     if (opt.json) {
       print_json(j);
     } else {
-      std::printf("%s on %d rank(s): %s\n", r.method.c_str(), r.ranks,
+      std::printf("%s on %d rank(s)%s: %s\n", r.method.c_str(), r.ranks,
+                  co.doc_lens.size() > 1
+                      ? fmt::format(", {} documents vs each alone", co.doc_lens.size()).c_str()
+                      : "",
                   r.passed ? "PASSED" : "FAILED");
       for (const auto& [k, v] : r.max_abs_err)
         std::printf("  %-4s max |err| %.3e  (tolerance %.3e)\n", k.c_str(), v, r.tolerance.at(k));
@@ -64,6 +75,9 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
 Runner add_check(CLI::App& cmd) {
   auto opt = std::make_shared<Options>();
   add_shape_options(cmd, opt->shape, true);
+  cmd.add_option("--doc-lens", opt->doc_lens,
+                 "packed documents: lengths a,b,c summing to --seq-len, or a .npy/.bin file of them; "
+                 "compared with each document alone through local");
   cmd.add_flag("--json", opt->json, "print one JSON object (rank 0)");
   auto sa = add_settings(cmd, kScopeBlock);
   CLI::App* c = &cmd;

@@ -1,7 +1,8 @@
 // `upipe eval`: one forward + backward of a Llama-3 / Qwen3 model on one token sequence, split
 // over the ranks of the job with any attention strategy: the loss (transformers' labels =
 // input_ids mean), the gradient norms, time and per-rank memory; --save-grads writes every
-// parameter's fp32 gradient (summed over the ranks) under its Hugging Face name.
+// parameter's fp32 gradient (summed over the ranks) under its Hugging Face name. --doc-lens packs
+// the sequence as documents (each attended to and predicted alone; attention/documents.h).
 #include <cmath>
 #include <nlohmann/json.hpp>
 
@@ -14,6 +15,7 @@
 #include "core/safe_fs.h"
 #include "core/watchdog.h"
 #include "model/decoder.h"
+#include "model/doc_lens.h"
 #include "model/safetensors.h"
 #include "model/tokens.h"
 
@@ -22,6 +24,7 @@ namespace {
 
 struct Options {
   std::string tokens;
+  std::string doc_lens;  // packed documents of the sequence (--doc-lens)
   std::string save_grads;
   bool loss_only = false;  // forward only: the loss, no gradients
   bool windows = false;    // the loss of every S-token window of --tokens (forward only)
@@ -32,7 +35,7 @@ struct Options {
 // sequence, or on every non-overlapping window of S tokens of the file; the mean loss over them
 // and its perplexity.
 int run_loss(Process& proc, const Options& opt, const RunConfig& cfg, const ModelConfig& m,
-             ModelRun& run, const std::vector<int32_t>& all, int64_t s) {
+             ModelRun& run, const std::vector<int32_t>& all, int64_t s, const LossSpec& spec) {
   const int64_t n = int64_t(all.size()) / s;
   run.dev.mem().reset_peak();
   const ParamMap no_grads;
@@ -40,7 +43,7 @@ int run_loss(Process& proc, const Options& opt, const RunConfig& cfg, const Mode
   double sum = 0, fwd = 0;
   for (int64_t i = 0; i < n; ++i) {
     const std::span<const int32_t> window(all.data() + i * s, size_t(s));
-    sum += run.dec->loss(window, p).loss;  // each window's mean over its S - 1 predictions
+    sum += run.dec->loss(window, p, spec).loss;  // each window's mean over its predictions
     fwd += run.dec->forward_seconds();
   }
   const double loss = sum / double(n);
@@ -51,6 +54,7 @@ int run_loss(Process& proc, const Options& opt, const RunConfig& cfg, const Mode
                       {"perplexity", std::exp(loss)},
                       {"windows", n},
                       {"tokens", n * s},
+                      {"documents", spec.documents ? spec.documents->count() : 1},
                       {"method", cfg.parallel.knobs.method},
                       {"ranks", proc.world.size()},
                       {"peak_bytes", peak},
@@ -60,9 +64,12 @@ int run_loss(Process& proc, const Options& opt, const RunConfig& cfg, const Mode
     print_json(j);
     return 0;
   }
-  std::printf("%s, %lld window(s) of %lld tokens, %s on %d rank(s), %s, forward only\n",
-              m.source.c_str(), (long long)n, (long long)s, cfg.parallel.knobs.method.c_str(),
-              proc.world.size(), dtype_name(cfg.memory.policy.dtype));
+  std::printf("%s, %lld window(s) of %lld tokens%s, %s on %d rank(s), %s, forward only\n",
+              m.source.c_str(), (long long)n, (long long)s,
+              spec.documents ? fmt::format(" in {} documents", spec.documents->count()).c_str()
+                             : "",
+              cfg.parallel.knobs.method.c_str(), proc.world.size(),
+              dtype_name(cfg.memory.policy.dtype));
   std::printf("  loss %.8f  perplexity %.4f\n", loss, std::exp(loss));
   std::printf("  forward %.3f s, peak %s per rank (max)\n", fwd, format_bytes(peak).c_str());
   return 0;
@@ -85,6 +92,8 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
   if (opt.windows && (opt.tokens.empty() || !seq_given))
     throw ConfigError(
         fmt::format("--windows needs --tokens FILE and {}", setting_value("train.seq_len", "S")));
+  if (opt.windows && !opt.doc_lens.empty())
+    throw ConfigError("--doc-lens gives the documents of one sequence: drop --windows");
   // The number of tokens first, then the model (its sizes checked before anything is
   // allocated), then the tokens.
   TokenFileInfo file;
@@ -105,6 +114,8 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
     throw ConfigError(fmt::format("{} has {} tokens, fewer than one window of {}", opt.tokens,
                                   file.count, setting_value("train.seq_len", seq_len)));
   if (n < 2) throw ConfigError("the sequence needs at least 2 tokens");
+  LossSpec spec;  // the mean over the predictions inside the documents
+  if (!opt.windows) spec.documents = documents_from(opt.doc_lens, n);
   const bool forward_only = opt.loss_only || opt.windows;
   ModelRun run(proc.world, m, cfg, opt.windows ? seq_len : n, !forward_only);
   std::vector<int32_t> tokens;
@@ -114,12 +125,14 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
   } else {  // no file: uniform random ids, the same on every rank
     tokens = random_tokens(m, n, uint64_t(cfg.train.seed));
   }
-  if (forward_only) return run_loss(proc, opt, cfg, m, run, tokens, opt.windows ? seq_len : n);
+  if (forward_only)
+    return run_loss(proc, opt, cfg, m, run, tokens, opt.windows ? seq_len : n, spec);
   Device& dev = run.dev;
   const ParamMap &w = run.w, &g = run.g;
   dev.mem().reset_peak();
   dev.host().reset_peak();
-  const double loss = run.dec->loss_and_grads(tokens, w, g);
+  FullParams params(m, w, g);
+  const double loss = run.dec->run(tokens, params, spec).loss;
   const int64_t peak = dev.mem().peak(), host_peak = dev.host().peak();
   const TagBytes at_peak = dev.mem().at_peak_by_tag();
   // Full gradients: the sum of the ranks' contributions.
@@ -148,6 +161,7 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
   nlohmann::json j = {{"model", m.source},
                       {"loss", loss},
                       {"tokens", tokens.size()},
+                      {"documents", spec.documents ? spec.documents->count() : 1},
                       {"method", cfg.parallel.knobs.method},
                       {"ranks", proc.world.size()},
                       {"peak_bytes", max_peak},
@@ -161,7 +175,9 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
   if (opt.json) {
     print_json(j);
   } else {
-    std::printf("%s, %zu tokens, %s on %d rank(s), %s\n", m.source.c_str(), tokens.size(),
+    std::printf("%s, %zu tokens%s, %s on %d rank(s), %s\n", m.source.c_str(), tokens.size(),
+                spec.documents ? fmt::format(" in {} documents", spec.documents->count()).c_str()
+                               : "",
                 cfg.parallel.knobs.method.c_str(), proc.world.size(),
                 dtype_name(cfg.memory.policy.dtype));
     std::printf("  loss %.8f  grad norm %.6e\n", loss, std::sqrt(total));
@@ -180,6 +196,9 @@ Runner add_eval(CLI::App& cmd) {
   cmd.add_option("--tokens", opt->tokens,
                  "token ids: a 1-D .npy (int32/int64/uint16/uint32) or an llm.c .bin; with "
                  "--seq-len, its first S (without: --seq-len random ids)");
+  cmd.add_option("--doc-lens", opt->doc_lens,
+                 "the sequence as packed documents: lengths a,b,c summing to its length, or a "
+                 ".npy/.bin file of them; each document is attended to and predicted alone");
   cmd.add_option("--save-grads", opt->save_grads,
                  "write the fp32 gradients (summed over ranks) as FILE.safetensors");
   cmd.add_flag("--loss-only", opt->loss_only,

@@ -4,6 +4,7 @@
 // mpirun rank 0 plans and prints, the others exit 0.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -14,6 +15,7 @@
 #include "apps/upipe/settings_cli.h"
 #include "attention/methods.h"
 #include "core/errors.h"
+#include "model/doc_lens.h"
 #include "plan/planner.h"
 #include "train/run_options.h"
 
@@ -26,6 +28,7 @@ struct Options {
   std::string reserve = bytes_text(kDefaultReserveBytes);
   double reserve_gib = -1;  // the older spelling --reserve-gib (GiB); < 0: not given
   bool max_seq_len = false;
+  std::string doc_lens;  // packed documents of every sequence (--doc-lens)
   bool json = false;
 };
 
@@ -113,6 +116,11 @@ PlanRequest base_request(const Settings& set, const Options& o) {
   r.reserve_bytes = o.reserve_gib >= 0 ? int64_t(o.reserve_gib * double(int64_t(1) << 30))
                     : o.reserve == "0" ? 0
                                        : parse_bytes(o.reserve, "--reserve");
+  if (!o.doc_lens.empty()) {
+    if (o.max_seq_len)
+      throw ConfigError("--doc-lens gives the documents of one sequence length: drop --max-seq-len");
+    r.doc_lens = documents_from(o.doc_lens, r.decoder.seq_len)->lengths();
+  }
   return r;
 }
 
@@ -194,6 +202,7 @@ int run(Process& proc, const Options& o, const SettingArgs& sa, const CLI::App& 
                         {"device_gib", gib(base.device_bytes)},
                         {"host_gib", gib(base.host_bytes)},
                         {"reserve_gib", gib(base.reserve_bytes)},
+                        {"documents", std::max<size_t>(1, base.doc_lens.size())},
                         {"plan_seconds", secs}};
     j.update(memory_policy_json(base.decoder.memory));
     nlohmann::json ms = nlohmann::json::array();
@@ -229,11 +238,14 @@ int run(Process& proc, const Options& o, const SettingArgs& sa, const CLI::App& 
   }
   std::printf(
       "%s on %d ranks (CP %d x DP %d), %s, %.4g GiB device (reserve %.4g GiB) and %.4g GiB "
-      "host per rank%s; one full training step planned for every rank, played once per rank "
+      "host per rank%s%s; one full training step planned for every rank, played once per rank "
       "class (%.1f s)\n",
       m.source.c_str(), base.ranks, c, base.ranks / c, dtype_name(base.decoder.memory.dtype),
       gib(base.device_bytes), gib(base.reserve_bytes), gib(base.host_bytes),
-      base.decoder.memory.offload_stash ? ", stash offloaded" : "", secs);
+      base.decoder.memory.offload_stash ? ", stash offloaded" : "",
+      base.doc_lens.empty() ? ""
+                            : fmt::format(", {} documents per sequence", base.doc_lens.size()).c_str(),
+      secs);
   std::printf("%-11s %-12s %12s %5s %13s %11s  %s\n", "method", "knobs",
               o.max_seq_len ? "max S" : "S", "fits", "device GiB", "host GiB",
               "limit (its largest tag)");
@@ -279,6 +291,9 @@ Runner add_plan(CLI::App& cmd) {
       ->check(number_in(0, 1048576))
       ->group("");
   cmd.add_flag("--max-seq-len", opt->max_seq_len, "find the longest S that fits");
+  cmd.add_option("--doc-lens", opt->doc_lens,
+                 "every sequence as packed documents: lengths a,b,c summing to --seq-len, or a "
+                 ".npy/.bin file of them (the documents' mask, tag docs, in every rank's plan)");
   cmd.add_flag("--json", opt->json, "JSON output");
   cmd.footer(
       "--method all plans every method; a knob set to auto (--stage-heads auto, --chunks auto, "

@@ -1,7 +1,10 @@
 // `upipe tokenize IN.txt OUT.bin`: the byte-level tokenizer (one token per byte, vocabulary 256)
 // into an llm.c .bin file that `upipe train` (data.kind = "files") and `upipe eval --tokens`
-// read. One process does the work; run it without mpirun (under mpirun, rank 0 writes).
+// read. `upipe tokenize DIR OUT`: every file of DIR one document, into the Megatron indexed
+// dataset OUT.bin + OUT.idx that `upipe train` reads with data.documents = "index". One process
+// does the work; run it without mpirun (under mpirun, rank 0 writes).
 #include <cstdio>
+#include <filesystem>
 
 #include "apps/upipe/commands.h"
 #include "train/tokenizer.h"
@@ -15,6 +18,15 @@ struct Options {
 
 int run(Process& proc, const Options& opt) {
   if (!proc.root()) return 0;
+  std::error_code ec;
+  if (std::filesystem::is_directory(opt.in, ec)) {
+    const TokenizedDocuments r = tokenize_documents(opt.in, opt.out);
+    std::printf(
+        "%s: %lld documents, %lld tokens (bytes, vocabulary %lld) written to %s.bin + %s.idx\n",
+        opt.in.c_str(), static_cast<long long>(r.documents), static_cast<long long>(r.tokens),
+        static_cast<long long>(kByteVocab), r.prefix.c_str(), r.prefix.c_str());
+    return 0;
+  }
   const int64_t n = tokenize_bytes(opt.in, opt.out);
   std::printf("%s: %lld tokens (bytes, vocabulary %lld) written to %s\n", opt.in.c_str(),
               static_cast<long long>(n), static_cast<long long>(kByteVocab), opt.out.c_str());
@@ -25,8 +37,12 @@ int run(Process& proc, const Options& opt) {
 
 Runner add_tokenize(CLI::App& cmd) {
   auto opt = std::make_shared<Options>();
-  cmd.add_option("IN", opt->in, "text file (any bytes)")->required();
-  cmd.add_option("OUT", opt->out, "llm.c .bin token file to write (uint16 ids)")->required();
+  cmd.add_option("IN", opt->in, "text file (any bytes), or a directory: one document per file")
+      ->required();
+  cmd.add_option("OUT", opt->out,
+                 "llm.c .bin token file to write (uint16 ids); for a directory, the prefix of "
+                 "OUT.bin + OUT.idx (a Megatron indexed dataset)")
+      ->required();
   return [opt](Process& p) { return run(p, *opt); };
 }
 

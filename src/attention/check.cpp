@@ -1,6 +1,7 @@
 #include "attention/check.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <cmath>
 #include <map>
@@ -81,28 +82,28 @@ std::vector<const Mat*> outputs(const BlockTensors& t, int n) {
   return v;
 }
 
-// The inputs are a pure function of (config, seed), so the oracle is computed once per process
-// and configuration: the multi-rank table compares many strategies with the same `local` run,
-// and the naive fp64 block dominates a test case's time.
-const Oracle& oracle(const AttentionConfig& cfg, uint64_t seed, bool with_fp64) {
-  static std::map<std::string, Oracle> cache;
-  const RopeScaling& rs = cfg.rope.scaling;
-  const std::string key = fmt::format(
-      "{} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {}", cfg.seq_len, cfg.heads, cfg.kv_heads,
-      cfg.head_dim, cfg.model_dim(), dtype_name(cfg.dtype), cfg.fp32_residual, cfg.qk_norm,
-      cfg.norm_eps, cfg.rope.theta, rs.enabled, rs.factor, rs.low_freq_factor, rs.high_freq_factor,
-      rs.original_max_position, seed);
-  Oracle& o = cache[key];
-  if (!o.want.empty() && (o.local_err || !with_fp64)) return o;
+// One piece of the oracle: `local` on the rows [start, start + len) alone (the whole sequence, or
+// one document), and with_fp64 the naive fp64 block on the same inputs. Its y, dx rows go to rows
+// start.. of `want` / `r64`, its weight gradients are added to theirs.
+void add_piece(const AttentionConfig& whole, uint64_t seed, bool with_fp64, int64_t start,
+               int64_t len, std::vector<std::vector<double>>& want,
+               std::vector<std::vector<double>>& r64) {
+  AttentionConfig cfg = whole;
+  cfg.seq_len = len;
   const int n = tensor_count(cfg);
   Device odev;
   FakeCommunicator one(0, 1);
   LocalAttention local({odev, one, cfg});
-  BlockTensors lt = make_block_tensors(odev, cfg, RowPositions::contiguous(cfg.seq_len, 0), seed);
+  BlockTensors lt = make_block_tensors(odev, cfg, RowPositions{{{len, start}}}, seed);
   run_block(local, odev, lt);
-  o.want.clear();
-  for (const Mat* m : outputs(lt, n)) o.want.push_back(read_all(odev, *m));
-  if (!with_fp64) return o;
+  // Rows of y, dx are placed; gradients summed.
+  auto add = [&](std::vector<double>& dst, int i, const std::vector<double>& src) {
+    const int64_t off = i < 2 ? start * int64_t(src.size()) / len : 0;
+    for (size_t e = 0; e < src.size(); ++e) dst[size_t(off) + e] += src[e];
+  };
+  const std::vector<const Mat*> outs = outputs(lt, n);
+  for (int i = 0; i < n; ++i) add(want[size_t(i)], i, read_all(odev, *outs[size_t(i)]));
+  if (!with_fp64) return;
   ref::BlockData<double> b;
   b.x = read_all(odev, lt.x);
   b.dy = read_all(odev, lt.dy);
@@ -115,9 +116,47 @@ const Oracle& oracle(const AttentionConfig& cfg, uint64_t seed, bool with_fp64) 
     b.wkn = read_all(odev, lt.wkn);
   }
   ref::attention_block<double>(cfg, b);
-  const std::vector<double>* r64[] = {&b.y, &b.dx, &b.gq, &b.gk, &b.gv, &b.go, &b.gqn, &b.gkn};
+  const std::vector<double>* got[] = {&b.y, &b.dx, &b.gq, &b.gk, &b.gv, &b.go, &b.gqn, &b.gkn};
+  for (int i = 0; i < n; ++i) add(r64[size_t(i)], i, *got[i]);
+}
+
+// The inputs are a pure function of (config, seed), so the oracle is computed once per process
+// and configuration (and documents): the multi-rank table compares many strategies with the same
+// `local` run, and the naive fp64 block dominates a test case's time.
+const Oracle& oracle(const AttentionConfig& cfg, uint64_t seed, bool with_fp64,
+                     const std::vector<int64_t>& doc_lens) {
+  static std::map<std::string, Oracle> cache;
+  const RopeScaling& rs = cfg.rope.scaling;
+  const std::string key = fmt::format(
+      "{} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} docs {}", cfg.seq_len, cfg.heads,
+      cfg.kv_heads, cfg.head_dim, cfg.model_dim(), dtype_name(cfg.dtype), cfg.fp32_residual,
+      cfg.qk_norm, cfg.norm_eps, cfg.rope.theta, rs.enabled, rs.factor, rs.low_freq_factor,
+      rs.high_freq_factor, rs.original_max_position, seed, fmt::join(doc_lens, ","));
+  Oracle& o = cache[key];
+  if (!o.want.empty() && (o.local_err || !with_fp64)) return o;
+  const int n = tensor_count(cfg);
+  const int64_t dm = cfg.model_dim(), qd = cfg.q_dim(), kd = cfg.kv_dim(), d = cfg.head_dim;
+  const int64_t sizes[] = {cfg.seq_len * dm, cfg.seq_len * dm, qd * dm, kd * dm,
+                           kd * dm,          dm * qd,          d,       d};
+  std::vector<std::vector<double>> want, r64;
+  for (int i = 0; i < n; ++i) {
+    want.emplace_back(size_t(sizes[i]), 0.0);
+    r64.emplace_back(with_fp64 ? size_t(sizes[i]) : 0, 0.0);
+  }
+  if (doc_lens.empty()) {
+    add_piece(cfg, seed, with_fp64, 0, cfg.seq_len, want, r64);
+  } else {
+    int64_t start = 0;
+    for (int64_t len : doc_lens) {
+      add_piece(cfg, seed, with_fp64, start, len, want, r64);
+      start += len;
+    }
+  }
+  o.want = std::move(want);
+  if (!with_fp64) return o;
   o.local_err.emplace(size_t(n), 0.0);
-  for (int i = 0; i < n; ++i) (*o.local_err)[size_t(i)] = max_diff(o.want[size_t(i)], *r64[i]);
+  for (int i = 0; i < n; ++i)
+    (*o.local_err)[size_t(i)] = max_diff(o.want[size_t(i)], r64[size_t(i)]);
   return o;
 }
 
@@ -127,6 +166,9 @@ CheckResult check_strategy(const AttentionConfig& cfg, Communicator& world,
                            const CheckOptions& opt) {
   Device dev({BackendKind::kCpu, opt.device_budget, opt.device_budget});
   auto strat = make_strategy({dev, world, cfg});
+  const bool docs = opt.doc_lens.size() > 1;  // one document is the plain sequence
+  if (docs)
+    strat->set_documents(std::make_shared<const Documents>(opt.doc_lens, cfg.seq_len));
   const SeqLayout layout = strat->layout();
   BlockTensors t = make_block_tensors(dev, cfg, layout.positions(world.rank()), opt.seed);
   world.reset_stats();
@@ -158,7 +200,8 @@ CheckResult check_strategy(const AttentionConfig& cfg, Communicator& world,
   // with KV heads replicated over ranks (K < C) those that depend on the replicas' dK/dV sums,
   // added in another order than local's single accumulation; and always the QK-norm weight
   // gradients, (1, d) sums of S x heads terms whose order follows the sharding.
-  const AttentionStrategy::ErrorClass ec = strat->error_class();
+  const AttentionStrategy::ErrorClass ec =
+      docs ? AttentionStrategy::ErrorClass::kMerge : strat->error_class();
   auto merged = [&](int i) {
     const std::string nm = kNames[i];
     return ec == AttentionStrategy::ErrorClass::kMerge || nm == "dwqn" || nm == "dwkn" ||
@@ -168,7 +211,10 @@ CheckResult check_strategy(const AttentionConfig& cfg, Communicator& world,
   const std::string merge_rule = "err <= 4 |local - fp64| + the data-movement bound";
   const std::string move_rule =
       "err <= 16 eps_fp32 max|local| (fp32 tensors), 2 eps_bf16 max|local| (bf16 y, dx)";
-  if (ec == AttentionStrategy::ErrorClass::kMerge)
+  if (docs)
+    res.rule = "packed documents against each document alone, merge (every tensor): " + merge_rule +
+               "; data movement bound: " + move_rule;
+  else if (ec == AttentionStrategy::ErrorClass::kMerge)
     res.rule = "merge (every tensor): " + merge_rule + "; data movement bound: " + move_rule;
   else if (ec == AttentionStrategy::ErrorClass::kReplicaSums)
     res.rule = std::string("merge for dx, dwk, dwv (replicated KV heads' gradient sums)") +
@@ -183,7 +229,8 @@ CheckResult check_strategy(const AttentionConfig& cfg, Communicator& world,
   for (int i = 0; i < n; ++i) any_merge = any_merge || merged(i);
   std::vector<double> verdict(size_t(1 + 2 * n), 0.0);  // passed, then err and tolerance each
   if (world.rank() == 0) {
-    const Oracle& o = oracle(cfg, opt.seed, any_merge);
+    const Oracle& o =
+        oracle(cfg, opt.seed, any_merge, docs ? opt.doc_lens : std::vector<int64_t>{});
     bool ok = true;
     for (int i = 0; i < n; ++i) {
       const std::vector<double>& want = o.want[size_t(i)];

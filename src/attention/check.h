@@ -14,6 +14,11 @@
 //       movement bound for the others;
 //   the QK-norm weight gradients dWqn, dWkn always take the merge bound: each is a (1, d) sum
 //   of S x heads terms, added in an order that follows the sharding.
+// Packed documents (CheckOptions::doc_lens): the oracle is each document run alone through
+// `local` (its rows of y and dx; the weight gradients summed over the documents, in fp64), and
+// every tensor takes the merge rule with |local - fp64| measured per document the same way: a
+// document's keys start at another key tile of the packed sequence than of the document alone,
+// so the online softmax rescales at other keys. A single document is the plain sequence.
 // CheckResult::rule states the rule applied.
 // Tensors: y, dx, dwq, dwk, dwv, dwo, and dwqn, dwkn with QK-norm.
 // Every rank returns the same result. Rank 0 computes the oracle (local, and the fp64 block for
@@ -23,6 +28,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "attention/strategy.h"
 
@@ -31,6 +37,7 @@ namespace upipe {
 struct CheckOptions {
   uint64_t seed = 1;
   int64_t device_budget = int64_t(1) << 40;
+  std::vector<int64_t> doc_lens = {};  // the documents' lengths (sum S); empty: one document
 };
 
 struct CheckResult {

@@ -2,13 +2,27 @@
 
 namespace upipe {
 
-void LocalCore::forward(const AttnProblem& p, const Mat& o, const Mat& lse) {
-  attention_forward(dev_, p, o, lse);
+namespace {
+
+// p with the whole sequence's documents on its q and k rows (both cover the sequence in order).
+AttnProblem with_mask(AttnProblem p, const DocMask* mask) {
+  if (mask) p.q_docs = p.k_docs = mask->list(0);
+  return p;
 }
 
-void LocalCore::backward(const AttnProblem& p, const Mat& dout, const Mat& lse, const Mat& delta,
-                         const Mat& dq, const Mat& dk, const Mat& dv) {
-  attention_backward(dev_, p, dout, lse, delta, dq, dk, dv);
+}  // namespace
+
+void LocalCore::forward(const AttnProblem& p, const DocMask* mask, const Mat& o, const Mat& lse) {
+  attention_forward(dev_, with_mask(p, mask), o, lse);
+}
+
+void LocalCore::backward(const AttnProblem& p, const DocMask* mask, const Mat& dout, const Mat& lse,
+                         const Mat& delta, const Mat& dq, const Mat& dk, const Mat& dv) {
+  attention_backward(dev_, with_mask(p, mask), dout, lse, delta, dq, dk, dv);
+}
+
+std::vector<RowPositions> LocalCore::mask_views(const Documents& d) const {
+  return {RowPositions::contiguous(d.seq_len(), 0)};
 }
 
 int64_t LocalCore::forward_bytes(int, int) const {

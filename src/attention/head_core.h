@@ -2,9 +2,14 @@
 // resident k, v (n, hk*d) over the n tokens its all-to-all group holds. LocalCore calls the
 // kernel on the whole sequence (Ulysses, UPipe); a ring core (USP, UPipe+ring) rotates K/V
 // between groups. The core also reports the device bytes it allocates and the messages it
-// sends, for the formulas.
+// sends, for the formulas. With packed documents the strategy builds the mask metadata of the
+// core's views once per forward or backward (mask_views) and hands it to every call.
 #pragma once
 
+#include <memory>
+#include <vector>
+
+#include "attention/documents.h"
 #include "backend/attention.h"
 #include "backend/device.h"
 #include "comm/communicator.h"
@@ -15,11 +20,17 @@ class HeadCore {
  public:
   virtual ~HeadCore() = default;
   // p.q, p.k, p.v are head-sharded views; positions in p are ignored by cores that know their
-  // own token placement.
-  virtual void forward(const AttnProblem& p, const Mat& o, const Mat& lse) = 0;
+  // own token placement. mask: the documents' mask of mask_views (null: one document).
+  virtual void forward(const AttnProblem& p, const DocMask* mask, const Mat& o, const Mat& lse) = 0;
   // Accumulates into fp32 dq, dk, dv.
-  virtual void backward(const AttnProblem& p, const Mat& dout, const Mat& lse, const Mat& delta,
-                        const Mat& dq, const Mat& dk, const Mat& dv) = 0;
+  virtual void backward(const AttnProblem& p, const DocMask* mask, const Mat& dout, const Mat& lse,
+                        const Mat& delta, const Mat& dq, const Mat& dk, const Mat& dv) = 0;
+  // The documents of the following calls (null: one document); a core that places rows by them
+  // (the ring core) refreshes its placement.
+  virtual void set_documents(std::shared_ptr<const Documents>) {}
+  // The global rows of each view the core's mask has a list for: the whole sequence in order for
+  // a local core, every ring member's rows for a ring core.
+  virtual std::vector<RowPositions> mask_views(const Documents& d) const = 0;
   // Peak bytes allocated inside one forward / backward call with hq query and hk KV heads.
   virtual int64_t forward_bytes(int hq, int hk) const = 0;
   virtual int64_t backward_bytes(int hq, int hk) const = 0;
@@ -33,9 +44,10 @@ class HeadCore {
 class LocalCore final : public HeadCore {
  public:
   LocalCore(Device& dev, int d, DType t) : dev_(dev), d_(d), t_(t) {}
-  void forward(const AttnProblem& p, const Mat& o, const Mat& lse) override;
-  void backward(const AttnProblem& p, const Mat& dout, const Mat& lse, const Mat& delta,
-                const Mat& dq, const Mat& dk, const Mat& dv) override;
+  void forward(const AttnProblem& p, const DocMask* mask, const Mat& o, const Mat& lse) override;
+  void backward(const AttnProblem& p, const DocMask* mask, const Mat& dout, const Mat& lse,
+                const Mat& delta, const Mat& dq, const Mat& dk, const Mat& dv) override;
+  std::vector<RowPositions> mask_views(const Documents& d) const override;
   int64_t forward_bytes(int, int) const override;
   int64_t backward_bytes(int, int) const override;
 

@@ -88,6 +88,7 @@ struct HeadwiseAttention::Buffers {
   Tensor rmax, rsum;  // (m, n) fp32: running max and sum (N > 1); rsum holds delta in backward
   Tensor dout;        // (n, m*d)                                          attn_grad (backward)
   Tensor delta;       // (m, n) fp32 (N = 1, backward)                     attn_grad
+  DocMask mask;       // packed documents: the core's views' spans           docs
   const Mat& delta_of(int n) const { return n > 1 ? rsum.mat() : delta.mat(); }
 };
 // Besides these, an FpAccumulator of the chunk's rows of y or dx when those are not fp32.
@@ -116,15 +117,11 @@ SeqLayout own_layout(const StrategyContext& ctx, int chunks) {
 HeadwiseAttention::HeadwiseAttention(const StrategyContext& ctx, int stage_heads, int chunks)
     : AttentionStrategy(ctx),
       a2a_(&ctx.comm),
-      layout_(own_layout(ctx, chunks)),
+      base_layout_(own_layout(ctx, chunks)),
       sch_(make_upipe_schedule(ctx.cfg, ctx.comm.size(), stage_heads)),
       n_(chunks),
       core_(std::make_unique<LocalCore>(ctx.dev, ctx.cfg.head_dim, ctx.cfg.dtype)) {
-  const RowPositions pos = layout_.positions(ctx.comm.rank());
-  if (n_ == 1)
-    chunk_pos_.push_back(pos);
-  else
-    for (const RowPositions::Run& run : pos.runs) chunk_pos_.push_back(RowPositions{{run}});
+  documents_changed();
 }
 
 HeadwiseAttention::HeadwiseAttention(const StrategyContext& ctx, int stage_heads,
@@ -132,11 +129,39 @@ HeadwiseAttention::HeadwiseAttention(const StrategyContext& ctx, int stage_heads
     : AttentionStrategy(ctx),
       own_a2a_(std::move(group.comm)),
       a2a_(own_a2a_.get()),
-      layout_(group.layout),
+      base_layout_(group.layout),
       sch_(make_upipe_schedule(ctx.cfg, a2a_->size(), stage_heads)),
       n_(1),
-      core_(std::move(group.core)),
-      chunk_pos_{layout_.positions(ctx.comm.rank())} {}
+      core_(std::move(group.core)) {
+  documents_changed();
+}
+
+// The layout (the grid's depends on the documents), this rank's rows per chunk (N > 1: one run
+// of the chunked layout each) and their RoPE positions.
+void HeadwiseAttention::documents_changed() {
+  layout_ = with_documents(base_layout_, docs_);
+  core_->set_documents(docs_);
+  const RowPositions pos = layout_.positions(comm().rank());
+  chunk_pos_.clear();
+  if (n_ == 1)
+    chunk_pos_.push_back(pos);
+  else
+    for (const RowPositions::Run& run : pos.runs) chunk_pos_.push_back(RowPositions{{run}});
+  rope_pos_.clear();
+  for (const RowPositions& p : chunk_pos_) rope_pos_.push_back(rope_positions(p));
+}
+
+int HeadwiseAttention::first_key_chunk(int i) const {
+  if (!docs_) return 0;
+  const int64_t chunk = cfg().seq_len / n_;
+  return int(docs_->start(docs_->doc_of(i * chunk)) / chunk);
+}
+
+int HeadwiseAttention::last_query_chunk(int j) const {
+  for (int i = n_ - 1; i > j; --i)
+    if (first_key_chunk(i) <= j) return i;
+  return j;
+}
 
 // Data movement keeps local's reduction order up to a few sums, except where partial results
 // are combined: online softmax over key chunks or a ring core's merge, and K < C, where the
@@ -173,6 +198,7 @@ HeadwiseAttention::Buffers HeadwiseAttention::allocate(bool backward) const {
   }
   if (backward) b.dout = Tensor(mem, Tag::kAttnGrad, t, n, md);
   if (backward && n_ == 1) b.delta = Tensor(mem, Tag::kAttnGrad, f32, sch_.m, n);
+  if (docs_) b.mask = DocMask(dev(), *docs_, core_->mask_views(*docs_));
   return b;
 }
 
@@ -195,7 +221,7 @@ void HeadwiseAttention::project_set(const Mat& x, const AttentionWeights& w, int
                                     Buffers& b, const Host& h) {
   const int64_t rows = x.rows / n_;
   const Slot& s = b.slot[0];
-  project_kv(env(), x.rows_of(chunk * rows, rows), chunk_pos_[size_t(chunk)], w, set, b.a2a, s.k,
+  project_kv(env(), x.rows_of(chunk * rows, rows), rope_pos_[size_t(chunk)], w, set, b.a2a, s.k,
              s.v);
   if (n_ == 1) return;
   dev().copy(host_block(h.k, s.k.bytes(), n_, set, chunk), s.k.data(), s.k.bytes(),
@@ -226,32 +252,38 @@ void HeadwiseAttention::store_grads(const Host& h, int set, int chunk, const Slo
 }
 
 // Query chunk qi of run r against key chunk kj held in kv, at their global positions (N = 1:
-// row 0 is position 0, or the core knows its own placement).
+// row 0 is position 0, or the core knows its own placement), with N > 1 their rows of the whole
+// sequence's document mask (N = 1: the core applies the mask).
 AttnProblem HeadwiseAttention::problem(const HeadRun& r, const Buffers& b, const Slot& kv, int qi,
                                        int kj) const {
   const int64_t n = b.q.rows();
   AttnProblem p = run_problem(r, b.q, kv.k, kv.v, cfg().head_dim);
   p.q_pos0 = qi * n;
   p.k_pos0 = kj * n;
+  if (docs_ && n_ > 1) {
+    p.q_docs = b.mask.list(0).shifted(qi * n);
+    p.k_docs = b.mask.list(0).shifted(kj * n);
+  }
   return p;
 }
 
-// N > 1: online softmax over key chunks 0..i, double-buffered: chunk j+1 is fetched into the
-// other slot before chunk j is used, which a device with asynchronous copies overlaps with the
-// attention of chunk j (on CPU copies are memcpy).
+// N > 1: online softmax over key chunks first_key_chunk(i)..i, double-buffered: chunk j+1 is
+// fetched into the other slot before chunk j is used, which a device with asynchronous copies
+// overlaps with the attention of chunk j (on CPU copies are memcpy).
 void HeadwiseAttention::attend_forward(int stage, int i, Buffers& b, const Host& h) {
   const int set = sch_.set_of(stage), d = cfg().head_dim;
   const std::vector<HeadRun> runs = head_runs(sch_, stage);
   if (n_ == 1) {
     for (const HeadRun& r : runs)
-      core_->forward(problem(r, b, b.slot[0], 0, 0),
+      core_->forward(problem(r, b, b.slot[0], 0, 0), docs_ ? &b.mask : nullptr,
                      b.o.mat().cols_of(int64_t(r.q0) * d, int64_t(r.nh) * d),
                      b.lse.mat().rows_of(r.q0, r.nh));
     return;
   }
   attention_accumulate_init(dev(), b.acc, b.rmax, b.rsum);
-  fetch_kv(h, set, 0, b.slot[0]);
-  for (int j = 0; j <= i; ++j) {
+  const int j0 = first_key_chunk(i);
+  fetch_kv(h, set, j0, b.slot[j0 % 2]);
+  for (int j = j0; j <= i; ++j) {
     if (j < i) fetch_kv(h, set, j + 1, b.slot[(j + 1) % 2]);
     const Slot& kv = b.slot[j % 2];
     for (const HeadRun& r : runs)
@@ -263,9 +295,9 @@ void HeadwiseAttention::attend_forward(int stage, int i, Buffers& b, const Host&
 }
 
 // N > 1: each key chunk is fetched with its offloaded accumulators, double buffered as in
-// forward, and the accumulators go back to the host. The last query chunk is processed first:
-// its set's first stage is the first to touch each key chunk's accumulators, which then start
-// from zero instead of the host.
+// forward, and the accumulators go back to the host. Query chunks are processed from the last:
+// the first to read key chunk j is last_query_chunk(j) (the last chunk with one document), and
+// its set's first stage starts j's accumulators from zero instead of the host.
 void HeadwiseAttention::attend_backward(int stage, int i, Buffers& b, const Host& h) {
   const int set = sch_.set_of(stage), d = cfg().head_dim;
   const std::vector<HeadRun> runs = head_runs(sch_, stage);
@@ -277,7 +309,7 @@ void HeadwiseAttention::attend_backward(int stage, int i, Buffers& b, const Host
     const Mat delta = b.delta_of(n_).rows_of(r.q0, r.nh), dq = b.acc.mat().cols_of(qc, qn);
     const Mat dk = kv.dk.mat().cols_of(kc, kn), dv = kv.dv.mat().cols_of(kc, kn);
     if (n_ == 1)
-      core_->backward(p, dout, lse, delta, dq, dk, dv);
+      core_->backward(p, docs_ ? &b.mask : nullptr, dout, lse, delta, dq, dk, dv);
     else
       attention_backward(dev(), p, dout, lse, delta, dq, dk, dv);
   };
@@ -286,18 +318,18 @@ void HeadwiseAttention::attend_backward(int stage, int i, Buffers& b, const Host
     for (const HeadRun& r : runs) run_kernel(r, b.slot[0], 0);
     return;
   }
-  const bool first_touch = i == n_ - 1 && sch_.starts_set(stage);
   auto load = [&](int j, const Slot& slot) {
     fetch_kv(h, set, j, slot);
-    if (first_touch) {
+    if (i == last_query_chunk(j) && sch_.starts_set(stage)) {
       zero(dev(), slot.dk);
       zero(dev(), slot.dv);
     } else {
       fetch_grads(h, set, j, slot);
     }
   };
-  load(0, b.slot[0]);
-  for (int j = 0; j <= i; ++j) {
+  const int j0 = first_key_chunk(i);
+  load(j0, b.slot[j0 % 2]);
+  for (int j = j0; j <= i; ++j) {
     if (j < i) load(j + 1, b.slot[(j + 1) % 2]);
     const Slot& kv = b.slot[j % 2];
     for (const HeadRun& r : runs) run_kernel(r, kv, j);
@@ -318,7 +350,7 @@ void HeadwiseAttention::forward(const Mat& x, const AttentionWeights& w, const M
     for (int s = 0; s < sch_.stages(); ++s) {
       // Key chunks < i of the set were projected (and offloaded) in earlier query chunks.
       if (sch_.starts_set(s)) project_set(x, w, sch_.set_of(s), i, b, h);
-      project_q(env(), xi, chunk_pos_[size_t(i)], w, s, b.a2a, b.q);
+      project_q(env(), xi, rope_pos_[size_t(i)], w, s, b.a2a, b.q);
       attend_forward(s, i, b, h);
       a2a_comm().all_to_all(b.o.data(), b.a2a.data(), mat_bytes(rows, md, c.dtype));
       accumulate_out(env(), w.wo, s, b.a2a, yacc.target(), s == 0 ? yacc.beta() : 1.0f);
@@ -341,7 +373,7 @@ void HeadwiseAttention::backward(const Mat& x, const Mat& dy, const AttentionWei
   }
   for (int i = n_ - 1; i >= 0; --i) {
     const Mat xi = x.rows_of(i * rows, rows), dyi = dy.rows_of(i * rows, rows);
-    const RowPositions& pos = chunk_pos_[size_t(i)];
+    const RowPositions& pos = rope_pos_[size_t(i)];
     FpAccumulator dxacc(dev(), dx.rows_of(i * rows, rows), dx_beta, Tag::kAttnGrad);  // as y
     const float gbeta = i == n_ - 1 ? dw_beta : 1.0f;  // weight gradients sum over chunks
     for (int s = 0; s < sch_.stages(); ++s) {
@@ -384,7 +416,7 @@ void HeadwiseAttention::backward(const Mat& x, const Mat& dy, const AttentionWei
 
 int64_t headwise_attn_peak_bytes(const Backend& be, const AttentionConfig& c,
                                  const UpipeSchedule& s, const HeadCore& core, int ranks,
-                                 int chunks) {
+                                 int chunks, const Documents* docs) {
   const int64_t rows = c.seq_len / ranks / chunks, n = rows * s.ranks, d = c.head_dim;
   const int64_t dm = c.model_dim(), md = int64_t(s.m) * d, rd = int64_t(s.kv_per_rank) * d;
   const int64_t pd = s.replicated() ? d : rd;  // rows of Wk/Wv one projection GEMM produces
@@ -413,11 +445,12 @@ int64_t headwise_attn_peak_bytes(const Backend& be, const AttentionConfig& c,
   // Online softmax (N > 1): the running sum, max and sum; rsum doubles as delta in backward.
   const int64_t online = chunks > 1 ? acc + 2 * stat : 0;
   const int64_t out_acc = FpAccumulator::bytes(rows, dm, c.out_dtype());  // y / dx rows
-  const int64_t fwd = kv + n * md * dtype_size(t) + qo + stat + online + out_acc + ws_fwd;
+  const int64_t mask = docs ? DocMask::bytes(*docs, core.mask_views(*docs)) : 0;
+  const int64_t fwd = kv + n * md * dtype_size(t) + qo + stat + online + out_acc + ws_fwd + mask;
   // Backward: lse and delta (N = 1) or lse, max and sum-as-delta (N > 1); do; dq.
   const int64_t bwd_stats = (chunks > 1 ? 3 : 2) * stat;
   const int64_t bwd =
-      kv + dkv + n * md * 4 + qo + bwd_stats + mat_bytes(n, md, t) + acc + out_acc + ws_bwd;
+      kv + dkv + n * md * 4 + qo + bwd_stats + mat_bytes(n, md, t) + acc + out_acc + ws_bwd + mask;
   return std::max(fwd, bwd);
 }
 
@@ -428,7 +461,8 @@ int64_t headwise_host_peak_bytes(const AttentionConfig& c, const UpipeSchedule& 
 }
 
 int64_t HeadwiseAttention::attn_formula_bytes() const {
-  return headwise_attn_peak_bytes(dev().backend(), cfg(), sch_, *core_, comm().size(), n_);
+  return headwise_attn_peak_bytes(dev().backend(), cfg(), sch_, *core_, comm().size(), n_,
+                                  documents());
 }
 
 int64_t HeadwiseAttention::host_formula_bytes() const {

@@ -18,6 +18,11 @@
 // online softmax. Backward walks the query chunks from last to first and keeps dK/dV
 // accumulators on the host; a (set, chunk) is complete, and returns, when its set's last stage
 // of that query chunk is done. Device buffers scale with S/N and U, not S or H.
+// Packed documents: after the all-to-all a rank holds whole documents for its heads, so the
+// kernel masks them through one DocMask per forward or backward (tag docs) that every stage and
+// chunk shares; RoPE runs at positions inside the documents. FPDT skips the key chunks that share
+// no document with the query chunk, and their fetches: query chunk i reads key chunks
+// first_key_chunk(i)..i, the chunk holding the start of the document at chunk i's first row.
 // docs/strategies.md and docs/strategies-fpdt.md have the schedules, the memory formulas and the
 // communication volume.
 #pragma once
@@ -80,6 +85,11 @@ class HeadwiseAttention final : public AttentionStrategy {
   void fetch_grads(const Host& h, int set, int chunk, const Slot& s);
   void store_grads(const Host& h, int set, int chunk, const Slot& s);
   AttnProblem problem(const HeadRun& r, const Buffers& b, const Slot& kv, int qi, int kj) const;
+  void documents_changed() override;
+  // The first key chunk query chunk i reads (0 with one document) and the last query chunk that
+  // reads key chunk j (N - 1 with one document).
+  int first_key_chunk(int i) const;
+  int last_query_chunk(int j) const;
   // o, lse of the stage's heads over query chunk i (N = 1: the whole shard).
   void attend_forward(int stage, int i, Buffers& b, const Host& h);
   // dq (into b.acc) of the stage's heads over query chunk i, and dK/dV contributions.
@@ -87,18 +97,21 @@ class HeadwiseAttention final : public AttentionStrategy {
 
   std::unique_ptr<Communicator> own_a2a_;  // the Ulysses group, when not the CP group itself
   Communicator* a2a_;                      // where the all-to-all runs
-  SeqLayout layout_;
+  SeqLayout base_layout_;                  // without documents
+  SeqLayout layout_;                       // with the current documents
   UpipeSchedule sch_;
   int n_;  // N
   std::unique_ptr<HeadCore> core_;
   std::vector<RowPositions> chunk_pos_;  // global positions of this rank's rows of each chunk
+  std::vector<RowPositions> rope_pos_;   // their RoPE positions (inside their documents)
 };
 
 // Per-rank peak of the attention intermediates in the device arena on a CP group of `ranks`
-// ranks, the all-to-all over s.ranks of them, with N sequence chunks.
+// ranks, the all-to-all over s.ranks of them, with N sequence chunks, and documents `docs` (null:
+// one document; their mask adds DocMask::bytes of the core's views).
 int64_t headwise_attn_peak_bytes(const Backend& be, const AttentionConfig& cfg,
                                  const UpipeSchedule& s, const HeadCore& core, int ranks,
-                                 int chunks);
+                                 int chunks, const Documents* docs = nullptr);
 // Per-rank peak of the host (offload) arena: with N > 1 the K/V of every chunk, plus fp32
 // dK/dV in backward; 0 with N = 1.
 int64_t headwise_host_peak_bytes(const AttentionConfig& cfg, const UpipeSchedule& s, int chunks);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <numeric>
 
+#include "attention/documents.h"
 #include "backend/device.h"
 #include "backend/tensor_ops.h"
 #include "comm/communicator.h"
@@ -38,8 +39,43 @@ const char* SeqLayout::name() const {
   return "?";
 }
 
+int SeqLayout::ring_members() const {
+  if (kind == LayoutKind::kZigzag) return ranks;
+  if (kind == LayoutKind::kZigzagGrid) return ranks / ulysses_degree;
+  return 1;
+}
+
+SeqLayout with_documents(SeqLayout l, std::shared_ptr<const Documents> docs) {
+  l.docs = packed(docs) ? std::move(docs) : nullptr;
+  l.placed = nullptr;
+  const bool zigzag = l.kind == LayoutKind::kZigzag || l.kind == LayoutKind::kZigzagGrid;
+  if (l.docs && zigzag) {
+    UPIPE_CHECK(l.docs->seq_len() == l.seq_len, "documents of {} rows for a sequence of {}",
+                l.docs->seq_len(), l.seq_len);
+    l.placed = std::make_shared<const std::vector<RowPositions>>(
+        place_documents(*l.docs, l.ring_members()));
+  }
+  return l;
+}
+
+RowPositions slice_rows(const RowPositions& rows, int64_t lo, int64_t hi) {
+  RowPositions out;
+  int64_t r = 0;
+  for (const RowPositions::Run& run : rows.runs) {
+    const int64_t a = std::max(lo, r), b = std::min(hi, r + run.rows);
+    if (a < b) out.runs.push_back({b - a, run.pos + a - r});
+    r += run.rows;
+  }
+  return out;
+}
+
 RowPositions SeqLayout::positions(int rank) const {
   UPIPE_CHECK(seq_len % divisor() == 0, "seq_len {} not divisible by {}", seq_len, divisor());
+  if (placed && kind == LayoutKind::kZigzag) return (*placed)[size_t(rank)];
+  if (placed && kind == LayoutKind::kZigzagGrid) {
+    const int64_t n = seq_len / ranks, j = rank % ulysses_degree;
+    return slice_rows((*placed)[size_t(rank / ulysses_degree)], j * n, (j + 1) * n);
+  }
   RowPositions p;
   switch (kind) {
     case LayoutKind::kContiguous:

@@ -13,14 +13,24 @@
 //               contiguous slices of its group's token list, so the group's all-to-all, which
 //               concatenates the members' rows, assembles exactly the group's zigzag shard.
 //               u = 1 is zigzag, u = C contiguous.
+// With packed documents (documents.h) the zigzag kinds place the documents instead
+// (place_documents: whole short documents, long ones cut as zigzag cuts one sequence, balancing
+// the causal work): rank r of zigzag, and group g of the grid, holds member r's (g's) rows of
+// that placement, the grid's members consecutive slices of it as above. Contiguous and chunked
+// layouts do not depend on the documents. Every layout keeps a rank's rows in ascending global
+// order.
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <vector>
 
 #include "backend/rope.h"
 #include "core/tensor.h"
 
 namespace upipe {
+
+class Documents;
 
 enum class LayoutKind { kContiguous, kZigzag, kChunked, kZigzagGrid };
 
@@ -30,6 +40,10 @@ struct SeqLayout {
   int ranks = 1;           // C
   int chunks = 1;          // N (chunked only)
   int ulysses_degree = 1;  // u: ranks per Ulysses group (zigzag grid only)
+  // Packed documents (null: one document) and, for the zigzag kinds, their placement over the
+  // ring members (with_documents sets both).
+  std::shared_ptr<const Documents> docs = nullptr;
+  std::shared_ptr<const std::vector<RowPositions>> placed = nullptr;
 
   int64_t local_rows() const { return seq_len / ranks; }
   // Global positions of rank r's rows, as runs.
@@ -37,7 +51,15 @@ struct SeqLayout {
   // Granularity S must be divisible by.
   int64_t divisor() const;
   const char* name() const;
+  // Ring members of the zigzag kinds (C, or C/u groups of the grid); 1 for the others.
+  int ring_members() const;
 };
+
+// `l` for a sequence of documents `docs` (null or one document: l unchanged, no documents).
+SeqLayout with_documents(SeqLayout l, std::shared_ptr<const Documents> docs);
+
+// Rows [lo, hi) of the rows `rows` lists (in list order), as runs.
+RowPositions slice_rows(const RowPositions& rows, int64_t lo, int64_t hi);
 
 class Communicator;
 class Device;

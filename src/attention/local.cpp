@@ -12,7 +12,7 @@ namespace upipe {
 LocalAttention::LocalAttention(const StrategyContext& ctx) : AttentionStrategy(ctx) {}
 
 SeqLayout LocalAttention::layout() const {
-  return SeqLayout{LayoutKind::kContiguous, cfg().seq_len, 1, 1};
+  return with_documents(SeqLayout{LayoutKind::kContiguous, cfg().seq_len, 1, 1}, docs_);
 }
 
 namespace {
@@ -24,25 +24,46 @@ struct Fwd {
   Tensor lse;      // (H, S) fp32
 };
 
-Fwd run_forward(Device& dev, const AttentionConfig& c, const Mat& x, const AttentionWeights& w) {
+// The whole sequence's rows, and its documents' mask (nothing for one document).
+struct LocalRows {
+  RowPositions rows, rope;
+  DocMask mask;
+  AttnProblem problem(const Fwd& f, const AttentionConfig& c, const Documents* docs) const {
+    AttnProblem p{f.q, f.k, f.v, c.heads, c.kv_heads, c.head_dim};
+    if (docs) p.q_docs = p.k_docs = mask.list(0);
+    return p;
+  }
+};
+
+LocalRows local_rows(Device& dev, int64_t s, const Documents* docs) {
+  LocalRows r;
+  r.rows = r.rope = RowPositions::contiguous(s, 0);
+  if (!docs) return r;
+  r.rope = docs->positions_in_documents(r.rows);
+  r.mask = DocMask(dev, *docs, std::span(&r.rows, 1));
+  return r;
+}
+
+Fwd run_forward(Device& dev, const AttentionConfig& c, const Mat& x, const AttentionWeights& w,
+                const LocalRows& rows, const Documents* docs) {
   const int64_t s = x.rows;
   Arena& mem = dev.mem();
   Fwd f;
   f.q = Tensor(mem, Tag::kQkv, c.dtype, s, c.q_dim());
   f.k = Tensor(mem, Tag::kQkv, c.dtype, s, c.kv_dim());
   f.v = Tensor(mem, Tag::kQkv, c.dtype, s, c.kv_dim());
-  seq_project_qkv(dev, c, x, w, RowPositions::contiguous(s, 0), f.q, f.k, f.v);
+  seq_project_qkv(dev, c, x, w, rows.rope, f.q, f.k, f.v);
   f.o = Tensor(mem, Tag::kAttnOut, c.dtype, s, c.q_dim());
   f.lse = Tensor(mem, Tag::kAttnOut, DType::kF32, c.heads, s);
-  AttnProblem p{f.q, f.k, f.v, c.heads, c.kv_heads, c.head_dim};
-  attention_forward(dev, p, f.o, f.lse);
+  attention_forward(dev, rows.problem(f, c, docs), f.o, f.lse);
   return f;
 }
 
 }  // namespace
 
 void LocalAttention::forward(const Mat& x, const AttentionWeights& w, const Mat& y, float beta) {
-  Fwd f = run_forward(dev(), cfg(), x, w);
+  const LocalRows rows = local_rows(dev(), x.rows, documents());
+  Fwd f = run_forward(dev(), cfg(), x, w, rows, documents());
   f.q.reset();
   f.k.reset();
   f.v.reset();
@@ -53,9 +74,9 @@ void LocalAttention::forward(const Mat& x, const AttentionWeights& w, const Mat&
 namespace {
 
 // The backward from the forward's q, k, v, o, lse (recomputed or kept), which it frees as it goes.
-void backward_from(Device& dev, const AttentionConfig& c, Fwd& f, const Mat& x, const Mat& dy,
-                   const AttentionWeights& w, const Mat& dx, const AttentionGrads& g, float dx_beta,
-                   float dw_beta) {
+void backward_from(Device& dev, const AttentionConfig& c, Fwd& f, const LocalRows& rows,
+                   const Documents* docs, const Mat& x, const Mat& dy, const AttentionWeights& w,
+                   const Mat& dx, const AttentionGrads& g, float dx_beta, float dw_beta) {
   const int64_t s = x.rows;
   Arena& mem = dev.mem();
   Tensor dout(mem, Tag::kAttnGrad, c.dtype, s, c.q_dim());
@@ -69,16 +90,14 @@ void backward_from(Device& dev, const AttentionConfig& c, Fwd& f, const Mat& x, 
   zero(dev, dq);
   zero(dev, dk);
   zero(dev, dv);
-  AttnProblem p{f.q, f.k, f.v, c.heads, c.kv_heads, c.head_dim};
-  attention_backward(dev, p, dout, f.lse, delta, dq, dk, dv);
+  attention_backward(dev, rows.problem(f, c, docs), dout, f.lse, delta, dq, dk, dv);
   dout.reset();
   delta.reset();
   f.lse.reset();
   f.q.reset();
   f.k.reset();
   f.v.reset();
-  seq_input_grads(dev, c, x, w, RowPositions::contiguous(s, 0), dq, dk, dv, dx, g, dx_beta,
-                  dw_beta);
+  seq_input_grads(dev, c, x, w, rows.rope, dq, dk, dv, dx, g, dx_beta, dw_beta);
 }
 
 struct LocalKept final : AttentionStash {
@@ -89,15 +108,17 @@ struct LocalKept final : AttentionStash {
 
 void LocalAttention::backward(const Mat& x, const Mat& dy, const AttentionWeights& w, const Mat& dx,
                               const AttentionGrads& g, float dx_beta, float dw_beta) {
-  Fwd f = run_forward(dev(), cfg(), x, w);
-  backward_from(dev(), cfg(), f, x, dy, w, dx, g, dx_beta, dw_beta);
+  const LocalRows rows = local_rows(dev(), x.rows, documents());
+  Fwd f = run_forward(dev(), cfg(), x, w, rows, documents());
+  backward_from(dev(), cfg(), f, rows, documents(), x, dy, w, dx, g, dx_beta, dw_beta);
 }
 
 std::unique_ptr<AttentionStash> LocalAttention::forward_stash(const Mat& x,
                                                               const AttentionWeights& w,
                                                               const Mat& y, float beta) {
   auto kept = std::make_unique<LocalKept>();
-  kept->f = run_forward(dev(), cfg(), x, w);
+  const LocalRows rows = local_rows(dev(), x.rows, documents());
+  kept->f = run_forward(dev(), cfg(), x, w, rows, documents());
   seq_out_project(dev(), kept->f.o, w.wo, y, beta);
   return kept;
 }
@@ -107,7 +128,8 @@ void LocalAttention::backward_stashed(std::unique_ptr<AttentionStash> kept, cons
                                       const AttentionGrads& g, float dx_beta, float dw_beta) {
   auto* mine = dynamic_cast<LocalKept*>(kept.get());
   UPIPE_CHECK(mine != nullptr, "local: backward_stashed needs what local's forward_stash stashed");
-  backward_from(dev(), cfg(), mine->f, x, dy, w, dx, g, dx_beta, dw_beta);
+  const LocalRows rows = local_rows(dev(), x.rows, documents());
+  backward_from(dev(), cfg(), mine->f, rows, documents(), x, dy, w, dx, g, dx_beta, dw_beta);
 }
 
 namespace {
@@ -153,12 +175,27 @@ StashedAttentionBytes local_kept_bytes(const Backend& be, const AttentionConfig&
           std::max({m.do_proj, m.attn_bwd, m.grads})};
 }
 
+namespace {
+
+// The mask metadata every call holds throughout (0 for one document).
+int64_t local_mask_bytes(const AttentionConfig& c, const Documents* docs) {
+  if (!docs) return 0;
+  const RowPositions all = RowPositions::contiguous(c.seq_len, 0);
+  return DocMask::bytes(*docs, std::span(&all, 1));
+}
+
+}  // namespace
+
 int64_t LocalAttention::attn_formula_bytes() const {
-  return local_attn_peak_bytes(dev().backend(), cfg());
+  return local_attn_peak_bytes(dev().backend(), cfg()) + local_mask_bytes(cfg(), documents());
 }
 
 StashedAttentionBytes LocalAttention::stash_formula_bytes() const {
-  return local_kept_bytes(dev().backend(), cfg());
+  StashedAttentionBytes b = local_kept_bytes(dev().backend(), cfg());
+  const int64_t mask = local_mask_bytes(cfg(), documents());
+  b.forward += mask;
+  b.backward += mask;
+  return b;
 }
 
 }  // namespace upipe

@@ -9,11 +9,24 @@
 
 namespace upipe {
 
-RingAttention::RingAttention(const StrategyContext& ctx)
-    : AttentionStrategy(ctx), pos_(layout().positions(ctx.comm.rank())) {}
+RingAttention::RingAttention(const StrategyContext& ctx) : AttentionStrategy(ctx) {
+  documents_changed();
+}
 
-SeqLayout RingAttention::layout() const {
-  return SeqLayout{LayoutKind::kZigzag, cfg().seq_len, comm().size(), 1};
+void RingAttention::documents_changed() {
+  layout_ = with_documents(SeqLayout{LayoutKind::kZigzag, cfg().seq_len, comm().size(), 1}, docs_);
+  pos_ = layout_.positions(comm().rank());
+  rope_pos_ = rope_positions(pos_);
+}
+
+std::vector<RowPositions> member_rows(const SeqLayout& layout) {
+  std::vector<RowPositions> v;
+  for (int m = 0; m < layout.ranks; ++m) v.push_back(layout.positions(m));
+  return v;
+}
+
+DocMask RingAttention::build_mask() const {
+  return docs_ ? DocMask(dev(), *docs_, member_rows(layout_)) : DocMask();
 }
 
 void RingAttention::project(const Mat& x, const AttentionWeights& w, Tensor& q, KvRing& kv) {
@@ -21,11 +34,11 @@ void RingAttention::project(const Mat& x, const AttentionWeights& w, Tensor& q, 
   const int64_t sl = x.rows;
   q = Tensor(dev().mem(), Tag::kQkv, c.dtype, sl, c.q_dim());
   kv = KvRing(dev(), comm().size(), sl, c.kv_dim(), c.dtype);
-  seq_project_qkv(dev(), c, x, w, pos_, q, kv.k(), kv.v());
+  seq_project_qkv(dev(), c, x, w, rope_pos_, q, kv.k(), kv.v());
 }
 
-void RingAttention::accumulate(const Mat& q, KvRing& kv, bool come_home, Tensor& acc, Tensor& m,
-                               Tensor& l) {
+void RingAttention::accumulate(const Mat& q, KvRing& kv, bool come_home, const DocMask* mask,
+                               Tensor& acc, Tensor& m, Tensor& l) {
   const AttentionConfig& c = cfg();
   const int64_t sl = q.rows;
   Arena& mem = dev().mem();
@@ -33,18 +46,19 @@ void RingAttention::accumulate(const Mat& q, KvRing& kv, bool come_home, Tensor&
   m = Tensor(mem, Tag::kAttnOut, DType::kF32, c.heads, sl);
   l = Tensor(mem, Tag::kAttnOut, DType::kF32, c.heads, sl);
   attention_accumulate_init(dev(), acc, m, l);
-  ring_forward(dev(), {comm(), layout()}, q, c.heads, c.kv_heads, c.head_dim, kv, come_home, acc, m,
-               l);
+  ring_forward(dev(), {comm(), layout_, mask}, q, c.heads, c.kv_heads, c.head_dim, kv, come_home,
+               acc, m, l);
 }
 
 void RingAttention::forward(const Mat& x, const AttentionWeights& w, const Mat& y, float beta) {
   const AttentionConfig& c = cfg();
   const int64_t sl = x.rows;
   Arena& mem = dev().mem();
+  const DocMask mask = build_mask();
   Tensor q, acc, m, l;
   KvRing kv;
   project(x, w, q, kv);
-  accumulate(q, kv, false, acc, m, l);
+  accumulate(q, kv, false, docs_ ? &mask : nullptr, acc, m, l);
   q.reset();
   kv.reset();
   Tensor o(mem, Tag::kAttnOut, c.dtype, sl, c.q_dim());
@@ -64,10 +78,11 @@ void RingAttention::backward(const Mat& x, const Mat& dy, const AttentionWeights
   const int d = c.head_dim;
   const DType t = c.dtype, f32 = DType::kF32;
   Arena& mem = dev().mem();
+  const DocMask mask = build_mask();
   Tensor q, acc, m, l;
   KvRing kv;
   project(x, w, q, kv);
-  accumulate(q, kv, true, acc, m, l);  // kv is home again afterwards
+  accumulate(q, kv, true, docs_ ? &mask : nullptr, acc, m, l);  // kv is home again afterwards
   Tensor o(mem, Tag::kAttnOut, t, sl, c.q_dim());
   Tensor lse(mem, Tag::kAttnOut, f32, c.heads, sl);
   attention_finalize(dev(), acc, m, l, d, o, lse);
@@ -81,18 +96,19 @@ void RingAttention::backward(const Mat& x, const Mat& dy, const AttentionWeights
   o.reset();
   Tensor dq(mem, Tag::kAttnGrad, f32, sl, c.q_dim());
   zero(dev(), dq);
-  const Buffer dkv =
-      ring_backward(dev(), {comm(), layout()}, q, dout, lse, delta, c.heads, c.kv_heads, d, kv, dq);
+  const Buffer dkv = ring_backward(dev(), {comm(), layout_, docs_ ? &mask : nullptr}, q, dout, lse,
+                                   delta, c.heads, c.kv_heads, d, kv, dq);
   q.reset();
   kv.reset();
   dout.reset();
   delta.reset();
   lse.reset();
-  seq_input_grads(dev(), c, x, w, pos_, dq, ring_dk(dkv, sl, kd), ring_dv(dkv, sl, kd), dx, g,
+  seq_input_grads(dev(), c, x, w, rope_pos_, dq, ring_dk(dkv, sl, kd), ring_dv(dkv, sl, kd), dx, g,
                   dx_beta, dw_beta);
 }
 
-int64_t ring_attn_peak_bytes(const Backend& be, const AttentionConfig& c, int ranks) {
+int64_t ring_attn_peak_bytes(const Backend& be, const AttentionConfig& c, int ranks,
+                             const Documents* docs) {
   const int64_t sl = c.seq_len / ranks, d = c.head_dim;
   const int64_t hd = c.q_dim(), kd = c.kv_dim();
   const DType t = c.dtype, f32 = DType::kF32;
@@ -115,11 +131,18 @@ int64_t ring_attn_peak_bytes(const Backend& be, const AttentionConfig& c, int ra
   const int64_t ring_bwd =
       q + kvr + lse + dout + delta + dq + dkvr + attention_bwd_workspace_bytes(be, int(d), t);
   const int64_t grads = dq + home + seq_input_grads_bytes(be, c, sl);
-  return std::max(
-      {proj, ring_fwd, fwd_final, out_proj, bwd_final, do_proj, delta_ph, ring_bwd, grads});
+  // The documents' mask lives through every phase of forward and backward.
+  int64_t mask = 0;
+  if (docs) {
+    const SeqLayout placed = with_documents(SeqLayout{LayoutKind::kZigzag, c.seq_len, ranks, 1},
+                                            std::make_shared<const Documents>(*docs));
+    mask = DocMask::bytes(*docs, member_rows(placed));
+  }
+  return mask + std::max({proj, ring_fwd, fwd_final, out_proj, bwd_final, do_proj, delta_ph,
+                          ring_bwd, grads});
 }
 int64_t RingAttention::attn_formula_bytes() const {
-  return ring_attn_peak_bytes(dev().backend(), cfg(), comm().size());
+  return ring_attn_peak_bytes(dev().backend(), cfg(), comm().size(), documents());
 }
 
 CommStats ring_comm_expected(const AttentionConfig& c, int ranks) {

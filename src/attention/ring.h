@@ -3,8 +3,10 @@
 // positions) and the K/V blocks travel around the ring (ring_pass.h), double-buffered, merging
 // by online softmax; the o-projection is local. Backward recomputes the forward (its K/V make
 // one more hop so each rank ends with its own block), then rotates K/V with their dK/dV
-// accumulators so the gradients arrive home; dq stays local. docs/strategies-ring.md has the
-// memory formula and the communication volume.
+// accumulators so the gradients arrive home; dq stays local. With packed documents the ranks hold
+// the documents' placement (layout.h, place_documents) and every forward or backward builds the
+// mask of all members' rows once (tag docs). docs/strategies-ring.md has the memory formula, the
+// communication volume and the placement rule.
 #pragma once
 
 #include "attention/ring_pass.h"
@@ -16,7 +18,7 @@ class RingAttention final : public AttentionStrategy {
  public:
   // Ring attention, and usp with Ulysses degree 1.
   explicit RingAttention(const StrategyContext& ctx);
-  SeqLayout layout() const override;
+  SeqLayout layout() const override { return layout_; }
   void forward(const Mat& x, const AttentionWeights& w, const Mat& y, float beta) override;
   void backward(const Mat& x, const Mat& dy, const AttentionWeights& w, const Mat& dx,
                 const AttentionGrads& g, float dx_beta, float dw_beta) override;
@@ -29,13 +31,23 @@ class RingAttention final : public AttentionStrategy {
   // applied at the rank's global positions.
   void project(const Mat& x, const AttentionWeights& w, Tensor& q, KvRing& kv);
   // The ring pass into acc (S/C, H*d) fp32, m, l (H, S/C) fp32.
-  void accumulate(const Mat& q, KvRing& kv, bool come_home, Tensor& acc, Tensor& m, Tensor& l);
+  void accumulate(const Mat& q, KvRing& kv, bool come_home, const DocMask* mask, Tensor& acc,
+                  Tensor& m, Tensor& l);
+  void documents_changed() override;
+  // The mask of every member's rows (packed documents only).
+  DocMask build_mask() const;
 
-  RowPositions pos_;  // global positions of this rank's rows
+  SeqLayout layout_;       // zigzag, or the documents' placement
+  RowPositions pos_;       // global positions of this rank's rows
+  RowPositions rope_pos_;  // their RoPE positions
 };
 
-// Per-rank peak of the attention intermediates (docs/strategies-ring.md) on C ranks.
-int64_t ring_attn_peak_bytes(const Backend& be, const AttentionConfig& cfg, int ranks);
+// Per-rank peak of the attention intermediates (docs/strategies-ring.md) on C ranks, with the
+// mask of the documents' placement when docs is given (null: one document).
+int64_t ring_attn_peak_bytes(const Backend& be, const AttentionConfig& cfg, int ranks,
+                             const Documents* docs = nullptr);
+// The global rows of every ring member under `layout` (the views of a ring's mask).
+std::vector<RowPositions> member_rows(const SeqLayout& layout);
 // The point-to-point calls and bytes this rank sends in one forward + backward.
 CommStats ring_comm_expected(const AttentionConfig& cfg, int ranks);
 

@@ -1,5 +1,6 @@
 #include "attention/ring_core.h"
 
+#include "attention/ring.h"
 #include "attention/ring_pass.h"
 #include "backend/tensor_ops.h"
 
@@ -24,7 +25,17 @@ RingCore::RingCore(Device& dev, std::unique_ptr<Communicator> ring, int64_t seq_
       d_(d),
       t_(t) {}
 
-void RingCore::forward(const AttnProblem& p, const Mat& o, const Mat& lse) {
+void RingCore::set_documents(std::shared_ptr<const Documents> docs) {
+  layout_ = with_documents(SeqLayout{LayoutKind::kZigzag, layout_.seq_len, ring_->size(), 1},
+                           std::move(docs));
+}
+
+std::vector<RowPositions> RingCore::mask_views(const Documents& d) const {
+  UPIPE_CHECK(layout_.docs.get() == &d, "ring core: mask views of documents it was not given");
+  return member_rows(layout_);
+}
+
+void RingCore::forward(const AttnProblem& p, const DocMask* mask, const Mat& o, const Mat& lse) {
   UPIPE_CHECK(p.q.rows == n_ && p.k.rows == n_, "ring core holds {} rows, got q {} and k {}", n_,
               p.q.rows, p.k.rows);
   Arena& mem = dev_.mem();
@@ -33,17 +44,17 @@ void RingCore::forward(const AttnProblem& p, const Mat& o, const Mat& lse) {
   Tensor m(mem, Tag::kAttnOut, DType::kF32, p.hq, n_);
   Tensor l(mem, Tag::kAttnOut, DType::kF32, p.hq, n_);
   attention_accumulate_init(dev_, acc, m, l);
-  ring_forward(dev_, {*ring_, layout_}, p.q, p.hq, p.hk, p.d, kv, false, acc, m, l);
+  ring_forward(dev_, {*ring_, layout_, mask}, p.q, p.hq, p.hk, p.d, kv, false, acc, m, l);
   attention_finalize(dev_, acc, m, l, p.d, o, lse);
 }
 
-void RingCore::backward(const AttnProblem& p, const Mat& dout, const Mat& lse, const Mat& delta,
-                        const Mat& dq, const Mat& dk, const Mat& dv) {
+void RingCore::backward(const AttnProblem& p, const DocMask* mask, const Mat& dout, const Mat& lse,
+                        const Mat& delta, const Mat& dq, const Mat& dk, const Mat& dv) {
   UPIPE_CHECK(p.q.rows == n_ && p.k.rows == n_, "ring core holds {} rows, got q {} and k {}", n_,
               p.q.rows, p.k.rows);
   KvRing kv = fill_ring(dev_, ring_->size(), p);
   const Buffer home =
-      ring_backward(dev_, {*ring_, layout_}, p.q, dout, lse, delta, p.hq, p.hk, p.d, kv, dq);
+      ring_backward(dev_, {*ring_, layout_, mask}, p.q, dout, lse, delta, p.hq, p.hk, p.d, kv, dq);
   add_into(dev_, dk, ring_dk(home, n_, p.k.cols));
   add_into(dev_, dv, ring_dv(home, n_, p.k.cols));
 }

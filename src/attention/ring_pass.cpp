@@ -32,6 +32,30 @@ AttnProblem pair_problem(const Mat& q, const Mat& k, const Mat& v, int hq, int h
   return p;
 }
 
+// Calls fn like for_each_visible_pair for the blocks of this member (`me`) and member `src`:
+// with documents once for the whole blocks (when any key is visible), else per visible pair of
+// runs.
+template <class Fn>
+void for_each_step_call(const RingGeometry& ring, int me, int src, Fn&& fn) {
+  const RowPositions mine = ring.layout.positions(me);
+  const RowPositions theirs = ring.layout.positions(src);
+  if (!ring.mask) return for_each_visible_pair(mine, theirs, fn);
+  if (!ring.mask->any_visible(size_t(me), size_t(src))) return;
+  fn(0, RowPositions::Run{mine.total_rows(), 0}, 0, RowPositions::Run{theirs.total_rows(), 0});
+}
+
+// The kernel problem of one call; with documents rows qr.. and kr.. of the members' lists.
+AttnProblem step_problem(const RingGeometry& ring, int me, int src, const Mat& q, const Mat& k,
+                         const Mat& v, int hq, int hk, int d, int64_t qr,
+                         const RowPositions::Run& a, int64_t kr, const RowPositions::Run& b) {
+  AttnProblem p = pair_problem(q, k, v, hq, hk, d, qr, a, kr, b);
+  if (ring.mask) {
+    p.q_docs = ring.mask->list(size_t(me)).shifted(qr);
+    p.k_docs = ring.mask->list(size_t(src)).shifted(kr);
+  }
+  return p;
+}
+
 Mat half(const Buffer& buf, int i, int64_t n, int64_t cols, DType t) {
   return Mat{static_cast<char*>(buf.data()) + i * mat_bytes(n, cols, t), t, n, cols, cols};
 }
@@ -87,17 +111,17 @@ Mat ring_dv(const Buffer& dkv, int64_t n, int64_t kv_cols) {
 void ring_forward(Device& dev, const RingGeometry& ring, const Mat& q, int hq, int hk, int d,
                   KvRing& kv, bool come_home, const Mat& acc, const Mat& m, const Mat& l) {
   const int c = ring.comm.size(), me = ring.comm.rank();
-  const RowPositions mine = ring.layout.positions(me);
   for (int i = 0; i < c; ++i) {
     std::unique_ptr<Work> w;
     if (c > 1 && (i + 1 < c || come_home)) w = kv.start(ring.comm);
     const Mat k = kv.k(), v = kv.v();
-    for_each_visible_pair(
-        mine, ring.layout.positions((me - i + c) % c),
+    const int src = (me - i + c) % c;
+    for_each_step_call(
+        ring, me, src,
         [&](int64_t qr, const RowPositions::Run& a, int64_t kr, const RowPositions::Run& b) {
-          attention_forward_accumulate(dev, pair_problem(q, k, v, hq, hk, d, qr, a, kr, b),
-                                       acc.rows_of(qr, a.rows), m.cols_of(qr, a.rows),
-                                       l.cols_of(qr, a.rows));
+          attention_forward_accumulate(
+              dev, step_problem(ring, me, src, q, k, v, hq, hk, d, qr, a, kr, b),
+              acc.rows_of(qr, a.rows), m.cols_of(qr, a.rows), l.cols_of(qr, a.rows));
         });
     if (w) kv.finish(w);
   }
@@ -109,7 +133,6 @@ Buffer ring_backward(Device& dev, const RingGeometry& ring, const Mat& q, const 
   Communicator& comm = ring.comm;
   const int c = comm.size(), me = comm.rank(), next = (me + 1) % c, prev = (me + c - 1) % c;
   const int64_t n = q.rows, cols = int64_t(hk) * d;
-  const RowPositions mine = ring.layout.positions(me);
   Buffer dkv[3];
   for (int i = 0; i < dkv_ring_buffers(c); ++i)
     dkv[i] = Buffer(dev.mem(), ring_block_bytes(n, cols, DType::kF32), Tag::kRing);
@@ -124,10 +147,11 @@ Buffer ring_backward(Device& dev, const RingGeometry& ring, const Mat& q, const 
     const Mat dk = ring_dk(dkv[blk], n, cols), dv = ring_dv(dkv[blk], n, cols);
     zero(dev, dk);
     zero(dev, dv);
-    for_each_visible_pair(
-        mine, ring.layout.positions((me - i + c) % c),
+    const int src = (me - i + c) % c;
+    for_each_step_call(
+        ring, me, src,
         [&](int64_t qr, const RowPositions::Run& a, int64_t kr, const RowPositions::Run& b) {
-          attention_backward(dev, pair_problem(q, k, v, hq, hk, d, qr, a, kr, b),
+          attention_backward(dev, step_problem(ring, me, src, q, k, v, hq, hk, d, qr, a, kr, b),
                              dout.rows_of(qr, a.rows), lse.cols_of(qr, a.rows),
                              delta.cols_of(qr, a.rows), dq.rows_of(qr, a.rows),
                              dk.rows_of(kr, b.rows), dv.rows_of(kr, b.rows));

@@ -13,13 +13,18 @@
 //             after M steps each accumulator is home. Three accumulator buffers (computing,
 //             sending, receiving) let the dK/dV transfer overlap the next step's attention.
 // Only (query chunk, key chunk) pairs with a visible key are given to the kernel, with their
-// global positions, so causal masking is by global position. Sizes are pure functions below;
-// the strategies' memory formulas use them.
+// global positions, so causal masking is by global position. With packed documents the members'
+// rows are the documents' placement (layout.h) and each step is one kernel call on the whole
+// blocks with their document lists (the mask: one list per member), skipped when no query row
+// of the member shares a document with an earlier-or-equal key of the block; a row without a
+// visible key in a step adds nothing to its online softmax (the merge is -inf safe). Sizes are
+// pure functions below; the strategies' memory formulas use them.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 
+#include "attention/documents.h"
 #include "attention/layout.h"
 #include "backend/device.h"
 #include "comm/communicator.h"
@@ -27,10 +32,12 @@
 
 namespace upipe {
 
-// The ring: its communicator (member index = rank) and the zigzag layout of its members' rows.
+// The ring: its communicator (member index = rank) and the zigzag layout of its members' rows;
+// with packed documents, the mask of the members' rows (list i: member i's).
 struct RingGeometry {
   Communicator& comm;
-  SeqLayout layout;  // zigzag over comm.size() members
+  SeqLayout layout;               // zigzag over comm.size() members
+  const DocMask* mask = nullptr;  // null: one document
 };
 
 // Rotating K/V blocks: [k (n, kv_cols) | v (n, kv_cols)] in the block dtype, tag ring; two slots

@@ -16,6 +16,7 @@
 #include <string>
 
 #include "attention/config.h"
+#include "attention/documents.h"
 #include "attention/layout.h"
 #include "backend/device.h"
 #include "comm/communicator.h"
@@ -69,7 +70,14 @@ class AttentionStrategy {
 
   // The method that runs (attention/methods.h).
   const std::string& name() const { return ctx_.cfg.knobs.method; }
+  // Rank r's rows (layout().positions(r)), with the documents of set_documents.
   virtual SeqLayout layout() const = 0;
+  // The documents of the sequence the following calls see (documents.h): lengths summing to S;
+  // null or one document is the plain causal sequence. The zigzag layouts (ring, usp,
+  // upipe-ring) place the documents, so layout() changes with them; the formulas and the
+  // communication counts below are those of the current documents.
+  void set_documents(std::shared_ptr<const Documents> docs);
+  const Documents* documents() const { return docs_.get(); }
   // x (S/C, D) in cfg.dtype, y (S/C, D) in cfg.out_dtype(): this rank's shard, rows in layout()
   // order. y = beta y + block(x), beta 0 or 1: with beta = 1 the block accumulates into a
   // residual stream and, when y is fp32, needs no (S/C, D) buffer of its own.
@@ -119,7 +127,12 @@ class AttentionStrategy {
  protected:
   Device& dev() const { return ctx_.dev; }
   Communicator& comm() const { return ctx_.comm; }
+  // After set_documents: strategies that cache positions refresh them.
+  virtual void documents_changed() {}
+  // The RoPE positions of global rows: their positions inside their documents.
+  RowPositions rope_positions(const RowPositions& rows) const;
   StrategyContext ctx_;
+  std::shared_ptr<const Documents> docs_;  // null: one document
 };
 
 }  // namespace upipe

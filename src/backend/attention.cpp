@@ -20,9 +20,12 @@ void check_problem(const Backend& be, const AttnProblem& p) {
               "k/v shapes ({}x{}, {}x{}) do not match hk*d = {}", p.k.rows, p.k.cols, p.v.rows,
               p.v.cols, int64_t(p.hk) * p.d);
   UPIPE_CHECK(p.q.dtype == p.k.dtype && p.k.dtype == p.v.dtype, "q, k, v dtypes differ");
-  UPIPE_CHECK(be.attention_supports({p.d, p.q.dtype}),
-              "the {} backend has no attention for d={} {}", backend_kind_name(be.kind()), p.d,
-              dtype_name(p.q.dtype));
+  UPIPE_CHECK(p.q_docs.empty() == p.k_docs.empty() && (p.causal || !p.documents()),
+              "document-causal attention needs the documents of both q and k");
+  UPIPE_CHECK(p.q_docs.row0 >= 0 && p.k_docs.row0 >= 0, "negative document row offsets");
+  UPIPE_CHECK(be.attention_supports({p.d, p.q.dtype, p.documents()}),
+              "the {} backend has no attention for d={} {}{}", backend_kind_name(be.kind()), p.d,
+              dtype_name(p.q.dtype), p.documents() ? " with documents" : "");
 }
 
 void check_rowstat(const Mat& x, int hq, int64_t sq, const char* what) {
@@ -32,12 +35,12 @@ void check_rowstat(const Mat& x, int hq, int64_t sq, const char* what) {
 
 }  // namespace
 
-int64_t attention_fwd_workspace_bytes(const Backend& be, int d, DType t) {
-  return be.attention_fwd_workspace_bytes({d, t});
+int64_t attention_fwd_workspace_bytes(const Backend& be, int d, DType t, bool documents) {
+  return be.attention_fwd_workspace_bytes({d, t, documents});
 }
 
-int64_t attention_bwd_workspace_bytes(const Backend& be, int d, DType t) {
-  return be.attention_bwd_workspace_bytes({d, t});
+int64_t attention_bwd_workspace_bytes(const Backend& be, int d, DType t, bool documents) {
+  return be.attention_bwd_workspace_bytes({d, t, documents});
 }
 
 void attention_forward(Device& dev, const AttnProblem& p, const Mat& o, const Mat& lse) {
@@ -45,7 +48,8 @@ void attention_forward(Device& dev, const AttnProblem& p, const Mat& o, const Ma
   check_problem(be, p);
   UPIPE_CHECK(o.rows == p.sq() && o.cols == p.q.cols, "o shape {}x{}", o.rows, o.cols);
   check_rowstat(lse, p.hq, p.sq(), "lse");
-  Buffer ws(dev.mem(), attention_fwd_workspace_bytes(be, p.d, p.q.dtype), Tag::kWorkspace);
+  Buffer ws(dev.mem(), attention_fwd_workspace_bytes(be, p.d, p.q.dtype, p.documents()),
+            Tag::kWorkspace);
   AttnFwdArgs a;
   a.p = p;
   a.o = o;
@@ -65,7 +69,8 @@ void attention_forward_accumulate(Device& dev, const AttnProblem& p, const Mat& 
               "acc must be fp32 {}x{}", p.sq(), p.q.cols);
   check_rowstat(m, p.hq, p.sq(), "m");
   check_rowstat(l, p.hq, p.sq(), "l");
-  Buffer ws(dev.mem(), attention_fwd_workspace_bytes(be, p.d, p.q.dtype), Tag::kWorkspace);
+  Buffer ws(dev.mem(), attention_fwd_workspace_bytes(be, p.d, p.q.dtype, p.documents()),
+            Tag::kWorkspace);
   AttnFwdArgs a;
   a.p = p;
   a.acc = acc;
@@ -108,7 +113,8 @@ void attention_backward(Device& dev, const AttnProblem& p, const Mat& dout, cons
   UPIPE_CHECK(dq.rows == p.sq() && dq.cols == p.q.cols && dk.rows == p.sk() &&
                   dk.cols == p.k.cols && dv.rows == p.sk() && dv.cols == p.k.cols,
               "gradient shapes do not match q, k, v");
-  Buffer ws(dev.mem(), attention_bwd_workspace_bytes(be, p.d, p.q.dtype), Tag::kWorkspace);
+  Buffer ws(dev.mem(), attention_bwd_workspace_bytes(be, p.d, p.q.dtype, p.documents()),
+            Tag::kWorkspace);
   be.attention_backward({p, dout, lse, delta, dq, dk, dv}, ws.data());
 }
 

@@ -7,6 +7,11 @@
 // position q_pos0 + i, key row j at k_pos0 + j; with causal masking key j is visible to query
 // i when k_pos0 + j <= q_pos0 + i. Ring and chunked strategies call the kernel on blocks.
 //
+// With documents (AttnProblem::q_docs, k_docs: backend.h) query row i sees key row j when both are
+// in the same document and j's position in it is at most i's (document-causal); the kernels decide
+// per (query tile, key tile) from the documents' spans whether to skip it, so the cost follows the
+// sum of the documents' squared lengths.
+//
 // Rows that see no key get o = 0 and lse = -inf (and contribute nothing in backward).
 // Reduction-order contract (CPU): see cpu/attention_tiles.h and docs/kernels.md. AttnProblem is
 // in backend.h. Each call takes its workspace from the device arena (tag workspace).
@@ -42,8 +47,9 @@ void attention_delta(Device& dev, const Mat& o, const Mat& dout, int d, const Ma
 void attention_backward(Device& dev, const AttnProblem& p, const Mat& dout, const Mat& lse,
                         const Mat& delta, const Mat& dq, const Mat& dk, const Mat& dv);
 
-// Workspace of one forward / backward call with head dim d on dtype t (the backend's query).
-int64_t attention_fwd_workspace_bytes(const Backend& be, int d, DType t);
-int64_t attention_bwd_workspace_bytes(const Backend& be, int d, DType t);
+// Workspace of one forward / backward call with head dim d on dtype t, with or without documents
+// (the backend's query).
+int64_t attention_fwd_workspace_bytes(const Backend& be, int d, DType t, bool documents = false);
+int64_t attention_bwd_workspace_bytes(const Backend& be, int d, DType t, bool documents = false);
 
 }  // namespace upipe

@@ -51,8 +51,31 @@ struct GemmArgs {
   GemmShape shape() const;
 };
 
+// Rows of a view that hold one document at consecutive positions inside it: rows [row, row +
+// rows) of a span list hold positions [pos, pos + rows) of document `doc`.
+struct DocSpan {
+  int64_t row = 0, rows = 0;
+  int64_t doc = 0;  // document id: any numbering the query and key lists share
+  int64_t pos = 0;  // position of the span's first row inside its document
+};
+// The documents of a view's rows (packed sequences), for document-causal attention: query row i
+// sees key row j iff both lie in spans of the same document and pos(j) <= pos(i). A list covers
+// its rows in row order and is sorted by (doc, pos), so the keys one query row sees are one
+// contiguous range of key rows; each list is in device memory (the mask metadata a strategy
+// builds once per layer, tag docs). row0 is the list row of the view's row 0, so sub-views of a
+// sequence share its list. docs/backend.md says how a varlen kernel (cuDNN) maps it.
+struct DocRows {
+  const DocSpan* spans = nullptr;
+  int64_t count = 0;
+  int64_t row0 = 0;
+  bool empty() const { return count == 0; }
+  DocRows shifted(int64_t rows) const { return {spans, count, row0 + rows}; }
+};
+
 // Causal flash attention on head-major views (see attention.h for the layout and the
-// reduction-order contract).
+// reduction-order contract). Without documents (q_docs, k_docs empty) query row i sits at
+// position q_pos0 + i and key row j at k_pos0 + j; with them (both given, causal) the spans
+// decide what is visible and q_pos0, k_pos0 are unused.
 struct AttnProblem {
   Mat q;  // (sq, hq*d)
   Mat k;  // (sk, hk*d)
@@ -61,15 +84,18 @@ struct AttnProblem {
   int64_t q_pos0 = 0, k_pos0 = 0;
   bool causal = true;
   float scale = 0.0f;  // 0 means 1/sqrt(d)
+  DocRows q_docs = {}, k_docs = {};
 
   int64_t sq() const { return q.rows; }
   int64_t sk() const { return k.rows; }
+  bool documents() const { return !q_docs.empty(); }
   float softmax_scale() const;
 };
 // What the attention workspace depends on.
 struct AttnShape {
   int d = 0;
   DType t = DType::kF32;
+  bool documents = false;  // document-causal (DocRows given)
 };
 // Forward: either normalised (o, lse) or an online-softmax continuation (acc, m, l).
 struct AttnFwdArgs {

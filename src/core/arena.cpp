@@ -12,7 +12,7 @@ const char* tag_name(Tag t) {
   static const char* kNames[] = {
       "params", "grads",     "optim", "gathered", "act",       "qkv", "a2a",    "attn_out",
       "kv_resident", "attn_grad", "ring",  "offload",  "workspace", "mlp", "logits", "stash",
-      "other"};
+      "docs",        "other"};
   static_assert(sizeof(kNames) / sizeof(kNames[0]) == kNumTags);
   return kNames[static_cast<int>(t)];
 }

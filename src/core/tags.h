@@ -25,6 +25,7 @@ enum class Tag : uint8_t {
   kLogits,      // logits tiles of the fused linear + cross-entropy
   kStash,       // the residuals forward keeps for backward: each layer's input (per block, also
                 // the MLP's input), on the device or in the host arena (offload)
+  kDocs,        // packed sequences: the attention's mask metadata (document spans of its views)
   kOther,
   kCount
 };

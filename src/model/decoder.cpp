@@ -40,19 +40,29 @@ AttentionConfig block_config(const ModelConfig& m, const DecoderOptions& opt) {
   return c;
 }
 
-// Row r's label: the token at the next global position (-1 past the sequence's end); and, with
-// a group, whether that prediction belongs to it.
+// Row r's label: the token at the next global position (-1 past the sequence's end, or past its
+// document's last token); and, with a group, whether that prediction belongs to it.
 void next_token_labels(std::vector<int32_t>& labels, std::vector<uint8_t>& group,
                        std::span<const int32_t> tokens, std::span<const int64_t> pos,
-                       std::span<const uint8_t> spec_group) {
+                       const LossSpec& spec) {
   const int64_t s = int64_t(tokens.size());
   labels.assign(pos.size(), -1);
-  group.assign(spec_group.empty() ? 0 : pos.size(), 0);
+  group.assign(spec.group.empty() ? 0 : pos.size(), 0);
+  const Documents* docs = spec.documents.get();
   for (size_t r = 0; r < pos.size(); ++r) {
     const int64_t at = pos[r];
-    labels[r] = at + 1 < s ? tokens[size_t(at + 1)] : -1;
-    if (!group.empty()) group[r] = spec_group[size_t(at)];
+    const bool predicts = at + 1 < s && !(docs && docs->last_of_document(at));
+    labels[r] = predicts ? tokens[size_t(at + 1)] : -1;
+    if (!group.empty()) group[r] = spec.group[size_t(at)];
   }
+}
+
+// The loss scale: spec's, or 1 / (next-token predictions inside the documents); 0 when there are
+// none (every document of length 1: the loss and its gradients are 0).
+double loss_scale(const LossSpec& spec, int64_t seq_len) {
+  if (spec.scale != 0) return spec.scale;
+  const int64_t n = spec.documents ? spec.documents->predictions() : seq_len - 1;
+  return n > 0 ? 1.0 / double(n) : 0.0;
 }
 
 // The ranks' partial losses, summed in rank order in fp64 (the same on every rank).
@@ -121,6 +131,7 @@ StepLoss Decoder::run(std::span<const int32_t> tokens, ParamSource& p, const Los
   UPIPE_CHECK(int64_t(tokens.size()) == s, "{} tokens for a sequence of {}", tokens.size(), s);
   UPIPE_CHECK(spec.group.empty() || int64_t(spec.group.size()) == s,
               "{} group flags for a sequence of {}", spec.group.size(), s);
+  strat_->set_documents(spec.documents);
   const std::vector<int64_t> pos = strat_->layout().positions(cp_.rank()).expand();
   const int64_t rows = int64_t(pos.size());
   const int nl = m_.num_hidden_layers;
@@ -178,6 +189,7 @@ StepLoss Decoder::loss(std::span<const int32_t> tokens, ParamSource& p, const Lo
   UPIPE_CHECK(int64_t(tokens.size()) == s, "{} tokens for a sequence of {}", tokens.size(), s);
   UPIPE_CHECK(spec.group.empty() || int64_t(spec.group.size()) == s,
               "{} group flags for a sequence of {}", spec.group.size(), s);
+  strat_->set_documents(spec.documents);
   const std::vector<int64_t> pos = strat_->layout().positions(cp_.rank()).expand();
   const int64_t rows = int64_t(pos.size());
   const double t0 = now();
@@ -194,8 +206,8 @@ StepLoss Decoder::loss(std::span<const int32_t> tokens, ParamSource& p, const Lo
   rmsnorm_forward(dev_, x, w.final_norm, cfg_.eps, h);
   std::vector<int32_t> labels;  // (R) on the host
   std::vector<uint8_t> group;   // (R) on the host, with a group
-  next_token_labels(labels, group, tokens, pos, spec.group);
-  const double scale = spec.scale != 0 ? spec.scale : 1.0 / double(cfg_.seq_len - 1);
+  next_token_labels(labels, group, tokens, pos, spec);
+  const double scale = loss_scale(spec, cfg_.seq_len);
   StepLoss out;
   out.loss = lm_loss_value(dev_, cfg_.loss, h, w.lm_head, labels, float(scale), group,
                            group.empty() ? nullptr : &out.group_sum);
@@ -222,13 +234,13 @@ Decoder::HeadLoss Decoder::head_loss(const Mat& h, const Mat& x, std::span<const
   rmsnorm_forward(dev_, x, out.w.final_norm, cfg_.eps, h);
   std::vector<int32_t> labels;  // (R) on the host
   std::vector<uint8_t> group;   // (R) on the host, with a group
-  next_token_labels(labels, group, tokens, pos, spec.group);
+  next_token_labels(labels, group, tokens, pos, spec);
   out.dh = Tensor(dev_.mem(), Tag::kAct, cfg_.residual, x.rows, x.cols);
   const ParamViews& gh = p.grads(uh);
   // A tied head's gradient and the embedding's rows both add into the embedding's gradient.
   out.g = head_params(m_, gh, tied ? &p.grads(ue) : nullptr);
   if (tied) zero(dev_, out.g.lm_head);
-  const double scale = spec.scale != 0 ? spec.scale : 1.0 / double(cfg_.seq_len - 1);
+  const double scale = loss_scale(spec, cfg_.seq_len);
   out.loss.loss =
       lm_loss(dev_, cfg_.loss, h, out.w.lm_head, labels, float(scale), out.dh, out.g.lm_head,
               tied ? 1.0f : 0.0f, group, group.empty() ? nullptr : &out.loss.group_sum);

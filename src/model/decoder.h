@@ -11,7 +11,10 @@
 // its backward unless it keeps its intermediates). The loss has transformers' `labels = input_ids`
 // semantics: the mean over the S-1 next-token predictions of the whole sequence; a row's label is
 // the token at the next global position, whichever rank holds it, so every layout (contiguous,
-// zigzag, chunked, grid) gets its labels right. Which buffer lives when: Decoder::run's comment
+// zigzag, chunked, grid) gets its labels right. A packed sequence (LossSpec::documents) is each
+// document run alone: attention stays inside documents, RoPE positions restart at 0 in each,
+// a document's last token predicts nothing, and the default mean is over the S minus (number of
+// documents) predictions inside documents (attention/documents.h). Which buffer lives when: Decoder::run's comment
 // (decoder.cpp) by function, docs/model.md "Memory" by phase, and its closed form, the tests'
 // oracle tests/unit/step_memory.h.
 #pragma once
@@ -44,14 +47,17 @@ struct DecoderOptions {
 
 // What the loss of one sequence is: its scale and an optional group of predictions to report.
 struct LossSpec {
-  // Multiplies the sum of the token losses (and so every gradient); 0 means 1/(S-1),
-  // transformers' mean over the sequence. Training passes 1/(tokens predicted in the global
-  // batch), so the summed gradient is the batch mean whatever the DP x CP split.
+  // Multiplies the sum of the token losses (and so every gradient); 0 means 1/(predictions):
+  // 1/(S-1), transformers' mean over the sequence, or with documents 1/(S - documents). Training
+  // passes 1/(tokens predicted in the global batch), so the summed gradient is the batch mean
+  // whatever the DP x CP split.
   double scale = 0;
   // Optional: S flags by global position p, whether the prediction at p (label = token p+1)
   // belongs to the group whose unscaled loss sum StepLoss::group_sum reports (e.g. the copied
   // half of the copy task).
   std::span<const uint8_t> group;
+  // The sequence's documents (null: one document, the plain causal sequence).
+  std::shared_ptr<const Documents> documents = nullptr;
 };
 
 struct StepLoss {

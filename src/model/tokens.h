@@ -18,7 +18,9 @@ inline constexpr int32_t kBinMagicU16 = 20240520, kBinVersionU16 = 1;
 inline constexpr int32_t kBinMagicU32 = 20240801, kBinVersionU32 = 7;
 inline constexpr int64_t kBinHeaderInts = 256;  // int32 header words before the ids
 
-enum class TokenFormat { kNpy, kBin };
+// kRaw: ids with no header (a Megatron-LM indexed dataset's .bin; train/indexed_dataset.h reads
+// its .idx, which gives the width).
+enum class TokenFormat { kNpy, kBin, kRaw };
 
 // Where a token file's ids lie and how they are stored, read from its header alone.
 struct TokenFileInfo {

@@ -24,6 +24,7 @@ TrainOptions train_options(const PlanRequest& r) {
   TrainOptions o;
   o.cp_size = r.cp_size;
   o.decoder = r.decoder;
+  o.packed = !r.doc_lens.empty();
   return o;
 }
 
@@ -108,6 +109,8 @@ std::vector<RankClass> every_rank(int ranks) {
 
 std::vector<RankClass> rank_classes(const ModelConfig& m, const PlanRequest& r) {
   check_request(r);
+  // With documents each rank's mask and placement are its own: no two ranks are assumed alike.
+  if (!r.doc_lens.empty()) return every_rank(r.ranks);
   // The layout the trainer's strategy shards the sequence with: the same on every rank.
   Device dev(meta_device(0, 0));
   FakeCommunicator world(0, r.ranks);
@@ -133,7 +136,10 @@ RankPlan plan_rank(const ModelConfig& m, const PlanRequest& r, int rank, int64_t
   dev.mem().reset_peak();
   dev.host().reset_peak();
   const ZeroTokens tokens(r.decoder.seq_len);
-  tr.step_views(0, [&](int64_t, int, int) { return SequenceView{tokens.ids(), {}}; });
+  SequenceView seq{tokens.ids(), {}};
+  if (!r.doc_lens.empty())
+    seq.documents = std::make_shared<const Documents>(r.doc_lens, r.decoder.seq_len, "--doc-lens");
+  tr.step_views(0, [&](int64_t, int, int) { return seq; });
   return {rank, dev.mem().peak(), dev.host().peak(), dev.mem().at_peak_by_tag(),
           dev.host().at_peak_by_tag()};
 }

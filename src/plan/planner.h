@@ -36,6 +36,9 @@ struct PlanRequest {
   int64_t device_bytes = int64_t(80) << 30;  // per rank
   int64_t host_bytes = int64_t(256) << 30;   // per rank
   int64_t reserve_bytes = kDefaultReserveBytes;
+  // Packed documents: the lengths of every sequence's documents (summing to S); empty: one
+  // document per sequence. Only the documents' mask (tag docs) depends on them.
+  std::vector<int64_t> doc_lens;
 };
 
 // The trainer's options of a request (what plan_step builds its Trainer with).
@@ -75,8 +78,8 @@ struct Plan {
 // its CP rank's rows in the strategy's sequence layout (SeqLayout::positions) could size or count
 // an allocation; the rest (positions, head indices, shard offsets, peers, the DP rank) only
 // selects views, values and peers. docs/planner.md ("Rank classes") goes through each place.
-// Ranks with the same run lengths form a class; classes come in order of their first rank, ranks
-// ascend within one.
+// Ranks with the same run lengths form a class; with documents (doc_lens) every rank is its own
+// class. Classes come in order of their first rank, ranks ascend within one.
 struct RankClass {
   int first = 0;
   std::vector<int> ranks;

@@ -4,6 +4,7 @@
 #include <glob.h>
 
 #include <algorithm>
+#include <charconv>
 #include <filesystem>
 
 #include "core/check.h"
@@ -11,6 +12,8 @@
 #include "core/errors.h"
 #include "core/fault_inject.h"
 #include "core/rng.h"
+#include "core/setting_ref.h"
+#include "train/indexed_dataset.h"
 
 namespace upipe {
 namespace {
@@ -33,6 +36,29 @@ bool is_token_file(const std::filesystem::path& p) {
 }
 
 }  // namespace
+
+DocumentsMode parse_documents_mode(const std::string& s) {
+  DocumentsMode m;
+  if (s == "none") return m;
+  if (s == "index") {
+    m.kind = DocumentsMode::Kind::kIndex;
+    return m;
+  }
+  if (s.rfind("eos:", 0) == 0) {
+    const std::string id = s.substr(4);
+    int64_t v = -1;
+    const auto r = std::from_chars(id.data(), id.data() + id.size(), v);
+    if (!id.empty() && r.ec == std::errc() && r.ptr == id.data() + id.size() && v >= 0) {
+      m.kind = DocumentsMode::Kind::kEos;
+      m.eos = v;
+      return m;
+    }
+  }
+  throw ConfigError(fmt::format(
+      "{} is unknown; choose \"none\", \"eos:ID\" (documents end after the token id ID) or "
+      "\"index\" (a Megatron .idx's documents)",
+      setting_value("data.documents", fmt::format("\"{}\"", s))));
+}
 
 DataKind parse_data_kind(const std::string& s) {
   if (s == "files") return DataKind::kFiles;
@@ -95,14 +121,33 @@ DataSource::DataSource(const DataOptions& o) : opt_(o) {
     throw ConfigError(fmt::format(
         "train.seq_len ({}) must be even for data.kind = \"copy\" (two equal halves); try {}",
         o.seq_len, o.seq_len + 1));
+  using DK = DocumentsMode::Kind;
+  if (o.documents.kind != DK::kNone && o.kind != DataKind::kFiles)
+    throw ConfigError(fmt::format("{} needs data.kind = \"files\" (the {} task has one document "
+                                  "per sequence)",
+                                  setting_ref("data.documents"), data_kind_name(o.kind)));
+  if (o.documents.kind == DK::kEos && o.documents.eos >= o.vocab)
+    throw ConfigError(fmt::format("{}: the end-of-text id {} is outside the vocabulary [0, {})",
+                                  setting_ref("data.documents"), o.documents.eos, o.vocab));
   if (o.kind != DataKind::kFiles) return;
   if (o.path.empty())
     throw ConfigError(
         "data.path is required when data.kind = \"files\" (a token file, directory or glob)");
   starts_.push_back(0);
-  for (const std::string& p : expand_token_paths(o.path)) {
-    files_.push_back(inspect_token_file(p));
-    starts_.push_back(checked_add(starts_.back(), files_.back().count, "token count"));
+  if (o.documents.kind == DK::kIndex) {
+    doc_starts_.push_back(0);
+    for (const std::string& prefix : indexed_dataset_prefixes(o.path)) {
+      const IndexedDataset ds = read_indexed_dataset(prefix);
+      for (size_t d = 1; d < ds.doc_starts.size(); ++d)
+        doc_starts_.push_back(starts_.back() + ds.doc_starts[d]);
+      files_.push_back(ds.bin);
+      starts_.push_back(checked_add(starts_.back(), ds.bin.count, "token count"));
+    }
+  } else {
+    for (const std::string& p : expand_token_paths(o.path)) {
+      files_.push_back(inspect_token_file(p));
+      starts_.push_back(checked_add(starts_.back(), files_.back().count, "token count"));
+    }
   }
   if (total_tokens() < o.seq_len)
     throw ConfigError(fmt::format(
@@ -157,6 +202,41 @@ std::vector<int32_t> DataSource::sequence(int64_t index) const {
       break;
   }
   return ids;
+}
+
+std::vector<int64_t> DataSource::window_documents(int64_t begin,
+                                                  std::span<const int32_t> ids) const {
+  const int64_t s = opt_.seq_len;
+  UPIPE_CHECK(int64_t(ids.size()) == s, "{} ids for a window of {}", ids.size(), s);
+  std::vector<int64_t> lens;
+  int64_t at = 0;  // the current document's first row in the window
+  switch (opt_.documents.kind) {
+    case DocumentsMode::Kind::kNone:
+      return lens;
+    case DocumentsMode::Kind::kEos:
+      for (int64_t i = 0; i < s; ++i)
+        if (ids[size_t(i)] == opt_.documents.eos) {
+          lens.push_back(i + 1 - at);
+          at = i + 1;
+        }
+      break;
+    case DocumentsMode::Kind::kIndex:
+      // Document starts strictly inside the window cut it.
+      for (auto it = std::upper_bound(doc_starts_.begin(), doc_starts_.end(), begin);
+           it != doc_starts_.end() && *it < begin + s; ++it) {
+        lens.push_back(*it - begin - at);
+        at = *it - begin;
+      }
+      break;
+  }
+  if (at < s) lens.push_back(s - at);
+  return lens;
+}
+
+std::vector<int64_t> DataSource::sequence_documents(int64_t index,
+                                                    std::span<const int32_t> ids) const {
+  if (!packed()) return {};
+  return window_documents(window_start(index), ids);
 }
 
 std::vector<int32_t> DataSource::window(int64_t begin) const {

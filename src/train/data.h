@@ -7,9 +7,19 @@
 //           only fall if attention crosses the rank boundaries);
 //   files   token files (.npy, llm.c .bin) concatenated into one stream; each sequence is a
 //           window of S tokens at a pseudo-random offset, read without loading the files.
+// Packed documents (data.documents, files only): the stream is a run of documents, and a
+// sequence's documents are the pieces of them its window holds: whole documents, and the pieces
+// of the ones the window's start and end cut, each piece a document of its own (positions from 0,
+// its last token predicts nothing). Where documents end:
+//   eos:ID  after every id ID (the end-of-text token ends the document it closes), in .npy and
+//           llm.c .bin files alike;
+//   index   at the documents of Megatron-LM indexed datasets (data.path: PREFIX, PREFIX.idx,
+//           PREFIX.bin or a directory of them; train/indexed_dataset.h), concatenated in order.
+// The documents of sequence g are a pure function of its window, so resume stays exact.
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -19,6 +29,14 @@
 namespace upipe {
 
 enum class DataKind { kFiles, kRandom, kCopy };
+
+// data.documents: "none" (a sequence is one document), "eos:ID" or "index".
+struct DocumentsMode {
+  enum class Kind { kNone, kEos, kIndex } kind = Kind::kNone;
+  int64_t eos = -1;  // kEos: the end-of-text id
+};
+// ConfigError naming data.documents for anything else.
+DocumentsMode parse_documents_mode(const std::string& s);
 
 // "files" | "random" | "copy"; anything else is a ConfigError naming data.kind.
 DataKind parse_data_kind(const std::string& s);
@@ -32,6 +50,7 @@ struct DataOptions {
   uint64_t seed = 1;
   int dp_size = 1;      // data-parallel groups (world / CP)
   int micro_steps = 1;  // sequences per DP rank per optimizer step
+  DocumentsMode documents;
   // files: read every id once at construction and refuse the data (ConfigError) if one is
   // outside [0, V), so a bad id cannot stop one rank in the middle of a run. Off, an id is
   // checked only when its window is read (a ConfigError thrown by sample()).
@@ -62,6 +81,13 @@ class DataSource {
   // files: the first stream position of sequence `index`, in [0, total_tokens() - S].
   int64_t window_start(int64_t index) const;
 
+  // The document lengths (summing to S) of the window of S ids `ids` at stream position `begin`,
+  // by data.documents; empty with "none" (one document).
+  std::vector<int64_t> window_documents(int64_t begin, std::span<const int32_t> ids) const;
+  // The same for sequence `index` (its ids: sequence(index)).
+  std::vector<int64_t> sequence_documents(int64_t index, std::span<const int32_t> ids) const;
+  bool packed() const { return opt_.documents.kind != DocumentsMode::Kind::kNone; }
+
   const DataOptions& options() const { return opt_; }
   const std::vector<TokenFileInfo>& files() const { return files_; }
   int64_t total_tokens() const { return starts_.empty() ? 0 : starts_.back(); }  // files
@@ -73,6 +99,7 @@ class DataSource {
   DataOptions opt_;
   std::vector<TokenFileInfo> files_;
   std::vector<int64_t> starts_;  // files_.size() + 1 prefix sums of the files' id counts
+  std::vector<int64_t> doc_starts_;  // index: stream positions of the documents' starts, and the end
 };
 
 // The files a data.path names, in stream order: the file itself; a directory's *.npy and *.bin

@@ -34,7 +34,13 @@ DataOptions data_options(const RunConfig& c, const ModelConfig& m, int dp_size) 
   o.seed = uint64_t(c.train.seed);
   o.dp_size = dp_size;
   o.micro_steps = c.train.micro_steps;
+  o.documents = parse_documents_mode(c.data.documents);
   return o;
+}
+
+// The documents `lens` of a sequence of s tokens (empty: one).
+std::shared_ptr<const Documents> documents_of(const std::vector<int64_t>& lens, int64_t s) {
+  return lens.empty() ? nullptr : std::make_shared<const Documents>(lens, s);
 }
 
 // The start of the run: the newest checkpoint (resume), Hugging Face weights, or random; and the
@@ -109,6 +115,10 @@ TrainingLoop::~TrainingLoop() = default;
 
 Sequence TrainingLoop::sequence(int64_t step, int micro, int dp_rank) const {
   Sequence q{data_->sample(step, micro, dp_rank), {}};
+  if (data_->packed())
+    q.documents = documents_of(
+        data_->sequence_documents(data_->global_index(step, micro, dp_rank), q.tokens),
+        cfg_.train.seq_len);
   if (copy_task())
     for (int64_t p = 0; p < cfg_.train.seq_len; ++p)
       q.group.push_back(copy_loss_counts(p, cfg_.train.seq_len) ? 1 : 0);
@@ -121,7 +131,9 @@ double TrainingLoop::validate(int64_t step) {
   const bool files = val_->options().kind == DataKind::kFiles;
   return trainer_->evaluate(
       [&](int64_t i) {
-        return Sequence{files ? val_->window(i * s) : val_->sequence(i), {}};
+        Sequence q{files ? val_->window(i * s) : val_->sequence(i), {}};
+        if (val_->packed()) q.documents = documents_of(val_->window_documents(i * s, q.tokens), s);
+        return q;
       },
       val_n_);
 }
@@ -180,6 +192,7 @@ LoopEnd TrainingLoop::run(TrainingObserver& obs) {
     sm.step = step;
     sm.loss = r.loss;
     if (copy_task()) sm.copy_loss = r.group_loss;
+    if (data_->packed()) sm.documents = r.documents;
     sm.grad_norm = r.grad_norm;
     sm.lr = r.lr;
     sm.tokens_per_s = double(trainer_->tokens_per_rank_per_step()) / dt;

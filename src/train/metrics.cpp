@@ -45,6 +45,7 @@ std::string metrics_json(const StepMetrics& m) {
   j["loss"] = number(m.loss);
   if (m.copy_loss) j["copy_loss"] = number(*m.copy_loss);
   if (m.val_loss) j["val_loss"] = number(*m.val_loss);
+  if (m.documents) j["documents"] = *m.documents;
   j["grad_norm"] = number(m.grad_norm);
   j["lr"] = number(m.lr);
   j["tokens_per_s"] = number(m.tokens_per_s);
@@ -141,6 +142,7 @@ std::string format_step_line(const StepMetrics& m, int64_t total_steps, int64_t 
   if (mean_of > 1) s += fmt::format(" (mean of {} steps)", mean_of);
   if (m.copy_loss) s += fmt::format(" | copy {:.4f}", *m.copy_loss);
   if (m.val_loss) s += fmt::format(" | val {:.4f}", *m.val_loss);
+  if (m.documents) s += fmt::format(" | {} docs", *m.documents);
   s += fmt::format(" | gnorm {:.2e} | lr {:.2e} | {} tok/s/rank | MFU {:.1f}%", m.grad_norm, m.lr,
                    format_count(int64_t(std::llround(m.tokens_per_s))), 100 * m.mfu);
   s += fmt::format(" | peak {}", format_bytes(m.peak_bytes));

@@ -14,6 +14,7 @@
 #include "core/errors.h"
 #include "model/config.h"
 #include "core/safe_fs.h"
+#include "train/data.h"
 
 namespace upipe {
 namespace {
@@ -179,6 +180,9 @@ std::vector<Field> fields(RunConfig& c) {
        "files, random or copy"},
       {"data.path", "--data-path", "", &c.data.path, kScopeTrain, ResumeRule::kBreaks,
        "files: a .npy/.bin token file, a directory of them, or a glob"},
+      {"data.documents", "--documents", "", &c.data.documents, kScopeTrain, ResumeRule::kBreaks,
+       "packed documents: none (one per sequence), eos:ID (a document ends after the id ID) or "
+       "index (the documents of Megatron .bin/.idx datasets in data.path)"},
       {"data.val_path", "--val-path", "", &c.data.val_path, kScopeTrain, ResumeRule::kFree,
        "held-out token files for the validation loss (as data.path); \"\" = held-out sequences "
        "of the copy / random task"},
@@ -703,6 +707,12 @@ void validate(const RunConfig& c, uint32_t scopes) {
   c.memory.policy.validate();
   if (!one_of(c.data.kind, {"files", "random", "copy"}))
     bad("data.kind", fmt::format("'{}' is unknown; choose files, random or copy", c.data.kind));
+  // An unknown value is a ConfigError naming data.documents.
+  if (parse_documents_mode(c.data.documents).kind != DocumentsMode::Kind::kNone &&
+      c.data.kind != "files")
+    bad("data.documents", fmt::format("needs data.kind = \"files\" (the {} task has one "
+                                      "document per sequence)",
+                                      c.data.kind));
   if (c.data.kind == "files" && c.data.path.empty())
     bad("data.path", "is required when data.kind = \"files\" (a token file, directory or glob)");
   if ((scopes & kScopeTrain) && c.data.kind == "copy" && t.seq_len % 2 != 0)

@@ -76,6 +76,7 @@ struct RunConfig {
     std::string kind = "copy";  // files | random | copy
     std::string path;           // files: a token file, a directory of them, or a glob
     std::string val_path;       // held-out token files for the validation loss ("" = none)
+    std::string documents = "none";  // none | eos:ID | index (train/data.h)
     bool operator==(const Data&) const = default;
   } data;
   struct Checkpoint {

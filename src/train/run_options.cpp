@@ -18,6 +18,7 @@ TrainOptions train_options(const RunConfig& c) {
   o.schedule = {c.train.lr, c.min_lr(), c.train.warmup_steps, c.train.steps};
   o.optimizer = {c.train.beta1, c.train.beta2, c.train.eps, c.train.weight_decay};
   o.grad_clip = c.train.grad_clip;
+  o.packed = c.data.documents != "none";
   return o;
 }
 

@@ -5,11 +5,13 @@
 
 #include <algorithm>
 #include <climits>
+#include <filesystem>
 #include <vector>
 
 #include "core/errors.h"
 #include "core/safe_fs.h"
 #include "model/tokens.h"
+#include "train/indexed_dataset.h"
 
 namespace upipe {
 namespace {
@@ -104,6 +106,45 @@ int64_t tokenize_bytes(const std::string& in, const std::string& out) {
   }
   dst.commit();
   return src.size();
+}
+
+TokenizedDocuments tokenize_documents(const std::string& dir, const std::string& out) {
+  namespace fs = std::filesystem;
+  TokenizedDocuments r;
+  const fs::path o(out);
+  r.prefix = o.extension() == ".bin" || o.extension() == ".idx"
+                 ? (o.parent_path() / o.stem()).string()
+                 : out;
+  std::vector<std::string> files;
+  std::error_code ec;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec))
+    if (e.is_regular_file()) files.push_back(e.path().string());
+  if (ec) throw ConfigError(fmt::format("cannot list the directory {}: {}", dir, ec.message()));
+  if (files.empty()) throw ConfigError(fmt::format("the directory {} holds no file", dir));
+  std::sort(files.begin(), files.end());
+  for (const std::string& f : files)
+    for (const char* ext : {".bin", ".idx"})
+      if (same_file(f, r.prefix + ext))
+        throw ConfigError(fmt::format(
+            "the output {}{} is one of the inputs in {}: choose an output outside it", r.prefix,
+            ext, dir));
+  IndexedDatasetWriter w(r.prefix);
+  std::vector<char> bytes(static_cast<size_t>(kChunk));
+  std::vector<int32_t> ids(static_cast<size_t>(kChunk));
+  for (const std::string& f : files) {
+    const ReadFile src(f, "text file");
+    for (int64_t at = 0; at < src.size(); at += kChunk) {
+      const int64_t n = std::min(kChunk, src.size() - at);
+      src.read_at(bytes.data(), n, at);
+      for (int64_t i = 0; i < n; ++i) ids[size_t(i)] = static_cast<unsigned char>(bytes[size_t(i)]);
+      w.add(std::span<const int32_t>(ids.data(), size_t(n)));
+    }
+    w.end_document();
+  }
+  w.commit();
+  r.documents = w.documents();
+  r.tokens = w.tokens();
+  return r;
 }
 
 }  // namespace upipe

@@ -1,8 +1,9 @@
 // The byte-level tokenizer of `upipe tokenize`: each byte of a text file is one token id in
-// [0, 256), written as an llm.c .bin file (version 1, uint16 ids). Any model with a vocabulary
-// of at least 256 can train on it; the tiny presets have exactly 256. The same tokenizer as a
-// Hugging Face tokenizer.json, for `upipe export`: transformers' AutoTokenizer loads it and maps
-// text to the same ids.
+// [0, 256), written as an llm.c .bin file (version 1, uint16 ids), or, for a directory of text
+// files, one document per file as a Megatron-LM indexed dataset (PREFIX.bin + PREFIX.idx, read by
+// data.documents = "index"). Any model with a vocabulary of at least 256 can train on it; the
+// tiny presets have exactly 256. The same tokenizer as a Hugging Face tokenizer.json, for
+// `upipe export`: transformers' AutoTokenizer loads it and maps text to the same ids.
 #pragma once
 
 #include <cstdint>
@@ -26,5 +27,15 @@ std::string byte_tokenizer_json();
 
 // tokenizer_config.json for it: PreTrainedTokenizerFast, at most max_len tokens.
 std::string byte_tokenizer_config_json(int64_t max_len);
+
+// Every regular file of the directory `dir` (not recursive, sorted by name) as one document, in
+// that order, into PREFIX.bin + PREFIX.idx (PREFIX: `out` without a .bin / .idx extension),
+// written atomically. Throws ConfigError when `dir` holds no file, an input is one of the
+// outputs, or a file cannot be read; Error when a write fails.
+struct TokenizedDocuments {
+  std::string prefix;
+  int64_t documents = 0, tokens = 0;
+};
+TokenizedDocuments tokenize_documents(const std::string& dir, const std::string& out);
 
 }  // namespace upipe

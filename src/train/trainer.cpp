@@ -67,13 +67,38 @@ int64_t Trainer::tokens_per_rank_per_step() const {
   return int64_t(opt_.micro_steps) * opt_.decoder.seq_len / cp_size_;
 }
 
+namespace {
+
+// Next-token predictions inside the documents of a sequence of s tokens.
+int64_t predictions(const std::shared_ptr<const Documents>& documents, int64_t s) {
+  return documents ? documents->predictions() : s - 1;
+}
+
+}  // namespace
+
+// The sum of `mine` over the DP groups, in rank order (the same bits on every rank).
+double Trainer::dp_sum(double mine) const {
+  std::vector<double> parts(static_cast<size_t>(dp_size_));
+  dp_->all_gather(&mine, parts.data(), sizeof(mine));
+  double sum = 0;
+  for (double p : parts) sum += p;
+  return sum;
+}
+
 double Trainer::evaluate(const std::function<Sequence(int64_t i)>& data, int64_t n) {
   const int64_t s = opt_.decoder.seq_len;
-  const double predicted = double(n) * double(s - 1);
-  double mine = 0;
+  std::vector<Sequence> seqs;
+  double mine_predicted = 0;
   for (int64_t i = dp_rank_; i < n; i += dp_size_) {
-    const Sequence seq = data(i);
-    mine += dec_->loss(seq.tokens, *zero_, LossSpec{1.0 / predicted, {}}).loss;
+    seqs.push_back(data(i));
+    mine_predicted += double(predictions(seqs.back().documents, s));
+  }
+  const double predicted = opt_.packed ? dp_sum(mine_predicted) : double(n) * double(s - 1);
+  double mine = 0;
+  for (const Sequence& seq : seqs) {
+    LossSpec spec{predicted > 0 ? 1.0 / predicted : 0.0, {}};
+    spec.documents = seq.documents;
+    mine += dec_->loss(seq.tokens, *zero_, spec).loss;
   }
   std::vector<double> parts(static_cast<size_t>(dp_size_));
   dp_->all_gather(&mine, parts.data(), sizeof(mine));
@@ -83,25 +108,40 @@ double Trainer::evaluate(const std::function<Sequence(int64_t i)>& data, int64_t
 }
 
 StepResult Trainer::step(int64_t t, const SequenceFn& data) {
-  Sequence held;  // the running micro-step's
+  std::vector<Sequence> held(static_cast<size_t>(opt_.micro_steps));  // the step's sequences
   return step_views(t, [&](int64_t at, int micro, int dp_rank) {
-    held = data(at, micro, dp_rank);
-    return SequenceView{held.tokens, held.group};
+    Sequence& q = held[size_t(micro)];
+    q = data(at, micro, dp_rank);
+    return SequenceView{q.tokens, q.group, q.documents};
   });
 }
 
 StepResult Trainer::step_views(int64_t t, const SequenceViewFn& data) {
   const int64_t s = opt_.decoder.seq_len;
-  const double predicted = double(dp_size_) * opt_.micro_steps * double(s - 1);
-  StepResult r;
-  double mine[3] = {0, 0, 0};  // scaled loss, group loss sum, group predictions
-  zero_->zero_grads();
+  // The step's sequences first: with packed documents the loss is the mean over the global
+  // batch's predictions inside documents, counted before the first forward.
+  std::vector<SequenceView> seqs;
+  double mine_predicted = 0, mine_docs = 0;
   for (int micro = 0; micro < opt_.micro_steps; ++micro) {
-    const SequenceView seq = data(t, micro, dp_rank_);
+    seqs.push_back(data(t, micro, dp_rank_));
+    const SequenceView& seq = seqs.back();
     if (int64_t(seq.tokens.size()) != s)
       throw Error(
           fmt::format("the data gave {} tokens for a sequence of {}", seq.tokens.size(), s));
-    const StepLoss l = dec_->run(seq.tokens, *zero_, LossSpec{1.0 / predicted, seq.group});
+    mine_predicted += double(predictions(seq.documents, s));
+    mine_docs += seq.documents ? double(seq.documents->count()) : 1.0;
+  }
+  const double predicted = opt_.packed
+                               ? dp_sum(mine_predicted)
+                               : double(dp_size_) * opt_.micro_steps * double(s - 1);
+  StepResult r;
+  r.documents = opt_.packed ? int64_t(dp_sum(mine_docs)) : int64_t(dp_size_) * opt_.micro_steps;
+  double mine[3] = {0, 0, 0};  // scaled loss, group loss sum, group predictions
+  zero_->zero_grads();
+  for (const SequenceView& seq : seqs) {
+    LossSpec spec{predicted > 0 ? 1.0 / predicted : 0.0, seq.group};
+    spec.documents = seq.documents;
+    const StepLoss l = dec_->run(seq.tokens, *zero_, spec);
     mine[0] += l.loss;
     mine[1] += l.group_sum;
     for (size_t p = 0; p + 1 < seq.group.size(); ++p) mine[2] += seq.group[p] != 0;

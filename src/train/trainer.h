@@ -36,21 +36,26 @@ struct TrainOptions {
   LrSchedule schedule;
   OptimizerSpec optimizer;
   double grad_clip = 1.0;  // 0 = no clipping
+  // The data holds packed documents: each step's loss is the mean over the predictions inside
+  // the documents of its global batch, counted over the DP groups first.
+  bool packed = false;
 };
 
-// One sequence of S tokens and, optionally, S group flags (the copy task's copied half; see
-// LossSpec in model/decoder.h).
+// One sequence of S tokens and, optionally, S group flags (the copy task's copied half) and its
+// documents (see LossSpec in model/decoder.h).
 struct Sequence {
   std::vector<int32_t> tokens;
   std::vector<uint8_t> group;
+  std::shared_ptr<const Documents> documents = nullptr;  // null: one document
 };
 // The sequence of (step, micro-step, DP rank): must be a pure function of its arguments.
 using SequenceFn = std::function<Sequence(int64_t step, int micro, int dp_rank)>;
-// A sequence the caller owns, valid until its micro-step ends (the planner's S zero ids, which
-// it maps rather than stores).
+// A sequence the caller owns, valid until the step ends (the planner's S zero ids, which it maps
+// rather than stores).
 struct SequenceView {
   std::span<const int32_t> tokens;
   std::span<const uint8_t> group;
+  std::shared_ptr<const Documents> documents = nullptr;  // null: one document
 };
 using SequenceViewFn = std::function<SequenceView(int64_t step, int micro, int dp_rank)>;
 
@@ -60,6 +65,7 @@ struct StepResult {
   double grad_norm = 0;   // before clipping
   double lr = 0;
   double fwd_s = 0, bwd_s = 0;  // this rank's decoder time, summed over micro-steps
+  int64_t documents = 0;        // in the global batch (DP x micro-steps sequences)
 };
 
 class Trainer {
@@ -89,6 +95,9 @@ class Trainer {
   double evaluate(const std::function<Sequence(int64_t i)>& data, int64_t n);
 
  private:
+  // The sum of `mine` over the DP groups, in rank order.
+  double dp_sum(double mine) const;
+
   Device& dev_;
   Communicator& world_;
   ModelConfig m_;

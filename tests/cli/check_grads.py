@@ -4,7 +4,9 @@
 rule of test_model_hf, max|g - g64| / max|g64| within 10x transformers' own fp32 error (with a
 floor of 1e-6). Also that the norms upipe printed in its --json output match the file.
 
-Usage: check_grads.py SAVED.safetensors FIXTURE_DIR EVAL_JSON_FILE
+Usage: check_grads.py SAVED.safetensors FIXTURE_DIR EVAL_JSON_FILE [packed]
+With "packed", against the fixture's packed-documents reference (grads_packed_fp64, and
+reference.json "packed").
 """
 import array
 import json
@@ -32,9 +34,11 @@ def read_safetensors(path):
 
 def main():
     saved_path, fixture, eval_json = sys.argv[1:4]
+    packed = sys.argv[4:5] == ["packed"]
     saved = read_safetensors(saved_path)
-    ref = read_safetensors(fixture + "/grads_fp64.safetensors")
-    rel = json.load(open(fixture + "/reference.json"))["grad_rel_err"]
+    ref = read_safetensors(fixture + ("/grads_packed_fp64" if packed else "/grads_fp64") + ".safetensors")
+    reference = json.load(open(fixture + "/reference.json"))
+    rel = (reference["packed"] if packed else reference)["grad_rel_err"]
     norms = json.loads([l for l in open(eval_json) if l.startswith("{")][-1])["grad_norms"]
     failures = []
     if sorted(saved) != sorted(ref):

@@ -8,6 +8,10 @@
 #                     --model is refused with the export command
 #   save_grads_FIX    --save-grads: every tensor of the fixture's fp64 gradients, same names and
 #                     shapes, within the fp32 rule, and the norms of --json (check_grads.py)
+#   packed_FIX        --doc-lens doc_lens.npy (ring and upipe): the packed reference's loss
+#                     (transformers on each document alone) and its gradients (check_grads.py
+#                     packed); the same lengths typed as a list; lengths that do not sum to S
+#                     refused naming --doc-lens
 # Usage: eval.sh UPIPE MPIRUN [MPIRUN ARGS...] -- CASE
 set -u
 upipe=$1
@@ -56,6 +60,22 @@ save_grads_llama | save_grads_qwen3)
     --method upipe --json --save-grads "$tmp/g.safetensors" > "$tmp/eval.json" || fail "eval failed"
   /usr/bin/python3 "$here/check_grads.py" "$tmp/g.safetensors" "$fix/$fx" "$tmp/eval.json" ||
     fail "gradients differ" ;;
+packed_llama | packed_qwen3)
+  fx=${case_name#packed_}
+  want=$(/usr/bin/python3 -c "import json; print('%.6f' % json.load(open('$fix/$fx/reference.json'))['packed']['loss_fp64'])")
+  eval_expect "loss ${want:0:8}" --model "$fix/$fx" --tokens "$fix/$fx/tokens.npy" --method ring \
+    --doc-lens "$fix/$fx/doc_lens.npy"
+  eval_expect "in 7 documents" --model "$fix/$fx" --tokens "$fix/$fx/tokens.npy" --method ring \
+    --doc-lens 1,63,100,1,211,37,99 --loss-only
+  timeout 120 "${mpirun[@]}" -np 2 "$upipe" eval --model "$fix/$fx" --tokens "$fix/$fx/tokens.npy" \
+    --method upipe --doc-lens "$fix/$fx/doc_lens.npy" --json --save-grads "$tmp/g.safetensors" \
+    > "$tmp/eval.json" || fail "eval failed"
+  /usr/bin/python3 "$here/check_grads.py" "$tmp/g.safetensors" "$fix/$fx" "$tmp/eval.json" packed ||
+    fail "gradients differ"
+  out=$(timeout 120 "${mpirun[@]}" -np 2 "$upipe" eval --model "$fix/$fx" \
+    --tokens "$fix/$fx/tokens.npy" --doc-lens 1,63,100 2>&1); rc=$?
+  [ $rc -eq 2 ] && echo "$out" | grep -q -e "--doc-lens: the 3 lengths sum to 164, not the sequence length 512" ||
+    { echo "$out"; fail "bad lengths: exit $rc"; } ;;
 *) echo "unknown case $case_name"; exit 2 ;;
 esac
 echo "PASS $case_name"

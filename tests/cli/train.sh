@@ -15,6 +15,10 @@
 #            another model's weights are refused with exit 2, naming the first field that differs
 #   hang     a rank stopped with SIGSTOP ends the job within comm.timeout + a few seconds,
 #            with the watchdog naming the step
+#   packed   a corpus of text files -> `upipe tokenize DIR` (one document per file, Megatron
+#            .bin/.idx) -> training on packed documents (data.documents = "index", ring on 2
+#            ranks; then DP 2): every step logs its documents; resuming from the step-3
+#            checkpoint ends with rank files bitwise equal to the straight run's
 # Usage: train.sh UPIPE MPIRUN... -- CASE
 set -u
 upipe=$1
@@ -108,6 +112,36 @@ PY
     --checkpoint-dir="$tmp/b" --resume > "$tmp/d.out" 2>&1 || { cat "$tmp/d.out"; fail "1-rank resume failed"; }
   grep -q "resharded" "$tmp/d.out" || { cat "$tmp/d.out"; fail "no resharding on 1 rank"; }
   [ -f "$tmp/b/step_00000302/DONE" ] || fail "the resharded run wrote no checkpoint"
+  ;;
+packed)
+  mkdir -p "$tmp/corpus"
+  for i in $(seq 1 30); do
+    python3 -c "import random,sys; random.seed(int(sys.argv[1])); print(' '.join(random.choice(['the','cat','sat','on','a','mat']) for _ in range(random.randint(1, 8))))" "$i" \
+      > "$tmp/corpus/doc$(printf %02d "$i").txt"
+  done
+  "$upipe" tokenize "$tmp/corpus" "$tmp/corpus_tok" | grep -q "30 documents" || fail "tokenize DIR"
+  args=("${small[@]}" --data-kind=files --data-path="$tmp/corpus_tok" --documents=index --steps=6
+        --method=ring --checkpoint-interval=3 --checkpoint-keep=3)
+  timeout 300 "${mpirun[@]}" -np 2 "$upipe" train "${args[@]}" --checkpoint-dir="$tmp/a" \
+    --metrics-path="$tmp/a.jsonl" --log-interval=1 > "$tmp/a.out" 2>&1 || { cat "$tmp/a.out"; fail "packed run failed"; }
+  grep -q "docs |" "$tmp/a.out" || { cat "$tmp/a.out"; fail "no documents in the log"; }
+  python3 - "$tmp/a.jsonl" <<'PY' || fail "documents in the metrics"
+import json, sys
+docs = [json.loads(l)["documents"] for l in open(sys.argv[1])]
+print("documents per step:", docs)
+sys.exit(0 if len(docs) == 6 and all(d >= 2 for d in docs) else 1)
+PY
+  mkdir -p "$tmp/b" && cp -r "$tmp/a/step_00000003" "$tmp/b/"
+  timeout 300 "${mpirun[@]}" -np 2 "$upipe" train "${args[@]}" --checkpoint-dir="$tmp/b" --resume \
+    > "$tmp/b.out" 2>&1 || { cat "$tmp/b.out"; fail "packed resume failed"; }
+  for f in rank_00000.safetensors rank_00001.safetensors; do
+    python3 "$(dirname "$0")/same_tensors.py" "$tmp/a/step_00000006/$f" "$tmp/b/step_00000006/$f" ||
+      fail "$f differs after resume"
+  done
+  timeout 300 "${mpirun[@]}" -np 2 "$upipe" train "${small[@]}" --data-kind=files \
+    --data-path="$tmp/corpus_tok" --documents=index --steps=2 --cp-size=1 > "$tmp/dp.out" 2>&1 ||
+    { cat "$tmp/dp.out"; fail "packed DP 2 run failed"; }
+  echo "packed: resumed from step 3 to 6, rank files identical"
   ;;
 kill)
   disrupt KILL 50 k --checkpoint-dir="$tmp/k" --checkpoint-interval=20

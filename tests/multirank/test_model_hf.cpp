@@ -6,7 +6,11 @@
 // (max|g - g64| / max|g64|, reference.json). In bf16 (weights and activations; fp32 residual
 // stream, gradients and arithmetic) the same comparisons hold within the bf16 rule below. The
 // fpdt methods also run with key chunks of 8 rows (off the kernels' 16-key panels; the fixtures'
-// S = 512 keeps every other per-call key count a power of two).
+// S = 512 keeps every other per-call key count a power of two). Packed documents (doc_lens.npy):
+// every method against transformers run on each document alone (loss and gradients, the fp32
+// rule with the packed reference's own fp32 errors), the loss alone bitwise the same, one
+// document bitwise the plain sequence, and changing one document's tokens leaves the sum of the
+// other documents' token losses bitwise unchanged.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -77,14 +81,15 @@ std::pair<double, std::string> expect_grads_match(Device& dev, Communicator& com
                                                   const ModelConfig& m, const std::string& dir,
                                                   const nlohmann::json& ref, const ParamMap& g,
                                                   const std::function<double(double)>& bound,
-                                                  const std::string& what) {
+                                                  const std::string& what,
+                                                  const std::string& grads_file = "grads_fp64") {
   double worst = 0;
   std::string worst_name;
   for (const HfTensorSpec& s : hf_tensors(m)) {
     std::vector<float> got = download(dev, g.at(s.name));
     comm.all_reduce(got.data(), int64_t(got.size()), DType::kF32, ReduceOp::kSum);
     if (comm.rank() != 0) continue;
-    const std::vector<double> want = read_f64(dir + "/grads_fp64.safetensors", s.name);
+    const std::vector<double> want = read_f64(dir + "/" + grads_file + ".safetensors", s.name);
     EXPECT_EQ(want.size(), got.size()) << s.name;
     if (want.size() != got.size()) continue;
     double err = 0, scale = 0;
@@ -227,6 +232,72 @@ int check_small_chunks(const std::string& model) {
     ++ran;
   }
   return ran;
+}
+
+// The packed fixture (doc_lens.npy) on every method valid on this rank count; fp32.
+void check_packed(const std::string& model) {
+  Communicator& comm = test::world();
+  const std::string dir = kFixtures + "/hf/" + model;
+  const ModelConfig m = load_model_config(dir);
+  std::vector<int32_t> tokens = read_npy_tokens(dir + "/tokens.npy", m.vocab_size);
+  const int64_t s = int64_t(tokens.size());
+  const std::vector<int32_t> lens32 = read_npy_tokens(dir + "/doc_lens.npy", s + 1);
+  const std::vector<int64_t> lens(lens32.begin(), lens32.end());
+  const auto docs = std::make_shared<const Documents>(lens, s);
+  nlohmann::json ref;
+  std::ifstream(dir + "/reference.json") >> ref;
+  const nlohmann::json& packed_ref = ref.at("packed");
+  const double loss64 = packed_ref.at("loss_fp64");
+  Device dev;
+  const ParamMap w = load_params(dev, m, dir, DType::kF32, 0);
+  // Document 4 (the 211 tokens from row 165) changes; the group: every other prediction.
+  const int64_t a = 165, b = 376;
+  std::vector<uint8_t> others(size_t(s), 1);
+  for (int64_t i = a; i < b; ++i) others[size_t(i)] = 0;
+  std::vector<int32_t> changed = tokens;
+  for (int64_t i = a; i < b; ++i) changed[size_t(i)] = (changed[size_t(i)] + 7) % m.vocab_size;
+  for (const std::string& method : methods(comm.size())) {
+    DecoderOptions opt;
+    opt.knobs.method = method;
+    opt.seq_len = s;
+    if (comm.size() == 4 && (method == "usp" || method == "upipe-ring"))
+      opt.knobs.ulysses_degree = 2;
+    opt.memory.tile_tokens = 96;
+    Decoder dec(dev, comm, m, opt);
+    const ParamMap g = allocate_params(dev, m, DType::kF32, Tag::kGrads);
+    FullParams p(m, w, g);
+    LossSpec spec;
+    spec.documents = docs;
+    const double loss = dec.run(tokens, p, spec).loss;
+    const std::string what = model + " " + method + " packed";
+    EXPECT_LE(std::abs(loss - loss64) / std::abs(loss64), 1e-5)
+        << what << ": loss " << loss << " vs transformers fp64 " << loss64;
+    const auto [worst, worst_name] = expect_grads_match(
+        dev, comm, m, dir, packed_ref, g, [](double hf32) { return 10 * hf32; }, what,
+        "grads_packed_fp64");
+    FullParams no_grads(m, w, {});
+    EXPECT_EQ(dec.loss(tokens, no_grads, spec).loss, loss) << what << " loss only";
+    LossSpec one;  // a single document is the plain sequence
+    one.documents = std::make_shared<const Documents>(std::vector<int64_t>{s}, s);
+    EXPECT_EQ(dec.loss(tokens, no_grads, one).loss, dec.loss(tokens, no_grads).loss) << what;
+    LossSpec grouped = spec;
+    grouped.group = others;
+    const StepLoss before = dec.loss(tokens, no_grads, grouped);
+    const StepLoss after = dec.loss(changed, no_grads, grouped);
+    EXPECT_EQ(after.group_sum, before.group_sum) << what << ": the other documents' losses";
+    EXPECT_NE(after.loss, before.loss) << what << ": the changed document's loss";
+    if (comm.rank() == 0)
+      std::printf("  %s: loss relative error %.3g, worst gradient %.3g (%s)\n", what.c_str(),
+                  std::abs(loss - loss64) / std::abs(loss64), worst, worst_name.c_str());
+  }
+}
+
+TEST(ModelHf, LlamaPackedDocumentsEqualTransformersPerDocument) {
+  check_packed("llama");
+}
+
+TEST(ModelHf, Qwen3PackedDocumentsEqualTransformersPerDocument) {
+  check_packed("qwen3");
 }
 
 TEST(ModelHf, LlamaTiedLlama3RopeEqualsTransformers) {

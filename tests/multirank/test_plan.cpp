@@ -26,6 +26,8 @@ RankPlan real_step(Communicator& world, const ModelConfig& m, const PlanRequest&
     Sequence q;
     for (int64_t i = 0; i < r.decoder.seq_len; ++i)
       q.tokens.push_back(int32_t(uniform_at(uint64_t(dp + 1), uint64_t(i)) * m.vocab_size));
+    if (!r.doc_lens.empty())
+      q.documents = std::make_shared<const Documents>(r.doc_lens, r.decoder.seq_len);
     return q;
   });
   EXPECT_GT(res.loss, 0.0);  // the step really ran
@@ -96,6 +98,32 @@ TEST(Plan, RealStepEqualsPlanPerTagOnEveryRank) {
         }
     }
   }
+}
+
+// Packed documents: the plan of a step whose sequence is documents (their mask, tag docs) equals
+// the real step per tag on every rank, for every method, recomputing layers or keeping everything.
+TEST(Plan, PackedDocumentsRealStepEqualsPlanPerTag) {
+  Communicator& world = test::world();
+  const int w = world.size();
+  const ModelConfig m = load_model_config("tiny");
+  std::vector<std::string> methods = {"ulysses", "upipe", "ring", "fpdt", "upipe-fpdt"};
+  if (w == 4) methods.push_back("usp");
+  for (const std::string& method : methods)
+    for (Recompute rc : {Recompute::kLayer, Recompute::kNone}) {
+      PlanRequest r;
+      r.ranks = w;
+      r.cp_size = w;
+      r.decoder.knobs.method = method;
+      r.decoder.seq_len = 256;
+      r.decoder.memory.tile_tokens = 48;
+      r.decoder.memory.recompute = rc;
+      r.doc_lens = {1, 60, 3, 100, 92};
+      if (method == "usp") r.decoder.knobs.ulysses_degree = 2;
+      const std::string what = fmt::format("{} packed, recompute {}, rank {} of {}", method,
+                                           recompute_name(rc), world.rank(), w);
+      const RankPlan real = real_step(world, m, r);
+      expect_same(plan_rank(m, r, world.rank()), real, what);
+    }
 }
 
 }  // namespace

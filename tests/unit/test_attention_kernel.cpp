@@ -2,12 +2,18 @@
 // the fast kernel's error must be within 2x the error of a same-precision naive baseline (plus
 // a floor of a few ulp of the output's magnitude), as in flash-attention's tests. Also:
 // finite-difference gradients, the head-split reduction-order contract (bitwise), block-wise
-// accumulation and log-sum-exp merging, determinism, and exact workspace bytes.
+// accumulation and log-sum-exp merging, determinism, and exact workspace bytes. Packed documents:
+// document-causal attention against the reference's per-row mask on every kernel path (whole
+// sequences and ring-like pieces of documents on sub-views), one document bitwise equal to the
+// causal kernel, a document's results bitwise independent of the other documents' values, and
+// rows with no key of their document -inf / 0.
 #include <gtest/gtest.h>
 
 #include <limits>
+#include <random>
 
 #include "backend/attention.h"
+#include "backend/cpu/attention_mask.h"
 #include "backend/cpu/attention_tiles.h"
 #include "backend/cpu/cpu_isa.h"
 #include "backend/reference/attention_ref.h"
@@ -18,18 +24,51 @@ namespace {
 
 using test::read;
 
+// Documents of a view: its span list (rows numbered in the list) and the list row of view row 0.
+struct ViewDocs {
+  std::vector<DocSpan> spans;
+  int64_t row0 = 0;
+  DocRows rows() const { return {spans.data(), int64_t(spans.size()), row0}; }
+  // The document and position of each of the view's n rows.
+  void expand(int64_t n, std::vector<int64_t>& doc, std::vector<int64_t>& pos) const {
+    doc.assign(size_t(n), -1);
+    pos.assign(size_t(n), -1);
+    for (const DocSpan& sp : spans)
+      for (int64_t r = 0; r < sp.rows; ++r) {
+        const int64_t i = sp.row + r - row0;
+        if (i < 0 || i >= n) continue;
+        doc[size_t(i)] = sp.doc;
+        pos[size_t(i)] = sp.pos + r;
+      }
+  }
+};
+
+// Spans of a whole sequence of documents of these lengths (document i is id i).
+ViewDocs packed_docs(std::initializer_list<int64_t> lens) {
+  ViewDocs v;
+  int64_t row = 0, doc = 0;
+  for (int64_t l : lens) {
+    v.spans.push_back({row, l, doc++, 0});
+    row += l;
+  }
+  return v;
+}
+
 struct Case {
   int64_t sq, sk;
   int hq, hk, d;
   int64_t q_pos0, k_pos0;
   bool causal;
   DType dtype;
+  ViewDocs qd = {}, kd = {};  // documents (both or neither)
+  std::string tag = {};       // names a documents case
 };
 
 std::string case_name(const ::testing::TestParamInfo<Case>& i) {
   const Case& c = i.param;
-  return fmt::format("sq{}_sk{}_h{}_{}_d{}_qp{}_kp{}_{}_{}", c.sq, c.sk, c.hq, c.hk, c.d, c.q_pos0,
-                     c.k_pos0, c.causal ? "causal" : "full", dtype_name(c.dtype));
+  return fmt::format("sq{}_sk{}_h{}_{}_d{}_qp{}_kp{}_{}_{}{}", c.sq, c.sk, c.hq, c.hk, c.d,
+                     c.q_pos0, c.k_pos0, c.causal ? "causal" : "full", dtype_name(c.dtype),
+                     c.tag.empty() ? "" : "_" + c.tag);
 }
 
 // Inputs, the fast results and the fp64 / same-precision references of one case.
@@ -49,15 +88,27 @@ Inputs make_inputs(const Case& c, Device& dev, Tensor& q, Tensor& k, Tensor& v, 
   test::fill_normal(dout, 14);
   Inputs r{read(q), read(k), read(v), read(dout), {}};
   r.dims = ref::AttnDims{c.sq, c.sk, c.hq, c.hk, c.d, c.q_pos0, c.k_pos0, c.causal};
+  if (!c.qd.spans.empty()) {
+    c.qd.expand(c.sq, r.dims.q_doc, r.dims.q_pos);
+    c.kd.expand(c.sk, r.dims.k_doc, r.dims.k_pos);
+  }
   return r;
+}
+
+AttnProblem problem_of(const Case& c, const Mat& q, const Mat& k, const Mat& v) {
+  AttnProblem p{q, k, v, c.hq, c.hk, c.d, c.q_pos0, c.k_pos0, c.causal};
+  if (!c.qd.spans.empty()) {
+    p.q_docs = c.qd.rows();
+    p.k_docs = c.kd.rows();
+  }
+  return p;
 }
 
 using test::cast;
 
-class AttnKernel : public ::testing::TestWithParam<Case> {};
-
-TEST_P(AttnKernel, ForwardAndBackwardWithinTwiceBaselineError) {
-  const Case c = GetParam();
+// The fast kernels' o, lse, dq, dk, dv of case c against the fp64 reference, within twice the
+// error of the same-precision naive baseline plus 4 fp32 ulp of the largest value.
+void expect_within_baseline(const Case& c) {
   Device dev;
   Tensor q, k, v, dout;
   Inputs in = make_inputs(c, dev, q, k, v, dout);
@@ -66,7 +117,7 @@ TEST_P(AttnKernel, ForwardAndBackwardWithinTwiceBaselineError) {
   // Fast kernel.
   Tensor o(dev.mem(), Tag::kAttnOut, c.dtype, c.sq, qc);
   Tensor lse(dev.mem(), Tag::kAttnOut, DType::kF32, c.hq, c.sq);
-  AttnProblem p{q, k, v, c.hq, c.hk, c.d, c.q_pos0, c.k_pos0, c.causal};
+  const AttnProblem p = problem_of(c, q, k, v);
   const int64_t before = dev.mem().current();
   dev.mem().reset_peak();
   attention_forward(dev, p, o, lse);
@@ -123,6 +174,12 @@ TEST_P(AttnKernel, ForwardAndBackwardWithinTwiceBaselineError) {
   check("dq", read(dq), dq64, cast<double>(dq32));
   check("dk", read(dk), dk64, cast<double>(dk32));
   check("dv", read(dv), dv64, cast<double>(dv32));
+}
+
+class AttnKernel : public ::testing::TestWithParam<Case> {};
+
+TEST_P(AttnKernel, ForwardAndBackwardWithinTwiceBaselineError) {
+  expect_within_baseline(GetParam());
 }
 
 const DType F = DType::kF32, B = DType::kBF16;
@@ -238,6 +295,175 @@ TEST_P(AttnKernelPath, QueryPrefixIsBitwiseEqual) {
   EXPECT_EQ(read(o2), read(o.mat().rows_of(0, s2)));
   EXPECT_EQ(read(lse2), read(lse.mat().cols_of(0, s2)));
   EXPECT_EQ(read(dq2), read(dq.mat().rows_of(0, s2)));
+}
+
+// Packed documents: whole sequences (documents of length 1, lengths off every tile and panel
+// boundary, one longer than the forward's query tile) and ring-like pieces (a sub-view of a
+// query list, a key view holding two non-adjacent pieces of one document, a query document with
+// no key in the block).
+std::vector<Case> document_cases(DType t) {
+  Case whole{700, 700,    4, 2, 32, 0, 0, true, t, packed_docs({1, 5, 130, 1, 300, 17, 246}),
+             {},  "whole"};
+  whole.kd = whole.qd;
+  Case longer{1700, 1700, 2, 1, 16, 0, 0, true, t, packed_docs({900, 1, 1, 798}), {}, "long"};
+  longer.kd = longer.qd;
+  Case pieces{160, 230, 2, 1, 32, 0, 0, true, t, {}, {}, "pieces"};
+  pieces.qd = {{{0, 30, 1, 5}, {30, 50, 3, 10}, {80, 100, 5, 0}}, 10};
+  pieces.kd = {{{0, 40, 2, 0}, {40, 30, 3, 0}, {70, 40, 3, 80}, {110, 100, 5, 50}, {210, 20, 7, 0}},
+               0};
+  return {whole, longer, pieces};
+}
+
+TEST_P(AttnKernelPath, DocumentsWithinTwiceBaselineError) {
+  for (const Case& c : document_cases(GetParam().dtype)) {
+    SCOPED_TRACE(c.tag);
+    expect_within_baseline(c);
+  }
+}
+
+// Forward and backward of case c on the given inputs: o, lse, dq, dk, dv read back.
+std::vector<std::vector<double>> run_case(Device& dev, const Case& c, const Tensor& q,
+                                          const Tensor& k, const Tensor& v, const Tensor& dout) {
+  const AttnProblem p = problem_of(c, q, k, v);
+  Tensor o(dev.mem(), Tag::kAttnOut, c.dtype, c.sq, c.hq * c.d),
+      lse(dev.mem(), Tag::kAttnOut, DType::kF32, c.hq, c.sq);
+  attention_forward(dev, p, o, lse);
+  Tensor delta(dev.mem(), Tag::kAttnGrad, DType::kF32, c.hq, c.sq);
+  attention_delta(dev, o, dout, c.d, delta);
+  Tensor dq(dev.mem(), Tag::kAttnGrad, DType::kF32, c.sq, c.hq * c.d),
+      dk(dev.mem(), Tag::kAttnGrad, DType::kF32, c.sk, c.hk * c.d),
+      dv(dev.mem(), Tag::kAttnGrad, DType::kF32, c.sk, c.hk * c.d);
+  test::fill_value(dq, 0);
+  test::fill_value(dk, 0);
+  test::fill_value(dv, 0);
+  attention_backward(dev, p, dout, lse, delta, dq, dk, dv);
+  return {read(o), read(lse), read(dq), read(dk), read(dv)};
+}
+
+// One document covering the view runs the causal kernel's arithmetic: bitwise equal.
+TEST_P(AttnKernelPath, OneDocumentIsBitwiseTheCausalKernel) {
+  const DType t = GetParam().dtype;
+  Device dev;
+  Case plain{900, 900, 4, 2, 32, 0, 0, true, t};
+  Case one = plain;
+  one.qd = one.kd = packed_docs({900});
+  Tensor q, k, v, dout;
+  make_inputs(plain, dev, q, k, v, dout);
+  EXPECT_EQ(run_case(dev, one, q, k, v, dout), run_case(dev, plain, q, k, v, dout));
+}
+
+// Changing the values of one document changes nothing, bitwise, in the other documents' rows:
+// o, lse, dq of their queries and dk, dv of their keys.
+TEST_P(AttnKernelPath, OtherDocumentsAreBitwiseUnchanged) {
+  const DType t = GetParam().dtype;
+  Device dev;
+  Case c{900, 900, 4, 2, 32, 0, 0, true, t, packed_docs({200, 433, 1, 266}), {}, "isolated"};
+  c.kd = c.qd;
+  Tensor q, k, v, dout;
+  make_inputs(c, dev, q, k, v, dout);
+  const auto before = run_case(dev, c, q, k, v, dout);
+  const int64_t a = 200, n = 433;  // document 1
+  for (const Tensor* x : {&q, &k, &v, &dout}) test::fill_normal(x->mat().rows_of(a, n), 99);
+  const auto after = run_case(dev, c, q, k, v, dout);
+  const int64_t cols[] = {c.hq * c.d, 1, c.hq * c.d, c.hk * c.d, c.hk * c.d};
+  int changed = 0;
+  for (size_t i = 0; i < before.size(); ++i)
+    for (int64_t r = 0; r < c.sq; ++r) {
+      const bool mine = r >= a && r < a + n;
+      for (int64_t col = 0; col < (i == 1 ? c.hq : cols[i]); ++col) {
+        // lse is (hq, sq): element (h, r); the others (rows, cols): element (r, col).
+        const size_t at = i == 1 ? size_t(col * c.sq + r) : size_t(r * cols[i] + col);
+        if (mine)
+          changed += before[i][at] != after[i][at];
+        else
+          ASSERT_EQ(before[i][at], after[i][at]) << "tensor " << i << " row " << r;
+      }
+    }
+  EXPECT_GT(changed, 0) << "the perturbed document's own results must change";
+}
+
+// A query row whose document has no key in the block (a ring step): lse -inf, o 0, dq 0.
+TEST_P(AttnKernelPath, RowsWithoutTheirDocumentSeeNothing) {
+  const DType t = GetParam().dtype;
+  Device dev;
+  Case c = document_cases(t)[2];  // "pieces": its first 20 view rows are document 1, absent in k
+  Tensor q, k, v, dout;
+  make_inputs(c, dev, q, k, v, dout);
+  const auto r = run_case(dev, c, q, k, v, dout);
+  for (int64_t i = 0; i < 20; ++i) {
+    for (int h = 0; h < c.hq; ++h)
+      EXPECT_EQ(r[1][size_t(h * c.sq + i)], -std::numeric_limits<double>::infinity());
+    for (int64_t col = 0; col < c.hq * c.d; ++col) {
+      EXPECT_EQ(r[0][size_t(i * c.hq * c.d + col)], 0.0);
+      EXPECT_EQ(r[2][size_t(i * c.hq * c.d + col)], 0.0);
+    }
+  }
+}
+
+// The tile decisions' inputs (cpu/attention_mask.h) against the visibility rule row by row, on
+// random span lists of sub-views: each query row's key range is exactly its visible keys (one
+// contiguous range, empty when none), both bounds never decrease, and query_rows holds every row
+// that sees a key of a tile.
+TEST(AttnKernelMask, KeyRangesAreExactlyTheVisibleKeys) {
+  std::mt19937_64 rng(5);
+  for (int trial = 0; trial < 200; ++trial) {
+    // Query and key lists over documents 0..7: pieces in (document, position) order.
+    auto list = [&](int64_t& rows) {
+      ViewDocs v;
+      rows = 0;
+      int64_t pos = 0;
+      for (int64_t doc = 0; doc < 8; ++doc) {
+        if (rng() % 3 == 0) continue;
+        pos = int64_t(rng() % 20);
+        for (int piece = 0; piece < 1 + int(rng() % 2); ++piece) {
+          const int64_t n = int64_t(rng() % 40) + 1;
+          v.spans.push_back({rows, n, doc, pos});
+          rows += n;
+          pos += n + int64_t(rng() % 30);
+        }
+      }
+      return v;
+    };
+    int64_t nq = 0, nk = 0;
+    ViewDocs qd = list(nq), kd = list(nk);
+    if (nq < 4 || nk < 4) continue;
+    qd.row0 = int64_t(rng() % uint64_t(nq / 2));  // a sub-view of the query list
+    const int64_t sq = nq - qd.row0, sk = nk;
+    AttnProblem p{Mat{nullptr, DType::kF32, sq, 16, 16},
+                  Mat{nullptr, DType::kF32, sk, 16, 16},
+                  Mat{nullptr, DType::kF32, sk, 16, 16},
+                  1,
+                  1,
+                  16};
+    p.q_docs = qd.rows();
+    p.k_docs = kd.rows();
+    std::vector<int64_t> qdoc, qpos, kdoc, kpos;
+    qd.expand(sq, qdoc, qpos);
+    kd.expand(sk, kdoc, kpos);
+    std::vector<int64_t> lo(static_cast<size_t>(sq)), hi(static_cast<size_t>(sq));
+    cpu::key_ranges(p, 0, sq, lo.data(), hi.data());
+    for (int64_t i = 0; i < sq; ++i) {
+      for (int64_t j = 0; j < sk; ++j) {
+        const bool vis = qdoc[size_t(i)] == kdoc[size_t(j)] && kpos[size_t(j)] <= qpos[size_t(i)];
+        ASSERT_EQ(vis, j >= lo[size_t(i)] && j < hi[size_t(i)])
+            << "trial " << trial << " row " << i << " key " << j;
+      }
+      if (i > 0 && lo[size_t(i)] < hi[size_t(i)]) {
+        EXPECT_GE(hi[size_t(i)], hi[size_t(i - 1)]);
+        if (lo[size_t(i - 1)] < hi[size_t(i - 1)]) {
+          EXPECT_GE(lo[size_t(i)], lo[size_t(i - 1)]);
+        }
+      }
+    }
+    for (int64_t j0 = 0; j0 < sk; j0 += 16) {
+      const int64_t n = std::min<int64_t>(16, sk - j0);
+      const cpu::RowRange rows = cpu::query_rows(p, j0, n);
+      for (int64_t i = 0; i < sq; ++i)
+        if (lo[size_t(i)] < std::min(hi[size_t(i)], j0 + n) && hi[size_t(i)] > j0) {
+          EXPECT_TRUE(i >= rows.first && i < rows.end) << "trial " << trial << " tile " << j0;
+        }
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Paths, AttnKernelPath, ::testing::ValuesIn(path_cases()),

@@ -13,6 +13,7 @@
 #include <limits>
 
 #include "backend/cpu/attention_cpu.h"
+#include "backend/cpu/attention_mask.h"
 #include "backend/cpu/attention_tiles.h"
 #include "backend/cpu/attn_micro-inl.h"
 #include "backend/cpu/cpu_isa.h"
@@ -62,16 +63,31 @@ void pack_tile_chunks(const Mat& x, int64_t r0, int64_t rows, int head, int d, f
     pack_chunks<false>(src, x.ld, rows, d, dst, cs);
 }
 
-// Number of keys of tile [j0, j0+bk) visible to query row i (causal), in [0, bk].
-inline int64_t visible(const AttnProblem& p, int64_t i, int64_t j0, int64_t bk) {
-  if (!p.causal) return bk;
-  return std::clamp<int64_t>(p.q_pos0 + i - p.k_pos0 - j0 + 1, 0, bk);
+// The keys [start, lim) of the key tile [j0, j0 + bk) that a query row with key range [lo, hi)
+// sees, in tile columns (start = lim when none).
+struct TileCols {
+  int64_t start, lim;
+};
+inline TileCols tile_cols(int64_t lo, int64_t hi, int64_t j0, int64_t bk) {
+  const int64_t lim = std::clamp<int64_t>(hi - j0, 0, bk);
+  return {std::clamp<int64_t>(lo - j0, 0, lim), lim};
 }
 
-// Number of key rows any query row of [i0, i0+bq) can see.
-inline int64_t key_limit(const AttnProblem& p, int64_t i0, int64_t bq) {
-  if (!p.causal) return p.sk();
-  return std::clamp<int64_t>(p.q_pos0 + i0 + bq - 1 - p.k_pos0 + 1, 0, p.sk());
+// The columns a stripe of rows computes: panels from the one holding the first key any row sees
+// (c0, a multiple of kNr) to the last (smax); smax = 0 when no row sees a key of the tile.
+struct StripeCols {
+  int64_t c0 = 0, smax = 0;
+};
+inline StripeCols stripe_cols(const int64_t* start, const int64_t* lim, int mr) {
+  StripeCols c;
+  int64_t first = -1;
+  for (int r = 0; r < mr; ++r) {
+    if (start[r] >= lim[r]) continue;
+    first = first < 0 ? start[r] : std::min(first, start[r]);
+    c.smax = std::max(c.smax, lim[r]);
+  }
+  if (first >= 0) c.c0 = first / kAttnPanel * kAttnPanel;
+  return c;
 }
 
 // The buffers carved out of ws end where attn_*_workspace_bytes says (fp32 inputs need no staging).
@@ -91,19 +107,32 @@ HWY_INLINE hn::Mask<DF> lanes_below(int64_t n) {
   return hn::FirstN(DF(), size_t(std::clamp<int64_t>(n, 0, kLanes)));
 }
 
-// Online-softmax step of one query row over the scores s[0, lim) of a key tile (lim >= 1):
-// overwrites s[0, n) with p = exp(s - m_new) and zeros past lim (n >= lim, s has room up to a
-// multiple of kNr), updates the running max m and sum l, and returns the factor alpha the
-// row's output accumulator must be scaled by.
-float softmax_row(float* s, int64_t lim, int64_t n, float& m, float& l) {
+// Lanes [lo, hi) of a vector (relative to its first lane).
+HWY_INLINE hn::Mask<DF> lanes_in(int64_t lo, int64_t hi) {
+  return hn::AndNot(lanes_below(lo), lanes_below(hi));
+}
+
+// Online-softmax step of one query row over the scores s[start, lim) of a key tile (start < lim),
+// scores defined from c0 (a multiple of kNr, <= start): overwrites s[c0, n) with p = exp(s -
+// m_new) inside [start, lim) and zeros outside (n >= lim, s has room up to a multiple of kNr),
+// updates the running max m and sum l, and returns the factor alpha the row's output
+// accumulator must be scaled by.
+float softmax_row(float* s, int64_t c0, int64_t start, int64_t lim, int64_t n, float& m, float& l) {
   const DF df;
   VF vmax = hn::Set(df, kNegInf);
-  for (int64_t c = 0; c < lim; c += kLanes)
-    vmax = hn::Max(vmax, hn::IfThenElse(lanes_below(lim - c), hn::LoadU(df, s + c), vmax));
+  for (int64_t c = c0; c < lim; c += kLanes)
+    vmax = hn::Max(vmax, hn::IfThenElse(lanes_in(start - c, lim - c), hn::LoadU(df, s + c), vmax));
   const float m_new = std::max(m, max_lanes(vmax));
   const VF vm = hn::Set(df, m_new);
   VF vsum = hn::Zero(df);
-  int64_t c = 0;
+  int64_t c = c0;
+  // Vectors before the row's first key (another document's keys): masked.
+  for (; c < start && c < lim; c += kLanes) {
+    const VF e =
+        hn::IfThenElseZero(lanes_in(start - c, lim - c), exp_v(hn::Sub(hn::LoadU(df, s + c), vm)));
+    hn::StoreU(e, df, s + c);
+    vsum = hn::Add(vsum, e);
+  }
   for (; c + kLanes <= lim; c += kLanes) {
     const VF e = exp_v(hn::Sub(hn::LoadU(df, s + c), vm));
     hn::StoreU(e, df, s + c);
@@ -146,19 +175,31 @@ struct FwdBuffers {
   }
 };
 
-// One stripe of query rows [r0, r0 + mr) of the staged q tile against the packed key tile of
-// bk keys starting at key j0: scores, online softmax, O += P V.
-void fwd_stripe(const AttnProblem& p, const FwdBuffers& w, int64_t i0, int64_t r0, int mr,
-                int64_t j0, int64_t bk) {
+// The tile columns each row of a stripe sees, from the rows' key ranges lo, hi (mr rows).
+struct FwdStripe {
+  int64_t start[kAttnStripe], lim[kAttnStripe];
+  StripeCols cols;
+  FwdStripe(const int64_t* lo, const int64_t* hi, int mr, int64_t j0, int64_t bk) {
+    for (int r = 0; r < mr; ++r) {
+      const TileCols t = tile_cols(lo[r], hi[r], j0, bk);
+      start[r] = t.start;
+      lim[r] = t.lim;
+    }
+    cols = stripe_cols(start, lim, mr);
+  }
+};
+
+// One stripe of query rows [r0, r0 + mr) of the staged q tile, with key ranges lo, hi, against
+// the packed key tile of bk keys starting at key j0: scores, online softmax, O += P V, over the
+// panels some row of the stripe sees.
+void fwd_stripe(const AttnProblem& p, const FwdBuffers& w, const int64_t* lo, const int64_t* hi,
+                int64_t r0, int mr, int64_t j0, int64_t bk) {
   const DF df;
   const int d = p.d;
   const int64_t dp = attn_padded_dim(d);
   const VF vscale = hn::Set(df, p.softmax_scale());
-  int64_t lim[kAttnStripe], smax = 0;
-  for (int r = 0; r < mr; ++r) {
-    lim[r] = visible(p, i0 + r0 + r, j0, bk);
-    smax = std::max(smax, lim[r]);
-  }
+  const FwdStripe st(lo + r0, hi + r0, mr, j0, bk);
+  const int64_t smax = st.cols.smax, c0 = st.cols.c0;
   if (smax == 0) return;
   const int64_t n_panels = (smax + kNr - 1) / kNr, ps = int64_t(kNr) * d;
   // Scores, scaled, in row groups of kScoreMr and kScoreNp panels at a time.
@@ -172,7 +213,7 @@ void fwd_stripe(const AttnProblem& p, const FwdBuffers& w, int64_t i0, int64_t r
           for (int i = 0; i < kPv; ++i) hn::StoreU(hn::Mul(v[i], vscale), df, dst + i * kLanes);
         };
       };
-      int64_t b = 0;
+      int64_t b = c0 / kNr;
       for (; b + kScoreNp <= n_panels; b += kScoreNp)
         score_block<MR, kScoreNp>(qs, d, w.k_panel + b * ps, ps, d, store(b));
       for (; b < n_panels; ++b) score_block<MR, 1>(qs, d, w.k_panel + b * ps, ps, d, store(b));
@@ -180,20 +221,21 @@ void fwd_stripe(const AttnProblem& p, const FwdBuffers& w, int64_t i0, int64_t r
   }
   for (int r = 0; r < mr; ++r) {
     float* srow = w.s_rows + r * kAttnFwdSld;
-    if (lim[r] == 0) {
-      std::fill_n(srow, smax, 0.0f);
+    if (st.start[r] >= st.lim[r]) {
+      std::fill(srow + c0, srow + smax, 0.0f);
       continue;
     }
-    const float alpha = softmax_row(srow, lim[r], smax, w.m[r0 + r], w.l[r0 + r]);
+    const float alpha =
+        softmax_row(srow, c0, st.start[r], st.lim[r], smax, w.m[r0 + r], w.l[r0 + r]);
     if (alpha != 1.0f) {
       float* orow = w.o_tile + (r0 + r) * dp;
       for (int64_t e = 0; e < d; ++e) orow[e] *= alpha;
     }
   }
-  // O += P V over the keys [0, smax): rows with fewer visible keys add exact zeros.
+  // O += P V over the keys [c0, smax): keys a row does not see add exact zeros.
   for (int g = 0; g < mr; g += kAccMr)
     acc_rows<false>(std::min(kAccMr, mr - g), dp, w.s_rows + g * kAttnFwdSld, kAttnFwdSld, w.v_pack,
-                    kNr, kAttnFwdBk * kNr, w.o_tile + (r0 + g) * dp, dp, kNr, 0, smax);
+                    kNr, kAttnFwdBk * kNr, w.o_tile + (r0 + g) * dp, dp, kNr, c0, smax);
 }
 
 // Loads the tile's running state (accumulate mode) or resets it.
@@ -253,23 +295,26 @@ void attention_forward_t(const AttnProblem& p, const Mat* o, const Mat* lse, con
   const int64_t sq = p.sq();
   const int d = p.d, group = p.hq / p.hk;
   const FwdBuffers w(ws, d, p.q.dtype);
+  int64_t lo[kAttnFwdBq], hi[kAttnFwdBq];  // the key range of each row of the query tile
   for (int h = 0; h < p.hq; ++h) {
     const int kvh = h / group;
     for (int64_t i0 = 0; i0 < sq; i0 += kAttnFwdBq) {
       const int64_t bq = std::min(kAttnFwdBq, sq - i0);
-      const int64_t n_keys = key_limit(p, i0, bq);
+      key_ranges(p, i0, bq, lo, hi);
+      const RowRange keys = keys_seen(lo, hi, bq);
       fwd_tile_begin(w, acc, m_state, l_state, h, i0, bq, d);
-      if (acc && n_keys == 0) continue;
+      if (acc && keys.end == 0) continue;
       // The q tile, staged contiguous once: it is read again for every key tile.
-      if (n_keys > 0)
+      if (keys.end > 0)
         for (int64_t r = 0; r < bq; ++r)
           widen_row(p.q.at(i0 + r, int64_t(h) * d), is_bf16(p.q), w.q_stage + r * d, d);
-      for (int64_t j0 = 0; j0 < n_keys; j0 += kAttnFwdBk) {
-        const int64_t bk = std::min(kAttnFwdBk, n_keys - j0);
+      // Key tiles stay anchored at key 0; those before the first key any row sees are skipped.
+      for (int64_t j0 = keys.first / kAttnFwdBk * kAttnFwdBk; j0 < keys.end; j0 += kAttnFwdBk) {
+        const int64_t bk = std::min(kAttnFwdBk, keys.end - j0);
         pack_tile_t(p.k, j0, bk, kvh, d, w.k_panel);
         pack_tile_chunks(p.v, j0, bk, kvh, d, w.v_pack, kAttnFwdBk * kNr);
         for (int64_t r0 = 0; r0 < bq; r0 += kAttnStripe)
-          fwd_stripe(p, w, i0, r0, int(std::min(kAttnStripe, bq - r0)), j0, bk);
+          fwd_stripe(p, w, lo, hi, r0, int(std::min(kAttnStripe, bq - r0)), j0, bk);
       }
       fwd_tile_end(w, o, lse, acc, m_state, l_state, h, i0, bq, d);
     }
@@ -279,22 +324,24 @@ void attention_forward_t(const AttnProblem& p, const Mat* o, const Mat* lse, con
 #if HWY_TARGET == HWY_AVX3
 namespace {
 
-// softmax_row writing the probabilities p[0, n) in bf16 (zeros past lim, n a multiple of kNr)
-// while their sum l is kept in fp32.
-float softmax_row_bf16(const float* s, int64_t lim, int64_t n, float& m, float& l, uint16_t* p) {
+// softmax_row writing the probabilities p[c0, n) in bf16 (zeros outside [start, lim), n a
+// multiple of kNr) while their sum l is kept in fp32.
+float softmax_row_bf16(const float* s, int64_t c0, int64_t start, int64_t lim, int64_t n, float& m,
+                       float& l, uint16_t* p) {
   const DF df;
   VF vmax = hn::Set(df, kNegInf);
-  for (int64_t c = 0; c < lim; c += kLanes)
-    vmax = hn::Max(vmax, hn::IfThenElse(lanes_below(lim - c), hn::LoadU(df, s + c), vmax));
+  for (int64_t c = c0; c < lim; c += kLanes)
+    vmax = hn::Max(vmax, hn::IfThenElse(lanes_in(start - c, lim - c), hn::LoadU(df, s + c), vmax));
   const float m_new = std::max(m, max_lanes(vmax));
   const VF vm = hn::Set(df, m_new);
   VF vsum = hn::Zero(df);
   auto prob = [&](int64_t c) HWY_ATTR {
-    const VF e = hn::IfThenElseZero(lanes_below(lim - c), exp_v(hn::Sub(hn::LoadU(df, s + c), vm)));
+    const VF e =
+        hn::IfThenElseZero(lanes_in(start - c, lim - c), exp_v(hn::Sub(hn::LoadU(df, s + c), vm)));
     vsum = hn::Add(vsum, e);
     return e.raw;
   };
-  int64_t c = 0;
+  int64_t c = c0;
   for (; c + 2 * kLanes <= n && c < lim; c += 2 * kLanes) {
     const __m512 lo = prob(c), hi = prob(c + kLanes);
     _mm512_storeu_si512(p + c, cvt2_bf16(hi, lo));
@@ -338,17 +385,15 @@ struct FwdBuffersBf16 {
 
 // fwd_stripe with bf16 q, k, v on the dot-product instruction: scores from the pair panels, the
 // probabilities rounded to bf16 for O += P V (their row sum stays fp32).
-void fwd_stripe_bf16(const AttnProblem& p, const FwdBuffersBf16& w, int h, int64_t i0, int64_t r0,
-                     int mr, int64_t j0, int64_t bk) {
+void fwd_stripe_bf16(const AttnProblem& p, const FwdBuffersBf16& w, const int64_t* lo,
+                     const int64_t* hi, int h, int64_t i0, int64_t r0, int mr, int64_t j0,
+                     int64_t bk) {
   const DF df;
   const int d = p.d;
   const int64_t dp = attn_padded_dim(d);
   const VF vscale = hn::Set(df, p.softmax_scale());
-  int64_t lim[kAttnStripe], smax = 0;
-  for (int r = 0; r < mr; ++r) {
-    lim[r] = visible(p, i0 + r0 + r, j0, bk);
-    smax = std::max(smax, lim[r]);
-  }
+  const FwdStripe st(lo + r0, hi + r0, mr, j0, bk);
+  const int64_t smax = st.cols.smax, c0 = st.cols.c0;
   if (smax == 0) return;
   const int64_t n_panels = (smax + kNr - 1) / kNr, ps = int64_t(kNr) * d / 2;
   const uint16_t* q = static_cast<const uint16_t*>(p.q.at(i0 + r0, int64_t(h) * d));
@@ -361,7 +406,7 @@ void fwd_stripe_bf16(const AttnProblem& p, const FwdBuffersBf16& w, int h, int64
         };
       };
       const uint16_t* qg = q + g * p.q.ld;
-      int64_t b = 0;
+      int64_t b = c0 / kNr;
       for (; b + kScoreNp <= n_panels; b += kScoreNp)
         score_block_bf16<MR, kScoreNp>(qg, p.q.ld, w.k_panel + b * ps, ps, d, store(b));
       for (; b < n_panels; ++b)
@@ -371,22 +416,22 @@ void fwd_stripe_bf16(const AttnProblem& p, const FwdBuffersBf16& w, int h, int64
   const int64_t sp = n_panels * kNr;  // scores and probabilities defined up to here
   for (int r = 0; r < mr; ++r) {
     uint16_t* prow = w.p16 + r * kAttnFwdSld;
-    if (lim[r] == 0) {
-      std::fill_n(prow, sp, uint16_t(0));
+    if (st.start[r] >= st.lim[r]) {
+      std::fill(prow + c0, prow + sp, uint16_t(0));
       continue;
     }
-    const float alpha =
-        softmax_row_bf16(w.s_rows + r * kAttnFwdSld, lim[r], sp, w.m[r0 + r], w.l[r0 + r], prow);
+    const float alpha = softmax_row_bf16(w.s_rows + r * kAttnFwdSld, c0, st.start[r], st.lim[r], sp,
+                                         w.m[r0 + r], w.l[r0 + r], prow);
     if (alpha != 1.0f) {
       float* orow = w.o_tile + (r0 + r) * dp;
       for (int64_t e = 0; e < d; ++e) orow[e] *= alpha;
     }
   }
-  // O += P V over the key pairs [0, ceil(smax / 2)): rows with fewer visible keys add zeros.
+  // O += P V over the key pairs [c0 / 2, ceil(smax / 2)): keys a row does not see add zeros.
   for (int g = 0; g < mr; g += kAccMr) {
     const PairA a{reinterpret_cast<const uint32_t*>(w.p16 + g * kAttnFwdSld), kAttnFwdSld / 2, 1};
     acc_rows_bf16(std::min(kAccMr, mr - g), dp, a, w.v_pack, kAttnFwdBk / 2 * kNr,
-                  w.o_tile + (r0 + g) * dp, dp, kNr, 0, (smax + 1) / 2);
+                  w.o_tile + (r0 + g) * dp, dp, kNr, c0 / 2, (smax + 1) / 2);
   }
 }
 
@@ -398,21 +443,23 @@ void attention_forward_bf16(const AttnProblem& p, const Mat* o, const Mat* lse, 
   const int d = p.d, group = p.hq / p.hk;
   const FwdBuffersBf16 w(ws, d);
   const FwdBuffers wf = w.as_fp32();
+  int64_t lo[kAttnFwdBq], hi[kAttnFwdBq];  // the key range of each row of the query tile
   for (int h = 0; h < p.hq; ++h) {
     const int kvh = h / group;
     for (int64_t i0 = 0; i0 < sq; i0 += kAttnFwdBq) {
       const int64_t bq = std::min(kAttnFwdBq, sq - i0);
-      const int64_t n_keys = key_limit(p, i0, bq);
+      key_ranges(p, i0, bq, lo, hi);
+      const RowRange keys = keys_seen(lo, hi, bq);
       fwd_tile_begin(wf, acc, m_state, l_state, h, i0, bq, d);
-      if (acc && n_keys == 0) continue;
-      for (int64_t j0 = 0; j0 < n_keys; j0 += kAttnFwdBk) {
-        const int64_t bk = std::min(kAttnFwdBk, n_keys - j0);
+      if (acc && keys.end == 0) continue;
+      for (int64_t j0 = keys.first / kAttnFwdBk * kAttnFwdBk; j0 < keys.end; j0 += kAttnFwdBk) {
+        const int64_t bk = std::min(kAttnFwdBk, keys.end - j0);
         pack_pair_panels(static_cast<const uint16_t*>(p.k.at(j0, int64_t(kvh) * d)), p.k.ld, bk, d,
                          w.k_panel);
         pack_pair_chunks(static_cast<const uint16_t*>(p.v.at(j0, int64_t(kvh) * d)), p.v.ld, bk, d,
                          w.v_pack, kAttnFwdBk / 2 * kNr);
         for (int64_t r0 = 0; r0 < bq; r0 += kAttnStripe)
-          fwd_stripe_bf16(p, w, h, i0, r0, int(std::min(kAttnStripe, bq - r0)), j0, bk);
+          fwd_stripe_bf16(p, w, lo, hi, h, i0, r0, int(std::min(kAttnStripe, bq - r0)), j0, bk);
       }
       fwd_tile_end(wf, o, lse, acc, m_state, l_state, h, i0, bq, d);
     }
@@ -453,16 +500,46 @@ struct BwdBuffers {
   }
 };
 
-// The per-row inputs of one backward stripe.
+// The per-row inputs of one backward stripe: rows [r0, r0 + mr) of the query tile i0 with key
+// ranges lo, hi against the key tile [j0, j0 + bk); a row whose lse is -inf sees nothing.
 struct BwdStripe {
   int mr;
-  int64_t lim[kAttnStripe];
+  int64_t start[kAttnStripe], lim[kAttnStripe];
   float lse[kAttnStripe], delta[kAttnStripe];
-  int64_t smax = 0;
+  int64_t c0 = 0, smax = 0;
+  BwdStripe(const Mat& lse_m, const Mat& delta_m, int h, int64_t i0, int64_t r0, int rows,
+            const int64_t* lo, const int64_t* hi, int64_t j0, int64_t bk)
+      : mr(rows) {
+    for (int r = 0; r < mr; ++r) {
+      lse[r] = *lse_at(lse_m, h, i0 + r0 + r);
+      delta[r] = *lse_at(delta_m, h, i0 + r0 + r);
+      const TileCols t =
+          lse[r] == kNegInf ? TileCols{0, 0} : tile_cols(lo[r0 + r], hi[r0 + r], j0, bk);
+      start[r] = t.start;
+      lim[r] = t.lim;
+    }
+    const StripeCols c = stripe_cols(start, lim, mr);
+    c0 = c.c0;
+    smax = c.smax;
+  }
+  // The stripe computes panels [c0 / kNr, n_panels()); none when no row sees a key.
+  int64_t n_panels() const { return (smax + kAttnPanel - 1) / kAttnPanel; }
 };
 
+// The query rows [lo, hi) of a tile (key ranges klo, khi, bq rows) that see some key of the tile
+// columns [jb, jb + n) of key tile j0; lo >= hi when none does.
+RowRange tile_rows_seeing(const int64_t* klo, const int64_t* khi, int64_t bq, int64_t j0,
+                          int64_t jb, int64_t n) {
+  const int64_t k = j0 + jb;
+  const int64_t first =
+      std::partition_point(khi, khi + bq, [k](int64_t h) { return h <= k; }) - khi;
+  const int64_t end =
+      std::partition_point(klo, klo + bq, [k, n](int64_t l) { return l < k + n; }) - klo;
+  return {first, end};
+}
+
 // P = exp(scale q k^T - lse) (zero where masked) and dS = P (do v^T - delta) scale for the rows
-// [r0, r0 + mr) of the query tile against the key tile's panels [0, n_panels).
+// [r0, r0 + mr) of the query tile against the key tile's panels [c0 / kNr, n_panels).
 void bwd_scores(const BwdBuffers& w, const BwdStripe& st, const Tile& qt, const Tile& dot,
                 int64_t r0, int64_t n_panels, int d, float scale) {
   const DF df;
@@ -477,11 +554,12 @@ void bwd_scores(const BwdBuffers& w, const BwdStripe& st, const Tile& qt, const 
       auto p_epi = [&](int64_t b) HWY_ATTR {
         return [&, b](int r, int pn, const VF* v) HWY_ATTR {
           const VF vlse = hn::Set(df, st.lse[g + r]);
-          const int64_t n = st.lim[g + r] - (b + pn) * kNr;
+          const int64_t n = st.lim[g + r] - (b + pn) * kNr, n0 = st.start[g + r] - (b + pn) * kNr;
           float* dst = p_rows + r * kAttnBwdSld + (b + pn) * kNr;
           for (int i = 0; i < kPv; ++i) {
             VF x = exp_v(hn::MulSub(v[i], vscale, vlse));
-            if (n < kNr) x = hn::IfThenElseZero(lanes_below(n - i * kLanes), x);
+            if (n < kNr || n0 > 0)
+              x = hn::IfThenElseZero(lanes_in(n0 - i * kLanes, n - i * kLanes), x);
             hn::StoreU(x, df, dst + i * kLanes);
           }
         };
@@ -497,7 +575,7 @@ void bwd_scores(const BwdBuffers& w, const BwdStripe& st, const Tile& qt, const 
           }
         };
       };
-      int64_t b = 0;
+      int64_t b = st.c0 / kNr;
       for (; b + kScoreNp <= n_panels; b += kScoreNp) {
         score_block<MR, kScoreNp>(qs, qt.ld, w.k_panel + b * ps, ps, d, p_epi(b));
         score_block<MR, kScoreNp>(ds_src, dot.ld, w.v_panel + b * ps, ps, d, ds_epi(b));
@@ -510,53 +588,56 @@ void bwd_scores(const BwdBuffers& w, const BwdStripe& st, const Tile& qt, const 
   }
 }
 
+// Zeroes the P and dS rows of a stripe outside the panels it computes (read by the dV and dK
+// products): columns [0, c0) and [n_panels kNr, bkp).
+void zero_outside(float* p_rows, float* ds_rows, const BwdStripe& st, int64_t bkp) {
+  const int64_t c1 = st.n_panels() * kAttnPanel, c0 = std::min(st.c0, c1);
+  for (int r = 0; r < st.mr; ++r) {
+    float* pr = p_rows + r * kAttnBwdSld;
+    float* dr = ds_rows + r * kAttnBwdSld;
+    std::fill(pr, pr + c0, 0.0f);
+    std::fill(dr, dr + c0, 0.0f);
+    std::fill(pr + c1, pr + bkp, 0.0f);
+    std::fill(dr + c1, dr + bkp, 0.0f);
+  }
+}
+
 // One query tile [i0, i0 + bq) of the backward against the packed key tile [j0, j0 + bk).
 void bwd_query_tile(const AttnProblem& p, const BwdBuffers& w, const Mat& dout, const Mat& lse,
                     const Mat& delta, const Mat& dq, int h, int64_t j0, int64_t bk, int64_t i0,
                     int64_t bq) {
   const int d = p.d;
   const int64_t dp = attn_padded_dim(d), bkp = round_up(bk, kNr);
+  int64_t lo[kAttnBwdBq], hi[kAttnBwdBq];
+  key_ranges(p, i0, bq, lo, hi);
   const Tile qt = load_tile(p.q, i0, bq, h, d, w.q_stage);
   const Tile dot = load_tile(dout, i0, bq, h, d, w.do_stage);
   pack_tile_chunks(p.q, i0, bq, h, d, w.q_pack, w.qcs);
   pack_tile_chunks(dout, i0, bq, h, d, w.do_pack, w.qcs);
   float* dq_t = static_cast<float*>(dq.at(i0, int64_t(h) * d));
   for (int64_t r0 = 0; r0 < bq; r0 += kAttnStripe) {
-    BwdStripe st;
-    st.mr = int(std::min(kAttnStripe, bq - r0));
-    for (int r = 0; r < st.mr; ++r) {
-      st.lse[r] = *lse_at(lse, h, i0 + r0 + r);
-      st.lim[r] = st.lse[r] == kNegInf ? 0 : visible(p, i0 + r0 + r, j0, bk);
-      st.smax = std::max(st.smax, st.lim[r]);
-      st.delta[r] = *lse_at(delta, h, i0 + r0 + r);
-    }
-    const int64_t n_panels = (st.smax + kNr - 1) / kNr;
-    // Keys past the stripe's last visible panel: zero, read by the dV and dK products.
-    for (int r = 0; r < st.mr; ++r) {
-      float* pr = w.p_tile + (r0 + r) * kAttnBwdSld;
-      float* dr = w.ds_tile + (r0 + r) * kAttnBwdSld;
-      std::fill(pr + n_panels * kNr, pr + bkp, 0.0f);
-      std::fill(dr + n_panels * kNr, dr + bkp, 0.0f);
-    }
+    const BwdStripe st(lse, delta, h, i0, r0, int(std::min(kAttnStripe, bq - r0)), lo, hi, j0, bk);
+    const int64_t n_panels = st.n_panels();
+    zero_outside(w.p_tile + r0 * kAttnBwdSld, w.ds_tile + r0 * kAttnBwdSld, st, bkp);
     if (n_panels == 0) continue;
     bwd_scores(w, st, qt, dot, r0, n_panels, d, p.softmax_scale());
-    // dQ += dS K over the keys [0, smax), in increasing key order.
+    // dQ += dS K over the keys [c0, smax), in increasing key order.
     for (int g = 0; g < st.mr; g += kAccMr)
       acc_rows<false>(std::min(kAccMr, st.mr - g), d, w.ds_tile + (r0 + g) * kAttnBwdSld,
-                      kAttnBwdSld, w.k_pack, kNr, w.kcs, dq_t + (r0 + g) * dq.ld, dq.ld, kNr, 0,
+                      kAttnBwdSld, w.k_pack, kNr, w.kcs, dq_t + (r0 + g) * dq.ld, dq.ld, kNr, st.c0,
                       st.smax);
   }
-  // dV += P^T dO and dK += dS^T Q, kAccMr keys at a time, over the query rows that see them
-  // (in increasing row order; rows before the first that sees a key add exact zeros).
+  // dV += P^T dO and dK += dS^T Q, kAccMr keys at a time, over the query rows that may see them
+  // (in increasing row order; rows in that range that do not see a key add exact zeros).
   for (int64_t jb = 0; jb < bk; jb += kAccMr) {
     const int mr = int(std::min<int64_t>(kAccMr, bk - jb));
-    const int64_t i_lo =
-        p.causal ? std::clamp<int64_t>(p.k_pos0 + j0 + jb - p.q_pos0 - i0, 0, bq) : 0;
-    if (i_lo >= bq) break;
+    const RowRange rows = tile_rows_seeing(lo, hi, bq, j0, jb, mr);
+    if (rows.first >= bq) break;
+    if (rows.first >= rows.end) continue;
     acc_rows<true>(mr, dp, w.p_tile + jb, kAttnBwdSld, w.do_pack, kNr, w.qcs, w.dv_acc + jb * kNr,
-                   kNr, w.kcs, i_lo, bq);
+                   kNr, w.kcs, rows.first, rows.end);
     acc_rows<true>(mr, dp, w.ds_tile + jb, kAttnBwdSld, w.q_pack, kNr, w.qcs, w.dk_acc + jb * kNr,
-                   kNr, w.kcs, i_lo, bq);
+                   kNr, w.kcs, rows.first, rows.end);
   }
 }
 
@@ -575,9 +656,9 @@ void attention_backward_t(const AttnProblem& p, const Mat& dout, const Mat& lse,
     const int kvh = h / group;
     for (int64_t j0 = 0; j0 < sk; j0 += kAttnBwdBk) {
       const int64_t bk = std::min(kAttnBwdBk, sk - j0);
-      // First query row that sees key j0.
-      const int64_t i_first = p.causal ? std::clamp<int64_t>(p.k_pos0 + j0 - p.q_pos0, 0, sq) : 0;
-      if (i_first >= sq) continue;
+      // The query rows that may see the key tile.
+      const RowRange rows = query_rows(p, j0, bk);
+      if (rows.first >= rows.end) continue;
       pack_tile_t(p.k, j0, bk, kvh, d, w.k_panel);
       pack_tile_t(p.v, j0, bk, kvh, d, w.v_panel);
       pack_tile_chunks(p.k, j0, bk, kvh, d, w.k_pack, w.kcs);
@@ -585,7 +666,7 @@ void attention_backward_t(const AttnProblem& p, const Mat& dout, const Mat& lse,
       // chains, in a contiguous buffer.
       pack_tile_chunks(dk, j0, bk, kvh, d, w.dk_acc, w.kcs);
       pack_tile_chunks(dv, j0, bk, kvh, d, w.dv_acc, w.kcs);
-      for (int64_t i0 = i_first / kAttnBwdBq * kAttnBwdBq; i0 < sq; i0 += kAttnBwdBq)
+      for (int64_t i0 = rows.first / kAttnBwdBq * kAttnBwdBq; i0 < rows.end; i0 += kAttnBwdBq)
         bwd_query_tile(p, w, dout, lse, delta, dq, h, j0, bk, i0, std::min(kAttnBwdBq, sq - i0));
       unpack_chunks(w.dk_acc, w.kcs, bk, d, static_cast<float*>(dk.at(j0, int64_t(kvh) * d)),
                     dk.ld);
@@ -633,7 +714,8 @@ struct BwdBuffersBf16 {
   }
 };
 
-// P and dS of rows [r0, r0 + mr) against the key tile's pair panels [0, n_panels), as bwd_scores;
+// P and dS of rows [r0, r0 + mr) against the key tile's pair panels [c0 / kNr, n_panels), as
+// bwd_scores;
 // dS also rounded to bf16 into the stripe buffer for dQ.
 void bwd_scores_bf16(const BwdBuffersBf16& w, const BwdStripe& st, const uint16_t* q, int64_t ldq,
                      const uint16_t* dout, int64_t ldo, int64_t r0, int64_t n_panels, int d,
@@ -650,9 +732,9 @@ void bwd_scores_bf16(const BwdBuffersBf16& w, const BwdStripe& st, const uint16_
     with_rows<kScoreMr>(std::min(kScoreMr, st.mr - g), [&]<int MR>() HWY_ATTR {
       auto p_epi = [&](int64_t b) HWY_ATTR {
         return [&, b](int r, int pn, const VF* v) HWY_ATTR {
-          const int64_t n = st.lim[g + r] - (b + pn) * kNr;
+          const int64_t n = st.lim[g + r] - (b + pn) * kNr, n0 = st.start[g + r] - (b + pn) * kNr;
           VF x = exp_v(hn::MulSub(v[0], vscale, hn::Set(df, st.lse[g + r])));
-          if (n < kNr) x = hn::IfThenElseZero(lanes_below(n), x);
+          if (n < kNr || n0 > 0) x = hn::IfThenElseZero(lanes_in(n0, n), x);
           hn::StoreU(x, df, p_rows + r * kAttnBwdSld + (b + pn) * kNr);
         };
       };
@@ -665,7 +747,7 @@ void bwd_scores_bf16(const BwdBuffersBf16& w, const BwdStripe& st, const uint16_
           _mm256_storeu_si256(reinterpret_cast<__m256i*>(ds16_rows + at), cvt_bf16(ds.raw));
         };
       };
-      int64_t b = 0;
+      int64_t b = st.c0 / kNr;
       for (; b + kScoreNp <= n_panels; b += kScoreNp) {
         score_block_bf16<MR, kScoreNp>(qs, ldq, w.k_panel + b * ps, ps, d, p_epi(b));
         score_block_bf16<MR, kScoreNp>(dos, ldo, w.v_panel + b * ps, ps, d, ds_epi(b));
@@ -684,35 +766,25 @@ void bwd_query_tile_bf16(const AttnProblem& p, const BwdBuffersBf16& w, const Ma
                          int64_t bk, int64_t i0, int64_t bq) {
   const int d = p.d;
   const int64_t dp = attn_padded_dim(d), bkp = round_up(bk, kNr);
+  int64_t lo[kAttnBwdBq], hi[kAttnBwdBq];
+  key_ranges(p, i0, bq, lo, hi);
   const uint16_t* q = static_cast<const uint16_t*>(p.q.at(i0, int64_t(h) * d));
   const uint16_t* dot = static_cast<const uint16_t*>(dout.at(i0, int64_t(h) * d));
   pack_pair_chunks(q, p.q.ld, bq, d, w.q_pack, w.qcs);
   pack_pair_chunks(dot, dout.ld, bq, d, w.do_pack, w.qcs);
   float* dq_t = static_cast<float*>(dq.at(i0, int64_t(h) * d));
   for (int64_t r0 = 0; r0 < bq; r0 += kAttnStripe) {
-    BwdStripe st;
-    st.mr = int(std::min(kAttnStripe, bq - r0));
-    for (int r = 0; r < st.mr; ++r) {
-      st.lse[r] = *lse_at(lse, h, i0 + r0 + r);
-      st.lim[r] = st.lse[r] == kNegInf ? 0 : visible(p, i0 + r0 + r, j0, bk);
-      st.smax = std::max(st.smax, st.lim[r]);
-      st.delta[r] = *lse_at(delta, h, i0 + r0 + r);
-    }
-    const int64_t n_panels = (st.smax + kNr - 1) / kNr;
-    for (int r = 0; r < st.mr; ++r) {
-      float* pr = w.p_tile + (r0 + r) * kAttnBwdSld;
-      float* dr = w.ds_tile + (r0 + r) * kAttnBwdSld;
-      std::fill(pr + n_panels * kNr, pr + bkp, 0.0f);
-      std::fill(dr + n_panels * kNr, dr + bkp, 0.0f);
-    }
+    const BwdStripe st(lse, delta, h, i0, r0, int(std::min(kAttnStripe, bq - r0)), lo, hi, j0, bk);
+    const int64_t n_panels = st.n_panels();
+    zero_outside(w.p_tile + r0 * kAttnBwdSld, w.ds_tile + r0 * kAttnBwdSld, st, bkp);
     if (n_panels == 0) continue;
     bwd_scores_bf16(w, st, q, p.q.ld, dot, dout.ld, r0, n_panels, d, p.softmax_scale());
-    // dQ += dS K over the key pairs [0, ceil(smax / 2)), in increasing order.
+    // dQ += dS K over the key pairs [c0 / 2, ceil(smax / 2)), in increasing order.
     for (int g = 0; g < st.mr; g += kAccMr) {
       const PairA a{reinterpret_cast<const uint32_t*>(w.ds16 + g * kAttnBwdSld), kAttnBwdSld / 2,
                     1};
       acc_rows_bf16(std::min(kAccMr, st.mr - g), d, a, w.k_pack, w.kcs, dq_t + (r0 + g) * dq.ld,
-                    dq.ld, kNr, 0, (st.smax + 1) / 2);
+                    dq.ld, kNr, st.c0 / 2, (st.smax + 1) / 2);
     }
   }
   // P and dS in bf16 pairs of query rows, then dV += P^T dO and dK += dS^T Q, kAccMr keys at a
@@ -726,14 +798,14 @@ void bwd_query_tile_bf16(const AttnProblem& p, const BwdBuffersBf16& w, const Ma
   }
   for (int64_t jb = 0; jb < bk; jb += kAccMr) {
     const int mr = int(std::min<int64_t>(kAccMr, bk - jb));
-    const int64_t i_lo =
-        p.causal ? std::clamp<int64_t>(p.k_pos0 + j0 + jb - p.q_pos0 - i0, 0, bq) : 0;
-    if (i_lo >= bq) break;
+    const RowRange rows = tile_rows_seeing(lo, hi, bq, j0, jb, mr);
+    if (rows.first >= bq) break;
+    if (rows.first >= rows.end) continue;
     const PairA pa{w.p_pairs + jb, 1, kAttnBwdBk}, da{w.ds_pairs + jb, 1, kAttnBwdBk};
-    acc_rows_bf16(mr, dp, pa, w.do_pack, w.qcs, w.dv_acc + jb * kNr, kNr, w.kcsf, i_lo / 2,
-                  (bq + 1) / 2);
-    acc_rows_bf16(mr, dp, da, w.q_pack, w.qcs, w.dk_acc + jb * kNr, kNr, w.kcsf, i_lo / 2,
-                  (bq + 1) / 2);
+    acc_rows_bf16(mr, dp, pa, w.do_pack, w.qcs, w.dv_acc + jb * kNr, kNr, w.kcsf, rows.first / 2,
+                  (rows.end + 1) / 2);
+    acc_rows_bf16(mr, dp, da, w.q_pack, w.qcs, w.dk_acc + jb * kNr, kNr, w.kcsf, rows.first / 2,
+                  (rows.end + 1) / 2);
   }
 }
 
@@ -749,8 +821,8 @@ void attention_backward_bf16(const AttnProblem& p, const Mat& dout, const Mat& l
     const int kvh = h / group;
     for (int64_t j0 = 0; j0 < sk; j0 += kAttnBwdBk) {
       const int64_t bk = std::min(kAttnBwdBk, sk - j0);
-      const int64_t i_first = p.causal ? std::clamp<int64_t>(p.k_pos0 + j0 - p.q_pos0, 0, sq) : 0;
-      if (i_first >= sq) continue;
+      const RowRange rows = query_rows(p, j0, bk);
+      if (rows.first >= rows.end) continue;
       const uint16_t* k = static_cast<const uint16_t*>(p.k.at(j0, int64_t(kvh) * d));
       const uint16_t* v = static_cast<const uint16_t*>(p.v.at(j0, int64_t(kvh) * d));
       pack_pair_panels(k, p.k.ld, bk, d, w.k_panel);
@@ -758,7 +830,7 @@ void attention_backward_bf16(const AttnProblem& p, const Mat& dout, const Mat& l
       pack_pair_chunks(k, p.k.ld, bk, d, w.k_pack, w.kcs);
       pack_tile_chunks(dk, j0, bk, kvh, d, w.dk_acc, w.kcsf);
       pack_tile_chunks(dv, j0, bk, kvh, d, w.dv_acc, w.kcsf);
-      for (int64_t i0 = i_first / kAttnBwdBq * kAttnBwdBq; i0 < sq; i0 += kAttnBwdBq)
+      for (int64_t i0 = rows.first / kAttnBwdBq * kAttnBwdBq; i0 < rows.end; i0 += kAttnBwdBq)
         bwd_query_tile_bf16(p, w, dout, lse, delta, dq, h, j0, bk, i0,
                             std::min(kAttnBwdBq, sq - i0));
       unpack_chunks(w.dk_acc, w.kcsf, bk, d, static_cast<float*>(dk.at(j0, int64_t(kvh) * d)),

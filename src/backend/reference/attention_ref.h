@@ -1,9 +1,9 @@
 // Naive causal GQA attention, forward and backward: one query row at a time, a score row of
 // sk values (never an S x S matrix), no tiling, no online softmax. Same layouts and masking
-// rules as backend/attention.h. `operand` rounds the computed operands of the products (the
-// probabilities P before P V and P^T dO, dS before dS K and dS^T Q) the way the tested kernel
-// stores them for its dot products: identity for fp32, to bf16 for bf16 attention
-// (docs/kernels.md, "Precision").
+// rules as backend/attention.h, document-causal masking written out per row. `operand` rounds the
+// computed operands of the products (the probabilities P before P V and P^T dO, dS before dS K and
+// dS^T Q) the way the tested kernel stores them for its dot products: identity for fp32, to bf16
+// for bf16 attention (docs/kernels.md, "Precision").
 #pragma once
 
 #include <algorithm>
@@ -21,8 +21,15 @@ struct AttnDims {
   int64_t q_pos0 = 0, k_pos0 = 0;
   bool causal = true;
   double scale = 0;  // 0 means 1/sqrt(d)
+  // Document-causal masking when given: the document and the position inside it of every query
+  // row (sq each) and key row (sk each); q_pos0, k_pos0 are then unused.
+  std::vector<int64_t> q_doc = {}, q_pos = {}, k_doc = {}, k_pos = {};
   double softmax_scale() const { return scale != 0 ? scale : 1.0 / std::sqrt(double(d)); }
-  bool visible(int64_t i, int64_t j) const { return !causal || k_pos0 + j <= q_pos0 + i; }
+  bool visible(int64_t i, int64_t j) const {
+    if (!q_doc.empty())
+      return q_doc[size_t(i)] == k_doc[size_t(j)] && k_pos[size_t(j)] <= q_pos[size_t(i)];
+    return !causal || k_pos0 + j <= q_pos0 + i;
+  }
 };
 
 // Probabilities of query row i, head h, into p (sk); returns the log-sum-exp (-inf if none).

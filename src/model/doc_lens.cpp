@@ -1,0 +1,70 @@
+#include "model/doc_lens.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <charconv>
+#include <climits>
+
+#include "core/errors.h"
+#include "model/tokens.h"
+
+namespace upipe {
+namespace {
+
+// A list has a comma or only digits; anything else names a file.
+bool is_list(const std::string& s) {
+  return s.find(',') != std::string::npos ||
+         (!s.empty() && s.find_first_not_of("0123456789 ") == std::string::npos);
+}
+
+std::vector<int64_t> parse_list(const std::string& s, int64_t seq_len, const std::string& what) {
+  std::vector<int64_t> out;
+  size_t at = 0;
+  while (at <= s.size()) {
+    const size_t end = std::min(s.find(',', at), s.size());
+    std::string item = s.substr(at, end - at);
+    item.erase(0, item.find_first_not_of(' '));
+    item.erase(item.find_last_not_of(' ') + 1);
+    int64_t v = 0;
+    const auto r = std::from_chars(item.data(), item.data() + item.size(), v);
+    if (item.empty() || r.ec != std::errc() || r.ptr != item.data() + item.size())
+      throw ConfigError(fmt::format("{}: '{}' is not a document length (item {} of '{}')", what,
+                                    item, out.size(), s));
+    if (int64_t(out.size()) >= seq_len)
+      throw ConfigError(fmt::format("{}: more than {} lengths for a sequence of {} tokens", what,
+                                    seq_len, seq_len));
+    out.push_back(v);
+    at = end + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<int64_t> parse_doc_lens(const std::string& spec, int64_t seq_len,
+                                    const std::string& what) {
+  if (is_list(spec)) return parse_list(spec, seq_len, what);
+  const TokenFileInfo f = inspect_token_file(spec);
+  if (f.count > seq_len)
+    throw ConfigError(fmt::format("{}: {} holds {} lengths, more than a sequence of {} tokens has",
+                                  what, spec, f.count, seq_len));
+  // Lengths are read as ids in [0, seq_len]; Documents refuses a 0.
+  std::vector<int32_t> ids(static_cast<size_t>(f.count));
+  try {
+    read_token_range(f, 0, f.count, std::min<int64_t>(seq_len + 1, INT32_MAX), ids.data());
+  } catch (const ConfigError& e) {
+    throw ConfigError(fmt::format("{}: a document length must lie in [1, {}]: {}", what, seq_len,
+                                  e.what()));
+  }
+  return std::vector<int64_t>(ids.begin(), ids.end());
+}
+
+std::shared_ptr<const Documents> documents_from(const std::string& spec, int64_t seq_len,
+                                                const std::string& what) {
+  if (spec.empty()) return nullptr;
+  const std::vector<int64_t> lens = parse_doc_lens(spec, seq_len, what);
+  return std::make_shared<const Documents>(lens, seq_len, what);
+}
+
+}  // namespace upipe
