@@ -89,7 +89,6 @@ class DocMask {
   DocMask() = default;
   DocMask(Device& dev, const Documents& d, std::span<const RowPositions> views);
   DocRows list(size_t i) const;
-  size_t views() const { return first_.size(); }
   // Whether some query row of view qi sees some key row of view ki: a document in both, with a
   // key at a position at most a query's (a ring step with nothing to compute is skipped).
   bool any_visible(size_t qi, size_t ki) const;
