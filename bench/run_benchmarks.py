@@ -212,6 +212,49 @@ def section_all(quick):
     return "\n".join(text), None
 
 
+def section_documents(quick):
+    """Packed documents: time of one attention block (forward + backward) against the number of
+    equal documents per sequence, for local (1 rank), upipe and ring (2 ranks)."""
+    s = 8192 if quick else 16384
+    counts = [4, 16, 64] if quick else [4, 16, 64, 256]
+    shapes = [("attention-bound block (D = 64)", ["--hidden-size", "64"]),
+              ("D = H d = 512", [])]
+    base = ["bench", "attention", "--seq-len", str(s), "--heads", "8", "--kv-heads", "2",
+            "--head-dim", "64", "--iters", "1"]
+    runs = [("local", 1, []), ("upipe", 2, ["--stage-heads", "2"]), ("ring", 2, [])]
+    text, cmds = ["## Packed documents: time vs documents per sequence",
+                  "S=%d, H=8, K=2, d=64, fp32; n documents of S/n tokens each. One forward + "
+                  "backward of the attention block (projections included), slowest rank; "
+                  "\"1 document\" is the same S unpacked. The projections do not shrink with the "
+                  "documents, so with D = H d = 512 they bound the block's speedup (by FLOPs at "
+                  "about 12x for 64 documents); the attention-bound shape (D = 64, the same "
+                  "attention) shows the kernels' skipping. docs/documents.md." % s, ""], []
+    short = lambda c: c if len(c) < 220 else c[:220] + "..."
+    for label, extra_shape in shapes:
+        header = ["method", "ranks", "1 document"] + ["%d docs" % n for n in counts] + \
+                 ["speedup at 64 docs"]
+        rows = []
+        for method, ranks, knobs in runs:
+            cmd, j, err = run(base + extra_shape + ["--method", method] + knobs, ranks=ranks)
+            cmds.append(short(cmd))
+            one = j["fwd_s"] + j["bwd_s"] if j else None
+            times = []
+            for n in counts:
+                lens = ",".join([str(s // n)] * n)
+                cmd, j, err = run(base + extra_shape + ["--method", method, "--doc-lens", lens,
+                                                        "--no-one-document"] + knobs, ranks=ranks)
+                cmds.append(short(cmd))
+                times.append(j["fwd_s"] + j["bwd_s"] if j else "failed: " + err)
+            fmt = lambda t: "%.3f s" % t if isinstance(t, float) else str(t)
+            at = times[counts.index(64)] if 64 in counts else None
+            speed = "%.1fx" % (one / at) if isinstance(at, float) and one else ""
+            rows.append([method, ranks, fmt(one) if one else "failed"] + [fmt(t) for t in times] +
+                        [speed])
+        text += ["### " + label, "", table(header, rows), ""]
+    text += ["Commands (document lists shortened):", "```", *cmds, "```"]
+    return "\n".join(text), None
+
+
 PLAN_VARIANTS = [  # (label, method, knobs): the variants the strategy docs discuss
     ("upipe U=8", "upipe", ["--stage-heads", "8"]),
     ("usp u=2", "usp", ["--ulysses-degree", "2"]),
@@ -730,7 +773,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     ap.add_argument("--quick", action="store_true", help="smaller sizes (minutes instead of tens of minutes)")
-    ap.add_argument("--only", default="kernel,memory,speed,all,plan,comm,model,train,plan-model,plan-scale",
+    ap.add_argument("--only", default="kernel,memory,speed,all,plan,comm,model,train,plan-model,plan-scale,documents",
                     help="sections to run; the page keeps the others from its previous version")
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "results.md"))
     args = ap.parse_args()
@@ -749,7 +792,8 @@ def main():
     sections = {"kernel": section_kernel, "memory": section_memory, "speed": section_speed,
                 "all": section_all, "plan": section_plan, "comm": section_comm,
                 "model": section_model, "train": section_train,
-                "plan-model": section_plan_model, "plan-scale": section_plan_scale}
+                "plan-model": section_plan_model, "plan-scale": section_plan_scale,
+                "documents": section_documents}
     fresh = []
     for name in args.only.split(","):
         text, data = sections[name](args.quick)

@@ -24,6 +24,7 @@ namespace {
 struct Options {
   ShapeOptions shape;
   std::string doc_lens;
+  bool no_one_document = false;  // --doc-lens without the one-document comparison
   int iters = 3;
   int meta_ranks = 0;
   bool json = false;
@@ -107,7 +108,7 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
   strat->set_documents(docs);
   const Timing r = time_block(proc, *strat, dev, cfg, opt.iters);
   std::optional<Timing> one;  // the same S as one document
-  if (packed(docs)) {
+  if (packed(docs) && !opt.no_one_document) {
     strat->set_documents(nullptr);
     one = time_block(proc, *strat, dev, cfg, opt.iters);
   }
@@ -157,6 +158,8 @@ Runner add_bench_attention(CLI::App& cmd) {
   cmd.add_option("--doc-lens", opt->doc_lens,
                  "packed documents: lengths a,b,c summing to --seq-len, or a .npy/.bin file of them; "
                  "the one-document time of the same S is reported beside");
+  cmd.add_flag("--no-one-document", opt->no_one_document,
+               "with --doc-lens: skip timing the same S as one document");
   cmd.add_flag("--json", opt->json, "print one JSON object (rank 0)");
   auto sa = add_settings(cmd, kScopeBlock);
   CLI::App* c = &cmd;

@@ -9,7 +9,7 @@
 // global order also keeps them sorted by (document, position), which the kernels' DocRows need.
 //
 // Also here: the ring layouts' placement of documents over ring members (place_documents,
-// docs/strategies-ring.md "Documents") and the mask metadata a strategy builds once per layer
+// docs/documents.md, "The ring balancing rule") and the mask metadata a strategy builds once per layer
 // (DocMask: span lists in the device arena, tag docs).
 #pragma once
 
@@ -65,7 +65,7 @@ inline bool packed(const std::shared_ptr<const Documents>& d) {
 }
 
 // The ring layouts' placement (ring, usp, upipe-ring) of the documents over `members` ring
-// members of S / members rows each, balancing the causal work (docs/strategies-ring.md):
+// members of S / members rows each, balancing the causal work (docs/documents.md):
 //   1. items: a long document (work L (L + 1) / 2 above W / (2 members), W the total work) is cut
 //      as zigzag cuts one sequence, into 2 members chunks whose boundaries round k L / (2
 //      members) down, and chunks k and 2 members - 1 - k form item k; every other document is
@@ -89,7 +89,6 @@ class DocMask {
   DocMask() = default;
   DocMask(Device& dev, const Documents& d, std::span<const RowPositions> views);
   DocRows list(size_t i) const;
-  size_t views() const { return first_.size(); }
   // Whether some query row of view qi sees some key row of view ki: a document in both, with a
   // key at a position at most a query's (a ring step with nothing to compute is skipped).
   bool any_visible(size_t qi, size_t ki) const;

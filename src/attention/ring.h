@@ -5,8 +5,8 @@
 // one more hop so each rank ends with its own block), then rotates K/V with their dK/dV
 // accumulators so the gradients arrive home; dq stays local. With packed documents the ranks hold
 // the documents' placement (layout.h, place_documents) and every forward or backward builds the
-// mask of all members' rows once (tag docs). docs/strategies-ring.md has the memory formula, the
-// communication volume and the placement rule.
+// mask of all members' rows once (tag docs). docs/strategies-ring.md has the memory formula and
+// the communication volume, docs/documents.md the placement rule.
 #pragma once
 
 #include "attention/ring_pass.h"

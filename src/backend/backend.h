@@ -63,7 +63,7 @@ struct DocSpan {
 // its rows in row order and is sorted by (doc, pos), so the keys one query row sees are one
 // contiguous range of key rows; each list is in device memory (the mask metadata a strategy
 // builds once per layer, tag docs). row0 is the list row of the view's row 0, so sub-views of a
-// sequence share its list. docs/backend.md says how a varlen kernel (cuDNN) maps it.
+// sequence share its list. docs/backend.md says how a varlen kernel (cuDNN) would map it.
 struct DocRows {
   const DocSpan* spans = nullptr;
   int64_t count = 0;

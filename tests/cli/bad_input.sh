@@ -112,6 +112,25 @@ run_case "token file $tmp/fifo is a FIFO" train --data-kind=files --data-path="$
 run_case "text file $tmp/fifo is a FIFO" tokenize "$tmp/fifo" "$tmp/out.bin"
 run_case "refusing to write token file $tmp/fifo" tokenize "$fix/llama/config.json" "$tmp/fifo"
 run_case "is the input" tokenize "$fix/llama/config.json" "$fix/llama/config.json"
+# Packed documents: lengths that do not sum to S, bad items, files that are not lengths; the
+# documents mode; Megatron datasets that are not one.
+run_case "--doc-lens: the 2 lengths sum to 100, not the sequence length 512" check --seq-len 512 --doc-lens 60,40
+run_case "--doc-lens: document 1 has length 0" check --seq-len 512 --doc-lens 512,0
+run_case "--doc-lens: 'x' is not a document length" check --seq-len 512 --doc-lens 500,x
+run_case "--doc-lens: '' is not a document length" bench attention --seq-len 512 --doc-lens 500,,12
+run_case "--doc-lens: more than 4 lengths" check --seq-len 4 --doc-lens 1,1,1,1,1
+run_case "neither a .npy file" check --seq-len 512 --doc-lens "$fix/llama/config.json"
+python3 -c "import struct,sys; h=b\"{'descr': '<i4', 'fortran_order': False, 'shape': (2,), }\"; h+=b' '*(63-10-len(h))+b'\\n'; open(sys.argv[1],'wb').write(b'\\x93NUMPY\\x01\\x00'+struct.pack('<H',len(h))+h+struct.pack('<2i',600,-88))" "$tmp/lens.npy"
+run_case "--doc-lens: a document length must lie in [1, 512]" eval --model "$fix/llama" --tokens "$fix/llama/tokens.npy" --doc-lens "$tmp/lens.npy"
+run_case "--doc-lens: $fix/llama/tokens.npy holds 512 lengths, more than a sequence of 100 tokens has" check --seq-len 100 --doc-lens "$fix/llama/tokens.npy"
+run_case "token file $tmp/fifo is a FIFO" plan --ranks 2 --device-memory 80G --seq-len 512 --doc-lens "$tmp/fifo"
+run_case "drop --max-seq-len" plan --ranks 2 --device-memory 80G --max-seq-len --doc-lens 1,2
+run_case "--documents \"eos:\" is unknown" train --data-kind=files --data-path="$fix/llama/tokens.npy" --documents=eos: --steps=1
+run_case "--documents needs data.kind = \"files\"" train --documents=index --steps=1
+printf 'not an index' > "$tmp/bad.idx"
+: > "$tmp/bad.bin"
+run_case "shorter than a Megatron index header" train --data-kind=files --data-path="$tmp/bad" --documents=index --steps=1
+run_case "names no Megatron dataset" train --data-kind=files --data-path="$tmp/none" --documents=index --steps=1
 
 if [ "$failures" -ne 0 ]; then
   echo "$failures case(s) failed"

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include <numeric>
+#include <ostream>
 
 #include "attention/check.h"
 #include "attention/harness.h"
@@ -93,6 +94,14 @@ std::vector<Case> cases() {
   for (const Method& m : methods_on(world().size()))
     for (const DocCase& d : doc_cases()) out.push_back({m, d, d.name == "odd_lengths"});
   return out;
+}
+
+// gtest prints a case by its name.
+void PrintTo(const Method& m, std::ostream* os) {
+  *os << m.name;
+}
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.method.name << "_" << c.docs.name;
 }
 
 AttentionConfig config_of(const Case& c) {

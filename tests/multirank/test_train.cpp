@@ -29,18 +29,28 @@ namespace fs = std::filesystem;
 
 using test::SharedDir;
 
-// Sequence `index` of the global batch of `step`: random ids, a pure function of both.
-Sequence global_sequence(int64_t step, int64_t index, int64_t s, int64_t vocab) {
+// Sequence `index` of the global batch of `step`: random ids, a pure function of both; packed:
+// two or three documents, by the index (so the sequences' prediction counts differ).
+Sequence global_sequence(int64_t step, int64_t index, int64_t s, int64_t vocab,
+                         bool packed = false) {
   Sequence q;
   for (int64_t i = 0; i < s; ++i)
     q.tokens.push_back(int32_t(uniform_at(uint64_t(step * 1000 + index), uint64_t(i)) * vocab));
+  if (packed) {
+    const int64_t a = 1 + (step + index) % 5;
+    const std::vector<int64_t> lens = (step + index) % 2 == 0
+                                          ? std::vector<int64_t>{a, s - a}
+                                          : std::vector<int64_t>{a, 20, s - 20 - a};
+    q.documents = std::make_shared<const Documents>(lens, s);
+  }
   return q;
 }
 
-TrainOptions options(int cp, int micro, int64_t s) {
+TrainOptions options(int cp, int micro, int64_t s, bool packed = false) {
   TrainOptions o;
   o.cp_size = cp;
   o.micro_steps = micro;
+  o.packed = packed;
   o.decoder.knobs.method = cp == 1 ? "local" : "upipe";
   o.decoder.seq_len = s;
   o.decoder.memory.dtype = DType::kF32;
@@ -68,14 +78,17 @@ std::vector<StepResult> run(Trainer& tr, int64_t from, int64_t to, const ModelCo
   const int64_t s = tr.options().decoder.seq_len;
   const int dp = tr.dp_size();
   SequenceFn data = [&](int64_t step, int micro, int dp_rank) {
-    return global_sequence(step, int64_t(micro) * dp + dp_rank, s, m.vocab_size);
+    return global_sequence(step, int64_t(micro) * dp + dp_rank, s, m.vocab_size,
+                           tr.options().packed);
   };
   std::vector<StepResult> r;
   for (int64_t t = from; t < to; ++t) r.push_back(tr.step(t, data));
   return r;
 }
 
-TEST(Train, DpTimesCpSplitsGiveTheSameWeights) {
+// packed: every sequence three documents of lengths that differ between sequences, so the loss's
+// mean over the global batch's predictions needs every DP group's count.
+void expect_splits_agree(bool packed) {
   Communicator& world = test::world();
   const int w = world.size();
   const ModelConfig m = load_model_config("tiny");
@@ -89,12 +102,13 @@ TEST(Train, DpTimesCpSplitsGiveTheSameWeights) {
   std::vector<StepResult> ref_r;
   for (auto [cp, micro] : splits) {
     Device dev;
-    Trainer tr(dev, world, m, options(cp, micro, s));
+    Trainer tr(dev, world, m, options(cp, micro, s, packed));
     tr.zero().init(nullptr, 7);
     const std::vector<StepResult> r = run(tr, 0, 3, m);
     const auto st = state(dev, tr.zero());
-    const std::string what =
-        fmt::format("cp {} x dp {} (micro {}) on {} ranks", cp, w / cp, micro, w);
+    const std::string what = fmt::format("cp {} x dp {} (micro {}) on {} ranks{}", cp, w / cp,
+                                         micro, w, packed ? ", packed" : "");
+    EXPECT_EQ(r[0].documents, packed ? 5 : 2) << what;  // packed: sequences of 2 and 3
     EXPECT_GT(r[0].loss, 5.0) << what;  // ~log 256 at the start
     if (ref.empty()) {
       ref = st;
@@ -110,6 +124,14 @@ TEST(Train, DpTimesCpSplitsGiveTheSameWeights) {
         ASSERT_NEAR(st[k][i], ref[k][i], 1e-5 * (1 + std::abs(ref[k][i])))
             << what << " state " << k << " element " << i;
   }
+}
+
+TEST(Train, DpTimesCpSplitsGiveTheSameWeights) {
+  expect_splits_agree(false);
+}
+
+TEST(Train, PackedDpTimesCpSplitsGiveTheSameWeights) {
+  expect_splits_agree(true);
 }
 
 // The index in l.tensors of the tensor that holds element e of the unit (the padding: size()).
