@@ -150,10 +150,11 @@ std::vector<Row> plan_rows(const ModelConfig& m, const PlanRequest& base, const 
 
 int run(Process& proc, const Options& o, const SettingArgs& sa, const CLI::App& cmd) {
   const Settings set = resolve_settings(proc, sa, cmd, o.run_file);
-  if (!proc.root()) return 0;
+  // Every rank checks the request alike (a bad input ends every rank the same way); rank 0 plans.
   const ModelConfig m = load_model_config(set.config.model.name);
   spell_model_fields(set, m);
   const PlanRequest base = base_request(set, o);
+  if (!proc.root()) return 0;
   check_model_fits(m, base);
   const auto t0 = std::chrono::steady_clock::now();
   const std::vector<Row> rows = plan_rows(m, base, o);
