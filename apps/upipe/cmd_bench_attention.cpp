@@ -103,7 +103,7 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
   const int64_t budget = set.memory.device_bytes;
   const std::shared_ptr<const Documents> docs = documents_from(opt.doc_lens, cfg.seq_len);
   if (opt.meta_ranks > 0) return proc.root() ? plan(opt, cfg, budget, docs) : 0;
-  Device dev({BackendKind::kCpu, budget, budget});
+  Device dev({parse_backend_kind(set.device.backend), budget, budget});
   auto strat = make_strategy({dev, proc.world, cfg});
   strat->set_documents(docs);
   const Timing r = time_block(proc, *strat, dev, cfg, opt.iters);

@@ -31,6 +31,7 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
   CheckOptions co;
   co.seed = uint64_t(set.train.seed);
   co.device_budget = set.memory.device_bytes;
+  co.backend = parse_backend_kind(set.device.backend);
   if (const auto docs = documents_from(opt.doc_lens, cfg.seq_len)) co.doc_lens = docs->lengths();
   const CheckResult r = check_strategy(cfg, proc.world, co);
   if (proc.root()) {

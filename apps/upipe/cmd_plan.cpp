@@ -113,6 +113,7 @@ PlanRequest base_request(const Settings& set, const Options& o) {
   r.decoder = decoder_options(c, c.train.seq_len);
   r.device_bytes = c.memory.device_bytes;
   r.host_bytes = c.memory.host_bytes;
+  r.backend = parse_backend_kind(c.device.backend);
   r.reserve_bytes = o.reserve_gib >= 0 ? int64_t(o.reserve_gib * double(int64_t(1) << 30))
                     : o.reserve == "0" ? 0
                                        : parse_bytes(o.reserve, "--reserve");

@@ -164,7 +164,7 @@ const Oracle& oracle(const AttentionConfig& cfg, uint64_t seed, bool with_fp64,
 
 CheckResult check_strategy(const AttentionConfig& cfg, Communicator& world,
                            const CheckOptions& opt) {
-  Device dev({BackendKind::kCpu, opt.device_budget, opt.device_budget});
+  Device dev({opt.backend, opt.device_budget, opt.device_budget});
   auto strat = make_strategy({dev, world, cfg});
   const bool docs = opt.doc_lens.size() > 1;  // one document is the plain sequence
   if (docs)

@@ -37,6 +37,7 @@ namespace upipe {
 struct CheckOptions {
   uint64_t seed = 1;
   int64_t device_budget = int64_t(1) << 40;
+  BackendKind backend = BackendKind::kCpu;  // the device the strategy and local run on
   std::vector<int64_t> doc_lens = {};  // the documents' lengths (sum S); empty: one document
 };
 

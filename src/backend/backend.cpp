@@ -3,20 +3,75 @@
 #include <cmath>
 #include <numbers>
 
+#ifndef UPIPE_HAVE_CUDA
+#define UPIPE_HAVE_CUDA 0
+#endif
+
 #include "backend/cpu/cpu_backend.h"
 #include "backend/meta/meta_backend.h"
 #include "core/check.h"
+#include "core/errors.h"
+#if UPIPE_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
 
 namespace upipe {
 
 const char* backend_kind_name(BackendKind k) {
-  return k == BackendKind::kCpu ? "cpu" : "meta";
+  switch (k) {
+    case BackendKind::kCpu:
+      return "cpu";
+    case BackendKind::kMeta:
+      return "meta";
+    case BackendKind::kCuda:
+      return "cuda";
+  }
+  return "?";
 }
 
+bool cuda_backend_built() {
+  return UPIPE_HAVE_CUDA != 0;
+}
+
+BackendKind parse_backend_kind(const std::string& name) {
+  if (name == "cpu") return BackendKind::kCpu;
+  if (name == "cuda") {
+    if (!cuda_backend_built())
+      throw ConfigError(
+          "backend cuda: this upipe was built without the CUDA backend; rebuild where nvcc is "
+          "found (cmake -DUPIPE_CUDA=ON)");
+    return BackendKind::kCuda;
+  }
+  throw ConfigError("backend '" + name + "' is unknown; choose cpu or cuda");
+}
+
+namespace {
+
+// The backend a meta device asks: the target's queries, without its device.
+std::unique_ptr<Backend> make_queries(BackendKind kind) {
+#if UPIPE_HAVE_CUDA
+  if (kind == BackendKind::kCuda)
+    return std::make_unique<CudaBackend>(CudaBackend::Mode::kQueryOnly);
+#endif
+  return make_backend(kind);
+}
+
+}  // namespace
+
 std::unique_ptr<Backend> make_backend(BackendKind kind, BackendKind plans_for) {
-  if (kind == BackendKind::kMeta) {
-    UPIPE_CHECK(plans_for != BackendKind::kMeta, "a meta backend plans for a computing backend");
-    return std::make_unique<MetaBackend>(make_backend(plans_for));
+  switch (kind) {
+    case BackendKind::kMeta:
+      UPIPE_CHECK(plans_for != BackendKind::kMeta, "a meta backend plans for a computing backend");
+      return std::make_unique<MetaBackend>(make_queries(plans_for));
+    case BackendKind::kCuda:
+#if UPIPE_HAVE_CUDA
+      return std::make_unique<CudaBackend>();
+#else
+      parse_backend_kind("cuda");  // throws the error that names the build option
+      break;
+#endif
+    case BackendKind::kCpu:
+      break;
   }
   return std::make_unique<CpuBackend>();
 }

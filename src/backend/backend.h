@@ -5,8 +5,9 @@
 // call the backend. Strategies and the model see only the front-ends and the queries, never
 // which backend runs.
 //
-// Implementations: cpu/ (oneDNN GEMM, AVX2/FMA flash attention), meta/ (answers the queries of
-// the backend it plans for, computes nothing; the planner's device), and later cuda/.
+// Implementations: cpu/ (oneDNN GEMM, Highway flash attention), meta/ (answers the queries of
+// the backend it plans for, computes nothing; the planner's device), cuda/ (cuBLASLt, own
+// flash-attention kernels; built with -DUPIPE_CUDA=ON).
 // docs/backend.md states the contract each op must satisfy and how a backend is tested
 // (tests/unit/test_backend_ops.cpp runs every op of every computing backend against
 // reference/).
@@ -15,6 +16,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "core/allocator.h"
@@ -23,8 +25,13 @@
 
 namespace upipe {
 
-enum class BackendKind { kCpu, kMeta };
+enum class BackendKind { kCpu, kMeta, kCuda };
 const char* backend_kind_name(BackendKind k);
+// "cpu" or "cuda" (the computing backends a user picks); throws ConfigError otherwise, and for
+// "cuda" when this build has no CUDA backend.
+BackendKind parse_backend_kind(const std::string& name);
+// Whether this build has the CUDA backend (-DUPIPE_CUDA=ON).
+bool cuda_backend_built();
 
 // An ordered queue of copies and kernels (a CUDA stream later). The CPU backend runs
 // everything at once, in order; the default stream (id 0) is the one every op uses.
@@ -219,7 +226,8 @@ class Backend {
                      const AdamWArgs& a) = 0;
 };
 
-// The backend of `kind`; a meta backend answers the queries of `plans_for`.
+// The backend of `kind`; a meta backend answers the queries of `plans_for` (a CUDA target needs
+// no GPU: its queries are pure functions).
 std::unique_ptr<Backend> make_backend(BackendKind kind, BackendKind plans_for = BackendKind::kCpu);
 
 }  // namespace upipe

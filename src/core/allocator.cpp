@@ -5,9 +5,11 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <mutex>
 
 #include "core/arena.h"
@@ -29,7 +31,13 @@ int64_t physical_bytes() {
 
 }  // namespace
 
-HostCachingAllocator::HostCachingAllocator(int64_t cache_limit) : cache_limit_(cache_limit) {}
+SystemMemory SystemMemory::pageable() {
+  return {[](int64_t bytes) { return std::aligned_alloc(4096, size_t(bytes)); },
+          [](void* p) { std::free(p); }};
+}
+
+HostCachingAllocator::HostCachingAllocator(int64_t cache_limit, SystemMemory system)
+    : cache_limit_(cache_limit), system_(system) {}
 
 HostCachingAllocator::~HostCachingAllocator() {
   trim();
@@ -51,10 +59,10 @@ void* HostCachingAllocator::allocate(int64_t bytes) {
   }
   if (g_held + n > physical_bytes()) trim();  // the cache may hold what the system lacks
   check_can_back(n);
-  void* p = std::aligned_alloc(4096, size_t(n));
+  void* p = system_.alloc(n);
   if (!p) {
     trim();
-    p = std::aligned_alloc(4096, size_t(n));
+    p = system_.alloc(n);
   }
   if (!p) throw BackingExhausted(fmt::format("the system could not allocate {}", format_bytes(n)));
   g_held += n;
@@ -77,11 +85,61 @@ void HostCachingAllocator::release(void* p, int64_t bytes) {
 
 void HostCachingAllocator::trim() {
   for (auto& [n, p] : free_) {
-    std::free(p);
+    system_.free(p);
     g_held -= n;
   }
   free_.clear();
   cached_ = 0;
+}
+
+FirstFitRange::FirstFitRange(char* base, int64_t size) : base_(base), size_(size) {
+  free_.emplace(0, size);
+}
+
+int64_t FirstFitRange::rounded(int64_t bytes) {
+  const int64_t a = Allocator::kAlignment;
+  return bytes <= 0 ? a : (bytes / a + (bytes % a != 0)) * a;
+}
+
+void* FirstFitRange::allocate(int64_t bytes) {
+  const int64_t n = rounded(bytes);
+  for (auto it = free_.begin(); it != free_.end(); ++it) {
+    if (it->second < n) continue;
+    const int64_t off = it->first, len = it->second;
+    free_.erase(it);
+    if (len > n) free_.emplace(off + n, len - n);
+    return base_ + off;
+  }
+  return nullptr;
+}
+
+void FirstFitRange::release(void* p, int64_t bytes) {
+  const int64_t n = rounded(bytes);
+  const int64_t off = static_cast<char*>(p) - base_;
+  UPIPE_CHECK(off >= 0 && off + n <= size_, "release of an address outside the range");
+  auto next = free_.lower_bound(off);
+  UPIPE_CHECK(next == free_.end() || next->first >= off + n, "block released twice");
+  int64_t start = off, len = n;
+  if (next != free_.begin()) {
+    auto prev = std::prev(next);
+    UPIPE_CHECK(prev->first + prev->second <= off, "block released twice");
+    if (prev->first + prev->second == off) {
+      start = prev->first;
+      len += prev->second;
+      free_.erase(prev);
+    }
+  }
+  if (next != free_.end() && next->first == off + n) {
+    len += next->second;
+    free_.erase(next);
+  }
+  free_.emplace(start, len);
+}
+
+int64_t FirstFitRange::largest_free() const {
+  int64_t best = 0;
+  for (const auto& [off, len] : free_) best = std::max(best, len);
+  return best;
 }
 
 namespace {
@@ -98,45 +156,19 @@ class MetaRange {
   int64_t size() const { return size_; }
 
   void* allocate(int64_t bytes) {
-    const int64_t a = Allocator::kAlignment;
-    const int64_t n = bytes <= 0 ? a : (bytes / a + (bytes % a != 0)) * a;
     std::lock_guard<std::mutex> lock(mu_);
-    for (auto it = free_.begin(); it != free_.end(); ++it) {
-      if (it->second < n) continue;
-      const int64_t off = it->first, len = it->second;
-      free_.erase(it);
-      if (len > n) free_.emplace(off + n, len - n);
-      return base_ + off;
-    }
-    throw BackingExhausted(fmt::format(
-        "the meta device's reserved address range ({}) has no free block of {}; plan fewer "
-        "bytes at once in one process",
-        format_bytes(size_), format_bytes(n)));
+    void* p = range_->allocate(bytes);
+    if (p == nullptr)
+      throw BackingExhausted(fmt::format(
+          "the meta device's reserved address range ({}) has no free block of {}; plan fewer "
+          "bytes at once in one process",
+          format_bytes(size_), format_bytes(bytes)));
+    return p;
   }
 
   void release(void* p, int64_t bytes) {
-    const int64_t a = Allocator::kAlignment;
-    const int64_t n = bytes <= 0 ? a : (bytes / a + (bytes % a != 0)) * a;
-    const int64_t off = static_cast<char*>(p) - base_;
-    UPIPE_CHECK(off >= 0 && off + n <= size_, "meta release of an address outside the range");
     std::lock_guard<std::mutex> lock(mu_);
-    auto next = free_.lower_bound(off);
-    UPIPE_CHECK(next == free_.end() || next->first >= off + n, "meta block released twice");
-    int64_t start = off, len = n;
-    if (next != free_.begin()) {
-      auto prev = std::prev(next);
-      UPIPE_CHECK(prev->first + prev->second <= off, "meta block released twice");
-      if (prev->first + prev->second == off) {
-        start = prev->first;
-        len += prev->second;
-        free_.erase(prev);
-      }
-    }
-    if (next != free_.end() && next->first == off + n) {
-      len += next->second;
-      free_.erase(next);
-    }
-    free_.emplace(start, len);
+    range_->release(p, bytes);
   }
 
  private:
@@ -145,9 +177,8 @@ class MetaRange {
       void* p = mmap(nullptr, size_t(want), PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
                      -1, 0);
       if (p == MAP_FAILED) continue;
-      base_ = static_cast<char*>(p);
       size_ = want;
-      free_.emplace(0, want);
+      range_ = std::make_unique<FirstFitRange>(static_cast<char*>(p), want);
       return;
     }
     UPIPE_CHECK(false,
@@ -156,9 +187,8 @@ class MetaRange {
   }
 
   std::mutex mu_;
-  char* base_ = nullptr;
   int64_t size_ = 0;
-  std::map<int64_t, int64_t> free_;
+  std::unique_ptr<FirstFitRange> range_;
 };
 
 }  // namespace

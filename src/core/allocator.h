@@ -27,10 +27,20 @@ class Allocator {
   static constexpr int64_t kAlignment = 64;
 };
 
+// Where a caching allocator's blocks come from: page-aligned host memory by default; the CUDA
+// backend passes pinned memory (cudaHostAlloc), so its host arena can be the target of
+// asynchronous copies. alloc returns nullptr when the system refuses.
+struct SystemMemory {
+  void* (*alloc)(int64_t bytes) = nullptr;
+  void (*free)(void* p) = nullptr;
+  static SystemMemory pageable();
+};
+
 class HostCachingAllocator final : public Allocator {
  public:
   // Cached (free) bytes above cache_limit are returned to the system.
-  explicit HostCachingAllocator(int64_t cache_limit = int64_t(8) << 30);
+  explicit HostCachingAllocator(int64_t cache_limit = int64_t(8) << 30,
+                                SystemMemory system = SystemMemory::pageable());
   ~HostCachingAllocator() override;
   void* allocate(int64_t bytes) override;
   void release(void* p, int64_t bytes) override;
@@ -44,6 +54,29 @@ class HostCachingAllocator final : public Allocator {
   std::multimap<int64_t, void*> free_;  // rounded size -> block
   int64_t cached_ = 0;
   int64_t cache_limit_;
+  SystemMemory system_;
+};
+
+// Address-ordered first fit over one reserved range [base, base + size), blocks rounded to
+// Allocator::kAlignment and coalesced on release: the meta device's address range and the CUDA
+// backend's one cudaMalloc both hand out their blocks with it. Not thread-safe by itself.
+class FirstFitRange {
+ public:
+  FirstFitRange(char* base, int64_t size);
+  char* base() const { return base_; }
+  int64_t size() const { return size_; }
+  // nullptr when no free block holds `bytes`.
+  void* allocate(int64_t bytes);
+  // Checks that p is a live block of the range (a double release is an error).
+  void release(void* p, int64_t bytes);
+  // The largest free block (what one more allocation could get).
+  int64_t largest_free() const;
+
+ private:
+  static int64_t rounded(int64_t bytes);
+  char* base_;
+  int64_t size_;
+  std::map<int64_t, int64_t> free_;  // offset -> length
 };
 
 // What an allocator throws when it cannot back a request; the arena turns it into an

@@ -62,11 +62,11 @@ AttentionConfig block_shape(const ModelConfig& m, const PlanRequest& r) {
   return c;
 }
 
-// A meta device with the given budgets (0 = the whole reserved range).
-DeviceOptions meta_device(int64_t budget_device, int64_t budget_host) {
+// A meta device with the given budgets (0 = the whole reserved range), planning for target.
+DeviceOptions meta_device(int64_t budget_device, int64_t budget_host, BackendKind target) {
   const int64_t unlimited = MetaAllocator::reserved_bytes();
   return {BackendKind::kMeta, budget_device > 0 ? budget_device : unlimited,
-          budget_host > 0 ? budget_host : unlimited};
+          budget_host > 0 ? budget_host : unlimited, target};
 }
 
 // What a rank's allocations can depend on of its rank (rank_classes): the lengths of the runs of
@@ -112,7 +112,7 @@ std::vector<RankClass> rank_classes(const ModelConfig& m, const PlanRequest& r) 
   // With documents each rank's mask and placement are its own: no two ranks are assumed alike.
   if (!r.doc_lens.empty()) return every_rank(r.ranks);
   // The layout the trainer's strategy shards the sequence with: the same on every rank.
-  Device dev(meta_device(0, 0));
+  Device dev(meta_device(0, 0, r.backend));
   FakeCommunicator world(0, r.ranks);
   const Trainer tr(dev, world, m, train_options(r));
   const SeqLayout layout = tr.decoder().strategy().layout();
@@ -129,7 +129,7 @@ std::vector<RankClass> rank_classes(const ModelConfig& m, const PlanRequest& r) 
 RankPlan plan_rank(const ModelConfig& m, const PlanRequest& r, int rank, int64_t budget_device,
                    int64_t budget_host) {
   check_request(r);
-  Device dev(meta_device(budget_device, budget_host));
+  Device dev(meta_device(budget_device, budget_host, r.backend));
   FakeCommunicator world(rank, r.ranks);
   Trainer tr(dev, world, m, train_options(r));
   tr.zero().init(nullptr, 0);

@@ -36,6 +36,9 @@ struct PlanRequest {
   int64_t device_bytes = int64_t(80) << 30;  // per rank
   int64_t host_bytes = int64_t(256) << 30;   // per rank
   int64_t reserve_bytes = kDefaultReserveBytes;
+  // The backend the run computes on: its workspace queries size every op's workspace (a cuda
+  // plan needs no GPU).
+  BackendKind backend = BackendKind::kCpu;
   // Packed documents: the lengths of every sequence's documents (summing to S); empty: one
   // document per sequence. Only the documents' mask (tag docs) depends on them.
   std::vector<int64_t> doc_lens;

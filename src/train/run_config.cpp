@@ -11,6 +11,7 @@
 #include <variant>
 
 #include "attention/methods.h"
+#include "backend/backend.h"
 #include "core/errors.h"
 #include "model/config.h"
 #include "core/safe_fs.h"
@@ -208,6 +209,9 @@ std::vector<Field> fields(RunConfig& c) {
        ResumeRule::kFree,
        "MFU's denominator, FLOP/s per rank (e.g. 989e12: an H200's dense bf16 peak); 0 = this "
        "machine's GEMM rate in the compute dtype, measured at start"},
+      {"device.backend", "--backend", "", &c.device.backend, kAll, ResumeRule::kArithmetic,
+       "what every rank computes on: cpu, or cuda (one GPU per rank: local rank mod the GPUs; "
+       "upipe plan then plans the GPU's workspaces and needs none)"},
       {"comm.timeout",
        "--timeout",
        "",
@@ -705,6 +709,13 @@ void validate(const RunConfig& c, uint32_t scopes) {
     bad("train.grad_clip", fmt::format("must be >= 0 (0 = no clipping), got {}", t.grad_clip));
   if (t.seed < 0) bad("train.seed", fmt::format("must be >= 0, got {}", t.seed));
   c.memory.policy.validate();
+  if (!one_of(c.device.backend, {"cpu", "cuda"}))
+    bad("device.backend",
+        fmt::format("'{}' is unknown; choose cpu or cuda", c.device.backend));
+  if (c.device.backend == "cuda" && !cuda_backend_built())
+    bad("device.backend",
+        "is cuda, but this upipe was built without the CUDA backend; rebuild where nvcc is "
+        "found (cmake -DUPIPE_CUDA=ON)");
   if (!one_of(c.data.kind, {"files", "random", "copy"}))
     bad("data.kind", fmt::format("'{}' is unknown; choose files, random or copy", c.data.kind));
   // An unknown value is a ConfigError naming data.documents.

@@ -94,6 +94,10 @@ struct RunConfig {
     double peak_flops = 0;          // MFU's denominator per rank; 0 = the GEMM rate measured
     bool operator==(const Metrics&) const = default;
   } metrics;
+  struct DeviceSection {
+    std::string backend = "cpu";  // cpu or cuda: what every rank computes on
+    bool operator==(const DeviceSection&) const = default;
+  } device;
   struct Comm {
     double timeout = 600;  // seconds a collective or step may make no progress; 0 = never
     bool operator==(const Comm&) const = default;

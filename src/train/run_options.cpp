@@ -23,7 +23,7 @@ TrainOptions train_options(const RunConfig& c) {
 }
 
 DeviceOptions device_options(const RunConfig& c) {
-  return {BackendKind::kCpu, c.memory.device_bytes, c.memory.host_bytes};
+  return {parse_backend_kind(c.device.backend), c.memory.device_bytes, c.memory.host_bytes};
 }
 
 std::vector<std::string> run_warnings(const RunConfig& c, const ModelConfig& m) {
