@@ -33,6 +33,15 @@ bool cuda_backend_built() {
   return UPIPE_HAVE_CUDA != 0;
 }
 
+bool cuda_device_available(std::string* why) {
+#if UPIPE_HAVE_CUDA
+  return cuda_available(why);
+#else
+  if (why != nullptr) *why = "this upipe was built without the CUDA backend (-DUPIPE_CUDA=ON)";
+  return false;
+#endif
+}
+
 BackendKind parse_backend_kind(const std::string& name) {
   if (name == "cpu") return BackendKind::kCpu;
   if (name == "cuda") {

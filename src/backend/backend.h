@@ -30,8 +30,10 @@ const char* backend_kind_name(BackendKind k);
 // "cpu" or "cuda" (the computing backends a user picks); throws ConfigError otherwise, and for
 // "cuda" when this build has no CUDA backend.
 BackendKind parse_backend_kind(const std::string& name);
-// Whether this build has the CUDA backend (-DUPIPE_CUDA=ON).
+// Whether this build has the CUDA backend (-DUPIPE_CUDA=ON), and whether this process can run
+// it (a GPU and a driver); if not, why (the reason tests skip with).
 bool cuda_backend_built();
+bool cuda_device_available(std::string* why = nullptr);
 
 // An ordered queue of copies and kernels (a CUDA stream later). The CPU backend runs
 // everything at once, in order; the default stream (id 0) is the one every op uses.

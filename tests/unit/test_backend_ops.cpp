@@ -61,13 +61,16 @@ struct Path {
   BackendKind kind;
   CpuIsa isa;
 };
+// The CPU on every ISA path it supports; the GPU where this build has it and a GPU is present.
 std::vector<Path> paths() {
   std::vector<Path> v;
   for (BackendKind k : kComputing)
     for (CpuIsa isa : supported_cpu_isas()) v.push_back({k, isa});
+  if (cuda_device_available()) v.push_back({BackendKind::kCuda, cpu_isa()});
   return v;
 }
 std::string path_name(const Path& p) {
+  if (p.kind == BackendKind::kCuda) return "cuda";
   return std::string(backend_kind_name(p.kind)) + "_" + cpu_isa_name(p.isa);
 }
 void PrintTo(const Path& p, std::ostream* os) {
@@ -757,6 +760,36 @@ TEST(MetaBackendOps, SameWorkspaceAsItsTargetAndComputesNothing) {
     all_ops(m);
     EXPECT_EQ(m.log(), r.log()) << "meta planning for " << path_name(path);
   }
+}
+
+// The CUDA backend joins the suite above where a GPU is present; here it says why it did not.
+TEST(CudaBackendOps, RunWhereAGpuIs) {
+  std::string why;
+  if (!cuda_device_available(&why)) GTEST_SKIP() << "cuda ops not run: " << why;
+  bool listed = false;
+  for (const Path& p : paths()) listed |= p.kind == BackendKind::kCuda;
+  EXPECT_TRUE(listed);
+}
+
+// Planning for the GPU needs no GPU: the meta device asks the CUDA backend's pure queries. Every
+// op takes exactly its query (Ops::call checks it), and the GEMMs take cuBLASLt's scratch, which
+// the CPU's do not.
+TEST(MetaBackendOps, PlansForCudaWithoutAGpu) {
+  if (!cuda_backend_built()) GTEST_SKIP() << "this build has no CUDA backend (-DUPIPE_CUDA=ON)";
+  Device meta({BackendKind::kMeta, int64_t(1) << 40, int64_t(1) << 40, BackendKind::kCuda});
+  Device meta_cpu({BackendKind::kMeta, int64_t(1) << 40, int64_t(1) << 40, BackendKind::kCpu});
+  Ops m(meta, false), c(meta_cpu, false);
+  all_ops(m);
+  all_ops(c);
+  ASSERT_EQ(m.log().size(), c.log().size());
+  int gemms = 0;
+  for (const WsRecord& r : m.log())
+    if (r.op.rfind("gemm", 0) == 0) {
+      EXPECT_GE(r.bytes, int64_t(32) << 20) << r;
+      ++gemms;
+    }
+  EXPECT_GT(gemms, 0);
+  EXPECT_NE(m.log(), c.log());
 }
 
 }  // namespace

@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# The CUDA backend on a GPU, in one prepared run (issue 19; README "Running on a GPU"). Made for
+# the lent H200 machines (CUDA and Python there, no registry): first, here, bench/gpu_pack.sh
+# builds and packs the binaries and their libraries into .gpu-pack/; then, there, from the
+# repository root, with .gpu-pack carried:
+#   bench/gpu_check.sh            (under 8 minutes on an H200 host; JSON and logs to $OUT)
+# Steps, each with its own time limit, logged to $OUT/STEP.log, rc and seconds to
+# $OUT/summary.json (one step's failure does not stop the others):
+#   backend_ops   test_backend_ops: every op on cuda against the references, the meta device
+#                 planning for cuda; test_cuda_math, test_cuda_attention_plan (their GPU tests)
+#   strategies    `upipe check --backend cuda` for every method on 1, 2 and 4 ranks sharing the
+#                 GPU (the host-staged communicator), forward and backward against local
+#   eval          `upipe eval --backend cuda` on the transformers fixtures: the loss to 7 digits
+#                 and every gradient within the fp32 rule (tests/cli/check_grads.py); bf16 loss
+#   attention     `upipe bench attention --backend cuda`, ulysses and upipe, S = 32K .. 256K
+#   plan          `upipe plan --backend cuda` of the same block beside the run's measured peak
+set -uo pipefail
+cd "$(dirname "$0")/.."
+# The device tool returns at most 8 files: logs go to a work folder, packed as one logs.tar.gz;
+# $OUT gets gpu.txt, summary.json, backend_ops.json, strategies.jsonl, attention.jsonl, eval.jsonl
+# and logs.tar.gz.
+final=${OUT:-$PWD/gpu-check-out}
+mkdir -p "$final"
+out=$(mktemp -d)
+[ -f .gpu-pack/pack.tar.xz ] || { echo "no .gpu-pack/pack.tar.xz: run bench/gpu_pack.sh here first"; exit 2; }
+pack=/tmp/upipe-pack
+rm -rf "$pack" && mkdir -p "$pack" && tar -C "$pack" -xJf .gpu-pack/pack.tar.xz
+# CUDA's libraries: the toolkit's, or those of the Python wheels (nvidia-*-cu13).
+cuda_dirs=$(find /usr/local/cuda*/lib64 /usr/local/cuda*/lib /usr/lib/x86_64-linux-gnu \
+  $(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null) \
+  \( -name 'libcublasLt.so.13*' -o -name 'libcudart.so.13*' -o -name 'libnccl.so.2*' \
+     -o -name 'libcudnn.so.9*' \) -printf '%h\n' 2>/dev/null | sort -u | tr '\n' ':')
+export OPAL_PREFIX=$pack/usr
+export PATH=$pack/usr/bin:$pack/bin:$PATH
+export LD_LIBRARY_PATH=$pack/usr/lib/x86_64-linux-gnu:$pack/usr/lib/x86_64-linux-gnu/openmpi/lib:${cuda_dirs}${LD_LIBRARY_PATH:-}
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
+export OMPI_MCA_btl=self,vader  # one host: shared memory only
+mpirun=(mpirun --oversubscribe --bind-to none -x OMP_NUM_THREADS -x LD_LIBRARY_PATH -x OPAL_PREFIX
+        -x UPIPE_CUDA_RESERVE -x OMPI_MCA_btl)
+fix=tests/fixtures/hf
+summary=()
+
+# step NAME LIMIT_S COMMAND...: runs it, logs to $out/NAME.log, records rc and seconds.
+step() {
+  local name=$1 limit=$2 t0 rc
+  shift 2
+  t0=$(date +%s.%N)
+  timeout "$limit" "$@" > "$out/$name.log" 2>&1
+  rc=$?
+  local dt
+  dt=$(python3 -c "print(round($(date +%s.%N) - $t0, 1))")
+  summary+=("{\"step\": \"$name\", \"rc\": $rc, \"seconds\": $dt}")
+  echo "gpu_check: $name rc=$rc ${dt}s"
+  return 0
+}
+
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$out/gpu.txt" 2>&1
+cat "$out/gpu.txt"
+echo "commit $(cat .gpu-pack/commit 2>/dev/null)" >> "$out/gpu.txt"
+
+# 1. Ops.
+step backend_ops 120 test_backend_ops --gtest_output=json:"$out/backend_ops.json"
+step cuda_math 60 test_cuda_math
+step cuda_attention 120 test_cuda_attention_plan
+
+# 2. Every strategy against local on one GPU shared by 1, 2 and 4 ranks (each rank reserves its
+# share of HBM).
+strategies() {
+  local np m
+  for np in 1 2 4; do
+    for m in local ulysses upipe ring usp upipe-ring fpdt upipe-fpdt; do
+      UPIPE_CUDA_RESERVE=24G "${mpirun[@]}" -np $np upipe check --backend cuda --method $m \
+        --seq-len 4096 --heads 8 --kv-heads 2 --head-dim 128 --json || echo "FAILED np=$np $m"
+      UPIPE_CUDA_RESERVE=24G "${mpirun[@]}" -np $np upipe check --backend cuda --method $m \
+        --seq-len 4096 --dtype bf16 --head-dim 128 --json || echo "FAILED bf16 np=$np $m"
+    done
+  done
+}
+step strategies 240 strategies
+grep '^{' "$out/strategies.log" > "$out/strategies.jsonl" 2>/dev/null
+
+# 3. The model against transformers.
+evals() {
+  local fx
+  for fx in llama qwen3; do
+    upipe eval --backend cuda --model $fix/$fx --tokens $fix/$fx/tokens.npy --method upipe --json \
+      --save-grads "$out/g_$fx.safetensors" > "$out/eval_$fx.json" || echo "FAILED eval $fx"
+    cat "$out/eval_$fx.json"
+    python3 tests/cli/check_grads.py "$out/g_$fx.safetensors" $fix/$fx "$out/eval_$fx.json" ||
+      echo "FAILED grads $fx"
+    rm -f "$out/g_$fx.safetensors"
+    upipe eval --backend cuda --model $fix/$fx --tokens $fix/$fx/tokens.npy --method upipe \
+      --dtype bf16 --json --loss-only || echo "FAILED bf16 eval $fx"
+  done
+}
+step eval 90 evals
+
+# 4. Attention speed and memory, one rank (ulysses and upipe on C = 1 still differ in what they
+# keep), and the plan of the same block.
+attention() {
+  local s m
+  for s in 32768 65536 131072 262144; do
+    for m in ulysses upipe; do
+      upipe bench attention --backend cuda --method $m --seq-len $s --heads 32 --kv-heads 8 \
+        --head-dim 128 --dtype bf16 --iters 3 --json || echo "FAILED $m S=$s"
+      upipe bench attention --backend cuda --method $m --seq-len $s --heads 32 --kv-heads 8 \
+        --head-dim 128 --dtype bf16 --meta-ranks 1 --json || echo "FAILED plan $m S=$s"
+    done
+  done
+}
+step attention 150 attention
+grep '^{' "$out/attention.log" > "$out/attention.jsonl" 2>/dev/null
+
+cat "$out"/eval_*.json > "$out/eval.jsonl" 2>/dev/null
+( IFS=,; echo "[${summary[*]}]" ) > "$out/summary.json"
+for f in gpu.txt summary.json backend_ops.json strategies.jsonl attention.jsonl eval.jsonl; do
+  [ -f "$out/$f" ] && cp "$out/$f" "$final/"
+done
+tar -C "$out" -czf "$final/logs.tar.gz" $(cd "$out" && ls *.log)
+cat "$final/summary.json"
