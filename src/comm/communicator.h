@@ -1,8 +1,10 @@
 // The communicator interface every strategy talks through (c10d / nccl-tests style): the
 // collectives attention needs, point-to-point with a wait-able handle, and split into
 // sub-groups. Backends: mpi/ (OpenMPI, real processes), fake/ (meta device: moves no data,
-// counts the same calls and bytes), later nccl/. Every backend counts its calls and the bytes
-// this rank sends to other ranks, so tests can check the communication volume of a schedule.
+// counts the same calls and bytes), nccl/ (one GPU per rank, device buffers; CUDA builds only),
+// staged/ (device buffers through host memory over an inner one, for ranks sharing a GPU).
+// Every backend counts its calls and the bytes this rank sends to other ranks, so tests can
+// check the communication volume of a schedule.
 // A group made by split() counts its traffic toward its parent too, so the CP group's totals
 // include what a strategy sends over its sub-groups (USP's Ulysses groups and ring).
 // Non-blocking forms (i*) count when they are started, exactly as their blocking forms do.

@@ -1,0 +1,353 @@
+#include "comm/nccl/nccl_comm.h"
+
+#include <cstdio>
+#include <cstring>
+
+#include "comm/nccl/nccl_check.h"
+#include "core/check.h"
+#include "core/errors.h"
+#include "core/watchdog.h"
+
+#if NCCL_VERSION_CODE < NCCL_VERSION(2, 28, 0)
+#error "comm/nccl needs NCCL >= 2.28 (ncclAlltoAll)"
+#endif
+
+namespace upipe {
+namespace nccl {
+
+void fail_nccl(ncclResult_t rc, const char* expr, const char* file, int line) {
+  const char* detail = ncclGetLastError(nullptr);
+  throw Error(fmt::format(
+      "NCCL error {} ({}{}{}) in {} at {}:{} — check that every rank runs the "
+      "same calls in the same order and has its own GPU",
+      int(rc), ncclGetErrorString(rc), detail != nullptr && detail[0] != '\0' ? ": " : "",
+      detail != nullptr ? detail : "", expr, file, line));
+}
+
+void fail_cuda(cudaError_t rc, const char* expr, const char* file, int line) {
+  throw Error(fmt::format("CUDA error {} ({}) in {} at {}:{}", int(rc), cudaGetErrorString(rc),
+                          expr, file, line));
+}
+
+}  // namespace nccl
+
+namespace {
+
+// Destructors must not throw: a failure there is reported and the teardown goes on.
+void report_teardown(bool ok, const char* what, const char* text) {
+  if (ok) return;
+  std::fprintf(stderr, "[rank %d] %s failed during teardown: %s\n", log_rank(), what, text);
+}
+#define UPIPE_TEARDOWN_CUDA(expr)                                        \
+  do {                                                                   \
+    const cudaError_t rc_ = (expr);                                      \
+    report_teardown(rc_ == cudaSuccess, #expr, cudaGetErrorString(rc_)); \
+  } while (0)
+
+size_t to_count(int64_t v, const char* what) {
+  UPIPE_CHECK(v >= 0, "{} = {} must be non-negative", what, v);
+  return size_t(v);
+}
+
+ncclDataType_t nccl_type(DType t) {
+  return t == DType::kF32 ? ncclFloat32 : ncclBfloat16;
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) {
+  return op == ReduceOp::kSum ? ncclSum : ncclMax;
+}
+
+}  // namespace
+
+std::string nccl_unavailable_reason() {
+  int n = 0;
+  const cudaError_t rc = cudaGetDeviceCount(&n);
+  if (rc != cudaSuccess)
+    return fmt::format("no GPU: cudaGetDeviceCount failed: {}", cudaGetErrorString(rc));
+  if (n == 0) return "no GPU: cudaGetDeviceCount found 0 devices";
+  return {};
+}
+
+std::pair<int, int> ranks_sharing_gpu(Communicator& mpi_world, int device) {
+  cudaDeviceProp prop;
+  UPIPE_COMM_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  std::array<uint8_t, 16> mine;
+  static_assert(sizeof(prop.uuid.bytes) == sizeof(mine));
+  std::memcpy(mine.data(), prop.uuid.bytes, mine.size());
+  std::vector<std::array<uint8_t, 16>> all(size_t(mpi_world.size()));
+  mpi_world.all_gather(mine.data(), all.data(), int64_t(mine.size()));
+  return ranks_sharing_gpu(all);
+}
+
+NcclWork::NcclWork(CommOp op, CUstream_st* comm_stream) : op_(op) {
+  UPIPE_COMM_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
+  UPIPE_COMM_CUDA_CHECK(cudaEventRecord(event_, comm_stream));
+}
+
+NcclWork::~NcclWork() {
+  if (!handed_over_) wait();
+  UPIPE_TEARDOWN_CUDA(cudaEventDestroy(event_));
+}
+
+void NcclWork::wait() {
+  WatchdogOp scope(comm_op_name(op_));
+  UPIPE_COMM_CUDA_CHECK(cudaEventSynchronize(event_));
+  handed_over_ = true;
+}
+
+void NcclWork::wait_on(CUstream_st* stream) {
+  UPIPE_COMM_CUDA_CHECK(cudaStreamWaitEvent(stream, event_, 0));
+  handed_over_ = true;
+}
+
+NcclCommunicator::NcclCommunicator(Communicator& mpi_world, int device)
+    : device_(device), rank_(mpi_world.rank()), size_(mpi_world.size()) {
+  UPIPE_COMM_CUDA_CHECK(cudaSetDevice(device_));
+  ncclUniqueId id;
+  std::memset(&id, 0, sizeof(id));
+  if (rank_ == 0) UPIPE_NCCL_CHECK(ncclGetUniqueId(&id));
+  mpi_world.broadcast(&id, int64_t(sizeof(id)), 0);
+  {
+    WatchdogOp scope("nccl init");
+    UPIPE_NCCL_CHECK(ncclCommInitRank(&comm_, size_, id, rank_));
+  }
+  init_streams();
+}
+
+NcclCommunicator::NcclCommunicator(ncclComm* comm, int device, CUstream_st* compute)
+    : comm_(comm), device_(device), compute_(compute) {
+  UPIPE_NCCL_CHECK(ncclCommCount(comm_, &size_));
+  UPIPE_NCCL_CHECK(ncclCommUserRank(comm_, &rank_));
+  init_streams();
+}
+
+void NcclCommunicator::init_streams() {
+  // Non-blocking: the comm stream never serialises with the legacy default stream behind the
+  // host's back; its order with compute is the explicit event of after_compute().
+  UPIPE_COMM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  UPIPE_COMM_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+  UPIPE_COMM_CUDA_CHECK(cudaMalloc(&barrier_buf_, sizeof(float)));
+  UPIPE_COMM_CUDA_CHECK(cudaMemset(barrier_buf_, 0, sizeof(float)));
+}
+
+NcclCommunicator::~NcclCommunicator() {
+  const ncclResult_t rc = ncclCommDestroy(comm_);
+  report_teardown(rc == ncclSuccess, "ncclCommDestroy", ncclGetErrorString(rc));
+  UPIPE_TEARDOWN_CUDA(cudaFree(barrier_buf_));
+  UPIPE_TEARDOWN_CUDA(cudaEventDestroy(ready_));
+  UPIPE_TEARDOWN_CUDA(cudaStreamDestroy(stream_));
+}
+
+void NcclCommunicator::after_compute() {
+  UPIPE_COMM_CUDA_CHECK(cudaEventRecord(ready_, compute_));
+  UPIPE_COMM_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
+}
+
+void NcclCommunicator::sync(CommOp op) {
+  WatchdogOp scope(comm_op_name(op));
+  UPIPE_COMM_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+std::unique_ptr<Work> NcclCommunicator::started(CommOp op) {
+  return std::make_unique<NcclWork>(op, stream_);
+}
+
+void NcclCommunicator::enqueue_all_to_all(const void* send, void* recv, int64_t bytes_per_rank) {
+  record(CommOp::kAllToAll, bytes_per_rank * (size_ - 1));
+  after_compute();
+  UPIPE_NCCL_CHECK(ncclAlltoAll(send, recv, to_count(bytes_per_rank, "all_to_all bytes per rank"),
+                                ncclInt8, comm_, stream_));
+}
+
+// NCCL matches a send to a receive of exactly the same size, unlike MPI (which accepts a larger
+// receive): recv_bytes must equal the peer's send_bytes. Zero-byte sides are skipped on both ends
+// alike, since the peer's matching side is zero too.
+void NcclCommunicator::enqueue_sendrecv(const void* send, int64_t send_bytes, int dst, void* recv,
+                                        int64_t recv_bytes, int src) {
+  UPIPE_CHECK((dst == rank_) == (src == rank_),
+              "sendrecv to {} from {} on rank {}: either both peers are this rank or neither", dst,
+              src, rank_);
+  record(CommOp::kSendRecv, dst == rank_ ? 0 : send_bytes);
+  after_compute();
+  if (dst == rank_) {
+    UPIPE_CHECK(send_bytes <= recv_bytes, "sendrecv to self: {} bytes into a {}-byte receive",
+                send_bytes, recv_bytes);
+    if (send_bytes > 0)
+      UPIPE_COMM_CUDA_CHECK(
+          cudaMemcpyAsync(recv, send, size_t(send_bytes), cudaMemcpyDeviceToDevice, stream_));
+    return;
+  }
+  UPIPE_NCCL_CHECK(ncclGroupStart());
+  if (send_bytes > 0)
+    UPIPE_NCCL_CHECK(
+        ncclSend(send, to_count(send_bytes, "sendrecv send bytes"), ncclInt8, dst, comm_, stream_));
+  if (recv_bytes > 0)
+    UPIPE_NCCL_CHECK(
+        ncclRecv(recv, to_count(recv_bytes, "sendrecv recv bytes"), ncclInt8, src, comm_, stream_));
+  UPIPE_NCCL_CHECK(ncclGroupEnd());
+}
+
+void NcclCommunicator::all_to_all(const void* send, void* recv, int64_t bytes_per_rank) {
+  WatchdogOp scope(comm_op_name(CommOp::kAllToAll));
+  enqueue_all_to_all(send, recv, bytes_per_rank);
+  sync(CommOp::kAllToAll);
+}
+
+void NcclCommunicator::all_to_allv(const void* send, const int64_t* send_bytes,
+                                   const int64_t* send_displs, void* recv,
+                                   const int64_t* recv_bytes, const int64_t* recv_displs) {
+  WatchdogOp scope(comm_op_name(CommOp::kAllToAllV));
+  int64_t sent = 0;
+  for (int i = 0; i < size_; ++i) {
+    to_count(send_bytes[i], "all_to_allv send bytes");
+    to_count(send_displs[i], "all_to_allv send displacement");
+    to_count(recv_bytes[i], "all_to_allv recv bytes");
+    to_count(recv_displs[i], "all_to_allv recv displacement");
+    if (i != rank_) sent += send_bytes[i];
+  }
+  record(CommOp::kAllToAllV, sent);
+  after_compute();
+  auto* s = static_cast<const uint8_t*>(send);
+  auto* r = static_cast<uint8_t*>(recv);
+  // Grouped, so every pair's transfers progress together; the self block goes through NCCL too.
+  UPIPE_NCCL_CHECK(ncclGroupStart());
+  for (int i = 0; i < size_; ++i) {
+    if (send_bytes[i] > 0)
+      UPIPE_NCCL_CHECK(
+          ncclSend(s + send_displs[i], size_t(send_bytes[i]), ncclInt8, i, comm_, stream_));
+    if (recv_bytes[i] > 0)
+      UPIPE_NCCL_CHECK(
+          ncclRecv(r + recv_displs[i], size_t(recv_bytes[i]), ncclInt8, i, comm_, stream_));
+  }
+  UPIPE_NCCL_CHECK(ncclGroupEnd());
+  sync(CommOp::kAllToAllV);
+}
+
+void NcclCommunicator::all_gather(const void* send, void* recv, int64_t bytes_per_rank) {
+  WatchdogOp scope(comm_op_name(CommOp::kAllGather));
+  iall_gather(send, recv, bytes_per_rank)->wait();
+}
+
+void NcclCommunicator::reduce_scatter(const void* send, void* recv, int64_t count, DType t,
+                                      ReduceOp op) {
+  WatchdogOp scope(comm_op_name(CommOp::kReduceScatter));
+  ireduce_scatter(send, recv, count, t, op)->wait();
+}
+
+void NcclCommunicator::all_reduce(void* buf, int64_t count, DType t, ReduceOp op) {
+  WatchdogOp scope(comm_op_name(CommOp::kAllReduce));
+  iall_reduce(buf, count, t, op)->wait();
+}
+
+void NcclCommunicator::broadcast(void* buf, int64_t bytes, int root) {
+  WatchdogOp scope(comm_op_name(CommOp::kBroadcast));
+  record(CommOp::kBroadcast, rank_ == root ? bytes * (size_ - 1) : 0);
+  after_compute();
+  UPIPE_NCCL_CHECK(
+      ncclBroadcast(buf, buf, to_count(bytes, "broadcast bytes"), ncclInt8, root, comm_, stream_));
+  sync(CommOp::kBroadcast);
+}
+
+void NcclCommunicator::sendrecv(const void* send, int64_t send_bytes, int dst, void* recv,
+                                int64_t recv_bytes, int src) {
+  WatchdogOp scope(comm_op_name(CommOp::kSendRecv));
+  enqueue_sendrecv(send, send_bytes, dst, recv, recv_bytes, src);
+  sync(CommOp::kSendRecv);
+}
+
+void NcclCommunicator::barrier() {
+  WatchdogOp scope(comm_op_name(CommOp::kBarrier));
+  record(CommOp::kBarrier, 0);
+  UPIPE_NCCL_CHECK(
+      ncclAllReduce(barrier_buf_, barrier_buf_, 1, ncclFloat32, ncclSum, comm_, stream_));
+  sync(CommOp::kBarrier);
+}
+
+std::unique_ptr<Work> NcclCommunicator::iall_to_all(const void* send, void* recv,
+                                                    int64_t bytes_per_rank) {
+  WatchdogOp scope(comm_op_name(CommOp::kAllToAll));
+  enqueue_all_to_all(send, recv, bytes_per_rank);
+  return started(CommOp::kAllToAll);
+}
+
+std::unique_ptr<Work> NcclCommunicator::iall_gather(const void* send, void* recv,
+                                                    int64_t bytes_per_rank) {
+  WatchdogOp scope(comm_op_name(CommOp::kAllGather));
+  record(CommOp::kAllGather, bytes_per_rank * (size_ - 1));
+  after_compute();
+  UPIPE_NCCL_CHECK(ncclAllGather(send, recv, to_count(bytes_per_rank, "all_gather bytes per rank"),
+                                 ncclInt8, comm_, stream_));
+  return started(CommOp::kAllGather);
+}
+
+std::unique_ptr<Work> NcclCommunicator::ireduce_scatter(const void* send, void* recv, int64_t count,
+                                                        DType t, ReduceOp op) {
+  WatchdogOp scope(comm_op_name(CommOp::kReduceScatter));
+  record(CommOp::kReduceScatter, count * dtype_size(t) * (size_ - 1));
+  after_compute();
+  UPIPE_NCCL_CHECK(ncclReduceScatter(send, recv, to_count(count, "reduce_scatter count"),
+                                     nccl_type(t), nccl_op(op), comm_, stream_));
+  return started(CommOp::kReduceScatter);
+}
+
+std::unique_ptr<Work> NcclCommunicator::iall_reduce(void* buf, int64_t count, DType t,
+                                                    ReduceOp op) {
+  WatchdogOp scope(comm_op_name(CommOp::kAllReduce));
+  const int64_t bytes = count * dtype_size(t);
+  record(CommOp::kAllReduce, size_ > 1 ? 2 * bytes * (size_ - 1) / size_ : 0);
+  after_compute();
+  UPIPE_NCCL_CHECK(ncclAllReduce(buf, buf, to_count(count, "all_reduce count"), nccl_type(t),
+                                 nccl_op(op), comm_, stream_));
+  return started(CommOp::kAllReduce);
+}
+
+std::unique_ptr<Work> NcclCommunicator::isendrecv(const void* send, int64_t send_bytes, int dst,
+                                                  void* recv, int64_t recv_bytes, int src) {
+  WatchdogOp scope(comm_op_name(CommOp::kSendRecv));
+  enqueue_sendrecv(send, send_bytes, dst, recv, recv_bytes, src);
+  return started(CommOp::kSendRecv);
+}
+
+std::unique_ptr<Communicator> NcclCommunicator::split(const SplitRule& rule) {
+  const SplitPlace want = split_place(rule, rank_, size_);
+  const SplitKey me = rule(rank_);
+  ncclComm* sub = nullptr;
+  {
+    WatchdogOp scope("split");
+    UPIPE_NCCL_CHECK(ncclCommSplit(comm_, me.color, me.key, &sub, nullptr));
+  }
+  std::unique_ptr<NcclCommunicator> c(new NcclCommunicator(sub, device_, compute_));
+  UPIPE_CHECK(c->size() == want.size && c->rank() == want.rank,
+              "split gave rank {} of {}, the rule gives rank {} of {}; every rank must pass the "
+              "same rule",
+              c->rank(), c->size(), want.rank, want.size);
+  c->parent_ = this;
+  return c;
+}
+
+std::unique_ptr<Communicator> make_nccl_comm(Communicator& mpi_world, int device) {
+  std::string why = nccl_unavailable_reason();
+  if (why.empty()) {
+    int n = 0;
+    UPIPE_COMM_CUDA_CHECK(cudaGetDeviceCount(&n));
+    if (device < 0 || device >= n)
+      why = fmt::format("device {} is not one of the {} visible GPUs (0..{})", device, n, n - 1);
+  }
+  // Every rank learns whether any rank cannot run, so all of them refuse alike.
+  float cannot = why.empty() ? 0.0f : 1.0f;
+  mpi_world.all_reduce(&cannot, 1, DType::kF32, ReduceOp::kMax);
+  if (!why.empty())
+    throw Error(fmt::format("NCCL cannot run on rank {}: {}", mpi_world.rank(), why));
+  if (cannot > 0)
+    throw Error("NCCL cannot run on another rank (its message says why); every rank needs a GPU");
+  const auto [a, b] = ranks_sharing_gpu(mpi_world, device);
+  if (a >= 0)
+    throw Error(fmt::format(
+        "ranks {} and {} would drive the same GPU, which NCCL refuses; give each rank its own GPU "
+        "(device = local rank) or use the staged communicator (comm/staged/staged_comm.h), which "
+        "runs MPI collectives through host memory",
+        a, b));
+  return std::make_unique<NcclCommunicator>(mpi_world, device);
+}
+
+}  // namespace upipe

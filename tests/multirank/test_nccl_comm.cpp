@@ -1,0 +1,188 @@
+// The NCCL communicator (comm/nccl) on real ranks. Where NCCL cannot run (no GPU: these build
+// machines, whose cudaGetDeviceCount fails with "CUDA driver version is insufficient") the GPU
+// tests skip with that reason, and what needs no GPU still runs: the reason's text, the refusal
+// on every rank, the shared-GPU rule. On GPUs, every collective check of comm_checks.h runs on
+// device memory, the counters equal the fake backend's replay (mpi_comm's rules), and
+// non-blocking results reach a compute stream through NcclWork::wait_on.
+#include <cuda_runtime.h>
+
+#include <string>
+#include <vector>
+
+#include "comm/nccl/nccl_comm.h"
+#include "comm/staged/staged_comm.h"
+#include "core/check.h"
+#include "core/errors.h"
+#include "multirank/comm_checks.h"
+#include "multirank/mpi_test_main.h"
+
+namespace upipe {
+namespace {
+
+using test::exercise;
+using test::world;
+
+void cuda_ok(cudaError_t rc, const char* what) {
+  UPIPE_CHECK(rc == cudaSuccess, "{}: {}", what, cudaGetErrorString(rc));
+}
+
+int visible_gpus() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
+}
+
+// Why this job cannot run the GPU tests ("" when it can): NCCL unavailable, or fewer GPUs than
+// ranks (NCCL refuses two ranks on one GPU). Every rank gets the same answer.
+std::string gpu_skip_reason() {
+  std::string why = nccl_unavailable_reason();
+  float cannot = why.empty() ? 0.0f : 1.0f;
+  world().all_reduce(&cannot, 1, DType::kF32, ReduceOp::kMax);
+  if (!why.empty()) return why;
+  if (cannot > 0) return "NCCL cannot run on another rank";
+  const int n = visible_gpus();
+  if (n < world().size())
+    return fmt::format("needs one GPU per rank: {} ranks, {} GPUs", world().size(), n);
+  return {};
+}
+
+#define SKIP_WITHOUT_GPUS()                     \
+  do {                                          \
+    const std::string why_ = gpu_skip_reason(); \
+    if (!why_.empty()) GTEST_SKIP() << why_;    \
+  } while (0)
+
+// Staging the other way round: the checks of comm_checks.h pass host buffers, and this copier
+// stages them in device memory (to_host uploads into the staging buffer, to_device downloads
+// from it, the staging buffer is cudaMalloc'd), so a StagedCommunicator over NCCL hands NCCL
+// device buffers holding exactly the checks' data.
+class UploadCopier final : public DeviceCopier {
+ public:
+  void to_host(void* staging, const void* user, int64_t bytes) override {
+    cuda_ok(cudaMemcpyAsync(staging, user, size_t(bytes), cudaMemcpyHostToDevice, nullptr),
+            "upload");
+  }
+  void to_device(void* user, const void* staging, int64_t bytes) override {
+    cuda_ok(cudaMemcpyAsync(user, staging, size_t(bytes), cudaMemcpyDeviceToHost, nullptr),
+            "download");
+  }
+  void sync() override { cuda_ok(cudaStreamSynchronize(nullptr), "sync"); }
+  void* alloc_host(int64_t bytes) override {
+    void* p = nullptr;
+    cuda_ok(cudaMalloc(&p, size_t(bytes)), "cudaMalloc");
+    return p;
+  }
+  void free_host(void* p, int64_t) override { cuda_ok(cudaFree(p), "cudaFree"); }
+};
+
+TEST(NcclComm, UnavailableReasonNamesTheMissingGpu) {
+  int n = 0;
+  const cudaError_t rc = cudaGetDeviceCount(&n);
+  const std::string why = nccl_unavailable_reason();
+  if (rc != cudaSuccess) {
+    EXPECT_EQ(why, std::string("no GPU: cudaGetDeviceCount failed: ") + cudaGetErrorString(rc));
+  } else if (n == 0) {
+    EXPECT_EQ(why, "no GPU: cudaGetDeviceCount found 0 devices");
+  } else {
+    EXPECT_EQ(why, "");
+  }
+}
+
+// Without a GPU every rank refuses alike (an Error, so the job ends by the clean path), with the
+// reason in the message.
+TEST(NcclComm, EveryRankRefusesWithoutAGpu) {
+  const std::string why = nccl_unavailable_reason();
+  if (why.empty()) GTEST_SKIP() << "a GPU is visible";
+  try {
+    make_nccl_comm(world(), 0);
+    ADD_FAILURE() << "make_nccl_comm succeeded without a GPU";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+  }
+}
+
+TEST(NcclComm, RanksSharingAGpuAreFoundByUuid) {
+  using Uuid = std::array<uint8_t, 16>;
+  const Uuid a{1}, b{2}, c{3};
+  EXPECT_EQ(ranks_sharing_gpu(std::vector<Uuid>{}), std::make_pair(-1, -1));
+  EXPECT_EQ(ranks_sharing_gpu(std::vector<Uuid>{a, b, c}), std::make_pair(-1, -1));
+  EXPECT_EQ(ranks_sharing_gpu(std::vector<Uuid>{a, b, c, b, a}), std::make_pair(1, 3));
+  EXPECT_EQ(ranks_sharing_gpu(std::vector<Uuid>{a, a}), std::make_pair(0, 1));
+}
+
+// More ranks than GPUs: make_nccl_comm refuses on every rank and names the staged communicator.
+TEST(NcclComm, RanksSharingAGpuAreRefused) {
+  const std::string why = nccl_unavailable_reason();
+  if (!why.empty()) GTEST_SKIP() << why;
+  const int gpus = visible_gpus();
+  if (world().size() <= gpus) GTEST_SKIP() << "every rank has its own GPU";
+  try {
+    make_nccl_comm(world(), world().rank() % gpus);
+    ADD_FAILURE() << "make_nccl_comm accepted two ranks on one GPU";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("staged communicator"), std::string::npos) << e.what();
+  }
+}
+
+TEST(NcclComm, PassesTheCollectiveChecksOnDeviceMemory) {
+  SKIP_WITHOUT_GPUS();
+  auto nccl = make_nccl_comm(world(), world().rank());
+  EXPECT_EQ(nccl->backend(), "nccl");
+  UploadCopier up;
+  StagedCommunicator s(*nccl, up);
+  exercise(s, true);
+  test::exercise_overlap(s);
+  test::exercise_grid_split(s);
+}
+
+// The same calls on NCCL and on MPI: the same counters (mpi_comm's rules); the staged wrapper
+// counts what NCCL counts.
+TEST(NcclComm, CountsWhatMpiCounts) {
+  SKIP_WITHOUT_GPUS();
+  auto nccl = make_nccl_comm(world(), world().rank());
+  UploadCopier up;
+  StagedCommunicator s(*nccl, up);
+  nccl->reset_stats();
+  exercise(s, true);
+  test::exercise_overlap(s);
+  world().reset_stats();  // after make_nccl_comm's own MPI calls
+  exercise(world(), true);
+  test::exercise_overlap(world());
+  test::expect_same_stats(nccl->stats(), world().stats(), "nccl vs mpi");
+  test::expect_same_stats(s.stats(), nccl->stats(), "staged(nccl) vs nccl");
+}
+
+// The comm stream waits for the compute stream's work before reading (a large upload queued on
+// the compute stream just before the call), and a non-blocking result reaches a compute stream
+// through wait_on without the host waiting; destroying the handed-over Work does not block.
+TEST(NcclComm, OrdersWithTheComputeStream) {
+  SKIP_WITHOUT_GPUS();
+  auto comm = make_nccl_comm(world(), world().rank());
+  auto& nccl = dynamic_cast<NcclCommunicator&>(*comm);
+  const int r = nccl.rank(), n = nccl.size();
+  const int64_t count = int64_t(1) << 24;  // 64 MiB of fp32: the upload takes milliseconds
+  cudaStream_t compute = nullptr;
+  cuda_ok(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking), "stream");
+  nccl.set_compute_stream(compute);
+  float* host = nullptr;
+  float* dev = nullptr;
+  cuda_ok(cudaMallocHost(&host, size_t(count) * 4), "cudaMallocHost");
+  cuda_ok(cudaMalloc(&dev, size_t(count) * 4), "cudaMalloc");
+  cuda_ok(cudaMemsetAsync(dev, 0, size_t(count) * 4, compute), "memset");
+  for (int64_t i = 0; i < count; ++i) host[i] = float(r + 1);
+  cuda_ok(cudaMemcpyAsync(dev, host, size_t(count) * 4, cudaMemcpyHostToDevice, compute), "up");
+  {
+    auto w = nccl.iall_reduce(dev, count, DType::kF32, ReduceOp::kSum);
+    dynamic_cast<NcclWork&>(*w).wait_on(compute);
+  }
+  cuda_ok(cudaMemcpyAsync(host, dev, size_t(count) * 4, cudaMemcpyDeviceToHost, compute), "down");
+  cuda_ok(cudaStreamSynchronize(compute), "sync");
+  const float want = float(n * (n + 1) / 2);
+  for (int64_t i = 0; i < count; i += 4099) ASSERT_EQ(host[i], want) << i;
+  EXPECT_EQ(host[count - 1], want);
+  cuda_ok(cudaFree(dev), "cudaFree");
+  cuda_ok(cudaFreeHost(host), "cudaFreeHost");
+  cuda_ok(cudaStreamDestroy(compute), "stream destroy");
+}
+
+}  // namespace
+}  // namespace upipe
