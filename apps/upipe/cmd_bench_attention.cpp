@@ -11,6 +11,7 @@
 #include "apps/upipe/commands.h"
 #include "apps/upipe/report.h"
 #include "apps/upipe/settings_cli.h"
+#include "attention/device_comm.h"
 #include "attention/harness.h"
 #include "attention/methods.h"
 #include "comm/fake/fake_comm.h"
@@ -104,7 +105,8 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
   const std::shared_ptr<const Documents> docs = documents_from(opt.doc_lens, cfg.seq_len);
   if (opt.meta_ranks > 0) return proc.root() ? plan(opt, cfg, budget, docs) : 0;
   Device dev({parse_backend_kind(set.device.backend), budget, budget});
-  auto strat = make_strategy({dev, proc.world, cfg});
+  DeviceComm comm(dev, proc.world);
+  auto strat = make_strategy({dev, comm, cfg});
   strat->set_documents(docs);
   const Timing r = time_block(proc, *strat, dev, cfg, opt.iters);
   std::optional<Timing> one;  // the same S as one document

@@ -11,6 +11,7 @@
 
 #include "apps/upipe/commands.h"
 #include "apps/upipe/settings_cli.h"
+#include "attention/device_comm.h"
 #include "backend/cpu/cpu_isa.h"
 #include "core/errors.h"
 #include "core/setting_ref.h"
@@ -166,7 +167,8 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
   install_stop_handlers();
   const ModelConfig m = load_model_config(cfg.model.name);
   Device dev(device_options(cfg));
-  TrainingLoop loop(dev, proc.world, m, cfg, opt.resume, opt.overwrite_checkpoints);
+  DeviceComm comm(dev, proc.world, false);
+  TrainingLoop loop(dev, comm, m, cfg, opt.resume, opt.overwrite_checkpoints);
   std::unique_ptr<Render> render;
   if (proc.root()) {
     print_startup(cfg, m, loop, toml);

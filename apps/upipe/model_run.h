@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "apps/upipe/cli.h"
+#include "attention/device_comm.h"
 #include "model/decoder.h"
 #include "train/run_config.h"
 
@@ -30,6 +31,7 @@ struct ModelRun {
   ModelRun(Communicator& world, const ModelConfig& m, const RunConfig& c, int64_t seq_len,
            bool grads = true);
   Device dev;
+  DeviceComm comm;  // the decoder's: the world, or on a GPU the staged communicator over it
   std::unique_ptr<Decoder> dec;
   ParamMap w;  // tag params, compute dtype
   ParamMap g;  // tag grads, fp32

@@ -9,6 +9,7 @@
 #include <tuple>
 #include <vector>
 
+#include "attention/device_comm.h"
 #include "attention/harness.h"
 #include "attention/local.h"
 #include "attention/methods.h"
@@ -27,10 +28,16 @@ std::vector<double> read_all(Device& dev, const Mat& m) {
 }
 
 // The whole (S, cols) tensor from every rank's shard, in global row order.
-std::vector<double> gathered(Communicator& comm, const SeqLayout& layout, const Mat& shard) {
+// The shard is read back to the host first: on a GPU the rank's device memory is not the
+// scratch device's.
+std::vector<double> gathered(Device& dev, Communicator& comm, const SeqLayout& layout,
+                             const Mat& shard) {
   Device scratch;
+  Tensor local(scratch.mem(), Tag::kOther, shard.dtype, shard.rows, shard.cols);
+  const std::vector<float> f = download(dev, shard);
+  upload(scratch, f.data(), local);
   Tensor global(scratch.mem(), Tag::kOther, shard.dtype, layout.seq_len, shard.cols);
-  gather_rows(scratch, comm, layout, shard, global);
+  gather_rows(scratch, comm, layout, local, global);
   return read_all(scratch, global);
 }
 
@@ -85,13 +92,13 @@ std::vector<const Mat*> outputs(const BlockTensors& t, int n) {
 // One piece of the oracle: `local` on the rows [start, start + len) alone (the whole sequence, or
 // one document), and with_fp64 the naive fp64 block on the same inputs. Its y, dx rows go to rows
 // start.. of `want` / `r64`, its weight gradients are added to theirs.
-void add_piece(const AttentionConfig& whole, uint64_t seed, bool with_fp64, int64_t start,
-               int64_t len, std::vector<std::vector<double>>& want,
+void add_piece(const AttentionConfig& whole, BackendKind backend, uint64_t seed, bool with_fp64,
+               int64_t start, int64_t len, std::vector<std::vector<double>>& want,
                std::vector<std::vector<double>>& r64) {
   AttentionConfig cfg = whole;
   cfg.seq_len = len;
   const int n = tensor_count(cfg);
-  Device odev;
+  Device odev({backend});  // local on the strategy's backend: the comparison is of data movement
   FakeCommunicator one(0, 1);
   LocalAttention local({odev, one, cfg});
   BlockTensors lt = make_block_tensors(odev, cfg, RowPositions{{{len, start}}}, seed);
@@ -123,12 +130,13 @@ void add_piece(const AttentionConfig& whole, uint64_t seed, bool with_fp64, int6
 // The inputs are a pure function of (config, seed), so the oracle is computed once per process
 // and configuration (and documents): the multi-rank table compares many strategies with the same
 // `local` run, and the naive fp64 block dominates a test case's time.
-const Oracle& oracle(const AttentionConfig& cfg, uint64_t seed, bool with_fp64,
-                     const std::vector<int64_t>& doc_lens) {
+const Oracle& oracle(const AttentionConfig& cfg, BackendKind backend, uint64_t seed,
+                     bool with_fp64, const std::vector<int64_t>& doc_lens) {
   static std::map<std::string, Oracle> cache;
   const RopeScaling& rs = cfg.rope.scaling;
   const std::string key = fmt::format(
-      "{} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} docs {}", cfg.seq_len, cfg.heads,
+      "{} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} docs {}", backend_kind_name(backend),
+      cfg.seq_len, cfg.heads,
       cfg.kv_heads, cfg.head_dim, cfg.model_dim(), dtype_name(cfg.dtype), cfg.fp32_residual,
       cfg.qk_norm, cfg.norm_eps, cfg.rope.theta, rs.enabled, rs.factor, rs.low_freq_factor,
       rs.high_freq_factor, rs.original_max_position, seed, fmt::join(doc_lens, ","));
@@ -144,11 +152,11 @@ const Oracle& oracle(const AttentionConfig& cfg, uint64_t seed, bool with_fp64,
     r64.emplace_back(with_fp64 ? size_t(sizes[i]) : 0, 0.0);
   }
   if (doc_lens.empty()) {
-    add_piece(cfg, seed, with_fp64, 0, cfg.seq_len, want, r64);
+    add_piece(cfg, backend, seed, with_fp64, 0, cfg.seq_len, want, r64);
   } else {
     int64_t start = 0;
     for (int64_t len : doc_lens) {
-      add_piece(cfg, seed, with_fp64, start, len, want, r64);
+      add_piece(cfg, backend, seed, with_fp64, start, len, want, r64);
       start += len;
     }
   }
@@ -165,18 +173,19 @@ const Oracle& oracle(const AttentionConfig& cfg, uint64_t seed, bool with_fp64,
 CheckResult check_strategy(const AttentionConfig& cfg, Communicator& world,
                            const CheckOptions& opt) {
   Device dev({opt.backend, opt.device_budget, opt.device_budget});
-  auto strat = make_strategy({dev, world, cfg});
+  DeviceComm comm(dev, world);  // the strategy's; host results go through world
+  auto strat = make_strategy({dev, comm, cfg});
   const bool docs = opt.doc_lens.size() > 1;  // one document is the plain sequence
   if (docs)
     strat->set_documents(std::make_shared<const Documents>(opt.doc_lens, cfg.seq_len));
   const SeqLayout layout = strat->layout();
   BlockTensors t = make_block_tensors(dev, cfg, layout.positions(world.rank()), opt.seed);
-  world.reset_stats();
+  comm.get().reset_stats();
   const BlockRun run = run_block(*strat, dev, t);
   CheckResult res;
   res.method = cfg.knobs.method;
   res.ranks = world.size();
-  res.comm = world.stats();
+  res.comm = comm.get().stats();
   res.comm_expected = strat->comm_expected();
   res.fwd_s = run.fwd_s;
   res.bwd_s = run.bwd_s;
@@ -194,7 +203,7 @@ CheckResult check_strategy(const AttentionConfig& cfg, Communicator& world,
   std::vector<std::vector<double>> got;
   const std::vector<const Mat*> outs = outputs(t, n);
   for (int i = 0; i < n; ++i)
-    got.push_back(i < 2 ? gathered(world, layout, *outs[size_t(i)])
+    got.push_back(i < 2 ? gathered(dev, world, layout, *outs[size_t(i)])
                         : summed(dev, world, *outs[size_t(i)]));
   // Which tensors the merge rule bounds: all of them for strategies that merge softmax partials;
   // with KV heads replicated over ranks (K < C) those that depend on the replicas' dK/dV sums,
@@ -230,7 +239,7 @@ CheckResult check_strategy(const AttentionConfig& cfg, Communicator& world,
   std::vector<double> verdict(size_t(1 + 2 * n), 0.0);  // passed, then err and tolerance each
   if (world.rank() == 0) {
     const Oracle& o =
-        oracle(cfg, opt.seed, any_merge, docs ? opt.doc_lens : std::vector<int64_t>{});
+        oracle(cfg, opt.backend, opt.seed, any_merge, docs ? opt.doc_lens : std::vector<int64_t>{});
     bool ok = true;
     for (int i = 0; i < n; ++i) {
       const std::vector<double>& want = o.want[size_t(i)];

@@ -9,11 +9,11 @@
 namespace upipe {
 
 void CudaCopier::to_host(void* host, const void* dev, int64_t bytes) {
-  UPIPE_COMM_CUDA_CHECK(cudaMemcpyAsync(host, dev, size_t(bytes), cudaMemcpyDeviceToHost, stream_));
+  UPIPE_COMM_CUDA_CHECK(cudaMemcpyAsync(host, dev, size_t(bytes), cudaMemcpyDefault, stream_));
 }
 
 void CudaCopier::to_device(void* dev, const void* host, int64_t bytes) {
-  UPIPE_COMM_CUDA_CHECK(cudaMemcpyAsync(dev, host, size_t(bytes), cudaMemcpyHostToDevice, stream_));
+  UPIPE_COMM_CUDA_CHECK(cudaMemcpyAsync(dev, host, size_t(bytes), cudaMemcpyDefault, stream_));
 }
 
 void CudaCopier::sync() {

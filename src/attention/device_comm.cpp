@@ -1,0 +1,39 @@
+#include "attention/device_comm.h"
+
+#include <cstdlib>
+#include <string>
+
+#include "comm/staged/staged_comm.h"
+#include "core/errors.h"
+#if UPIPE_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#include "comm/nccl/cuda_copier.h"
+#include "comm/nccl/nccl_comm.h"
+#endif
+
+namespace upipe {
+
+DeviceComm::DeviceComm(Device& dev, Communicator& world, bool nccl_ok) : use_(&world) {
+  if (dev.backend().kind() != BackendKind::kCuda) return;
+#if UPIPE_HAVE_CUDA
+  auto& be = static_cast<CudaBackend&>(dev.backend());
+  auto* stream = static_cast<CUstream_st*>(be.native_stream());
+  const char* env = std::getenv("UPIPE_CUDA_COMM");
+  const std::string choice = env != nullptr && nccl_ok ? env : "staged";
+  if (env != nullptr && std::string(env) != "staged" && std::string(env) != "nccl")
+    throw ConfigError("UPIPE_CUDA_COMM=" + std::string(env) + " is unknown; choose staged or nccl");
+  if (choice == "nccl") {
+    auto nccl = make_nccl_comm(world, be.device());
+    static_cast<NcclCommunicator&>(*nccl).set_compute_stream(stream);
+    own_ = std::move(nccl);
+  } else {
+    copier_ = std::make_unique<CudaCopier>(stream);
+    own_ = std::make_unique<StagedCommunicator>(world, *copier_);
+  }
+  use_ = own_.get();
+#endif
+}
+
+DeviceComm::~DeviceComm() = default;
+
+}  // namespace upipe

@@ -1,0 +1,35 @@
+// The communicator a rank's strategies, decoder and trainer talk through on a device. On the CPU
+// device memory is host memory, so it is the world itself. On a GPU it is the host-staged
+// communicator over the world (comm/staged/: every buffer goes device -> pinned host -> MPI ->
+// device on the compute stream; copies use cudaMemcpyDefault, so the host scalars the trainer
+// reduces pass through it too): correct for any number of ranks per GPU, and the default. With
+// UPIPE_CUDA_COMM=nccl (one rank per GPU) a strategy's collectives run on NCCL instead, ordered
+// after the compute stream; NCCL takes device buffers only, so users whose communicator also
+// carries host values (the decoder's loss, the trainer) ask for staged (nccl_ok = false). It lives here because it is the first module that sees both comm and backend.
+#pragma once
+
+#include <memory>
+
+#include "backend/device.h"
+#include "comm/communicator.h"
+
+namespace upipe {
+
+class DeviceCopier;
+
+class DeviceComm {
+ public:
+  DeviceComm(Device& dev, Communicator& world, bool nccl_ok = true);
+  ~DeviceComm();
+  DeviceComm(const DeviceComm&) = delete;
+  DeviceComm& operator=(const DeviceComm&) = delete;
+  Communicator& get() { return *use_; }
+  operator Communicator&() { return *use_; }
+
+ private:
+  std::unique_ptr<DeviceCopier> copier_;
+  std::unique_ptr<Communicator> own_;
+  Communicator* use_;
+};
+
+}  // namespace upipe
