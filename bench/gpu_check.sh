@@ -12,13 +12,14 @@
 #                 GPU (the host-staged communicator), forward and backward against local
 #   eval          `upipe eval --backend cuda` on the transformers fixtures: the loss to 7 digits
 #                 and every gradient within the fp32 rule (tests/cli/check_grads.py); bf16 loss
+#   kernel        `upipe bench kernel --backend cuda`: attention TFLOP/s, bf16 and fp32
 #   attention     `upipe bench attention --backend cuda`, ulysses and upipe, S = 32K .. 256K
 #   plan          `upipe plan --backend cuda` of the same block beside the run's measured peak
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # The device tool returns at most 8 files: logs go to a work folder, packed as one logs.tar.gz;
-# $OUT gets gpu.txt, summary.json, backend_ops.json, strategies.jsonl, attention.jsonl, eval.jsonl
-# and logs.tar.gz.
+# $OUT gets gpu.txt, summary.json, backend_ops.json, strategies.jsonl, kernel.jsonl,
+# attention.jsonl, eval.jsonl and logs.tar.gz.
 final=${OUT:-$PWD/gpu-check-out}
 mkdir -p "$final"
 out=$(mktemp -d)
@@ -95,7 +96,18 @@ evals() {
 }
 step eval 90 evals
 
-# 4. Attention speed and memory, one rank (ulysses and upipe on C = 1 still differ in what they
+# 4. The attention kernels' TFLOP/s (against the H200's ~989 dense bf16 peak) beside cuBLASLt's.
+kernels() {
+  local t
+  for t in bf16 fp32; do
+    upipe bench kernel --backend cuda --seq-len 16384 --heads 32 --kv-heads 8 --head-dim 128 \
+      --dtype $t --iters 5 --json || echo "FAILED kernel $t"
+  done
+}
+step kernel 90 kernels
+grep '^{' "$out/kernel.log" > "$out/kernel.jsonl" 2>/dev/null
+
+# 5. Attention speed and memory, one rank (ulysses and upipe on C = 1 still differ in what they
 # keep), and the plan of the same block.
 attention() {
   local s m
@@ -113,7 +125,8 @@ grep '^{' "$out/attention.log" > "$out/attention.jsonl" 2>/dev/null
 
 cat "$out"/eval_*.json > "$out/eval.jsonl" 2>/dev/null
 ( IFS=,; echo "[${summary[*]}]" ) > "$out/summary.json"
-for f in gpu.txt summary.json backend_ops.json strategies.jsonl attention.jsonl eval.jsonl; do
+for f in gpu.txt summary.json backend_ops.json strategies.jsonl attention.jsonl eval.jsonl \
+  kernel.jsonl; do
   [ -f "$out/$f" ] && cp "$out/$f" "$final/"
 done
 tar -C "$out" -czf "$final/logs.tar.gz" $(cd "$out" && ls *.log)

@@ -78,8 +78,15 @@ double sampled_error(Device& dev, const AttnProblem& p, const Mat& o, const Mat&
 }
 
 int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App& cmd) {
-  const AttentionConfig c = opt.shape.config(resolve_settings(proc, sa, cmd).config);
-  Device dev;
+  const RunConfig set = resolve_settings(proc, sa, cmd).config;
+  const AttentionConfig c = opt.shape.config(set);
+  const BackendKind kind = parse_backend_kind(set.device.backend);
+  Device dev({kind});
+  // A GPU queues work: every timed interval ends when the stream has finished it.
+  auto done = [&dev] {
+    dev.backend().sync(Stream{});
+    return now();
+  };
   Arena& mem = dev.mem();
   const int64_t s = c.seq_len, d = c.head_dim, qc = c.heads * d, kc = c.kv_heads * d;
   const DType t = c.dtype, f32 = DType::kF32;
@@ -121,21 +128,22 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
   gemm(dev, a, false, b, true, cc);
   double fwd = 1e30, bwd = 1e30, gm = 1e30;
   for (int it = 0; it < opt.iters; ++it) {
-    double t0 = now();
+    double t0 = done();
     gemm(dev, a, false, b, true, cc);
-    gm = std::min(gm, now() - t0);
-    t0 = now();
+    gm = std::min(gm, done() - t0);
+    t0 = done();
     attention_forward(dev, p, o, lse);
-    fwd = std::min(fwd, now() - t0);
-    t0 = now();
+    fwd = std::min(fwd, done() - t0);
+    t0 = done();
     backward();
-    bwd = std::min(bwd, now() - t0);
+    bwd = std::min(bwd, done() - t0);
   }
   const double fwd_flops = 2.0 * double(s) * double(s) * c.heads * double(d);
   const double fwd_tf = fwd_flops / fwd / 1e12, bwd_tf = 2.5 * fwd_flops / bwd / 1e12;
   const double gemm_tf = 2.0 * double(gn) * double(gn) * double(d) / gm / 1e12;
   if (!proc.root()) return 0;
-  nlohmann::json j = {{"seq_len", s},
+  nlohmann::json j = {{"backend", backend_kind_name(kind)},
+                      {"seq_len", s},
                       {"heads", c.heads},
                       {"kv_heads", c.kv_heads},
                       {"head_dim", d},
@@ -156,9 +164,14 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
   if (opt.json) {
     print_json(j);
   } else {
-    std::printf("attention kernel  S=%lld H=%d K=%d d=%lld %s, one thread, kernels %s, oneDNN %s\n",
-                (long long)s, c.heads, c.kv_heads, (long long)d, dtype_name(t),
-                cpu_isa_name(cpu_isa()), onednn_cpu_isa().c_str());
+    if (kind == BackendKind::kCpu)
+      std::printf("attention kernel  S=%lld H=%d K=%d d=%lld %s, one thread, kernels %s, oneDNN %s\n",
+                  (long long)s, c.heads, c.kv_heads, (long long)d, dtype_name(t),
+                  cpu_isa_name(cpu_isa()), onednn_cpu_isa().c_str());
+    else
+      std::printf("attention kernel  S=%lld H=%d K=%d d=%lld %s, %s backend (GEMM: cuBLASLt)\n",
+                  (long long)s, c.heads, c.kv_heads, (long long)d, dtype_name(t),
+                  backend_kind_name(kind));
     std::printf("  forward   %9.4f s  %7.1f GFLOP/s  (%.2fx GEMM)\n", fwd, fwd_tf * 1e3,
                 fwd_tf / gemm_tf);
     std::printf("  backward  %9.4f s  %7.1f GFLOP/s  (%.2fx GEMM)\n", bwd, bwd_tf * 1e3,

@@ -209,7 +209,7 @@ std::vector<Field> fields(RunConfig& c) {
        ResumeRule::kFree,
        "MFU's denominator, FLOP/s per rank (e.g. 989e12: an H200's dense bf16 peak); 0 = this "
        "machine's GEMM rate in the compute dtype, measured at start"},
-      {"device.backend", "--backend", "", &c.device.backend, kAll, ResumeRule::kArithmetic,
+      {"device.backend", "--backend", "", &c.device.backend, kAll | kScopeKernel, ResumeRule::kArithmetic,
        "what every rank computes on: cpu, or cuda (one GPU per rank: local rank mod the GPUs; "
        "upipe plan then plans the GPU's workspaces and needs none)"},
       {"comm.timeout",
