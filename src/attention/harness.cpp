@@ -94,12 +94,14 @@ BlockRun run_block(AttentionStrategy& s, Device& dev, BlockTensors& t, bool accu
     kept = s.forward_stash(t.x, t.weights(), t.y, beta);
   else
     s.forward(t.x, t.weights(), t.y, beta);
+  dev.backend().sync(Stream{});  // a GPU queues the work: time it finished
   r.fwd_s = now() - t0;
   t0 = now();
   if (keep)
     s.backward_stashed(std::move(kept), t.x, t.dy, t.weights(), t.dx, t.grads(), beta, beta);
   else
     s.backward(t.x, t.dy, t.weights(), t.dx, t.grads(), beta, beta);
+  dev.backend().sync(Stream{});
   r.bwd_s = now() - t0;
   r.peak_bytes = mem.peak();
   r.peak_by_tag = mem.at_peak_by_tag();

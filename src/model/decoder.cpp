@@ -153,6 +153,7 @@ StepLoss Decoder::run(std::span<const int32_t> tokens, ParamSource& p, const Los
   stash.fetch(nl - 1);  // offloaded: the last layer's stash into device slots
   for (int l = nl - 1; l >= 0; --l) layer_backward(dx, stash, l, p);
   embed_backward(dx, head, tokens, pos, p);
+  dev_.backend().sync(Stream{});  // a GPU queues the work: time it finished
   bwd_s_ = now() - t1;
   return sum_over_ranks(cp_, head.loss);
 }
