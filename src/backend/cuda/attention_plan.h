@@ -1,0 +1,344 @@
+// The pure logic of the CUDA attention kernels (attention_cuda.cu), compiled by nvcc for the
+// kernels and by the host compiler for tests/unit/test_cuda_attention_plan.cpp: which key rows a
+// query row sees (positions or document spans: the rule of cpu/attention_mask.h), the skip / full /
+// partial class of a (query tile, key tile), the visited tile ranges, the tile shapes and
+// shared-memory sizes, the online-softmax and backward per-element steps, and bf16 rounding.
+//
+// Tiles are anchored at row 0 of the query and key views and depend only on d, so a row's
+// arithmetic never depends on which other rows or heads share the call (docs/kernels.md,
+// "Tiling and the reduction-order contract"): a tile a row sees nothing of, visited because another
+// row of its tile does, adds exact zeros and rescales by exactly 1.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "backend/cuda/dev_view.h"
+#include "backend/cuda/hd.h"
+
+namespace upipe::cuda::attn {
+
+// ---- tiles ------------------------------------------------------------------------------------
+
+constexpr int kWarps = 8;  // every kernel: 8 warps of 32 threads
+constexpr int kThreads = kWarps * 32;
+constexpr int kLaneTile = 64;  // tile side held by the lanes: 2 rows (or keys) per lane
+constexpr int kMaxDim = 256;   // head dims up to 256: at most 8 output columns per lane
+
+// Output columns per lane of a d-wide row (lane l holds columns l, l + 32, ...): the size of the
+// kernels' register accumulators, hence their template parameter.
+constexpr int cols_per_lane(int d) {
+  return d <= 128 ? 4 : 8;
+}
+// Rows (or keys) each warp owns: fewer for wide heads, so 2 x rows x columns accumulators fit the
+// register file.
+constexpr int rows_per_warp(int nc) {
+  return nc <= 4 ? 8 : 4;
+}
+
+// One kernel's tiles: bq query rows x bk key rows.
+struct Tiles {
+  int64_t bq = 0, bk = 0;
+};
+// Forward and the dq pass: warps own query rows, lanes own keys.
+UPIPE_HD Tiles fwd_tiles(int d) {
+  return {int64_t(kWarps) * rows_per_warp(cols_per_lane(d)), kLaneTile};
+}
+UPIPE_HD Tiles bwd_q_tiles(int d) {
+  return fwd_tiles(d);
+}
+// The dk/dv pass: warps own keys, lanes own query rows.
+UPIPE_HD Tiles bwd_kv_tiles(int d) {
+  return {kLaneTile, int64_t(kWarps) * rows_per_warp(cols_per_lane(d))};
+}
+
+UPIPE_HD int64_t round_up(int64_t x, int64_t m) {
+  return (x + m - 1) / m * m;
+}
+// Shared-memory row strides (floats). Tiles read with one row per warp (a broadcast) need only
+// 16-byte rows; tiles read with one row per lane as float4 get 4 floats of padding on a multiple
+// of 8, so the 8 lanes of a quarter warp hit 8 distinct 4-bank groups. Columns [d, ld) hold zeros:
+// the float4 dot products run to round_up(d, 4) and add exact zeros there.
+UPIPE_HD int64_t ld_bcast(int d) {
+  return round_up(d, 4);
+}
+UPIPE_HD int64_t ld_lane(int d) {
+  return round_up(d, 8) + 4;
+}
+
+// Dynamic shared memory of each kernel (bytes), as the kernels carve it (attention_cuda.cu):
+// forward: q tile (bq, ld_bcast), k and v tiles (bk, ld_lane), probabilities (bq, bk), key ranges
+// (2 bq int64);
+// dq pass: q and do tiles (bq, ld_bcast), k and v tiles (bk, ld_lane), dS (bq, bk), lse and delta
+// (2 bq), key ranges (2 bq int64);
+// dk/dv pass: k and v tiles (bk, ld_bcast), q and do tiles (bq, ld_lane), P and dS (2 bk bq), lse
+// and delta (2 bq), key ranges (2 bq int64).
+UPIPE_HD int64_t fwd_smem_bytes(int d) {
+  const Tiles t = fwd_tiles(d);
+  return 4 * (t.bq * ld_bcast(d) + 2 * t.bk * ld_lane(d) + t.bq * t.bk) + 16 * t.bq;
+}
+UPIPE_HD int64_t bwd_q_smem_bytes(int d) {
+  const Tiles t = bwd_q_tiles(d);
+  return 4 * (2 * t.bq * ld_bcast(d) + 2 * t.bk * ld_lane(d) + t.bq * t.bk + 2 * t.bq) + 16 * t.bq;
+}
+UPIPE_HD int64_t bwd_kv_smem_bytes(int d) {
+  const Tiles t = bwd_kv_tiles(d);
+  return 4 * (2 * t.bk * ld_bcast(d) + 2 * t.bq * ld_lane(d) + 2 * t.bk * t.bq + 2 * t.bq) +
+         16 * t.bq;
+}
+// What one block may have on sm_90 (227 KiB).
+constexpr int64_t kMaxSmemBytes = 227 * 1024;
+
+// Global workspace: none. Key ranges are found per block in shared memory and every partial sum
+// lives in registers, so the queries are 0 whatever d, dtype or documents.
+UPIPE_HD int64_t fwd_workspace_bytes(int, DT, bool) {
+  return 0;
+}
+UPIPE_HD int64_t bwd_workspace_bytes(int, DT, bool) {
+  return 0;
+}
+// d up to 256 (register accumulators of 8 columns per lane, shared memory within 227 KiB); any
+// d in [1, 256], since tiles are staged element by element and padded with zeros. fp32 or bf16.
+UPIPE_HD bool supports(int d, DT t, bool) {
+  return d >= 1 && d <= kMaxDim && (t == DT::kF32 || t == DT::kBF16);
+}
+
+// ---- masking ----------------------------------------------------------------------------------
+
+// What decides visibility: positions (q_pos0, k_pos0, causal) or, when q_docs is given, the two
+// span lists (device memory in the kernels, host memory in the tests).
+struct Mask {
+  int64_t sq = 0, sk = 0;
+  int64_t q_pos0 = 0, k_pos0 = 0;
+  bool causal = true;
+  DDocs q_docs = {}, k_docs = {};
+  UPIPE_HD bool documents() const { return q_docs.count > 0; }
+};
+
+struct Range {
+  int64_t first = 0, end = 0;  // [first, end)
+  UPIPE_HD bool empty() const { return first >= end; }
+};
+
+UPIPE_HD int64_t clamp64(int64_t x, int64_t lo, int64_t hi) {
+  return x < lo ? lo : (x > hi ? hi : x);
+}
+UPIPE_HD int64_t min64(int64_t a, int64_t b) {
+  return a < b ? a : b;
+}
+UPIPE_HD int64_t max64(int64_t a, int64_t b) {
+  return a > b ? a : b;
+}
+
+// The span of list l holding list row r: the last span starting at or before r (-1 if none).
+UPIPE_HD int64_t span_of(const DDocs& l, int64_t r) {
+  int64_t a = 0, b = l.count;
+  while (a < b) {
+    const int64_t mid = a + (b - a) / 2;
+    if (l.spans[mid].row <= r)
+      a = mid + 1;
+    else
+      b = mid;
+  }
+  return a - 1;
+}
+
+// The list rows of document doc at positions <= pos: [first span of doc, through pos), or an empty
+// range where such keys would be (so that, over sorted queries, both ends never decrease).
+UPIPE_HD Range doc_keys(const DDocs& k, int64_t doc, int64_t pos) {
+  if (k.count == 0) return {0, 0};
+  int64_t a = 0, b = k.count;
+  while (a < b) {  // first span with s.doc >= doc
+    const int64_t mid = a + (b - a) / 2;
+    if (k.spans[mid].doc < doc)
+      a = mid + 1;
+    else
+      b = mid;
+  }
+  const int64_t first = a;
+  b = k.count;
+  while (a < b) {  // first span past (doc, pos)
+    const int64_t mid = a + (b - a) / 2;
+    const DSpan& s = k.spans[mid];
+    if (s.doc > doc || (s.doc == doc && s.pos > pos))
+      b = mid;
+    else
+      a = mid + 1;
+  }
+  const int64_t past = a;
+  if (past > first) {
+    const DSpan& s = k.spans[past - 1];
+    return {k.spans[first].row, s.row + min64(s.rows, pos - s.pos + 1)};
+  }
+  const int64_t at =
+      first < k.count ? k.spans[first].row : k.spans[k.count - 1].row + k.spans[k.count - 1].rows;
+  return {at, at};
+}
+
+// The key rows [first, end) of the view that query row i sees (cpu/attention_mask.h key_ranges):
+// causal [0, q_pos0 + i - k_pos0 + 1) clipped, not causal every key, documents the keys of the
+// row's document up to its position. Both ends never decrease with i.
+UPIPE_HD Range key_range(const Mask& m, int64_t i) {
+  if (!m.documents()) {
+    if (!m.causal) return {0, m.sk};
+    return {0, clamp64(m.q_pos0 + i - m.k_pos0 + 1, 0, m.sk)};
+  }
+  const DDocs& q = m.q_docs;
+  const int64_t row = i + q.row0;
+  const int64_t si = span_of(q, row);
+  // A row outside its list (a malformed call) sees nothing, at the end it would be on.
+  if (si < 0) return {0, 0};
+  const DSpan& s = q.spans[si];
+  if (row >= s.row + s.rows) return {m.sk, m.sk};
+  const Range kr = doc_keys(m.k_docs, s.doc, s.pos + (row - s.row));
+  const int64_t lo = clamp64(kr.first - m.k_docs.row0, 0, m.sk);
+  return {lo, clamp64(kr.end - m.k_docs.row0, lo, m.sk)};
+}
+
+// Whether a row with key range r sees some key of [j0, j1), and whether it sees all of them.
+UPIPE_HD bool row_sees(const Range& r, int64_t j0, int64_t j1) {
+  return !r.empty() && r.first < j1 && r.end > j0;
+}
+UPIPE_HD bool row_covers(const Range& r, int64_t j0, int64_t j1) {
+  return r.first <= j0 && r.end >= j1;
+}
+
+// The query rows among which every row that sees a key of [j0, j0 + n) lies (rows inside may see
+// none): cpu/attention_mask.h query_rows.
+UPIPE_HD Range query_rows(const Mask& m, int64_t j0, int64_t n) {
+  if (!m.causal) return {0, m.sq};
+  if (!m.documents()) return {clamp64(m.k_pos0 + j0 - m.q_pos0, 0, m.sq), m.sq};
+  // Both ends of the key ranges grow with the row: the first row whose range ends past j0, and
+  // the first whose range starts at or past j0 + n.
+  int64_t a = 0, b = m.sq;
+  while (a < b) {
+    const int64_t mid = a + (b - a) / 2;
+    if (key_range(m, mid).end > j0)
+      b = mid;
+    else
+      a = mid + 1;
+  }
+  const int64_t first = a;
+  a = 0;
+  b = m.sq;
+  while (a < b) {
+    const int64_t mid = a + (b - a) / 2;
+    if (key_range(m, mid).first >= j0 + n)
+      b = mid;
+    else
+      a = mid + 1;
+  }
+  return {first, max64(first, a)};
+}
+
+// The keys some of the n rows (key ranges lo, hi) sees: from the smallest first to the largest end
+// over the rows that see any; empty ({0, 0}) when none does. cpu/attention_mask.h keys_seen.
+UPIPE_HD Range keys_seen(const int64_t* lo, const int64_t* hi, int64_t n) {
+  Range r{0, 0};
+  bool any = false;
+  for (int64_t i = 0; i < n; ++i) {
+    if (lo[i] >= hi[i]) continue;
+    r.first = any ? min64(r.first, lo[i]) : lo[i];
+    r.end = max64(r.end, hi[i]);
+    any = true;
+  }
+  return any ? r : Range{0, 0};
+}
+
+// A (query tile, key tile): no row sees any of its keys (skipped), every row sees every key, or
+// anything else (masked per row).
+enum class TileKind : uint8_t { kSkip = 0, kFull = 1, kPartial = 2 };
+
+// Folds one row into the class of a tile built up from {any = false, all = true}.
+struct TileClass {
+  bool any = false, all = true;
+  UPIPE_HD void add(const Range& r, int64_t j0, int64_t j1) {
+    any = any || row_sees(r, j0, j1);
+    all = all && row_covers(r, j0, j1);
+  }
+  UPIPE_HD TileKind kind() const {
+    return !any ? TileKind::kSkip : (all ? TileKind::kFull : TileKind::kPartial);
+  }
+};
+
+// The class of query rows [i0, i0 + bq) against key rows [j0, j0 + bk) (both clipped to the view).
+UPIPE_HD TileKind classify(const Mask& m, int64_t i0, int64_t bq, int64_t j0, int64_t bk) {
+  const int64_t i1 = min64(i0 + bq, m.sq), j1 = min64(j0 + bk, m.sk);
+  TileClass c;
+  for (int64_t i = i0; i < i1; ++i) c.add(key_range(m, i), j0, j1);
+  return c.kind();
+}
+
+// The tile columns [first, end) of key tile [j0, j0 + bk) a row with key range r sees (first = end
+// when none): cpu attention_cpu.cpp tile_cols.
+UPIPE_HD Range tile_cols(const Range& r, int64_t j0, int64_t bk) {
+  const int64_t lim = clamp64(r.end - j0, 0, bk);
+  return {clamp64(r.first - j0, 0, lim), lim};
+}
+
+// The first tile (anchored at 0, side b) a loop over [first, ...) starts at.
+UPIPE_HD int64_t tile_floor(int64_t first, int64_t b) {
+  return first / b * b;
+}
+
+// ---- per-element steps (the same in the kernels and in the host emulation) -------------------
+
+UPIPE_HD float neg_inf() {
+  return -INFINITY;
+}
+
+// Online softmax over a key tile: m_new = max(m, tile max); the running output and sum are
+// scaled by alpha (0 while the row has seen nothing: m = -inf); visible keys get exp(x - m_new).
+UPIPE_HD float online_alpha(float m_old, float m_new) {
+  return m_old == neg_inf() ? 0.0f : expf(m_old - m_new);
+}
+UPIPE_HD float online_prob(float x, float m_new) {
+  return expf(x - m_new);
+}
+// Normalised row: o = acc * inv, lse; a row with l = 0 (no visible key) gets o = 0, lse = -inf.
+UPIPE_HD float finalize_inv(float l) {
+  return l > 0.0f ? 1.0f / l : 0.0f;
+}
+UPIPE_HD float finalize_lse(float m, float l) {
+  return l > 0.0f ? m + logf(l) : neg_inf();
+}
+// Backward: P = exp(s scale - lse) for a visible key (never called with lse = -inf: such rows see
+// nothing), dS = P (dP - delta) scale.
+UPIPE_HD float bwd_prob(float s, float scale, float lse) {
+  return expf(s * scale - lse);
+}
+UPIPE_HD float bwd_dscore(float p, float dp, float delta, float scale) {
+  return p * (dp - delta) * scale;
+}
+
+// bf16 storage: fp32 rounded to nearest even (NaN stays a quiet NaN), as core/dtype.h.
+UPIPE_HD uint32_t f32_bits(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+#endif
+}
+UPIPE_HD float bits_f32(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+#endif
+}
+UPIPE_HD uint16_t to_bf16(float f) {
+  uint32_t u = f32_bits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
+UPIPE_HD float from_bf16(uint16_t h) {
+  return bits_f32(uint32_t(h) << 16);
+}
+
+}  // namespace upipe::cuda::attn
