@@ -17,55 +17,15 @@
 #   plan          `upipe plan --backend cuda` of the same block beside the run's measured peak
 set -uo pipefail
 cd "$(dirname "$0")/.."
-# The device tool returns at most 8 files: logs go to a work folder, packed as one logs.tar.gz;
-# $OUT gets gpu.txt, summary.json, backend_ops.json, strategies.jsonl, kernel.jsonl,
-# attention.jsonl, eval.jsonl and logs.tar.gz.
-final=${OUT:-$PWD/gpu-check-out}
-mkdir -p "$final"
-out=$(mktemp -d)
-[ -f .gpu-pack/pack.tar.xz ] || { echo "no .gpu-pack/pack.tar.xz: run bench/gpu_pack.sh here first"; exit 2; }
-pack=/tmp/upipe-pack
-rm -rf "$pack" && mkdir -p "$pack" && tar -C "$pack" -xJf .gpu-pack/pack.tar.xz
-# CUDA's libraries: the toolkit's, or those of the Python wheels (nvidia-*-cu13).
-cuda_dirs=$(find /usr/local/cuda*/lib64 /usr/local/cuda*/lib /usr/lib/x86_64-linux-gnu \
-  $(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null) \
-  \( -name 'libcublasLt.so.13*' -o -name 'libcudart.so.13*' -o -name 'libnccl.so.2*' \
-     -o -name 'libcudnn.so.9*' \) -printf '%h\n' 2>/dev/null | sort -u | tr '\n' ':')
-export OPAL_PREFIX=$pack/usr
-export PATH=$pack/usr/bin:$pack/bin:$PATH
-export LD_LIBRARY_PATH=$pack/usr/lib/x86_64-linux-gnu:$pack/usr/lib/x86_64-linux-gnu/openmpi/lib:${cuda_dirs}${LD_LIBRARY_PATH:-}
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
-export OMPI_MCA_btl=self,vader  # one host: shared memory only
+self=$PWD/bench/gpu_check.sh
+fix=tests/fixtures/hf
 mpirun=(mpirun --oversubscribe --bind-to none -x OMP_NUM_THREADS -x LD_LIBRARY_PATH -x OPAL_PREFIX
         -x UPIPE_CUDA_RESERVE -x OMPI_MCA_btl)
-fix=tests/fixtures/hf
-summary=()
 
-# step NAME LIMIT_S COMMAND...: runs it, logs to $out/NAME.log, records rc and seconds.
-step() {
-  local name=$1 limit=$2 t0 rc
-  shift 2
-  t0=$(date +%s.%N)
-  timeout "$limit" "$@" > "$out/$name.log" 2>&1
-  rc=$?
-  local dt
-  dt=$(python3 -c "print(round($(date +%s.%N) - $t0, 1))")
-  summary+=("{\"step\": \"$name\", \"rc\": $rc, \"seconds\": $dt}")
-  echo "gpu_check: $name rc=$rc ${dt}s"
-  return 0
-}
+# ---- The steps (functions; each runs as `gpu_check.sh --step NAME` under its time limit) ----
 
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$out/gpu.txt" 2>&1
-cat "$out/gpu.txt"
-echo "commit $(cat .gpu-pack/commit 2>/dev/null)" >> "$out/gpu.txt"
-
-# 1. Ops.
-step backend_ops 120 test_backend_ops --gtest_output=json:"$out/backend_ops.json"
-step cuda_math 60 test_cuda_math
-step cuda_attention 120 test_cuda_attention_plan
-
-# 2. Every strategy against local on one GPU shared by 1, 2 and 4 ranks (each rank reserves its
-# share of HBM).
+# Every strategy against local on one GPU shared by 1, 2 and 4 ranks (each rank reserves its share
+# of HBM), fp32 and bf16.
 strategies() {
   local np m
   for np in 1 2 4; do
@@ -77,10 +37,8 @@ strategies() {
     done
   done
 }
-step strategies 240 strategies
-grep '^{' "$out/strategies.log" > "$out/strategies.jsonl" 2>/dev/null
 
-# 3. The model against transformers.
+# The model against transformers: the loss to 7 digits and every gradient within the fp32 rule.
 evals() {
   local fx
   for fx in llama qwen3; do
@@ -94,9 +52,8 @@ evals() {
       --dtype bf16 --json --loss-only || echo "FAILED bf16 eval $fx"
   done
 }
-step eval 90 evals
 
-# 4. The attention kernels' TFLOP/s (against the H200's ~989 dense bf16 peak) beside cuBLASLt's.
+# The attention kernels' TFLOP/s (against the H200's ~989 dense bf16 peak) beside cuBLASLt's.
 kernels() {
   local t
   for t in bf16 fp32; do
@@ -104,11 +61,9 @@ kernels() {
       --dtype $t --iters 5 --json || echo "FAILED kernel $t"
   done
 }
-step kernel 90 kernels
-grep '^{' "$out/kernel.log" > "$out/kernel.jsonl" 2>/dev/null
 
-# 5. Attention speed and memory, one rank (ulysses and upipe on C = 1 still differ in what they
-# keep), and the plan of the same block.
+# Attention speed and memory on one rank (ulysses and upipe on C = 1 still differ in what they
+# keep), and the plan of the same block (--meta-ranks 1) beside the measured peak.
 attention() {
   local s m
   for s in 32768 65536 131072 262144; do
@@ -120,14 +75,69 @@ attention() {
     done
   done
 }
-step attention 150 attention
-grep '^{' "$out/attention.log" > "$out/attention.jsonl" 2>/dev/null
 
+if [ "${1:-}" = "--step" ]; then
+  out=$GPU_CHECK_WORK
+  "$2"
+  exit $?
+fi
+
+# ---- The run ----
+
+# The device tool returns at most 8 files: logs go to a work folder, packed as one logs.tar.gz;
+# $OUT gets gpu.txt, summary.json, backend_ops.json, strategies.jsonl, kernel.jsonl,
+# attention.jsonl, eval.jsonl and logs.tar.gz.
+final=${OUT:-$PWD/gpu-check-out}
+mkdir -p "$final"
+out=$(mktemp -d)
+export GPU_CHECK_WORK=$out
+[ -f .gpu-pack/pack.tar.xz ] || { echo "no .gpu-pack/pack.tar.xz: run bench/gpu_pack.sh here first"; exit 2; }
+pack=/tmp/upipe-pack
+rm -rf "$pack" && mkdir -p "$pack" && tar -C "$pack" -xJf .gpu-pack/pack.tar.xz
+# CUDA's libraries: the toolkit's, or those of the Python wheels (nvidia-*-cu13).
+cuda_dirs=$(find /usr/local/cuda*/lib64 /usr/local/cuda*/lib /usr/lib/x86_64-linux-gnu \
+  $(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null) \
+  \( -name 'libcublasLt.so.13*' -o -name 'libcudart.so.13*' -o -name 'libnccl.so.2*' \
+     -o -name 'libcudnn.so.9*' \) -printf '%h\n' 2>/dev/null | sort -u | tr '\n' ':')
+export OPAL_PREFIX=$pack/usr
+export PATH=$pack/usr/bin:$pack/bin:$PATH
+export LD_LIBRARY_PATH=$pack/usr/lib/x86_64-linux-gnu:$pack/usr/lib/x86_64-linux-gnu/openmpi/lib:${cuda_dirs}${LD_LIBRARY_PATH:-}
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
+export OMPI_MCA_btl=self,vader  # one host: shared memory only
+summary=()
+
+# step NAME LIMIT_S COMMAND...: runs it, logs to $out/NAME.log, records rc and seconds; a
+# COMMAND that is one of the functions above runs as `gpu_check.sh --step FUNCTION`.
+step() {
+  local name=$1 limit=$2 t0 rc dt
+  shift 2
+  t0=$(date +%s.%N)
+  if [ "$(type -t "$1")" = function ]; then set -- "$self" --step "$1"; fi
+  timeout "$limit" "$@" > "$out/$name.log" 2>&1
+  rc=$?
+  dt=$(python3 -c "print(round($(date +%s.%N) - $t0, 1))")
+  summary+=("{\"step\": \"$name\", \"rc\": $rc, \"seconds\": $dt}")
+  echo "gpu_check: $name rc=$rc ${dt}s"
+}
+
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 || true
+  echo "commit $(cat .gpu-pack/commit 2>/dev/null)"; } > "$out/gpu.txt"
+cat "$out/gpu.txt"
+
+step backend_ops 120 test_backend_ops --gtest_output=json:"$out/backend_ops.json"
+step cuda_math 60 test_cuda_math
+step cuda_attention 120 test_cuda_attention_plan
+step strategies 240 strategies
+step eval 90 evals
+step kernel 90 kernels
+step attention 150 attention
+for s in strategies kernel attention; do grep '^{' "$out/$s.log" > "$out/$s.jsonl" 2>/dev/null; done
 cat "$out"/eval_*.json > "$out/eval.jsonl" 2>/dev/null
+
 ( IFS=,; echo "[${summary[*]}]" ) > "$out/summary.json"
 for f in gpu.txt summary.json backend_ops.json strategies.jsonl attention.jsonl eval.jsonl \
   kernel.jsonl; do
   [ -f "$out/$f" ] && cp "$out/$f" "$final/"
 done
-tar -C "$out" -czf "$final/logs.tar.gz" $(cd "$out" && ls *.log)
+tar -C "$out" -czf "$final/logs.tar.gz" $(cd "$out" && ls ./*.log)
 cat "$final/summary.json"

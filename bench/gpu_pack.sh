@@ -37,7 +37,7 @@ done
 skip='^(libc|libm|libdl|librt|libpthread|ld-linux-x86-64|libstdc\+\+|libgcc_s|libcuda|libcudart|libcublas|libcublasLt|libnccl|libcudnn|libnv)[.-]'
 objects=("$root"/bin/* $(find "$root/usr/lib" -name '*.so*' -type f) "$root"/usr/bin/*)
 for o in "${objects[@]}"; do
-  ldd "$o" 2>/dev/null | awk '$3 ~ /^\// {print $3}'
+  { ldd "$o" 2>/dev/null || true; } | awk '$3 ~ /^\// {print $3}'
 done | sort -u | while read -r lib; do
   name=$(basename "$lib")
   [[ $name =~ $skip ]] && continue

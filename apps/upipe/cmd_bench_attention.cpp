@@ -33,9 +33,9 @@ struct Options {
 
 // --meta-ranks C: plan instead of run. Rank 0 of C on the meta device (fake communicator):
 // exact bytes and communication, no data, no timing.
-int plan(const Options& opt, const AttentionConfig& cfg, int64_t budget,
+int plan(const Options& opt, const AttentionConfig& cfg, int64_t budget, BackendKind target,
          const std::shared_ptr<const Documents>& docs) {
-  Device dev({BackendKind::kMeta, budget, budget});
+  Device dev({BackendKind::kMeta, budget, budget, target});
   FakeCommunicator comm(0, opt.meta_ranks);
   auto strat = make_strategy({dev, comm, cfg});
   strat->set_documents(docs);
@@ -44,6 +44,7 @@ int plan(const Options& opt, const AttentionConfig& cfg, int64_t budget,
   nlohmann::json j = config_json(cfg);
   j.update({{"ranks", opt.meta_ranks},
             {"device", "meta"},
+            {"plans_for", backend_kind_name(target)},
             {"peak_bytes", r.peak_bytes},
             {"peak_by_tag", tags_json(r.peak_by_tag)},
             {"attn_peak_bytes", r.attn_peak_bytes},
@@ -103,8 +104,9 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
   const AttentionConfig cfg = opt.shape.config(set);
   const int64_t budget = set.memory.device_bytes;
   const std::shared_ptr<const Documents> docs = documents_from(opt.doc_lens, cfg.seq_len);
-  if (opt.meta_ranks > 0) return proc.root() ? plan(opt, cfg, budget, docs) : 0;
-  Device dev({parse_backend_kind(set.device.backend), budget, budget});
+  const BackendKind kind = parse_backend_kind(set.device.backend);
+  if (opt.meta_ranks > 0) return proc.root() ? plan(opt, cfg, budget, kind, docs) : 0;
+  Device dev({kind, budget, budget});
   DeviceComm comm(dev, proc.world);
   auto strat = make_strategy({dev, comm, cfg});
   strat->set_documents(docs);
@@ -118,6 +120,7 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
   const double tps = double(cfg.seq_len) / (r.fwd + r.bwd);
   nlohmann::json j = config_json(cfg);
   j.update({{"ranks", proc.world.size()},
+            {"backend", backend_kind_name(kind)},
             {"iters", opt.iters},
             {"documents", docs ? docs->count() : 1},
             {"fwd_s", r.fwd},

@@ -79,11 +79,13 @@ TEST(CudaGemmDesc, ColumnMajorProblemEqualsRowMajorGemm) {
 TEST(CudaGemmDesc, StagingOnlyWhatCublasLtLacks) {
   const DT f = DT::kF32, h = DT::kBF16;
   const int64_t m = 100, n = 30, k = 70;
-  // Native: fp32 x fp32 -> fp32, bf16 x bf16 -> fp32 or bf16: only cuBLASLt's scratch.
+  // Native: fp32 x fp32 -> fp32, bf16 x bf16 -> fp32 or bf16: only cuBLASLt's scratch, one block.
   for (auto [a, b, c] : {std::tuple{f, f, f}, std::tuple{h, h, f}, std::tuple{h, h, h}}) {
     const GemmStaging s = gemm_staging(m, n, k, a, b, c);
     EXPECT_FALSE(s.widen_a || s.widen_b || s.stage_c);
     EXPECT_EQ(s.bytes, kLtWorkspaceBytes);
+    EXPECT_EQ(s.mb, m);
+    EXPECT_EQ(s.kp, k);
   }
   // fp32 x fp32 -> bf16: the product runs on an fp32 copy of C.
   GemmStaging s = gemm_staging(m, n, k, f, f, h);
@@ -100,6 +102,59 @@ TEST(CudaGemmDesc, StagingOnlyWhatCublasLtLacks) {
   s = gemm_staging(m, n, k, f, h, f);
   EXPECT_TRUE(!s.widen_a && s.widen_b && !s.stage_c);
   EXPECT_EQ(s.bytes, s.b_offset + round_up_256(k * n * 4));
+}
+
+// The staging is bounded: a weight gradient of a million-token shard (bf16 X^T times fp32 dY)
+// takes at most kStageBytes per staged copy, whatever S is.
+TEST(CudaGemmDesc, StagingDoesNotGrowWithTheSequence) {
+  for (int64_t rows : {int64_t(1) << 12, int64_t(1) << 16, int64_t(1) << 20}) {
+    const GemmStaging s = gemm_staging(4096, 4096, rows, DT::kBF16, DT::kF32, DT::kF32);
+    EXPECT_TRUE(s.widen_a);
+    EXPECT_LE(s.bytes, kLtWorkspaceBytes + kStageBytes) << rows;
+    const GemmStaging c = gemm_staging(rows, 4096, 4096, DT::kF32, DT::kF32, DT::kBF16);
+    EXPECT_LE(c.bytes, kLtWorkspaceBytes + kStageBytes) << rows;
+  }
+}
+
+// The blocked product (row blocks of C when C is staged, K panels when an operand is widened,
+// beta on each block's first panel and 1 after) equals the whole product, with tiny budgets that
+// force many uneven blocks, every transpose and beta, on strided views.
+TEST(CudaGemmDesc, BlockedProductEqualsTheWholeOne) {
+  std::mt19937 g(11);
+  const DT f = DT::kF32, h = DT::kBF16;
+  for (auto [da, db, dc] : {std::tuple{h, f, f}, std::tuple{f, h, h}, std::tuple{f, f, h}})
+    for (bool ta : {false, true})
+      for (bool tb : {false, true})
+        for (float beta : {0.0f, 1.0f, -0.5f})
+          for (int64_t budget : {int64_t(2) << 10, int64_t(3) << 10}) {
+            const int64_t m = 37, n = 29, k = 53;
+            Strided a(ta ? k : m, ta ? m : k, 3, g), b(tb ? n : k, tb ? k : n, 1, g), c(m, n, 5, g);
+            const std::vector<float> c0 = c.data;
+            const GemmStaging st = gemm_staging(m, n, k, da, db, dc, budget);
+            ASSERT_TRUE(st.mb < m || st.kp < k) << "the budget must force blocking";
+            int blocks = 0;
+            for_each_gemm_block(m, k, st, [&](const GemmBlock& blk) {
+              // fp32 data stand in for both dtypes: the test is of the index arithmetic.
+              const DView av = a_block(a.view(), ta, blk), bv = b_block(b.view(), tb, blk);
+              const DView cv = rows_view(c.view(), blk.r0, blk.rows);
+              EXPECT_EQ(ta ? av.cols : av.rows, blk.rows);
+              EXPECT_EQ(ta ? av.rows : av.cols, blk.kp);
+              EXPECT_EQ(tb ? bv.cols : bv.rows, blk.kp);
+              colmajor_gemm(lt_problem(av, ta, bv, tb, cv, 1.0f, blk.first_panel ? beta : 1.0f));
+              ++blocks;
+            });
+            EXPECT_GT(blocks, 1);
+            std::vector<double> want(size_t(m * n));
+            std::vector<double> ad(a.data.begin(), a.data.end()), bd(b.data.begin(), b.data.end());
+            ref::gemm<double>({ad.data(), a.rows, a.cols, a.ld}, ta,
+                              {bd.data(), b.rows, b.cols, b.ld}, tb, {want.data(), m, n, n});
+            for (int64_t i = 0; i < m; ++i)
+              for (int64_t j = 0; j < n; ++j)
+                ASSERT_NEAR(c.data[size_t(i * c.ld + j)],
+                            want[size_t(i * n + j)] + beta * c0[size_t(i * c.ld + j)], 1e-4)
+                    << "ta=" << ta << " tb=" << tb << " beta=" << beta << " budget=" << budget
+                    << " at " << i << "," << j;
+          }
 }
 
 }  // namespace

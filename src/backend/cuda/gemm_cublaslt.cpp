@@ -135,40 +135,55 @@ LtGemm::~LtGemm() {
   if (impl_->handle) cublasLtDestroy(impl_->handle);
 }
 
+// One product cuBLASLt runs as it is (no staging).
+void LtGemm::product(const DView& a, bool trans_a, const DView& b, bool trans_b, const DView& c,
+                     float alpha, float beta, void* ws, cudaStream_t s) {
+  const int64_t k = trans_a ? a.rows : a.cols;
+  if (k == 0) {
+    // cuBLASLt refuses K = 0; the product is then beta C.
+    if (beta == 0.0f) fill(c, 0.0f, s);
+    else if (beta != 1.0f) throw Error("GEMM with k = 0 and beta other than 0 or 1");
+    return;
+  }
+  const LtProblem p = lt_problem(a, trans_a, b, trans_b, c, alpha, beta);
+  const Key key{p.m, p.n, p.k, p.a.ld, p.b.ld, p.c.ld, p.trans_a, p.trans_b, p.a.dtype,
+                p.b.dtype, p.c.dtype, alignment_of(p.a.ptr), alignment_of(p.b.ptr),
+                alignment_of(p.c.ptr)};
+  const Plan& pl = impl_->plan(key, p);
+  UPIPE_CUBLAS_CHECK(cublasLtMatmul(impl_->handle, pl.desc, &alpha, p.a.ptr, pl.la, p.b.ptr, pl.lb,
+                                    &beta, p.c.ptr, pl.lc, const_cast<void*>(p.c.ptr), pl.lc,
+                                    &pl.algo, ws, size_t(kLtWorkspaceBytes), s));
+}
+
 void LtGemm::run(const DView& a_in, bool trans_a, const DView& b_in, bool trans_b,
                  const DView& c_in, float alpha, float beta, void* ws, cudaStream_t s) {
   const int64_t m = c_in.rows, n = c_in.cols, k = trans_a ? a_in.rows : a_in.cols;
   if (m == 0 || n == 0) return;
   const GemmStaging st = gemm_staging(m, n, k, a_in.dtype, b_in.dtype, c_in.dtype);
+  if (!st.widen_a && !st.widen_b && !st.stage_c) {
+    product(a_in, trans_a, b_in, trans_b, c_in, alpha, beta, ws, s);
+    return;
+  }
   char* w = static_cast<char*>(ws);
-  // Staged operands are contiguous fp32 copies of the same (rows, cols).
+  // Staged operands are contiguous fp32 copies of the block's views, in the same orientation.
   auto widened = [&](const DView& v, int64_t off) {
-    DView f{w + off, DT::kF32, v.rows, v.cols, v.cols};
+    const DView f{w + off, DT::kF32, v.rows, v.cols, v.cols};
     convert(f, v, s);
     return f;
   };
-  const DView a = st.widen_a ? widened(a_in, st.a_offset) : a_in;
-  const DView b = st.widen_b ? widened(b_in, st.b_offset) : b_in;
-  DView c = c_in;
-  if (st.stage_c) {
-    c = DView{w + st.c_offset, DT::kF32, c_in.rows, c_in.cols, c_in.cols};
-    if (beta != 0.0f) convert(c, c_in, s);
-  }
-  if (k == 0) {
-    // cuBLASLt refuses K = 0; the product is then beta C.
-    if (beta == 0.0f) fill(c, 0.0f, s);
-    else if (beta != 1.0f) throw Error("GEMM with k = 0 and beta other than 0 or 1");
-  } else {
-    const LtProblem p = lt_problem(a, trans_a, b, trans_b, c, alpha, beta);
-    const Key key{p.m, p.n, p.k, p.a.ld, p.b.ld, p.c.ld, p.trans_a, p.trans_b, p.a.dtype,
-                  p.b.dtype, p.c.dtype, alignment_of(p.a.ptr), alignment_of(p.b.ptr),
-                  alignment_of(p.c.ptr)};
-    const Plan& pl = impl_->plan(key, p);
-    UPIPE_CUBLAS_CHECK(cublasLtMatmul(impl_->handle, pl.desc, &alpha, p.a.ptr, pl.la, p.b.ptr,
-                                      pl.lb, &beta, p.c.ptr, pl.lc, const_cast<void*>(p.c.ptr),
-                                      pl.lc, &pl.algo, ws, size_t(kLtWorkspaceBytes), s));
-  }
-  if (st.stage_c) convert(c_in, c, s);
+  for_each_gemm_block(m, k, st, [&](const GemmBlock& blk) {
+    DView a = a_block(a_in, trans_a, blk), b = b_block(b_in, trans_b, blk);
+    const DView c = rows_view(c_in, blk.r0, blk.rows);
+    if (st.widen_a) a = widened(a, st.a_offset);
+    if (st.widen_b) b = widened(b, st.b_offset);
+    DView cc = c;
+    if (st.stage_c) {
+      cc = DView{w + st.c_offset, DT::kF32, c.rows, c.cols, c.cols};
+      if (blk.first_panel && beta != 0.0f) convert(cc, c, s);
+    }
+    product(a, trans_a, b, trans_b, cc, alpha, blk.first_panel ? beta : 1.0f, ws, s);
+    if (st.stage_c && blk.last_panel) convert(c, cc, s);
+  });
 }
 
 }  // namespace upipe::cuda
