@@ -1,7 +1,7 @@
 // cuDNN fused attention for the normalised forward (attention_cudnn.h). One cudnn handle per device
-// and one graph per layout (dims, strides, mask, scale), built on first use; a layout cuDNN rejects,
-// or one whose plan needs a workspace (the attention workspace query is 0), is remembered as
-// unsupported and runs on the flash kernels.
+// and one graph per layout (dims, strides, mask, scale), built on first use; a layout cuDNN
+// rejects, or one whose plan needs a workspace (the attention workspace query is 0), is remembered
+// as unsupported and runs on the flash kernels.
 #include "backend/cuda/attention_cudnn.h"
 
 #include "backend/cuda/attention_plan.h"
@@ -54,8 +54,8 @@ std::vector<int64_t> vec(const int64_t (&x)[4]) {
 
 struct Cache {
   std::mutex mu;
-  std::map<int, cudnnHandle_t> handles;                          // per device
-  std::map<Key, std::shared_ptr<fe::graph::Graph>> graphs;       // null: unsupported
+  std::map<int, cudnnHandle_t> handles;                     // per device
+  std::map<Key, std::shared_ptr<fe::graph::Graph>> graphs;  // null: unsupported
 };
 Cache& cache() {
   static Cache* c = new Cache;  // never destroyed: handles outlive static destruction order
@@ -87,9 +87,10 @@ std::shared_ptr<fe::graph::Graph> build(cudnnHandle_t h, const attn::SdpaPlan& p
                          .set_stride(vec(b.stride)));
   };
   auto q = tensor("Q", kQ, p.q), k = tensor("K", kK, p.k), v = tensor("V", kV, p.v);
-  auto opts =
-      fe::graph::SDPA_attributes().set_name("upipe_sdpa").set_generate_stats(true).set_attn_scale(
-          scale);
+  auto opts = fe::graph::SDPA_attributes()
+                  .set_name("upipe_sdpa")
+                  .set_generate_stats(true)
+                  .set_attn_scale(scale);
   if (p.mask == attn::SdpaMask::kTopLeft)
     opts.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT).set_diagonal_band_right_bound(0);
   else if (p.mask == attn::SdpaMask::kBottomRight)
@@ -130,8 +131,8 @@ bool cudnn_attention_forward(const DAttn& p, const DView& o, const DView& lse, c
   const cudnnStatus_t st = cudnnSetStream(h, s);
   if (st != CUDNN_STATUS_SUCCESS)
     throw Error(fmt::format("cudnnSetStream failed: {}", cudnnGetErrorString(st)));
-  std::unordered_map<int64_t, void*> pack = {{kQ, p.q.data}, {kK, p.k.data}, {kV, p.v.data},
-                                             {kO, o.data},   {kStats, lse.data}};
+  std::unordered_map<int64_t, void*> pack = {
+      {kQ, p.q.data}, {kK, p.k.data}, {kV, p.v.data}, {kO, o.data}, {kStats, lse.data}};
   auto r = it->second->execute(h, pack, nullptr);
   if (r.is_bad()) throw Error(fmt::format("cuDNN fused attention failed: {}", r.get_message()));
   return true;
