@@ -21,6 +21,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -32,6 +33,7 @@
 
 #if UPIPE_HAVE_CUDA
 #include "backend/cuda/attention_cuda.h"
+#include "backend/cuda/attention_cudnn.h"
 #endif
 
 namespace upipe {
@@ -478,6 +480,109 @@ TEST(CudaAttnPlan, Bf16RoundingIsCoreRounding) {
   }
 }
 
+// cuDNN's BHSD view of a strided (rows, heads*d) view addresses the same elements, and the three
+// masks it is given are exactly the reference's visibility on the calls sdpa_plan takes.
+TEST(CudaAttnPlan, SdpaPlanLayoutAndMasks) {
+  void* const at = reinterpret_cast<void*>(uintptr_t(1) << 20);  // 16-byte aligned, never read
+  auto view = [&](int64_t rows, int64_t cols, int64_t ld, cuda::DT t = cuda::DT::kBF16) {
+    return cuda::DView{at, t, rows, cols, ld};
+  };
+  const int hq = 4, hk = 2, d = 64;
+  const cuda::DView q = view(100, hq * d, 264), k = view(90, hk * d, 136),
+                    v = view(90, hk * d, 128), o = view(100, hq * d, 256),
+                    lse = view(hq, 100, 100, cuda::DT::kF32);
+  const attn::SdpaPlan p = attn::sdpa_plan(q, k, v, o, lse, hq, hk, d, 0, 0, true, false);
+  ASSERT_TRUE(p.use) << p.why_not;
+  EXPECT_EQ(int(p.mask), int(attn::SdpaMask::kTopLeft));
+  const attn::Bhsd want_q{{1, hq, 100, d}, {100 * 264, d, 264, 1}};
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(p.q.dim[i], want_q.dim[i]);
+    EXPECT_EQ(p.q.stride[i], want_q.stride[i]);
+  }
+  // Element (0, h, r, e) of each BHSD tensor is element (r, h*d + e) of its view; stats (0, h, i,
+  // 0) is lse (h, i).
+  std::mt19937_64 rng(3);
+  for (int n = 0; n < 1000; ++n) {
+    for (const auto& [t, x, heads] : {std::tuple{p.q, q, hq}, std::tuple{p.k, k, hk},
+                                      std::tuple{p.v, v, hk}, std::tuple{p.o, o, hq}}) {
+      const int64_t h = uniform(rng, 0, heads - 1), r = uniform(rng, 0, x.rows - 1),
+                    e = uniform(rng, 0, d - 1);
+      ASSERT_EQ(t.dim[0], 1);
+      ASSERT_EQ(t.dim[1], heads);
+      ASSERT_EQ(t.dim[2], x.rows);
+      ASSERT_EQ(t.dim[3], d);
+      ASSERT_EQ(h * t.stride[1] + r * t.stride[2] + e * t.stride[3], r * x.ld + h * d + e);
+    }
+    const int64_t h = uniform(rng, 0, hq - 1), i = uniform(rng, 0, 99);
+    ASSERT_EQ(h * p.stats.stride[1] + i * p.stats.stride[2], h * lse.ld + i);
+  }
+  EXPECT_EQ(p.stats.dim[1], hq);
+  EXPECT_EQ(p.stats.dim[2], 100);
+  EXPECT_EQ(p.stats.dim[3], 1);
+
+  // Masks against the reference, on random shapes and offsets; all three are reached.
+  int64_t used[3] = {0, 0, 0};
+  for (int n = 0; n < 3000; ++n) {
+    MaskCase c;
+    c.sq = uniform(rng, 1, 70);
+    c.sk = uniform(rng, 1, 70);
+    c.causal = uniform(rng, 0, 3) != 0;
+    c.q_pos0 = uniform(rng, 0, 100);
+    switch (uniform(rng, 0, 3)) {  // the offsets that map, and any
+      case 0:
+        c.k_pos0 = c.q_pos0;
+        break;
+      case 1:
+        c.k_pos0 = c.q_pos0 - (c.sk - c.sq);
+        break;
+      case 2:
+        c.k_pos0 = c.q_pos0 - uniform(rng, c.sk - 1, c.sk + 5);
+        break;
+      default:
+        c.k_pos0 = uniform(rng, 0, 100);
+    }
+    c.finish();
+    const attn::SdpaPlan s = attn::sdpa_plan(view(c.sq, d, d), view(c.sk, d, d), view(c.sk, d, d),
+                                             view(c.sq, d, d), view(1, c.sq, c.sq, cuda::DT::kF32),
+                                             1, 1, d, c.q_pos0, c.k_pos0, c.causal, false);
+    if (!s.use) {
+      // Only causal calls with another offset are left to the flash kernels.
+      ASSERT_TRUE(c.causal) << c.describe();
+      continue;
+    }
+    ++used[int(s.mask)];
+    for (int64_t i = 0; i < c.sq; ++i) {
+      bool any = false;
+      for (int64_t j = 0; j < c.sk; ++j) {
+        const bool m = s.mask == attn::SdpaMask::kNone      ? true
+                       : s.mask == attn::SdpaMask::kTopLeft ? j <= i
+                                                            : j <= i + c.sk - c.sq;
+        ASSERT_EQ(m, c.visible(i, j)) << c.describe() << " " << i << "," << j;
+        any = any || m;
+      }
+      ASSERT_TRUE(any) << c.describe() << " row " << i;  // cuDNN never sees an empty row
+    }
+  }
+  EXPECT_GT(used[0], 0);
+  EXPECT_GT(used[1], 0);
+  EXPECT_GT(used[2], 0);
+
+  // What stays on the flash kernels.
+  auto plan = [&](cuda::DView qq, cuda::DView oo, cuda::DView ll, int dd, int64_t qp, bool docs) {
+    return attn::sdpa_plan(qq, k, v, oo, ll, hq, hk, dd, qp, 0, true, docs).use;
+  };
+  EXPECT_TRUE(plan(q, o, lse, d, 0, false));
+  EXPECT_FALSE(plan(q, o, lse, d, 0, true));                                        // documents
+  EXPECT_FALSE(plan(view(100, hq * d, 264, cuda::DT::kF32), o, lse, d, 0, false));  // fp32
+  EXPECT_FALSE(plan(q, o, lse, 60, 0, false));                                      // d % 8
+  EXPECT_FALSE(plan(view(100, hq * d, 260), o, lse, d, 0, false));                  // ld % 8
+  EXPECT_FALSE(plan(q, o, view(hq, 100, 101, cuda::DT::kF32), d, 0, false));        // lse strided
+  EXPECT_FALSE(plan(q, o, lse, d, 7, false));                                       // offset 7
+  cuda::DView odd = o;
+  odd.data = static_cast<char*>(at) + 2;
+  EXPECT_FALSE(plan(q, odd, lse, d, 0, false));  // misaligned
+}
+
 // ---- problems with data -----------------------------------------------------------------------
 
 // A host matrix stored in dtype t with row stride cols + pad; the padding holds NaN (bf16 and fp32
@@ -523,6 +628,7 @@ struct Case {
   DType t;
   std::vector<int64_t> lens = {};  // documents of a packed sequence: one list for q and k
   std::string tag = {};
+  bool aligned = false;  // 16-byte rows and packed lse, as cuDNN's fused attention needs
 };
 
 std::string case_name(const Case& c) {
@@ -541,10 +647,11 @@ struct Inputs {
 
   explicit Inputs(const Case& cc) : c(cc) {
     const int64_t qc = int64_t(c.hq) * c.d, kc = int64_t(c.hk) * c.d;
-    q = HostMat(c.t, c.sq, qc, 5);
-    k = HostMat(c.t, c.sk, kc, 3);
-    v = HostMat(c.t, c.sk, kc, 1);
-    dout = HostMat(c.t, c.sq, qc, 2);
+    const int64_t u = c.aligned ? 8 : 1;  // pads in whole 16-byte units when aligned
+    q = HostMat(c.t, c.sq, qc, 5 * u);
+    k = HostMat(c.t, c.sk, kc, 3 * u);
+    v = HostMat(c.t, c.sk, kc, 1 * u);
+    dout = HostMat(c.t, c.sq, qc, 2 * u);
     uint64_t seed = 11;
     for (const Mat* m : {&q.m, &k.m, &v.m, &dout.m}) {
       for (int64_t r = 0; r < m->rows; ++r)
@@ -635,8 +742,8 @@ struct Outs {
   HostMat o, lse, dq, dk, dv;
   explicit Outs(const Case& c) {
     const int64_t qc = int64_t(c.hq) * c.d, kc = int64_t(c.hk) * c.d;
-    o = HostMat(c.t, c.sq, qc, 3);
-    lse = HostMat(DType::kF32, c.hq, c.sq, 1);
+    o = HostMat(c.t, c.sq, qc, c.aligned ? 8 : 3);
+    lse = HostMat(DType::kF32, c.hq, c.sq, c.aligned ? 0 : 1);
     dq = HostMat(DType::kF32, c.sq, qc, 2);
     dk = HostMat(DType::kF32, c.sk, kc, 1);
     dv = HostMat(DType::kF32, c.sk, kc, 4);
@@ -1123,6 +1230,12 @@ std::vector<Case> gpu_cases() {
            Case{333, 250, 2, 1, 256, 17, 100, true, F},
            Case{520, 520, 2, 2, 96, 0, 0, false, B},
            Case{1000, 1000, 4, 2, 64, 0, 0, true, F, {1, 300, 1, 64, 64, 129, 1, 200, 240}, "docs"},
+           // Layouts cuDNN's fused attention takes (attention_cudnn.h), and one it leaves.
+           Case{512, 512, 8, 2, 64, 0, 0, true, B, {}, "aligned", true},
+           Case{384, 640, 4, 4, 128, 256, 0, true, B, {}, "aligned", true},
+           Case{300, 200, 2, 1, 64, 0, 0, false, B, {}, "aligned", true},
+           Case{128, 256, 2, 1, 64, 1000, 0, true, B, {}, "aligned", true},
+           Case{200, 300, 2, 1, 64, 0, 50, true, B, {}, "aligned", true},
        })
     v.push_back(c);
   return v;
@@ -1225,8 +1338,9 @@ INSTANTIATE_TEST_SUITE_P(Cases, CudaAttnKernel, ::testing::ValuesIn(gpu_cases())
 // all-rows values.
 TEST(CudaAttnContract, HeadSubsetAndQueryPrefixAreBitwiseEqual) {
   UPIPE_REQUIRE_GPU();
-  for (DType t : {F, B}) {
-    const Inputs in(Case{530, 530, 8, 2, 64, 0, 0, true, t});
+  // fp32 and bf16 on the flash kernels; bf16 with aligned layouts on cuDNN's forward where built.
+  for (const auto& [t, aligned] : {std::pair{F, false}, std::pair{B, false}, std::pair{B, true}}) {
+    const Inputs in(Case{530, 530, 8, 2, 64, 0, 0, true, t, {}, "", aligned});
     const DevInputs di(in);
     Outs all(in.c);
     gpu_run(in, di, all);
@@ -1296,6 +1410,34 @@ TEST(CudaAttnContract, HeadSubsetAndQueryPrefixAreBitwiseEqual) {
     cuda_ok(cudaDeviceSynchronize());
     dq2.read_into(first.dq);
     EXPECT_EQ(dense(first.dq.m), dense(all.dq.m.rows_of(0, n)));
+  }
+}
+
+// The calls sdpa_plan maps run on cuDNN (when the build has it) and meet the kernels' rule; the
+// backward (flash kernels) takes cuDNN's lse.
+TEST(CudaAttnCudnn, MappedCallsRunOnCudnnWithinRule) {
+  UPIPE_REQUIRE_GPU();
+  if (!cuda::cudnn_attention_built())
+    GTEST_SKIP() << "built without cudnn-frontend (UPIPE_CUDNN_SDPA off or its fetch failed)";
+  for (const Case& c : {Case{512, 512, 8, 2, 64, 0, 0, true, B, {}, "", true},
+                        Case{384, 640, 4, 4, 128, 256, 0, true, B, {}, "", true},
+                        Case{128, 256, 2, 1, 64, 1000, 0, true, B, {}, "", true}}) {
+    const Inputs in(c);
+    const DevInputs di(in);
+    Outs f(c);
+    DevMat o(f.o), lse(f.lse);
+    const attn::SdpaPlan plan =
+        attn::sdpa_plan(di.p.q, di.p.k, di.p.v, o.dview(), lse.dview(), c.hq, c.hk, c.d,
+                        di.p.q_pos0, di.p.k_pos0, c.causal, false);
+    ASSERT_TRUE(plan.use) << case_name(c) << ": " << plan.why_not;
+    ASSERT_TRUE(cuda::cudnn_attention_forward(di.p, o.dview(), lse.dview(), 0))
+        << case_name(c) << ": cuDNN rejected the graph or needs a workspace";
+    cuda_ok(cudaDeviceSynchronize());
+    o.read_into(f.o);
+    lse.read_into(f.lse);
+    const Refs r = refs_of(in);
+    test::expect_close(dense(f.o.m), r.o64, r.o32, case_name(c) + " cudnn o");
+    test::expect_close(dense(f.lse.m), r.lse64, r.lse32, case_name(c) + " cudnn lse");
   }
 }
 

@@ -11,11 +11,13 @@
 // in a fixed order (docs/kernels.md): scores over e; o over keys in increasing order, rescaled per
 // key tile; dq over keys increasing; dk, dv over heads, then query rows increasing. Masked and
 // out-of-range entries enter those chains as exact zeros. Warp reductions (row max, row sum) use a
-// fixed xor butterfly, so every lane holds the same bits.
+// fixed xor butterfly, so every lane holds the same bits. The normalised forward runs on cuDNN's
+// fused attention instead where attention_cudnn.h takes it (bf16, no documents, plain causal).
 #include "backend/cuda/attention_cuda.h"
 
 #include <cuda_runtime.h>
 
+#include "backend/cuda/attention_cudnn.h"
 #include "backend/cuda/attention_plan.h"
 #include "backend/cuda/cuda_check.h"
 
@@ -632,6 +634,7 @@ void attention_forward(const DAttn& p, const DView& o, const DView& lse, const D
                        const DView& m, const DView& l, bool accumulate, void*, cudaStream_t s) {
   const FwdParams a{p, mask_of(p), o, lse, acc, m, l, accumulate};
   if (a.mask.sq == 0) return;
+  if (!accumulate && cudnn_attention_forward(p, o, lse, s)) return;
   const int64_t grid = blocks(a.mask.sq, attn::fwd_tiles(p.d).bq), smem = attn::fwd_smem_bytes(p.d);
   if (attn::cols_per_lane(p.d) == 4)
     launch(fwd_kernel<4>, grid, p.hq, smem, a, s);

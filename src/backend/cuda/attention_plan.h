@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 
 #include "backend/cuda/dev_view.h"
 #include "backend/cuda/hd.h"
@@ -339,6 +340,78 @@ UPIPE_HD uint16_t to_bf16(float f) {
 }
 UPIPE_HD float from_bf16(uint16_t h) {
   return bits_f32(uint32_t(h) << 16);
+}
+
+// ---- cuDNN fused attention (attention_cudnn.cpp) ----------------------------------------------
+
+// A tensor in cuDNN's BHSD terms: dims {batch, heads, rows, cols} and their strides (elements).
+struct Bhsd {
+  int64_t dim[4] = {0, 0, 0, 0}, stride[4] = {0, 0, 0, 0};
+};
+// A (rows, heads*d) view with row stride ld: head h's (rows, d) block starts h*d elements in.
+inline Bhsd bhsd_of(const DView& x, int heads, int d) {
+  return {{1, heads, x.rows, d}, {x.rows * x.ld, d, x.ld, 1}};
+}
+// lse (hq, sq) as cuDNN's softmax stats {1, hq, sq, 1}.
+inline Bhsd bhsd_stats(const DView& lse) {
+  return {{1, lse.rows, lse.cols, 1}, {lse.rows * lse.ld, lse.ld, 1, 1}};
+}
+
+// The masks the fused kernel is given: every key (none), key j visible iff j <= i (top left), or
+// iff j <= i + sk - sq (bottom right). Only these three, whose meaning is cuDNN's documented
+// causal masks, are mapped; other offsets run on the flash kernels.
+enum class SdpaMask : uint8_t { kNone = 0, kTopLeft = 1, kBottomRight = 2 };
+
+struct SdpaPlan {
+  bool use = false;
+  const char* why_not = "";  // the first condition that failed, when !use
+  SdpaMask mask = SdpaMask::kNone;
+  Bhsd q, k, v, o, stats;
+};
+
+inline bool aligned16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+
+// Whether the normalised forward of this call may run on cuDNN, and its tensors. cuDNN's own
+// support check (and a zero workspace) decide last, when the graph is built.
+//   - no documents (the spans would need one ragged call per piece);
+//   - bf16 (cuDNN's flash path has no fp32 inputs), d a multiple of 8 up to 256;
+//   - q, k, v, o rows 16-byte aligned (ld a multiple of 8), lse packed (ld = sq) and aligned;
+//   - every row sees a key and the visible keys are one of the three masks: not causal;
+//     causal with q_pos0 - k_pos0 >= sk - 1 (every key visible); = 0 (top left); = sk - sq > 0
+//     (bottom right). Other offsets leave rows with no key, which cuDNN does not define.
+inline SdpaPlan sdpa_plan(const DView& q, const DView& k, const DView& v, const DView& o,
+                          const DView& lse, int hq, int hk, int d, int64_t q_pos0, int64_t k_pos0,
+                          bool causal, bool documents) {
+  SdpaPlan p;
+  auto no = [&](const char* why) {
+    p.why_not = why;
+    return p;
+  };
+  if (documents) return no("documents");
+  if (q.dtype != DT::kBF16 || o.dtype != DT::kBF16) return no("not bf16");
+  if (d % 8 != 0 || d > kMaxDim) return no("d not a multiple of 8 up to 256");
+  if (q.rows < 1 || k.rows < 1) return no("empty");
+  for (const DView* x : {&q, &k, &v, &o})
+    if (x->ld % 8 != 0 || !aligned16(x->data)) return no("rows not 16-byte aligned");
+  if (lse.ld != lse.cols || !aligned16(lse.data)) return no("lse not packed");
+  const int64_t sq = q.rows, sk = k.rows, shift = q_pos0 - k_pos0;
+  if (!causal || shift >= sk - 1)
+    p.mask = SdpaMask::kNone;
+  else if (shift == 0)
+    p.mask = SdpaMask::kTopLeft;
+  else if (shift == sk - sq && shift > 0)
+    p.mask = SdpaMask::kBottomRight;
+  else
+    return no("causal offset other than 0, sk - sq or past every key");
+  p.use = true;
+  p.q = bhsd_of(q, hq, d);
+  p.k = bhsd_of(k, hk, d);
+  p.v = bhsd_of(v, hk, d);
+  p.o = bhsd_of(o, hq, d);
+  p.stats = bhsd_stats(lse);
+  return p;
 }
 
 }  // namespace upipe::cuda::attn
