@@ -32,9 +32,16 @@ strategies() {
     for m in local ulysses upipe ring usp upipe-ring fpdt upipe-fpdt; do
       UPIPE_CUDA_RESERVE=24G "${mpirun[@]}" -np $np upipe check --backend cuda --method $m \
         --seq-len 4096 --heads 8 --kv-heads 2 --head-dim 128 --json || echo "FAILED np=$np $m"
+      [ $np -eq 1 ] && continue  # bf16 on 2 and 4 ranks
       UPIPE_CUDA_RESERVE=24G "${mpirun[@]}" -np $np upipe check --backend cuda --method $m \
         --seq-len 4096 --dtype bf16 --head-dim 128 --json || echo "FAILED bf16 np=$np $m"
     done
+  done
+  # bf16 again on 2 ranks with cuDNN's fused attention off: the flash kernels alone.
+  for m in local ulysses upipe ring usp upipe-ring fpdt upipe-fpdt; do
+    UPIPE_CUDNN_SDPA=0 UPIPE_CUDA_RESERVE=24G "${mpirun[@]}" -x UPIPE_CUDNN_SDPA -np 2 upipe check \
+      --backend cuda --method $m --seq-len 4096 --dtype bf16 --head-dim 128 --json ||
+      echo "FAILED bf16 flash-only np=2 $m"
   done
 }
 
@@ -124,13 +131,13 @@ step() {
   echo "commit $(cat .gpu-pack/commit 2>/dev/null)"; } > "$out/gpu.txt"
 cat "$out/gpu.txt"
 
-step backend_ops 120 test_backend_ops --gtest_output=json:"$out/backend_ops.json"
-step cuda_math 60 test_cuda_math
-step cuda_attention 120 test_cuda_attention_plan
-step strategies 240 strategies
-step eval 90 evals
-step kernel 90 kernels
-step attention 150 attention
+step backend_ops 90 test_backend_ops --gtest_output=json:"$out/backend_ops.json"
+step cuda_math 30 test_cuda_math
+step cuda_attention 60 test_cuda_attention_plan
+step strategies 200 strategies
+step eval 60 evals
+step kernel 45 kernels
+step attention 90 attention
 for s in strategies kernel attention; do grep '^{' "$out/$s.log" > "$out/$s.jsonl" 2>/dev/null; done
 cat "$out"/eval_*.json > "$out/eval.jsonl" 2>/dev/null
 

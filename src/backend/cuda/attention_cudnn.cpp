@@ -11,10 +11,12 @@
 #include <cudnn_frontend.h>
 #include <fmt/format.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "backend/cuda/cuda_check.h"
@@ -116,6 +118,13 @@ bool cudnn_attention_built() {
 }
 
 bool cudnn_attention_forward(const DAttn& p, const DView& o, const DView& lse, cudaStream_t s) {
+  // UPIPE_CUDNN_SDPA=0 at run time: the flash kernels for every call (to compare the two paths,
+  // or when cuDNN's arithmetic breaks the head-subset contract a strategy check relies on).
+  static const bool disabled = [] {
+    const char* v = std::getenv("UPIPE_CUDNN_SDPA");
+    return v != nullptr && std::string(v) == "0";
+  }();
+  if (disabled) return false;
   const attn::SdpaPlan plan = attn::sdpa_plan(p.q, p.k, p.v, o, lse, p.hq, p.hk, p.d, p.q_pos0,
                                               p.k_pos0, p.causal, p.q_docs.count > 0);
   if (!plan.use) return false;
