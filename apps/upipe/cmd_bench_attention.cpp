@@ -69,6 +69,7 @@ struct Timing {
   double fwd = 1e30, bwd = 1e30;
   int64_t peak = 0, attn = 0, formula = 0;
   TagBytes peak_by_tag;
+  int64_t driver_warm = -1, driver_end = -1;  // GPU: cudaMemGetInfo's bytes in use
 };
 
 Timing time_block(Process& proc, AttentionStrategy& strat, Device& dev, const AttentionConfig& cfg,
@@ -76,6 +77,11 @@ Timing time_block(Process& proc, AttentionStrategy& strat, Device& dev, const At
   BlockTensors t = make_block_tensors(dev, cfg, strat.layout().positions(proc.rank()), 1);
   run_block(strat, dev, t);  // warm-up
   Timing r;
+  // On a GPU: the driver's bytes in use after the warm-up (the arena holds its one reservation
+  // by then) and after the timed steps; a difference is memory allocated outside the arena
+  // (cuBLASLt, cuDNN, NCCL), which no plan can see.
+  const bool gpu = dev.backend().kind() == BackendKind::kCuda;
+  if (gpu) r.driver_warm = cuda_driver_used_bytes();
   BlockRun last;
   for (int i = 0; i < iters; ++i) {
     proc.world.barrier();
@@ -95,6 +101,7 @@ Timing time_block(Process& proc, AttentionStrategy& strat, Device& dev, const At
   }
   r.peak_by_tag = last.peak_by_tag;
   r.formula = strat.attn_formula_bytes();
+  if (gpu) r.driver_end = cuda_driver_used_bytes();
   return r;
 }
 
@@ -130,6 +137,11 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
             {"peak_by_tag", tags_json(r.peak_by_tag)},
             {"attn_peak_bytes", r.attn},
             {"attn_formula_bytes", r.formula}});
+  if (kind == BackendKind::kCuda) {
+    j["driver_used_bytes_after_warmup"] = r.driver_warm;
+    j["driver_used_bytes_after_timed"] = r.driver_end;
+    j["driver_bytes_outside_arena"] = r.driver_end - r.driver_warm;
+  }
   if (one) {
     j["one_document"] = {{"fwd_s", one->fwd}, {"bwd_s", one->bwd}, {"attn_peak_bytes", one->attn}};
     j["speedup"] = (one->fwd + one->bwd) / (r.fwd + r.bwd);

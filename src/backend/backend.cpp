@@ -42,6 +42,14 @@ bool cuda_device_available(std::string* why) {
 #endif
 }
 
+int64_t cuda_driver_used_bytes() {
+#if UPIPE_HAVE_CUDA
+  return cuda_used_bytes();
+#else
+  return -1;
+#endif
+}
+
 BackendKind parse_backend_kind(const std::string& name) {
   if (name == "cpu") return BackendKind::kCpu;
   if (name == "cuda") {

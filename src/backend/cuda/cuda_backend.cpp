@@ -75,6 +75,12 @@ bool cuda_available(std::string* why) {
   return true;
 }
 
+int64_t cuda_used_bytes() {
+  size_t free = 0, total = 0;
+  UPIPE_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+  return int64_t(total) - int64_t(free);
+}
+
 struct CudaBackend::State {
   cudaStream_t stream = nullptr;
   cuda::LtGemm gemm;

@@ -20,6 +20,8 @@ namespace upipe {
 // Whether this process can run the CUDA backend, and if not why ("no CUDA device: CUDA driver
 // version is insufficient for CUDA runtime version"); tests skip with the reason.
 bool cuda_available(std::string* why = nullptr);
+// total - free of the current GPU (cudaMemGetInfo).
+int64_t cuda_used_bytes();
 
 class CudaBackend final : public Backend {
  public:
