@@ -15,6 +15,7 @@
 #include <cstring>
 #include <initializer_list>
 
+#include "backend/cuda/bf16.h"
 #include "backend/cuda/dev_view.h"
 #include "backend/cuda/hd.h"
 
@@ -313,33 +314,12 @@ UPIPE_HD float bwd_dscore(float p, float dp, float delta, float scale) {
   return p * (dp - delta) * scale;
 }
 
-// bf16 storage: fp32 rounded to nearest even (NaN stays a quiet NaN), as core/dtype.h.
-UPIPE_HD uint32_t f32_bits(float f) {
-#if defined(__CUDA_ARCH__)
-  return __float_as_uint(f);
-#else
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-#endif
-}
-UPIPE_HD float bits_f32(uint32_t u) {
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(u);
-#else
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-#endif
-}
+// bf16 storage: bf16.h (fp32 rounded to nearest even, as core/dtype.h).
 UPIPE_HD uint16_t to_bf16(float f) {
-  uint32_t u = f32_bits(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return uint16_t(u >> 16);
+  return f32_to_bf16(f);
 }
 UPIPE_HD float from_bf16(uint16_t h) {
-  return bits_f32(uint32_t(h) << 16);
+  return bf16_to_f32(h);
 }
 
 // ---- cuDNN fused attention (attention_cudnn.cpp) ----------------------------------------------
