@@ -47,6 +47,8 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
               {"attn_peak_bytes", r.attn_peak_bytes},
               {"attn_formula_bytes", r.attn_formula_bytes},
               {"comm", comm_json(r.comm)},
+              {"backend", backend_kind_name(co.backend)},
+              {"communicator", r.communicator},
               {"fwd_s", r.fwd_s},
               {"bwd_s", r.bwd_s}});
     if (r.comm_expected) j["comm_expected"] = comm_json(*r.comm_expected);

@@ -186,6 +186,7 @@ CheckResult check_strategy(const AttentionConfig& cfg, Communicator& world,
   res.method = cfg.knobs.method;
   res.ranks = world.size();
   res.comm = comm.get().stats();
+  res.communicator = comm.get().backend();
   res.comm_expected = strat->comm_expected();
   res.fwd_s = run.fwd_s;
   res.bwd_s = run.bwd_s;

@@ -47,6 +47,7 @@ struct CheckResult {
   bool passed = false;
   std::string rule;
   std::map<std::string, double> max_abs_err, tolerance;  // y, dx, dwq, ... (check.h)
+  std::string communicator;  // what the strategy talked through: mpi, staged(mpi), nccl
   int64_t peak_bytes = 0;                                // max over ranks
   TagBytes peak_by_tag;                                  // of rank 0, at its peak
   int64_t attn_peak_bytes = 0;                           // max over ranks

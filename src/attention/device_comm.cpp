@@ -14,7 +14,17 @@
 namespace upipe {
 
 DeviceComm::DeviceComm(Device& dev, Communicator& world, bool nccl_ok) : use_(&world) {
-  if (dev.backend().kind() != BackendKind::kCuda) return;
+  if (dev.backend().kind() != BackendKind::kCuda) {
+    // UPIPE_STAGED_COMM=1 on the CPU: the GPU's staged path with memcpy for the device copies,
+    // so every strategy can be checked through it without a GPU (tests/cli/staged_check.sh).
+    const char* staged = std::getenv("UPIPE_STAGED_COMM");
+    if (staged != nullptr && std::string(staged) == "1" && dev.backend().computes()) {
+      copier_ = std::make_unique<HostCopier>();
+      own_ = std::make_unique<StagedCommunicator>(world, *copier_);
+      use_ = own_.get();
+    }
+    return;
+  }
 #if UPIPE_HAVE_CUDA
   auto& be = static_cast<CudaBackend&>(dev.backend());
   auto* stream = static_cast<CUstream_st*>(be.native_stream());

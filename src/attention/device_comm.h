@@ -5,7 +5,8 @@
 // reduces pass through it too): correct for any number of ranks per GPU, and the default. With
 // UPIPE_CUDA_COMM=nccl (one rank per GPU) a strategy's collectives run on NCCL instead, ordered
 // after the compute stream; NCCL takes device buffers only, so users whose communicator also
-// carries host values (the decoder's loss, the trainer) ask for staged (nccl_ok = false). It lives here because it is the first module that sees both comm and backend.
+// carries host values (the decoder's loss, the trainer) ask for staged (nccl_ok = false).
+// UPIPE_STAGED_COMM=1 puts the CPU on the staged path too (memcpy copies), to test it. It lives here because it is the first module that sees both comm and backend.
 #pragma once
 
 #include <memory>
