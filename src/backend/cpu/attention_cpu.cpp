@@ -279,11 +279,13 @@ void fwd_tile_end(const FwdBuffers& w, const Mat* o, const Mat* lse, const Mat* 
 
 #if HWY_TARGET == HWY_AVX3
 // The bf16-dot kernels (below): bf16 inputs on the avx512bf16 path.
+UPIPE_BF16_DOT_BEGIN
 void attention_forward_bf16(const AttnProblem& p, const Mat* o, const Mat* lse, const Mat* acc,
                             const Mat* m_state, const Mat* l_state, float* ws);
 void attention_backward_bf16(const AttnProblem& p, const Mat& dout, const Mat& lse,
                              const Mat& delta, const Mat& dq, const Mat& dk, const Mat& dv,
                              float* ws);
+UPIPE_BF16_DOT_END
 #endif
 
 void attention_forward_t(const AttnProblem& p, const Mat* o, const Mat* lse, const Mat* acc,
@@ -322,6 +324,7 @@ void attention_forward_t(const AttnProblem& p, const Mat* o, const Mat* lse, con
 }
 
 #if HWY_TARGET == HWY_AVX3
+UPIPE_BF16_DOT_BEGIN
 namespace {
 
 // softmax_row writing the probabilities p[c0, n) in bf16 (zeros outside [start, lim), n a
@@ -465,6 +468,7 @@ void attention_forward_bf16(const AttnProblem& p, const Mat* o, const Mat* lse, 
     }
   }
 }
+UPIPE_BF16_DOT_END
 #endif  // HWY_TARGET == HWY_AVX3
 
 namespace {
@@ -677,6 +681,7 @@ void attention_backward_t(const AttnProblem& p, const Mat& dout, const Mat& lse,
 }
 
 #if HWY_TARGET == HWY_AVX3
+UPIPE_BF16_DOT_BEGIN
 namespace {
 
 // The bf16-dot backward's buffers (attn_bwd_workspace_bytes with bf16_dot).
@@ -840,6 +845,7 @@ void attention_backward_bf16(const AttnProblem& p, const Mat& dout, const Mat& l
     }
   }
 }
+UPIPE_BF16_DOT_END
 #endif  // HWY_TARGET == HWY_AVX3
 
 // delta(h, i) = sum_e o(i, e) do(i, e) on kLanes lanes, reduced in the target's fixed order.
