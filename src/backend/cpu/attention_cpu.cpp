@@ -125,16 +125,24 @@ HWY_INLINE hn::Mask<DF> lanes_in(int64_t lo, int64_t hi) {
   return hn::AndNot(lanes_below(lo), lanes_below(hi));
 }
 
+// The running maximum vmax of one query row's visible scores [start, lim), in lanes, updated with
+// the vector x of scores at tile columns [c, c + kLanes) (the score kernels' epilogues keep it, so
+// the softmax needs no pass of its own for it).
+HWY_INLINE void row_max_add(VF& vmax, VF x, int64_t c, int64_t start, int64_t lim) {
+  if (c >= start && c + kLanes <= lim)
+    vmax = hn::Max(vmax, x);
+  else if (c < lim && c + kLanes > start)
+    vmax = hn::Max(vmax, hn::IfThenElse(lanes_in(start - c, lim - c), x, vmax));
+}
+
 // Online-softmax step of one query row over the scores s[start, lim) of a key tile (start < lim),
-// scores defined from c0 (a multiple of kNr, <= start): overwrites s[c0, n) with p = exp(s -
-// m_new) inside [start, lim) and zeros outside (n >= lim, s has room up to a multiple of kNr),
-// updates the running max m and sum l, and returns the factor alpha the row's output
-// accumulator must be scaled by.
-float softmax_row(float* s, int64_t c0, int64_t start, int64_t lim, int64_t n, float& m, float& l) {
+// scores defined from c0 (a multiple of kNr, <= start), vmax their maximum in lanes: overwrites
+// s[c0, n) with p = exp(s - m_new) inside [start, lim) and zeros outside (n >= lim, s has room up
+// to a multiple of kNr), updates the running max m and sum l, and returns the factor alpha the
+// row's output accumulator must be scaled by.
+float softmax_row(float* s, int64_t c0, int64_t start, int64_t lim, int64_t n, VF vmax, float& m,
+                  float& l) {
   const DF df;
-  VF vmax = hn::Set(df, kNegInf);
-  for (int64_t c = c0; c < lim; c += kLanes)
-    vmax = hn::Max(vmax, hn::IfThenElse(lanes_in(start - c, lim - c), hn::LoadU(df, s + c), vmax));
   const float m_new = std::max(m, max_lanes(vmax));
   const VF vm = hn::Set(df, m_new);
   VF vsum = hn::Zero(df);
@@ -215,15 +223,22 @@ void fwd_stripe(const AttnProblem& p, const FwdBuffers& w, const int64_t* lo, co
   const int64_t smax = st.cols.smax, c0 = st.cols.c0;
   if (smax == 0) return;
   const int64_t n_panels = (smax + kNr - 1) / kNr, ps = int64_t(kNr) * d;
-  // Scores, scaled, in row groups of kScoreMr and kScoreNp panels at a time.
+  // Scores, scaled, in row groups of kScoreMr and kScoreNp panels at a time, and each row's
+  // maximum over the scores it sees.
+  VF vmax[kAttnStripe];
+  for (VF& v : vmax) v = hn::Set(df, kNegInf);
   for (int g = 0; g < mr; g += kScoreMr) {
     const float* qs = w.q_stage + (r0 + g) * d;
     float* srow = w.s_rows + g * kAttnFwdSld;
     with_rows<kScoreMr>(std::min(kScoreMr, mr - g), [&]<int MR>() HWY_ATTR {
       auto store = [&](int64_t b) HWY_ATTR {
         return [&, b](int r, int pn, const VF* v) HWY_ATTR {
-          float* dst = srow + r * kAttnFwdSld + (b + pn) * kNr;
-          for (int i = 0; i < kPv; ++i) hn::StoreU(hn::Mul(v[i], vscale), df, dst + i * kLanes);
+          const int64_t c = (b + pn) * kNr;
+          for (int i = 0; i < kPv; ++i) {
+            const VF x = hn::Mul(v[i], vscale);
+            hn::StoreU(x, df, srow + r * kAttnFwdSld + c + i * kLanes);
+            row_max_add(vmax[g + r], x, c + i * kLanes, st.start[g + r], st.lim[g + r]);
+          }
         };
       };
       int64_t b = c0 / kNr;
@@ -239,7 +254,7 @@ void fwd_stripe(const AttnProblem& p, const FwdBuffers& w, const int64_t* lo, co
       continue;
     }
     const float alpha =
-        softmax_row(srow, c0, st.start[r], st.lim[r], smax, w.m[r0 + r], w.l[r0 + r]);
+        softmax_row(srow, c0, st.start[r], st.lim[r], smax, vmax[r], w.m[r0 + r], w.l[r0 + r]);
     if (alpha != 1.0f) {
       float* orow = w.o_tile + (r0 + r) * dp;
       for (int64_t e = 0; e < d; ++e) orow[e] *= alpha;
@@ -420,13 +435,9 @@ void fwd_stripe_bf16(const AttnProblem& p, const FwdBuffersBf16& w, const int64_
       auto store = [&](int64_t b) HWY_ATTR {
         return [&, b](int r, int pn, const VF* v) HWY_ATTR {
           const VF x = hn::Mul(v[0], vscale);
-          const int64_t c = (b + pn) * kNr, start = st.start[g + r], lim = st.lim[g + r];
+          const int64_t c = (b + pn) * kNr;
           hn::StoreU(x, df, srow + r * kAttnFwdSld + c);
-          if (c >= start && c + kNr <= lim)
-            vmax[g + r] = hn::Max(vmax[g + r], x);
-          else if (c < lim && c + kNr > start)
-            vmax[g + r] = hn::Max(vmax[g + r], hn::IfThenElse(lanes_in(start - c, lim - c), x,
-                                                              vmax[g + r]));
+          row_max_add(vmax[g + r], x, c, st.start[g + r], st.lim[g + r]);
         };
       };
       const uint16_t* qg = q + g * p.q.ld;
