@@ -562,6 +562,17 @@ struct BwdStripe {
   int64_t n_panels() const { return (smax + kAttnPanel - 1) / kAttnPanel; }
 };
 
+// Prefetches the dq rows of the stripe [r0, r0 + mr) of query tile [i0, i0 + bq) of head h, and
+// the next query tile's rows of q, do and dq at the same offset.
+void prefetch_stripe_rows(const AttnProblem& p, const Mat& dout, const Mat& dq, int h, int64_t i0,
+                          int64_t bq, int64_t r0, int mr) {
+  const int64_t c0 = int64_t(h) * p.d;
+  prefetch_rows(dq, i0 + r0, mr, c0, p.d, Near::kL1);
+  prefetch_rows(p.q, i0 + bq + r0, mr, c0, p.d, Near::kL2);
+  prefetch_rows(dout, i0 + bq + r0, mr, c0, p.d, Near::kL2);
+  prefetch_rows(dq, i0 + bq + r0, mr, c0, p.d, Near::kL2);
+}
+
 // The query rows [lo, hi) of a tile (key ranges klo, khi, bq rows) that see some key of the tile
 // columns [jb, jb + n) of key tile j0; lo >= hi when none does.
 RowRange tile_rows_seeing(const int64_t* klo, const int64_t* khi, int64_t bq, int64_t j0,
@@ -655,6 +666,7 @@ void bwd_query_tile(const AttnProblem& p, const BwdBuffers& w, const Mat& dout, 
     const BwdStripe st(lse, delta, h, i0, r0, int(std::min(kAttnStripe, bq - r0)), lo, hi, j0, bk);
     const int64_t n_panels = st.n_panels();
     zero_outside(w.p_tile + r0 * kAttnBwdSld, w.ds_tile + r0 * kAttnBwdSld, st, bkp);
+    prefetch_stripe_rows(p, dout, dq, h, i0, bq, r0, st.mr);
     if (n_panels == 0) continue;
     bwd_scores(w, st, qt, dot, r0, n_panels, d, p.softmax_scale());
     // dQ += dS K over the keys [c0, smax), in increasing key order.
@@ -840,11 +852,7 @@ void bwd_query_tile_bf16(const AttnProblem& p, const BwdBuffersBf16& w, const Ma
     const BwdStripe st(lse, delta, h, i0, r0, int(std::min(kAttnStripe, bq - r0)), lo, hi, j0, bk);
     const int64_t n_panels = st.n_panels();
     zero_pairs_outside(w, st, r0, bkp);
-    // This stripe's dq rows, and the next query tile's rows of q, do and dq.
-    prefetch_rows(dq, i0 + r0, st.mr, int64_t(h) * d, d, Near::kL1);
-    prefetch_rows(p.q, i0 + bq + r0, st.mr, int64_t(h) * d, d, Near::kL2);
-    prefetch_rows(dout, i0 + bq + r0, st.mr, int64_t(h) * d, d, Near::kL2);
-    prefetch_rows(dq, i0 + bq + r0, st.mr, int64_t(h) * d, d, Near::kL2);
+    prefetch_stripe_rows(p, dout, dq, h, i0, bq, r0, st.mr);
     if (n_panels == 0) continue;
     bwd_scores_bf16(w, st, q, p.q.ld, dot, dout.ld, r0, n_panels, d, p.softmax_scale());
     // dQ += dS K over the key pairs [c0 / 2, ceil(smax / 2)), in increasing order.
