@@ -102,6 +102,19 @@ inline float* lse_at(const Mat& x, int h, int64_t i) {
   return static_cast<float*>(x.at(h, i));
 }
 
+// Prefetches columns [c0, c0 + n) of rows [r0, r0 + rows) of x (clipped to its rows), into L1
+// (kL1) or L2. The backward reads a head's rows of q, do and dq 1-2 KiB apart, a stride the
+// hardware prefetcher does not follow, once per key tile.
+enum class Near { kL1, kL2 };
+inline void prefetch_rows(const Mat& x, int64_t r0, int64_t rows, int64_t c0, int64_t n, Near to) {
+  const int64_t bytes = n * dtype_size(x.dtype), end = std::min(r0 + rows, x.rows);
+  for (int64_t r = r0; r < end; ++r) {
+    const char* row = static_cast<const char*>(x.at(r, c0));
+    for (int64_t b = 0; b < bytes; b += 64)
+      _mm_prefetch(row + b, to == Near::kL1 ? _MM_HINT_T0 : _MM_HINT_T1);
+  }
+}
+
 // Lanes [0, n) of a vector (n <= 0: none; n >= kLanes: all).
 HWY_INLINE hn::Mask<DF> lanes_below(int64_t n) {
   return hn::FirstN(DF(), size_t(std::clamp<int64_t>(n, 0, kLanes)));
@@ -112,16 +125,24 @@ HWY_INLINE hn::Mask<DF> lanes_in(int64_t lo, int64_t hi) {
   return hn::AndNot(lanes_below(lo), lanes_below(hi));
 }
 
+// The running maximum vmax of one query row's visible scores [start, lim), in lanes, updated with
+// the vector x of scores at tile columns [c, c + kLanes) (the score kernels' epilogues keep it, so
+// the softmax needs no pass of its own for it).
+HWY_INLINE void row_max_add(VF& vmax, VF x, int64_t c, int64_t start, int64_t lim) {
+  if (c >= start && c + kLanes <= lim)
+    vmax = hn::Max(vmax, x);
+  else if (c < lim && c + kLanes > start)
+    vmax = hn::Max(vmax, hn::IfThenElse(lanes_in(start - c, lim - c), x, vmax));
+}
+
 // Online-softmax step of one query row over the scores s[start, lim) of a key tile (start < lim),
-// scores defined from c0 (a multiple of kNr, <= start): overwrites s[c0, n) with p = exp(s -
-// m_new) inside [start, lim) and zeros outside (n >= lim, s has room up to a multiple of kNr),
-// updates the running max m and sum l, and returns the factor alpha the row's output
-// accumulator must be scaled by.
-float softmax_row(float* s, int64_t c0, int64_t start, int64_t lim, int64_t n, float& m, float& l) {
+// scores defined from c0 (a multiple of kNr, <= start), vmax their maximum in lanes: overwrites
+// s[c0, n) with p = exp(s - m_new) inside [start, lim) and zeros outside (n >= lim, s has room up
+// to a multiple of kNr), updates the running max m and sum l, and returns the factor alpha the
+// row's output accumulator must be scaled by.
+float softmax_row(float* s, int64_t c0, int64_t start, int64_t lim, int64_t n, VF vmax, float& m,
+                  float& l) {
   const DF df;
-  VF vmax = hn::Set(df, kNegInf);
-  for (int64_t c = c0; c < lim; c += kLanes)
-    vmax = hn::Max(vmax, hn::IfThenElse(lanes_in(start - c, lim - c), hn::LoadU(df, s + c), vmax));
   const float m_new = std::max(m, max_lanes(vmax));
   const VF vm = hn::Set(df, m_new);
   VF vsum = hn::Zero(df);
@@ -202,15 +223,22 @@ void fwd_stripe(const AttnProblem& p, const FwdBuffers& w, const int64_t* lo, co
   const int64_t smax = st.cols.smax, c0 = st.cols.c0;
   if (smax == 0) return;
   const int64_t n_panels = (smax + kNr - 1) / kNr, ps = int64_t(kNr) * d;
-  // Scores, scaled, in row groups of kScoreMr and kScoreNp panels at a time.
+  // Scores, scaled, in row groups of kScoreMr and kScoreNp panels at a time, and each row's
+  // maximum over the scores it sees.
+  VF vmax[kAttnStripe];
+  for (VF& v : vmax) v = hn::Set(df, kNegInf);
   for (int g = 0; g < mr; g += kScoreMr) {
     const float* qs = w.q_stage + (r0 + g) * d;
     float* srow = w.s_rows + g * kAttnFwdSld;
     with_rows<kScoreMr>(std::min(kScoreMr, mr - g), [&]<int MR>() HWY_ATTR {
       auto store = [&](int64_t b) HWY_ATTR {
         return [&, b](int r, int pn, const VF* v) HWY_ATTR {
-          float* dst = srow + r * kAttnFwdSld + (b + pn) * kNr;
-          for (int i = 0; i < kPv; ++i) hn::StoreU(hn::Mul(v[i], vscale), df, dst + i * kLanes);
+          const int64_t c = (b + pn) * kNr;
+          for (int i = 0; i < kPv; ++i) {
+            const VF x = hn::Mul(v[i], vscale);
+            hn::StoreU(x, df, srow + r * kAttnFwdSld + c + i * kLanes);
+            row_max_add(vmax[g + r], x, c + i * kLanes, st.start[g + r], st.lim[g + r]);
+          }
         };
       };
       int64_t b = c0 / kNr;
@@ -226,7 +254,7 @@ void fwd_stripe(const AttnProblem& p, const FwdBuffers& w, const int64_t* lo, co
       continue;
     }
     const float alpha =
-        softmax_row(srow, c0, st.start[r], st.lim[r], smax, w.m[r0 + r], w.l[r0 + r]);
+        softmax_row(srow, c0, st.start[r], st.lim[r], smax, vmax[r], w.m[r0 + r], w.l[r0 + r]);
     if (alpha != 1.0f) {
       float* orow = w.o_tile + (r0 + r) * dp;
       for (int64_t e = 0; e < d; ++e) orow[e] *= alpha;
@@ -279,11 +307,13 @@ void fwd_tile_end(const FwdBuffers& w, const Mat* o, const Mat* lse, const Mat* 
 
 #if HWY_TARGET == HWY_AVX3
 // The bf16-dot kernels (below): bf16 inputs on the avx512bf16 path.
+UPIPE_BF16_DOT_BEGIN
 void attention_forward_bf16(const AttnProblem& p, const Mat* o, const Mat* lse, const Mat* acc,
                             const Mat* m_state, const Mat* l_state, float* ws);
 void attention_backward_bf16(const AttnProblem& p, const Mat& dout, const Mat& lse,
                              const Mat& delta, const Mat& dq, const Mat& dk, const Mat& dv,
                              float* ws);
+UPIPE_BF16_DOT_END
 #endif
 
 void attention_forward_t(const AttnProblem& p, const Mat* o, const Mat* lse, const Mat* acc,
@@ -322,22 +352,21 @@ void attention_forward_t(const AttnProblem& p, const Mat* o, const Mat* lse, con
 }
 
 #if HWY_TARGET == HWY_AVX3
+UPIPE_BF16_DOT_BEGIN
 namespace {
 
 // softmax_row writing the probabilities p[c0, n) in bf16 (zeros outside [start, lim), n a
-// multiple of kNr) while their sum l is kept in fp32.
-float softmax_row_bf16(const float* s, int64_t c0, int64_t start, int64_t lim, int64_t n, float& m,
-                       float& l, uint16_t* p) {
+// multiple of kNr) while their sum l is kept in fp32; vmax holds the row's maximum over its
+// visible scores in lanes (from the score epilogue).
+float softmax_row_bf16(const float* s, int64_t c0, int64_t start, int64_t lim, int64_t n, VF vmax,
+                       float& m, float& l, uint16_t* p) {
   const DF df;
-  VF vmax = hn::Set(df, kNegInf);
-  for (int64_t c = c0; c < lim; c += kLanes)
-    vmax = hn::Max(vmax, hn::IfThenElse(lanes_in(start - c, lim - c), hn::LoadU(df, s + c), vmax));
   const float m_new = std::max(m, max_lanes(vmax));
   const VF vm = hn::Set(df, m_new);
   VF vsum = hn::Zero(df);
   auto prob = [&](int64_t c) HWY_ATTR {
-    const VF e =
-        hn::IfThenElseZero(lanes_in(start - c, lim - c), exp_v(hn::Sub(hn::LoadU(df, s + c), vm)));
+    VF e = exp_v(hn::Sub(hn::LoadU(df, s + c), vm));
+    if (c < start || c + kLanes > lim) e = hn::IfThenElseZero(lanes_in(start - c, lim - c), e);
     vsum = hn::Add(vsum, e);
     return e.raw;
   };
@@ -397,18 +426,24 @@ void fwd_stripe_bf16(const AttnProblem& p, const FwdBuffersBf16& w, const int64_
   if (smax == 0) return;
   const int64_t n_panels = (smax + kNr - 1) / kNr, ps = int64_t(kNr) * d / 2;
   const uint16_t* q = static_cast<const uint16_t*>(p.q.at(i0 + r0, int64_t(h) * d));
-  for (int g = 0; g < mr; g += kScoreMr) {
+  // Each row's maximum over the scores it sees, in lanes, kept by the score epilogue.
+  VF vmax[kAttnStripe];
+  for (VF& v : vmax) v = hn::Set(df, kNegInf);
+  for (int g = 0; g < mr; g += kScoreMrBf16) {
     float* srow = w.s_rows + g * kAttnFwdSld;
-    with_rows<kScoreMr>(std::min(kScoreMr, mr - g), [&]<int MR>() HWY_ATTR {
+    with_rows<kScoreMrBf16>(std::min(kScoreMrBf16, mr - g), [&]<int MR>() HWY_ATTR {
       auto store = [&](int64_t b) HWY_ATTR {
         return [&, b](int r, int pn, const VF* v) HWY_ATTR {
-          hn::StoreU(hn::Mul(v[0], vscale), df, srow + r * kAttnFwdSld + (b + pn) * kNr);
+          const VF x = hn::Mul(v[0], vscale);
+          const int64_t c = (b + pn) * kNr;
+          hn::StoreU(x, df, srow + r * kAttnFwdSld + c);
+          row_max_add(vmax[g + r], x, c, st.start[g + r], st.lim[g + r]);
         };
       };
       const uint16_t* qg = q + g * p.q.ld;
       int64_t b = c0 / kNr;
-      for (; b + kScoreNp <= n_panels; b += kScoreNp)
-        score_block_bf16<MR, kScoreNp>(qg, p.q.ld, w.k_panel + b * ps, ps, d, store(b));
+      for (; b + kScoreNpBf16 <= n_panels; b += kScoreNpBf16)
+        score_block_bf16<MR, kScoreNpBf16>(qg, p.q.ld, w.k_panel + b * ps, ps, d, store(b));
       for (; b < n_panels; ++b)
         score_block_bf16<MR, 1>(qg, p.q.ld, w.k_panel + b * ps, ps, d, store(b));
     });
@@ -421,7 +456,7 @@ void fwd_stripe_bf16(const AttnProblem& p, const FwdBuffersBf16& w, const int64_
       continue;
     }
     const float alpha = softmax_row_bf16(w.s_rows + r * kAttnFwdSld, c0, st.start[r], st.lim[r], sp,
-                                         w.m[r0 + r], w.l[r0 + r], prow);
+                                         vmax[r], w.m[r0 + r], w.l[r0 + r], prow);
     if (alpha != 1.0f) {
       float* orow = w.o_tile + (r0 + r) * dp;
       for (int64_t e = 0; e < d; ++e) orow[e] *= alpha;
@@ -465,6 +500,7 @@ void attention_forward_bf16(const AttnProblem& p, const Mat* o, const Mat* lse, 
     }
   }
 }
+UPIPE_BF16_DOT_END
 #endif  // HWY_TARGET == HWY_AVX3
 
 namespace {
@@ -525,6 +561,17 @@ struct BwdStripe {
   // The stripe computes panels [c0 / kNr, n_panels()); none when no row sees a key.
   int64_t n_panels() const { return (smax + kAttnPanel - 1) / kAttnPanel; }
 };
+
+// Prefetches the dq rows of the stripe [r0, r0 + mr) of query tile [i0, i0 + bq) of head h, and
+// the next query tile's rows of q, do and dq at the same offset.
+void prefetch_stripe_rows(const AttnProblem& p, const Mat& dout, const Mat& dq, int h, int64_t i0,
+                          int64_t bq, int64_t r0, int mr) {
+  const int64_t c0 = int64_t(h) * p.d;
+  prefetch_rows(dq, i0 + r0, mr, c0, p.d, Near::kL1);
+  prefetch_rows(p.q, i0 + bq + r0, mr, c0, p.d, Near::kL2);
+  prefetch_rows(dout, i0 + bq + r0, mr, c0, p.d, Near::kL2);
+  prefetch_rows(dq, i0 + bq + r0, mr, c0, p.d, Near::kL2);
+}
 
 // The query rows [lo, hi) of a tile (key ranges klo, khi, bq rows) that see some key of the tile
 // columns [jb, jb + n) of key tile j0; lo >= hi when none does.
@@ -619,6 +666,7 @@ void bwd_query_tile(const AttnProblem& p, const BwdBuffers& w, const Mat& dout, 
     const BwdStripe st(lse, delta, h, i0, r0, int(std::min(kAttnStripe, bq - r0)), lo, hi, j0, bk);
     const int64_t n_panels = st.n_panels();
     zero_outside(w.p_tile + r0 * kAttnBwdSld, w.ds_tile + r0 * kAttnBwdSld, st, bkp);
+    prefetch_stripe_rows(p, dout, dq, h, i0, bq, r0, st.mr);
     if (n_panels == 0) continue;
     bwd_scores(w, st, qt, dot, r0, n_panels, d, p.softmax_scale());
     // dQ += dS K over the keys [c0, smax), in increasing key order.
@@ -677,6 +725,7 @@ void attention_backward_t(const AttnProblem& p, const Mat& dout, const Mat& lse,
 }
 
 #if HWY_TARGET == HWY_AVX3
+UPIPE_BF16_DOT_BEGIN
 namespace {
 
 // The bf16-dot backward's buffers (attn_bwd_workspace_bytes with bf16_dot).
@@ -686,8 +735,8 @@ struct BwdBuffersBf16 {
   uint32_t* k_panel;                                 // (Bk, d) bf16 pair panels
   uint32_t* v_panel;                                 // (Bk, d) bf16 pair panels
   uint32_t* k_pack;                                  // (Bk, dp) bf16 pair chunks along the keys
-  float* p_tile;                                     // (Bq, Bk + 16)
-  float* ds_tile;                                    // (Bq, Bk + 16)
+  float* p_rows;                                     // (stripe, Bk + 16) the stripe's P
+  float* ds_rows;                                    // (stripe, Bk + 16) the stripe's dS
   uint16_t* ds16;                                    // (stripe, Bk + 16) the stripe's dS in bf16
   uint32_t* p_pairs;                                 // (Bq / 2, Bk) P in bf16 pairs of query rows
   uint32_t* ds_pairs;                                // (Bq / 2, Bk) dS likewise
@@ -700,9 +749,9 @@ struct BwdBuffersBf16 {
     k_panel = reinterpret_cast<uint32_t*>(ws);
     v_panel = k_panel + kAttnBwdBk * d / 2;
     k_pack = v_panel + kAttnBwdBk * d / 2;
-    p_tile = reinterpret_cast<float*>(k_pack + kAttnBwdBk * dp / 2);
-    ds_tile = p_tile + kAttnBwdBq * kAttnBwdSld;
-    ds16 = reinterpret_cast<uint16_t*>(ds_tile + kAttnBwdBq * kAttnBwdSld);
+    p_rows = reinterpret_cast<float*>(k_pack + kAttnBwdBk * dp / 2);
+    ds_rows = p_rows + kAttnStripe * kAttnBwdSld;
+    ds16 = reinterpret_cast<uint16_t*>(ds_rows + kAttnStripe * kAttnBwdSld);
     p_pairs = reinterpret_cast<uint32_t*>(ds16 + kAttnStripe * kAttnBwdSld);
     ds_pairs = p_pairs + kAttnBwdBq / 2 * kAttnBwdBk;
     q_pack = ds_pairs + kAttnBwdBq / 2 * kAttnBwdBk;
@@ -714,22 +763,26 @@ struct BwdBuffersBf16 {
   }
 };
 
-// P and dS of rows [r0, r0 + mr) against the key tile's pair panels [c0 / kNr, n_panels), as
-// bwd_scores;
-// dS also rounded to bf16 into the stripe buffer for dQ.
+// P and dS of rows [r0, r0 + mr) (r0 even) against the key tile's pair panels [c0 / kNr,
+// n_panels), as bwd_scores, kept for the stripe only: dS rounded to bf16 for dQ, and both zipped
+// into bf16 pairs of query rows (row pairs r0 / 2 ..) for dV and dK as soon as a pair's second
+// row is done (an odd last row is paired with zeros).
 void bwd_scores_bf16(const BwdBuffersBf16& w, const BwdStripe& st, const uint16_t* q, int64_t ldq,
                      const uint16_t* dout, int64_t ldo, int64_t r0, int64_t n_panels, int d,
                      float scale) {
   const DF df;
   const VF vscale = hn::Set(df, scale);
   const int64_t ps = int64_t(kNr) * d / 2;
-  for (int g = 0; g < st.mr; g += kScoreMr) {
-    float* p_rows = w.p_tile + (r0 + g) * kAttnBwdSld;
-    float* ds_rows = w.ds_tile + (r0 + g) * kAttnBwdSld;
+  static_assert(kScoreMrBf16 % 2 == 0 && kAttnStripe % 2 == 0);
+  for (int g = 0; g < st.mr; g += kScoreMrBf16) {
+    float* p_rows = w.p_rows + g * kAttnBwdSld;
+    float* ds_rows = w.ds_rows + g * kAttnBwdSld;
     uint16_t* ds16_rows = w.ds16 + g * kAttnBwdSld;
+    uint32_t* p_pairs = w.p_pairs + (r0 + g) / 2 * kAttnBwdBk;
+    uint32_t* ds_pairs = w.ds_pairs + (r0 + g) / 2 * kAttnBwdBk;
     const uint16_t* qs = q + (r0 + g) * ldq;
     const uint16_t* dos = dout + (r0 + g) * ldo;
-    with_rows<kScoreMr>(std::min(kScoreMr, st.mr - g), [&]<int MR>() HWY_ATTR {
+    with_rows<kScoreMrBf16>(std::min(kScoreMrBf16, st.mr - g), [&]<int MR>() HWY_ATTR {
       auto p_epi = [&](int64_t b) HWY_ATTR {
         return [&, b](int r, int pn, const VF* v) HWY_ATTR {
           const int64_t n = st.lim[g + r] - (b + pn) * kNr, n0 = st.start[g + r] - (b + pn) * kNr;
@@ -740,17 +793,27 @@ void bwd_scores_bf16(const BwdBuffersBf16& w, const BwdStripe& st, const uint16_
       };
       auto ds_epi = [&](int64_t b) HWY_ATTR {
         return [&, b](int r, int pn, const VF* v) HWY_ATTR {
-          const int64_t at = r * kAttnBwdSld + (b + pn) * kNr;
+          const int64_t c = (b + pn) * kNr, at = r * kAttnBwdSld + c;
           const VF pv = hn::LoadU(df, p_rows + at);
           const VF ds = hn::Mul(hn::Mul(pv, hn::Sub(v[0], hn::Set(df, st.delta[g + r]))), vscale);
           hn::StoreU(ds, df, ds_rows + at);
           _mm256_storeu_si256(reinterpret_cast<__m256i*>(ds16_rows + at), cvt_bf16(ds.raw));
+          if (r % 2 == 1) {
+            const int64_t prev = at - kAttnBwdSld, pair = r / 2 * kAttnBwdBk + c;
+            _mm512_storeu_si512(p_pairs + pair, zip_bf16(hn::LoadU(df, p_rows + prev).raw, pv.raw));
+            _mm512_storeu_si512(ds_pairs + pair,
+                                zip_bf16(hn::LoadU(df, ds_rows + prev).raw, ds.raw));
+          } else if (r == MR - 1) {
+            const int64_t pair = r / 2 * kAttnBwdBk + c;
+            _mm512_storeu_si512(p_pairs + pair, zip_bf16(pv.raw, _mm512_setzero_ps()));
+            _mm512_storeu_si512(ds_pairs + pair, zip_bf16(ds.raw, _mm512_setzero_ps()));
+          }
         };
       };
       int64_t b = st.c0 / kNr;
-      for (; b + kScoreNp <= n_panels; b += kScoreNp) {
-        score_block_bf16<MR, kScoreNp>(qs, ldq, w.k_panel + b * ps, ps, d, p_epi(b));
-        score_block_bf16<MR, kScoreNp>(dos, ldo, w.v_panel + b * ps, ps, d, ds_epi(b));
+      for (; b + kScoreNpBf16 <= n_panels; b += kScoreNpBf16) {
+        score_block_bf16<MR, kScoreNpBf16>(qs, ldq, w.k_panel + b * ps, ps, d, p_epi(b));
+        score_block_bf16<MR, kScoreNpBf16>(dos, ldo, w.v_panel + b * ps, ps, d, ds_epi(b));
       }
       for (; b < n_panels; ++b) {
         score_block_bf16<MR, 1>(qs, ldq, w.k_panel + b * ps, ps, d, p_epi(b));
@@ -758,6 +821,18 @@ void bwd_scores_bf16(const BwdBuffersBf16& w, const BwdStripe& st, const uint16_
       }
     });
   }
+}
+
+// Zeroes the bf16 row pairs of P and dS of a stripe (rows [r0, r0 + st.mr), r0 even) outside
+// the panels it computes: columns [0, c0) and [n_panels kNr, bkp) (all of them when it computes
+// none). They are read by the dV and dK products.
+void zero_pairs_outside(const BwdBuffersBf16& w, const BwdStripe& st, int64_t r0, int64_t bkp) {
+  const int64_t c1 = st.n_panels() * kAttnPanel, c0 = std::min(st.c0, c1);
+  for (int64_t pr = r0 / 2; pr < (r0 + st.mr + 1) / 2; ++pr)
+    for (uint32_t* x : {w.p_pairs + pr * kAttnBwdBk, w.ds_pairs + pr * kAttnBwdBk}) {
+      std::fill(x, x + c0, 0u);
+      std::fill(x + c1, x + bkp, 0u);
+    }
 }
 
 // bwd_query_tile with bf16 inputs on the dot-product instruction.
@@ -776,7 +851,8 @@ void bwd_query_tile_bf16(const AttnProblem& p, const BwdBuffersBf16& w, const Ma
   for (int64_t r0 = 0; r0 < bq; r0 += kAttnStripe) {
     const BwdStripe st(lse, delta, h, i0, r0, int(std::min(kAttnStripe, bq - r0)), lo, hi, j0, bk);
     const int64_t n_panels = st.n_panels();
-    zero_outside(w.p_tile + r0 * kAttnBwdSld, w.ds_tile + r0 * kAttnBwdSld, st, bkp);
+    zero_pairs_outside(w, st, r0, bkp);
+    prefetch_stripe_rows(p, dout, dq, h, i0, bq, r0, st.mr);
     if (n_panels == 0) continue;
     bwd_scores_bf16(w, st, q, p.q.ld, dot, dout.ld, r0, n_panels, d, p.softmax_scale());
     // dQ += dS K over the key pairs [c0 / 2, ceil(smax / 2)), in increasing order.
@@ -787,15 +863,8 @@ void bwd_query_tile_bf16(const AttnProblem& p, const BwdBuffersBf16& w, const Ma
                     dq.ld, kNr, st.c0 / 2, (st.smax + 1) / 2);
     }
   }
-  // P and dS in bf16 pairs of query rows, then dV += P^T dO and dK += dS^T Q, kAccMr keys at a
-  // time, over the row pairs from the one holding the first row that sees them.
-  for (int64_t i = 0; i < bq; i += 2) {
-    const bool second = i + 1 < bq;
-    zip_rows_bf16(w.p_tile + i * kAttnBwdSld, second ? w.p_tile + (i + 1) * kAttnBwdSld : nullptr,
-                  bkp, w.p_pairs + i / 2 * kAttnBwdBk);
-    zip_rows_bf16(w.ds_tile + i * kAttnBwdSld, second ? w.ds_tile + (i + 1) * kAttnBwdSld : nullptr,
-                  bkp, w.ds_pairs + i / 2 * kAttnBwdBk);
-  }
+  // dV += P^T dO and dK += dS^T Q on the bf16 row pairs, kAccMr keys at a time, over the row
+  // pairs from the one holding the first row that sees them.
   for (int64_t jb = 0; jb < bk; jb += kAccMr) {
     const int mr = int(std::min<int64_t>(kAccMr, bk - jb));
     const RowRange rows = tile_rows_seeing(lo, hi, bq, j0, jb, mr);
@@ -840,6 +909,7 @@ void attention_backward_bf16(const AttnProblem& p, const Mat& dout, const Mat& l
     }
   }
 }
+UPIPE_BF16_DOT_END
 #endif  // HWY_TARGET == HWY_AVX3
 
 // delta(h, i) = sum_e o(i, e) do(i, e) on kLanes lanes, reduced in the target's fixed order.

@@ -52,13 +52,13 @@ inline int64_t attn_fwd_workspace_bytes(int64_t d, DType t, bool bf16_dot = fals
 // the dK and dV accumulators of the tile in column chunks (3 Bk dp) + P and dS tiles
 // (2 Bq (Bk + 16)) + q and do tiles packed in column chunks (2 Bq dp); bf16 inputs add fp32
 // staging for the q and do tiles (2 Bq d). With bf16_dot instead: K and V tiles transposed and K
-// in chunks, in bf16 (Bk (2 d + dp) / 2) + P and dS tiles + the stripe's dS in bf16
-// (stripe (Bk + 16) / 2) + P and dS of the tile in bf16 pairs of rows (Bq Bk) + q and do tiles
-// in bf16 pairs of rows (Bq dp) + the dK and dV accumulators (2 Bk dp).
+// in chunks, in bf16 (Bk (2 d + dp) / 2) + P and dS of the stripe (2 stripe (Bk + 16)) + the
+// stripe's dS in bf16 (stripe (Bk + 16) / 2) + P and dS of the tile in bf16 pairs of rows (Bq Bk) +
+// q and do tiles in bf16 pairs of rows (Bq dp) + the dK and dV accumulators (2 Bk dp).
 inline int64_t attn_bwd_workspace_bytes(int64_t d, DType t, bool bf16_dot = false) {
   const int64_t dp = attn_padded_dim(d);
   if (bf16_dot)
-    return 4 * (kAttnBwdBk * (2 * d + dp) / 2 + 2 * kAttnBwdBq * kAttnBwdSld +
+    return 4 * (kAttnBwdBk * (2 * d + dp) / 2 + 2 * kAttnStripe * kAttnBwdSld +
                 kAttnStripe * kAttnBwdSld / 2 + kAttnBwdBq * kAttnBwdBk + kAttnBwdBq * dp +
                 2 * kAttnBwdBk * dp);
   int64_t f = kAttnBwdBk * (2 * d + 3 * dp) + 2 * kAttnBwdBq * kAttnBwdSld + 2 * kAttnBwdBq * dp;

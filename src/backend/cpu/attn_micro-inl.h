@@ -263,17 +263,20 @@ HWY_INLINE void acc_rows(int mr, int64_t n, const float* a, int64_t lda, const f
 // vdpbf16ps: acc.fp32[i] += a.bf16[2i] b.bf16[2i] + a.bf16[2i+1] b.bf16[2i+1], products exact,
 // fp32 accumulation (subnormals flushed). Operands are pairs of bf16 along the contracted index,
 // one pair per 32-bit word: panels hold [pair][16 columns] words, A is read one broadcast word at
-// a time. Written as inline assembly so the AVX-512 target needs no extra compiler flags; it runs
-// only where cpu_isa() is avx512bf16.
+// a time. This part of the AVX-512 target (and the bf16 kernels in attention_cpu.cpp) is compiled
+// with AVX512-BF16 added (UPIPE_BF16_DOT_BEGIN), so the compiler schedules and allocates
+// registers for the intrinsics itself; it runs only where cpu_isa() is avx512bf16.
+#define UPIPE_BF16_DOT_BEGIN HWY_PUSH_ATTRIBUTES(HWY_TARGET_STR ",avx512bf16")
+#define UPIPE_BF16_DOT_END HWY_POP_ATTRIBUTES
+UPIPE_BF16_DOT_BEGIN
 constexpr bool kHaveBf16Dot = true;
-typedef uint32_t word_unaligned __attribute__((aligned(1)));
+constexpr int kScoreMrBf16 = 6, kScoreNpBf16 = 4;
 
 // acc += pairs(b) . broadcast(word at p).
 HWY_INLINE __m512 dot2_bcast(__m512 acc, __m512i b, const void* p) {
-  asm("vdpbf16ps %2%{1to16%}, %1, %0"
-      : "+v"(acc)
-      : "v"(b), "m"(*static_cast<const word_unaligned*>(p)));
-  return acc;
+  uint32_t word;
+  std::memcpy(&word, p, 4);
+  return _mm512_dpbf16_ps(acc, __m512bh(b), __m512bh(_mm512_set1_epi32(int(word))));
 }
 
 // Packs rows [0, n) of an (n, d) bf16 matrix (row j at src + j * ld elements) as pair panels:
@@ -344,21 +347,21 @@ HWY_INLINE void score_block_bf16(const uint16_t* a, int64_t lda, const uint32_t*
   __m512 c[MR][NP];
 #pragma GCC unroll 12
   for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 2
+#pragma GCC unroll 4
     for (int p = 0; p < NP; ++p) c[r][p] = _mm512_setzero_ps();
 #pragma GCC unroll 2
   for (int e = 0; e < d / 2; ++e) {
     __m512i b[NP];
-#pragma GCC unroll 2
+#pragma GCC unroll 4
     for (int p = 0; p < NP; ++p) b[p] = _mm512_loadu_si512(panel + p * ps + e * kNr);
 #pragma GCC unroll 12
     for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 2
+#pragma GCC unroll 4
       for (int p = 0; p < NP; ++p) c[r][p] = dot2_bcast(c[r][p], b[p], a + r * lda + 2 * e);
   }
 #pragma GCC unroll 12
   for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 2
+#pragma GCC unroll 4
     for (int p = 0; p < NP; ++p) {
       const VF v{c[r][p]};
       epi(r, p, &v);
@@ -434,29 +437,21 @@ HWY_INLINE void acc_rows_bf16(int mr, int64_t n, PairA a, const uint32_t* b, int
 // fp32 to bf16 on the AVX512-BF16 conversions (round to nearest even; subnormal inputs flush to
 // zero, as the dot product would treat them): one vector, and two (b in the low half).
 HWY_INLINE __m256i cvt_bf16(__m512 a) {
-  __m256i r;
-  asm("vcvtneps2bf16 %1, %0" : "=v"(r) : "v"(a));
-  return r;
+  return __m256i(_mm512_cvtneps_pbh(a));
 }
 HWY_INLINE __m512i cvt2_bf16(__m512 a, __m512 b) {
-  __m512i r;
-  asm("vcvtne2ps2bf16 %2, %1, %0" : "=v"(r) : "v"(a), "v"(b));
-  return r;
+  return __m512i(_mm512_cvtne2ps_pbh(a, b));
 }
 
-// Rows i and i + 1 of an fp32 matrix rounded to bf16 and zipped into words (the pair panel of a
-// product contracted over rows): dst[j] = (bf16 x(i, j), bf16 x(i + 1, j)) for j in [0, n),
-// n a multiple of kNr; row1 null means zeros.
-HWY_INLINE void zip_rows_bf16(const float* row0, const float* row1, int64_t n, uint32_t* dst) {
+// Sixteen columns of rows i and i + 1 of an fp32 matrix rounded to bf16 and zipped into words
+// (the pair panel of a product contracted over rows): word j = (bf16 row0[j], bf16 row1[j]).
+HWY_INLINE __m512i zip_bf16(__m512 row0, __m512 row1) {
   const __m512i zip = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
                                        23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-  for (int64_t j = 0; j < n; j += kNr) {
-    const __m512 hi = row1 ? _mm512_loadu_ps(row1 + j) : _mm512_setzero_ps();
-    const __m512i both = cvt2_bf16(hi, _mm512_loadu_ps(row0 + j));
-    _mm512_storeu_si512(dst + j, _mm512_permutexvar_epi16(zip, both));
-  }
+  return _mm512_permutexvar_epi16(zip, cvt2_bf16(row1, row0));
 }
 
+UPIPE_BF16_DOT_END
 #else
 constexpr bool kHaveBf16Dot = false;
 #endif  // HWY_TARGET == HWY_AVX3

@@ -100,6 +100,14 @@ void set_cpu_isa(CpuIsa isa) {
       fmt::format("{}={}: this CPU lacks it (it has {})", kCpuIsaEnv, cpu_isa_name(isa), names()));
 }
 
+bool cpu_has_prefetchw() {
+  static const bool have = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return __get_cpuid(0x80000001u, &a, &b, &c, &d) && ((c >> 8) & 1u);
+  }();
+  return have;
+}
+
 std::string cpu_model_name() {
   unsigned r[12] = {};
   unsigned a = 0, b = 0, c = 0, d = 0;

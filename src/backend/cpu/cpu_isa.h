@@ -41,6 +41,10 @@ std::string cpu_vector_target();
 // ONEDNN_MAX_CPU_ISA caps (UPIPE_CPU_ISA does not).
 std::string onednn_cpu_isa();
 
+// Whether the CPU has PREFETCHW (CPUID 0x80000001 ECX bit 8; AMD, Intel from Broadwell): the
+// memory-bound kernels use it to ask for lines they are about to write.
+bool cpu_has_prefetchw();
+
 // The CPU's brand string ("AMD EPYC 9R14 96-Core Processor"), for benchmark headers.
 std::string cpu_model_name();
 

@@ -6,6 +6,7 @@
 #define HWY_TARGET_INCLUDE "backend/cpu/elementwise_cpu.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 //
+#include <hwy/cache_control.h>
 #include <hwy/highway.h>
 
 #include <algorithm>
@@ -39,6 +40,26 @@ float* out_at(const Mat& x, int64_t r, int64_t c0, float* buf) {
 }
 void store_at(const Mat& x, int64_t r, int64_t c0, int64_t n, const float* buf) {
   if (is_bf16(x)) narrow_row(buf, x.at(r, c0), true, n);
+}
+
+// RMSNorm reads a row segment twice (its reductions, then the output) but from memory only in
+// the first pass; these prefetches keep memory as busy as a copy's interleaved reads and writes:
+// the first pass asks for the output's lines in the exclusive state (prefetchw, where the CPU
+// has it), the second reads the next segment's inputs into L2 ahead of its first pass.
+// next_segment is where the step after (r, c0) of a walk over groups of n columns starts (null
+// after the last one).
+const char* next_segment(const Mat& x, int64_t r, int64_t c0, int64_t n) {
+  if (c0 + n < x.cols) return static_cast<const char*>(x.at(r, c0 + n));
+  return r + 1 < x.rows ? static_cast<const char*>(x.at(r + 1, 0)) : nullptr;
+}
+// The line of chunk k of a segment of x starting at seg, to be read; the line of chunk k of the
+// segment (r, c0) of x, to be written.
+HWY_INLINE void prefetch_chunk(const char* seg, const Mat& x, const Chunk& k) {
+  if (seg) _mm_prefetch(seg + k.c * dtype_size(x.dtype), _MM_HINT_T1);
+}
+HWY_INLINE void prefetch_chunk_w(const Mat& x, int64_t r, int64_t c0, const Chunk& k, bool have) {
+  const char* p = static_cast<const char*>(x.at(r, c0 + k.c));
+  if (have) asm volatile("prefetchw %0" : : "m"(*p));
 }
 
 // Rows of at most kRow values on the stack, for the ops that have no workspace.
@@ -88,18 +109,23 @@ void rmsnorm_forward_t(const Mat& x, const Mat& w, int64_t group, float eps, con
   float* wf = row + group;
   widen_row(w.at(0, 0), is_bf16(w), wf, group);
   const int64_t n = group;
+  const bool pw = cpu_has_prefetchw();
   for (int64_t r = 0; r < x.rows; ++r)
     for (int64_t c0 = 0; c0 < x.cols; c0 += n) {
       const float* xr = f32_at(x, r, c0, n, row);
       float* yr = out_at(y, r, c0, row);
       VF vss = hn::Zero(df);
       for_chunks(n, [&](const Chunk& k) HWY_ATTR {
+        prefetch_chunk_w(y, r, c0, k, pw);
         const VF v = k.load(xr);
         vss = hn::MulAdd(v, v, vss);
       });
       const VF vinv = hn::Set(df, 1.0f / std::sqrt(sum_lanes(vss) / float(n) + eps));
-      for_chunks(n, [&](const Chunk& k)
-                        HWY_ATTR { k.store(yr, hn::Mul(hn::Mul(k.load(xr), vinv), k.load(wf))); });
+      const char* next = next_segment(x, r, c0, n);
+      for_chunks(n, [&](const Chunk& k) HWY_ATTR {
+        prefetch_chunk(next, x, k);
+        k.store(yr, hn::Mul(hn::Mul(k.load(xr), vinv), k.load(wf)));
+      });
       store_at(y, r, c0, n, yr);
     }
 }
@@ -113,6 +139,7 @@ void rmsnorm_backward_t(const Mat& x, const Mat& w, int64_t group, float eps, co
   widen_row(w.at(0, 0), is_bf16(w), wf, group);
   float* dwp = dw.f32();
   const int64_t n = group;
+  const bool pw = cpu_has_prefetchw();
   for (int64_t r = 0; r < x.rows; ++r)
     for (int64_t c0 = 0; c0 < x.cols; c0 += n) {
       // dx may be dy (in place): each element of gr is read before dxr's is written.
@@ -121,6 +148,7 @@ void rmsnorm_backward_t(const Mat& x, const Mat& w, int64_t group, float eps, co
       float* dxr = out_at(dx, r, c0, gbuf);
       VF vss = hn::Zero(df), vdot = hn::Zero(df);
       for_chunks(n, [&](const Chunk& k) HWY_ATTR {
+        prefetch_chunk_w(dx, r, c0, k, pw);
         const VF xv = k.load(xr);
         vss = hn::MulAdd(xv, xv, vss);
         vdot = hn::MulAdd(hn::Mul(k.load(wf), k.load(gr)), xv, vdot);
@@ -128,7 +156,10 @@ void rmsnorm_backward_t(const Mat& x, const Mat& w, int64_t group, float eps, co
       const float inv = 1.0f / std::sqrt(sum_lanes(vss) / float(n) + eps);
       const VF vinv = hn::Set(df, inv),
                vk = hn::Set(df, sum_lanes(vdot) * inv * inv * inv / float(n));
+      const char *next_x = next_segment(x, r, c0, n), *next_g = next_segment(dy, r, c0, n);
       for_chunks(n, [&](const Chunk& k) HWY_ATTR {
+        prefetch_chunk(next_x, x, k);
+        prefetch_chunk(next_g, dy, k);
         const VF xv = k.load(xr), gv = k.load(gr);
         k.store(dwp, hn::MulAdd(hn::Mul(gv, xv), vinv, k.load(dwp)));
         k.store(dxr, hn::MulSub(hn::Mul(k.load(wf), gv), vinv, hn::Mul(xv, vk)));
