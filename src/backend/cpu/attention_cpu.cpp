@@ -108,10 +108,13 @@ inline float* lse_at(const Mat& x, int h, int64_t i) {
 enum class Near { kL1, kL2 };
 inline void prefetch_rows(const Mat& x, int64_t r0, int64_t rows, int64_t c0, int64_t n, Near to) {
   const int64_t bytes = n * dtype_size(x.dtype), end = std::min(r0 + rows, x.rows);
+  // The hint must be a compile-time constant (clang checks it), hence two loops.
   for (int64_t r = r0; r < end; ++r) {
     const char* row = static_cast<const char*>(x.at(r, c0));
-    for (int64_t b = 0; b < bytes; b += 64)
-      _mm_prefetch(row + b, to == Near::kL1 ? _MM_HINT_T0 : _MM_HINT_T1);
+    if (to == Near::kL1)
+      for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch(row + b, _MM_HINT_T0);
+    else
+      for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch(row + b, _MM_HINT_T1);
   }
 }
 
