@@ -367,7 +367,7 @@ float softmax_row_bf16(const float* s, int64_t c0, int64_t start, int64_t lim, i
   const float m_new = std::max(m, max_lanes(vmax));
   const VF vm = hn::Set(df, m_new);
   VF vsum = hn::Zero(df);
-  auto prob = [&](int64_t c) HWY_ATTR {
+  auto prob = [&](int64_t c) UPIPE_BF16_ATTR {
     VF e = exp_v(hn::Sub(hn::LoadU(df, s + c), vm));
     if (c < start || c + kLanes > lim) e = hn::IfThenElseZero(lanes_in(start - c, lim - c), e);
     vsum = hn::Add(vsum, e);
@@ -434,9 +434,9 @@ void fwd_stripe_bf16(const AttnProblem& p, const FwdBuffersBf16& w, const int64_
   for (VF& v : vmax) v = hn::Set(df, kNegInf);
   for (int g = 0; g < mr; g += kScoreMrBf16) {
     float* srow = w.s_rows + g * kAttnFwdSld;
-    with_rows<kScoreMrBf16>(std::min(kScoreMrBf16, mr - g), [&]<int MR>() HWY_ATTR {
-      auto store = [&](int64_t b) HWY_ATTR {
-        return [&, b](int r, int pn, const VF* v) HWY_ATTR {
+    with_rows<kScoreMrBf16>(std::min(kScoreMrBf16, mr - g), [&]<int MR>() UPIPE_BF16_ATTR {
+      auto store = [&](int64_t b) UPIPE_BF16_ATTR {
+        return [&, b](int r, int pn, const VF* v) UPIPE_BF16_ATTR {
           const VF x = hn::Mul(v[0], vscale);
           const int64_t c = (b + pn) * kNr;
           hn::StoreU(x, df, srow + r * kAttnFwdSld + c);
@@ -785,17 +785,17 @@ void bwd_scores_bf16(const BwdBuffersBf16& w, const BwdStripe& st, const uint16_
     uint32_t* ds_pairs = w.ds_pairs + (r0 + g) / 2 * kAttnBwdBk;
     const uint16_t* qs = q + (r0 + g) * ldq;
     const uint16_t* dos = dout + (r0 + g) * ldo;
-    with_rows<kScoreMrBf16>(std::min(kScoreMrBf16, st.mr - g), [&]<int MR>() HWY_ATTR {
-      auto p_epi = [&](int64_t b) HWY_ATTR {
-        return [&, b](int r, int pn, const VF* v) HWY_ATTR {
+    with_rows<kScoreMrBf16>(std::min(kScoreMrBf16, st.mr - g), [&]<int MR>() UPIPE_BF16_ATTR {
+      auto p_epi = [&](int64_t b) UPIPE_BF16_ATTR {
+        return [&, b](int r, int pn, const VF* v) UPIPE_BF16_ATTR {
           const int64_t n = st.lim[g + r] - (b + pn) * kNr, n0 = st.start[g + r] - (b + pn) * kNr;
           VF x = exp_v(hn::MulSub(v[0], vscale, hn::Set(df, st.lse[g + r])));
           if (n < kNr || n0 > 0) x = hn::IfThenElseZero(lanes_in(n0, n), x);
           hn::StoreU(x, df, p_rows + r * kAttnBwdSld + (b + pn) * kNr);
         };
       };
-      auto ds_epi = [&](int64_t b) HWY_ATTR {
-        return [&, b](int r, int pn, const VF* v) HWY_ATTR {
+      auto ds_epi = [&](int64_t b) UPIPE_BF16_ATTR {
+        return [&, b](int r, int pn, const VF* v) UPIPE_BF16_ATTR {
           const int64_t c = (b + pn) * kNr, at = r * kAttnBwdSld + c;
           const VF pv = hn::LoadU(df, p_rows + at);
           const VF ds = hn::Mul(hn::Mul(pv, hn::Sub(v[0], hn::Set(df, st.delta[g + r]))), vscale);

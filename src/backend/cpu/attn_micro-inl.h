@@ -266,8 +266,19 @@ HWY_INLINE void acc_rows(int mr, int64_t n, const float* a, int64_t lda, const f
 // a time. This part of the AVX-512 target (and the bf16 kernels in attention_cpu.cpp) is compiled
 // with AVX512-BF16 added (UPIPE_BF16_DOT_BEGIN), so the compiler schedules and allocates
 // registers for the intrinsics itself; it runs only where cpu_isa() is avx512bf16.
+// clang applies the outer (Highway's) target attribute rather than combining a nested one, so
+// there the region replaces it, and restores it after.
+#if HWY_COMPILER_CLANG
+#define UPIPE_BF16_DOT_BEGIN \
+  HWY_POP_ATTRIBUTES HWY_PUSH_ATTRIBUTES(HWY_TARGET_STR ",avx512bf16")
+#define UPIPE_BF16_DOT_END HWY_POP_ATTRIBUTES HWY_PUSH_ATTRIBUTES(HWY_TARGET_STR)
+// Lambdas take no pragma attribute on clang: those in a region name the target themselves.
+#define UPIPE_BF16_ATTR __attribute__((target(HWY_TARGET_STR ",avx512bf16")))
+#else
+#define UPIPE_BF16_ATTR HWY_ATTR
 #define UPIPE_BF16_DOT_BEGIN HWY_PUSH_ATTRIBUTES(HWY_TARGET_STR ",avx512bf16")
 #define UPIPE_BF16_DOT_END HWY_POP_ATTRIBUTES
+#endif
 UPIPE_BF16_DOT_BEGIN
 constexpr bool kHaveBf16Dot = true;
 constexpr int kScoreMrBf16 = 6, kScoreNpBf16 = 4;
@@ -418,7 +429,7 @@ HWY_INLINE void acc_rows_bf16(int mr, int64_t n, PairA a, const uint32_t* b, int
     const int last = int(std::min<int64_t>(kNr, n - col - (chunks - 1) * kNr));
     const uint32_t* bc = b + (col / kNr) * bcs;
     float* cc = c + (col / kNr) * ccs;
-    with_rows<kAccMr>(mr, [&]<int MR>() HWY_ATTR {
+    with_rows<kAccMr>(mr, [&]<int MR>() UPIPE_BF16_ATTR {
       switch (chunks) {
         case 4:
           return acc_block_bf16<MR, 4>(a, bc, bcs, cc, ldc, ccs, last, k0, k1);
