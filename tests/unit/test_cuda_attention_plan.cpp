@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <ostream>
 #include <random>
 #include <string>
 #include <tuple>
@@ -636,6 +637,11 @@ std::string case_name(const Case& c) {
          "_" + std::to_string(c.hk) + "_d" + std::to_string(c.d) + "_qp" +
          std::to_string(c.q_pos0) + "_kp" + std::to_string(c.k_pos0) +
          (c.causal ? "_causal_" : "_full_") + dtype_name(c.t) + (c.tag.empty() ? "" : "_" + c.tag);
+}
+
+// gtest prints a case by its name (not its bytes, which hold pointers).
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << case_name(c);
 }
 
 // Inputs of a case as stored (strided, NaN padding), their visibility and the reference's view.
