@@ -224,7 +224,7 @@ double emu_sum_squares(const DView& x) {
     double& a = lanes[size_t(i % cuda::kSumLanes)];
     a = cuda::sumsq_step(a, hload(x, i / x.cols, i % x.cols));
   }
-  std::vector<double> partials(size_t(cuda::kSumBlocks));
+  std::vector<double> partials(static_cast<size_t>(cuda::kSumBlocks));
   for (int b = 0; b < cuda::kSumBlocks; ++b) {
     double* l = &lanes[size_t(b) * cuda::kRowThreads];
     for (int s = cuda::kRowThreads / 2; s > 0; s >>= 1)
