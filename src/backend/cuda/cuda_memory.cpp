@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <cstdlib>
+#include <mutex>
 #include <string>
 
 #include "backend/cuda/cuda_check.h"
@@ -29,55 +30,71 @@ int64_t device_reservation_bytes(int64_t free_bytes) {
   return free_bytes > kHeadroomBytes ? free_bytes - kHeadroomBytes : 0;
 }
 
-DeviceAllocator::~DeviceAllocator() {
-  if (base_ != nullptr) cudaFree(base_);
-}
+namespace {
 
-void DeviceAllocator::reserve() const {
-  if (range_) return;
-  size_t free = 0, total = 0;
-  UPIPE_CUDA_CHECK(cudaMemGetInfo(&free, &total));
-  const int64_t want = device_reservation_bytes(int64_t(free));
-  if (want <= 0)
-    throw BackingExhausted(fmt::format("the GPU has {} free, less than the {} kept outside the arena",
-                                       format_bytes(int64_t(free)), format_bytes(kHeadroomBytes)));
-  const cudaError_t st = cudaMalloc(&base_, size_t(want));
-  if (st != cudaSuccess) {
-    base_ = nullptr;
-    throw BackingExhausted(fmt::format("cudaMalloc of the device arena's {} failed: {}",
-                                       format_bytes(want), cudaGetErrorString(st)));
+// The process's reservation: never freed (arenas owned by static objects may release into it at
+// exit; the driver reclaims it with the process).
+struct Reservation {
+  std::mutex mu;
+  std::unique_ptr<FirstFitRange> range;
+
+  static Reservation& get() {
+    static Reservation* r = new Reservation;
+    return *r;
   }
-  range_ = std::make_unique<FirstFitRange>(static_cast<char*>(base_), want);
-}
+  // The one cudaMalloc, on first use; call with mu held.
+  FirstFitRange& range_locked() {
+    if (range) return *range;
+    size_t free = 0, total = 0;
+    UPIPE_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+    const int64_t want = device_reservation_bytes(int64_t(free));
+    if (want <= 0)
+      throw BackingExhausted(fmt::format("the GPU has {} free, less than the {} kept outside the arena",
+                                         format_bytes(int64_t(free)), format_bytes(kHeadroomBytes)));
+    void* base = nullptr;
+    const cudaError_t st = cudaMalloc(&base, size_t(want));
+    if (st != cudaSuccess)
+      throw BackingExhausted(fmt::format("cudaMalloc of the device arena's {} failed: {}",
+                                         format_bytes(want), cudaGetErrorString(st)));
+    range = std::make_unique<FirstFitRange>(static_cast<char*>(base), want);
+    return *range;
+  }
+};
+
+}  // namespace
 
 void* DeviceAllocator::allocate(int64_t bytes) {
-  std::lock_guard<std::mutex> lock(mu_);
-  reserve();
-  void* p = range_->allocate(bytes);
+  Reservation& r = Reservation::get();
+  std::lock_guard<std::mutex> lock(r.mu);
+  FirstFitRange& range = r.range_locked();
+  void* p = range.allocate(bytes);
   if (p == nullptr)
     throw BackingExhausted(fmt::format(
         "the device arena's reservation ({}) has no free block of {} (largest free {})",
-        format_bytes(range_->size()), format_bytes(bytes), format_bytes(range_->largest_free())));
+        format_bytes(range.size()), format_bytes(bytes), format_bytes(range.largest_free())));
   return p;
 }
 
 void DeviceAllocator::release(void* p, int64_t bytes) {
   if (p == nullptr) return;
-  std::lock_guard<std::mutex> lock(mu_);
-  range_->release(p, bytes);
+  Reservation& r = Reservation::get();
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.range_locked().release(p, bytes);
 }
 
 void DeviceAllocator::check_can_back(int64_t bytes) const {
-  std::lock_guard<std::mutex> lock(mu_);
-  reserve();
-  if (bytes > range_->largest_free())
+  Reservation& r = Reservation::get();
+  std::lock_guard<std::mutex> lock(r.mu);
+  FirstFitRange& range = r.range_locked();
+  if (bytes > range.largest_free())
     throw BackingExhausted(fmt::format("the GPU's reservation ({}) has no free block of {}",
-                                       format_bytes(range_->size()), format_bytes(bytes)));
+                                       format_bytes(range.size()), format_bytes(bytes)));
 }
 
-int64_t DeviceAllocator::reserved_bytes() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return range_ ? range_->size() : 0;
+int64_t DeviceAllocator::reserved_bytes() {
+  Reservation& r = Reservation::get();
+  std::lock_guard<std::mutex> lock(r.mu);
+  return r.range ? r.range->size() : 0;
 }
 
 std::unique_ptr<Allocator> make_pinned_host_allocator() {

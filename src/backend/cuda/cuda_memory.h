@@ -1,13 +1,14 @@
-// The CUDA backend's memory. Device arena: one cudaMalloc of the whole reservation, made at the
-// first allocation, carved by first fit (core/allocator.h's FirstFitRange), so after start-up
-// no allocation calls the driver and the arena's peak is the HBM the step needs (docs/backend.md).
+// The CUDA backend's memory. Device arenas: one cudaMalloc of the whole reservation per process,
+// made at the first allocation and shared by every device arena of the process (`upipe check`
+// holds two: the strategy's and local's), carved by first fit (core/allocator.h's FirstFitRange),
+// so after start-up no allocation calls the driver and each arena's peak is the HBM its tensors
+// need (docs/backend.md). Each arena still keeps its own budget and tags.
 // Host arena: pinned memory (cudaHostAlloc), cached by size, so offload copies can run
 // asynchronously.
 #pragma once
 
 #include <cstdint>
 #include <memory>
-#include <mutex>
 
 #include "core/allocator.h"
 
@@ -21,19 +22,12 @@ constexpr int64_t kHeadroomBytes = int64_t(3) << 30;
 
 class DeviceAllocator final : public Allocator {
  public:
-  DeviceAllocator() = default;
-  ~DeviceAllocator() override;
   void* allocate(int64_t bytes) override;
   void release(void* p, int64_t bytes) override;
   bool backed() const override { return true; }
   void check_can_back(int64_t bytes) const override;
-  int64_t reserved_bytes() const;
-
- private:
-  void reserve() const;  // the one cudaMalloc, on first use
-  mutable std::mutex mu_;
-  mutable void* base_ = nullptr;
-  mutable std::unique_ptr<FirstFitRange> range_;
+  // Bytes of the process's reservation (0 before the first allocation).
+  static int64_t reserved_bytes();
 };
 
 // A HostCachingAllocator over pinned memory.
