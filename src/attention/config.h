@@ -33,6 +33,10 @@ struct MethodKnobs {
   int stage_heads = 0;     // U: query heads per UPipe stage (0 = the all-to-all group size)
   int ulysses_degree = 0;  // u: ranks per Ulysses group of usp / upipe-ring (0 = all ranks)
   int chunks = 0;          // N: sequence chunks of fpdt / upipe-fpdt (0 = the default)
+  // UPipe stage overlap: the next stage's projections and all-to-alls are started before this
+  // stage's attention and this stage's are finished after the next one's (docs/strategies.md,
+  // "Stage overlap"); the same arithmetic in the same order, two stages' buffers alive.
+  bool overlap = false;
   bool operator==(const MethodKnobs&) const = default;
 };
 

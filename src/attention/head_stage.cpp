@@ -13,19 +13,27 @@ Mat a2a_block(const Buffer& buf, DType t, int64_t rows, int64_t cols, int j) {
              cols, cols};
 }
 
-void project_q(const StageEnv& e, const Mat& x, const RowPositions& pos, const AttentionWeights& w,
-               int stage, const Buffer& staging, const Mat& q) {
+void project_q_blocks(const StageEnv& e, const Mat& x, const RowPositions& pos,
+                      const AttentionWeights& w, int stage, const Buffer& staging) {
   const AttentionConfig& c = e.cfg;
   const int d = c.head_dim, m = e.sch.m;
-  const int64_t sl = x.rows;
   for (int j = 0; j < e.sch.ranks; ++j) {
-    const Mat blk = a2a_block(staging, c.dtype, sl, int64_t(m) * d, j);
+    const Mat blk = a2a_block(staging, c.dtype, x.rows, int64_t(m) * d, j);
     gemm(e.dev, x, false, w.wq.rows_of(int64_t(e.sch.q_head(stage, j)) * d, int64_t(m) * d), true,
          blk);
     if (c.qk_norm) rmsnorm_forward(e.dev, blk, w.wqn, c.norm_eps, blk, d);
     rope_forward(e.dev, blk, d, pos, c.rope);
   }
-  e.comm.all_to_all(staging.data(), q.data, mat_bytes(sl, int64_t(m) * d, c.dtype));
+}
+
+void project_q(const StageEnv& e, const Mat& x, const RowPositions& pos, const AttentionWeights& w,
+               int stage, const Buffer& staging, const Mat& q) {
+  project_q_blocks(e, x, pos, w, stage, staging);
+  e.comm.all_to_all(staging.data(), q.data, stage_bytes(e, x.rows, e.cfg.dtype));
+}
+
+int64_t stage_bytes(const StageEnv& e, int64_t rows, DType t) {
+  return mat_bytes(rows, int64_t(e.sch.m) * e.cfg.head_dim, t);
 }
 
 namespace {

@@ -34,11 +34,16 @@ struct StageEnv {
 // all-to-all staging buffers: block j goes to / comes from rank j).
 Mat a2a_block(const Buffer& buf, DType t, int64_t rows, int64_t cols, int j);
 
-// q (n, m*d) <- the stage's query heads of every rank's x rows: x (rows, D) at positions pos,
-// projected per destination rank into staging (C blocks (rows, m*d)), QK-norm, RoPE,
-// all-to-all.
+// The stage's query heads of every rank's x rows: x (rows, D) at positions pos, projected per
+// destination rank into staging (C blocks (rows, m*d)), QK-norm, RoPE: what the all-to-all
+// sends.
+void project_q_blocks(const StageEnv& e, const Mat& x, const RowPositions& pos,
+                      const AttentionWeights& w, int stage, const Buffer& staging);
+// q (n, m*d) <- project_q_blocks, then the all-to-all.
 void project_q(const StageEnv& e, const Mat& x, const RowPositions& pos, const AttentionWeights& w,
                int stage, const Buffer& staging, const Mat& q);
+// Bytes of one rank's block of a stage's all-to-all: (rows, m*d) of dtype t.
+int64_t stage_bytes(const StageEnv& e, int64_t rows, DType t);
 
 // k, v (n, R*d) <- KV set `set` (K < C: the one replicated head) of every rank's x rows, the
 // same way; k gets QK-norm and RoPE.

@@ -77,18 +77,28 @@ struct HeadwiseAttention::Slot {
 };
 
 // The device buffers one forward or backward allocates once and reuses for every chunk and
-// stage; m query heads per rank per stage.
+// stage; m query heads per rank per stage. With stage overlap (overlapped_) q, o and do come in
+// two, stage s using copy s % 2 (cur), and the next stage's all-to-alls have staging of their
+// own.
 struct HeadwiseAttention::Buffers {
   Slot slot[2];
   Buffer a2a;   // C blocks (rows, m*d), fp32-sized in backward            a2a
-  Tensor q, o;  // (n, m*d)                                                qkv, attn_out
-  Tensor lse;   // (m, n) fp32                                             attn_out
+  // Overlap: forward, the o all-to-all's receive staging (stage s-1's is in flight during stage
+  // s's attention); backward, the next stage's q and do send staging.      a2a
+  Buffer a2a_o, stage_q, stage_do;
+  Tensor qs[2], os[2];  // (n, m*d)                                        qkv, attn_out
+  Tensor lse;           // (m, n) fp32                                     attn_out
   // fp32 (n, m*d): the online-softmax sum (N > 1); dq in backward.        attn_out / attn_grad
   Tensor acc;
   Tensor rmax, rsum;  // (m, n) fp32: running max and sum (N > 1); rsum holds delta in backward
-  Tensor dout;        // (n, m*d)                                          attn_grad (backward)
+  Tensor douts[2];    // (n, m*d)                                          attn_grad (backward)
   Tensor delta;       // (m, n) fp32 (N = 1, backward)                     attn_grad
   DocMask mask;       // packed documents: the core's views' spans           docs
+  int cur = 0;        // which copy of q, o, do the current stage uses
+  int o_copies = 1;   // 2 in an overlapped forward (backward sends o and waits in one stage)
+  const Tensor& q() const { return qs[cur]; }
+  const Tensor& o() const { return os[cur % o_copies]; }
+  const Tensor& dout() const { return douts[cur]; }
   const Mat& delta_of(int n) const { return n > 1 ? rsum.mat() : delta.mat(); }
 };
 // Besides these, an FpAccumulator of the chunk's rows of y or dx when those are not fp32.
@@ -120,6 +130,7 @@ HeadwiseAttention::HeadwiseAttention(const StrategyContext& ctx, int stage_heads
       base_layout_(own_layout(ctx, chunks)),
       sch_(make_upipe_schedule(ctx.cfg, ctx.comm.size(), stage_heads)),
       n_(chunks),
+      overlapped_(ctx.cfg.knobs.overlap && sch_.stages() > 1),
       core_(std::make_unique<LocalCore>(ctx.dev, ctx.cfg.head_dim, ctx.cfg.dtype)) {
   documents_changed();
 }
@@ -132,6 +143,7 @@ HeadwiseAttention::HeadwiseAttention(const StrategyContext& ctx, int stage_heads
       base_layout_(group.layout),
       sch_(make_upipe_schedule(ctx.cfg, a2a_->size(), stage_heads)),
       n_(1),
+      overlapped_(ctx.cfg.knobs.overlap && sch_.stages() > 1),
       core_(std::move(group.core)) {
   documents_changed();
 }
@@ -187,8 +199,15 @@ HeadwiseAttention::Buffers HeadwiseAttention::allocate(bool backward) const {
     s.dv = Tensor(mem, Tag::kAttnGrad, f32, n, rd);
   }
   b.a2a = Buffer(mem, n * md * (backward ? 4 : dtype_size(t)), Tag::kA2a);
-  b.q = Tensor(mem, Tag::kQkv, t, n, md);
-  b.o = Tensor(mem, Tag::kAttnOut, t, n, md);
+  const int copies = overlapped_ ? 2 : 1;
+  for (int i = 0; i < copies; ++i) b.qs[i] = Tensor(mem, Tag::kQkv, t, n, md);
+  b.o_copies = overlapped_ && !backward ? 2 : 1;
+  for (int i = 0; i < b.o_copies; ++i) b.os[i] = Tensor(mem, Tag::kAttnOut, t, n, md);
+  if (overlapped_ && !backward) b.a2a_o = Buffer(mem, mat_bytes(n, md, t), Tag::kA2a);
+  if (overlapped_ && backward) {
+    b.stage_q = Buffer(mem, mat_bytes(n, md, t), Tag::kA2a);
+    b.stage_do = Buffer(mem, mat_bytes(n, md, t), Tag::kA2a);
+  }
   b.lse = Tensor(mem, Tag::kAttnOut, f32, sch_.m, n);
   const Tag out = backward ? Tag::kAttnGrad : Tag::kAttnOut;
   if (backward || n_ > 1) b.acc = Tensor(mem, out, f32, n, md);
@@ -196,7 +215,8 @@ HeadwiseAttention::Buffers HeadwiseAttention::allocate(bool backward) const {
     b.rmax = Tensor(mem, Tag::kAttnOut, f32, sch_.m, n);
     b.rsum = Tensor(mem, out, f32, sch_.m, n);
   }
-  if (backward) b.dout = Tensor(mem, Tag::kAttnGrad, t, n, md);
+  if (backward)
+    for (int i = 0; i < copies; ++i) b.douts[i] = Tensor(mem, Tag::kAttnGrad, t, n, md);
   if (backward && n_ == 1) b.delta = Tensor(mem, Tag::kAttnGrad, f32, sch_.m, n);
   if (docs_) b.mask = DocMask(dev(), *docs_, core_->mask_views(*docs_));
   return b;
@@ -256,8 +276,8 @@ void HeadwiseAttention::store_grads(const Host& h, int set, int chunk, const Slo
 // sequence's document mask (N = 1: the core applies the mask).
 AttnProblem HeadwiseAttention::problem(const HeadRun& r, const Buffers& b, const Slot& kv, int qi,
                                        int kj) const {
-  const int64_t n = b.q.rows();
-  AttnProblem p = run_problem(r, b.q, kv.k, kv.v, cfg().head_dim);
+  const int64_t n = b.q().rows();
+  AttnProblem p = run_problem(r, b.q(), kv.k, kv.v, cfg().head_dim);
   p.q_pos0 = qi * n;
   p.k_pos0 = kj * n;
   if (docs_ && n_ > 1) {
@@ -276,7 +296,7 @@ void HeadwiseAttention::attend_forward(int stage, int i, Buffers& b, const Host&
   if (n_ == 1) {
     for (const HeadRun& r : runs)
       core_->forward(problem(r, b, b.slot[0], 0, 0), docs_ ? &b.mask : nullptr,
-                     b.o.mat().cols_of(int64_t(r.q0) * d, int64_t(r.nh) * d),
+                     b.o().mat().cols_of(int64_t(r.q0) * d, int64_t(r.nh) * d),
                      b.lse.mat().rows_of(r.q0, r.nh));
     return;
   }
@@ -291,7 +311,7 @@ void HeadwiseAttention::attend_forward(int stage, int i, Buffers& b, const Host&
           dev(), problem(r, b, kv, i, j), b.acc.mat().cols_of(int64_t(r.q0) * d, int64_t(r.nh) * d),
           b.rmax.mat().rows_of(r.q0, r.nh), b.rsum.mat().rows_of(r.q0, r.nh));
   }
-  attention_finalize(dev(), b.acc, b.rmax, b.rsum, d, b.o, b.lse);
+  attention_finalize(dev(), b.acc, b.rmax, b.rsum, d, b.o(), b.lse);
 }
 
 // N > 1: each key chunk is fetched with its offloaded accumulators, double buffered as in
@@ -305,7 +325,7 @@ void HeadwiseAttention::attend_backward(int stage, int i, Buffers& b, const Host
     const int64_t qc = int64_t(r.q0) * d, qn = int64_t(r.nh) * d;
     const int64_t kc = int64_t(r.k0) * d, kn = int64_t(r.nk) * d;
     const AttnProblem p = problem(r, b, kv, i, j);
-    const Mat dout = b.dout.mat().cols_of(qc, qn), lse = b.lse.mat().rows_of(r.q0, r.nh);
+    const Mat dout = b.dout().mat().cols_of(qc, qn), lse = b.lse.mat().rows_of(r.q0, r.nh);
     const Mat delta = b.delta_of(n_).rows_of(r.q0, r.nh), dq = b.acc.mat().cols_of(qc, qn);
     const Mat dk = kv.dk.mat().cols_of(kc, kn), dv = kv.dv.mat().cols_of(kc, kn);
     if (n_ == 1)
@@ -338,8 +358,7 @@ void HeadwiseAttention::attend_backward(int stage, int i, Buffers& b, const Host
 }
 
 void HeadwiseAttention::forward(const Mat& x, const AttentionWeights& w, const Mat& y, float beta) {
-  const AttentionConfig& c = cfg();
-  const int64_t rows = x.rows / n_, md = int64_t(sch_.m) * c.head_dim;
+  const int64_t rows = x.rows / n_;
   Buffers b = allocate(false);
   const Host h = allocate_host(false);
   for (int i = 0; i < n_; ++i) {
@@ -347,70 +366,194 @@ void HeadwiseAttention::forward(const Mat& x, const AttentionWeights& w, const M
     // y collects one partial product per stage and rank: an fp32 y (a residual stream) takes
     // them directly; a bf16 y is accumulated in fp32 and rounded once, as local's GEMM does.
     FpAccumulator yacc(dev(), y.rows_of(i * rows, rows), beta, Tag::kAttnOut);
-    for (int s = 0; s < sch_.stages(); ++s) {
-      // Key chunks < i of the set were projected (and offloaded) in earlier query chunks.
-      if (sch_.starts_set(s)) project_set(x, w, sch_.set_of(s), i, b, h);
-      project_q(env(), xi, rope_pos_[size_t(i)], w, s, b.a2a, b.q);
-      attend_forward(s, i, b, h);
-      a2a_comm().all_to_all(b.o.data(), b.a2a.data(), mat_bytes(rows, md, c.dtype));
-      accumulate_out(env(), w.wo, s, b.a2a, yacc.target(), s == 0 ? yacc.beta() : 1.0f);
-    }
+    if (overlapped_)
+      forward_stages_overlapped(x, xi, i, w, b, h, yacc);
+    else
+      forward_stages(x, xi, i, w, b, h, yacc);
     yacc.finish();
   }
+}
+
+void HeadwiseAttention::forward_stages(const Mat& x, const Mat& xi, int i,
+                                       const AttentionWeights& w, Buffers& b, const Host& h,
+                                       const FpAccumulator& yacc) {
+  const int64_t bytes = stage_bytes(env(), xi.rows, cfg().dtype);
+  for (int s = 0; s < sch_.stages(); ++s) {
+    // Key chunks < i of the set were projected (and offloaded) in earlier query chunks.
+    if (sch_.starts_set(s)) project_set(x, w, sch_.set_of(s), i, b, h);
+    project_q(env(), xi, rope_pos_[size_t(i)], w, s, b.a2a, b.q());
+    attend_forward(s, i, b, h);
+    a2a_comm().all_to_all(b.o().data(), b.a2a.data(), bytes);
+    accumulate_out(env(), w.wo, s, b.a2a, yacc.target(), s == 0 ? yacc.beta() : 1.0f);
+  }
+}
+
+// The same calls as forward_stages, in the same order on each buffer, with the all-to-alls
+// around stage s's attention in flight during it: stage s+1's q (projected into a2a, received
+// into the other q) and stage s-1's o (sent from the other o, received into a2a_o, applied to y
+// after). A KV set is still projected at its first stage, blocking: slot 0 is in use until then.
+void HeadwiseAttention::forward_stages_overlapped(const Mat& x, const Mat& xi, int i,
+                                                  const AttentionWeights& w, Buffers& b,
+                                                  const Host& h, const FpAccumulator& yacc) {
+  const RowPositions& pos = rope_pos_[size_t(i)];
+  const int64_t bytes = stage_bytes(env(), xi.rows, cfg().dtype);
+  std::unique_ptr<Work> q_next, o_prev;
+  auto finish_out = [&](int s) {
+    o_prev->wait();
+    o_prev.reset();
+    accumulate_out(env(), w.wo, s, b.a2a_o, yacc.target(), s == 0 ? yacc.beta() : 1.0f);
+  };
+  for (int s = 0; s < sch_.stages(); ++s) {
+    b.cur = s % 2;
+    if (q_next) q_next->wait();
+    q_next.reset();
+    if (sch_.starts_set(s)) project_set(x, w, sch_.set_of(s), i, b, h);
+    if (s == 0) project_q(env(), xi, pos, w, s, b.a2a, b.q());
+    if (s + 1 < sch_.stages()) {
+      project_q_blocks(env(), xi, pos, w, s + 1, b.a2a);
+      q_next = a2a_comm().iall_to_all(b.a2a.data(), b.qs[(s + 1) % 2].data(), bytes);
+    }
+    attend_forward(s, i, b, h);
+    if (o_prev) finish_out(s - 1);
+    o_prev = a2a_comm().iall_to_all(b.o().data(), b.a2a_o.data(), bytes);
+  }
+  finish_out(sch_.stages() - 1);
 }
 
 void HeadwiseAttention::backward(const Mat& x, const Mat& dy, const AttentionWeights& w,
                                  const Mat& dx, const AttentionGrads& g, float dx_beta,
                                  float dw_beta) {
-  const AttentionConfig& c = cfg();
-  const int64_t rows = x.rows / n_, d = c.head_dim, md = int64_t(sch_.m) * d;
-  const DType t = c.dtype, f32 = DType::kF32;
+  const int64_t rows = x.rows / n_;
   Buffers b = allocate(true);
   const Host h = allocate_host(true);
-  if (c.qk_norm && dw_beta == 0.0f) {
+  if (cfg().qk_norm && dw_beta == 0.0f) {
     zero(dev(), g.wqn);
     zero(dev(), g.wkn);
   }
   for (int i = n_ - 1; i >= 0; --i) {
-    const Mat xi = x.rows_of(i * rows, rows), dyi = dy.rows_of(i * rows, rows);
-    const RowPositions& pos = rope_pos_[size_t(i)];
+    const BackwardChunk c{x.rows_of(i * rows, rows), dy.rows_of(i * rows, rows), i,
+                          i == n_ - 1 ? dw_beta : 1.0f};  // weight gradients sum over chunks
     FpAccumulator dxacc(dev(), dx.rows_of(i * rows, rows), dx_beta, Tag::kAttnGrad);  // as y
-    const float gbeta = i == n_ - 1 ? dw_beta : 1.0f;  // weight gradients sum over chunks
-    for (int s = 0; s < sch_.stages(); ++s) {
-      const int set = sch_.set_of(s);
-      if (sch_.starts_set(s)) {
-        if (n_ == 1) {
-          project_set(x, w, set, 0, b, h);
-          zero(dev(), b.slot[0].dk);
-          zero(dev(), b.slot[0].dv);
-        } else if (i == n_ - 1) {
-          // The first query chunk processed reads every key chunk: offload the set's K/V.
-          for (int j = 0; j < n_; ++j) project_set(x, w, set, j, b, h);
-        }
-      }
-      project_q(env(), xi, pos, w, s, b.a2a, b.q);
-      attend_forward(s, i, b, h);
-      // do = dy Wo[:, stage heads], projected into the all-to-all layout and sent head-sharded.
-      project_do(env(), dyi, w.wo, s, b.a2a);
-      a2a_comm().all_to_all(b.a2a.data(), b.dout.data(), mat_bytes(rows, md, t));
-      // dWo[:, stage heads] = dy^T o needs o back in sequence layout.
-      a2a_comm().all_to_all(b.o.data(), b.a2a.data(), mat_bytes(rows, md, t));
-      accumulate_dwo(env(), dyi, s, b.a2a, g.wo, gbeta);
-      attention_delta(dev(), b.o, b.dout, int(d), b.delta_of(n_));
-      attend_backward(s, i, b, h);
-      // dq back to sequence layout: dx += dq Wq[stage rows]; dWq[stage rows].
-      a2a_comm().all_to_all(b.acc.data(), b.a2a.data(), mat_bytes(rows, md, f32));
-      return_q_grads(env(), xi, pos, w, s, b.a2a, dxacc.target(), g, s == 0 ? dxacc.beta() : 1.0f,
-                     gbeta);
-      // The set's last stage of the last query chunk that reads key chunk i is done: its dK/dV
-      // are complete and go back once; dWk/dWv rows are written once per chunk.
-      if ((s + 1) % sch_.stages_per_set == 0) {
-        if (n_ > 1) fetch_grads(h, set, i, b.slot[0]);
-        return_kv_grads(env(), xi, pos, w, set, b.slot[0].dk, b.slot[0].dv, b.a2a, dxacc.target(),
-                        g, gbeta);
-      }
-    }
+    if (overlapped_)
+      backward_stages_overlapped(x, c, w, g, b, h, dxacc);
+    else
+      backward_stages(x, c, w, g, b, h, dxacc);
     dxacc.finish();
+  }
+}
+
+// A KV set's first stage in backward: N = 1 projects it and zeroes its dK/dV; N > 1 offloads
+// every key chunk of it at the first query chunk processed (the last), which reads them all.
+void HeadwiseAttention::start_set_backward(const Mat& x, const AttentionWeights& w, int set,
+                                           int i, Buffers& b, const Host& h) {
+  if (n_ == 1) {
+    project_set(x, w, set, 0, b, h);
+    zero(dev(), b.slot[0].dk);
+    zero(dev(), b.slot[0].dv);
+  } else if (i == n_ - 1) {
+    for (int j = 0; j < n_; ++j) project_set(x, w, set, j, b, h);
+  }
+}
+
+// The set's last stage of the last query chunk that reads key chunk i is done: its dK/dV are
+// complete and go back once; dWk/dWv rows are written once per chunk.
+void HeadwiseAttention::finish_set_backward(const BackwardChunk& c, const AttentionWeights& w,
+                                            const AttentionGrads& g, int set, Buffers& b,
+                                            const Host& h, const FpAccumulator& dxacc) {
+  if (n_ > 1) fetch_grads(h, set, c.i, b.slot[0]);
+  return_kv_grads(env(), c.x, rope_pos_[size_t(c.i)], w, set, b.slot[0].dk, b.slot[0].dv, b.a2a,
+                  dxacc.target(), g, c.gbeta);
+}
+
+void HeadwiseAttention::backward_stages(const Mat& x, const BackwardChunk& c,
+                                        const AttentionWeights& w, const AttentionGrads& g,
+                                        Buffers& b, const Host& h, const FpAccumulator& dxacc) {
+  const int64_t d = cfg().head_dim;
+  const RowPositions& pos = rope_pos_[size_t(c.i)];
+  const int64_t bytes = stage_bytes(env(), c.x.rows, cfg().dtype);
+  const int64_t dq_bytes = stage_bytes(env(), c.x.rows, DType::kF32);
+  for (int s = 0; s < sch_.stages(); ++s) {
+    const int set = sch_.set_of(s);
+    if (sch_.starts_set(s)) start_set_backward(x, w, set, c.i, b, h);
+    project_q(env(), c.x, pos, w, s, b.a2a, b.q());
+    attend_forward(s, c.i, b, h);
+    // do = dy Wo[:, stage heads], projected into the all-to-all layout and sent head-sharded.
+    project_do(env(), c.dy, w.wo, s, b.a2a);
+    a2a_comm().all_to_all(b.a2a.data(), b.dout().data(), bytes);
+    // dWo[:, stage heads] = dy^T o needs o back in sequence layout.
+    a2a_comm().all_to_all(b.o().data(), b.a2a.data(), bytes);
+    accumulate_dwo(env(), c.dy, s, b.a2a, g.wo, c.gbeta);
+    attention_delta(dev(), b.o(), b.dout(), int(d), b.delta_of(n_));
+    attend_backward(s, c.i, b, h);
+    // dq back to sequence layout: dx += dq Wq[stage rows]; dWq[stage rows].
+    a2a_comm().all_to_all(b.acc.data(), b.a2a.data(), dq_bytes);
+    return_q_grads(env(), c.x, pos, w, s, b.a2a, dxacc.target(), g, s == 0 ? dxacc.beta() : 1.0f,
+                   c.gbeta);
+    if ((s + 1) % sch_.stages_per_set == 0) finish_set_backward(c, w, g, set, b, h, dxacc);
+  }
+}
+
+// backward_stages with stage s+1's q and do (projected into stage_q / stage_do, received into
+// the other q / do) in flight during stage s's two attention passes, o's all-to-all (for dWo)
+// during the backward pass, and stage s's dq return during stage s+1's forward pass. Every
+// output gets the same operations in the same order: y, dx, dWq (stage rows) and dWk/dWv
+// accumulate stage by stage as before; only dWo's product moves after the backward pass, which
+// does not read it. A set's last stage returns its dq, then its dK/dV, before the next set.
+void HeadwiseAttention::backward_stages_overlapped(const Mat& x, const BackwardChunk& c,
+                                                   const AttentionWeights& w,
+                                                   const AttentionGrads& g, Buffers& b,
+                                                   const Host& h, const FpAccumulator& dxacc) {
+  const int64_t d = cfg().head_dim;
+  const RowPositions& pos = rope_pos_[size_t(c.i)];
+  const int64_t bytes = stage_bytes(env(), c.x.rows, cfg().dtype);
+  const int64_t dq_bytes = stage_bytes(env(), c.x.rows, DType::kF32);
+  std::unique_ptr<Work> q_next, do_next, dq_prev;
+  int dq_stage = -1;
+  auto finish_dq = [&] {
+    if (!dq_prev) return;
+    dq_prev->wait();
+    dq_prev.reset();
+    return_q_grads(env(), c.x, pos, w, dq_stage, b.a2a, dxacc.target(), g,
+                   dq_stage == 0 ? dxacc.beta() : 1.0f, c.gbeta);
+  };
+  for (int s = 0; s < sch_.stages(); ++s) {
+    const int set = sch_.set_of(s);
+    b.cur = s % 2;
+    if (q_next) {
+      q_next->wait();
+      do_next->wait();
+      q_next.reset();
+      do_next.reset();
+    }
+    if (sch_.starts_set(s)) start_set_backward(x, w, set, c.i, b, h);
+    if (s == 0) {
+      project_q(env(), c.x, pos, w, s, b.a2a, b.q());
+      project_do(env(), c.dy, w.wo, s, b.a2a);
+      a2a_comm().all_to_all(b.a2a.data(), b.dout().data(), bytes);
+    }
+    if (s + 1 < sch_.stages()) {
+      const int nx = (s + 1) % 2;
+      project_q_blocks(env(), c.x, pos, w, s + 1, b.stage_q);
+      q_next = a2a_comm().iall_to_all(b.stage_q.data(), b.qs[nx].data(), bytes);
+      project_do(env(), c.dy, w.wo, s + 1, b.stage_do);
+      do_next = a2a_comm().iall_to_all(b.stage_do.data(), b.douts[nx].data(), bytes);
+    }
+    // Stage s-1's dq, in flight during the forward pass; with N > 1 that pass accumulates in
+    // b.acc, the dq's send buffer, so it returns first (after the projections above).
+    if (n_ > 1) finish_dq();
+    attend_forward(s, c.i, b, h);
+    finish_dq();  // a2a is free again
+    std::unique_ptr<Work> o_back = a2a_comm().iall_to_all(b.o().data(), b.a2a.data(), bytes);
+    attention_delta(dev(), b.o(), b.dout(), int(d), b.delta_of(n_));
+    attend_backward(s, c.i, b, h);
+    o_back->wait();
+    accumulate_dwo(env(), c.dy, s, b.a2a, g.wo, c.gbeta);
+    dq_prev = a2a_comm().iall_to_all(b.acc.data(), b.a2a.data(), dq_bytes);
+    dq_stage = s;
+    if ((s + 1) % sch_.stages_per_set == 0) {
+      finish_dq();
+      finish_set_backward(c, w, g, set, b, h, dxacc);
+    }
   }
 }
 
@@ -446,11 +589,17 @@ int64_t headwise_attn_peak_bytes(const Backend& be, const AttentionConfig& c,
   const int64_t online = chunks > 1 ? acc + 2 * stat : 0;
   const int64_t out_acc = FpAccumulator::bytes(rows, dm, c.out_dtype());  // y / dx rows
   const int64_t mask = docs ? DocMask::bytes(*docs, core.mask_views(*docs)) : 0;
-  const int64_t fwd = kv + n * md * dtype_size(t) + qo + stat + online + out_acc + ws_fwd + mask;
+  // Stage overlap: forward a second q and o and the o all-to-all's staging; backward a second q
+  // and do and the next stage's q and do staging. Each is one (n, m*d) block.
+  const int64_t block = mat_bytes(n, md, t);
+  const bool overlap = c.knobs.overlap && s.stages() > 1;
+  const int64_t fwd_overlap = overlap ? 3 * block : 0, bwd_overlap = overlap ? 4 * block : 0;
+  const int64_t fwd =
+      kv + n * md * dtype_size(t) + qo + stat + online + out_acc + ws_fwd + mask + fwd_overlap;
   // Backward: lse and delta (N = 1) or lse, max and sum-as-delta (N > 1); do; dq.
   const int64_t bwd_stats = (chunks > 1 ? 3 : 2) * stat;
-  const int64_t bwd =
-      kv + dkv + n * md * 4 + qo + bwd_stats + mat_bytes(n, md, t) + acc + out_acc + ws_bwd + mask;
+  const int64_t bwd = kv + dkv + n * md * 4 + qo + bwd_stats + block + acc + out_acc + ws_bwd +
+                      mask + bwd_overlap;
   return std::max(fwd, bwd);
 }
 

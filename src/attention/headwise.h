@@ -37,6 +37,8 @@
 
 namespace upipe {
 
+class FpAccumulator;
+
 // N used for fpdt / upipe-fpdt when --chunks is 0: the largest N <= 4 with seq-len divisible by
 // N C.
 constexpr int kFpdtDefaultChunks = 4;
@@ -74,6 +76,12 @@ class HeadwiseAttention final : public AttentionStrategy {
   struct Slot;
   struct Buffers;
   struct Host;
+  // One query chunk of a backward: x and dy rows, its index, the weight gradients' beta.
+  struct BackwardChunk {
+    Mat x, dy;
+    int i;
+    float gbeta;
+  };
   Communicator& a2a_comm() const { return *a2a_; }
   StageEnv env() const { return {dev(), a2a_comm(), cfg(), sch_}; }
   Buffers allocate(bool backward) const;
@@ -94,6 +102,23 @@ class HeadwiseAttention final : public AttentionStrategy {
   void attend_forward(int stage, int i, Buffers& b, const Host& h);
   // dq (into b.acc) of the stage's heads over query chunk i, and dK/dV contributions.
   void attend_backward(int stage, int i, Buffers& b, const Host& h);
+  // Every stage of query chunk i (rows xi of x) into y's accumulator, one after the other or
+  // with stage overlap.
+  void forward_stages(const Mat& x, const Mat& xi, int i, const AttentionWeights& w, Buffers& b,
+                      const Host& h, const FpAccumulator& yacc);
+  void forward_stages_overlapped(const Mat& x, const Mat& xi, int i, const AttentionWeights& w,
+                                 Buffers& b, const Host& h, const FpAccumulator& yacc);
+  void backward_stages(const Mat& x, const BackwardChunk& c, const AttentionWeights& w,
+                       const AttentionGrads& g, Buffers& b, const Host& h,
+                       const FpAccumulator& dxacc);
+  void backward_stages_overlapped(const Mat& x, const BackwardChunk& c, const AttentionWeights& w,
+                                  const AttentionGrads& g, Buffers& b, const Host& h,
+                                  const FpAccumulator& dxacc);
+  void start_set_backward(const Mat& x, const AttentionWeights& w, int set, int i, Buffers& b,
+                          const Host& h);
+  void finish_set_backward(const BackwardChunk& c, const AttentionWeights& w,
+                           const AttentionGrads& g, int set, Buffers& b, const Host& h,
+                           const FpAccumulator& dxacc);
 
   std::unique_ptr<Communicator> own_a2a_;  // the Ulysses group, when not the CP group itself
   Communicator* a2a_;                      // where the all-to-all runs
@@ -101,6 +126,8 @@ class HeadwiseAttention final : public AttentionStrategy {
   SeqLayout layout_;                       // with the current documents
   UpipeSchedule sch_;
   int n_;  // N
+  // Stage overlap: asked for (MethodKnobs::overlap) and more than one stage to overlap.
+  bool overlapped_;
   std::unique_ptr<HeadCore> core_;
   std::vector<RowPositions> chunk_pos_;  // global positions of this rank's rows of each chunk
   std::vector<RowPositions> rope_pos_;   // their RoPE positions (inside their documents)
@@ -109,6 +136,7 @@ class HeadwiseAttention final : public AttentionStrategy {
 // Per-rank peak of the attention intermediates in the device arena on a CP group of `ranks`
 // ranks, the all-to-all over s.ranks of them, with N sequence chunks, and documents `docs` (null:
 // one document; their mask adds DocMask::bytes of the core's views).
+// With cfg.knobs.overlap and more than one stage, stage overlap's second q, o / do and staging.
 int64_t headwise_attn_peak_bytes(const Backend& be, const AttentionConfig& cfg,
                                  const UpipeSchedule& s, const HeadCore& core, int ranks,
                                  int chunks, const Documents* docs = nullptr);

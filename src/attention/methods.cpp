@@ -77,6 +77,7 @@ const std::vector<MethodInfo> kMethods = {
     {.name = "upipe",
      .summary = "UPipe: Ulysses in stages of U query heads, buffers reused, GQA KV sets resident",
      .takes_stage_heads = true,
+     .takes_overlap = true,
      .seq_divisor = ranks_of,
      .make = make_headwise},
     {.name = "ring",
@@ -91,6 +92,7 @@ const std::vector<MethodInfo> kMethods = {
     {.name = "upipe-ring",
      .summary = "UPipe inside groups of u ranks, ring across the C/u groups",
      .takes_stage_heads = true,
+     .takes_overlap = true,
      .takes_ulysses_degree = true,
      .seq_divisor = usp_divisor,
      .make = make_usp},
@@ -102,6 +104,7 @@ const std::vector<MethodInfo> kMethods = {
     {.name = "upipe-fpdt",
      .summary = "UPipe head stages inside FPDT's N sequence chunks",
      .takes_stage_heads = true,
+     .takes_overlap = true,
      .takes_chunks = true,
      .seq_divisor = chunk_ranks,
      .make = make_headwise},
@@ -118,13 +121,14 @@ void check_knob(int v, int max, bool allow_auto, const char* key, const char* wh
                                 max, what, allow_auto ? ", or auto" : ""));
 }
 
-void check_taken(int v, bool taken, const MethodInfo& m, const char* key, bool(MethodInfo::*f)) {
+void check_taken(int v, bool taken, const MethodInfo& m, const char* key, bool(MethodInfo::*f),
+                 const char* unset = "0") {
   if (v == 0 || taken) return;
   std::string takers;
   for (const MethodInfo& r : kMethods)
     if (r.*f) takers += (takers.empty() ? "" : ", ") + std::string(r.name);
-  throw ConfigError(fmt::format("{} is a knob of {}; method '{}' does not take it (leave it 0)",
-                                setting_ref(key), takers, m.name));
+  throw ConfigError(fmt::format("{} is a knob of {}; method '{}' does not take it (leave it {})",
+                                setting_ref(key), takers, m.name, unset));
 }
 
 }  // namespace
@@ -158,6 +162,8 @@ void validate_knobs(const MethodKnobs& k, bool allow_auto) {
   check_taken(k.ulysses_degree, m.takes_ulysses_degree, m, "parallel.ulysses_degree",
               &MethodInfo::takes_ulysses_degree);
   check_taken(k.chunks, m.takes_chunks, m, "parallel.chunks", &MethodInfo::takes_chunks);
+  check_taken(k.overlap ? 1 : 0, m.takes_overlap, m, "parallel.overlap",
+              &MethodInfo::takes_overlap, "false");
 }
 
 MethodKnobs knobs_for(const MethodKnobs& k, const MethodInfo& m) {
@@ -166,6 +172,7 @@ MethodKnobs knobs_for(const MethodKnobs& k, const MethodInfo& m) {
   if (!m.takes_stage_heads) out.stage_heads = 0;
   if (!m.takes_ulysses_degree) out.ulysses_degree = 0;
   if (!m.takes_chunks) out.chunks = 0;
+  if (!m.takes_overlap) out.overlap = false;
   return out;
 }
 

@@ -19,6 +19,7 @@ struct MethodInfo {
   std::string_view name;
   std::string_view summary;           // one line, for help and docs
   bool takes_stage_heads = false;     // U (MethodKnobs::stage_heads)
+  bool takes_overlap = false;         // MethodKnobs::overlap (methods with head stages)
   bool takes_ulysses_degree = false;  // u
   bool takes_chunks = false;          // N
   bool one_rank = false;              // runs on one rank only (local)

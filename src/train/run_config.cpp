@@ -87,6 +87,9 @@ std::vector<Field> fields(RunConfig& c) {
        ResumeRule::kArithmetic, "usp / upipe-ring: ranks per Ulysses group u; 0 = all ranks"},
       {"parallel.chunks", "--chunks", "-N", KnobRef{&k.chunks}, kAll, ResumeRule::kArithmetic,
        "fpdt methods: sequence chunks N; 0 = the largest N <= 4 dividing S/C"},
+      {"parallel.overlap", "--overlap", "", &k.overlap, kAll, ResumeRule::kFree,
+       "upipe methods: start the next head stage's projections and all-to-alls before this "
+       "stage's attention (two stages' q/o buffers alive; bitwise the same result)"},
       {"train.steps", "--steps", "", &c.train.steps, kScopeTrain, ResumeRule::kSchedule,
        "optimizer steps"},
       {"train.seq_len", "--seq-len", "-S", &c.train.seq_len, kAll | kScopeKernel,
