@@ -43,6 +43,7 @@ std::string knobs_text(const PlanRequest& r) {
   if (k.stage_heads > 0) add(fmt::format("U={}", k.stage_heads));
   if (k.ulysses_degree > 0) add(fmt::format("u={}", k.ulysses_degree));
   if (k.chunks > 0) add(fmt::format("N={}", k.chunks));
+  if (k.overlap) add("overlap");
   return s.empty() ? "-" : s;
 }
 
@@ -218,7 +219,8 @@ int run(Process& proc, const Options& o, const SettingArgs& sa, const CLI::App& 
                     {"knobs",
                      {{"stage_heads", p.request.decoder.knobs.stage_heads},
                       {"ulysses_degree", p.request.decoder.knobs.ulysses_degree},
-                      {"chunks", p.request.decoder.knobs.chunks}}},
+                      {"chunks", p.request.decoder.knobs.chunks},
+                      {"overlap", p.request.decoder.knobs.overlap}}},
                     {"seq_len", p.request.decoder.seq_len},
                     {"fits", p.fits},
                     {"device_peak_bytes", p.device_peak},

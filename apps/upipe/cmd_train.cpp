@@ -65,6 +65,7 @@ std::vector<std::pair<std::string, std::string>> knobs(const RunConfig& c) {
   if (p.stage_heads) k.push_back({"stage_heads", std::to_string(p.stage_heads)});
   if (p.ulysses_degree) k.push_back({"ulysses_degree", std::to_string(p.ulysses_degree)});
   if (p.chunks) k.push_back({"chunks", std::to_string(p.chunks)});
+  if (p.overlap) k.push_back({"overlap", "true"});
   return k;
 }
 

@@ -15,7 +15,8 @@ nlohmann::json config_json(const AttentionConfig& cfg) {
           {"dtype", dtype_name(cfg.dtype)},
           {"stage_heads", cfg.knobs.stage_heads},
           {"ulysses_degree", cfg.knobs.ulysses_degree},
-          {"chunks", cfg.knobs.chunks}};
+          {"chunks", cfg.knobs.chunks},
+          {"overlap", cfg.knobs.overlap}};
 }
 
 nlohmann::json tags_json(const TagBytes& b) {

@@ -210,8 +210,13 @@ CheckResult check_strategy(const AttentionConfig& cfg, Communicator& world,
   // with KV heads replicated over ranks (K < C) those that depend on the replicas' dK/dV sums,
   // added in another order than local's single accumulation; and always the QK-norm weight
   // gradients, (1, d) sums of S x heads terms whose order follows the sharding.
-  const AttentionStrategy::ErrorClass ec =
-      docs ? AttentionStrategy::ErrorClass::kMerge : strat->error_class();
+  // bf16 GEMMs staged through fp32 (no native bf16 product on this CPU) make a bf16
+  // intermediate's rounding depend on how its GEMM is cut (rows per rank, heads per stage), so
+  // no tensor is data movement alone there.
+  const bool staged_bf16 = cfg.dtype == DType::kBF16 && !dev.backend().native_bf16_gemm();
+  const AttentionStrategy::ErrorClass ec = docs || staged_bf16
+                                               ? AttentionStrategy::ErrorClass::kMerge
+                                               : strat->error_class();
   auto merged = [&](int i) {
     const std::string nm = kNames[i];
     return ec == AttentionStrategy::ErrorClass::kMerge || nm == "dwqn" || nm == "dwkn" ||
@@ -224,6 +229,10 @@ CheckResult check_strategy(const AttentionConfig& cfg, Communicator& world,
   if (docs)
     res.rule = "packed documents against each document alone, merge (every tensor): " + merge_rule +
                "; data movement bound: " + move_rule;
+  else if (staged_bf16 && strat->error_class() != AttentionStrategy::ErrorClass::kMerge)
+    res.rule = "bf16 GEMMs staged through fp32 on this CPU (a bf16 intermediate may round the other "
+               "way when its GEMM is cut differently), merge (every tensor): " +
+               merge_rule + "; data movement bound: " + move_rule;
   else if (ec == AttentionStrategy::ErrorClass::kMerge)
     res.rule = "merge (every tensor): " + merge_rule + "; data movement bound: " + move_rule;
   else if (ec == AttentionStrategy::ErrorClass::kReplicaSums)

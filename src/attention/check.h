@@ -13,7 +13,11 @@
 //       for dx, dWk, dWv, dWkn, which depend on the replicas' dK/dV partial sums, and the data
 //       movement bound for the others;
 //   the QK-norm weight gradients dWqn, dWkn always take the merge bound: each is a (1, d) sum
-//   of S x heads terms, added in an order that follows the sharding.
+//   of S x heads terms, added in an order that follows the sharding;
+//   bf16 on a backend without native bf16 GEMMs (Backend::native_bf16_gemm: a CPU without
+//   AVX512-BF16, whose bf16 products are staged through fp32 blocks): every tensor takes the
+//   merge bound, since an intermediate's fp32 sum, and so its bf16 rounding, follows how its
+//   GEMM is cut (rows per rank, heads per stage).
 // Packed documents (CheckOptions::doc_lens): the oracle is each document run alone through
 // `local` (its rows of y and dx; the weight gradients summed over the documents, in fp64), and
 // every tensor takes the merge rule with |local - fp64| measured per document the same way: a

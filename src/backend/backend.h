@@ -184,6 +184,11 @@ class Backend {
   virtual int64_t rmsnorm_workspace_bytes(int64_t group) const = 0;
   virtual int64_t swiglu_workspace_bytes(int64_t cols) const = 0;
   virtual bool gemm_supports(const GemmShape& s) const = 0;
+  // Whether bf16 x bf16 products run as one native bf16 GEMM (fp32 accumulation in an order that
+  // does not follow how a product is cut into calls). False where they are staged through fp32
+  // blocks (a CPU without AVX512-BF16): an element's fp32 sum then depends on the call's shape,
+  // so the same bf16 intermediate computed in differently cut GEMMs may round the other way.
+  virtual bool native_bf16_gemm() const { return true; }
   virtual bool attention_supports(const AttnShape& s) const = 0;
 
   // Ops. ws points at the op's workspace (its query's size). Views may be strided.

@@ -24,6 +24,9 @@
 //                   stage read two KV heads; and K < C (C > 1: H = 3C, K = max(1, C/2), U = C,
 //                   three query heads per rank). S = 296 rounded up to a multiple of 2C (300 on
 //                   3 ranks, 304 on 8): every call's keys end in a partial kernel key tile.
+//   stage overlap:  upipe on MHA (a KV set per stage) and GQA (H = 16, K = 2), upipe-fpdt
+//                   (N = 2) on the GQA shape, K < C and upipe-ring across KV heads (C > 1),
+//                   and the bf16 block options, all with MethodKnobs::overlap, where U < H.
 //   long shards (C = 2 only): S = 2048, so each rank holds 1024 rows, more than the largest
 //                   kernel tile (768 forward query rows): H = 4, K = 1, d = 16 (small: the
 //                   rank-0 fp64 oracle is shared by all and is the slow part), U = 2, N = 2
@@ -62,6 +65,7 @@ struct BlockOptions {
   int head_dim = 32;
   int64_t hidden = 0;
   bool qk_norm = false, llama3 = false, fp32_residual = false;
+  bool overlap = false;  // MethodKnobs::overlap
 };
 
 inline std::vector<StrategyCase> strategy_cases(int c) {
@@ -87,7 +91,7 @@ inline std::vector<StrategyCase> strategy_cases(int c) {
     cfg.fp32_residual = opt.fp32_residual;
     if (opt.llama3) cfg.rope.scaling = {true, 8.0, 1.0, 4.0, 256};
     cfg.dtype = t;
-    cfg.knobs = {method, u, deg, n};
+    cfg.knobs = {method, u, deg, n, opt.overlap};
     std::string name = method;
     if (deg) name += "_u" + std::to_string(deg);
     name += "_H" + std::to_string(sh.h) + "K" + std::to_string(sh.k);
@@ -100,6 +104,7 @@ inline std::vector<StrategyCase> strategy_cases(int c) {
     if (opt.llama3) name += "_llama3";
     if (t != DType::kF32) name += "_bf16";
     if (opt.fp32_residual) name += "_f32res";
+    if (opt.overlap) name += "_overlap";
     std::replace(name.begin(), name.end(), '-', '_');  // test names allow [A-Za-z0-9_] only
     out.push_back({cfg, name});
   };
@@ -195,6 +200,34 @@ inline std::vector<StrategyCase> strategy_cases(int c) {
       add_case("upipe", replicated, c, 0, DType::kF32, 0, opt);
       add_case("upipe-fpdt", replicated, c, 0, DType::kF32, 2, opt);
     }
+  }
+
+  // Stage overlap: every method with head stages, on a new KV set each stage (MHA), stages
+  // within a set (GQA, and across KV heads off the tile grid), K < C, fpdt chunks, a ring core,
+  // and the block options in bf16.
+  {
+    BlockOptions opt;
+    opt.overlap = true;
+    const Shape mha{8, 8}, gqa{16, 2};
+    // Only where there is more than one stage (8 ranks: U = 8 = H is one stage).
+    if (8 % c == 0 && c < 8) add_case("upipe", mha, c, 0, DType::kF32, 0, opt);
+    if (16 % c == 0 && (2 % c == 0 || c % 2 == 0)) {
+      add_case("upipe", gqa, c, 0, DType::kF32, 0, opt);
+      add_case("upipe-fpdt", gqa, c, 0, DType::kF32, 2, opt);
+    }
+    if (c > 1) {
+      const Shape replicated{3 * c, std::max(1, c / 2)};
+      BlockOptions off = opt;
+      off.seq_len = (296 + 2 * c - 1) / (2 * c) * (2 * c);
+      off.head_dim = 16;
+      add_case("upipe", replicated, c, 0, DType::kF32, 0, off);
+      add_case("upipe-ring", {6 * c, 2 * c}, 2 * opt_deg, opt_deg, DType::kF32, 0, off);
+    }
+    BlockOptions bf = opt;
+    bf.seq_len = 256 / (2 * c) * (2 * c);
+    bf.hidden = 320;
+    bf.qk_norm = bf.llama3 = bf.fp32_residual = true;
+    if (opt_heads_ok && c < opt_shape.h) add_case("upipe", opt_shape, c, 0, DType::kBF16, 0, bf);
   }
 
   // Long shards: more rows per rank than the largest kernel tile, on 2 ranks.

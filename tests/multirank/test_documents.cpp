@@ -41,18 +41,19 @@ struct Method {
 };
 
 // Every method the rules admit on C ranks with shape(C): U = C, N = 4 (3 on 8 ranks, S / (N C)
-// whole), u = the largest proper divisor of C (1 when C is prime).
+// whole), u = the largest proper divisor of C (1 when C is prime); upipe and upipe-fpdt also
+// with stage overlap.
 std::vector<Method> methods_on(int c) {
   const int n = c == 8 ? 3 : 4;
   int deg = 1;
   for (int u = 2; u < c; ++u)
     if (c % u == 0) deg = u;
   std::vector<Method> out;
-  auto add = [&](const std::string& m, int u, int ud, int chunks) {
+  auto add = [&](const std::string& m, int u, int ud, int chunks, bool overlap = false) {
     std::string name = m + (u ? fmt::format("_U{}", u) : "") + (ud ? fmt::format("_u{}", ud) : "") +
-                       (chunks ? fmt::format("_N{}", chunks) : "");
+                       (chunks ? fmt::format("_N{}", chunks) : "") + (overlap ? "_overlap" : "");
     std::replace(name.begin(), name.end(), '-', '_');
-    out.push_back({{m, u, ud, chunks}, name});
+    out.push_back({{m, u, ud, chunks, overlap}, name});
   };
   if (c == 1) add("local", 0, 0, 0);
   add("ulysses", 0, 0, 0);
@@ -60,6 +61,8 @@ std::vector<Method> methods_on(int c) {
   add("ring", 0, 0, 0);
   add("fpdt", 0, 0, n);
   add("upipe-fpdt", c, 0, n);
+  add("upipe", c, 0, 0, true);
+  add("upipe-fpdt", c, 0, n, true);
   if (deg > 1) add("usp", 0, deg, 0);
   if (c > 1) add("upipe-ring", deg, deg, 0);
   return out;

@@ -44,6 +44,64 @@ INSTANTIATE_TEST_SUITE_P(Table, Strategies,
                          ::testing::ValuesIn(test::strategy_cases(world().size())),
                          [](const auto& i) { return i.param.name; });
 
+// Stage overlap changes when each all-to-all runs, never what is computed: y, dx and every
+// gradient bitwise those of the same method without it, on one document and on packed ones,
+// with the same collective calls and bytes.
+class StageOverlap : public ::testing::TestWithParam<StrategyCase> {};
+
+struct BlockBits {
+  std::vector<std::vector<float>> outputs;  // y, dx, then the weight gradients
+  CommStats comm;
+  int64_t attn_peak = 0;
+};
+
+BlockBits run_bits(const AttentionConfig& cfg, const std::vector<int64_t>& lens) {
+  Device dev;
+  auto strat = make_strategy({dev, world(), cfg});
+  if (!lens.empty())
+    strat->set_documents(std::make_shared<const Documents>(lens, cfg.seq_len));
+  BlockTensors t = make_block_tensors(dev, cfg, strat->layout().positions(world().rank()), 3);
+  world().reset_stats();
+  const BlockRun run = run_block(*strat, dev, t);
+  BlockBits out;
+  out.comm = world().stats();
+  out.attn_peak = run.attn_peak_bytes;
+  std::vector<const Tensor*> got = {&t.y, &t.dx, &t.gq, &t.gk, &t.gv, &t.go};
+  if (cfg.qk_norm) got.insert(got.end(), {&t.gqn, &t.gkn});
+  for (const Tensor* g : got) out.outputs.push_back(download(dev, *g));
+  return out;
+}
+
+TEST_P(StageOverlap, IsBitwiseTheSameAsWithout) {
+  const AttentionConfig on = GetParam().cfg;
+  ASSERT_TRUE(on.knobs.overlap);
+  AttentionConfig off = on;
+  off.knobs.overlap = false;
+  const int64_t s = on.seq_len;
+  const std::vector<int64_t> packed = {1, s / 3, 5, s - s / 3 - 6};
+  for (const std::vector<int64_t>& lens : {std::vector<int64_t>{}, packed}) {
+    const BlockBits a = run_bits(on, lens), b = run_bits(off, lens);
+    const char* names[] = {"y", "dx", "dwq", "dwk", "dwv", "dwo", "dwqn", "dwkn"};
+    ASSERT_EQ(a.outputs.size(), b.outputs.size());
+    for (size_t i = 0; i < a.outputs.size(); ++i)
+      EXPECT_EQ(a.outputs[i], b.outputs[i]) << names[i] << (lens.empty() ? "" : ", packed");
+    EXPECT_EQ(a.comm.calls, b.comm.calls);
+    EXPECT_EQ(a.comm.bytes_sent, b.comm.bytes_sent);
+    // The second stage's buffers exist: the overlapped schedule ran.
+    EXPECT_GT(a.attn_peak, b.attn_peak);
+  }
+}
+
+std::vector<StrategyCase> overlap_cases(int ranks) {
+  std::vector<StrategyCase> out;
+  for (const StrategyCase& c : test::strategy_cases(ranks))
+    if (c.cfg.knobs.overlap) out.push_back(c);
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Table, StageOverlap, ::testing::ValuesIn(overlap_cases(world().size())),
+                         [](const auto& i) { return i.param.name; });
+
 // The oracle itself: `local` (the kernels the strategies are compared with) against the naive
 // fp64 block on key counts off the kernels' tile grid (the table's GQA-runs sequence lengths:
 // a full key tile and a partial one, its last panel partial too), within the kernel suite's
@@ -180,6 +238,10 @@ TEST(StrategyConfig, BadConfigurationsFailWithAHint) {
   bad.heads = 24;
   bad.kv_heads = 3;
   if (c == 2 || c == 4 || c == 8) expect_error("upipe-fpdt", bad, "kv-heads");
+  bad = base;
+  bad.knobs.overlap = true;
+  for (const char* m : {"ulysses", "ring", "usp", "fpdt"})
+    expect_error(m, bad, "--overlap is a knob of upipe, upipe-ring, upipe-fpdt");
   expect_error("no-such-method", base, "unknown method");
   if (c > 1) expect_error("local", base, "one rank");
 }

@@ -423,7 +423,7 @@ TEST(RunConfig, SizesReadAndPrint) {
 
 TEST(RunConfig, TableFollowsTheSpellingConvention) {
   const auto& keys = settings();
-  ASSERT_EQ(keys.size(), 43u);
+  ASSERT_EQ(keys.size(), 44u);
   EXPECT_EQ(keys.front().key, "model.name");
   EXPECT_EQ(keys.front().type, "string");
   EXPECT_EQ(keys.front().default_value, "\"tiny\"");

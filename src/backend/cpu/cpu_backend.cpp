@@ -53,6 +53,10 @@ int64_t CpuBackend::swiglu_workspace_bytes(int64_t cols) const {
   return 3 * cols * 4;
 }
 
+bool CpuBackend::native_bf16_gemm() const {
+  return cpu::native_bf16_gemm();
+}
+
 bool CpuBackend::gemm_supports(const GemmShape& s) const {
   auto ok = [](DType t) { return t == DType::kF32 || t == DType::kBF16; };
   return ok(s.a) && ok(s.b) && ok(s.c);

@@ -26,6 +26,7 @@ class CpuBackend final : public Backend {
   int64_t rmsnorm_workspace_bytes(int64_t group) const override;
   int64_t swiglu_workspace_bytes(int64_t cols) const override;
   bool gemm_supports(const GemmShape& s) const override;
+  bool native_bf16_gemm() const override;
   bool attention_supports(const AttnShape& s) const override;
 
   void gemm(const GemmArgs& a, void* ws) override;

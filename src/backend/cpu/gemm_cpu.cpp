@@ -427,6 +427,14 @@ bool gemm_bf16(const GemmArgs& g, int64_t reserved, void* scratch) {
 
 }  // namespace
 
+bool native_bf16_gemm() {
+  static const bool native = [] {
+    const ProductKey probe{64, 64, 64, 64, 64, 64, false, false, 1.0f, 0.0f, kNoLimit, true, false};
+    return brgemm_pd(probe) != nullptr;
+  }();
+  return native;
+}
+
 int64_t gemm_workspace_bytes(const GemmShape& s) {
   return workspace(s.m, s.n, s.k, s.a, s.b, s.c).bytes();
 }

@@ -16,5 +16,7 @@ constexpr int64_t kGemmTile = 256;
 
 int64_t gemm_workspace_bytes(const GemmShape& s);
 void gemm(const GemmArgs& g, void* ws);
+// Whether oneDNN runs bf16 products natively here (its bf16 brgemm matmul; else they are staged).
+bool native_bf16_gemm();
 
 }  // namespace upipe::cpu
