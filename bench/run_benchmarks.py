@@ -4,13 +4,15 @@
 Nothing on the results page is typed by hand: every number comes from a `upipe bench` run made
 by this script, whose command lines are printed next to the tables. Usage:
 
-    python3 bench/run_benchmarks.py [--build build] [--quick] [--only kernel,memory,speed,all,plan,comm,model,train,plan-model,plan-scale]
+    python3 bench/run_benchmarks.py [--build build] [--quick] [--only kernel,memory,speed,overlap,all,plan,comm,model,train,plan-model,plan-scale]
 
 Sections
   kernel  `upipe bench kernel` on every CPU kernel path: attention forward/backward vs a oneDNN GEMM,
           one thread; `upipe bench ops`: the memory-bound kernels vs a plain copy.
   memory  measured attention intermediates of ulysses vs upipe(U) on 4 ranks (H=32, K=8).
   speed   ulysses vs upipe(U=C) time on 2 ranks (S=16384, H=16, K=4, d=64).
+  overlap upipe and upipe-fpdt with and without --overlap on 2 ranks (time, memory), and its planned
+          memory for a Llama-3-8B block on 8 ranks.
   all     every strategy side by side on the same configuration (time and peak).
   plan    meta-device plan of a Llama-3-8B attention block on 8 ranks, S up to 4M tokens.
   comm    `upipe bench comm`: each collective through the communicator vs plain MPI, 2 and 4 ranks.
@@ -185,6 +187,61 @@ def section_speed(quick):
             "Target: upipe U=C at ≥ 0.95× ulysses' speed." % (s, reps), "",
             table(["method", "U", "fwd s", "bwd s", "tokens/s", "speed vs ulysses", "attn peak"], rows),
             "", "Commands (each run %d times):" % reps, "```", *cmds, "```"]
+    return "\n".join(text), None
+
+
+def section_overlap(quick):
+    s = 8192 if quick else 16384
+    reps = 2 if quick else 3
+    base = ["bench", "attention", "--seq-len", str(s), "--heads", "16", "--kv-heads", "4", "--head-dim", "64",
+            "--iters", "1"]
+    configs = [("upipe", ["--stage-heads", "2"]), ("upipe-fpdt", ["--stage-heads", "2", "--chunks", "2"])]
+    best, cmds = {}, []
+    for _ in range(reps):  # interleaved, best of each (see the speed section)
+        for method, knobs in configs:
+            for overlap in (False, True):
+                cmd, j, err = run(base + ["--method", method] + knobs + (["--overlap"] if overlap else []),
+                                  ranks=2)
+                if cmd not in cmds:
+                    cmds.append(cmd)
+                key = (method, overlap)
+                if j is not None and (key not in best or j["fwd_s"] + j["bwd_s"] <
+                                      best[key]["fwd_s"] + best[key]["bwd_s"]):
+                    best[key] = j
+    rows = []
+    for method, knobs in configs:
+        off = best.get((method, False))
+        for overlap in (False, True):
+            j = best.get((method, overlap))
+            if j is None:
+                rows.append([method, "on" if overlap else "off", "failed", "", "", "", ""])
+                continue
+            ratio = (off["fwd_s"] + off["bwd_s"]) / (j["fwd_s"] + j["bwd_s"]) if off else float("nan")
+            rows.append([method + " " + " ".join(knobs), "on" if overlap else "off", "%.2f" % j["fwd_s"],
+                         "%.2f" % j["bwd_s"], "%.3f" % ratio, mib(j["attn_peak_bytes"]),
+                         mib(j["attn_formula_bytes"])])
+    # Planned: a Llama-3-8B block on 8 ranks, the memory overlap costs at long sequences.
+    prows = []
+    for method, knobs in [("upipe", ["--stage-heads", "8"]), ("upipe", ["--stage-heads", "16"]),
+                          ("upipe-fpdt", ["--stage-heads", "8", "--chunks", "8"])]:
+        cells = [method + " " + " ".join(knobs)]
+        for overlap in (False, True):
+            cmd, j, err = run(plan_cmd(2**20, method, knobs + (["--overlap"] if overlap else [])))
+            cmds.append(cmd)
+            cells.append(gib(j["attn_peak_bytes"]) if j else "n/a")
+        prows.append(cells)
+    text = ["## UPipe stage overlap (--overlap)",
+            "Measured: S=%d, H=16, K=4, d=64, fp32, 2 ranks, one thread each; each configuration run %d times, "
+            "interleaved, best shown. *speed vs off* = time without overlap / time with it. On the CPU the "
+            "non-blocking all-to-alls only progress inside MPI calls (one thread per rank, no progress thread), "
+            "so little or no gain is expected here: the schedule is for devices whose collectives run on their "
+            "own stream (NCCL). The results are bitwise those without overlap (tests/multirank/"
+            "test_strategies.cpp, StageOverlap); the memory it costs is exact (measured = formula)." % (s, reps), "",
+            table(["method", "overlap", "fwd s", "bwd s", "speed vs off", "attn peak", "formula"], rows), "",
+            "Planned attention intermediates per rank, Llama-3-8B block (H=32, K=8, d=128, bf16), 8 ranks, S=1024K "
+            "(meta device):", "",
+            table(["method", "overlap off", "overlap on"], prows), "",
+            "Commands:", "```", *cmds, "```"]
     return "\n".join(text), None
 
 
@@ -773,7 +830,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     ap.add_argument("--quick", action="store_true", help="smaller sizes (minutes instead of tens of minutes)")
-    ap.add_argument("--only", default="kernel,memory,speed,all,plan,comm,model,train,plan-model,plan-scale,documents",
+    ap.add_argument("--only", default="kernel,memory,speed,overlap,all,plan,comm,model,train,plan-model,plan-scale,"
+                    "documents",
                     help="sections to run; the page keeps the others from its previous version")
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "results.md"))
     args = ap.parse_args()
@@ -793,7 +851,7 @@ def main():
                 "all": section_all, "plan": section_plan, "comm": section_comm,
                 "model": section_model, "train": section_train,
                 "plan-model": section_plan_model, "plan-scale": section_plan_scale,
-                "documents": section_documents}
+                "documents": section_documents, "overlap": section_overlap}
     fresh = []
     for name in args.only.split(","):
         text, data = sections[name](args.quick)

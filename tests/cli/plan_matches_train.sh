@@ -3,7 +3,7 @@
 # ranks (its JSONL metrics hold the step's device and host peaks over the ranks, with the worst
 # rank's bytes per tag), and planned with `upipe plan RUN.toml --ranks N`. The peaks and every
 # tag must be equal, for methods, dtypes, offload, recompute modes and tile sizes off and on the
-# default; and the `upipe train` command a plan prints for its answer runs and peaks at the
+# default, stage overlap on; and the `upipe train` command a plan prints for its answer runs and peaks at the
 # plan's bytes. Usage: plan_matches_train.sh UPIPE MPIRUN [MPIRUN ARGS...]
 set -u
 upipe=$1
@@ -60,6 +60,8 @@ case_ fpdt_block 2 '[parallel]\nmethod = "fpdt"\nchunks = 2\n[train]\nseq_len = 
 case_ upipe_none_bf16res 2 '[parallel]\nmethod = "upipe"\n[train]\nseq_len = 256\n[memory]\ndtype = "bf16"\nresidual_dtype = "bf16"\nrecompute = "none"\ntile_tokens = 64'
 case_ qwen3_usp 2 '[model]\nname = "tiny-qwen3"\n[parallel]\nmethod = "usp"\nulysses_degree = 1\n[train]\nseq_len = 512'
 case_ cp2_dp2_upipe_fpdt 4 '[parallel]\ncp_size = 2\nmethod = "upipe-fpdt"\n[train]\nseq_len = 512\nmicro_steps = 2\n[memory]\noffload_stash = true'
+case_ upipe_overlap_qwen3 2 '[model]\nname = "tiny-qwen3"\n[parallel]\nmethod = "upipe"\noverlap = true\n[train]\nseq_len = 512\n[memory]\nrecompute = "none"'
+case_ upipe_fpdt_overlap_bf16 2 '[parallel]\nmethod = "upipe-fpdt"\nchunks = 2\noverlap = true\n[train]\nseq_len = 512\n[memory]\ndtype = "bf16"'
 case_ local_none 1 '[parallel]\nmethod = "local"\n[train]\nseq_len = 256\n[memory]\nrecompute = "none"'
 
 # The plan prints the command that runs its answer: run it (one step) and compare again.
