@@ -33,6 +33,9 @@ case $case_name in
 bad_config_every_rank)  # three ranks, one error line
   expect 2 'must be divisible by --kv-heads \(3\); try --kv-heads 2' 1 3 check --method upipe \
     --heads 8 --kv-heads 3 ;;
+overlap_without_stages)  # a knob of the methods with head stages only, named with its takers
+  expect 2 "--overlap is a knob of upipe, upipe-ring, upipe-fpdt; method 'ring' does not take it" 1 \
+    2 check --method ring --overlap --seq-len 256 ;;
 out_of_memory)
   expect 3 "out of memory in device arena: tag 'act' requested" any 2 check --method upipe \
     --seq-len 2048 --device-memory 3M ;;
