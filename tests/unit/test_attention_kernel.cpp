@@ -221,6 +221,21 @@ class AttnKernelPath : public ::testing::TestWithParam<PathCase> {
   CpuIsa before_ = CpuIsa::kAvx2;
 };
 
+// Plain blocks on every path: tiles cut anywhere, several key and query tiles in both passes,
+// global offsets, non-causal, and the head dimensions the amx path takes on tiles (multiples of
+// 32) next to one it does not.
+TEST_P(AttnKernelPath, BlocksWithinTwiceBaselineError) {
+  const DType t = GetParam().dtype;
+  for (const Case& c : {Case{1000, 1000, 4, 1, 64, 0, 0, true, t},  // query tiles of both passes
+                        Case{333, 777, 2, 1, 128, 500, 0, true, t},  // d = 128, ring-like block
+                        Case{200, 150, 2, 2, 32, 1000, 900, true, t},
+                        Case{130, 300, 2, 1, 64, 0, 0, false, t},    // non-causal
+                        Case{97, 97, 2, 1, 48, 0, 0, true, t}}) {    // d % 32 != 0
+    SCOPED_TRACE(::testing::Message() << c.sq << "x" << c.sk << " d=" << c.d);
+    expect_within_baseline(c);
+  }
+}
+
 // The reduction-order contract: computing a subset of heads (as a head-sharded strategy does)
 // gives bitwise the values of the all-heads call.
 TEST_P(AttnKernelPath, HeadSubsetIsBitwiseEqual) {

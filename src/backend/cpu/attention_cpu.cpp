@@ -312,19 +312,21 @@ void fwd_tile_end(const FwdBuffers& w, const Mat* o, const Mat* lse, const Mat* 
 // The bf16-dot kernels (below): bf16 inputs on the avx512bf16 path.
 UPIPE_BF16_DOT_BEGIN
 void attention_forward_bf16(const AttnProblem& p, const Mat* o, const Mat* lse, const Mat* acc,
-                            const Mat* m_state, const Mat* l_state, float* ws);
+                            const Mat* m_state, const Mat* l_state, float* ws, bool amx);
 void attention_backward_bf16(const AttnProblem& p, const Mat& dout, const Mat& lse,
                              const Mat& delta, const Mat& dq, const Mat& dk, const Mat& dv,
-                             float* ws);
+                             float* ws, bool amx);
 UPIPE_BF16_DOT_END
 #endif
 
 void attention_forward_t(const AttnProblem& p, const Mat* o, const Mat* lse, const Mat* acc,
-                         const Mat* m_state, const Mat* l_state, float* ws, bool bf16_dot) {
+                         const Mat* m_state, const Mat* l_state, float* ws, int bf16_mode) {
 #if HWY_TARGET == HWY_AVX3
-  if (bf16_dot) return attention_forward_bf16(p, o, lse, acc, m_state, l_state, ws);
+  if (bf16_mode != int(AttnBf16::kNone))
+    return attention_forward_bf16(p, o, lse, acc, m_state, l_state, ws,
+                                  bf16_mode == int(AttnBf16::kAmx));
 #endif
-  (void)bf16_dot;
+  (void)bf16_mode;
   const int64_t sq = p.sq();
   const int d = p.d, group = p.hq / p.hk;
   const FwdBuffers w(ws, d, p.q.dtype);
@@ -415,11 +417,76 @@ struct FwdBuffersBf16 {
   }
 };
 
+// Zeroes the pairs [ceil(n / 2), round_up(n, 32) / 2) of every chunk of a pair-chunk pack of n
+// rows (chunk stride cs words, dp columns): the amx path contracts whole tiles of 16 pairs.
+void zero_pair_tail(uint32_t* pack, int64_t cs, int64_t dp, int64_t n) {
+  const int64_t from = (n + 1) / 2, to = round_up(n, 32) / 2;
+  for (int64_t c = 0; c < dp / kNr; ++c)
+    std::fill(pack + c * cs + from * kNr, pack + c * cs + to * kNr, 0u);
+}
+
+// fwd_stripe_bf16's stripe on AMX tiles (the amx path; d % 32 == 0): the same scores and
+// softmax, with the panel and pair ranges rounded out to whole tiles (the probabilities are zero
+// there, and the V pairs past the tile's keys are zeroed by the caller).
+void fwd_stripe_amx(const AttnProblem& p, const FwdBuffersBf16& w, AmxTiles& tiles,
+                    const FwdStripe& st, const uint16_t* q, int mr, int64_t r0, int64_t n_panels,
+                    VF* vmax) {
+  const DF df;
+  const int d = p.d;
+  const int64_t dp = attn_padded_dim(d), ps = int64_t(kNr) * d / 2;
+  const VF vscale = hn::Set(df, p.softmax_scale());
+  const int64_t c0 = st.cols.c0 / 32 * 32, smax = st.cols.smax;
+  const int64_t sp = round_up(n_panels * kNr, 32);  // probabilities defined up to here
+  tiles.rows(mr);
+  alignas(64) float out[kAttnStripe * 4 * kNr];
+  for (int64_t b = st.cols.c0 / kNr; b < n_panels; b += 4) {
+    const int np = int(std::min<int64_t>(4, n_panels - b));
+    const uint32_t* panel = w.k_panel + b * ps;
+    switch (np) {
+      case 4:
+        amx_score_block<4>(q, p.q.ld, panel, ps, d, out, 4 * kNr);
+        break;
+      case 3:
+        amx_score_block<3>(q, p.q.ld, panel, ps, d, out, 4 * kNr);
+        break;
+      case 2:
+        amx_score_block<2>(q, p.q.ld, panel, ps, d, out, 4 * kNr);
+        break;
+      default:
+        amx_score_block<1>(q, p.q.ld, panel, ps, d, out, 4 * kNr);
+    }
+    for (int r = 0; r < mr; ++r)
+      for (int pn = 0; pn < np; ++pn) {
+        const VF x = hn::Mul(hn::Load(df, out + r * 4 * kNr + pn * kNr), vscale);
+        const int64_t c = (b + pn) * kNr;
+        hn::StoreU(x, df, w.s_rows + r * kAttnFwdSld + c);
+        row_max_add(vmax[r], x, c, st.start[r], st.lim[r]);
+      }
+  }
+  for (int r = 0; r < mr; ++r) {
+    uint16_t* prow = w.p16 + r * kAttnFwdSld;
+    if (st.start[r] >= st.lim[r]) {
+      std::fill(prow + c0, prow + sp, uint16_t(0));
+      continue;
+    }
+    const float alpha = softmax_row_bf16(w.s_rows + r * kAttnFwdSld, c0, st.start[r], st.lim[r], sp,
+                                         vmax[r], w.m[r0 + r], w.l[r0 + r], prow);
+    if (alpha != 1.0f) {
+      float* orow = w.o_tile + (r0 + r) * dp;
+      for (int64_t e = 0; e < d; ++e) orow[e] *= alpha;
+    }
+  }
+  (void)smax;
+  // O += P V over the key pairs [c0 / 2, sp / 2), whole tiles of 16 pairs.
+  amx_acc_rows(dp, w.p16, kAttnFwdSld, w.v_pack, kAttnFwdBk / 2 * kNr, w.o_tile + r0 * dp, dp,
+               c0 / 2, sp / 2);
+}
+
 // fwd_stripe with bf16 q, k, v on the dot-product instruction: scores from the pair panels, the
 // probabilities rounded to bf16 for O += P V (their row sum stays fp32).
-void fwd_stripe_bf16(const AttnProblem& p, const FwdBuffersBf16& w, const int64_t* lo,
-                     const int64_t* hi, int h, int64_t i0, int64_t r0, int mr, int64_t j0,
-                     int64_t bk) {
+void fwd_stripe_bf16(const AttnProblem& p, const FwdBuffersBf16& w, AmxTiles& tiles,
+                     const int64_t* lo, const int64_t* hi, int h, int64_t i0, int64_t r0, int mr,
+                     int64_t j0, int64_t bk) {
   const DF df;
   const int d = p.d;
   const int64_t dp = attn_padded_dim(d);
@@ -432,6 +499,7 @@ void fwd_stripe_bf16(const AttnProblem& p, const FwdBuffersBf16& w, const int64_
   // Each row's maximum over the scores it sees, in lanes, kept by the score epilogue.
   VF vmax[kAttnStripe];
   for (VF& v : vmax) v = hn::Set(df, kNegInf);
+  if (tiles.on()) return fwd_stripe_amx(p, w, tiles, st, q, mr, r0, n_panels, vmax);
   for (int g = 0; g < mr; g += kScoreMrBf16) {
     float* srow = w.s_rows + g * kAttnFwdSld;
     with_rows<kScoreMrBf16>(std::min(kScoreMrBf16, mr - g), [&]<int MR>() UPIPE_BF16_ATTR {
@@ -476,10 +544,12 @@ void fwd_stripe_bf16(const AttnProblem& p, const FwdBuffersBf16& w, const int64_
 }  // namespace
 
 void attention_forward_bf16(const AttnProblem& p, const Mat* o, const Mat* lse, const Mat* acc,
-                            const Mat* m_state, const Mat* l_state, float* ws) {
+                            const Mat* m_state, const Mat* l_state, float* ws, bool amx) {
   const int64_t sq = p.sq();
   const int d = p.d, group = p.hq / p.hk;
   const FwdBuffersBf16 w(ws, d);
+  AmxTiles tiles(amx && d % 32 == 0);
+  const int64_t dp = attn_padded_dim(d);
   const FwdBuffers wf = w.as_fp32();
   int64_t lo[kAttnFwdBq], hi[kAttnFwdBq];  // the key range of each row of the query tile
   for (int h = 0; h < p.hq; ++h) {
@@ -496,8 +566,10 @@ void attention_forward_bf16(const AttnProblem& p, const Mat* o, const Mat* lse, 
                          w.k_panel);
         pack_pair_chunks(static_cast<const uint16_t*>(p.v.at(j0, int64_t(kvh) * d)), p.v.ld, bk, d,
                          w.v_pack, kAttnFwdBk / 2 * kNr);
+        if (tiles.on()) zero_pair_tail(w.v_pack, kAttnFwdBk / 2 * kNr, dp, bk);
         for (int64_t r0 = 0; r0 < bq; r0 += kAttnStripe)
-          fwd_stripe_bf16(p, w, lo, hi, h, i0, r0, int(std::min(kAttnStripe, bq - r0)), j0, bk);
+          fwd_stripe_bf16(p, w, tiles, lo, hi, h, i0, r0, int(std::min(kAttnStripe, bq - r0)), j0,
+                          bk);
       }
       fwd_tile_end(wf, o, lse, acc, m_state, l_state, h, i0, bq, d);
     }
@@ -695,11 +767,13 @@ void bwd_query_tile(const AttnProblem& p, const BwdBuffers& w, const Mat& dout, 
 }  // namespace
 
 void attention_backward_t(const AttnProblem& p, const Mat& dout, const Mat& lse, const Mat& delta,
-                          const Mat& dq, const Mat& dk, const Mat& dv, float* ws, bool bf16_dot) {
+                          const Mat& dq, const Mat& dk, const Mat& dv, float* ws, int bf16_mode) {
 #if HWY_TARGET == HWY_AVX3
-  if (bf16_dot) return attention_backward_bf16(p, dout, lse, delta, dq, dk, dv, ws);
+  if (bf16_mode != int(AttnBf16::kNone))
+    return attention_backward_bf16(p, dout, lse, delta, dq, dk, dv, ws,
+                                   bf16_mode == int(AttnBf16::kAmx));
 #endif
-  (void)bf16_dot;
+  (void)bf16_mode;
   const int64_t sq = p.sq(), sk = p.sk();
   const int d = p.d, group = p.hq / p.hk;
   const BwdBuffers w(ws, d, p.q.dtype);
@@ -838,6 +912,142 @@ void zero_pairs_outside(const BwdBuffersBf16& w, const BwdStripe& st, int64_t r0
     }
 }
 
+// Rows [j0, j0 + bk) of head `head` of the fp32 matrix x (bk, d) to / from the transposed tile t
+// (d, ld): t[e * ld + j] = x(j0 + j, e) (back: x = t).
+void transpose_tile(const Mat& x, int64_t j0, int64_t bk, int head, int d, float* t, int64_t ld,
+                    bool back) {
+  for (int64_t j = 0; j < bk; ++j) {
+    float* row = static_cast<float*>(x.at(j0 + j, int64_t(head) * d));
+    for (int e = 0; e < d; ++e) {
+      if (back)
+        row[e] = t[e * ld + j];
+      else
+        t[e * ld + j] = row[e];
+    }
+  }
+}
+
+// bwd_scores_bf16 on AMX tiles for the whole stripe (st.mr rows): S and dP of up to 4 panels at
+// a time, then the same epilogue, row by row.
+void bwd_scores_amx(const BwdBuffersBf16& w, AmxTiles& tiles, const BwdStripe& st,
+                    const uint16_t* q, int64_t ldq, const uint16_t* dout, int64_t ldo, int64_t r0,
+                    int64_t n_panels, int d, float scale) {
+  const DF df;
+  const VF vscale = hn::Set(df, scale);
+  const int64_t ps = int64_t(kNr) * d / 2, lo = 4 * kNr;
+  const int mr = st.mr;
+  const uint16_t* qs = q + r0 * ldq;
+  const uint16_t* dos = dout + r0 * ldo;
+  uint32_t* p_pairs = w.p_pairs + r0 / 2 * kAttnBwdBk;
+  uint32_t* ds_pairs = w.ds_pairs + r0 / 2 * kAttnBwdBk;
+  tiles.rows(mr);
+  alignas(64) float s_out[kAttnStripe * 4 * kNr], dp_out[kAttnStripe * 4 * kNr];
+  for (int64_t b = st.c0 / kNr; b < n_panels; b += 4) {
+    const int np = int(std::min<int64_t>(4, n_panels - b));
+    const uint32_t *kp = w.k_panel + b * ps, *vp = w.v_panel + b * ps;
+    switch (np) {
+      case 4:
+        amx_score_block<4>(qs, ldq, kp, ps, d, s_out, lo);
+        amx_score_block<4>(dos, ldo, vp, ps, d, dp_out, lo);
+        break;
+      case 3:
+        amx_score_block<3>(qs, ldq, kp, ps, d, s_out, lo);
+        amx_score_block<3>(dos, ldo, vp, ps, d, dp_out, lo);
+        break;
+      case 2:
+        amx_score_block<2>(qs, ldq, kp, ps, d, s_out, lo);
+        amx_score_block<2>(dos, ldo, vp, ps, d, dp_out, lo);
+        break;
+      default:
+        amx_score_block<1>(qs, ldq, kp, ps, d, s_out, lo);
+        amx_score_block<1>(dos, ldo, vp, ps, d, dp_out, lo);
+    }
+    for (int r = 0; r < mr; ++r)
+      for (int pn = 0; pn < np; ++pn) {
+        const int64_t c = (b + pn) * kNr, at = r * kAttnBwdSld + c;
+        const int64_t n = st.lim[r] - c, n0 = st.start[r] - c;
+        VF pv = exp_v(hn::MulSub(hn::Load(df, s_out + r * lo + pn * kNr), vscale,
+                                 hn::Set(df, st.lse[r])));
+        if (n < kNr || n0 > 0) pv = hn::IfThenElseZero(lanes_in(n0, n), pv);
+        hn::StoreU(pv, df, w.p_rows + at);
+        const VF dpv = hn::Load(df, dp_out + r * lo + pn * kNr);
+        const VF ds = hn::Mul(hn::Mul(pv, hn::Sub(dpv, hn::Set(df, st.delta[r]))), vscale);
+        hn::StoreU(ds, df, w.ds_rows + at);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(w.ds16 + at), cvt_bf16(ds.raw));
+        if (r % 2 == 1) {
+          const int64_t prev = at - kAttnBwdSld, pair = r / 2 * kAttnBwdBk + c;
+          _mm512_storeu_si512(p_pairs + pair, zip_bf16(hn::LoadU(df, w.p_rows + prev).raw, pv.raw));
+          _mm512_storeu_si512(ds_pairs + pair,
+                              zip_bf16(hn::LoadU(df, w.ds_rows + prev).raw, ds.raw));
+        } else if (r == mr - 1) {
+          const int64_t pair = r / 2 * kAttnBwdBk + c;
+          _mm512_storeu_si512(p_pairs + pair, zip_bf16(pv.raw, _mm512_setzero_ps()));
+          _mm512_storeu_si512(ds_pairs + pair, zip_bf16(ds.raw, _mm512_setzero_ps()));
+        }
+      }
+  }
+}
+
+// bwd_query_tile_bf16 on AMX tiles (the amx path; d % 32 == 0): dQ += dS K as in the forward's
+// O += P V; dV and dK transposed, dV^T += dO^T P and dK^T += Q^T dS, with dO and Q packed
+// transposed in pairs of rows (q_pack, do_pack) and the accumulators dv_acc, dk_acc as
+// (dp, Bk). Ranges are rounded out to whole tiles over exact zeros: the pair rows of P and dS
+// past the tile's rows and their columns up to round_up(bk, 32) are zeroed.
+void bwd_query_tile_amx(const AttnProblem& p, const BwdBuffersBf16& w, AmxTiles& tiles,
+                        const Mat& dout, const Mat& lse, const Mat& delta, const Mat& dq, int h,
+                        int64_t j0, int64_t bk, int64_t i0, int64_t bq) {
+  const int d = p.d;
+  const int64_t bk32 = round_up(bk, 32), pld = kAttnBwdBq / 2;
+  int64_t lo[kAttnBwdBq], hi[kAttnBwdBq];
+  key_ranges(p, i0, bq, lo, hi);
+  const uint16_t* q = static_cast<const uint16_t*>(p.q.at(i0, int64_t(h) * d));
+  const uint16_t* dot = static_cast<const uint16_t*>(dout.at(i0, int64_t(h) * d));
+  pack_pair_rows_t(q, p.q.ld, bq, kAttnBwdBq, d, w.q_pack, pld);
+  pack_pair_rows_t(dot, dout.ld, bq, kAttnBwdBq, d, w.do_pack, pld);
+  for (int64_t pr = (bq + 1) / 2; pr < pld; ++pr)
+    for (uint32_t* x : {w.p_pairs + pr * kAttnBwdBk, w.ds_pairs + pr * kAttnBwdBk})
+      std::fill(x, x + bk32, 0u);
+  float* dq_t = static_cast<float*>(dq.at(i0, int64_t(h) * d));
+  for (int64_t r0 = 0; r0 < bq; r0 += kAttnStripe) {
+    const BwdStripe st(lse, delta, h, i0, r0, int(std::min(kAttnStripe, bq - r0)), lo, hi, j0, bk);
+    const int64_t n_panels = st.n_panels();
+    zero_pairs_outside(w, st, r0, bk32);
+    prefetch_stripe_rows(p, dout, dq, h, i0, bq, r0, st.mr);
+    if (n_panels == 0) continue;
+    bwd_scores_amx(w, tiles, st, q, p.q.ld, dot, dout.ld, r0, n_panels, d, p.softmax_scale());
+    // dQ += dS K over whole tiles of key pairs: dS in bf16 zeroed outside the computed panels.
+    const int64_t c0 = st.c0 / 32 * 32, c1 = n_panels * kNr, sp = round_up(c1, 32);
+    for (int r = 0; r < st.mr; ++r) {
+      uint16_t* row = w.ds16 + r * kAttnBwdSld;
+      std::fill(row + c0, row + st.c0, uint16_t(0));
+      std::fill(row + c1, row + sp, uint16_t(0));
+    }
+    tiles.rows(st.mr);
+    amx_acc_rows(d, w.ds16, kAttnBwdSld, w.k_pack, w.kcs, dq_t + r0 * dq.ld, dq.ld, c0 / 2,
+                 sp / 2);
+  }
+  // dV^T += dO^T P and dK^T += Q^T dS, 32 keys and 32 columns at a time, over the pair tiles
+  // from the one holding the first row that sees the keys.
+  tiles.rows(16);
+  for (int64_t jb = 0; jb < bk; jb += 32) {
+    const RowRange rows = tile_rows_seeing(lo, hi, bq, j0, jb, std::min<int64_t>(32, bk - jb));
+    if (rows.first >= bq) break;
+    if (rows.first >= rows.end) continue;
+    const int64_t k0 = rows.first / 32 * 16, k1 = round_up((rows.end + 1) / 2, 16);
+    for (int64_t e0 = 0; e0 < d; e0 += 32) {
+      float* dv_t = w.dv_acc + e0 * kAttnBwdBk + jb;
+      float* dk_t = w.dk_acc + e0 * kAttnBwdBk + jb;
+      if (jb + 16 < bk) {
+        amx_acc_t<2>(w.do_pack + e0 * pld, pld, w.p_pairs + jb, kAttnBwdBk, dv_t, kAttnBwdBk, k0, k1);
+        amx_acc_t<2>(w.q_pack + e0 * pld, pld, w.ds_pairs + jb, kAttnBwdBk, dk_t, kAttnBwdBk, k0, k1);
+      } else {
+        amx_acc_t<1>(w.do_pack + e0 * pld, pld, w.p_pairs + jb, kAttnBwdBk, dv_t, kAttnBwdBk, k0, k1);
+        amx_acc_t<1>(w.q_pack + e0 * pld, pld, w.ds_pairs + jb, kAttnBwdBk, dk_t, kAttnBwdBk, k0, k1);
+      }
+    }
+  }
+}
+
 // bwd_query_tile with bf16 inputs on the dot-product instruction.
 void bwd_query_tile_bf16(const AttnProblem& p, const BwdBuffersBf16& w, const Mat& dout,
                          const Mat& lse, const Mat& delta, const Mat& dq, int h, int64_t j0,
@@ -885,10 +1095,11 @@ void bwd_query_tile_bf16(const AttnProblem& p, const BwdBuffersBf16& w, const Ma
 
 void attention_backward_bf16(const AttnProblem& p, const Mat& dout, const Mat& lse,
                              const Mat& delta, const Mat& dq, const Mat& dk, const Mat& dv,
-                             float* ws) {
+                             float* ws, bool amx) {
   const int64_t sq = p.sq(), sk = p.sk();
   const int d = p.d, group = p.hq / p.hk;
   const BwdBuffersBf16 w(ws, d);
+  AmxTiles tiles(amx && d % 32 == 0);
   for (int h = 0; h < p.hq; ++h) {
     const int kvh = h / group;
     for (int64_t j0 = 0; j0 < sk; j0 += kAttnBwdBk) {
@@ -900,6 +1111,17 @@ void attention_backward_bf16(const AttnProblem& p, const Mat& dout, const Mat& l
       pack_pair_panels(k, p.k.ld, bk, d, w.k_panel);
       pack_pair_panels(v, p.v.ld, bk, d, w.v_panel);
       pack_pair_chunks(k, p.k.ld, bk, d, w.k_pack, w.kcs);
+      if (tiles.on()) {
+        zero_pair_tail(w.k_pack, w.kcs, d, bk);
+        transpose_tile(dk, j0, bk, kvh, d, w.dk_acc, kAttnBwdBk, false);
+        transpose_tile(dv, j0, bk, kvh, d, w.dv_acc, kAttnBwdBk, false);
+        for (int64_t i0 = rows.first / kAttnBwdBq * kAttnBwdBq; i0 < rows.end; i0 += kAttnBwdBq)
+          bwd_query_tile_amx(p, w, tiles, dout, lse, delta, dq, h, j0, bk, i0,
+                             std::min(kAttnBwdBq, sq - i0));
+        transpose_tile(dk, j0, bk, kvh, d, w.dk_acc, kAttnBwdBk, true);
+        transpose_tile(dv, j0, bk, kvh, d, w.dv_acc, kAttnBwdBk, true);
+        continue;
+      }
       pack_tile_chunks(dk, j0, bk, kvh, d, w.dk_acc, w.kcsf);
       pack_tile_chunks(dv, j0, bk, kvh, d, w.dv_acc, w.kcsf);
       for (int64_t i0 = rows.first / kAttnBwdBq * kAttnBwdBq; i0 < rows.end; i0 += kAttnBwdBq)
@@ -985,9 +1207,14 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace upipe::cpu {
 
-bool attn_bf16_dot(DType t) {
+AttnBf16 attn_bf16_mode(DType t) {
   const CpuIsa isa = cpu_isa();  // first: it also makes the dispatch below use the chosen path
-  return t == DType::kBF16 && isa == CpuIsa::kAvx512Bf16;
+  if (t != DType::kBF16 || isa < CpuIsa::kAvx512Bf16) return AttnBf16::kNone;
+  return isa == CpuIsa::kAmx ? AttnBf16::kAmx : AttnBf16::kDot;
+}
+
+bool attn_bf16_dot(DType t) {
+  return attn_bf16_mode(t) != AttnBf16::kNone;
 }
 
 HWY_EXPORT(attention_forward_t);
@@ -998,14 +1225,14 @@ HWY_EXPORT(lse_merge_t);
 
 void attention_forward(const AttnProblem& p, const Mat* o, const Mat* lse, const Mat* acc,
                        const Mat* m, const Mat* l, float* ws) {
-  const bool bf16_dot = attn_bf16_dot(p.q.dtype);
-  HWY_DYNAMIC_DISPATCH(attention_forward_t)(p, o, lse, acc, m, l, ws, bf16_dot);
+  const int mode = int(attn_bf16_mode(p.q.dtype));
+  HWY_DYNAMIC_DISPATCH(attention_forward_t)(p, o, lse, acc, m, l, ws, mode);
 }
 
 void attention_backward(const AttnProblem& p, const Mat& dout, const Mat& lse, const Mat& delta,
                         const Mat& dq, const Mat& dk, const Mat& dv, float* ws) {
-  const bool bf16_dot = attn_bf16_dot(p.q.dtype);
-  HWY_DYNAMIC_DISPATCH(attention_backward_t)(p, dout, lse, delta, dq, dk, dv, ws, bf16_dot);
+  const int mode = int(attn_bf16_mode(p.q.dtype));
+  HWY_DYNAMIC_DISPATCH(attention_backward_t)(p, dout, lse, delta, dq, dk, dv, ws, mode);
 }
 
 void attention_delta(const Mat& o, const Mat& dout, int d, const Mat& delta) {

@@ -8,8 +8,14 @@
 
 namespace upipe::cpu {
 
-// Whether attention on dtype t runs on the bf16 dot product (bf16 inputs on the avx512bf16
-// path; docs/kernels.md): its workspace has the bf16_dot layout of attention_tiles.h.
+// Which kernels bf16 attention runs on: converted to fp32 (avx2, avx512), on the AVX512-BF16 dot
+// product (avx512bf16) or on AMX tiles (amx; head_dim % 32 != 0 falls back to the dot product);
+// docs/kernels.md.
+enum class AttnBf16 : int { kNone, kDot, kAmx };
+AttnBf16 attn_bf16_mode(DType t);
+
+// Whether attention on dtype t keeps its tiles in bf16 (kDot or kAmx): its workspace has the
+// bf16_dot layout of attention_tiles.h.
 bool attn_bf16_dot(DType t);
 
 // If acc is null the call is a normalised forward (writes o, lse); otherwise it continues the

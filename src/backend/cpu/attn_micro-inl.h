@@ -23,6 +23,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
+#include <utility>
 
 #include "backend/cpu/attention_tiles.h"
 #include "backend/cpu/vec_math-inl.h"
@@ -265,18 +267,20 @@ HWY_INLINE void acc_rows(int mr, int64_t n, const float* a, int64_t lda, const f
 // one pair per 32-bit word: panels hold [pair][16 columns] words, A is read one broadcast word at
 // a time. This part of the AVX-512 target (and the bf16 kernels in attention_cpu.cpp) is compiled
 // with AVX512-BF16 added (UPIPE_BF16_DOT_BEGIN), so the compiler schedules and allocates
-// registers for the intrinsics itself; it runs only where cpu_isa() is avx512bf16.
+// registers for the intrinsics itself; it runs only where cpu_isa() is avx512bf16 or amx. The
+// region also enables the AMX tile instructions (amx-tile, amx-bf16) for the amx path's products
+// (below); the compiler never emits those by itself, so the avx512bf16 code is the same with them.
 // clang applies the outer (Highway's) target attribute rather than combining a nested one, so
 // there the region replaces it, and restores it after.
 #if HWY_COMPILER_CLANG
 #define UPIPE_BF16_DOT_BEGIN \
-  HWY_POP_ATTRIBUTES HWY_PUSH_ATTRIBUTES(HWY_TARGET_STR ",avx512bf16")
+  HWY_POP_ATTRIBUTES HWY_PUSH_ATTRIBUTES(HWY_TARGET_STR ",avx512bf16,amx-tile,amx-bf16")
 #define UPIPE_BF16_DOT_END HWY_POP_ATTRIBUTES HWY_PUSH_ATTRIBUTES(HWY_TARGET_STR)
 // Lambdas take no pragma attribute on clang: those in a region name the target themselves.
-#define UPIPE_BF16_ATTR __attribute__((target(HWY_TARGET_STR ",avx512bf16")))
+#define UPIPE_BF16_ATTR __attribute__((target(HWY_TARGET_STR ",avx512bf16,amx-tile,amx-bf16")))
 #else
 #define UPIPE_BF16_ATTR HWY_ATTR
-#define UPIPE_BF16_DOT_BEGIN HWY_PUSH_ATTRIBUTES(HWY_TARGET_STR ",avx512bf16")
+#define UPIPE_BF16_DOT_BEGIN HWY_PUSH_ATTRIBUTES(HWY_TARGET_STR ",avx512bf16,amx-tile,amx-bf16")
 #define UPIPE_BF16_DOT_END HWY_POP_ATTRIBUTES
 #endif
 UPIPE_BF16_DOT_BEGIN
@@ -460,6 +464,231 @@ HWY_INLINE __m512i zip_bf16(__m512 row0, __m512 row1) {
   const __m512i zip = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
                                        23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
   return _mm512_permutexvar_epi16(zip, cvt2_bf16(row1, row0));
+}
+
+
+// ---- bf16 products on AMX tiles (the amx path) ----
+//
+// TDPBF16PS: C(m, n) += A(m, pair k) . B(pair k, n) over the 16 pairs of a tile row, C in fp32
+// (mr x 16), A mr rows of 16 words (32 bf16), B 16 rows of 16 words: exactly a pair panel or
+// a pair chunk of 16 pairs, so the amx path reads the avx512bf16 path's packed layouts. Each C
+// element depends on its own A row and B column only, so which rows share a tile never changes
+// a row (the head-subset and query-prefix contracts hold as on the other paths). Contracted
+// ranges are whole tiles of 16 pairs: callers round them out over exact zeros.
+//
+// Tiles: 0-3 accumulators (R rows), 4-5 A (R rows), 6-7 B (16 rows), all 64 bytes wide.
+struct AmxTileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+static_assert(sizeof(AmxTileConfig) == 64);
+
+// The tile configuration of one kernel call: loaded when the call starts (other code, oneDNN's
+// GEMMs among it, configures the tiles its own way in between), reloaded only when the row count
+// R changes, released when the call ends.
+class AmxTiles {
+ public:
+  explicit AmxTiles(bool on) : on_(on) {}
+  AmxTiles(const AmxTiles&) = delete;
+  AmxTiles& operator=(const AmxTiles&) = delete;
+  ~AmxTiles() {
+    if (rows_ > 0) _tile_release();
+  }
+  bool on() const { return on_; }
+  void rows(int r) {
+    if (r == rows_) return;
+    alignas(64) AmxTileConfig c;
+    for (int t = 0; t < 8; ++t) {
+      c.colsb[t] = 64;
+      c.rows[t] = uint8_t(t < 6 ? r : 16);
+    }
+    _tile_loadconfig(&c);
+    rows_ = r;
+  }
+
+ private:
+  bool on_;
+  int rows_ = 0;
+};
+
+// The tile instructions are asm statements without a memory clobber: a barrier on each side of a
+// product keeps the compiler from moving ordinary loads and stores across them.
+HWY_INLINE void amx_barrier() {
+  asm volatile("" ::: "memory");
+}
+
+template <int T>
+HWY_INLINE void amx_zero() {
+  if constexpr (T == 0) _tile_zero(0);
+  if constexpr (T == 1) _tile_zero(1);
+  if constexpr (T == 2) _tile_zero(2);
+  if constexpr (T == 3) _tile_zero(3);
+}
+template <int T>
+HWY_INLINE void amx_load(const void* p, int64_t stride) {
+  if constexpr (T == 0) _tile_loadd(0, p, stride);
+  if constexpr (T == 1) _tile_loadd(1, p, stride);
+  if constexpr (T == 2) _tile_loadd(2, p, stride);
+  if constexpr (T == 3) _tile_loadd(3, p, stride);
+  if constexpr (T == 4) _tile_loadd(4, p, stride);
+  if constexpr (T == 5) _tile_loadd(5, p, stride);
+  if constexpr (T == 6) _tile_loadd(6, p, stride);
+  if constexpr (T == 7) _tile_loadd(7, p, stride);
+}
+template <int T>
+HWY_INLINE void amx_store(void* p, int64_t stride) {
+  if constexpr (T == 0) _tile_stored(0, p, stride);
+  if constexpr (T == 1) _tile_stored(1, p, stride);
+  if constexpr (T == 2) _tile_stored(2, p, stride);
+  if constexpr (T == 3) _tile_stored(3, p, stride);
+}
+// Accumulator C += A . B.
+template <int C, int A, int B>
+HWY_INLINE void amx_dot() {
+  if constexpr (A == 4 && B == 6) {
+    if constexpr (C == 0) _tile_dpbf16ps(0, 4, 6);
+    if constexpr (C == 1) _tile_dpbf16ps(1, 4, 6);
+    if constexpr (C == 2) _tile_dpbf16ps(2, 4, 6);
+    if constexpr (C == 3) _tile_dpbf16ps(3, 4, 6);
+  } else if constexpr (A == 4 && B == 7) {
+    if constexpr (C == 0) _tile_dpbf16ps(0, 4, 7);
+    if constexpr (C == 1) _tile_dpbf16ps(1, 4, 7);
+    if constexpr (C == 2) _tile_dpbf16ps(2, 4, 7);
+    if constexpr (C == 3) _tile_dpbf16ps(3, 4, 7);
+  } else if constexpr (A == 5 && B == 6) {
+    if constexpr (C == 0) _tile_dpbf16ps(0, 5, 6);
+    if constexpr (C == 1) _tile_dpbf16ps(1, 5, 6);
+    if constexpr (C == 2) _tile_dpbf16ps(2, 5, 6);
+    if constexpr (C == 3) _tile_dpbf16ps(3, 5, 6);
+  } else {
+    static_assert(A == 5 && B == 7);
+    if constexpr (C == 0) _tile_dpbf16ps(0, 5, 7);
+    if constexpr (C == 1) _tile_dpbf16ps(1, 5, 7);
+    if constexpr (C == 2) _tile_dpbf16ps(2, 5, 7);
+    if constexpr (C == 3) _tile_dpbf16ps(3, 5, 7);
+  }
+}
+
+template <int... I, class F>
+HWY_INLINE void amx_each(std::integer_sequence<int, I...>, F&& f) {
+  (f(std::integral_constant<int, I>()), ...);
+}
+
+// Scores on tiles: out (R, NP kNr) = A (R, d) . NP pair panels (as score_block_bf16; R the
+// configured rows), A row r of bf16 at a + r * lda, panel p at panel + p * ps words; out row r
+// at out + r * ldo floats. d % 32 == 0.
+template <int NP>
+HWY_INLINE void amx_score_block(const uint16_t* a, int64_t lda, const uint32_t* panel, int64_t ps,
+                                int d, float* out, int64_t ldo) {
+  static_assert(NP >= 1 && NP <= 4);
+  using Panels = std::make_integer_sequence<int, NP>;
+  amx_barrier();
+  amx_each(Panels(), [&](auto p) UPIPE_BF16_ATTR { amx_zero<p()>(); });
+  for (int e = 0; e < d; e += 32) {
+    amx_load<4>(a + e, lda * 2);
+    amx_each(Panels(), [&](auto p) UPIPE_BF16_ATTR {
+      constexpr int kB = p() % 2 == 0 ? 6 : 7;
+      amx_load<kB>(panel + p() * ps + e / 2 * kNr, 64);
+      amx_dot<p(), 4, kB>();
+    });
+  }
+  amx_each(Panels(), [&](auto p) UPIPE_BF16_ATTR { amx_store<p()>(out + p() * kNr, ldo * 4); });
+  amx_barrier();
+}
+
+// Accumulation on tiles: C (R, NC kNr) += A (R, pairs [k0, k1)) . B over whole tiles of 16
+// pairs (k0 and k1 multiples of 16), in increasing order; A row r's pair k at a + r * lda / 2 + k
+// words (lda in bf16), B chunk c at b + c * bcs + k * kNr words, C row r at c + r * ldc floats.
+template <int NC>
+HWY_INLINE void amx_acc_block(const uint16_t* a, int64_t lda, const uint32_t* b, int64_t bcs,
+                              float* c, int64_t ldc, int64_t k0, int64_t k1) {
+  static_assert(NC >= 1 && NC <= 4);
+  using Chunks = std::make_integer_sequence<int, NC>;
+  amx_barrier();
+  amx_each(Chunks(), [&](auto v) UPIPE_BF16_ATTR { amx_load<v()>(c + v() * kNr, ldc * 4); });
+  for (int64_t k = k0; k < k1; k += 16) {
+    amx_load<4>(a + 2 * k, lda * 2);
+    amx_each(Chunks(), [&](auto v) UPIPE_BF16_ATTR {
+      constexpr int kB = v() % 2 == 0 ? 6 : 7;
+      amx_load<kB>(b + v() * bcs + k * kNr, 64);
+      amx_dot<v(), 4, kB>();
+    });
+  }
+  amx_each(Chunks(), [&](auto v) UPIPE_BF16_ATTR { amx_store<v()>(c + v() * kNr, ldc * 4); });
+  amx_barrier();
+}
+
+// C (R, n) += A . B (amx_acc_block) for any n that is a multiple of kNr, 4 chunks at a time.
+HWY_INLINE void amx_acc_rows(int64_t n, const uint16_t* a, int64_t lda, const uint32_t* b,
+                             int64_t bcs, float* c, int64_t ldc, int64_t k0, int64_t k1) {
+  for (int64_t col = 0; col < n; col += 4 * kNr) {
+    const uint32_t* bc = b + (col / kNr) * bcs;
+    float* cc = c + col;
+    switch (std::min<int64_t>(4, (n - col) / kNr)) {
+      case 4:
+        amx_acc_block<4>(a, lda, bc, bcs, cc, ldc, k0, k1);
+        break;
+      case 3:
+        amx_acc_block<3>(a, lda, bc, bcs, cc, ldc, k0, k1);
+        break;
+      case 2:
+        amx_acc_block<2>(a, lda, bc, bcs, cc, ldc, k0, k1);
+        break;
+      default:
+        amx_acc_block<1>(a, lda, bc, bcs, cc, ldc, k0, k1);
+    }
+  }
+}
+
+// Transposed accumulation on tiles: C (32, NJ kNr) += A (32, pairs [k0, k1)) . B, k0 and k1
+// multiples of 16, in increasing order; A row e's pair k at a + e * lda + k words, B pair row k at
+// b + k * ldb words (kNr columns per tile, NJ tiles side by side), C row e at c + e * ldc floats.
+// Configured rows: 16.
+template <int NJ>
+HWY_INLINE void amx_acc_t(const uint32_t* a, int64_t lda, const uint32_t* b, int64_t ldb, float* c,
+                          int64_t ldc, int64_t k0, int64_t k1) {
+  static_assert(NJ == 1 || NJ == 2);
+  amx_barrier();
+  amx_load<0>(c, ldc * 4);
+  amx_load<2>(c + 16 * ldc, ldc * 4);
+  if constexpr (NJ == 2) {
+    amx_load<1>(c + kNr, ldc * 4);
+    amx_load<3>(c + 16 * ldc + kNr, ldc * 4);
+  }
+  for (int64_t k = k0; k < k1; k += 16) {
+    amx_load<4>(a + k, lda * 4);
+    amx_load<5>(a + 16 * lda + k, lda * 4);
+    amx_load<6>(b + k * ldb, ldb * 4);
+    amx_dot<0, 4, 6>();
+    amx_dot<2, 5, 6>();
+    if constexpr (NJ == 2) {
+      amx_load<7>(b + k * ldb + kNr, ldb * 4);
+      amx_dot<1, 4, 7>();
+      amx_dot<3, 5, 7>();
+    }
+  }
+  amx_store<0>(c, ldc * 4);
+  amx_store<2>(c + 16 * ldc, ldc * 4);
+  if constexpr (NJ == 2) {
+    amx_store<1>(c + kNr, ldc * 4);
+    amx_store<3>(c + 16 * ldc + kNr, ldc * 4);
+  }
+  amx_barrier();
+}
+
+// Packs rows [0, n) of an (n, d) bf16 matrix transposed in pairs of rows: dst[e * ld + i / 2] =
+// word (x(i, e), x(i + 1, e)) for even i < rows (a multiple of 32 >= n); rows past n are zero.
+// The A operand of a transposed product contracted over the rows (amx_acc_t).
+HWY_NOINLINE void pack_pair_rows_t(const uint16_t* src, int64_t ld, int64_t n, int64_t rows, int d,
+                                   uint32_t* dst, int64_t dld) {
+  for (int e = 0; e < d; ++e) {
+    uint32_t* out = dst + e * dld;
+    for (int64_t i = 0; i < rows; i += 2) {
+      const uint32_t lo = i < n ? src[i * ld + e] : 0, hi = i + 1 < n ? src[(i + 1) * ld + e] : 0;
+      out[i / 2] = lo | hi << 16;
+    }
+  }
 }
 
 UPIPE_BF16_DOT_END

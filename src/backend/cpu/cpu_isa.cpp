@@ -6,6 +6,8 @@
 #include <cpuid.h>
 #include <fmt/format.h>
 #include <hwy/targets.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstdint>
@@ -18,12 +20,31 @@
 namespace upipe {
 namespace {
 
-constexpr CpuIsa kAll[] = {CpuIsa::kAvx2, CpuIsa::kAvx512, CpuIsa::kAvx512Bf16};
+constexpr CpuIsa kAll[] = {CpuIsa::kAvx2, CpuIsa::kAvx512, CpuIsa::kAvx512Bf16, CpuIsa::kAmx};
 
 bool has_avx512_bf16() {
   unsigned a = 0, b = 0, c = 0, d = 0;
   if (!__get_cpuid_count(7, 1, &a, &b, &c, &d)) return false;
   return (a >> 5) & 1u;
+}
+
+// AMX-TILE and AMX-BF16 (CPUID 7.0 EDX bits 24 and 22), the tile state enabled in XCR0 (bits 17
+// and 18), and Linux's permission for this process to use the tile data (arch_prctl
+// ARCH_REQ_XCOMP_PERM; without it the first tile instruction faults). Asked once.
+bool has_amx_bf16() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+  if (!((d >> 24) & 1u) || !((d >> 22) & 1u)) return false;
+  if (!__get_cpuid(1, &a, &b, &c, &d) || !((c >> 27) & 1u)) return false;  // OSXSAVE
+  unsigned lo = 0, hi = 0;
+  asm volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  if ((lo & (3u << 17)) != (3u << 17)) return false;
+#ifdef SYS_arch_prctl
+  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+  return false;
+#endif
 }
 
 // -1: not chosen yet.
@@ -52,6 +73,8 @@ const char* cpu_isa_name(CpuIsa isa) {
       return "avx512";
     case CpuIsa::kAvx512Bf16:
       return "avx512bf16";
+    case CpuIsa::kAmx:
+      return "amx";
   }
   return "?";
 }
@@ -68,7 +91,10 @@ std::vector<CpuIsa> supported_cpu_isas() {
     std::vector<CpuIsa> v{CpuIsa::kAvx2};
     if (hwy::SupportedTargets() & HWY_AVX3) {
       v.push_back(CpuIsa::kAvx512);
-      if (has_avx512_bf16()) v.push_back(CpuIsa::kAvx512Bf16);
+      if (has_avx512_bf16()) {
+        v.push_back(CpuIsa::kAvx512Bf16);
+        if (has_amx_bf16()) v.push_back(CpuIsa::kAmx);
+      }
     }
     return v;
   }();
@@ -88,7 +114,7 @@ CpuIsa cpu_isa() {
   const std::optional<CpuIsa> want = parse_cpu_isa(env);
   if (!want)
     throw ConfigError(
-        fmt::format("{}={} is not a CPU path; use avx2, avx512 or avx512bf16", kCpuIsaEnv, env));
+        fmt::format("{}={} is not a CPU path; use avx2, avx512, avx512bf16 or amx", kCpuIsaEnv, env));
   set_cpu_isa(*want);
   return *want;
 }

@@ -2,7 +2,8 @@
 // widest path this CPU has, or the one UPIPE_CPU_ISA names. The kernels are compiled for every
 // path (Google Highway's foreach_target: AVX2 and AVX-512) and dispatched through
 // HWY_DYNAMIC_DISPATCH; avx512bf16 is the AVX-512 code with the bf16 attention kernels on the
-// AVX512-BF16 dot-product instructions (docs/kernels.md, "Dispatch").
+// AVX512-BF16 dot-product instructions, amx that with the bf16 attention products on AMX tiles
+// (docs/kernels.md, "Dispatch").
 #pragma once
 
 #include <optional>
@@ -13,10 +14,11 @@
 namespace upipe {
 
 // Narrowest first. avx2: AVX2 + FMA (x86-64-v3, the build's baseline); avx512: AVX-512 F, VL, DQ,
-// BW; avx512bf16: that plus AVX512-BF16.
-enum class CpuIsa { kAvx2, kAvx512, kAvx512Bf16 };
+// BW; avx512bf16: that plus AVX512-BF16; amx: that plus AMX-TILE and AMX-BF16, with the OS's
+// permission to use the tile registers.
+enum class CpuIsa { kAvx2, kAvx512, kAvx512Bf16, kAmx };
 
-// The environment variable that forces a path ("avx2", "avx512", "avx512bf16").
+// The environment variable that forces a path ("avx2", "avx512", "avx512bf16", "amx").
 inline constexpr const char* kCpuIsaEnv = "UPIPE_CPU_ISA";
 
 const char* cpu_isa_name(CpuIsa isa);
@@ -34,7 +36,7 @@ CpuIsa cpu_isa();
 void set_cpu_isa(CpuIsa isa);
 
 // Highway's name of the target the kernels dispatch to now: "AVX2" on the avx2 path, "AVX3"
-// (AVX-512) on both AVX-512 paths.
+// (AVX-512) on the AVX-512 paths.
 std::string cpu_vector_target();
 
 // The instruction set oneDNN's GEMMs run on ("avx512_core_bf16", "avx2"): its own choice, which
