@@ -71,7 +71,8 @@ def table(header, rows):
 # The CPU kernels' paths (docs/kernels.md, "Dispatch"), each with oneDNN on the same ISA.
 KERNEL_PATHS = [("avx2", {"UPIPE_CPU_ISA": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}),
                 ("avx512", {"UPIPE_CPU_ISA": "avx512"}),
-                ("avx512bf16", {"UPIPE_CPU_ISA": "avx512bf16"})]
+                ("avx512bf16", {"UPIPE_CPU_ISA": "avx512bf16"}),
+                ("amx", {"UPIPE_CPU_ISA": "amx"})]
 
 
 def section_kernel(quick):
@@ -111,7 +112,7 @@ def section_kernel(quick):
             "(`UPIPE_CPU_ISA`; the avx2 rows with oneDNN capped to AVX2 too). FLOPs: forward 2·S²·H·d, "
             "backward 2.5× forward; GEMM = oneDNN fp32 (min(S,4096))² × d timed in the same iterations, on "
             "oneDNN's ISA of the row. Targets: forward ≥ 0.80×, backward ≥ 0.75× the GEMM rate on each path; "
-            "bf16 ≥ 1.6× fp32 on avx512bf16 (*bf16 / fp32*: the ratio of the two rows' rates on the same path, each "
+            "bf16 ≥ 1.6× fp32 on avx512bf16 and amx (*bf16 / fp32*: the ratio of the two rows' rates on the same path, each "
             "over the GEMM of its own run)." % (cpu, s), ""]
     if missing:
         text += ["Paths this CPU lacks (not run): %s." % ", ".join(missing), ""]

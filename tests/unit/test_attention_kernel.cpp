@@ -198,7 +198,7 @@ INSTANTIATE_TEST_SUITE_P(
     case_name);
 
 // The contract on every path this CPU supports (cpu_isa.h), in fp32 and bf16 (on avx512bf16 the
-// bf16 dot-product kernels).
+// bf16 dot-product kernels, on amx their products on AMX tiles).
 struct PathCase {
   CpuIsa isa;
   DType dtype;
@@ -226,11 +226,11 @@ class AttnKernelPath : public ::testing::TestWithParam<PathCase> {
 // 32) next to one it does not.
 TEST_P(AttnKernelPath, BlocksWithinTwiceBaselineError) {
   const DType t = GetParam().dtype;
-  for (const Case& c : {Case{1000, 1000, 4, 1, 64, 0, 0, true, t},  // query tiles of both passes
+  for (const Case& c : {Case{1000, 1000, 4, 1, 64, 0, 0, true, t},   // query tiles of both passes
                         Case{333, 777, 2, 1, 128, 500, 0, true, t},  // d = 128, ring-like block
                         Case{200, 150, 2, 2, 32, 1000, 900, true, t},
-                        Case{130, 300, 2, 1, 64, 0, 0, false, t},    // non-causal
-                        Case{97, 97, 2, 1, 48, 0, 0, true, t}}) {    // d % 32 != 0
+                        Case{130, 300, 2, 1, 64, 0, 0, false, t},  // non-causal
+                        Case{97, 97, 2, 1, 48, 0, 0, true, t}}) {  // d % 32 != 0
     SCOPED_TRACE(::testing::Message() << c.sq << "x" << c.sk << " d=" << c.d);
     expect_within_baseline(c);
   }

@@ -5,7 +5,7 @@
 // fill, convert, add_into, add_transposed and upload/download, on strided views and both storage
 // dtypes.
 // A new backend is one more entry of kComputing. The CPU backend runs once per instruction-set
-// path this CPU supports (cpu_isa.h: avx2, avx512, avx512bf16), each against the references.
+// path this CPU supports (cpu_isa.h: avx2, avx512, avx512bf16, amx), each against the references.
 //
 // Tolerance rule (the one of test_attention_kernel.cpp and test_elementwise.cpp): the
 // reference runs in fp64 on the stored inputs; a naive same-precision baseline (fp32 math,

@@ -435,7 +435,7 @@ void fwd_stripe_amx(const AttnProblem& p, const FwdBuffersBf16& w, AmxTiles& til
   const int d = p.d;
   const int64_t dp = attn_padded_dim(d), ps = int64_t(kNr) * d / 2;
   const VF vscale = hn::Set(df, p.softmax_scale());
-  const int64_t c0 = st.cols.c0 / 32 * 32, smax = st.cols.smax;
+  const int64_t c0 = st.cols.c0 / 32 * 32;
   const int64_t sp = round_up(n_panels * kNr, 32);  // probabilities defined up to here
   tiles.rows(mr);
   alignas(64) float out[kAttnStripe * 4 * kNr];
@@ -476,7 +476,6 @@ void fwd_stripe_amx(const AttnProblem& p, const FwdBuffersBf16& w, AmxTiles& til
       for (int64_t e = 0; e < d; ++e) orow[e] *= alpha;
     }
   }
-  (void)smax;
   // O += P V over the key pairs [c0 / 2, sp / 2), whole tiles of 16 pairs.
   amx_acc_rows(dp, w.p16, kAttnFwdSld, w.v_pack, kAttnFwdBk / 2 * kNr, w.o_tile + r0 * dp, dp,
                c0 / 2, sp / 2);
@@ -966,8 +965,8 @@ void bwd_scores_amx(const BwdBuffersBf16& w, AmxTiles& tiles, const BwdStripe& s
       for (int pn = 0; pn < np; ++pn) {
         const int64_t c = (b + pn) * kNr, at = r * kAttnBwdSld + c;
         const int64_t n = st.lim[r] - c, n0 = st.start[r] - c;
-        VF pv = exp_v(hn::MulSub(hn::Load(df, s_out + r * lo + pn * kNr), vscale,
-                                 hn::Set(df, st.lse[r])));
+        VF pv = exp_v(
+            hn::MulSub(hn::Load(df, s_out + r * lo + pn * kNr), vscale, hn::Set(df, st.lse[r])));
         if (n < kNr || n0 > 0) pv = hn::IfThenElseZero(lanes_in(n0, n), pv);
         hn::StoreU(pv, df, w.p_rows + at);
         const VF dpv = hn::Load(df, dp_out + r * lo + pn * kNr);
@@ -1023,8 +1022,7 @@ void bwd_query_tile_amx(const AttnProblem& p, const BwdBuffersBf16& w, AmxTiles&
       std::fill(row + c1, row + sp, uint16_t(0));
     }
     tiles.rows(st.mr);
-    amx_acc_rows(d, w.ds16, kAttnBwdSld, w.k_pack, w.kcs, dq_t + r0 * dq.ld, dq.ld, c0 / 2,
-                 sp / 2);
+    amx_acc_rows(d, w.ds16, kAttnBwdSld, w.k_pack, w.kcs, dq_t + r0 * dq.ld, dq.ld, c0 / 2, sp / 2);
   }
   // dV^T += dO^T P and dK^T += Q^T dS, 32 keys and 32 columns at a time, over the pair tiles
   // from the one holding the first row that sees the keys.
@@ -1038,11 +1036,15 @@ void bwd_query_tile_amx(const AttnProblem& p, const BwdBuffersBf16& w, AmxTiles&
       float* dv_t = w.dv_acc + e0 * kAttnBwdBk + jb;
       float* dk_t = w.dk_acc + e0 * kAttnBwdBk + jb;
       if (jb + 16 < bk) {
-        amx_acc_t<2>(w.do_pack + e0 * pld, pld, w.p_pairs + jb, kAttnBwdBk, dv_t, kAttnBwdBk, k0, k1);
-        amx_acc_t<2>(w.q_pack + e0 * pld, pld, w.ds_pairs + jb, kAttnBwdBk, dk_t, kAttnBwdBk, k0, k1);
+        amx_acc_t<2>(w.do_pack + e0 * pld, pld, w.p_pairs + jb, kAttnBwdBk, dv_t, kAttnBwdBk, k0,
+                     k1);
+        amx_acc_t<2>(w.q_pack + e0 * pld, pld, w.ds_pairs + jb, kAttnBwdBk, dk_t, kAttnBwdBk, k0,
+                     k1);
       } else {
-        amx_acc_t<1>(w.do_pack + e0 * pld, pld, w.p_pairs + jb, kAttnBwdBk, dv_t, kAttnBwdBk, k0, k1);
-        amx_acc_t<1>(w.q_pack + e0 * pld, pld, w.ds_pairs + jb, kAttnBwdBk, dk_t, kAttnBwdBk, k0, k1);
+        amx_acc_t<1>(w.do_pack + e0 * pld, pld, w.p_pairs + jb, kAttnBwdBk, dv_t, kAttnBwdBk, k0,
+                     k1);
+        amx_acc_t<1>(w.q_pack + e0 * pld, pld, w.ds_pairs + jb, kAttnBwdBk, dk_t, kAttnBwdBk, k0,
+                     k1);
       }
     }
   }

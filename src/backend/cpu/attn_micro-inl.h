@@ -466,7 +466,6 @@ HWY_INLINE __m512i zip_bf16(__m512 row0, __m512 row1) {
   return _mm512_permutexvar_epi16(zip, cvt2_bf16(row1, row0));
 }
 
-
 // ---- bf16 products on AMX tiles (the amx path) ----
 //
 // TDPBF16PS: C(m, n) += A(m, pair k) . B(pair k, n) over the 16 pairs of a tile row, C in fp32

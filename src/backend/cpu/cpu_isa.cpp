@@ -113,8 +113,8 @@ CpuIsa cpu_isa() {
   }
   const std::optional<CpuIsa> want = parse_cpu_isa(env);
   if (!want)
-    throw ConfigError(
-        fmt::format("{}={} is not a CPU path; use avx2, avx512, avx512bf16 or amx", kCpuIsaEnv, env));
+    throw ConfigError(fmt::format("{}={} is not a CPU path; use avx2, avx512, avx512bf16 or amx",
+                                  kCpuIsaEnv, env));
   set_cpu_isa(*want);
   return *want;
 }
