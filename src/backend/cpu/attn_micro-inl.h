@@ -676,20 +676,57 @@ HWY_INLINE void amx_acc_t(const uint32_t* a, int64_t lda, const uint32_t* b, int
   amx_barrier();
 }
 
-// Packs rows [0, n) of an (n, d) bf16 matrix transposed in pairs of rows: dst[e * ld + i / 2] =
-// word (x(i, e), x(i + 1, e)) for even i < rows (a multiple of 32 >= n); rows past n are zero.
-// The A operand of a transposed product contracted over the rows (amx_acc_t).
-HWY_NOINLINE void pack_pair_rows_t(const uint16_t* src, int64_t ld, int64_t n, int64_t rows, int d,
-                                   uint32_t* dst, int64_t dld) {
-  for (int e = 0; e < d; ++e) {
-    uint32_t* out = dst + e * dld;
-    for (int64_t i = 0; i < rows; i += 2) {
-      const uint32_t lo = i < n ? src[i * ld + e] : 0, hi = i + 1 < n ? src[(i + 1) * ld + e] : 0;
-      out[i / 2] = lo | hi << 16;
-    }
+// Transposes the 16 x 16 matrix of 32-bit words in r (row i in r[i]) in place.
+HWY_INLINE void transpose16_epi32(__m512i* r) {
+  __m512i t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  // Each 128-bit lane now holds one row of a 4 x 4 block: gather the lanes, in two steps.
+  for (int i = 0; i < 8; ++i) {
+    const int a = (i / 4) * 8 + i % 4;  // 0-3, 8-11
+    t[a] = _mm512_shuffle_i32x4(r[a], r[a + 4], 0x88);
+    t[a + 4] = _mm512_shuffle_i32x4(r[a], r[a + 4], 0xdd);
+  }
+  for (int i = 0; i < 8; ++i) {
+    r[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
+    r[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xdd);
   }
 }
 
+// Packs rows [0, n) of an (n, d) bf16 matrix transposed in pairs of rows: dst[e * dld + i / 2] =
+// word (x(i, e), x(i + 1, e)) for even i < rows (a multiple of 32 >= n); rows past n are zero.
+// The A operand of a transposed product contracted over the rows (amx_acc_t); d % 16 == 0.
+// Sixteen row pairs by sixteen columns at a time: the pairs' words, then a 16 x 16 transpose.
+HWY_NOINLINE void pack_pair_rows_t(const uint16_t* src, int64_t ld, int64_t n, int64_t rows, int d,
+                                   uint32_t* dst, int64_t dld) {
+  for (int64_t p0 = 0; p0 < rows / 2; p0 += 16)
+    for (int e0 = 0; e0 < d; e0 += 16) {
+      __m512i r[16];
+      for (int t = 0; t < 16; ++t) {
+        const int64_t i = 2 * (p0 + t);
+        const __m256i a =
+            i < n ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i * ld + e0))
+                  : _mm256_setzero_si256();
+        const __m256i b =
+            i + 1 < n
+                ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + (i + 1) * ld + e0))
+                : _mm256_setzero_si256();
+        const __m256i lo = _mm256_unpacklo_epi16(a, b), hi = _mm256_unpackhi_epi16(a, b);
+        r[t] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_permute2x128_si256(lo, hi, 0x20)),
+                                  _mm256_permute2x128_si256(lo, hi, 0x31), 1);
+      }
+      transpose16_epi32(r);
+      for (int t = 0; t < 16; ++t) _mm512_storeu_si512(dst + (e0 + t) * dld + p0, r[t]);
+    }
+}
 UPIPE_BF16_DOT_END
 #else
 constexpr bool kHaveBf16Dot = false;
