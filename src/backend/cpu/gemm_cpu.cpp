@@ -5,11 +5,14 @@
 #include "backend/cpu/gemm_cpu.h"
 
 #include <fmt/format.h>
+#include <immintrin.h>
 #include <oneapi/dnnl/dnnl.h>
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <list>
 #include <memory>
@@ -34,6 +37,9 @@ constexpr int64_t kMatmulMaxN = 512;
 // strategy and every layer repeat them); the bound only stops a shape sweep from hoarding JIT
 // code.
 constexpr size_t kMaxCachedProducts = 256;
+// Columns of C one fp32 x bf16 product computes at a time (gemm_split3): A's blocks are split
+// once per panel, so for N up to this once in all.
+constexpr int64_t kSplitPanel = 2048;
 constexpr size_t kMaxCachedBounds = 4096;
 // oneDNN carves its scratchpad at 64-byte offsets; the staging floats follow it.
 constexpr int64_t kScratchAlign = 64;
@@ -354,8 +360,15 @@ int64_t scratch_bound(int64_t m, int64_t n, int64_t k, bool ab_bf16 = false, boo
 struct Workspace {
   int64_t scratch = 0, a_elems = 0, b_elems = 0, c_elems = 0;
   int64_t direct_scratch = -1;  // >= 0: the bf16 product's reservation
+  // >= 0: fp32 A and bf16 B on the bf16 product (gemm_split3 below): its scratchpad reservation
+  // (every block shape, dense operands), then the three bf16 parts of A's block, a dense bf16
+  // copy of B's block and the dense fp32 C panel.
+  int64_t split_scratch = -1, split_parts = 0, split_copy = 0, split_c = 0;  // bf16, bf16, fp32
   int64_t staged() const { return scratch + (a_elems + b_elems + c_elems) * 4; }
-  int64_t bytes() const { return std::max(staged(), direct_scratch); }
+  int64_t split() const {
+    return split_scratch < 0 ? -1 : split_scratch + (split_parts + split_copy) * 2 + split_c * 4;
+  }
+  int64_t bytes() const { return std::max({staged(), direct_scratch, split()}); }
 };
 
 Workspace workspace(int64_t m, int64_t n, int64_t k, DType a, DType b, DType c) {
@@ -372,7 +385,95 @@ Workspace workspace(int64_t m, int64_t n, int64_t k, DType a, DType b, DType c) 
   if (a != DType::kF32) w.a_elems = mb * kb;
   if (b != DType::kF32) w.b_elems = kb * nb;
   if (c != DType::kF32) w.c_elems = mb * nb;
+  // Only with a full tile of rows and of depth: smaller products are cheap on the fp32 path, and
+  // the panel's buffers would outweigh them.
+  if (a == DType::kF32 && b == DType::kBF16 && m >= kGemmTile && k >= kGemmTile && n > 0 &&
+      native_bf16_gemm()) {
+    const int64_t np = std::min(n, kSplitPanel);
+    for (int64_t nr : {mb, m % mb})
+      for (int64_t nc : {np, n % np})
+        for (int64_t nk : {kb, k % kb}) {
+          if (nr == 0 || nc == 0 || nk == 0 || w.split_scratch == -2) continue;
+          const int64_t bound = scratch_bound(nr, nc, nk, true, false);
+          w.split_scratch = bound < 0 ? -2 : std::max(w.split_scratch, bound);
+        }
+    if (w.split_scratch < 0) {
+      w.split_scratch = -1;
+      return w;
+    }
+    // In bf16 elements, each buffer 64-byte aligned.
+    w.split_parts = round_up(3 * mb * kb, kScratchAlign / 2);
+    w.split_copy = round_up(kb * np, kScratchAlign / 2);
+    w.split_c = mb * np;
+  }
   return w;
+}
+
+// bf16 of x rounded to nearest even, NaN kept a NaN (f32_to_bf16, written without a branch so
+// the loops below vectorise).
+inline uint32_t bf16_bits(uint32_t u) {
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  return (u & 0x7fffffffu) > 0x7f800000u ? ((u >> 16) | 0x40u) : rounded;
+}
+
+// Eight lanes of bf16_bits, as the low halves of 32-bit lanes.
+inline __m256i bf16_bits8(__m256i u) {
+  const __m256i one = _mm256_set1_epi32(1),
+                abs = _mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff));
+  const __m256i rounded =
+      _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)),
+                                         _mm256_and_si256(_mm256_srli_epi32(u, 16), one)),
+                        16);
+  const __m256i nan = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
+  return _mm256_blendv_epi8(rounded, nan, _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(0x7f800000)));
+}
+
+// The low 16 bits of eight 32-bit lanes stored as eight bf16.
+inline void store_bf16x8(uint16_t* p, __m256i v) {
+  const __m128i lo = _mm256_castsi256_si128(v), hi = _mm256_extracti128_si256(v, 1);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm_packus_epi32(lo, hi));
+}
+
+// n values of x split into three bf16 parts: hi = bf16(x), mid = bf16(x - hi), lo = bf16(x - hi -
+// mid) (both differences exact in fp32), so hi + mid + lo holds x's 24 significant bits.
+// Non-finite x gives non-finite parts.
+void split3_row(const float* x, int64_t n, uint16_t* hi, uint16_t* mid, uint16_t* lo) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    const __m256i h = bf16_bits8(_mm256_castps_si256(v));
+    const __m256 r1 = _mm256_sub_ps(v, _mm256_castsi256_ps(_mm256_slli_epi32(h, 16)));
+    const __m256i m = bf16_bits8(_mm256_castps_si256(r1));
+    const __m256 r2 = _mm256_sub_ps(r1, _mm256_castsi256_ps(_mm256_slli_epi32(m, 16)));
+    store_bf16x8(hi + i, h);
+    store_bf16x8(mid + i, m);
+    store_bf16x8(lo + i, bf16_bits8(_mm256_castps_si256(r2)));
+  }
+  for (; i < n; ++i) {
+    const float v = x[i];
+    const uint32_t h = bf16_bits(std::bit_cast<uint32_t>(v));
+    const float r1 = v - std::bit_cast<float>(h << 16);
+    const uint32_t m = bf16_bits(std::bit_cast<uint32_t>(r1));
+    const float r2 = r1 - std::bit_cast<float>(m << 16);
+    hi[i] = uint16_t(h);
+    mid[i] = uint16_t(m);
+    lo[i] = uint16_t(bf16_bits(std::bit_cast<uint32_t>(r2)));
+  }
+}
+
+// The block of rows [r0, r0+nr), columns [c0, c0+nc) of the stored fp32 matrix X split
+// (split3_row) into three dense (nr, nc) bf16 blocks at parts, parts + nr nc, parts + 2 nr nc.
+// A transposed operand's block is split as stored: its product reads the parts transposed.
+void split3(const Mat& x, int64_t r0, int64_t nr, int64_t c0, int64_t nc, uint16_t* parts) {
+  const int64_t n = nr * nc;
+  for (int64_t r = 0; r < nr; ++r)
+    split3_row(static_cast<const float*>(x.at(r0 + r, c0)), nc, parts + r * nc, parts + n + r * nc,
+               parts + 2 * n + r * nc);
+}
+
+// The block of rows [r0, r0+nr), columns [c0, c0+nc) of the stored bf16 matrix Y copied dense.
+void copy_bf16(const Mat& y, int64_t r0, int64_t nr, int64_t c0, int64_t nc, uint16_t* dst) {
+  for (int64_t r = 0; r < nr; ++r) std::memcpy(dst + r * nc, y.at(r0 + r, c0), size_t(nc) * 2);
 }
 
 // Copies the block of op(X) at rows [r0, r0+nr), columns [c0, c0+nc) into a dense fp32 (nr, nc)
@@ -425,6 +526,81 @@ bool gemm_bf16(const GemmArgs& g, int64_t reserved, void* scratch) {
   return true;
 }
 
+// fp32 A and bf16 B on the bf16 product (bf16x3). C is computed in panels of kSplitPanel columns
+// and kGemmTile rows, held dense in fp32 across K (staged from C when beta is not zero, written
+// back and, for a bf16 C, rounded once); per K block of kGemmTile, A's block is split into three
+// bf16 parts (split3: hi + mid + lo hold its 24 significant bits), B's block is read in place
+// where oneDNN's bf16 product takes its strides (else copied dense), and the panel accumulates
+// alpha part . B for the three parts in order. The products are exact and accumulate in fp32, so
+// this has an fp32 GEMM's accuracy on the bf16 units. False (nothing done) when some block shape
+// has no bf16 product within the reservation: the caller then stages to fp32.
+bool gemm_split3(const GemmArgs& g, const Workspace& w, void* ws) {
+  const Mat &a = g.a, &b = g.b, &c = g.c;
+  const GemmShape s = g.shape();
+  const int64_t m = s.m, n = s.n, k = s.k;
+  const int64_t mt = std::min(m, kGemmTile), nt = std::min(n, kSplitPanel),
+                kt = std::min(k, kGemmTile);
+  // A's parts dense as A is stored (a transposed A transposed), B dense or in place, C dense.
+  auto key = [&](int64_t nr, int64_t nc, int64_t nk, float beta, bool b_in_place) {
+    return ProductKey{nr,
+                      nc,
+                      nk,
+                      g.trans_a ? nr : nk,
+                      b_in_place ? b.ld : (g.trans_b ? nk : nc),
+                      nc,
+                      g.trans_a,
+                      g.trans_b,
+                      g.alpha,
+                      beta,
+                      w.split_scratch,
+                      true,
+                      false};
+  };
+  // Every block shape must run before C is touched.
+  for (int64_t nr : {mt, m % mt})
+    for (int64_t nc : {nt, n % nt})
+      for (int64_t nk : {kt, k % kt})
+        for (float beta : {g.beta, 1.0f})
+          if (nr > 0 && nc > 0 && nk > 0 &&
+              !cached_product(key(nr, nc, nk, beta, false)).runs_bf16())
+            return false;
+  uint16_t* parts = reinterpret_cast<uint16_t*>(static_cast<char*>(ws) + w.split_scratch);
+  uint16_t* copy = parts + w.split_parts;
+  float* cbuf = reinterpret_cast<float*>(copy + w.split_copy);
+  for (int64_t m0 = 0; m0 < m; m0 += mt) {
+    const int64_t nr = std::min(mt, m - m0);
+    for (int64_t n0 = 0; n0 < n; n0 += nt) {
+      const int64_t nc = std::min(nt, n - n0);
+      const Mat cblk = c.block(m0, nr, n0, nc);
+      if (g.beta != 0.0f) stage(cblk, false, 0, nr, 0, nc, cbuf);
+      float beta_k = g.beta;
+      for (int64_t k0 = 0; k0 < k; k0 += kt) {
+        const int64_t nk = std::min(kt, k - k0);
+        if (g.trans_a)
+          split3(a, k0, nk, m0, nr, parts);
+        else
+          split3(a, m0, nr, k0, nk, parts);
+        const void* bp = g.trans_b ? b.at(n0, k0) : b.at(k0, n0);
+        const bool in_place = cached_product(key(nr, nc, nk, beta_k, true)).runs_bf16() &&
+                              cached_product(key(nr, nc, nk, 1.0f, true)).runs_bf16();
+        if (!in_place) {
+          if (g.trans_b)
+            copy_bf16(b, n0, nc, k0, nk, copy);
+          else
+            copy_bf16(b, k0, nk, n0, nc, copy);
+          bp = copy;
+        }
+        for (int t = 0; t < 3; ++t)
+          cached_product(key(nr, nc, nk, t == 0 ? beta_k : 1.0f, in_place))
+              .run(parts + t * nr * nk, bp, cbuf, ws);
+        beta_k = 1.0f;
+      }
+      for (int64_t r = 0; r < nr; ++r) from_f32(cbuf + r * nc, cblk.at(r, 0), c.dtype, nc);
+    }
+  }
+  return true;
+}
+
 }  // namespace
 
 bool native_bf16_gemm() {
@@ -456,6 +632,7 @@ void gemm(const GemmArgs& g, void* ws) {
     return;
   }
   if (w.direct_scratch >= 0 && k > 0 && gemm_bf16(g, w.direct_scratch, scratch)) return;
+  if (w.split() >= 0 && k > 0 && gemm_split3(g, w, ws)) return;
   const int64_t mt = std::min(m, kGemmTile), nt = std::min(n, kGemmTile),
                 kt = std::min(k, kGemmTile);
   float* cursor = reinterpret_cast<float*>(static_cast<char*>(ws) + w.scratch);
