@@ -9,11 +9,13 @@
 #   backend_ops   test_backend_ops: every op on cuda against the references, the meta device
 #                 planning for cuda; test_cuda_math, test_cuda_attention_plan (their GPU tests)
 #   strategies    `upipe check --backend cuda` for every method on 1, 2 and 4 ranks sharing the
-#                 GPU (the host-staged communicator), forward and backward against local
+#                 GPU (the host-staged communicator), forward and backward against local; upipe
+#                 and upipe-fpdt with --overlap
 #   eval          `upipe eval --backend cuda` on the transformers fixtures: the loss to 7 digits
 #                 and every gradient within the fp32 rule (tests/cli/check_grads.py); bf16 loss
 #   kernel        `upipe bench kernel --backend cuda`: attention TFLOP/s, bf16 and fp32
-#   attention     `upipe bench attention --backend cuda`, ulysses and upipe, S = 32K .. 256K
+#   attention     `upipe bench attention --backend cuda`, ulysses and upipe, S = 32K .. 256K;
+#                 upipe --overlap at 128K
 #   plan          `upipe plan --backend cuda` of the same block beside the run's measured peak
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -35,6 +37,15 @@ strategies() {
       [ $np -eq 1 ] && continue  # bf16 on 2 and 4 ranks
       UPIPE_CUDA_RESERVE=24G "${mpirun[@]}" -np $np upipe check --backend cuda --method $m \
         --seq-len 4096 --dtype bf16 --head-dim 128 --json || echo "FAILED bf16 np=$np $m"
+    done
+  done
+  # Stage overlap (--overlap: stage s+1's projection and all-to-all while stage s attends) on 2
+  # and 4 ranks, bf16, against local: bitwise the same arithmetic, two stages' buffers alive.
+  for np in 2 4; do
+    for m in upipe upipe-fpdt; do
+      UPIPE_CUDA_RESERVE=24G "${mpirun[@]}" -np $np upipe check --backend cuda --method $m \
+        --overlap --stage-heads 2 --seq-len 4096 --dtype bf16 --head-dim 128 --json ||
+        echo "FAILED overlap np=$np $m"
     done
   done
   # bf16 again on 2 ranks with cuDNN's fused attention off: the flash kernels alone.
@@ -81,6 +92,11 @@ attention() {
         --head-dim 128 --dtype bf16 --meta-ranks 1 --json || echo "FAILED plan $m S=$s"
     done
   done
+  # upipe with stage overlap at one S: its time and peak beside the plain row's, and its plan.
+  upipe bench attention --backend cuda --method upipe --overlap --seq-len 131072 --heads 32 \
+    --kv-heads 8 --head-dim 128 --dtype bf16 --iters 3 --json || echo "FAILED upipe overlap"
+  upipe bench attention --backend cuda --method upipe --overlap --seq-len 131072 --heads 32 \
+    --kv-heads 8 --head-dim 128 --dtype bf16 --meta-ranks 1 --json || echo "FAILED plan overlap"
 }
 
 if [ "${1:-}" = "--step" ]; then
