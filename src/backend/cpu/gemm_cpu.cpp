@@ -353,6 +353,12 @@ int64_t scratch_bound(int64_t m, int64_t n, int64_t k, bool ab_bf16 = false, boo
   });
 }
 
+// gemm_split3's panel width: kSplitPanel columns, or one tile where C has fewer than 64 rows (the
+// copy of B's block, kGemmTile x the width, would then outweigh the product's own buffers).
+int64_t split_panel(int64_t m, int64_t n) {
+  return std::min(n, std::min(m, kGemmTile) >= 64 ? kSplitPanel : kGemmTile);
+}
+
 // The workspace of one gemm() call: the scratchpad first (the buffer's start is page-aligned),
 // then the fp32 staging blocks of the bf16 operands. bf16 A and B run as one bf16 product
 // (direct) where oneDNN has one for the shape; the workspace then also covers the staged path,
@@ -385,11 +391,12 @@ Workspace workspace(int64_t m, int64_t n, int64_t k, DType a, DType b, DType c) 
   if (a != DType::kF32) w.a_elems = mb * kb;
   if (b != DType::kF32) w.b_elems = kb * nb;
   if (c != DType::kF32) w.c_elems = mb * nb;
-  // Only with a full tile of rows and of depth: smaller products are cheap on the fp32 path, and
-  // the panel's buffers would outweigh them.
-  if (a == DType::kF32 && b == DType::kBF16 && m >= kGemmTile && k >= kGemmTile && n > 0 &&
+  // Only with a full tile of depth: shallower products are cheap on the fp32 path, and the
+  // panel's buffers would outweigh them. Never by the row count: whether a product is split
+  // must not depend on how a strategy cuts C's rows, or ranks and local would round differently.
+  if (a == DType::kF32 && b == DType::kBF16 && k >= kGemmTile && m > 0 && n > 0 &&
       native_bf16_gemm()) {
-    const int64_t np = std::min(n, kSplitPanel);
+    const int64_t np = split_panel(m, n);
     for (int64_t nr : {mb, m % mb})
       for (int64_t nc : {np, n % np})
         for (int64_t nk : {kb, k % kb}) {
@@ -526,8 +533,8 @@ bool gemm_bf16(const GemmArgs& g, int64_t reserved, void* scratch) {
   return true;
 }
 
-// fp32 A and bf16 B on the bf16 product (bf16x3). C is computed in panels of kSplitPanel columns
-// and kGemmTile rows, held dense in fp32 across K (staged from C when beta is not zero, written
+// fp32 A and bf16 B on the bf16 product (bf16x3). C is computed in panels of split_panel()
+// columns and kGemmTile rows, held dense in fp32 across K (staged from C when beta is not zero, written
 // back and, for a bf16 C, rounded once); per K block of kGemmTile, A's block is split into three
 // bf16 parts (split3: hi + mid + lo hold its 24 significant bits), B's block is read in place
 // where oneDNN's bf16 product takes its strides (else copied dense), and the panel accumulates
@@ -538,8 +545,7 @@ bool gemm_split3(const GemmArgs& g, const Workspace& w, void* ws) {
   const Mat &a = g.a, &b = g.b, &c = g.c;
   const GemmShape s = g.shape();
   const int64_t m = s.m, n = s.n, k = s.k;
-  const int64_t mt = std::min(m, kGemmTile), nt = std::min(n, kSplitPanel),
-                kt = std::min(k, kGemmTile);
+  const int64_t mt = std::min(m, kGemmTile), nt = split_panel(m, n), kt = std::min(k, kGemmTile);
   // A's parts dense as A is stored (a transposed A transposed), B dense or in place, C dense.
   auto key = [&](int64_t nr, int64_t nc, int64_t nk, float beta, bool b_in_place) {
     return ProductKey{nr,
