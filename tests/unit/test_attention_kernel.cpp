@@ -226,8 +226,8 @@ class AttnKernelPath : public ::testing::TestWithParam<PathCase> {
 // 32) next to one it does not.
 TEST_P(AttnKernelPath, BlocksWithinTwiceBaselineError) {
   const DType t = GetParam().dtype;
-  for (const Case& c : {Case{1000, 1000, 4, 1, 64, 0, 0, true, t},   // query tiles of both passes
-                        Case{333, 777, 2, 1, 128, 500, 0, true, t},  // d = 128, ring-like block
+  for (const Case& c : {Case{800, 800, 2, 1, 64, 0, 0, true, t},     // query tiles of both passes
+                        Case{213, 600, 2, 1, 128, 400, 0, true, t},  // d = 128, ring-like block
                         Case{200, 150, 2, 2, 32, 1000, 900, true, t},
                         Case{130, 300, 2, 1, 64, 0, 0, false, t},  // non-causal
                         Case{97, 97, 2, 1, 48, 0, 0, true, t}}) {  // d % 32 != 0
