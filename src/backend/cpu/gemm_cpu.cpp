@@ -534,9 +534,9 @@ bool gemm_bf16(const GemmArgs& g, int64_t reserved, void* scratch) {
 }
 
 // fp32 A and bf16 B on the bf16 product (bf16x3). C is computed in panels of split_panel()
-// columns and kGemmTile rows, held dense in fp32 across K (staged from C when beta is not zero, written
-// back and, for a bf16 C, rounded once); per K block of kGemmTile, A's block is split into three
-// bf16 parts (split3: hi + mid + lo hold its 24 significant bits), B's block is read in place
+// columns and kGemmTile rows, held dense in fp32 across K (staged from C when beta is not zero,
+// written back and, for a bf16 C, rounded once); per K block of kGemmTile, A's block is split into
+// three bf16 parts (split3: hi + mid + lo hold its 24 significant bits), B's block is read in place
 // where oneDNN's bf16 product takes its strides (else copied dense), and the panel accumulates
 // alpha part . B for the three parts in order. The products are exact and accumulate in fp32, so
 // this has an fp32 GEMM's accuracy on the bf16 units. False (nothing done) when some block shape
@@ -562,14 +562,20 @@ bool gemm_split3(const GemmArgs& g, const Workspace& w, void* ws) {
                       true,
                       false};
   };
-  // Every block shape must run before C is touched.
-  for (int64_t nr : {mt, m % mt})
-    for (int64_t nc : {nt, n % nt})
-      for (int64_t nk : {kt, k % kt})
-        for (float beta : {g.beta, 1.0f})
-          if (nr > 0 && nc > 0 && nk > 0 &&
-              !cached_product(key(nr, nc, nk, beta, false)).runs_bf16())
-            return false;
+  // Every block shape must run before C is touched: on B in place (where oneDNN takes its
+  // strides), else on dense copies of B's blocks. Only the keys of the path taken are created.
+  auto all_run = [&](bool b_in_place) {
+    for (int64_t nr : {mt, m % mt})
+      for (int64_t nc : {nt, n % nt})
+        for (int64_t nk : {kt, k % kt})
+          for (float beta : {g.beta, 1.0f})
+            if (nr > 0 && nc > 0 && nk > 0 &&
+                !cached_product(key(nr, nc, nk, beta, b_in_place)).runs_bf16())
+              return false;
+    return true;
+  };
+  const bool in_place = all_run(true);
+  if (!in_place && !all_run(false)) return false;
   uint16_t* parts = reinterpret_cast<uint16_t*>(static_cast<char*>(ws) + w.split_scratch);
   uint16_t* copy = parts + w.split_parts;
   float* cbuf = reinterpret_cast<float*>(copy + w.split_copy);
@@ -587,8 +593,6 @@ bool gemm_split3(const GemmArgs& g, const Workspace& w, void* ws) {
         else
           split3(a, m0, nr, k0, nk, parts);
         const void* bp = g.trans_b ? b.at(n0, k0) : b.at(k0, n0);
-        const bool in_place = cached_product(key(nr, nc, nk, beta_k, true)).runs_bf16() &&
-                              cached_product(key(nr, nc, nk, 1.0f, true)).runs_bf16();
         if (!in_place) {
           if (g.trans_b)
             copy_bf16(b, n0, nc, k0, nk, copy);
