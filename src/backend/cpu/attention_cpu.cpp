@@ -441,20 +441,7 @@ void fwd_stripe_amx(const AttnProblem& p, const FwdBuffersBf16& w, AmxTiles& til
   alignas(64) float out[kAttnStripe * 4 * kNr];
   for (int64_t b = st.cols.c0 / kNr; b < n_panels; b += 4) {
     const int np = int(std::min<int64_t>(4, n_panels - b));
-    const uint32_t* panel = w.k_panel + b * ps;
-    switch (np) {
-      case 4:
-        amx_score_block<4>(q, p.q.ld, panel, ps, d, out, 4 * kNr);
-        break;
-      case 3:
-        amx_score_block<3>(q, p.q.ld, panel, ps, d, out, 4 * kNr);
-        break;
-      case 2:
-        amx_score_block<2>(q, p.q.ld, panel, ps, d, out, 4 * kNr);
-        break;
-      default:
-        amx_score_block<1>(q, p.q.ld, panel, ps, d, out, 4 * kNr);
-    }
+    amx_score_panels(np, q, p.q.ld, w.k_panel + b * ps, ps, d, out, 4 * kNr);
     for (int r = 0; r < mr; ++r)
       for (int pn = 0; pn < np; ++pn) {
         const VF x = hn::Mul(hn::Load(df, out + r * 4 * kNr + pn * kNr), vscale);
@@ -943,24 +930,8 @@ void bwd_scores_amx(const BwdBuffersBf16& w, AmxTiles& tiles, const BwdStripe& s
   alignas(64) float s_out[kAttnStripe * 4 * kNr], dp_out[kAttnStripe * 4 * kNr];
   for (int64_t b = st.c0 / kNr; b < n_panels; b += 4) {
     const int np = int(std::min<int64_t>(4, n_panels - b));
-    const uint32_t *kp = w.k_panel + b * ps, *vp = w.v_panel + b * ps;
-    switch (np) {
-      case 4:
-        amx_score_block<4>(qs, ldq, kp, ps, d, s_out, lo);
-        amx_score_block<4>(dos, ldo, vp, ps, d, dp_out, lo);
-        break;
-      case 3:
-        amx_score_block<3>(qs, ldq, kp, ps, d, s_out, lo);
-        amx_score_block<3>(dos, ldo, vp, ps, d, dp_out, lo);
-        break;
-      case 2:
-        amx_score_block<2>(qs, ldq, kp, ps, d, s_out, lo);
-        amx_score_block<2>(dos, ldo, vp, ps, d, dp_out, lo);
-        break;
-      default:
-        amx_score_block<1>(qs, ldq, kp, ps, d, s_out, lo);
-        amx_score_block<1>(dos, ldo, vp, ps, d, dp_out, lo);
-    }
+    amx_score_panels(np, qs, ldq, w.k_panel + b * ps, ps, d, s_out, lo);
+    amx_score_panels(np, dos, ldo, w.v_panel + b * ps, ps, d, dp_out, lo);
     for (int r = 0; r < mr; ++r)
       for (int pn = 0; pn < np; ++pn) {
         const int64_t c = (b + pn) * kNr, at = r * kAttnBwdSld + c;

@@ -596,6 +596,21 @@ HWY_INLINE void amx_score_block(const uint16_t* a, int64_t lda, const uint32_t* 
   amx_barrier();
 }
 
+// amx_score_block for np = 1..4 panels.
+HWY_INLINE void amx_score_panels(int np, const uint16_t* a, int64_t lda, const uint32_t* panel,
+                                 int64_t ps, int d, float* out, int64_t ldo) {
+  switch (np) {
+    case 4:
+      return amx_score_block<4>(a, lda, panel, ps, d, out, ldo);
+    case 3:
+      return amx_score_block<3>(a, lda, panel, ps, d, out, ldo);
+    case 2:
+      return amx_score_block<2>(a, lda, panel, ps, d, out, ldo);
+    default:
+      return amx_score_block<1>(a, lda, panel, ps, d, out, ldo);
+  }
+}
+
 // Accumulation on tiles: C (R, NC kNr) += A (R, pairs [k0, k1)) . B over whole tiles of 16
 // pairs (k0 and k1 multiples of 16), in increasing order; A row r's pair k at a + r * lda / 2 + k
 // words (lda in bf16), B chunk c at b + c * bcs + k * kNr words, C row r at c + r * ldc floats.
