@@ -417,6 +417,27 @@ struct FwdBuffersBf16 {
   }
 };
 
+// The online softmax of a bf16-dot stripe's rows [r0, r0 + mr) over the scores [c0, sp) in
+// s_rows: probabilities in bf16 into p16 (zeros for a row that sees nothing), m and l updated,
+// the row's output accumulator rescaled.
+void softmax_stripe_bf16(const FwdBuffersBf16& w, const FwdStripe& st, int mr, int64_t r0,
+                         int64_t c0, int64_t sp, const VF* vmax, int d) {
+  const int64_t dp = attn_padded_dim(d);
+  for (int r = 0; r < mr; ++r) {
+    uint16_t* prow = w.p16 + r * kAttnFwdSld;
+    if (st.start[r] >= st.lim[r]) {
+      std::fill(prow + c0, prow + sp, uint16_t(0));
+      continue;
+    }
+    const float alpha = softmax_row_bf16(w.s_rows + r * kAttnFwdSld, c0, st.start[r], st.lim[r], sp,
+                                         vmax[r], w.m[r0 + r], w.l[r0 + r], prow);
+    if (alpha != 1.0f) {
+      float* orow = w.o_tile + (r0 + r) * dp;
+      for (int64_t e = 0; e < d; ++e) orow[e] *= alpha;
+    }
+  }
+}
+
 // Zeroes the pairs [ceil(n / 2), round_up(n, 32) / 2) of every chunk of a pair-chunk pack of n
 // rows (chunk stride cs words, dp columns): the amx path contracts whole tiles of 16 pairs.
 void zero_pair_tail(uint32_t* pack, int64_t cs, int64_t dp, int64_t n) {
@@ -450,19 +471,7 @@ void fwd_stripe_amx(const AttnProblem& p, const FwdBuffersBf16& w, AmxTiles& til
         row_max_add(vmax[r], x, c, st.start[r], st.lim[r]);
       }
   }
-  for (int r = 0; r < mr; ++r) {
-    uint16_t* prow = w.p16 + r * kAttnFwdSld;
-    if (st.start[r] >= st.lim[r]) {
-      std::fill(prow + c0, prow + sp, uint16_t(0));
-      continue;
-    }
-    const float alpha = softmax_row_bf16(w.s_rows + r * kAttnFwdSld, c0, st.start[r], st.lim[r], sp,
-                                         vmax[r], w.m[r0 + r], w.l[r0 + r], prow);
-    if (alpha != 1.0f) {
-      float* orow = w.o_tile + (r0 + r) * dp;
-      for (int64_t e = 0; e < d; ++e) orow[e] *= alpha;
-    }
-  }
+  softmax_stripe_bf16(w, st, mr, r0, c0, sp, vmax, d);
   // O += P V over the key pairs [c0 / 2, sp / 2), whole tiles of 16 pairs.
   amx_acc_rows(dp, w.p16, kAttnFwdSld, w.v_pack, kAttnFwdBk / 2 * kNr, w.o_tile + r0 * dp, dp,
                c0 / 2, sp / 2);
@@ -506,19 +515,7 @@ void fwd_stripe_bf16(const AttnProblem& p, const FwdBuffersBf16& w, AmxTiles& ti
     });
   }
   const int64_t sp = n_panels * kNr;  // scores and probabilities defined up to here
-  for (int r = 0; r < mr; ++r) {
-    uint16_t* prow = w.p16 + r * kAttnFwdSld;
-    if (st.start[r] >= st.lim[r]) {
-      std::fill(prow + c0, prow + sp, uint16_t(0));
-      continue;
-    }
-    const float alpha = softmax_row_bf16(w.s_rows + r * kAttnFwdSld, c0, st.start[r], st.lim[r], sp,
-                                         vmax[r], w.m[r0 + r], w.l[r0 + r], prow);
-    if (alpha != 1.0f) {
-      float* orow = w.o_tile + (r0 + r) * dp;
-      for (int64_t e = 0; e < d; ++e) orow[e] *= alpha;
-    }
-  }
+  softmax_stripe_bf16(w, st, mr, r0, c0, sp, vmax, d);
   // O += P V over the key pairs [c0 / 2, ceil(smax / 2)): keys a row does not see add zeros.
   for (int g = 0; g < mr; g += kAccMr) {
     const PairA a{reinterpret_cast<const uint32_t*>(w.p16 + g * kAttnFwdSld), kAttnFwdSld / 2, 1};
