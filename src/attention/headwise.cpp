@@ -74,6 +74,10 @@ int fpdt_chunks(const AttentionConfig& cfg, int ranks) {
 struct HeadwiseAttention::Slot {
   Tensor k, v;    // (n, R*d)          kv_resident
   Tensor dk, dv;  // (n, R*d) fp32     attn_grad (backward)
+  // N > 1: the newest asynchronous copy into or out of the slot (offload, fetch); an op waits on
+  // it (ready) before it touches the slot. The copy queue runs in issue order, so that covers
+  // every earlier copy of the slot.
+  CopyTicket pending;
 };
 
 // The device buffers one forward or backward allocates once and reuses for every chunk and
@@ -237,38 +241,45 @@ HeadwiseAttention::Host HeadwiseAttention::allocate_host(bool backward) const {
   return h;
 }
 
+void HeadwiseAttention::ready(Slot& s) {
+  dev().wait(s.pending);
+  s.pending = CopyTicket{};
+}
+
 void HeadwiseAttention::project_set(const Mat& x, const AttentionWeights& w, int set, int chunk,
                                     Buffers& b, const Host& h) {
   const int64_t rows = x.rows / n_;
-  const Slot& s = b.slot[0];
+  // N > 1: chunks alternate between the slots, so one projects while the last one's offload runs.
+  Slot& s = b.slot[n_ > 1 ? chunk % 2 : 0];
+  ready(s);
   project_kv(env(), x.rows_of(chunk * rows, rows), rope_pos_[size_t(chunk)], w, set, b.a2a, s.k,
              s.v);
   if (n_ == 1) return;
-  dev().copy(host_block(h.k, s.k.bytes(), n_, set, chunk), s.k.data(), s.k.bytes(),
-             CopyKind::kDeviceToHost);
-  dev().copy(host_block(h.v, s.v.bytes(), n_, set, chunk), s.v.data(), s.v.bytes(),
-             CopyKind::kDeviceToHost);
+  dev().copy_async(host_block(h.k, s.k.bytes(), n_, set, chunk), s.k.data(), s.k.bytes(),
+                   CopyKind::kDeviceToHost);
+  s.pending = dev().copy_async(host_block(h.v, s.v.bytes(), n_, set, chunk), s.v.data(),
+                               s.v.bytes(), CopyKind::kDeviceToHost);
 }
 
-void HeadwiseAttention::fetch_kv(const Host& h, int set, int chunk, const Slot& s) {
-  dev().copy(s.k.data(), host_block(h.k, s.k.bytes(), n_, set, chunk), s.k.bytes(),
-             CopyKind::kHostToDevice);
-  dev().copy(s.v.data(), host_block(h.v, s.v.bytes(), n_, set, chunk), s.v.bytes(),
-             CopyKind::kHostToDevice);
+void HeadwiseAttention::fetch_kv(const Host& h, int set, int chunk, Slot& s) {
+  dev().copy_async(s.k.data(), host_block(h.k, s.k.bytes(), n_, set, chunk), s.k.bytes(),
+                   CopyKind::kHostToDevice);
+  s.pending = dev().copy_async(s.v.data(), host_block(h.v, s.v.bytes(), n_, set, chunk),
+                               s.v.bytes(), CopyKind::kHostToDevice);
 }
 
-void HeadwiseAttention::fetch_grads(const Host& h, int set, int chunk, const Slot& s) {
-  dev().copy(s.dk.data(), host_block(h.dk, s.dk.bytes(), n_, set, chunk), s.dk.bytes(),
-             CopyKind::kHostToDevice);
-  dev().copy(s.dv.data(), host_block(h.dv, s.dv.bytes(), n_, set, chunk), s.dv.bytes(),
-             CopyKind::kHostToDevice);
+void HeadwiseAttention::fetch_grads(const Host& h, int set, int chunk, Slot& s) {
+  dev().copy_async(s.dk.data(), host_block(h.dk, s.dk.bytes(), n_, set, chunk), s.dk.bytes(),
+                   CopyKind::kHostToDevice);
+  s.pending = dev().copy_async(s.dv.data(), host_block(h.dv, s.dv.bytes(), n_, set, chunk),
+                               s.dv.bytes(), CopyKind::kHostToDevice);
 }
 
-void HeadwiseAttention::store_grads(const Host& h, int set, int chunk, const Slot& s) {
-  dev().copy(host_block(h.dk, s.dk.bytes(), n_, set, chunk), s.dk.data(), s.dk.bytes(),
-             CopyKind::kDeviceToHost);
-  dev().copy(host_block(h.dv, s.dv.bytes(), n_, set, chunk), s.dv.data(), s.dv.bytes(),
-             CopyKind::kDeviceToHost);
+void HeadwiseAttention::store_grads(const Host& h, int set, int chunk, Slot& s) {
+  dev().copy_async(host_block(h.dk, s.dk.bytes(), n_, set, chunk), s.dk.data(), s.dk.bytes(),
+                   CopyKind::kDeviceToHost);
+  s.pending = dev().copy_async(host_block(h.dv, s.dv.bytes(), n_, set, chunk), s.dv.data(),
+                               s.dv.bytes(), CopyKind::kDeviceToHost);
 }
 
 // Query chunk qi of run r against key chunk kj held in kv, at their global positions (N = 1:
@@ -288,8 +299,8 @@ AttnProblem HeadwiseAttention::problem(const HeadRun& r, const Buffers& b, const
 }
 
 // N > 1: online softmax over key chunks first_key_chunk(i)..i, double-buffered: chunk j+1 is
-// fetched into the other slot before chunk j is used, which a device with asynchronous copies
-// overlaps with the attention of chunk j (on CPU copies are memcpy).
+// fetched into the other slot (an asynchronous copy) before chunk j is used, so a device with a
+// copy engine overlaps it with the attention of chunk j (on the CPU copies are memcpy).
 void HeadwiseAttention::attend_forward(int stage, int i, Buffers& b, const Host& h) {
   const int set = sch_.set_of(stage), d = cfg().head_dim;
   const std::vector<HeadRun> runs = head_runs(sch_, stage);
@@ -305,7 +316,8 @@ void HeadwiseAttention::attend_forward(int stage, int i, Buffers& b, const Host&
   fetch_kv(h, set, j0, b.slot[j0 % 2]);
   for (int j = j0; j <= i; ++j) {
     if (j < i) fetch_kv(h, set, j + 1, b.slot[(j + 1) % 2]);
-    const Slot& kv = b.slot[j % 2];
+    Slot& kv = b.slot[j % 2];
+    ready(kv);
     for (const HeadRun& r : runs)
       attention_forward_accumulate(
           dev(), problem(r, b, kv, i, j), b.acc.mat().cols_of(int64_t(r.q0) * d, int64_t(r.nh) * d),
@@ -338,20 +350,22 @@ void HeadwiseAttention::attend_backward(int stage, int i, Buffers& b, const Host
     for (const HeadRun& r : runs) run_kernel(r, b.slot[0], 0);
     return;
   }
-  auto load = [&](int j, const Slot& slot) {
-    fetch_kv(h, set, j, slot);
+  auto load = [&](int j, Slot& slot) {
     if (i == last_query_chunk(j) && sch_.starts_set(stage)) {
+      ready(slot);  // the slot's last store is done before its dK/dV restart from zero
       zero(dev(), slot.dk);
       zero(dev(), slot.dv);
     } else {
       fetch_grads(h, set, j, slot);
     }
+    fetch_kv(h, set, j, slot);
   };
   const int j0 = first_key_chunk(i);
   load(j0, b.slot[j0 % 2]);
   for (int j = j0; j <= i; ++j) {
     if (j < i) load(j + 1, b.slot[(j + 1) % 2]);
-    const Slot& kv = b.slot[j % 2];
+    Slot& kv = b.slot[j % 2];
+    ready(kv);
     for (const HeadRun& r : runs) run_kernel(r, kv, j);
     store_grads(h, set, j, kv);
   }
@@ -372,6 +386,7 @@ void HeadwiseAttention::forward(const Mat& x, const AttentionWeights& w, const M
       forward_stages(x, xi, i, w, b, h, yacc);
     yacc.finish();
   }
+  dev().wait_copies();  // before the slots and host blocks are freed
 }
 
 void HeadwiseAttention::forward_stages(const Mat& x, const Mat& xi, int i,
@@ -440,6 +455,7 @@ void HeadwiseAttention::backward(const Mat& x, const Mat& dy, const AttentionWei
       backward_stages(x, c, w, g, b, h, dxacc);
     dxacc.finish();
   }
+  dev().wait_copies();  // before the slots and host blocks are freed
 }
 
 // A KV set's first stage in backward: N = 1 projects it and zeroes its dK/dV; N > 1 offloads
@@ -460,7 +476,10 @@ void HeadwiseAttention::start_set_backward(const Mat& x, const AttentionWeights&
 void HeadwiseAttention::finish_set_backward(const BackwardChunk& c, const AttentionWeights& w,
                                             const AttentionGrads& g, int set, Buffers& b,
                                             const Host& h, const FpAccumulator& dxacc) {
-  if (n_ > 1) fetch_grads(h, set, c.i, b.slot[0]);
+  if (n_ > 1) {
+    fetch_grads(h, set, c.i, b.slot[0]);
+    ready(b.slot[0]);
+  }
   return_kv_grads(env(), c.x, rope_pos_[size_t(c.i)], w, set, b.slot[0].dk, b.slot[0].dv, b.a2a,
                   dxacc.target(), g, c.gbeta);
 }

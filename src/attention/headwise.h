@@ -86,12 +86,16 @@ class HeadwiseAttention final : public AttentionStrategy {
   StageEnv env() const { return {dev(), a2a_comm(), cfg(), sch_}; }
   Buffers allocate(bool backward) const;
   Host allocate_host(bool backward) const;
-  // Projects K/V chunk `chunk` of KV set `set` into slot 0 (offloading it when N > 1).
+  // Projects K/V chunk `chunk` of KV set `set` into slot 0 (N = 1), or into slot chunk % 2 and
+  // offloads it (N > 1).
   void project_set(const Mat& x, const AttentionWeights& w, int set, int chunk, Buffers& b,
                    const Host& h);
-  void fetch_kv(const Host& h, int set, int chunk, const Slot& s);
-  void fetch_grads(const Host& h, int set, int chunk, const Slot& s);
-  void store_grads(const Host& h, int set, int chunk, const Slot& s);
+  // Asynchronous copies between a slot and the host blocks (N > 1); each sets the slot's pending
+  // copy, which ready() waits on before an op touches the slot.
+  void fetch_kv(const Host& h, int set, int chunk, Slot& s);
+  void fetch_grads(const Host& h, int set, int chunk, Slot& s);
+  void store_grads(const Host& h, int set, int chunk, Slot& s);
+  void ready(Slot& s);
   AttnProblem problem(const HeadRun& r, const Buffers& b, const Slot& kv, int qi, int kj) const;
   void documents_changed() override;
   // The first key chunk query chunk i reads (0 with one document) and the last query chunk that

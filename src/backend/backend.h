@@ -46,6 +46,12 @@ struct Stream {
 
 enum class CopyKind { kHostToDevice, kDeviceToHost, kDeviceToDevice, kHostToHost };
 
+// An asynchronous copy (Backend::copy_async): its number on the backend's one copy queue, counted
+// from 1; 0 names no copy (waiting on it does nothing).
+struct CopyTicket {
+  int64_t id = 0;
+};
+
 // ---- Op parameters (plain structs; views carry their own strides) ----
 
 // C = alpha op(A) op(B) + beta C, fp32 accumulation; operands fp32 or bf16 in any mix.
@@ -163,6 +169,9 @@ struct AdamWArgs {
 // ---- The interface ----
 
 class Backend {
+ protected:
+  int64_t async_copies_ = 0;  // tickets issued (the default copy_async's numbering)
+
  public:
   virtual ~Backend() = default;
   virtual BackendKind kind() const = 0;
@@ -174,8 +183,22 @@ class Backend {
   virtual std::unique_ptr<Allocator> make_host_allocator() const = 0;
   // Byte copies between or within the arenas, ordered on `stream`.
   virtual void copy(void* dst, const void* src, int64_t bytes, CopyKind kind, Stream s) = 0;
-  // Blocks until everything queued on s is done.
+  // Blocks until everything queued on s is done (and every waited-on asynchronous copy).
   virtual void sync(Stream s) = 0;
+  // An asynchronous copy on the backend's copy queue, which runs its copies one after another in
+  // issue order, beside the compute stream: it starts once every op and copy queued before the
+  // call is done (its source holds their results; they no longer read its destination), and
+  // nothing queued after the call is ordered after it until wait_copy. Until then no op, copy
+  // or host code may write its source or touch its destination. wait_copy(t) orders everything
+  // queued after it after copy t and every copy issued before t; host code reading a host
+  // destination then also needs sync(). Every ticket is waited on before its buffers are freed.
+  // The default runs the copy at once (the CPU's and the meta device's behaviour; the CPU's
+  // UPIPE_CPU_COPIES=deferred runs them only when waited on, to find a missing wait).
+  virtual CopyTicket copy_async(void* dst, const void* src, int64_t bytes, CopyKind kind) {
+    copy(dst, src, bytes, kind, Stream{});
+    return CopyTicket{++async_copies_};
+  }
+  virtual void wait_copy(CopyTicket) {}
 
   // Workspace each op takes from the device arena (bytes, exact) and whether it is supported.
   virtual int64_t gemm_workspace_bytes(const GemmShape& s) const = 0;

@@ -34,11 +34,24 @@ class Device {
   void copy(void* dst, const void* src, int64_t bytes, CopyKind kind) {
     if (bytes > 0) backend_->copy(dst, src, bytes, kind, Stream{});
   }
+  // Asynchronous copies (Backend::copy_async's contract): one queue in issue order; wait(t)
+  // orders what is queued after it after copy t and every copy before it; wait_copies() after
+  // every copy issued so far. A user of copy_async calls wait_copies() before it returns.
+  CopyTicket copy_async(void* dst, const void* src, int64_t bytes, CopyKind kind) {
+    if (bytes <= 0) return CopyTicket{};
+    last_copy_ = backend_->copy_async(dst, src, bytes, kind);
+    return last_copy_;
+  }
+  void wait(CopyTicket t) {
+    if (t.id > 0) backend_->wait_copy(t);
+  }
+  void wait_copies() { wait(last_copy_); }
 
  private:
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Allocator> mem_backing_, host_backing_;
   std::unique_ptr<Arena> mem_, host_;
+  CopyTicket last_copy_;
 };
 
 }  // namespace upipe

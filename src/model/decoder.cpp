@@ -175,12 +175,14 @@ void Decoder::layer_forward(const Mat& x, const Mat& h, Stash* stash, int l, Par
   p.prefetch(l + 1 < m_.num_hidden_layers ? layer_unit(l + 1) : head_unit(m_));
   if (stash) stash->save_input(l, x);
   rmsnorm_forward(dev_, x, w.input_norm, cfg_.eps, h);
+  if (stash) stash->wait_saves();  // the attention adds into x
   if (stash && stash->keeps_intermediates())
     stash->keep_attention(l, strat_->forward_stash(h, w.attn, x, 1.0f));
   else
     strat_->forward(h, w.attn, x, 1.0f);
   if (stash && stash->keeps_mlp_input()) stash->save_mlp_input(l, x);
   rmsnorm_forward(dev_, x, w.post_attn_norm, cfg_.eps, h);
+  if (stash) stash->wait_saves();  // the MLP adds into x
   mlp_forward(dev_, cfg_.mlp, h, w.mlp, x, 1.0f, stash ? stash->keep_mlp(l) : nullptr);
   p.release(layer_unit(l));
 }

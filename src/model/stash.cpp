@@ -24,12 +24,20 @@ void Stash::save(Residual& r, const Mat& x) {
   if (!policy_.offload) {
     copy(dev_, r.saved, x);  // converts to the stash dtype
   } else if (policy_.dtype == x.dtype) {
-    dev_.copy(r.saved.data(), x.data, r.saved.bytes(), CopyKind::kDeviceToHost);
+    r.pending = saves_ =
+        dev_.copy_async(r.saved.data(), x.data, r.saved.bytes(), CopyKind::kDeviceToHost);
   } else {  // converted on the device, then copied to the host
     Tensor staging(dev_.mem(), Tag::kStash, policy_.dtype, shape_.rows, shape_.hidden);
     copy(dev_, staging, x);
-    dev_.copy(r.saved.data(), staging.data(), staging.bytes(), CopyKind::kDeviceToHost);
+    // Waited on at once: the staging block is freed (and reused by the next op) on return.
+    dev_.wait(dev_.copy_async(r.saved.data(), staging.data(), staging.bytes(),
+                              CopyKind::kDeviceToHost));
   }
+}
+
+void Stash::wait_saves() {
+  dev_.wait(saves_);
+  saves_ = CopyTicket{};
 }
 
 void Stash::save_input(int layer, const Mat& x) {
@@ -57,7 +65,8 @@ const MlpStash* Stash::keep_mlp(int layer) {
 
 void Stash::fetch(Residual& r) {
   r.slot = Tensor(dev_.mem(), Tag::kStash, policy_.dtype, shape_.rows, shape_.hidden);
-  dev_.copy(r.slot.data(), r.saved.data(), r.slot.bytes(), CopyKind::kHostToDevice);
+  r.pending = dev_.copy_async(r.slot.data(), r.saved.data(), r.slot.bytes(),
+                              CopyKind::kHostToDevice);
 }
 
 void Stash::fetch(int layer) {
@@ -67,18 +76,20 @@ void Stash::fetch(int layer) {
   if (keeps_mlp_input()) fetch(s.mlp_input);
 }
 
-Mat Stash::device_view(const Residual& r) const {
+Mat Stash::device_view(Residual& r) {
+  dev_.wait(r.pending);
+  r.pending = CopyTicket{};
   const Tensor& t = policy_.offload ? r.slot : r.saved;
   UPIPE_CHECK(t.rows() == shape_.rows && t.cols() == shape_.hidden,
               "stash entry read before it was saved or fetched");
   return t.mat();
 }
 
-Mat Stash::input(int layer) const {
+Mat Stash::input(int layer) {
   return device_view(at(layer).input);
 }
 
-Mat Stash::mlp_input(int layer) const {
+Mat Stash::mlp_input(int layer) {
   return device_view(at(layer).mlp_input);
 }
 
@@ -92,6 +103,8 @@ const MlpStash* Stash::mlp(int layer) const {
 }
 
 void Stash::drop(Residual& r) {
+  dev_.wait(r.pending);  // a residual dropped unread: its copy is done before its memory is reused
+  r.pending = CopyTicket{};
   r.slot.reset();
   r.saved.reset();
 }

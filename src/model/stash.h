@@ -8,8 +8,10 @@
 //   the attention strategy's intermediates when it can keep them (AttentionStash).
 // The residuals are converted to the stash dtype when saved. Offloaded, they live in the host
 // arena (a residual whose dtype differs from the stash dtype is converted in a device staging
-// buffer first) and the backward fetches a layer's into device slots before it uses them. Every
-// entry is freed by its drop, after its last use.
+// buffer first) and the backward fetches a layer's into device slots before it uses them. Both
+// copies are asynchronous (Device::copy_async): a save runs beside the ops after it until
+// wait_saves() (before the residual stream changes), a fetch until the residual is first read.
+// Every entry is freed by its drop, after its last use.
 #pragma once
 
 #include <cstdint>
@@ -52,6 +54,9 @@ class Stash {
   // Forward, layer by layer. x: (R, D) the residual stream.
   void save_input(int layer, const Mat& x);
   void save_mlp_input(int layer, const Mat& x);  // keeps_mlp_input() only
+  // Offloaded: what runs after this call is ordered after the saves' copies; call it before an
+  // op writes the saved residual stream.
+  void wait_saves();
   // What AttentionStrategy::forward_stash returned (null when the strategy keeps nothing).
   void keep_attention(int layer, std::unique_ptr<AttentionStash> kept);
   // keeps_intermediates(): allocates the layer's (R, F) gate and up products for mlp_forward to
@@ -59,11 +64,12 @@ class Stash {
   const MlpStash* keep_mlp(int layer);
 
   // Backward, layer by layer from the last. fetch: offloaded, allocates the layer's device slots
-  // and copies its residuals into them (else nothing).
+  // and starts copying its residuals into them (else nothing).
   void fetch(int layer);
-  // (R, D) stash dtype, on the device: the layer's input / the MLP's input residual.
-  Mat input(int layer) const;
-  Mat mlp_input(int layer) const;
+  // (R, D) stash dtype, on the device: the layer's input / the MLP's input residual (after its
+  // fetch's copy).
+  Mat input(int layer);
+  Mat mlp_input(int layer);
   // The attention's kept intermediates (null when none were kept); the stash lets go of them.
   std::unique_ptr<AttentionStash> take_attention(int layer);
   // The MLP's kept products (null when none are kept).
@@ -77,6 +83,7 @@ class Stash {
   struct Residual {
     Tensor saved;  // (R, D) stash dtype
     Tensor slot;   // (R, D) stash dtype, offloaded only, between fetch and drop
+    CopyTicket pending;  // offloaded: the save's or the fetch's copy, until waited on
   };
   struct Layer {
     Residual input;      // the layer's input
@@ -90,13 +97,14 @@ class Stash {
   const Layer& at(int layer) const;
   void save(Residual& r, const Mat& x);
   void fetch(Residual& r);
-  Mat device_view(const Residual& r) const;
-  static void drop(Residual& r);
+  Mat device_view(Residual& r);
+  void drop(Residual& r);
 
   Device& dev_;
   StashPolicy policy_;
   StashShape shape_;
   std::vector<Layer> layers_;
+  CopyTicket saves_;  // the newest save's copy not yet waited on
 };
 
 }  // namespace upipe

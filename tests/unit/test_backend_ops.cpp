@@ -21,6 +21,7 @@
 // crash); the test reads only the arena's counters, never meta memory.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <deque>
 #include <limits>
 #include <string>
@@ -37,6 +38,7 @@
 #include "backend/swiglu.h"
 #include "backend/tensor_ops.h"
 #include "common/test_util.h"
+#include "core/errors.h"
 #include "core/rng.h"
 
 namespace upipe {
@@ -643,6 +645,42 @@ void data_ops(Ops& o) {
   }
 }
 
+// ---- asynchronous copies (Device::copy_async): the data arrives, in the contract's order ----
+
+void copy_ops(Ops& o) {
+  Device& dev = o.dev();
+  const int64_t rows = 7, cols = 300, bytes = rows * cols * 4;
+  const Mat a = o.make(F, rows, cols), b = o.make(F, rows, cols), c = o.make(F, rows, cols);
+  const auto av = o.init(a, 800);
+  Tensor host(dev.host(), Tag::kOther, F, rows, cols);  // host arena: pinned on a GPU
+  // Device -> host after the op before it (its source holds the op's result), waited on, synced.
+  o.call("fill", 0, [&] { fill(dev, b, 2.5f); });
+  const CopyTicket t1 = dev.copy_async(host.data(), b.data, bytes, CopyKind::kDeviceToHost);
+  EXPECT_GT(t1.id, 0);
+  dev.wait(t1);
+  dev.backend().sync(Stream{});
+  if (o.verify()) {
+    const float* h = static_cast<const float*>(host.data());
+    for (int64_t i = 0; i < rows * cols; ++i) ASSERT_EQ(h[i], 2.5f) << "device to host at " << i;
+  }
+  // Device -> host -> device -> device, one wait for the last (the queue runs in issue order),
+  // then an op that reads the copy's destination.
+  dev.copy_async(host.data(), a.data, bytes, CopyKind::kDeviceToHost);
+  dev.copy_async(b.data, host.data(), bytes, CopyKind::kHostToDevice);
+  const CopyTicket t2 = dev.copy_async(c.data, b.data, bytes, CopyKind::kDeviceToDevice);
+  EXPECT_GT(t2.id, t1.id);
+  dev.wait(t2);
+  o.call("add_into", 0, [&] { add_into(dev, c, a); });
+  if (o.verify()) {
+    std::vector<double> twice(av.size());
+    for (size_t i = 0; i < av.size(); ++i) twice[i] = double(float(av[i]) + float(av[i]));
+    EXPECT_EQ(o.get(b), av) << "host to device";
+    EXPECT_EQ(o.get(c), twice) << "device to device, then add_into";
+  }
+  EXPECT_EQ(dev.copy_async(c.data, a.data, 0, CopyKind::kDeviceToDevice).id, 0) << "empty copy";
+  dev.wait_copies();
+}
+
 // ---- optimizer: sum_squares (fp64 accumulation) and AdamW (the 2x + 4 ulp rule) ----
 
 template <class T>
@@ -740,6 +778,9 @@ TEST_P(BackendOps, DataMovement) {
 TEST_P(BackendOps, Optimizer) {
   run(optim_ops);
 }
+TEST_P(BackendOps, AsyncCopies) {
+  run(copy_ops);
+}
 
 INSTANTIATE_TEST_SUITE_P(Computing, BackendOps, ::testing::ValuesIn(paths()),
                          [](const auto& i) { return path_name(i.param); });
@@ -760,6 +801,52 @@ TEST(MetaBackendOps, SameWorkspaceAsItsTargetAndComputesNothing) {
     all_ops(m);
     EXPECT_EQ(m.log(), r.log()) << "meta planning for " << path_name(path);
   }
+}
+
+// The CPU's deferred copies (UPIPE_CPU_COPIES=deferred, the test mode that finds a missing wait):
+// a copy runs only when waited on, in issue order up to the ticket; a copy never waited on is an
+// error at sync; an unknown mode is a configuration error.
+TEST(CpuCopies, DeferredRunWhenWaitedOnInIssueOrder) {
+  struct Env {
+    explicit Env(const char* v) { setenv("UPIPE_CPU_COPIES", v, 1); }
+    ~Env() { unsetenv("UPIPE_CPU_COPIES"); }
+  };
+  const Env env("deferred");
+  Device dev({BackendKind::kCpu});
+  Tensor a(dev.host(), Tag::kOther, F, 1, 64), b(dev.host(), Tag::kOther, F, 1, 64),
+      c(dev.host(), Tag::kOther, F, 1, 64);
+  float* pa = static_cast<float*>(a.data());
+  float* pb = static_cast<float*>(b.data());
+  float* pc = static_cast<float*>(c.data());
+  for (int i = 0; i < 64; ++i) {
+    pa[i] = float(i);
+    pb[i] = -1.0f;
+    pc[i] = -2.0f;
+  }
+  const CopyTicket t1 = dev.copy_async(pb, pa, 256, CopyKind::kHostToHost);
+  const CopyTicket t2 = dev.copy_async(pc, pb, 256, CopyKind::kHostToHost);
+  EXPECT_EQ(pb[5], -1.0f) << "ran before its wait";
+  dev.wait(t1);
+  EXPECT_EQ(pb[5], 5.0f);
+  EXPECT_EQ(pc[5], -2.0f) << "a later copy ran with an earlier wait";
+  dev.wait(t1);  // again: nothing
+  dev.wait(t2);
+  EXPECT_EQ(pc[63], 63.0f) << "the second copy read the first one's result";
+  dev.backend().sync(Stream{});
+  dev.copy_async(pa, pc, 256, CopyKind::kHostToHost);
+  try {
+    dev.backend().sync(Stream{});
+    ADD_FAILURE() << "sync accepted a copy never waited on";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("never waited on"), std::string::npos) << e.what();
+  }
+  dev.wait_copies();  // the dropped copy is not run later
+  EXPECT_EQ(pa[1], 1.0f);
+  Ops o(dev, true);  // the op suite's copies keep the contract: right under deferral too
+  copy_ops(o);
+  dev.backend().sync(Stream{});
+  const Env bad("later");
+  EXPECT_THROW(Device({BackendKind::kCpu}), ConfigError);
 }
 
 // The CUDA backend joins the suite above where a GPU is present; here it says why it did not.

@@ -1,12 +1,16 @@
 #include "backend/cpu/cpu_backend.h"
 
+#include <fmt/format.h>
+
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "backend/cpu/attention_cpu.h"
 #include "backend/cpu/attention_tiles.h"
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/gemm_cpu.h"
+#include "core/errors.h"
 
 // libgomp's, which oneDNN runs on (linked explicitly: the backend is not built with -fopenmp).
 extern "C" void omp_set_num_threads(int n);
@@ -19,6 +23,14 @@ CpuBackend::CpuBackend() {
     return true;
   }();
   (void)once;
+  if (const char* v = std::getenv("UPIPE_CPU_COPIES")) {
+    const std::string mode(v);
+    if (mode == "deferred")
+      defer_ = true;
+    else if (mode != "immediate" && !mode.empty())
+      throw ConfigError(fmt::format(
+          "UPIPE_CPU_COPIES={}: expected immediate (the default) or deferred", mode));
+  }
 }
 
 std::unique_ptr<Allocator> CpuBackend::make_device_allocator() const {
@@ -31,6 +43,32 @@ std::unique_ptr<Allocator> CpuBackend::make_host_allocator() const {
 
 void CpuBackend::copy(void* dst, const void* src, int64_t bytes, CopyKind, Stream) {
   std::memcpy(dst, src, size_t(bytes));
+}
+
+CopyTicket CpuBackend::copy_async(void* dst, const void* src, int64_t bytes, CopyKind kind) {
+  const CopyTicket t{++async_copies_};
+  if (defer_)
+    pending_.push_back({t.id, dst, src, bytes});
+  else
+    copy(dst, src, bytes, kind, Stream{});
+  return t;
+}
+
+void CpuBackend::wait_copy(CopyTicket t) {
+  while (!pending_.empty() && pending_.front().id <= t.id) {
+    const PendingCopy c = pending_.front();
+    pending_.pop_front();
+    std::memcpy(c.dst, c.src, size_t(c.bytes));
+  }
+}
+
+void CpuBackend::sync(Stream) {
+  if (pending_.empty()) return;
+  const size_t n = pending_.size();
+  pending_.clear();  // never run: their buffers may be gone
+  throw Error(fmt::format(
+      "{} asynchronous cop{} never waited on before sync (a missing Device::wait)", n,
+      n == 1 ? "y was" : "ies were"));
 }
 
 int64_t CpuBackend::gemm_workspace_bytes(const GemmShape& s) const {

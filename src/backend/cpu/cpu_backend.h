@@ -3,6 +3,8 @@
 // synchronously on the calling thread, so streams are trivially ordered.
 #pragma once
 
+#include <deque>
+
 #include "backend/backend.h"
 
 namespace upipe {
@@ -18,7 +20,14 @@ class CpuBackend final : public Backend {
   std::unique_ptr<Allocator> make_device_allocator() const override;
   std::unique_ptr<Allocator> make_host_allocator() const override;
   void copy(void* dst, const void* src, int64_t bytes, CopyKind kind, Stream s) override;
-  void sync(Stream) override {}
+  // Throws when deferred copies were never waited on (a strategy missed a wait).
+  void sync(Stream) override;
+  // At once (the default), or with UPIPE_CPU_COPIES=deferred only when waited on: in issue
+  // order, up to the ticket waited on. That is the latest a GPU's copy queue may run them, so a
+  // missing wait shows on the CPU as stale data or a sync error (tests/cli/async_copies.sh).
+  CopyTicket copy_async(void* dst, const void* src, int64_t bytes, CopyKind kind) override;
+  void wait_copy(CopyTicket t) override;
+  bool defers_copies() const { return defer_; }
 
   int64_t gemm_workspace_bytes(const GemmShape& s) const override;
   int64_t attention_fwd_workspace_bytes(const AttnShape& s) const override;
@@ -52,6 +61,16 @@ class CpuBackend final : public Backend {
   void add_transposed(const Mat& dst, const Mat& src, float beta) override;
   double sum_squares(const Mat& x) override;
   void adamw(const Mat& w, const Mat& g, const Mat& m, const Mat& v, const AdamWArgs& a) override;
+
+ private:
+  struct PendingCopy {
+    int64_t id;
+    void* dst;
+    const void* src;
+    int64_t bytes;
+  };
+  bool defer_ = false;
+  std::deque<PendingCopy> pending_;  // deferred copies not yet run, in issue order
 };
 
 }  // namespace upipe

@@ -4,7 +4,9 @@
 #include <fmt/format.h>
 
 #include <cstdlib>
+#include <deque>
 #include <type_traits>
+#include <utility>
 
 #include "backend/cuda/attention_cuda.h"
 #include "backend/cuda/cuda_check.h"
@@ -83,12 +85,35 @@ int64_t cuda_used_bytes() {
 
 struct CudaBackend::State {
   cudaStream_t stream = nullptr;
+  cudaStream_t copies = nullptr;  // the copy queue of copy_async
+  // The events recorded after each asynchronous copy not yet waited on, in issue order.
+  std::deque<std::pair<int64_t, cudaEvent_t>> copy_done;
   cuda::LtGemm gemm;
   cuda::ParamBlock params;
   ~State() {
+    if (copies != nullptr) cudaStreamSynchronize(copies);
+    for (auto& e : copy_done) cudaEventDestroy(e.second);
+    if (copies != nullptr) cudaStreamDestroy(copies);
     if (stream != nullptr) cudaStreamDestroy(stream);
   }
 };
+
+namespace {
+
+cudaMemcpyKind memcpy_kind(CopyKind kind) {
+  return kind == CopyKind::kHostToDevice     ? cudaMemcpyHostToDevice
+         : kind == CopyKind::kDeviceToHost   ? cudaMemcpyDeviceToHost
+         : kind == CopyKind::kDeviceToDevice ? cudaMemcpyDeviceToDevice
+                                             : cudaMemcpyHostToHost;
+}
+
+cudaEvent_t new_event() {
+  cudaEvent_t e = nullptr;
+  UPIPE_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  return e;
+}
+
+}  // namespace
 
 CudaBackend::CudaBackend(Mode mode) : mode_(mode) {
   if (mode_ == Mode::kQueryOnly) return;
@@ -101,10 +126,11 @@ CudaBackend::CudaBackend(Mode mode) : mode_(mode) {
   UPIPE_CUDA_CHECK(cudaSetDevice(device_));
   state_ = std::make_unique<State>();
   UPIPE_CUDA_CHECK(cudaStreamCreateWithFlags(&state_->stream, cudaStreamNonBlocking));
+  UPIPE_CUDA_CHECK(cudaStreamCreateWithFlags(&state_->copies, cudaStreamNonBlocking));
 }
 
 CudaBackend::~CudaBackend() {
-  if (state_) cudaStreamSynchronize(state_->stream);
+  if (state_) cudaStreamSynchronize(state_->stream);  // the copy stream: State's destructor
 }
 
 CudaBackend::State& CudaBackend::run_state() const {
@@ -128,11 +154,7 @@ std::unique_ptr<Allocator> CudaBackend::make_host_allocator() const {
 
 void CudaBackend::copy(void* dst, const void* src, int64_t bytes, CopyKind kind, Stream) {
   cudaStream_t s = run_state().stream;
-  const cudaMemcpyKind k = kind == CopyKind::kHostToDevice   ? cudaMemcpyHostToDevice
-                           : kind == CopyKind::kDeviceToHost ? cudaMemcpyDeviceToHost
-                           : kind == CopyKind::kDeviceToDevice ? cudaMemcpyDeviceToDevice
-                                                               : cudaMemcpyHostToHost;
-  UPIPE_CUDA_CHECK(cudaMemcpyAsync(dst, src, size_t(bytes), k, s));
+  UPIPE_CUDA_CHECK(cudaMemcpyAsync(dst, src, size_t(bytes), memcpy_kind(kind), s));
   // Host code reads what it downloads at once, and may free what it uploaded (a temporary row):
   // any copy that touches host memory completes before it returns. Device-to-device copies stay
   // ordered on the stream.
@@ -140,7 +162,38 @@ void CudaBackend::copy(void* dst, const void* src, int64_t bytes, CopyKind kind,
 }
 
 void CudaBackend::sync(Stream) {
-  UPIPE_CUDA_CHECK(cudaStreamSynchronize(run_state().stream));
+  State& st = run_state();
+  UPIPE_CUDA_CHECK(cudaStreamSynchronize(st.stream));
+  UPIPE_CUDA_CHECK(cudaStreamSynchronize(st.copies));
+}
+
+CopyTicket CudaBackend::copy_async(void* dst, const void* src, int64_t bytes, CopyKind kind) {
+  State& st = run_state();
+  // The copy starts after the compute stream's work so far.
+  cudaEvent_t ready = new_event();
+  UPIPE_CUDA_CHECK(cudaEventRecord(ready, st.stream));
+  UPIPE_CUDA_CHECK(cudaStreamWaitEvent(st.copies, ready, 0));
+  UPIPE_CUDA_CHECK(cudaEventDestroy(ready));  // released once the wait has passed it
+  UPIPE_CUDA_CHECK(cudaMemcpyAsync(dst, src, size_t(bytes), memcpy_kind(kind), st.copies));
+  const CopyTicket t{++async_copies_};
+  cudaEvent_t done = new_event();
+  UPIPE_CUDA_CHECK(cudaEventRecord(done, st.copies));
+  st.copy_done.emplace_back(t.id, done);
+  return t;
+}
+
+void CudaBackend::wait_copy(CopyTicket t) {
+  State& st = run_state();
+  // Copies run in issue order on one stream: the event of the newest copy <= t covers the rest.
+  cudaEvent_t last = nullptr;
+  while (!st.copy_done.empty() && st.copy_done.front().first <= t.id) {
+    if (last != nullptr) UPIPE_CUDA_CHECK(cudaEventDestroy(last));
+    last = st.copy_done.front().second;
+    st.copy_done.pop_front();
+  }
+  if (last == nullptr) return;  // already waited on
+  UPIPE_CUDA_CHECK(cudaStreamWaitEvent(st.stream, last, 0));
+  UPIPE_CUDA_CHECK(cudaEventDestroy(last));
 }
 
 int64_t CudaBackend::gemm_workspace_bytes(const GemmShape& s) const {

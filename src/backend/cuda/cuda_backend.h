@@ -38,7 +38,13 @@ class CudaBackend final : public Backend {
   std::unique_ptr<Allocator> make_device_allocator() const override;
   std::unique_ptr<Allocator> make_host_allocator() const override;
   void copy(void* dst, const void* src, int64_t bytes, CopyKind kind, Stream s) override;
+  // Also waits for the copy stream.
   void sync(Stream s) override;
+  // On a second stream (the copy queue) after an event of the compute stream; wait_copy makes
+  // the compute stream wait on the copy's event. Pinned host memory (the host arena) makes a
+  // host copy truly asynchronous.
+  CopyTicket copy_async(void* dst, const void* src, int64_t bytes, CopyKind kind) override;
+  void wait_copy(CopyTicket t) override;
 
   int64_t gemm_workspace_bytes(const GemmShape& s) const override;
   int64_t attention_fwd_workspace_bytes(const AttnShape& s) const override;
@@ -73,7 +79,7 @@ class CudaBackend final : public Backend {
   void adamw(const Mat& w, const Mat& g, const Mat& m, const Mat& v, const AdamWArgs& a) override;
 
  private:
-  struct State;  // stream, cuBLASLt, the parameter block (kRun only)
+  struct State;  // streams, copy events, cuBLASLt, the parameter block (kRun only)
   State& run_state() const;
   Mode mode_;
   int device_ = -1;
