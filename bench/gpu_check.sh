@@ -17,6 +17,9 @@
 #   attention     `upipe bench attention --backend cuda`, ulysses and upipe, S = 32K .. 256K;
 #                 upipe --overlap at 128K
 #   plan          `upipe plan --backend cuda` of the same block beside the run's measured peak
+#   train         `upipe train --backend cuda` on 2 ranks: fpdt with the offloaded stash (every
+#                 offload, fetch and store an asynchronous copy on the copy stream) against the
+#                 same run without the stash offload: the same losses, bit for bit
 set -uo pipefail
 cd "$(dirname "$0")/.."
 self=$PWD/bench/gpu_check.sh
@@ -99,6 +102,25 @@ attention() {
     --kv-heads 8 --head-dim 128 --dtype bf16 --meta-ranks 1 --json || echo "FAILED plan overlap"
 }
 
+# Asynchronous copies on the GPU: the offloaded stash changes no bit of any step's loss (fpdt's K/V
+# offload runs in both).
+trains() {
+  local o
+  for o in none stash; do
+    UPIPE_CUDA_RESERVE=24G "${mpirun[@]}" -np 2 upipe train --backend cuda --model tiny --steps 3 \
+      --seq-len 4096 --method fpdt --progress lines --metrics-path "$out/train_$o.jsonl" \
+      $([ $o = stash ] && echo --offload-stash) || echo "FAILED train offload=$o"
+    grep -o '"loss":[^,]*' "$out/train_$o.jsonl" > "$out/loss_$o.txt"
+  done
+  cat "$out/loss_none.txt"
+  if [ -s "$out/loss_none.txt" ] && cmp -s "$out/loss_none.txt" "$out/loss_stash.txt"; then
+    echo "train: the offloaded stash gives the same losses"
+  else
+    echo "FAILED train: losses differ with the offloaded stash"
+    paste "$out/loss_none.txt" "$out/loss_stash.txt"
+  fi
+}
+
 if [ "${1:-}" = "--step" ]; then
   out=$GPU_CHECK_WORK
   "$2"
@@ -154,6 +176,7 @@ step strategies 200 strategies
 step eval 60 evals
 step kernel 45 kernels
 step attention 90 attention
+step train 30 trains
 for s in strategies kernel attention; do grep '^{' "$out/$s.log" > "$out/$s.jsonl" 2>/dev/null; done
 cat "$out"/eval_*.json > "$out/eval.jsonl" 2>/dev/null
 
