@@ -15,7 +15,8 @@
 #                 and every gradient within the fp32 rule (tests/cli/check_grads.py); bf16 loss
 #   kernel        `upipe bench kernel --backend cuda`: attention TFLOP/s, bf16 and fp32
 #   attention     `upipe bench attention --backend cuda`, ulysses and upipe, S = 32K .. 256K;
-#                 upipe --overlap at 128K
+#                 upipe --overlap at 128K; upipe-fpdt at 128K with asynchronous and synchronous
+#                 copies (UPIPE_CUDA_COPIES=sync)
 #   plan          `upipe plan --backend cuda` of the same block beside the run's measured peak
 #   train         `upipe train --backend cuda` on 2 ranks: fpdt with the offloaded stash (every
 #                 offload, fetch and store an asynchronous copy on the copy stream) against the
@@ -94,6 +95,13 @@ attention() {
       upipe bench attention --backend cuda --method $m --seq-len $s --heads 32 --kv-heads 8 \
         --head-dim 128 --dtype bf16 --meta-ranks 1 --json || echo "FAILED plan $m S=$s"
     done
+  done
+  # upipe-fpdt (K/V chunks offloaded to pinned host memory) at one S, its copies on the copy stream
+  # and, UPIPE_CUDA_COPIES=sync, on the compute stream: what the asynchronous copies gain.
+  for c in async sync; do
+    UPIPE_CUDA_COPIES=$c upipe bench attention --backend cuda --method upipe-fpdt --chunks 4 \
+      --seq-len 131072 --heads 32 --kv-heads 8 --head-dim 128 --dtype bf16 --iters 3 --json ||
+      echo "FAILED upipe-fpdt copies=$c"
   done
   # upipe with stage overlap at one S: its time and peak beside the plain row's, and its plan.
   upipe bench attention --backend cuda --method upipe --overlap --seq-len 131072 --heads 32 \

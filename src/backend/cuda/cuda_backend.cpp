@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 #include <deque>
+#include <string>
 #include <type_traits>
 #include <utility>
 
@@ -169,6 +170,16 @@ void CudaBackend::sync(Stream) {
 
 CopyTicket CudaBackend::copy_async(void* dst, const void* src, int64_t bytes, CopyKind kind) {
   State& st = run_state();
+  // UPIPE_CUDA_COPIES=sync: every asynchronous copy as a synchronous one on the compute stream (to
+  // measure what the copy stream's overlap gains; bench/gpu_check.sh runs fpdt both ways).
+  static const bool sync_copies = [] {
+    const char* v = std::getenv("UPIPE_CUDA_COPIES");
+    return v != nullptr && std::string(v) == "sync";
+  }();
+  if (sync_copies) {
+    copy(dst, src, bytes, kind, Stream{});
+    return CopyTicket{++async_copies_};
+  }
   // The copy starts after the compute stream's work so far.
   cudaEvent_t ready = new_event();
   UPIPE_CUDA_CHECK(cudaEventRecord(ready, st.stream));
