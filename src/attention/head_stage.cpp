@@ -5,6 +5,7 @@
 #include "backend/gemm.h"
 #include "backend/rmsnorm.h"
 #include "backend/tensor_ops.h"
+#include "core/check.h"
 
 namespace upipe {
 
@@ -67,6 +68,24 @@ int64_t norm_backward_bytes(const Backend& be, const AttentionConfig& c, int64_t
 
 }  // namespace
 
+void project_kv_blocks(const StageEnv& e, const Mat& x, const RowPositions& pos,
+                       const AttentionWeights& w, int set, int pass, const Buffer& staging) {
+  const UpipeSchedule& s = e.sch;
+  UPIPE_CHECK(!s.replicated(), "project_kv_blocks: K ({}) < C ({}) replicates heads",
+              s.kv_heads, s.ranks);
+  const int64_t d = e.cfg.head_dim, rd = int64_t(s.kv_per_rank) * d;
+  const Mat& wmat = pass == 0 ? w.wk : w.wv;
+  for (int j = 0; j < s.ranks; ++j) {
+    const Mat blk = a2a_block(staging, e.cfg.dtype, x.rows, rd, j);
+    gemm(e.dev, x, false, wmat.rows_of(int64_t(s.kv_head(set, j)) * d, rd), true, blk);
+    if (pass == 0) finish_k(e, blk, w, pos);
+  }
+}
+
+int64_t kv_stage_bytes(const AttentionConfig& c, const UpipeSchedule& s, int64_t rows) {
+  return int64_t(s.ranks) * mat_bytes(rows, int64_t(s.kv_per_rank) * c.head_dim, c.dtype);
+}
+
 void project_kv(const StageEnv& e, const Mat& x, const RowPositions& pos, const AttentionWeights& w,
                 int set, const Buffer& staging, const Mat& k, const Mat& v) {
   const AttentionConfig& c = e.cfg;
@@ -75,16 +94,10 @@ void project_kv(const StageEnv& e, const Mat& x, const RowPositions& pos, const 
   const int64_t sl = x.rows;
   const DType t = c.dtype;
   if (!s.replicated()) {
-    const int r = s.kv_per_rank;
     for (int pass = 0; pass < 2; ++pass) {
-      const Mat& wmat = pass == 0 ? w.wk : w.wv;
-      for (int j = 0; j < cr; ++j) {
-        const Mat blk = a2a_block(staging, t, sl, int64_t(r) * d, j);
-        gemm(e.dev, x, false, wmat.rows_of(int64_t(s.kv_head(set, j)) * d, int64_t(r) * d), true,
-             blk);
-        if (pass == 0) finish_k(e, blk, w, pos);
-      }
-      e.comm.all_to_all(staging.data(), (pass == 0 ? k : v).data, mat_bytes(sl, int64_t(r) * d, t));
+      project_kv_blocks(e, x, pos, w, set, pass, staging);
+      e.comm.all_to_all(staging.data(), (pass == 0 ? k : v).data,
+                        mat_bytes(sl, int64_t(s.kv_per_rank) * d, t));
     }
     return;
   }

@@ -49,6 +49,13 @@ int64_t stage_bytes(const StageEnv& e, int64_t rows, DType t);
 // same way; k gets QK-norm and RoPE.
 void project_kv(const StageEnv& e, const Mat& x, const RowPositions& pos, const AttentionWeights& w,
                 int set, const Buffer& staging, const Mat& k, const Mat& v);
+// K >= C: one half of project_kv without its all-to-all: the K (pass 0, with QK-norm and RoPE) or
+// V (pass 1) blocks of KV set `set` into staging (C blocks (rows, R*d), kv_stage_bytes),
+// what the all-to-all into k or v sends. Stage overlap projects the next set this way.
+void project_kv_blocks(const StageEnv& e, const Mat& x, const RowPositions& pos,
+                       const AttentionWeights& w, int set, int pass, const Buffer& staging);
+// Bytes of project_kv_blocks' staging for `rows` local rows: C (rows, R*d) blocks.
+int64_t kv_stage_bytes(const AttentionConfig& c, const UpipeSchedule& s, int64_t rows);
 
 // y (rows, D) = beta y + the stage's o blocks (C blocks (rows, m*d) in staging, back in sequence
 // layout) times their slices of Wo.

@@ -98,6 +98,10 @@ struct HeadwiseAttention::Buffers {
   Tensor douts[2];    // (n, m*d)                                          attn_grad (backward)
   Tensor delta;       // (m, n) fp32 (N = 1, backward)                     attn_grad
   DocMask mask;       // packed documents: the core's views' spans           docs
+  // KV-set overlap (kv_overlapped_): the next set's k, v, received during the current set's last
+  // stage and swapped into slot 0 at the set's start, and the K and V send staging.
+  Slot next;                                                               // kv_resident
+  Buffer kv_stage[2];                                                      // a2a
   int cur = 0;        // which copy of q, o, do the current stage uses
   int o_copies = 1;   // 2 in an overlapped forward (backward sends o and waits in one stage)
   const Tensor& q() const { return qs[cur]; }
@@ -135,6 +139,7 @@ HeadwiseAttention::HeadwiseAttention(const StrategyContext& ctx, int stage_heads
       sch_(make_upipe_schedule(ctx.cfg, ctx.comm.size(), stage_heads)),
       n_(chunks),
       overlapped_(ctx.cfg.knobs.overlap && sch_.stages() > 1),
+      kv_overlapped_(kv_set_overlap(ctx.cfg, sch_, chunks)),
       core_(std::make_unique<LocalCore>(ctx.dev, ctx.cfg.head_dim, ctx.cfg.dtype)) {
   documents_changed();
 }
@@ -148,6 +153,7 @@ HeadwiseAttention::HeadwiseAttention(const StrategyContext& ctx, int stage_heads
       sch_(make_upipe_schedule(ctx.cfg, a2a_->size(), stage_heads)),
       n_(1),
       overlapped_(ctx.cfg.knobs.overlap && sch_.stages() > 1),
+      kv_overlapped_(kv_set_overlap(ctx.cfg, sch_, 1)),
       core_(std::move(group.core)) {
   documents_changed();
 }
@@ -223,6 +229,11 @@ HeadwiseAttention::Buffers HeadwiseAttention::allocate(bool backward) const {
     for (int i = 0; i < copies; ++i) b.douts[i] = Tensor(mem, Tag::kAttnGrad, t, n, md);
   if (backward && n_ == 1) b.delta = Tensor(mem, Tag::kAttnGrad, f32, sch_.m, n);
   if (docs_) b.mask = DocMask(dev(), *docs_, core_->mask_views(*docs_));
+  if (kv_overlapped_) {
+    b.next.k = Tensor(mem, Tag::kKvResident, t, n, rd);
+    b.next.v = Tensor(mem, Tag::kKvResident, t, n, rd);
+    for (Buffer& s : b.kv_stage) s = Buffer(mem, kv_stage_bytes(c, sch_, n / sch_.ranks), Tag::kA2a);
+  }
   return b;
 }
 
@@ -259,6 +270,26 @@ void HeadwiseAttention::project_set(const Mat& x, const AttentionWeights& w, int
                    CopyKind::kDeviceToHost);
   s.pending = dev().copy_async(host_block(h.v, s.v.bytes(), n_, set, chunk), s.v.data(),
                                s.v.bytes(), CopyKind::kDeviceToHost);
+}
+
+std::vector<std::unique_ptr<Work>> HeadwiseAttention::start_next_set(const Mat& x,
+                                                                     const AttentionWeights& w,
+                                                                     int set, Buffers& b) {
+  std::vector<std::unique_ptr<Work>> works;
+  const int64_t bytes = mat_bytes(x.rows, int64_t(sch_.kv_per_rank) * cfg().head_dim, cfg().dtype);
+  for (int pass = 0; pass < 2; ++pass) {
+    project_kv_blocks(env(), x, rope_pos_[0], w, set, pass, b.kv_stage[pass]);
+    works.push_back(a2a_comm().iall_to_all(b.kv_stage[pass].data(),
+                                           (pass == 0 ? b.next.k : b.next.v).data(), bytes));
+  }
+  return works;
+}
+
+void HeadwiseAttention::take_next_set(std::vector<std::unique_ptr<Work>>& works, Buffers& b) {
+  for (auto& wk : works) wk->wait();
+  works.clear();
+  std::swap(b.slot[0].k, b.next.k);
+  std::swap(b.slot[0].v, b.next.v);
 }
 
 void HeadwiseAttention::fetch_kv(const Host& h, int set, int chunk, Slot& s) {
@@ -413,6 +444,7 @@ void HeadwiseAttention::forward_stages_overlapped(const Mat& x, const Mat& xi, i
   const RowPositions& pos = rope_pos_[size_t(i)];
   const int64_t bytes = stage_bytes(env(), xi.rows, cfg().dtype);
   std::unique_ptr<Work> q_next, o_prev;
+  std::vector<std::unique_ptr<Work>> kv_next;  // KV-set overlap: the next set's k, v in flight
   auto finish_out = [&](int s) {
     o_prev->wait();
     o_prev.reset();
@@ -422,11 +454,16 @@ void HeadwiseAttention::forward_stages_overlapped(const Mat& x, const Mat& xi, i
     b.cur = s % 2;
     if (q_next) q_next->wait();
     q_next.reset();
-    if (sch_.starts_set(s)) project_set(x, w, sch_.set_of(s), i, b, h);
+    if (!kv_next.empty())
+      take_next_set(kv_next, b);
+    else if (sch_.starts_set(s))
+      project_set(x, w, sch_.set_of(s), i, b, h);
     if (s == 0) project_q(env(), xi, pos, w, s, b.a2a, b.q());
     if (s + 1 < sch_.stages()) {
       project_q_blocks(env(), xi, pos, w, s + 1, b.a2a);
       q_next = a2a_comm().iall_to_all(b.a2a.data(), b.qs[(s + 1) % 2].data(), bytes);
+      if (kv_overlapped_ && sch_.starts_set(s + 1))
+        kv_next = start_next_set(xi, w, sch_.set_of(s + 1), b);
     }
     attend_forward(s, i, b, h);
     if (o_prev) finish_out(s - 1);
@@ -527,6 +564,7 @@ void HeadwiseAttention::backward_stages_overlapped(const Mat& x, const BackwardC
   const int64_t bytes = stage_bytes(env(), c.x.rows, cfg().dtype);
   const int64_t dq_bytes = stage_bytes(env(), c.x.rows, DType::kF32);
   std::unique_ptr<Work> q_next, do_next, dq_prev;
+  std::vector<std::unique_ptr<Work>> kv_next;  // KV-set overlap: the next set's k, v in flight
   int dq_stage = -1;
   auto finish_dq = [&] {
     if (!dq_prev) return;
@@ -544,7 +582,13 @@ void HeadwiseAttention::backward_stages_overlapped(const Mat& x, const BackwardC
       q_next.reset();
       do_next.reset();
     }
-    if (sch_.starts_set(s)) start_set_backward(x, w, set, c.i, b, h);
+    if (!kv_next.empty()) {  // N = 1: the set's k, v arrived; its dK/dV start from zero
+      take_next_set(kv_next, b);
+      zero(dev(), b.slot[0].dk);
+      zero(dev(), b.slot[0].dv);
+    } else if (sch_.starts_set(s)) {
+      start_set_backward(x, w, set, c.i, b, h);
+    }
     if (s == 0) {
       project_q(env(), c.x, pos, w, s, b.a2a, b.q());
       project_do(env(), c.dy, w.wo, s, b.a2a);
@@ -556,6 +600,8 @@ void HeadwiseAttention::backward_stages_overlapped(const Mat& x, const BackwardC
       q_next = a2a_comm().iall_to_all(b.stage_q.data(), b.qs[nx].data(), bytes);
       project_do(env(), c.dy, w.wo, s + 1, b.stage_do);
       do_next = a2a_comm().iall_to_all(b.stage_do.data(), b.douts[nx].data(), bytes);
+      if (kv_overlapped_ && sch_.starts_set(s + 1))
+        kv_next = start_next_set(c.x, w, sch_.set_of(s + 1), b);
     }
     // Stage s-1's dq, in flight during the forward pass; with N > 1 that pass accumulates in
     // b.acc, the dq's send buffer, so it returns first (after the projections above).
@@ -612,7 +658,11 @@ int64_t headwise_attn_peak_bytes(const Backend& be, const AttentionConfig& c,
   // and do and the next stage's q and do staging. Each is one (n, m*d) block.
   const int64_t block = mat_bytes(n, md, t);
   const bool overlap = c.knobs.overlap && s.stages() > 1;
-  const int64_t fwd_overlap = overlap ? 3 * block : 0, bwd_overlap = overlap ? 4 * block : 0;
+  // KV-set overlap: the next set's k, v and their K and V send staging.
+  const int64_t kv_next =
+      kv_set_overlap(c, s, chunks) ? 2 * mat_bytes(n, rd, t) + 2 * kv_stage_bytes(c, s, rows) : 0;
+  const int64_t fwd_overlap = overlap ? 3 * block + kv_next : 0;
+  const int64_t bwd_overlap = overlap ? 4 * block + kv_next : 0;
   const int64_t fwd =
       kv + n * md * dtype_size(t) + qo + stat + online + out_acc + ws_fwd + mask + fwd_overlap;
   // Backward: lse and delta (N = 1) or lse, max and sum-as-delta (N > 1); do; dq.
@@ -620,6 +670,10 @@ int64_t headwise_attn_peak_bytes(const Backend& be, const AttentionConfig& c,
   const int64_t bwd = kv + dkv + n * md * 4 + qo + bwd_stats + block + acc + out_acc + ws_bwd +
                       mask + bwd_overlap;
   return std::max(fwd, bwd);
+}
+
+bool kv_set_overlap(const AttentionConfig& c, const UpipeSchedule& s, int chunks) {
+  return c.knobs.overlap && s.stages() > 1 && s.sets > 1 && chunks == 1 && !s.replicated();
 }
 
 int64_t headwise_host_peak_bytes(const AttentionConfig& c, const UpipeSchedule& s, int chunks) {

@@ -118,6 +118,11 @@ class HeadwiseAttention final : public AttentionStrategy {
   void backward_stages_overlapped(const Mat& x, const BackwardChunk& c, const AttentionWeights& w,
                                   const AttentionGrads& g, Buffers& b, const Host& h,
                                   const FpAccumulator& dxacc);
+  // KV-set overlap: projects KV set `set` of x (the whole shard, N = 1) into b.kv_stage and starts
+  // its two all-to-alls into b.next; take_next_set waits for them and swaps b.next into slot 0.
+  std::vector<std::unique_ptr<Work>> start_next_set(const Mat& x, const AttentionWeights& w,
+                                                    int set, Buffers& b);
+  void take_next_set(std::vector<std::unique_ptr<Work>>& works, Buffers& b);
   void start_set_backward(const Mat& x, const AttentionWeights& w, int set, int i, Buffers& b,
                           const Host& h);
   void finish_set_backward(const BackwardChunk& c, const AttentionWeights& w,
@@ -132,15 +137,23 @@ class HeadwiseAttention final : public AttentionStrategy {
   int n_;  // N
   // Stage overlap: asked for (MethodKnobs::overlap) and more than one stage to overlap.
   bool overlapped_;
+  // And the next KV set projected during the current set's last stage (kv_set_overlap).
+  bool kv_overlapped_;
   std::unique_ptr<HeadCore> core_;
   std::vector<RowPositions> chunk_pos_;  // global positions of this rank's rows of each chunk
   std::vector<RowPositions> rope_pos_;   // their RoPE positions (inside their documents)
 };
 
+// Whether stage overlap also projects the next KV set during the current set's last stage (its
+// K/V all-to-alls in flight during that stage's attention): N = 1, K >= C (the replicated K < C
+// projection's all-to-allv has no non-blocking form yet), more than one set.
+bool kv_set_overlap(const AttentionConfig& cfg, const UpipeSchedule& s, int chunks);
+
 // Per-rank peak of the attention intermediates in the device arena on a CP group of `ranks`
 // ranks, the all-to-all over s.ranks of them, with N sequence chunks, and documents `docs` (null:
 // one document; their mask adds DocMask::bytes of the core's views).
-// With cfg.knobs.overlap and more than one stage, stage overlap's second q, o / do and staging.
+// With cfg.knobs.overlap and more than one stage, stage overlap's second q, o / do and staging
+// (and with kv_set_overlap the next set's k, v and their staging).
 int64_t headwise_attn_peak_bytes(const Backend& be, const AttentionConfig& cfg,
                                  const UpipeSchedule& s, const HeadCore& core, int ranks,
                                  int chunks, const Documents* docs = nullptr);
