@@ -673,7 +673,7 @@ int64_t headwise_attn_peak_bytes(const Backend& be, const AttentionConfig& c,
 }
 
 bool kv_set_overlap(const AttentionConfig& c, const UpipeSchedule& s, int chunks) {
-  return c.knobs.overlap && s.stages() > 1 && s.sets > 1 && chunks == 1 && !s.replicated();
+  return c.knobs.overlap && s.stages() > 1 && s.sets > 1 && chunks == 1;
 }
 
 int64_t headwise_host_peak_bytes(const AttentionConfig& c, const UpipeSchedule& s, int chunks) {

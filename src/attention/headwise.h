@@ -145,8 +145,8 @@ class HeadwiseAttention final : public AttentionStrategy {
 };
 
 // Whether stage overlap also projects the next KV set during the current set's last stage (its
-// K/V all-to-alls in flight during that stage's attention): N = 1, K >= C (the replicated K < C
-// projection's all-to-allv has no non-blocking form yet), more than one set.
+// K/V all-to-alls in flight during that stage's attention): N = 1 and more than one set (so
+// K >= C: a replicated K < C head is one set).
 bool kv_set_overlap(const AttentionConfig& cfg, const UpipeSchedule& s, int chunks);
 
 // Per-rank peak of the attention intermediates in the device arena on a CP group of `ranks`
