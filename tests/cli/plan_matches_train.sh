@@ -61,6 +61,10 @@ case_ upipe_none_bf16res 2 '[parallel]\nmethod = "upipe"\n[train]\nseq_len = 256
 case_ qwen3_usp 2 '[model]\nname = "tiny-qwen3"\n[parallel]\nmethod = "usp"\nulysses_degree = 1\n[train]\nseq_len = 512'
 case_ cp2_dp2_upipe_fpdt 4 '[parallel]\ncp_size = 2\nmethod = "upipe-fpdt"\n[train]\nseq_len = 512\nmicro_steps = 2\n[memory]\noffload_stash = true'
 case_ upipe_overlap_qwen3 2 '[model]\nname = "tiny-qwen3"\n[parallel]\nmethod = "upipe"\noverlap = true\n[train]\nseq_len = 512\n[memory]\nrecompute = "none"'
+# One rank of tiny (H = 4, K = 2, U = 1): two KV sets, so overlap also projects the next set
+# during a set's last stage (its second K/V slot and staging: the attention sets the peak at this
+# S and tile); the stash offloaded.
+case_ upipe_overlap_kv_sets 1 '[parallel]\nmethod = "upipe"\noverlap = true\n[train]\nseq_len = 4096\n[memory]\noffload_stash = true\ntile_tokens = 64'
 case_ upipe_fpdt_overlap_bf16 2 '[parallel]\nmethod = "upipe-fpdt"\nchunks = 2\noverlap = true\n[train]\nseq_len = 512\n[memory]\ndtype = "bf16"'
 case_ local_none 1 '[parallel]\nmethod = "local"\n[train]\nseq_len = 256\n[memory]\nrecompute = "none"'
 
