@@ -232,7 +232,8 @@ HeadwiseAttention::Buffers HeadwiseAttention::allocate(bool backward) const {
   if (kv_overlapped_) {
     b.next.k = Tensor(mem, Tag::kKvResident, t, n, rd);
     b.next.v = Tensor(mem, Tag::kKvResident, t, n, rd);
-    for (Buffer& s : b.kv_stage) s = Buffer(mem, kv_stage_bytes(c, sch_, n / sch_.ranks), Tag::kA2a);
+    for (Buffer& s : b.kv_stage)
+      s = Buffer(mem, kv_stage_bytes(c, sch_, n / sch_.ranks), Tag::kA2a);
   }
   return b;
 }
