@@ -139,7 +139,7 @@ HeadwiseAttention::HeadwiseAttention(const StrategyContext& ctx, int stage_heads
       sch_(make_upipe_schedule(ctx.cfg, ctx.comm.size(), stage_heads)),
       n_(chunks),
       overlapped_(ctx.cfg.knobs.overlap && sch_.stages() > 1),
-      kv_overlapped_(kv_set_overlap(ctx.cfg, sch_, chunks)),
+      kv_overlapped_(kv_set_overlap(ctx.cfg, sch_)),
       core_(std::make_unique<LocalCore>(ctx.dev, ctx.cfg.head_dim, ctx.cfg.dtype)) {
   documents_changed();
 }
@@ -153,7 +153,7 @@ HeadwiseAttention::HeadwiseAttention(const StrategyContext& ctx, int stage_heads
       sch_(make_upipe_schedule(ctx.cfg, a2a_->size(), stage_heads)),
       n_(1),
       overlapped_(ctx.cfg.knobs.overlap && sch_.stages() > 1),
-      kv_overlapped_(kv_set_overlap(ctx.cfg, sch_, 1)),
+      kv_overlapped_(kv_set_overlap(ctx.cfg, sch_)),
       core_(std::move(group.core)) {
   documents_changed();
 }
@@ -229,7 +229,7 @@ HeadwiseAttention::Buffers HeadwiseAttention::allocate(bool backward) const {
     for (int i = 0; i < copies; ++i) b.douts[i] = Tensor(mem, Tag::kAttnGrad, t, n, md);
   if (backward && n_ == 1) b.delta = Tensor(mem, Tag::kAttnGrad, f32, sch_.m, n);
   if (docs_) b.mask = DocMask(dev(), *docs_, core_->mask_views(*docs_));
-  if (kv_overlapped_) {
+  if (kv_overlapped_ && (n_ == 1 || !backward)) {  // N > 1: the forward's projections only
     b.next.k = Tensor(mem, Tag::kKvResident, t, n, rd);
     b.next.v = Tensor(mem, Tag::kKvResident, t, n, rd);
     for (Buffer& s : b.kv_stage)
@@ -273,24 +273,36 @@ void HeadwiseAttention::project_set(const Mat& x, const AttentionWeights& w, int
                                s.v.bytes(), CopyKind::kDeviceToHost);
 }
 
-std::vector<std::unique_ptr<Work>> HeadwiseAttention::start_next_set(const Mat& x,
+std::vector<std::unique_ptr<Work>> HeadwiseAttention::start_next_set(const Mat& xi, int chunk,
                                                                      const AttentionWeights& w,
                                                                      int set, Buffers& b) {
   std::vector<std::unique_ptr<Work>> works;
-  const int64_t bytes = mat_bytes(x.rows, int64_t(sch_.kv_per_rank) * cfg().head_dim, cfg().dtype);
+  const int64_t bytes =
+      mat_bytes(xi.rows, int64_t(sch_.kv_per_rank) * cfg().head_dim, cfg().dtype);
+  ready(b.next);  // N > 1: its last offload is done before it is received into again
   for (int pass = 0; pass < 2; ++pass) {
-    project_kv_blocks(env(), x, rope_pos_[0], w, set, pass, b.kv_stage[pass]);
+    project_kv_blocks(env(), xi, rope_pos_[size_t(chunk)], w, set, pass, b.kv_stage[pass]);
     works.push_back(a2a_comm().iall_to_all(b.kv_stage[pass].data(),
                                            (pass == 0 ? b.next.k : b.next.v).data(), bytes));
   }
   return works;
 }
 
-void HeadwiseAttention::take_next_set(std::vector<std::unique_ptr<Work>>& works, Buffers& b) {
+void HeadwiseAttention::take_next_set(std::vector<std::unique_ptr<Work>>& works, int set,
+                                      int chunk, Buffers& b, const Host& h) {
   for (auto& wk : works) wk->wait();
   works.clear();
-  std::swap(b.slot[0].k, b.next.k);
-  std::swap(b.slot[0].v, b.next.v);
+  if (n_ == 1) {  // the resident set
+    std::swap(b.slot[0].k, b.next.k);
+    std::swap(b.slot[0].v, b.next.v);
+    return;
+  }
+  // N > 1: offloaded like project_set's chunk; the attention fetches it back.
+  Slot& s = b.next;
+  dev().copy_async(host_block(h.k, s.k.bytes(), n_, set, chunk), s.k.data(), s.k.bytes(),
+                   CopyKind::kDeviceToHost);
+  s.pending = dev().copy_async(host_block(h.v, s.v.bytes(), n_, set, chunk), s.v.data(),
+                               s.v.bytes(), CopyKind::kDeviceToHost);
 }
 
 void HeadwiseAttention::fetch_kv(const Host& h, int set, int chunk, Slot& s) {
@@ -456,7 +468,7 @@ void HeadwiseAttention::forward_stages_overlapped(const Mat& x, const Mat& xi, i
     if (q_next) q_next->wait();
     q_next.reset();
     if (!kv_next.empty())
-      take_next_set(kv_next, b);
+      take_next_set(kv_next, sch_.set_of(s), i, b, h);
     else if (sch_.starts_set(s))
       project_set(x, w, sch_.set_of(s), i, b, h);
     if (s == 0) project_q(env(), xi, pos, w, s, b.a2a, b.q());
@@ -464,7 +476,7 @@ void HeadwiseAttention::forward_stages_overlapped(const Mat& x, const Mat& xi, i
       project_q_blocks(env(), xi, pos, w, s + 1, b.a2a);
       q_next = a2a_comm().iall_to_all(b.a2a.data(), b.qs[(s + 1) % 2].data(), bytes);
       if (kv_overlapped_ && sch_.starts_set(s + 1))
-        kv_next = start_next_set(xi, w, sch_.set_of(s + 1), b);
+        kv_next = start_next_set(xi, i, w, sch_.set_of(s + 1), b);
     }
     attend_forward(s, i, b, h);
     if (o_prev) finish_out(s - 1);
@@ -584,7 +596,7 @@ void HeadwiseAttention::backward_stages_overlapped(const Mat& x, const BackwardC
       do_next.reset();
     }
     if (!kv_next.empty()) {  // N = 1: the set's k, v arrived; its dK/dV start from zero
-      take_next_set(kv_next, b);
+      take_next_set(kv_next, set, c.i, b, h);
       zero(dev(), b.slot[0].dk);
       zero(dev(), b.slot[0].dv);
     } else if (sch_.starts_set(s)) {
@@ -601,8 +613,8 @@ void HeadwiseAttention::backward_stages_overlapped(const Mat& x, const BackwardC
       q_next = a2a_comm().iall_to_all(b.stage_q.data(), b.qs[nx].data(), bytes);
       project_do(env(), c.dy, w.wo, s + 1, b.stage_do);
       do_next = a2a_comm().iall_to_all(b.stage_do.data(), b.douts[nx].data(), bytes);
-      if (kv_overlapped_ && sch_.starts_set(s + 1))
-        kv_next = start_next_set(c.x, w, sch_.set_of(s + 1), b);
+      if (kv_overlapped_ && n_ == 1 && sch_.starts_set(s + 1))
+        kv_next = start_next_set(c.x, c.i, w, sch_.set_of(s + 1), b);
     }
     // Stage s-1's dq, in flight during the forward pass; with N > 1 that pass accumulates in
     // b.acc, the dq's send buffer, so it returns first (after the projections above).
@@ -660,10 +672,11 @@ int64_t headwise_attn_peak_bytes(const Backend& be, const AttentionConfig& c,
   const int64_t block = mat_bytes(n, md, t);
   const bool overlap = c.knobs.overlap && s.stages() > 1;
   // KV-set overlap: the next set's k, v and their K and V send staging.
+  // (N > 1: the forward's projections only; the backward projects a set's chunks all at once).
   const int64_t kv_next =
-      kv_set_overlap(c, s, chunks) ? 2 * mat_bytes(n, rd, t) + 2 * kv_stage_bytes(c, s, rows) : 0;
+      kv_set_overlap(c, s) ? 2 * mat_bytes(n, rd, t) + 2 * kv_stage_bytes(c, s, rows) : 0;
   const int64_t fwd_overlap = overlap ? 3 * block + kv_next : 0;
-  const int64_t bwd_overlap = overlap ? 4 * block + kv_next : 0;
+  const int64_t bwd_overlap = overlap ? 4 * block + (chunks == 1 ? kv_next : 0) : 0;
   const int64_t fwd =
       kv + n * md * dtype_size(t) + qo + stat + online + out_acc + ws_fwd + mask + fwd_overlap;
   // Backward: lse and delta (N = 1) or lse, max and sum-as-delta (N > 1); do; dq.
@@ -673,8 +686,8 @@ int64_t headwise_attn_peak_bytes(const Backend& be, const AttentionConfig& c,
   return std::max(fwd, bwd);
 }
 
-bool kv_set_overlap(const AttentionConfig& c, const UpipeSchedule& s, int chunks) {
-  return c.knobs.overlap && s.stages() > 1 && s.sets > 1 && chunks == 1;
+bool kv_set_overlap(const AttentionConfig& c, const UpipeSchedule& s) {
+  return c.knobs.overlap && s.stages() > 1 && s.sets > 1;
 }
 
 int64_t headwise_host_peak_bytes(const AttentionConfig& c, const UpipeSchedule& s, int chunks) {

@@ -118,11 +118,13 @@ class HeadwiseAttention final : public AttentionStrategy {
   void backward_stages_overlapped(const Mat& x, const BackwardChunk& c, const AttentionWeights& w,
                                   const AttentionGrads& g, Buffers& b, const Host& h,
                                   const FpAccumulator& dxacc);
-  // KV-set overlap: projects KV set `set` of x (the whole shard, N = 1) into b.kv_stage and starts
-  // its two all-to-alls into b.next; take_next_set waits for them and swaps b.next into slot 0.
-  std::vector<std::unique_ptr<Work>> start_next_set(const Mat& x, const AttentionWeights& w,
-                                                    int set, Buffers& b);
-  void take_next_set(std::vector<std::unique_ptr<Work>>& works, Buffers& b);
+  // KV-set overlap: projects KV set `set` of rows xi (chunk `chunk`; N = 1: the whole shard) into
+  // b.kv_stage and starts its two all-to-alls into b.next; take_next_set waits for them, then
+  // swaps b.next into slot 0 (N = 1) or offloads it to the set's host block (N > 1).
+  std::vector<std::unique_ptr<Work>> start_next_set(const Mat& xi, int chunk,
+                                                    const AttentionWeights& w, int set, Buffers& b);
+  void take_next_set(std::vector<std::unique_ptr<Work>>& works, int set, int chunk, Buffers& b,
+                     const Host& h);
   void start_set_backward(const Mat& x, const AttentionWeights& w, int set, int i, Buffers& b,
                           const Host& h);
   void finish_set_backward(const BackwardChunk& c, const AttentionWeights& w,
@@ -145,9 +147,10 @@ class HeadwiseAttention final : public AttentionStrategy {
 };
 
 // Whether stage overlap also projects the next KV set during the current set's last stage (its
-// K/V all-to-alls in flight during that stage's attention): N = 1 and more than one set (so
-// K >= C: a replicated K < C head is one set).
-bool kv_set_overlap(const AttentionConfig& cfg, const UpipeSchedule& s, int chunks);
+// K/V all-to-alls in flight during that stage's attention): more than one set (so K >= C: a
+// replicated K < C head is one set); with N > 1 in the forward passes only (the backward projects
+// a set's chunks all at once, at its first stage).
+bool kv_set_overlap(const AttentionConfig& cfg, const UpipeSchedule& s);
 
 // Per-rank peak of the attention intermediates in the device arena on a CP group of `ranks`
 // ranks, the all-to-all over s.ranks of them, with N sequence chunks, and documents `docs` (null:

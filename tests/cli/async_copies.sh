@@ -39,6 +39,8 @@ done
 check 2 --method upipe-fpdt --seq-len 256 --chunks 4 -U 2
 check 2 --method upipe-fpdt --seq-len 256 --chunks 4 -U 2 --overlap --doc-lens 1,37,100,3,115
 check 4 --method fpdt --seq-len 256 --chunks 2 --doc-lens 1,37,100,3,115
+# MHA: a KV set per stage, so overlap projects the next set's chunk and offloads it from its slot.
+check 2 --method upipe-fpdt --seq-len 256 --chunks 4 -H 8 -K 8 --overlap
 
 # `upipe train`: losses and gradient norms of every step, each copy mode.
 train() {

@@ -210,7 +210,10 @@ inline std::vector<StrategyCase> strategy_cases(int c) {
     opt.overlap = true;
     const Shape mha{8, 8}, gqa{16, 2};
     // Only where there is more than one stage (8 ranks: U = 8 = H is one stage).
-    if (8 % c == 0 && c < 8) add_case("upipe", mha, c, 0, DType::kF32, 0, opt);
+    if (8 % c == 0 && c < 8) {
+      add_case("upipe", mha, c, 0, DType::kF32, 0, opt);
+      add_case("upipe-fpdt", mha, c, 0, DType::kF32, 2, opt);  // the next set per chunk
+    }
     if (16 % c == 0 && (2 % c == 0 || c % 2 == 0)) {
       add_case("upipe", gqa, c, 0, DType::kF32, 0, opt);
       add_case("upipe-fpdt", gqa, c, 0, DType::kF32, 2, opt);
