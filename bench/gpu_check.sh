@@ -15,12 +15,15 @@
 #                 and every gradient within the fp32 rule (tests/cli/check_grads.py); bf16 loss
 #   kernel        `upipe bench kernel --backend cuda`: attention TFLOP/s, bf16 and fp32
 #   attention     `upipe bench attention --backend cuda`, ulysses and upipe, S = 32K .. 256K;
-#                 upipe --overlap at 128K; upipe-fpdt at 128K with asynchronous and synchronous
-#                 copies (UPIPE_CUDA_COPIES=sync)
+#                 upipe --overlap at 128K
 #   plan          `upipe plan --backend cuda` of the same block beside the run's measured peak
 #   train         `upipe train --backend cuda` on 2 ranks: fpdt with the offloaded stash (every
 #                 offload, fetch and store an asynchronous copy on the copy stream) against the
 #                 same run without the stash offload: the same losses, bit for bit
+#   copies        upipe-fpdt at 128K with asynchronous and synchronous copies
+#                 (UPIPE_CUDA_COPIES=sync): what the copy stream gains
+# The steps share one time budget (GPU_CHECK_BUDGET, 510 s): a step that would not fit is
+# skipped and says so in summary.json, so the results always come back.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 self=$PWD/bench/gpu_check.sh
@@ -96,18 +99,22 @@ attention() {
         --head-dim 128 --dtype bf16 --meta-ranks 1 --json || echo "FAILED plan $m S=$s"
     done
   done
-  # upipe-fpdt (K/V chunks offloaded to pinned host memory) at one S, its copies on the copy stream
-  # and, UPIPE_CUDA_COPIES=sync, on the compute stream: what the asynchronous copies gain.
-  for c in async sync; do
-    UPIPE_CUDA_COPIES=$c upipe bench attention --backend cuda --method upipe-fpdt --chunks 4 \
-      --seq-len 131072 --heads 32 --kv-heads 8 --head-dim 128 --dtype bf16 --iters 3 --json ||
-      echo "FAILED upipe-fpdt copies=$c"
-  done
   # upipe with stage overlap at one S: its time and peak beside the plain row's, and its plan.
   upipe bench attention --backend cuda --method upipe --overlap --seq-len 131072 --heads 32 \
     --kv-heads 8 --head-dim 128 --dtype bf16 --iters 3 --json || echo "FAILED upipe overlap"
   upipe bench attention --backend cuda --method upipe --overlap --seq-len 131072 --heads 32 \
     --kv-heads 8 --head-dim 128 --dtype bf16 --meta-ranks 1 --json || echo "FAILED plan overlap"
+}
+
+# upipe-fpdt (K/V chunks offloaded to pinned host memory) at one S, its copies on the copy stream
+# and, UPIPE_CUDA_COPIES=sync, on the compute stream: what the asynchronous copies gain.
+copies() {
+  local c
+  for c in async sync; do
+    UPIPE_CUDA_COPIES=$c upipe bench attention --backend cuda --method upipe-fpdt --chunks 4 \
+      --seq-len 131072 --heads 32 --kv-heads 8 --head-dim 128 --dtype bf16 --iters 3 --json ||
+      echo "FAILED upipe-fpdt copies=$c"
+  done
 }
 
 # Asynchronous copies on the GPU: the offloaded stash changes no bit of any step's loss (fpdt's K/V
@@ -140,6 +147,7 @@ fi
 # The device tool returns at most 8 files: logs go to a work folder, packed as one logs.tar.gz;
 # $OUT gets gpu.txt, summary.json, backend_ops.json, strategies.jsonl, kernel.jsonl,
 # attention.jsonl, eval.jsonl and logs.tar.gz.
+start_s=$(date +%s)  # the budget below counts from here
 final=${OUT:-$PWD/gpu-check-out}
 mkdir -p "$final"
 out=$(mktemp -d)
@@ -159,11 +167,23 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS
 export OMPI_MCA_btl=self,vader  # one host: shared memory only
 summary=()
 
+# The whole run's budget (GPU_CHECK_BUDGET seconds, default 510: the device tool's 540 less the
+# packing): a step gets at most what is left of it less 15 s, and is skipped (rc 125) below 10 s,
+# so the results are always packed and come back.
+budget=${GPU_CHECK_BUDGET:-510}
+
 # step NAME LIMIT_S COMMAND...: runs it, logs to $out/NAME.log, records rc and seconds; a
 # COMMAND that is one of the functions above runs as `gpu_check.sh --step FUNCTION`.
 step() {
-  local name=$1 limit=$2 t0 rc dt
+  local name=$1 limit=$2 t0 rc dt left
   shift 2
+  left=$((budget - ($(date +%s) - start_s) - 15))
+  if [ "$left" -lt 10 ]; then
+    summary+=("{\"step\": \"$name\", \"rc\": 125, \"seconds\": 0, \"skipped\": \"out of time\"}")
+    echo "gpu_check: $name skipped (out of time)"
+    return
+  fi
+  [ "$limit" -gt "$left" ] && limit=$left
   t0=$(date +%s.%N)
   if [ "$(type -t "$1")" = function ]; then set -- "$self" --step "$1"; fi
   timeout "$limit" "$@" > "$out/$name.log" 2>&1
@@ -185,7 +205,9 @@ step eval 60 evals
 step kernel 45 kernels
 step attention 90 attention
 step train 30 trains
+step copies 40 copies
 for s in strategies kernel attention; do grep '^{' "$out/$s.log" > "$out/$s.jsonl" 2>/dev/null; done
+grep '^{' "$out/copies.log" >> "$out/attention.jsonl" 2>/dev/null  # fpdt async vs sync copies
 cat "$out"/eval_*.json > "$out/eval.jsonl" 2>/dev/null
 
 ( IFS=,; echo "[${summary[*]}]" ) > "$out/summary.json"
