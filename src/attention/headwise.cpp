@@ -266,11 +266,7 @@ void HeadwiseAttention::project_set(const Mat& x, const AttentionWeights& w, int
   ready(s);
   project_kv(env(), x.rows_of(chunk * rows, rows), rope_pos_[size_t(chunk)], w, set, b.a2a, s.k,
              s.v);
-  if (n_ == 1) return;
-  dev().copy_async(host_block(h.k, s.k.bytes(), n_, set, chunk), s.k.data(), s.k.bytes(),
-                   CopyKind::kDeviceToHost);
-  s.pending = dev().copy_async(host_block(h.v, s.v.bytes(), n_, set, chunk), s.v.data(),
-                               s.v.bytes(), CopyKind::kDeviceToHost);
+  if (n_ > 1) store_kv(h, set, chunk, s);
 }
 
 std::vector<std::unique_ptr<Work>> HeadwiseAttention::start_next_set(const Mat& xi, int chunk,
@@ -297,8 +293,10 @@ void HeadwiseAttention::take_next_set(std::vector<std::unique_ptr<Work>>& works,
     std::swap(b.slot[0].v, b.next.v);
     return;
   }
-  // N > 1: offloaded like project_set's chunk; the attention fetches it back.
-  Slot& s = b.next;
+  store_kv(h, set, chunk, b.next);  // N > 1: offloaded as project_set's; fetched back to attend
+}
+
+void HeadwiseAttention::store_kv(const Host& h, int set, int chunk, Slot& s) {
   dev().copy_async(host_block(h.k, s.k.bytes(), n_, set, chunk), s.k.data(), s.k.bytes(),
                    CopyKind::kDeviceToHost);
   s.pending = dev().copy_async(host_block(h.v, s.v.bytes(), n_, set, chunk), s.v.data(),

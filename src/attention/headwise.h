@@ -92,6 +92,7 @@ class HeadwiseAttention final : public AttentionStrategy {
                    const Host& h);
   // Asynchronous copies between a slot and the host blocks (N > 1); each sets the slot's pending
   // copy, which ready() waits on before an op touches the slot.
+  void store_kv(const Host& h, int set, int chunk, Slot& s);
   void fetch_kv(const Host& h, int set, int chunk, Slot& s);
   void fetch_grads(const Host& h, int set, int chunk, Slot& s);
   void store_grads(const Host& h, int set, int chunk, Slot& s);

@@ -36,7 +36,7 @@ class Device {
   }
   // Asynchronous copies (Backend::copy_async's contract): one queue in issue order; wait(t)
   // orders what is queued after it after copy t and every copy before it; wait_copies() after
-  // every copy issued so far. A user of copy_async calls wait_copies() before it returns.
+  // every copy issued so far. Every ticket is waited on before its buffers are freed.
   CopyTicket copy_async(void* dst, const void* src, int64_t bytes, CopyKind kind) {
     if (bytes <= 0) return CopyTicket{};
     last_copy_ = backend_->copy_async(dst, src, bytes, kind);

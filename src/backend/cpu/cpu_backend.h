@@ -27,7 +27,6 @@ class CpuBackend final : public Backend {
   // missing wait shows on the CPU as stale data or a sync error (tests/cli/async_copies.sh).
   CopyTicket copy_async(void* dst, const void* src, int64_t bytes, CopyKind kind) override;
   void wait_copy(CopyTicket t) override;
-  bool defers_copies() const { return defer_; }
 
   int64_t gemm_workspace_bytes(const GemmShape& s) const override;
   int64_t attention_fwd_workspace_bytes(const AttnShape& s) const override;
