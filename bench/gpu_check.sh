@@ -13,7 +13,8 @@
 #                 and upipe-fpdt with --overlap
 #   eval          `upipe eval --backend cuda` on the transformers fixtures: the loss to 7 digits
 #                 and every gradient within the fp32 rule (tests/cli/check_grads.py); bf16 loss
-#   kernel        `upipe bench kernel --backend cuda`: attention TFLOP/s, bf16 and fp32
+#   kernel        `upipe bench kernel --backend cuda`: attention TFLOP/s, bf16 (cuDNN, and the
+#                 flash kernels alone) and fp32
 #   attention     `upipe bench attention --backend cuda`, ulysses and upipe, S = 32K .. 256K;
 #                 upipe --overlap at 128K
 #   plan          `upipe plan --backend cuda` of the same block beside the run's measured peak
@@ -78,13 +79,17 @@ evals() {
   done
 }
 
-# The attention kernels' TFLOP/s (against the H200's ~989 dense bf16 peak) beside cuBLASLt's.
+# The attention kernels' TFLOP/s (against the H200's ~989 dense bf16 peak) beside cuBLASLt's:
+# bf16 on cuDNN (forward whole, backward in blocks), bf16 on the flash kernels alone
+# (UPIPE_CUDNN_SDPA=0), fp32 (flash kernels).
 kernels() {
   local t
   for t in bf16 fp32; do
     upipe bench kernel --backend cuda --seq-len 16384 --heads 32 --kv-heads 8 --head-dim 128 \
       --dtype $t --iters 5 --json || echo "FAILED kernel $t"
   done
+  UPIPE_CUDNN_SDPA=0 upipe bench kernel --backend cuda --seq-len 16384 --heads 32 --kv-heads 8 \
+    --head-dim 128 --dtype bf16 --iters 5 --json || echo "FAILED kernel bf16 flash-only"
 }
 
 # Attention speed and memory on one rank (ulysses and upipe on C = 1 still differ in what they

@@ -105,7 +105,7 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
     zero(dev, dk);
     zero(dev, dv);
     attention_delta(dev, o, dout, int(d), delta);
-    attention_backward(dev, p, dout, lse, delta, dq, dk, dv);
+    attention_backward(dev, p, dout, lse, delta, dq, dk, dv, o);  // o: cuDNN's backward may run
   };
   // Correctness first.
   attention_forward(dev, p, o, lse);
@@ -165,9 +165,10 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
     print_json(j);
   } else {
     if (kind == BackendKind::kCpu)
-      std::printf("attention kernel  S=%lld H=%d K=%d d=%lld %s, one thread, kernels %s, oneDNN %s\n",
-                  (long long)s, c.heads, c.kv_heads, (long long)d, dtype_name(t),
-                  cpu_isa_name(cpu_isa()), onednn_cpu_isa().c_str());
+      std::printf(
+          "attention kernel  S=%lld H=%d K=%d d=%lld %s, one thread, kernels %s, oneDNN %s\n",
+          (long long)s, c.heads, c.kv_heads, (long long)d, dtype_name(t), cpu_isa_name(cpu_isa()),
+          onednn_cpu_isa().c_str());
     else
       std::printf("attention kernel  S=%lld H=%d K=%d d=%lld %s, %s backend (GEMM: cuBLASLt)\n",
                   (long long)s, c.heads, c.kv_heads, (long long)d, dtype_name(t),

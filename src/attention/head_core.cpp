@@ -17,8 +17,9 @@ void LocalCore::forward(const AttnProblem& p, const DocMask* mask, const Mat& o,
 }
 
 void LocalCore::backward(const AttnProblem& p, const DocMask* mask, const Mat& dout, const Mat& lse,
-                         const Mat& delta, const Mat& dq, const Mat& dk, const Mat& dv) {
-  attention_backward(dev_, with_mask(p, mask), dout, lse, delta, dq, dk, dv);
+                         const Mat& delta, const Mat& dq, const Mat& dk, const Mat& dv,
+                         const Mat& o) {
+  attention_backward(dev_, with_mask(p, mask), dout, lse, delta, dq, dk, dv, o);
 }
 
 std::vector<RowPositions> LocalCore::mask_views(const Documents& d) const {

@@ -22,9 +22,10 @@ class HeadCore {
   // p.q, p.k, p.v are head-sharded views; positions in p are ignored by cores that know their
   // own token placement. mask: the documents' mask of mask_views (null: one document).
   virtual void forward(const AttnProblem& p, const DocMask* mask, const Mat& o, const Mat& lse) = 0;
-  // Accumulates into fp32 dq, dk, dv.
+  // Accumulates into fp32 dq, dk, dv. o: the forward's output rows of q (attention_backward).
   virtual void backward(const AttnProblem& p, const DocMask* mask, const Mat& dout, const Mat& lse,
-                        const Mat& delta, const Mat& dq, const Mat& dk, const Mat& dv) = 0;
+                        const Mat& delta, const Mat& dq, const Mat& dk, const Mat& dv,
+                        const Mat& o) = 0;
   // The documents of the following calls (null: one document); a core that places rows by them
   // (the ring core) refreshes its placement.
   virtual void set_documents(std::shared_ptr<const Documents>) {}
@@ -46,7 +47,8 @@ class LocalCore final : public HeadCore {
   LocalCore(Device& dev, int d, DType t) : dev_(dev), d_(d), t_(t) {}
   void forward(const AttnProblem& p, const DocMask* mask, const Mat& o, const Mat& lse) override;
   void backward(const AttnProblem& p, const DocMask* mask, const Mat& dout, const Mat& lse,
-                const Mat& delta, const Mat& dq, const Mat& dk, const Mat& dv) override;
+                const Mat& delta, const Mat& dq, const Mat& dk, const Mat& dv,
+                const Mat& o) override;
   std::vector<RowPositions> mask_views(const Documents& d) const override;
   int64_t forward_bytes(int, int) const override;
   int64_t backward_bytes(int, int) const override;

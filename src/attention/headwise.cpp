@@ -86,7 +86,7 @@ struct HeadwiseAttention::Slot {
 // own.
 struct HeadwiseAttention::Buffers {
   Slot slot[2];
-  Buffer a2a;   // C blocks (rows, m*d), fp32-sized in backward            a2a
+  Buffer a2a;  // C blocks (rows, m*d), fp32-sized in backward            a2a
   // Overlap: forward, the o all-to-all's receive staging (stage s-1's is in flight during stage
   // s's attention); backward, the next stage's q and do send staging.      a2a
   Buffer a2a_o, stage_q, stage_do;
@@ -100,10 +100,10 @@ struct HeadwiseAttention::Buffers {
   DocMask mask;       // packed documents: the core's views' spans           docs
   // KV-set overlap (kv_overlapped_): the next set's k, v, received during the current set's last
   // stage and swapped into slot 0 at the set's start, and the K and V send staging.
-  Slot next;                                                               // kv_resident
-  Buffer kv_stage[2];                                                      // a2a
-  int cur = 0;        // which copy of q, o, do the current stage uses
-  int o_copies = 1;   // 2 in an overlapped forward (backward sends o and waits in one stage)
+  Slot next;           // kv_resident
+  Buffer kv_stage[2];  // a2a
+  int cur = 0;         // which copy of q, o, do the current stage uses
+  int o_copies = 1;    // 2 in an overlapped forward (backward sends o and waits in one stage)
   const Tensor& q() const { return qs[cur]; }
   const Tensor& o() const { return os[cur % o_copies]; }
   const Tensor& dout() const { return douts[cur]; }
@@ -273,8 +273,7 @@ std::vector<std::unique_ptr<Work>> HeadwiseAttention::start_next_set(const Mat& 
                                                                      const AttentionWeights& w,
                                                                      int set, Buffers& b) {
   std::vector<std::unique_ptr<Work>> works;
-  const int64_t bytes =
-      mat_bytes(xi.rows, int64_t(sch_.kv_per_rank) * cfg().head_dim, cfg().dtype);
+  const int64_t bytes = mat_bytes(xi.rows, int64_t(sch_.kv_per_rank) * cfg().head_dim, cfg().dtype);
   ready(b.next);  // N > 1: its last offload is done before it is received into again
   for (int pass = 0; pass < 2; ++pass) {
     project_kv_blocks(env(), xi, rope_pos_[size_t(chunk)], w, set, pass, b.kv_stage[pass]);
@@ -284,8 +283,8 @@ std::vector<std::unique_ptr<Work>> HeadwiseAttention::start_next_set(const Mat& 
   return works;
 }
 
-void HeadwiseAttention::take_next_set(std::vector<std::unique_ptr<Work>>& works, int set,
-                                      int chunk, Buffers& b, const Host& h) {
+void HeadwiseAttention::take_next_set(std::vector<std::unique_ptr<Work>>& works, int set, int chunk,
+                                      Buffers& b, const Host& h) {
   for (auto& wk : works) wk->wait();
   works.clear();
   if (n_ == 1) {  // the resident set
@@ -382,10 +381,11 @@ void HeadwiseAttention::attend_backward(int stage, int i, Buffers& b, const Host
     const Mat dout = b.dout().mat().cols_of(qc, qn), lse = b.lse.mat().rows_of(r.q0, r.nh);
     const Mat delta = b.delta_of(n_).rows_of(r.q0, r.nh), dq = b.acc.mat().cols_of(qc, qn);
     const Mat dk = kv.dk.mat().cols_of(kc, kn), dv = kv.dv.mat().cols_of(kc, kn);
+    const Mat o = b.o().mat().cols_of(qc, qn);
     if (n_ == 1)
-      core_->backward(p, docs_ ? &b.mask : nullptr, dout, lse, delta, dq, dk, dv);
+      core_->backward(p, docs_ ? &b.mask : nullptr, dout, lse, delta, dq, dk, dv, o);
     else
-      attention_backward(dev(), p, dout, lse, delta, dq, dk, dv);
+      attention_backward(dev(), p, dout, lse, delta, dq, dk, dv, o);
   };
   zero(dev(), b.acc);
   if (n_ == 1) {
@@ -508,8 +508,8 @@ void HeadwiseAttention::backward(const Mat& x, const Mat& dy, const AttentionWei
 
 // A KV set's first stage in backward: N = 1 projects it and zeroes its dK/dV; N > 1 offloads
 // every key chunk of it at the first query chunk processed (the last), which reads them all.
-void HeadwiseAttention::start_set_backward(const Mat& x, const AttentionWeights& w, int set,
-                                           int i, Buffers& b, const Host& h) {
+void HeadwiseAttention::start_set_backward(const Mat& x, const AttentionWeights& w, int set, int i,
+                                           Buffers& b, const Host& h) {
   if (n_ == 1) {
     project_set(x, w, set, 0, b, h);
     zero(dev(), b.slot[0].dk);
@@ -679,8 +679,8 @@ int64_t headwise_attn_peak_bytes(const Backend& be, const AttentionConfig& c,
       kv + n * md * dtype_size(t) + qo + stat + online + out_acc + ws_fwd + mask + fwd_overlap;
   // Backward: lse and delta (N = 1) or lse, max and sum-as-delta (N > 1); do; dq.
   const int64_t bwd_stats = (chunks > 1 ? 3 : 2) * stat;
-  const int64_t bwd = kv + dkv + n * md * 4 + qo + bwd_stats + block + acc + out_acc + ws_bwd +
-                      mask + bwd_overlap;
+  const int64_t bwd =
+      kv + dkv + n * md * 4 + qo + bwd_stats + block + acc + out_acc + ws_bwd + mask + bwd_overlap;
   return std::max(fwd, bwd);
 }
 

@@ -49,12 +49,13 @@ void RingCore::forward(const AttnProblem& p, const DocMask* mask, const Mat& o, 
 }
 
 void RingCore::backward(const AttnProblem& p, const DocMask* mask, const Mat& dout, const Mat& lse,
-                        const Mat& delta, const Mat& dq, const Mat& dk, const Mat& dv) {
+                        const Mat& delta, const Mat& dq, const Mat& dk, const Mat& dv,
+                        const Mat& o) {
   UPIPE_CHECK(p.q.rows == n_ && p.k.rows == n_, "ring core holds {} rows, got q {} and k {}", n_,
               p.q.rows, p.k.rows);
   KvRing kv = fill_ring(dev_, ring_->size(), p);
-  const Buffer home =
-      ring_backward(dev_, {*ring_, layout_, mask}, p.q, dout, lse, delta, p.hq, p.hk, p.d, kv, dq);
+  const Buffer home = ring_backward(dev_, {*ring_, layout_, mask}, p.q, dout, lse, delta, p.hq,
+                                    p.hk, p.d, kv, dq, o);
   add_into(dev_, dk, ring_dk(home, n_, p.k.cols));
   add_into(dev_, dv, ring_dv(home, n_, p.k.cols));
 }

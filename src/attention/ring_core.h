@@ -21,7 +21,8 @@ class RingCore final : public HeadCore {
   RingCore(Device& dev, std::unique_ptr<Communicator> ring, int64_t seq_len, int d, DType t);
   void forward(const AttnProblem& p, const DocMask* mask, const Mat& o, const Mat& lse) override;
   void backward(const AttnProblem& p, const DocMask* mask, const Mat& dout, const Mat& lse,
-                const Mat& delta, const Mat& dq, const Mat& dk, const Mat& dv) override;
+                const Mat& delta, const Mat& dq, const Mat& dk, const Mat& dv,
+                const Mat& o) override;
   void set_documents(std::shared_ptr<const Documents> docs) override;
   std::vector<RowPositions> mask_views(const Documents& d) const override;
   int64_t forward_bytes(int hq, int hk) const override;

@@ -129,7 +129,7 @@ void ring_forward(Device& dev, const RingGeometry& ring, const Mat& q, int hq, i
 
 Buffer ring_backward(Device& dev, const RingGeometry& ring, const Mat& q, const Mat& dout,
                      const Mat& lse, const Mat& delta, int hq, int hk, int d, KvRing& kv,
-                     const Mat& dq) {
+                     const Mat& dq, const Mat& o) {
   Communicator& comm = ring.comm;
   const int c = comm.size(), me = comm.rank(), next = (me + 1) % c, prev = (me + c - 1) % c;
   const int64_t n = q.rows, cols = int64_t(hk) * d;
@@ -154,7 +154,8 @@ Buffer ring_backward(Device& dev, const RingGeometry& ring, const Mat& q, const 
           attention_backward(dev, step_problem(ring, me, src, q, k, v, hq, hk, d, qr, a, kr, b),
                              dout.rows_of(qr, a.rows), lse.cols_of(qr, a.rows),
                              delta.cols_of(qr, a.rows), dq.rows_of(qr, a.rows),
-                             dk.rows_of(kr, b.rows), dv.rows_of(kr, b.rows));
+                             dk.rows_of(kr, b.rows), dv.rows_of(kr, b.rows),
+                             o.data ? o.rows_of(qr, a.rows) : Mat{});
         });
     if (dkv_work) {
       dkv_work->wait();

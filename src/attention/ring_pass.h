@@ -77,10 +77,11 @@ void ring_forward(Device& dev, const RingGeometry& ring, const Mat& q, int hq, i
 // q, dout: (n, hq*d); lse, delta: (hq, n) fp32, final over all keys; kv holds this member's
 // block. Accumulates dq (n, hq*d) fp32 and returns this member's dK/dV, summed over the ring, as
 // an fp32 buffer [dk (n, hk*d) | dv (n, hk*d)] (tag ring). Allocates dkv_ring_buffers() such
-// buffers (one is returned) and the kernel's workspace.
+// buffers (one is returned) and the kernel's workspace. o: the forward's output (n, hq*d), or
+// empty where the caller has freed it (attention_backward).
 Buffer ring_backward(Device& dev, const RingGeometry& ring, const Mat& q, const Mat& dout,
                      const Mat& lse, const Mat& delta, int hq, int hk, int d, KvRing& kv,
-                     const Mat& dq);
+                     const Mat& dq, const Mat& o = {});
 
 // Views of the dk and dv halves of a buffer ring_backward returned.
 Mat ring_dk(const Buffer& dkv, int64_t n, int64_t kv_cols);

@@ -101,7 +101,8 @@ void attention_delta(Device& dev, const Mat& o, const Mat& dout, int d, const Ma
 }
 
 void attention_backward(Device& dev, const AttnProblem& p, const Mat& dout, const Mat& lse,
-                        const Mat& delta, const Mat& dq, const Mat& dk, const Mat& dv) {
+                        const Mat& delta, const Mat& dq, const Mat& dk, const Mat& dv,
+                        const Mat& o) {
   Backend& be = dev.backend();
   check_problem(be, p);
   check_rowstat(lse, p.hq, p.sq(), "lse");
@@ -113,9 +114,11 @@ void attention_backward(Device& dev, const AttnProblem& p, const Mat& dout, cons
   UPIPE_CHECK(dq.rows == p.sq() && dq.cols == p.q.cols && dk.rows == p.sk() &&
                   dk.cols == p.k.cols && dv.rows == p.sk() && dv.cols == p.k.cols,
               "gradient shapes do not match q, k, v");
+  UPIPE_CHECK(o.data == nullptr || (o.rows == p.sq() && o.cols == p.q.cols && o.dtype == p.q.dtype),
+              "o must match q");
   Buffer ws(dev.mem(), attention_bwd_workspace_bytes(be, p.d, p.q.dtype, p.documents()),
             Tag::kWorkspace);
-  be.attention_backward({p, dout, lse, delta, dq, dk, dv}, ws.data());
+  be.attention_backward({p, dout, lse, delta, dq, dk, dv, o}, ws.data());
 }
 
 }  // namespace upipe

@@ -43,9 +43,13 @@ void lse_merge(Device& dev, const Mat& o, const Mat& lse, const Mat& o2, const M
 void attention_delta(Device& dev, const Mat& o, const Mat& dout, int d, const Mat& delta);
 
 // Backward: accumulates (+=) into dq (sq, hq*d), dk and dv (sk, hk*d), all fp32. Needs the
-// forward's final lse and delta over all keys, so it can be called key block by key block.
+// forward's final lse and delta over all keys, so it can be called key block by key block. o,
+// the forward's output rows of q (empty where the caller no longer holds it), lets a backend
+// run the call on a library kernel that derives delta from o itself (cuDNN's, on the CUDA
+// backend); the result is the same op within the backend's precision contract either way.
 void attention_backward(Device& dev, const AttnProblem& p, const Mat& dout, const Mat& lse,
-                        const Mat& delta, const Mat& dq, const Mat& dk, const Mat& dv);
+                        const Mat& delta, const Mat& dq, const Mat& dk, const Mat& dv,
+                        const Mat& o = {});
 
 // Workspace of one forward / backward call with head dim d on dtype t, with or without documents
 // (the backend's query).

@@ -126,6 +126,9 @@ struct AttnBwdArgs {
   AttnProblem p;
   Mat dout, lse, delta;  // (sq, hq*d), (hq, sq) fp32, (hq, sq) fp32
   Mat dq, dk, dv;        // fp32, accumulated
+  // The forward's o (sq, hq*d) in q's dtype, where the caller still holds it (empty otherwise): a
+  // library backward that computes its own delta from o (cuDNN's) can take the call only then.
+  Mat o;
 };
 
 // Rotary embedding frequencies: theta^(-2i/d), optionally rescaled by the Llama-3.1 "llama3"

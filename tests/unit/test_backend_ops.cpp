@@ -228,6 +228,7 @@ void attention_ops(Ops& o) {
       {250, 333, 2, 1, 40, 100, 17, B, 8},  // bf16, offsets, d = 40, strided
       {130, 140, 2, 2, 32, 0, 200, F, 0},   // no key visible to any query
       {96, 600, 2, 1, 32, 500, 0, B, 0},    // ring block: queries late, keys early
+      {320, 320, 4, 2, 64, 0, 0, B, 0},     // bf16 causal: cuDNN's backward takes it given o
   };
   uint64_t seed = 200;
   for (const AttnCase& c : cases) {
@@ -273,9 +274,19 @@ void attention_ops(Ops& o) {
     o.call(name + " delta", 0, [&] { attention_delta(o.dev(), out, dout, c.d, delta); });
     const Mat dq = o.make(F, c.sq, qc, c.pad), dk = o.make(F, c.sk, kc, c.pad),
               dv = o.make(F, c.sk, kc);
+    const uint64_t grad_seed = seed;
     const auto dq0 = o.init(dq, seed++), dk0 = o.init(dk, seed++), dv0 = o.init(dv, seed++);
     o.call(name + " backward", bwd_ws,
            [&] { attention_backward(o.dev(), p, dout, lse, delta, dq, dk, dv); });
+    // The same backward given o: a backend may then run it on a library kernel (cuDNN's on cuda,
+    // for bf16), which stores its gradients in bf16 before they are added.
+    const Mat dq_o = o.make(F, c.sq, qc, c.pad), dk_o = o.make(F, c.sk, kc, c.pad),
+              dv_o = o.make(F, c.sk, kc);
+    o.init(dq_o, grad_seed);
+    o.init(dk_o, grad_seed + 1);
+    o.init(dv_o, grad_seed + 2);
+    o.call(name + " backward given o", bwd_ws,
+           [&] { attention_backward(o.dev(), p, dout, lse, delta, dq_o, dk_o, dv_o, out); });
     if (!o.verify()) continue;
 
     const ref::AttnDims dims{c.sq, c.sk, c.hq, c.hk, c.d, c.q_pos0, c.k_pos0, true};
@@ -327,6 +338,28 @@ void attention_ops(Ops& o) {
     expect_rule(name + " backward dq", o.get(dq), dq64, cast<double>(dq32));
     expect_rule(name + " backward dk", o.get(dk), dk64, cast<double>(dk32));
     expect_rule(name + " backward dv", o.get(dv), dv64, cast<double>(dv32));
+    // Given o, bf16: the baseline's gradients (from zero) stored in bf16, then added in fp32.
+    std::vector<float> g32[3] = {std::vector<float>(dq0.size(), 0.f),
+                                 std::vector<float>(dk0.size(), 0.f),
+                                 std::vector<float>(dv0.size(), 0.f)};
+    ref::attention_backward<float>(dims, cview(q32, c.sq, qc), cview(k32, c.sk, kc),
+                                   cview(v32, c.sk, kc), cview(do32, c.sq, qc),
+                                   view(g32[0], c.sq, qc), view(g32[1], c.sk, kc),
+                                   view(g32[2], c.sk, kc), operand, operand);
+    const std::vector<double>* start[3] = {&dq0, &dk0, &dv0};
+    const std::vector<double>* exact[3] = {&dq64, &dk64, &dv64};
+    const std::vector<float>* strict[3] = {&dq32, &dk32, &dv32};
+    const Mat given[3] = {dq_o, dk_o, dv_o};
+    const char* names[3] = {"dq", "dk", "dv"};
+    for (int t = 0; t < 3; ++t) {
+      std::vector<double> base = cast<double>(*strict[t]);
+      if (c.t == B) {
+        const std::vector<double> g = stored(g32[t], B);
+        for (size_t i = 0; i < base.size(); ++i)
+          base[i] = double(float((*start[t])[i]) + float(g[i]));
+      }
+      expect_rule(name + " backward given o " + names[t], o.get(given[t]), *exact[t], base);
+    }
   }
 }
 

@@ -16,6 +16,9 @@
 //    bitwise).
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -424,13 +427,17 @@ TEST(CudaAttnPlan, VisitedTilesFollowTheSumOfSquaredLengths) {
   EXPECT_EQ(kinds[int(attn::TileKind::kSkip)], 256 - 24);
 }
 
-TEST(CudaAttnPlan, SharedMemoryFitsAndWorkspaceIsZero) {
+TEST(CudaAttnPlan, SharedMemoryFitsAndWorkspaceIsZeroWithoutCudnn) {
   for (int d = 1; d <= attn::kMaxDim; ++d) {
     for (cuda::DT t : {cuda::DT::kF32, cuda::DT::kBF16})
       for (bool docs : {false, true}) {
         EXPECT_TRUE(attn::supports(d, t, docs));
         EXPECT_EQ(attn::fwd_workspace_bytes(d, t, docs), 0);
-        EXPECT_EQ(attn::bwd_workspace_bytes(d, t, docs), 0);
+        EXPECT_EQ(attn::bwd_workspace_bytes(d, t, docs, false), 0);
+        // With cuDNN: its backward's fixed workspace, exactly for the shapes it may take.
+        const bool sdpa = t == cuda::DT::kBF16 && !docs && d % 8 == 0;
+        EXPECT_EQ(attn::bwd_workspace_bytes(d, t, docs, true), sdpa ? attn::kSdpaBwdWorkspace : 0)
+            << d;
       }
     EXPECT_LE(attn::fwd_smem_bytes(d), attn::kMaxSmemBytes) << d;
     EXPECT_LE(attn::bwd_q_smem_bytes(d), attn::kMaxSmemBytes) << d;
@@ -582,6 +589,188 @@ TEST(CudaAttnPlan, SdpaPlanLayoutAndMasks) {
   cuda::DView odd = o;
   odd.data = static_cast<char*>(at) + 2;
   EXPECT_FALSE(plan(q, odd, lse, d, 0, false));  // misaligned
+}
+
+// A block mask's visibility: key j of the block seen by row i.
+bool sdpa_sees(attn::SdpaMask m, int64_t i, int64_t j, int64_t rows, int64_t keys) {
+  return m == attn::SdpaMask::kNone      ? true
+         : m == attn::SdpaMask::kTopLeft ? j <= i
+                                         : j <= i + keys - rows;
+}
+
+// Every (causal, shift, rows, keys) of a block: skipped exactly when no row sees a key of it;
+// mapped to a mask exactly when one of cuDNN's three masks is its visibility with no empty row.
+TEST(CudaAttnPlan, SdpaBlockMaskIsTheBlocksVisibility) {
+  int outcomes[3] = {0, 0, 0};  // skipped, mapped, left to the flash kernels
+  for (bool causal : {true, false})
+    for (int64_t rows = 1; rows <= 9; ++rows)
+      for (int64_t keys = 1; keys <= 9; ++keys)
+        for (int64_t shift = -12; shift <= 12; ++shift) {
+          auto truth = [&](int64_t i, int64_t j) { return !causal || j <= shift + i; };
+          bool any = false, every_row = true;
+          for (int64_t i = 0; i < rows; ++i) {
+            bool row_any = false;
+            for (int64_t j = 0; j < keys; ++j) row_any = row_any || truth(i, j);
+            any = any || row_any;
+            every_row = every_row && row_any;
+          }
+          const attn::SdpaBlockMask m = attn::sdpa_block_mask(causal, shift, rows, keys);
+          const std::string at =
+              fmt::format("causal {} shift {} rows {} keys {}", causal, shift, rows, keys);
+          ASSERT_EQ(m.skip, !any) << at;
+          ASSERT_FALSE(m.skip && m.mapped) << at;
+          // Which of the three masks is the truth (with every row seeing a key).
+          bool fits[3] = {false, false, false};
+          for (int k = 0; k < 3; ++k) {
+            bool same = every_row;
+            for (int64_t i = 0; i < rows && same; ++i)
+              for (int64_t j = 0; j < keys && same; ++j)
+                same = sdpa_sees(attn::SdpaMask(k), i, j, rows, keys) == truth(i, j);
+            fits[k] = same;
+          }
+          if (m.mapped)
+            ASSERT_TRUE(fits[int(m.mask)]) << at;
+          else if (!m.skip)
+            ASSERT_FALSE(fits[0] || fits[1] || fits[2]) << at << ": a mask would have fit";
+          ++outcomes[m.skip ? 0 : (m.mapped ? 1 : 2)];
+        }
+  EXPECT_GT(outcomes[0], 0);
+  EXPECT_GT(outcomes[1], 0);
+  EXPECT_GT(outcomes[2], 0);
+}
+
+// The blocks of a call cover each visible (query, key) pair of it exactly once through their
+// masks, skip only invisible pairs, come query block by query block, and the call is refused
+// exactly when some block has no mask.
+TEST(CudaAttnPlan, SdpaBlocksCoverEveryVisiblePairOnce) {
+  std::mt19937_64 rng(11);
+  int taken = 0, refused = 0, multi = 0;
+  for (int n = 0; n < 4000; ++n) {
+    const int64_t sq = uniform(rng, 1, 40), sk = uniform(rng, 1, 40), c = uniform(rng, 1, 24);
+    const bool causal = uniform(rng, 0, 5) != 0;
+    const int64_t q_pos0 = uniform(rng, 0, 60);
+    int64_t k_pos0;
+    switch (uniform(rng, 0, 3)) {  // offsets that are multiples of c, the bottom-right one, any
+      case 0:
+        k_pos0 = q_pos0 - c * uniform(rng, -2, 2);
+        break;
+      case 1:
+        k_pos0 = q_pos0 - (sk - sq);
+        break;
+      default:
+        k_pos0 = uniform(rng, 0, 60);
+    }
+    const std::string at =
+        fmt::format("sq {} sk {} pos {}/{} causal {} c {}", sq, sk, q_pos0, k_pos0, causal, c);
+    std::vector<int> covered(size_t(sq * sk), 0);
+    int64_t last_q0 = -1, last_k0 = -1, blocks = 0;
+    const bool ok =
+        attn::for_each_sdpa_block(sq, sk, q_pos0, k_pos0, causal, c, [&](const attn::SdpaBlock& b) {
+          ASSERT_TRUE(b.q0 > last_q0 || (b.q0 == last_q0 && b.k0 > last_k0)) << at;
+          last_q0 = b.q0;
+          last_k0 = b.k0;
+          ASSERT_EQ(b.q0 % c, 0);
+          ASSERT_EQ(b.k0 % c, 0);
+          ASSERT_EQ(b.rows, std::min(c, sq - b.q0));
+          ASSERT_EQ(b.keys, std::min(c, sk - b.k0));
+          ++blocks;
+          for (int64_t i = 0; i < b.rows; ++i)
+            for (int64_t j = 0; j < b.keys; ++j)
+              if (sdpa_sees(b.mask, i, j, b.rows, b.keys))
+                ++covered[size_t((b.q0 + i) * sk + b.k0 + j)];
+        });
+    // Whether some block has no mask, straight from the definition.
+    bool unmapped = false;
+    for (int64_t i0 = 0; i0 < sq; i0 += c)
+      for (int64_t j0 = 0; j0 < sk; j0 += c) {
+        const attn::SdpaBlockMask m = attn::sdpa_block_mask(
+            causal, q_pos0 + i0 - (k_pos0 + j0), std::min(c, sq - i0), std::min(c, sk - j0));
+        unmapped = unmapped || (!m.skip && !m.mapped);
+      }
+    ASSERT_EQ(ok, !unmapped) << at;
+    if (!ok) {
+      ASSERT_EQ(blocks, 0) << at << ": a refused call ran blocks";
+      ++refused;
+      continue;
+    }
+    ++taken;
+    multi += blocks > 1;
+    for (int64_t i = 0; i < sq; ++i)
+      for (int64_t j = 0; j < sk; ++j) {
+        const bool vis = !causal || k_pos0 + j <= q_pos0 + i;
+        ASSERT_EQ(covered[size_t(i * sk + j)], vis ? 1 : 0) << at << " pair " << i << "," << j;
+      }
+  }
+  EXPECT_GT(taken, 1000);
+  EXPECT_GT(refused, 100);
+  EXPECT_GT(multi, 500);
+}
+
+// The backward's workspace: the temporaries in order, 256-byte aligned, each as large as its
+// tensor; the first side fits (and the next larger one would not, unless capped); the cut of a
+// sequence does not depend on the head count up to 16 heads of d = 128 or 8 of d = 256.
+TEST(CudaAttnPlan, SdpaBackwardWorkspaceLayoutAndSides) {
+  for (int d : {64, 128, 256})
+    for (int hq : {1, 2, 4, 8, 16, 32})
+      for (int hk : {1, hq / 2, hq}) {
+        if (hk < 1 || hq % hk != 0) continue;
+        for (int64_t c : {int64_t(64), int64_t(256), int64_t(1000), attn::kSdpaMaxBlock}) {
+          const attn::SdpaBwdLayout l = attn::sdpa_bwd_layout(c, hq, hk, d);
+          EXPECT_EQ(l.dq, 0);
+          for (int64_t off : {l.dk, l.dv, l.stats, l.cudnn}) EXPECT_EQ(off % 256, 0);
+          EXPECT_GE(l.dk - l.dq, c * hq * d * 2);
+          EXPECT_GE(l.dv - l.dk, c * hk * d * 2);
+          EXPECT_GE(l.stats - l.dv, c * hk * d * 2);
+          EXPECT_GE(l.cudnn - l.stats, int64_t(hq) * c * 4);
+          EXPECT_LT(l.cudnn - l.stats, int64_t(hq) * c * 4 + 256);
+        }
+        for (int64_t s : {int64_t(1), int64_t(200), int64_t(4096), int64_t(100000)}) {
+          const int64_t c = attn::sdpa_bwd_first_side(s, s, hq, hk, d, attn::kSdpaBwdWorkspace);
+          const std::string at = fmt::format("s {} hq {} hk {} d {}", s, hq, hk, d);
+          ASSERT_GT(c, 0) << at;
+          EXPECT_EQ(c % 64, 0) << at;
+          EXPECT_LE(c, attn::kSdpaMaxBlock) << at;
+          EXPECT_LE(c, std::max(attn::kSdpaMinBlock, (s + 63) / 64 * 64)) << at;
+          EXPECT_TRUE(attn::sdpa_bwd_fits(c, hq, hk, d, attn::kSdpaBwdWorkspace)) << at;
+          const int64_t whole = std::min((s + 63) / 64 * 64, attn::kSdpaMaxBlock);
+          if (c < whole) {  // halved because the next larger side does not fit
+            const int64_t larger = std::min(whole, 2 * c);
+            EXPECT_FALSE(attn::sdpa_bwd_fits(larger, hq, hk, d, attn::kSdpaBwdWorkspace)) << at;
+          }
+          if (hq * d <= 2048) EXPECT_EQ(c, whole) << at << ": the head count changed the cut";
+        }
+      }
+  // Sides go down by halves to kSdpaMinBlock, then stop; a budget below the smallest gives 0.
+  EXPECT_EQ(attn::sdpa_bwd_next_side(8192), 4096);
+  EXPECT_EQ(attn::sdpa_bwd_next_side(640), 320);
+  EXPECT_EQ(attn::sdpa_bwd_next_side(300), attn::kSdpaMinBlock);
+  EXPECT_EQ(attn::sdpa_bwd_next_side(attn::kSdpaMinBlock), 0);
+  EXPECT_EQ(attn::sdpa_bwd_first_side(4096, 4096, 8, 8, 128, 1 << 20), 0);
+  // A small call is one block of its own size, below the smallest side.
+  EXPECT_EQ(attn::sdpa_bwd_first_side(100, 70, 8, 8, 128, attn::kSdpaBwdWorkspace), 128);
+}
+
+// Which backward calls may go to cuDNN at all (before masks and cuDNN's own check).
+TEST(CudaAttnPlan, SdpaBackwardConditions) {
+  void* const at = reinterpret_cast<void*>(uintptr_t(1) << 20);
+  auto view = [&](int64_t rows, int64_t cols, int64_t ld, cuda::DT t = cuda::DT::kBF16) {
+    return cuda::DView{at, t, rows, cols, ld};
+  };
+  const int d = 64;
+  const cuda::DView q = view(100, 4 * d, 264), k = view(90, 2 * d, 136), o = view(100, 4 * d, 256);
+  auto why = [&](cuda::DView qq, cuda::DView oo, cuda::DView dd, int hd, bool docs) {
+    const char* w = attn::sdpa_bwd_why_not(qq, k, k, oo, dd, hd, docs);
+    return std::string(w ? w : "");
+  };
+  EXPECT_EQ(why(q, o, q, d, false), "");
+  EXPECT_EQ(why(q, o, q, d, true), "documents");
+  EXPECT_EQ(why(q, cuda::DView{}, q, d, false), "no o");
+  EXPECT_EQ(why(view(100, 4 * d, 264, cuda::DT::kF32), o, q, d, false), "not bf16");
+  EXPECT_EQ(why(q, o, q, 60, false), "d not a multiple of 8 up to 256");
+  EXPECT_EQ(why(q, o, view(100, 4 * d, 260), d, false), "rows not 16-byte aligned");
+  cuda::DView odd = o;
+  odd.data = static_cast<char*>(at) + 2;
+  EXPECT_EQ(why(q, odd, q, d, false), "rows not 16-byte aligned");
 }
 
 // ---- problems with data -----------------------------------------------------------------------
@@ -1211,8 +1400,8 @@ void gpu_run(const Inputs& in, const DevInputs& di, Outs& f) {
   lse.read_into(f.lse);
   const HostMat delta = delta_of(in, f.o.m);
   DevMat ddelta(delta);
-  cuda::attention_backward(di.p, di.dout.dview(), lse.dview(), ddelta.dview(), dq.dview(),
-                           dk.dview(), dv.dview(), nullptr, 0);
+  cuda::attention_backward(di.p, cuda::DView{}, di.dout.dview(), lse.dview(), ddelta.dview(),
+                           dq.dview(), dk.dview(), dv.dview(), nullptr, 0);
   cuda_ok(cudaDeviceSynchronize());
   dq.read_into(f.dq);
   dk.read_into(f.dk);
@@ -1326,8 +1515,8 @@ TEST_P(CudaAttnKernel, DeterministicAndAccumulateModeWithinRule) {
   DevMat dlse(f.lse), ddelta(delta), dq(f.dq), dk(f.dk), dv(f.dv);
   for (size_t i = 0; i + 1 < kb.starts.size(); ++i) {
     const int64_t j0 = kb.starts[i], j1 = kb.starts[i + 1];
-    cuda::attention_backward(block(i), di.dout.dview(), dlse.dview(), ddelta.dview(), dq.dview(),
-                             dk.rows(j0, j1 - j0), dv.rows(j0, j1 - j0), nullptr, 0);
+    cuda::attention_backward(block(i), cuda::DView{}, di.dout.dview(), dlse.dview(), ddelta.dview(),
+                             dq.dview(), dk.rows(j0, j1 - j0), dv.rows(j0, j1 - j0), nullptr, 0);
   }
   cuda_ok(cudaDeviceSynchronize());
   dq.read_into(f.dq);
@@ -1384,8 +1573,8 @@ TEST(CudaAttnContract, HeadSubsetAndQueryPrefixAreBitwiseEqual) {
     cuda::DView dout4 = di.dout.dview();
     dout4.data = di.dout.m.cols_of(4 * d, 4 * d).data;
     dout4.cols = 4 * d;
-    cuda::attention_backward(p, dout4, lse4, delta4, dq.dview(), dk.dview(), dv.dview(), nullptr,
-                             0);
+    cuda::attention_backward(p, cuda::DView{}, dout4, lse4, delta4, dq.dview(), dk.dview(),
+                             dv.dview(), nullptr, 0);
     cuda_ok(cudaDeviceSynchronize());
     dq.read_into(part.dq);
     dk.read_into(part.dk);
@@ -1411,8 +1600,8 @@ TEST(CudaAttnContract, HeadSubsetAndQueryPrefixAreBitwiseEqual) {
     cuda::DView lsen = dlse.dview(), deltan = ddelta.dview(), doutn = di.dout.dview();
     lsen.cols = deltan.cols = n;
     doutn.rows = n;
-    cuda::attention_backward(pn, doutn, lsen, deltan, dq2.dview(), dk2.dview(), dv2.dview(),
-                             nullptr, 0);
+    cuda::attention_backward(pn, cuda::DView{}, doutn, lsen, deltan, dq2.dview(), dk2.dview(),
+                             dv2.dview(), nullptr, 0);
     cuda_ok(cudaDeviceSynchronize());
     dq2.read_into(first.dq);
     EXPECT_EQ(dense(first.dq.m), dense(all.dq.m.rows_of(0, n)));
@@ -1444,6 +1633,79 @@ TEST(CudaAttnCudnn, MappedCallsRunOnCudnnWithinRule) {
     const Refs r = refs_of(in);
     test::expect_close(dense(f.o.m), r.o64, r.o32, case_name(c) + " cudnn o");
     test::expect_close(dense(f.lse.m), r.lse64, r.lse32, case_name(c) + " cudnn lse");
+  }
+}
+
+// fast within `blocks` times the rule of test::expect_close: each of the blocks a gradient sums
+// over rounds its contribution to bf16 once, as base rounds the whole once.
+void expect_close_blocks(const std::vector<double>& fast, const std::vector<double>& r64,
+                         const std::vector<double>& base, int64_t blocks, const std::string& what) {
+  ASSERT_EQ(fast.size(), r64.size()) << what;
+  const double err = test::max_abs_diff(fast, r64), base_err = test::max_abs_diff(base, r64);
+  EXPECT_LE(err, 2 * double(blocks) * base_err + 4 * test::kEps32 * test::max_abs(r64))
+      << what << ": fast " << err << ", bf16-stored baseline " << base_err << ", " << blocks
+      << " blocks";
+}
+
+// The backward on cuDNN, as one block and cut into blocks of 256 (a workspace too small for
+// larger ones): within the rule against a baseline whose gradients are stored in bf16 (cuDNN's
+// outputs), the bound scaled by the blocks each gradient sums over. Calls it cannot take return
+// false and leave the gradients as they were.
+TEST(CudaAttnCudnn, BackwardRunsOnCudnnInBlocksWithinRule) {
+  UPIPE_REQUIRE_GPU();
+  if (!cuda::cudnn_attention_built())
+    GTEST_SKIP() << "built without cudnn-frontend (UPIPE_CUDNN_SDPA off or its fetch failed)";
+  const cuda::DView none{};
+  for (const Case& c : {Case{512, 512, 8, 2, 64, 0, 0, true, B, {}, "", true},
+                        Case{1024, 1024, 4, 4, 128, 0, 0, true, B, {}, "", true},
+                        Case{384, 640, 4, 4, 128, 256, 0, true, B, {}, "", true},
+                        Case{300, 700, 2, 1, 64, 1000, 0, true, B, {}, "", true}})
+    for (bool small : {false, true}) {
+      const int64_t budget = small ? attn::sdpa_bwd_layout(512, c.hq, c.hk, c.d).cudnn +
+                                         attn::sdpa_bwd_cudnn_guess(512, c.hq, c.hk, c.d) - 1
+                                   : attn::kSdpaBwdWorkspace;
+      const int64_t side = attn::sdpa_bwd_first_side(c.sq, c.sk, c.hq, c.hk, c.d, budget);
+      const std::string what = case_name(c) + " side " + std::to_string(side);
+      if (small) ASSERT_EQ(side, 256) << what;
+      const Inputs in(c);
+      const DevInputs di(in);
+      Outs f(c);
+      DevMat o(f.o), lse(f.lse), dq(f.dq), dk(f.dk), dv(f.dv);
+      cuda::attention_forward(di.p, o.dview(), lse.dview(), none, none, none, false, nullptr, 0);
+      void* ws = nullptr;
+      cuda_ok(cudaMalloc(&ws, size_t(budget)));
+      const bool ran =
+          cuda::cudnn_attention_backward(di.p, o.dview(), di.dout.dview(), lse.dview(), dq.dview(),
+                                         dk.dview(), dv.dview(), ws, budget, 0);
+      cuda_ok(cudaDeviceSynchronize());
+      cudaFree(ws);
+      ASSERT_TRUE(ran) << what << ": cuDNN rejected a block or asked for more workspace";
+      dq.read_into(f.dq);
+      dk.read_into(f.dk);
+      dv.read_into(f.dv);
+      const Refs r = refs_of(in);
+      const int64_t nq = (c.sq + side - 1) / side, nk = (c.sk + side - 1) / side;
+      expect_close_blocks(dense(f.dq.m), r.dq64, test::rounded(r.dq32, B), nk, what + " dq");
+      expect_close_blocks(dense(f.dk.m), r.dk64, test::rounded(r.dk32, B), nq, what + " dk");
+      expect_close_blocks(dense(f.dv.m), r.dv64, test::rounded(r.dv32, B), nq, what + " dv");
+    }
+  // Refused: no o, and a causal offset no block side maps (shift 100 at sides 512 and 256).
+  for (const bool with_o : {false, true}) {
+    const Case c{512, 512, 4, 2, 64, with_o ? 100 : 0, 0, true, B, {}, "", true};
+    const Inputs in(c);
+    const DevInputs di(in);
+    Outs f(c);
+    DevMat o(f.o), lse(f.lse), dq(f.dq);
+    void* ws = nullptr;
+    cuda_ok(cudaMalloc(&ws, size_t(attn::kSdpaBwdWorkspace)));
+    EXPECT_FALSE(cuda::cudnn_attention_backward(di.p, with_o ? o.dview() : none, di.dout.dview(),
+                                                lse.dview(), dq.dview(), dq.dview(), dq.dview(), ws,
+                                                attn::kSdpaBwdWorkspace, 0))
+        << case_name(c);
+    cuda_ok(cudaDeviceSynchronize());
+    cudaFree(ws);
+    dq.read_into(f.dq);
+    for (double x : dense(f.dq.m)) ASSERT_EQ(x, 0.0) << case_name(c) << ": a refused call wrote";
   }
 }
 

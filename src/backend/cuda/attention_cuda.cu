@@ -624,7 +624,7 @@ int64_t attention_fwd_workspace_bytes(int d, DT t, bool documents) {
   return attn::fwd_workspace_bytes(d, t, documents);
 }
 int64_t attention_bwd_workspace_bytes(int d, DT t, bool documents) {
-  return attn::bwd_workspace_bytes(d, t, documents);
+  return attn::bwd_workspace_bytes(d, t, documents, cudnn_attention_built());
 }
 bool attention_supports(int d, DT t, bool documents) {
   return attn::supports(d, t, documents);
@@ -642,10 +642,14 @@ void attention_forward(const DAttn& p, const DView& o, const DView& lse, const D
     launch(fwd_kernel<8>, grid, p.hq, smem, a, s);
 }
 
-void attention_backward(const DAttn& p, const DView& dout, const DView& lse, const DView& delta,
-                        const DView& dq, const DView& dk, const DView& dv, void*, cudaStream_t s) {
+void attention_backward(const DAttn& p, const DView& o, const DView& dout, const DView& lse,
+                        const DView& delta, const DView& dq, const DView& dk, const DView& dv,
+                        void* ws, cudaStream_t s) {
   const BwdParams a{p, mask_of(p), dout, lse, delta, dq, dk, dv};
   if (a.mask.sq == 0 || a.mask.sk == 0) return;
+  const int64_t ws_bytes = attention_bwd_workspace_bytes(p.d, p.q.dtype, p.q_docs.count > 0);
+  if (ws_bytes > 0 && cudnn_attention_backward(p, o, dout, lse, dq, dk, dv, ws, ws_bytes, s))
+    return;
   const bool narrow = attn::cols_per_lane(p.d) == 4;
   // The two passes write disjoint outputs and read only inputs: one stream, no ordering needed.
   const int64_t kv_grid = blocks(a.mask.sk, attn::bwd_kv_tiles(p.d).bk);

@@ -39,9 +39,11 @@ bool attention_supports(int d, DT t, bool documents);
 void attention_forward(const DAttn& p, const DView& o, const DView& lse, const DView& acc,
                        const DView& m, const DView& l, bool accumulate, void* ws, cudaStream_t s);
 // Accumulates (+=) into fp32 dq (sq, hq*d), dk, dv (sk, hk*d) using the final lse and delta
-// (hq, sq) fp32; dout (sq, hq*d) in q's dtype.
-void attention_backward(const DAttn& p, const DView& dout, const DView& lse, const DView& delta,
-                        const DView& dq, const DView& dk, const DView& dv, void* ws,
-                        cudaStream_t s);
+// (hq, sq) fp32; dout (sq, hq*d) in q's dtype. o (sq, hq*d), the forward's output, may be absent
+// (data null); when given, a call cuDNN can take runs there (attention_cudnn.h), in blocks whose
+// contributions are rounded to bf16 before they are added.
+void attention_backward(const DAttn& p, const DView& o, const DView& dout, const DView& lse,
+                        const DView& delta, const DView& dq, const DView& dk, const DView& dv,
+                        void* ws, cudaStream_t s);
 
 }  // namespace upipe::cuda

@@ -1,7 +1,8 @@
-// cuDNN fused attention for the normalised forward (attention_cudnn.h). One cudnn handle per device
-// and one graph per layout (dims, strides, mask, scale), built on first use; a layout cuDNN
-// rejects, or one whose plan needs a workspace (the attention workspace query is 0), is remembered
-// as unsupported and runs on the flash kernels.
+// cuDNN fused attention for the normalised forward and the backward (attention_cudnn.h). One cudnn
+// handle per device and one graph per layout (dims, strides, mask, scale), built on first use; a
+// layout cuDNN rejects, a forward whose plan needs a workspace (its query is 0) or a backward
+// block whose plan needs more than the workspace has left is remembered as unsupported and runs
+// on the flash kernels.
 #include "backend/cuda/attention_cudnn.h"
 
 #include "backend/cuda/attention_plan.h"
@@ -13,6 +14,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -20,6 +22,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/elementwise_cuda.h"
 #include "core/errors.h"
 
 namespace upipe::cuda {
@@ -27,26 +30,39 @@ namespace {
 
 namespace fe = cudnn_frontend;
 
-enum Uid : int64_t { kQ = 1, kK = 2, kV = 3, kO = 4, kStats = 5 };
+enum Uid : int64_t {
+  kQ = 1,
+  kK = 2,
+  kV = 3,
+  kO = 4,
+  kStats = 5,
+  kDO = 6,
+  kDQ = 7,
+  kDK = 8,
+  kDV = 9
+};
 
-// Everything a graph depends on: the five tensors' dims and strides, the mask and the scale.
+// Everything a graph depends on: which pass, its tensors' dims and strides, the mask, the scale
+// and the device (unused entries stay 0).
 struct Key {
-  int64_t v[5 * 8 + 3];
+  int64_t v[2 + 9 * 8 + 2];
   bool operator<(const Key& o) const { return std::memcmp(v, o.v, sizeof v) < 0; }
 };
-Key key_of(const attn::SdpaPlan& p, float scale, int device) {
+Key key_of(int pass, std::initializer_list<const attn::Bhsd*> tensors, attn::SdpaMask mask,
+           float scale, int device) {
   Key k{};
   int n = 0;
-  for (const attn::Bhsd* t : {&p.q, &p.k, &p.v, &p.o, &p.stats})
+  k.v[n++] = pass;
+  k.v[n++] = device;
+  for (const attn::Bhsd* t : tensors)
     for (int i = 0; i < 4; ++i) {
       k.v[n++] = t->dim[i];
       k.v[n++] = t->stride[i];
     }
   uint32_t bits;
   std::memcpy(&bits, &scale, 4);
-  k.v[n++] = int64_t(p.mask);
+  k.v[n++] = int64_t(mask);
   k.v[n++] = int64_t(bits);
-  k.v[n++] = device;
   return k;
 }
 
@@ -54,10 +70,15 @@ std::vector<int64_t> vec(const int64_t (&x)[4]) {
   return {x[0], x[1], x[2], x[3]};
 }
 
+// A built graph and the workspace its plan asks for; a null graph: unsupported.
+struct Built {
+  std::shared_ptr<fe::graph::Graph> g;
+  int64_t workspace = 0;
+};
 struct Cache {
   std::mutex mu;
-  std::map<int, cudnnHandle_t> handles;                     // per device
-  std::map<Key, std::shared_ptr<fe::graph::Graph>> graphs;  // null: unsupported
+  std::map<int, cudnnHandle_t> handles;  // per device
+  std::map<Key, Built> graphs;
 };
 Cache& cache() {
   static Cache* c = new Cache;  // never destroyed: handles outlive static destruction order
@@ -75,40 +96,123 @@ cudnnHandle_t handle_for(Cache& c, int device) {
   return h;
 }
 
-// The graph of plan p, or null when cuDNN does not support it without a workspace.
-std::shared_ptr<fe::graph::Graph> build(cudnnHandle_t h, const attn::SdpaPlan& p, float scale) {
+std::shared_ptr<fe::graph::Graph> new_graph() {
   auto g = std::make_shared<fe::graph::Graph>();
   g->set_io_data_type(fe::DataType_t::BFLOAT16)
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
       .set_compute_data_type(fe::DataType_t::FLOAT);
-  auto tensor = [&](const char* name, int64_t uid, const attn::Bhsd& b) {
-    return g->tensor(fe::graph::Tensor_attributes()
-                         .set_name(name)
-                         .set_uid(uid)
-                         .set_dim(vec(b.dim))
-                         .set_stride(vec(b.stride)));
-  };
-  auto q = tensor("Q", kQ, p.q), k = tensor("K", kK, p.k), v = tensor("V", kV, p.v);
+  return g;
+}
+
+std::shared_ptr<fe::graph::Tensor_attributes> input(fe::graph::Graph& g, const char* name,
+                                                    int64_t uid, const attn::Bhsd& b) {
+  return g.tensor(fe::graph::Tensor_attributes()
+                      .set_name(name)
+                      .set_uid(uid)
+                      .set_dim(vec(b.dim))
+                      .set_stride(vec(b.stride)));
+}
+
+void output(const std::shared_ptr<fe::graph::Tensor_attributes>& t, int64_t uid,
+            const attn::Bhsd& b, fe::DataType_t type) {
+  t->set_output(true)
+      .set_uid(uid)
+      .set_data_type(type)
+      .set_dim(vec(b.dim))
+      .set_stride(vec(b.stride));
+}
+
+// cuDNN's causal mask of our three (the forward and backward attributes share these setters).
+template <class Attributes>
+void set_mask(Attributes& opts, attn::SdpaMask mask) {
+  if (mask == attn::SdpaMask::kTopLeft)
+    opts.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT).set_diagonal_band_right_bound(0);
+  else if (mask == attn::SdpaMask::kBottomRight)
+    opts.set_diagonal_alignment(fe::DiagonalAlignment_t::BOTTOM_RIGHT)
+        .set_diagonal_band_right_bound(0);
+}
+
+// The graph built for h and its workspace, or a null graph when cuDNN rejects it.
+Built finish(cudnnHandle_t h, std::shared_ptr<fe::graph::Graph> g) {
+  if (g->build(h, {fe::HeurMode_t::A}).is_bad()) return {};
+  int64_t ws = -1;
+  if (g->get_workspace_size(ws).is_bad() || ws < 0) return {};
+  return {std::move(g), ws};
+}
+
+// The forward graph of plan p (used only when its workspace is 0).
+Built build_forward(cudnnHandle_t h, const attn::SdpaPlan& p, float scale) {
+  auto g = new_graph();
+  auto q = input(*g, "Q", kQ, p.q), k = input(*g, "K", kK, p.k), v = input(*g, "V", kV, p.v);
   auto opts = fe::graph::SDPA_attributes()
                   .set_name("upipe_sdpa")
                   .set_generate_stats(true)
                   .set_attn_scale(scale);
-  if (p.mask == attn::SdpaMask::kTopLeft)
-    opts.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT).set_diagonal_band_right_bound(0);
-  else if (p.mask == attn::SdpaMask::kBottomRight)
-    opts.set_diagonal_alignment(fe::DiagonalAlignment_t::BOTTOM_RIGHT)
-        .set_diagonal_band_right_bound(0);
+  set_mask(opts, p.mask);
   auto [o, stats] = g->sdpa(q, k, v, opts);
-  o->set_output(true).set_uid(kO).set_dim(vec(p.o.dim)).set_stride(vec(p.o.stride));
-  stats->set_output(true)
-      .set_uid(kStats)
-      .set_data_type(fe::DataType_t::FLOAT)
-      .set_dim(vec(p.stats.dim))
-      .set_stride(vec(p.stats.stride));
-  if (g->build(h, {fe::HeurMode_t::A}).is_bad()) return nullptr;
-  int64_t ws = -1;
-  if (g->get_workspace_size(ws).is_bad() || ws != 0) return nullptr;
-  return g;
+  output(o, kO, p.o, fe::DataType_t::BFLOAT16);
+  output(stats, kStats, p.stats, fe::DataType_t::FLOAT);
+  return finish(h, std::move(g));
+}
+
+// One backward block's tensors: q, o, do rows and the packed stats of its query rows, k, v rows
+// of its keys, and the packed bf16 gradients it writes.
+struct BwdTensors {
+  attn::Bhsd q, k, v, o, dout, stats, dq, dk, dv;
+};
+DView rows_of(const DView& x, int64_t r0, int64_t rows) {
+  DView b = x;
+  b.data = static_cast<char*>(x.data) + r0 * x.ld * (x.dtype == DT::kBF16 ? 2 : 4);
+  b.rows = rows;
+  return b;
+}
+DView packed_bf16(void* data, int64_t rows, int64_t cols) {
+  return {data, DT::kBF16, rows, cols, cols};
+}
+BwdTensors bwd_tensors(const DAttn& p, const DView& o, const DView& dout,
+                       const attn::SdpaBlock& b) {
+  BwdTensors t;
+  t.q = attn::bhsd_of(rows_of(p.q, b.q0, b.rows), p.hq, p.d);
+  t.o = attn::bhsd_of(rows_of(o, b.q0, b.rows), p.hq, p.d);
+  t.dout = attn::bhsd_of(rows_of(dout, b.q0, b.rows), p.hq, p.d);
+  t.k = attn::bhsd_of(rows_of(p.k, b.k0, b.keys), p.hk, p.d);
+  t.v = attn::bhsd_of(rows_of(p.v, b.k0, b.keys), p.hk, p.d);
+  t.stats = attn::bhsd_stats({nullptr, DT::kF32, p.hq, b.rows, b.rows});
+  t.dq = attn::bhsd_of(packed_bf16(nullptr, b.rows, int64_t(p.hq) * p.d), p.hq, p.d);
+  t.dk = attn::bhsd_of(packed_bf16(nullptr, b.keys, int64_t(p.hk) * p.d), p.hk, p.d);
+  t.dv = t.dk;
+  return t;
+}
+
+Built build_backward(cudnnHandle_t h, const BwdTensors& t, attn::SdpaMask mask, float scale) {
+  auto g = new_graph();
+  auto q = input(*g, "Q", kQ, t.q), k = input(*g, "K", kK, t.k), v = input(*g, "V", kV, t.v);
+  auto o = input(*g, "O", kO, t.o), dout = input(*g, "dO", kDO, t.dout);
+  auto stats = input(*g, "Stats", kStats, t.stats);
+  stats->set_data_type(fe::DataType_t::FLOAT);
+  auto opts =
+      fe::graph::SDPA_backward_attributes().set_name("upipe_sdpa_bwd").set_attn_scale(scale);
+  set_mask(opts, mask);
+  auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, dout, stats, opts);
+  output(dq, kDQ, t.dq, fe::DataType_t::BFLOAT16);
+  output(dk, kDK, t.dk, fe::DataType_t::BFLOAT16);
+  output(dv, kDV, t.dv, fe::DataType_t::BFLOAT16);
+  return finish(h, std::move(g));
+}
+
+bool disabled() {
+  // UPIPE_CUDNN_SDPA=0 at run time: the flash kernels for every call (to compare the two paths,
+  // or when cuDNN's arithmetic breaks the head-subset contract a strategy check relies on).
+  static const bool off = [] {
+    const char* v = std::getenv("UPIPE_CUDNN_SDPA");
+    return v != nullptr && std::string(v) == "0";
+  }();
+  return off;
+}
+
+void check(cudnnStatus_t st, const char* what) {
+  if (st != CUDNN_STATUS_SUCCESS)
+    throw Error(fmt::format("{} failed: {}", what, cudnnGetErrorString(st)));
 }
 
 }  // namespace
@@ -118,13 +222,7 @@ bool cudnn_attention_built() {
 }
 
 bool cudnn_attention_forward(const DAttn& p, const DView& o, const DView& lse, cudaStream_t s) {
-  // UPIPE_CUDNN_SDPA=0 at run time: the flash kernels for every call (to compare the two paths,
-  // or when cuDNN's arithmetic breaks the head-subset contract a strategy check relies on).
-  static const bool disabled = [] {
-    const char* v = std::getenv("UPIPE_CUDNN_SDPA");
-    return v != nullptr && std::string(v) == "0";
-  }();
-  if (disabled) return false;
+  if (disabled()) return false;
   const attn::SdpaPlan plan = attn::sdpa_plan(p.q, p.k, p.v, o, lse, p.hq, p.hk, p.d, p.q_pos0,
                                               p.k_pos0, p.causal, p.q_docs.count > 0);
   if (!plan.use) return false;
@@ -133,18 +231,94 @@ bool cudnn_attention_forward(const DAttn& p, const DView& o, const DView& lse, c
   Cache& c = cache();
   std::lock_guard<std::mutex> lock(c.mu);
   const cudnnHandle_t h = handle_for(c, device);
-  const Key key = key_of(plan, p.scale, device);
+  const Key key =
+      key_of(0, {&plan.q, &plan.k, &plan.v, &plan.o, &plan.stats}, plan.mask, p.scale, device);
   auto it = c.graphs.find(key);
-  if (it == c.graphs.end()) it = c.graphs.emplace(key, build(h, plan, p.scale)).first;
-  if (!it->second) return false;
-  const cudnnStatus_t st = cudnnSetStream(h, s);
-  if (st != CUDNN_STATUS_SUCCESS)
-    throw Error(fmt::format("cudnnSetStream failed: {}", cudnnGetErrorString(st)));
+  if (it == c.graphs.end()) it = c.graphs.emplace(key, build_forward(h, plan, p.scale)).first;
+  if (!it->second.g || it->second.workspace != 0) return false;
+  check(cudnnSetStream(h, s), "cudnnSetStream");
   std::unordered_map<int64_t, void*> pack = {
       {kQ, p.q.data}, {kK, p.k.data}, {kV, p.v.data}, {kO, o.data}, {kStats, lse.data}};
-  auto r = it->second->execute(h, pack, nullptr);
+  auto r = it->second.g->execute(h, pack, nullptr);
   if (r.is_bad()) throw Error(fmt::format("cuDNN fused attention failed: {}", r.get_message()));
   return true;
+}
+
+bool cudnn_attention_backward(const DAttn& p, const DView& o, const DView& dout, const DView& lse,
+                              const DView& dq, const DView& dk, const DView& dv, void* ws,
+                              int64_t ws_bytes, cudaStream_t s) {
+  if (disabled() || ws == nullptr) return false;
+  if (attn::sdpa_bwd_why_not(p.q, p.k, p.v, o, dout, p.d, p.q_docs.count > 0) != nullptr)
+    return false;
+  // The workspace from a 256-byte boundary on (the arena aligns to 64).
+  const uintptr_t at = reinterpret_cast<uintptr_t>(ws), base_at = (at + 255) / 256 * 256;
+  char* const base = reinterpret_cast<char*>(base_at);
+  const int64_t budget = ws_bytes - int64_t(base_at - at);
+  const int64_t sq = p.q.rows, sk = p.k.rows;
+  int device = 0;
+  UPIPE_CUDA_CHECK(cudaGetDevice(&device));
+  Cache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  const cudnnHandle_t h = handle_for(c, device);
+  auto graph_of = [&](const attn::SdpaBlock& b) -> const Built& {
+    const BwdTensors t = bwd_tensors(p, o, dout, b);
+    const Key key = key_of(1, {&t.q, &t.k, &t.v, &t.o, &t.dout, &t.stats, &t.dq, &t.dk, &t.dv},
+                           b.mask, p.scale, device);
+    auto it = c.graphs.find(key);
+    if (it == c.graphs.end())
+      it = c.graphs.emplace(key, build_backward(h, t, b.mask, p.scale)).first;
+    return it->second;
+  };
+  for (int64_t side = attn::sdpa_bwd_first_side(sq, sk, p.hq, p.hk, p.d, budget); side > 0;
+       side = attn::sdpa_bwd_next_side(side)) {
+    const attn::SdpaBwdLayout lay = attn::sdpa_bwd_layout(side, p.hq, p.hk, p.d);
+    if (!attn::sdpa_bwd_fits(side, p.hq, p.hk, p.d, budget)) continue;
+    // Every block mapped, its graph built and its workspace within what the temporaries leave.
+    bool ok = true;
+    const bool mapped = attn::for_each_sdpa_block(
+        sq, sk, p.q_pos0, p.k_pos0, p.causal, side, [&](const attn::SdpaBlock& b) {
+          if (!ok) return;
+          const Built& g = graph_of(b);
+          ok = g.g != nullptr && g.workspace <= budget - lay.cudnn;
+        });
+    if (!mapped || !ok) continue;
+    check(cudnnSetStream(h, s), "cudnnSetStream");
+    void* const tq = base + lay.dq;
+    void* const tk = base + lay.dk;
+    void* const tv = base + lay.dv;
+    float* const stats = reinterpret_cast<float*>(base + lay.stats);
+    int64_t stats_q0 = -1;
+    attn::for_each_sdpa_block(
+        sq, sk, p.q_pos0, p.k_pos0, p.causal, side, [&](const attn::SdpaBlock& b) {
+          if (b.q0 != stats_q0) {  // the block's lse rows, packed (hq, rows)
+            UPIPE_CUDA_CHECK(cudaMemcpy2DAsync(
+                stats, size_t(b.rows) * 4, static_cast<const float*>(lse.data) + b.q0,
+                size_t(lse.ld) * 4, size_t(b.rows) * 4, size_t(p.hq), cudaMemcpyDeviceToDevice, s));
+            stats_q0 = b.q0;
+          }
+          auto bf16_at = [](const DView& x, int64_t r) -> void* {
+            return static_cast<char*>(x.data) + r * x.ld * 2;
+          };
+          std::unordered_map<int64_t, void*> pack = {{kQ, bf16_at(p.q, b.q0)},
+                                                     {kK, bf16_at(p.k, b.k0)},
+                                                     {kV, bf16_at(p.v, b.k0)},
+                                                     {kO, bf16_at(o, b.q0)},
+                                                     {kDO, bf16_at(dout, b.q0)},
+                                                     {kStats, stats},
+                                                     {kDQ, tq},
+                                                     {kDK, tk},
+                                                     {kDV, tv}};
+          auto r = graph_of(b).g->execute(h, pack, base + lay.cudnn);
+          if (r.is_bad())
+            throw Error(fmt::format("cuDNN fused attention backward failed: {}", r.get_message()));
+          const int64_t qc = int64_t(p.hq) * p.d, kc = int64_t(p.hk) * p.d;
+          add_into(rows_of(dq, b.q0, b.rows), packed_bf16(tq, b.rows, qc), s);
+          add_into(rows_of(dk, b.k0, b.keys), packed_bf16(tk, b.keys, kc), s);
+          add_into(rows_of(dv, b.k0, b.keys), packed_bf16(tv, b.keys, kc), s);
+        });
+    return true;
+  }
+  return false;
 }
 
 }  // namespace upipe::cuda
@@ -158,6 +332,11 @@ bool cudnn_attention_built() {
 }
 
 bool cudnn_attention_forward(const DAttn&, const DView&, const DView&, cudaStream_t) {
+  return false;
+}
+
+bool cudnn_attention_backward(const DAttn&, const DView&, const DView&, const DView&, const DView&,
+                              const DView&, const DView&, void*, int64_t, cudaStream_t) {
   return false;
 }
 

@@ -1,6 +1,7 @@
-// The normalised attention forward on cuDNN's fused flash attention (SDPA, through cudnn-frontend's
-// graph API), where attn::sdpa_plan (attention_plan.h) maps the call and cuDNN supports its graph
-// with no workspace; attention_forward (attention_cuda.cu) falls back to the flash kernels
+// The normalised attention forward and the backward on cuDNN's fused flash attention (SDPA,
+// through cudnn-frontend's graph API), where attention_plan.h maps the call (sdpa_plan for the
+// forward, which cuDNN must support with no workspace; the blocks of for_each_sdpa_block for the
+// backward, within its fixed workspace); attention_cuda.cu falls back to the flash kernels
 // otherwise. Graphs are built once per layout and cached. Built only when CMake fetched the
 // cudnn-frontend headers (UPIPE_CUDNN_SDPA); without them nothing runs here.
 #pragma once
@@ -17,5 +18,15 @@ bool cudnn_attention_built();
 // Runs o (sq, hq*d) and lse (hq, sq) of p on cuDNN and returns true, or returns false having run
 // nothing (not mapped, not supported, or it would need a workspace).
 bool cudnn_attention_forward(const DAttn& p, const DView& o, const DView& lse, cudaStream_t s);
+
+// Adds the backward of p into fp32 dq, dk, dv on cuDNN and returns true, or returns false having
+// run nothing. o and dout (sq, hq*d) bf16, lse (hq, sq) the forward's. The call is cut into the
+// blocks of attn::for_each_sdpa_block, each one cuDNN call into bf16 temporaries in ws (ws_bytes,
+// attn::sdpa_bwd_layout) added into dq, dk, dv in block order; false when o is absent, the views
+// are not sdpa_bwd_why_not's, some block has no cuDNN mask at every side tried, or cuDNN rejects
+// a block or asks for more workspace than is left.
+bool cudnn_attention_backward(const DAttn& p, const DView& o, const DView& dout, const DView& lse,
+                              const DView& dq, const DView& dk, const DView& dv, void* ws,
+                              int64_t ws_bytes, cudaStream_t s);
 
 }  // namespace upipe::cuda

@@ -92,13 +92,23 @@ UPIPE_HD int64_t bwd_kv_smem_bytes(int d) {
 // What one block may have on sm_90 (227 KiB).
 constexpr int64_t kMaxSmemBytes = 227 * 1024;
 
-// Global workspace: none. Key ranges are found per block in shared memory and every partial sum
-// lives in registers, so the queries are 0 whatever d, dtype or documents.
+// Whether cuDNN's fused attention may take calls of this shape at all (bf16, d a multiple of 8 up
+// to 256, no documents); each call's views and mask decide the rest (sdpa_plan, sdpa_bwd_why_not).
+UPIPE_HD bool sdpa_shape(int d, DT t, bool documents) {
+  return !documents && t == DT::kBF16 && d >= 8 && d % 8 == 0 && d <= 256;
+}
+constexpr int64_t kSdpaBwdWorkspace = int64_t(256) << 20;  // see "cuDNN fused attention backward"
+
+// Global workspace. The flash kernels need none: key ranges are found per block in shared memory
+// and every partial sum lives in registers. The forward on cuDNN runs only with none either. The
+// backward on cuDNN (a build with cudnn-frontend) takes kSdpaBwdWorkspace for every call of a
+// shape it may take, whether the call then runs there or on the flash kernels, so the query
+// depends on the shape only.
 UPIPE_HD int64_t fwd_workspace_bytes(int, DT, bool) {
   return 0;
 }
-UPIPE_HD int64_t bwd_workspace_bytes(int, DT, bool) {
-  return 0;
+UPIPE_HD int64_t bwd_workspace_bytes(int d, DT t, bool documents, bool cudnn) {
+  return cudnn && sdpa_shape(d, t, documents) ? kSdpaBwdWorkspace : 0;
 }
 // d up to 256 (register accumulators of 8 columns per lane, shared memory within 227 KiB); any
 // d in [1, 256], since tiles are staged element by element and padded with zeros. fp32 or bf16.
@@ -392,6 +402,129 @@ inline SdpaPlan sdpa_plan(const DView& q, const DView& k, const DView& v, const 
   p.o = bhsd_of(o, hq, d);
   p.stats = bhsd_stats(lse);
   return p;
+}
+
+// ---- cuDNN fused attention backward (attention_cudnn.cpp) -------------------------------------
+//
+// cuDNN's backward writes dQ, dK, dV in the input dtype (bf16) and needs a workspace that grows
+// with the rows (its fp32 dQ accumulator), while our backward accumulates into fp32 dq, dk, dv
+// with a workspace fixed per backend and head dim. So the call is cut into blocks of c query rows
+// x c key rows (anchored at row 0 of both views, the last ones shorter): each visited block runs
+// as one cuDNN call on the block's rows of q, k, v, o, do and the global lse (its delta is cuDNN's
+// own rowsum(do * o), which equals ours), into bf16 temporaries that are then added into dq, dk,
+// dv. Every temporary and cuDNN's own workspace live in the call's workspace (kSdpaBwdWorkspace,
+// bwd_workspace_bytes); c is the largest side for which they fit.
+
+// The smallest block side a call is cut into (a call whose views are smaller is one block): a
+// call that would need smaller blocks runs on the flash kernels rather than as thousands of tiny
+// cuDNN calls.
+constexpr int64_t kSdpaMinBlock = 256;
+// The largest block side: one block of 8192 x 8192 per head already fills the GPU, larger ones
+// would only grow the temporaries. Calls of up to 16 query heads of d = 128 or 8 of d = 256,
+// whatever their KV heads, are cut at this side, so there the head count does not change the cut.
+constexpr int64_t kSdpaMaxBlock = 8192;
+
+UPIPE_HD int64_t align256(int64_t x) {
+  return round_up(x, 256);
+}
+
+// What one block's mask is: skipped (no row sees a key of it), or one of cuDNN's three masks, or
+// none of them (then the call runs on the flash kernels). shift = position of the block's first
+// query row minus that of its first key row.
+struct SdpaBlockMask {
+  bool skip = false, mapped = false;
+  SdpaMask mask = SdpaMask::kNone;
+};
+UPIPE_HD SdpaBlockMask sdpa_block_mask(bool causal, int64_t shift, int64_t rows, int64_t keys) {
+  SdpaBlockMask m;
+  if (!causal || shift >= keys - 1) {
+    m.mapped = true;  // every row sees every key
+  } else if (shift + rows - 1 < 0) {
+    m.skip = true;  // even the last row sees no key
+  } else if (shift == 0) {
+    m.mapped = true;
+    m.mask = SdpaMask::kTopLeft;
+  } else if (shift > 0 && shift == keys - rows) {
+    m.mapped = true;
+    m.mask = SdpaMask::kBottomRight;
+  }
+  return m;
+}
+
+// One visited block: query rows [q0, q0 + rows), key rows [k0, k0 + keys), its mask.
+struct SdpaBlock {
+  int64_t q0 = 0, rows = 0, k0 = 0, keys = 0;
+  SdpaMask mask = SdpaMask::kNone;
+};
+
+// Calls f(block) for every visited block of side c, query blocks outer and key blocks inner, both
+// ascending (the order the temporaries are added in), and returns true; returns false, calling
+// nothing, when some block has no cuDNN mask.
+template <class F>
+bool for_each_sdpa_block(int64_t sq, int64_t sk, int64_t q_pos0, int64_t k_pos0, bool causal,
+                         int64_t c, F&& f) {
+  if (c < 1) return false;
+  for (int pass = 0; pass < 2; ++pass)
+    for (int64_t i0 = 0; i0 < sq; i0 += c)
+      for (int64_t j0 = 0; j0 < sk; j0 += c) {
+        const int64_t rows = min64(c, sq - i0), keys = min64(c, sk - j0);
+        const SdpaBlockMask m = sdpa_block_mask(causal, q_pos0 + i0 - (k_pos0 + j0), rows, keys);
+        if (m.skip) continue;
+        if (!m.mapped) return false;  // only in pass 0: pass 1 sees the same blocks
+        if (pass == 1) f(SdpaBlock{i0, rows, j0, keys, m.mask});
+      }
+  return true;
+}
+
+// The temporaries of block side c inside the workspace, each 256-byte aligned: dq (c, hq*d) bf16,
+// dk and dv (c, hk*d) bf16, the block's lse packed (hq, c) fp32; cuDNN's own workspace follows.
+struct SdpaBwdLayout {
+  int64_t dq = 0, dk = 0, dv = 0, stats = 0, cudnn = 0;  // byte offsets
+};
+UPIPE_HD SdpaBwdLayout sdpa_bwd_layout(int64_t c, int hq, int hk, int d) {
+  SdpaBwdLayout l;
+  l.dk = l.dq + align256(c * hq * d * 2);
+  l.dv = l.dk + align256(c * hk * d * 2);
+  l.stats = l.dv + align256(c * hk * d * 2);
+  l.cudnn = l.stats + align256(int64_t(hq) * c * 4);
+  return l;
+}
+// A first guess of cuDNN's own workspace for a block of side c (cudnn-frontend's fp32 dQ
+// accumulator and softmax sum): the side is chosen with it and then checked against what the
+// built graphs ask for.
+UPIPE_HD int64_t sdpa_bwd_cudnn_guess(int64_t c, int hq, int, int d) {
+  return c * hq * d * 4 + int64_t(hq) * c * 4;
+}
+// Whether the temporaries of side c and the guess of cuDNN's workspace fit the budget.
+UPIPE_HD bool sdpa_bwd_fits(int64_t c, int hq, int hk, int d, int64_t budget) {
+  return sdpa_bwd_layout(c, hq, hk, d).cudnn + sdpa_bwd_cudnn_guess(c, hq, hk, d) <= budget;
+}
+// The side tried after c: half of it rounded up to 64, not below kSdpaMinBlock; 0 after that.
+UPIPE_HD int64_t sdpa_bwd_next_side(int64_t c) {
+  return c > kSdpaMinBlock ? max64(kSdpaMinBlock, round_up(c / 2, 64)) : 0;
+}
+// The first side to try: the rows of the larger view rounded up to 64, at most kSdpaMaxBlock,
+// then the next sides until one fits the budget; 0 when none does.
+UPIPE_HD int64_t sdpa_bwd_first_side(int64_t sq, int64_t sk, int hq, int hk, int d,
+                                     int64_t budget) {
+  int64_t c = min64(round_up(max64(sq, sk), 64), kSdpaMaxBlock);
+  while (c > 0 && !sdpa_bwd_fits(c, hq, hk, d, budget)) c = sdpa_bwd_next_side(c);
+  return c;
+}
+
+// Whether the backward of this call may run on cuDNN (the forward's conditions, with o and do in
+// place of o): no documents, bf16, d a multiple of 8 up to 256, o given, q, k, v, o, do rows
+// 16-byte aligned. The masks are decided per block (for_each_sdpa_block).
+inline const char* sdpa_bwd_why_not(const DView& q, const DView& k, const DView& v, const DView& o,
+                                    const DView& dout, int d, bool documents) {
+  if (documents) return "documents";
+  if (o.data == nullptr) return "no o";
+  if (q.dtype != DT::kBF16 || o.dtype != DT::kBF16 || dout.dtype != DT::kBF16) return "not bf16";
+  if (d % 8 != 0 || d > kMaxDim) return "d not a multiple of 8 up to 256";
+  if (q.rows < 1 || k.rows < 1) return "empty";
+  for (const DView* x : {&q, &k, &v, &o, &dout})
+    if (x->ld % 8 != 0 || !aligned16(x->data)) return "rows not 16-byte aligned";
+  return nullptr;
 }
 
 }  // namespace upipe::cuda::attn

@@ -119,8 +119,7 @@ cudaEvent_t new_event() {
 CudaBackend::CudaBackend(Mode mode) : mode_(mode) {
   if (mode_ == Mode::kQueryOnly) return;
   std::string why;
-  if (!cuda_available(&why))
-    throw ConfigError(fmt::format("--backend cuda: {}", why));
+  if (!cuda_available(&why)) throw ConfigError(fmt::format("--backend cuda: {}", why));
   int n = 0;
   UPIPE_CUDA_CHECK(cudaGetDeviceCount(&n));
   device_ = local_rank() % n;
@@ -247,8 +246,8 @@ void CudaBackend::attention_forward(const AttnFwdArgs& a, void* ws) {
 }
 
 void CudaBackend::attention_backward(const AttnBwdArgs& a, void* ws) {
-  cuda::attention_backward(attn(a.p), dv(a.dout), dv(a.lse), dv(a.delta), dv(a.dq), dv(a.dk),
-                           dv(a.dv), ws, run_state().stream);
+  cuda::attention_backward(attn(a.p), dv(a.o), dv(a.dout), dv(a.lse), dv(a.delta), dv(a.dq),
+                           dv(a.dk), dv(a.dv), ws, run_state().stream);
 }
 
 void CudaBackend::attention_accumulate_init(const Mat& acc, const Mat& m, const Mat& l) {
@@ -290,8 +289,7 @@ void CudaBackend::rmsnorm_backward(const Mat& x, const Mat& w, int64_t group, fl
   cuda::rmsnorm_backward(dv(x), dv(w), group, eps, dv(dy), dv(dx), dv(dw), ws, run_state().stream);
 }
 
-double CudaBackend::cross_entropy(const Mat& logits, std::span<const int32_t> labels,
-                                  float scale) {
+double CudaBackend::cross_entropy(const Mat& logits, std::span<const int32_t> labels, float scale) {
   State& st = run_state();
   return cuda::cross_entropy(dv(logits), labels.data(), int64_t(labels.size()), scale, st.params,
                              st.stream);
@@ -329,8 +327,7 @@ double CudaBackend::sum_squares(const Mat& x) {
 
 void CudaBackend::adamw(const Mat& w, const Mat& g, const Mat& m, const Mat& v,
                         const AdamWArgs& a) {
-  const cuda::AdamWParams p{a.lr,           a.beta1,      a.beta2, a.eps,
-                            a.weight_decay, a.grad_scale, a.step};
+  const cuda::AdamWParams p{a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, a.grad_scale, a.step};
   cuda::adamw(dv(w), dv(g), dv(m), dv(v), p, run_state().stream);
 }
 
