@@ -26,11 +26,11 @@ std::vector<RowPositions> LocalCore::mask_views(const Documents& d) const {
   return {RowPositions::contiguous(d.seq_len(), 0)};
 }
 
-int64_t LocalCore::forward_bytes(int, int) const {
-  return attention_fwd_workspace_bytes(dev_.backend(), d_, t_);
+int64_t LocalCore::forward_bytes(int hq, int hk) const {
+  return attention_fwd_workspace_bytes(dev_.backend(), hq, hk, d_, t_);
 }
-int64_t LocalCore::backward_bytes(int, int) const {
-  return attention_bwd_workspace_bytes(dev_.backend(), d_, t_);
+int64_t LocalCore::backward_bytes(int hq, int hk) const {
+  return attention_bwd_workspace_bytes(dev_.backend(), hq, hk, d_, t_);
 }
 
 }  // namespace upipe

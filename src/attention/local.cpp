@@ -152,11 +152,11 @@ LocalMoments local_moments(const Backend& be, const AttentionConfig& c) {
   LocalMoments m;
   m.kept = qkv + o + lse;
   m.proj = qkv + seq_project_qkv_bytes(be, c, s);
-  m.attn_fwd = qkv + o + lse + attention_fwd_workspace_bytes(be, int(d), t);
+  m.attn_fwd = qkv + o + lse + attention_fwd_workspace_bytes(be, c.heads, c.kv_heads, int(d), t);
   m.out_proj = o + seq_out_project_bytes(be, c, s);  // q, k, v, lse freed (not kept)
   m.do_proj = qkv + o + lse + dout + seq_dout_dwo_bytes(be, c, s);
-  m.attn_bwd =
-      qkv + lse + dout + delta + dq + 2 * dkv + attention_bwd_workspace_bytes(be, int(d), t);
+  m.attn_bwd = qkv + lse + dout + delta + dq + 2 * dkv +
+               attention_bwd_workspace_bytes(be, c.heads, c.kv_heads, int(d), t);
   m.grads = dq + 2 * dkv + seq_input_grads_bytes(be, c, s);
   return m;
 }

@@ -120,7 +120,8 @@ int64_t ring_attn_peak_bytes(const Backend& be, const AttentionConfig& c, int ra
   const int64_t home = ring_block_bytes(sl, kd, f32);
   // Projections (forward, and the recompute opening backward).
   const int64_t proj = q + kvr + seq_project_qkv_bytes(be, c, sl);
-  const int64_t ring_fwd = q + kvr + acc + ml + attention_fwd_workspace_bytes(be, int(d), t);
+  const int64_t ring_fwd =
+      q + kvr + acc + ml + attention_fwd_workspace_bytes(be, c.heads, c.kv_heads, int(d), t);
   // Forward: q and the ring are gone before o exists.
   const int64_t fwd_final = acc + ml + o + lse;
   const int64_t out_proj = o + seq_out_project_bytes(be, c, sl);
@@ -128,8 +129,8 @@ int64_t ring_attn_peak_bytes(const Backend& be, const AttentionConfig& c, int ra
   const int64_t bwd_final = q + kvr + acc + ml + o + lse;
   const int64_t do_proj = q + kvr + o + lse + dout + seq_dout_dwo_bytes(be, c, sl);
   const int64_t delta_ph = q + kvr + o + lse + dout + delta;
-  const int64_t ring_bwd =
-      q + kvr + lse + dout + delta + dq + dkvr + attention_bwd_workspace_bytes(be, int(d), t);
+  const int64_t ring_bwd = q + kvr + lse + dout + delta + dq + dkvr +
+                           attention_bwd_workspace_bytes(be, c.heads, c.kv_heads, int(d), t);
   const int64_t grads = dq + home + seq_input_grads_bytes(be, c, sl);
   // The documents' mask lives through every phase of forward and backward.
   int64_t mask = 0;

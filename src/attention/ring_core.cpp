@@ -65,15 +65,15 @@ int64_t RingCore::forward_bytes(int hq, int hk) const {
   const int64_t kv_cols = int64_t(hk) * d_;
   return kv_ring_slots(r) * ring_block_bytes(n_, kv_cols, t_) +
          mat_bytes(n_, int64_t(hq) * d_, DType::kF32) + 2 * mat_bytes(hq, n_, DType::kF32) +
-         attention_fwd_workspace_bytes(dev_.backend(), d_, t_);
+         attention_fwd_workspace_bytes(dev_.backend(), hq, hk, d_, t_);
 }
 
-int64_t RingCore::backward_bytes(int, int hk) const {
+int64_t RingCore::backward_bytes(int hq, int hk) const {
   const int r = ring_->size();
   const int64_t kv_cols = int64_t(hk) * d_;
   return kv_ring_slots(r) * ring_block_bytes(n_, kv_cols, t_) +
          dkv_ring_buffers(r) * ring_block_bytes(n_, kv_cols, DType::kF32) +
-         attention_bwd_workspace_bytes(dev_.backend(), d_, t_);
+         attention_bwd_workspace_bytes(dev_.backend(), hq, hk, d_, t_);
 }
 
 void RingCore::add_forward_comm(CommStats& st, int, int hk) const {

@@ -23,7 +23,7 @@ void check_problem(const Backend& be, const AttnProblem& p) {
   UPIPE_CHECK(p.q_docs.empty() == p.k_docs.empty() && (p.causal || !p.documents()),
               "document-causal attention needs the documents of both q and k");
   UPIPE_CHECK(p.q_docs.row0 >= 0 && p.k_docs.row0 >= 0, "negative document row offsets");
-  UPIPE_CHECK(be.attention_supports({p.d, p.q.dtype, p.documents()}),
+  UPIPE_CHECK(be.attention_supports({p.d, p.q.dtype, p.documents(), p.hq, p.hk}),
               "the {} backend has no attention for d={} {}{}", backend_kind_name(be.kind()), p.d,
               dtype_name(p.q.dtype), p.documents() ? " with documents" : "");
 }
@@ -35,12 +35,14 @@ void check_rowstat(const Mat& x, int hq, int64_t sq, const char* what) {
 
 }  // namespace
 
-int64_t attention_fwd_workspace_bytes(const Backend& be, int d, DType t, bool documents) {
-  return be.attention_fwd_workspace_bytes({d, t, documents});
+int64_t attention_fwd_workspace_bytes(const Backend& be, int hq, int hk, int d, DType t,
+                                      bool documents) {
+  return be.attention_fwd_workspace_bytes({d, t, documents, hq, hk});
 }
 
-int64_t attention_bwd_workspace_bytes(const Backend& be, int d, DType t, bool documents) {
-  return be.attention_bwd_workspace_bytes({d, t, documents});
+int64_t attention_bwd_workspace_bytes(const Backend& be, int hq, int hk, int d, DType t,
+                                      bool documents) {
+  return be.attention_bwd_workspace_bytes({d, t, documents, hq, hk});
 }
 
 void attention_forward(Device& dev, const AttnProblem& p, const Mat& o, const Mat& lse) {
@@ -48,7 +50,7 @@ void attention_forward(Device& dev, const AttnProblem& p, const Mat& o, const Ma
   check_problem(be, p);
   UPIPE_CHECK(o.rows == p.sq() && o.cols == p.q.cols, "o shape {}x{}", o.rows, o.cols);
   check_rowstat(lse, p.hq, p.sq(), "lse");
-  Buffer ws(dev.mem(), attention_fwd_workspace_bytes(be, p.d, p.q.dtype, p.documents()),
+  Buffer ws(dev.mem(), attention_fwd_workspace_bytes(be, p.hq, p.hk, p.d, p.q.dtype, p.documents()),
             Tag::kWorkspace);
   AttnFwdArgs a;
   a.p = p;
@@ -69,7 +71,7 @@ void attention_forward_accumulate(Device& dev, const AttnProblem& p, const Mat& 
               "acc must be fp32 {}x{}", p.sq(), p.q.cols);
   check_rowstat(m, p.hq, p.sq(), "m");
   check_rowstat(l, p.hq, p.sq(), "l");
-  Buffer ws(dev.mem(), attention_fwd_workspace_bytes(be, p.d, p.q.dtype, p.documents()),
+  Buffer ws(dev.mem(), attention_fwd_workspace_bytes(be, p.hq, p.hk, p.d, p.q.dtype, p.documents()),
             Tag::kWorkspace);
   AttnFwdArgs a;
   a.p = p;
@@ -116,7 +118,7 @@ void attention_backward(Device& dev, const AttnProblem& p, const Mat& dout, cons
               "gradient shapes do not match q, k, v");
   UPIPE_CHECK(o.data == nullptr || (o.rows == p.sq() && o.cols == p.q.cols && o.dtype == p.q.dtype),
               "o must match q");
-  Buffer ws(dev.mem(), attention_bwd_workspace_bytes(be, p.d, p.q.dtype, p.documents()),
+  Buffer ws(dev.mem(), attention_bwd_workspace_bytes(be, p.hq, p.hk, p.d, p.q.dtype, p.documents()),
             Tag::kWorkspace);
   be.attention_backward({p, dout, lse, delta, dq, dk, dv, o}, ws.data());
 }

@@ -51,9 +51,11 @@ void attention_backward(Device& dev, const AttnProblem& p, const Mat& dout, cons
                         const Mat& delta, const Mat& dq, const Mat& dk, const Mat& dv,
                         const Mat& o = {});
 
-// Workspace of one forward / backward call with head dim d on dtype t, with or without documents
-// (the backend's query).
-int64_t attention_fwd_workspace_bytes(const Backend& be, int d, DType t, bool documents = false);
-int64_t attention_bwd_workspace_bytes(const Backend& be, int d, DType t, bool documents = false);
+// Workspace of one forward / backward call with hq query and hk KV heads of dim d on dtype t,
+// with or without documents (the backend's query; it never depends on the rows).
+int64_t attention_fwd_workspace_bytes(const Backend& be, int hq, int hk, int d, DType t,
+                                      bool documents = false);
+int64_t attention_bwd_workspace_bytes(const Backend& be, int hq, int hk, int d, DType t,
+                                      bool documents = false);
 
 }  // namespace upipe

@@ -109,11 +109,13 @@ struct AttnProblem {
   bool documents() const { return !q_docs.empty(); }
   float softmax_scale() const;
 };
-// What the attention workspace depends on.
+// What the attention workspace depends on: never the rows, so one query covers every call of a
+// strategy's schedule with these heads.
 struct AttnShape {
   int d = 0;
   DType t = DType::kF32;
   bool documents = false;  // document-causal (DocRows given)
+  int hq = 0, hk = 0;      // the call's query and KV heads
 };
 // Forward: either normalised (o, lse) or an online-softmax continuation (acc, m, l).
 struct AttnFwdArgs {

@@ -121,7 +121,8 @@ void expect_within_baseline(const Case& c) {
   const int64_t before = dev.mem().current();
   dev.mem().reset_peak();
   attention_forward(dev, p, o, lse);
-  EXPECT_EQ(dev.mem().peak() - before, attention_fwd_workspace_bytes(dev.backend(), c.d, c.dtype));
+  EXPECT_EQ(dev.mem().peak() - before,
+            attention_fwd_workspace_bytes(dev.backend(), c.hq, c.hk, c.d, c.dtype));
   Tensor delta(dev.mem(), Tag::kAttnGrad, DType::kF32, c.hq, c.sq);
   attention_delta(dev, o, dout, c.d, delta);
   Tensor dq(dev.mem(), Tag::kAttnGrad, DType::kF32, c.sq, qc);
@@ -134,7 +135,7 @@ void expect_within_baseline(const Case& c) {
   dev.mem().reset_peak();
   attention_backward(dev, p, dout, lse, delta, dq, dk, dv);
   EXPECT_EQ(dev.mem().peak() - before_b,
-            attention_bwd_workspace_bytes(dev.backend(), c.d, c.dtype));
+            attention_bwd_workspace_bytes(dev.backend(), c.hq, c.hk, c.d, c.dtype));
 
   // fp64 reference and the same-precision (fp32 math, outputs stored like the fast kernel's)
   // naive baseline, on the same stored inputs.
@@ -616,7 +617,7 @@ TEST(AttnKernelContract, MetaDeviceCountsWorkspaceOnly) {
   dev.mem().reset_peak();
   attention_forward(dev, {q, k, v, 32, 8, 128}, o, lse);
   EXPECT_EQ(dev.mem().peak() - before,
-            attention_fwd_workspace_bytes(dev.backend(), 128, DType::kBF16));
+            attention_fwd_workspace_bytes(dev.backend(), 32, 8, 128, DType::kBF16));
 }
 
 }  // namespace

@@ -241,8 +241,8 @@ void attention_ops(Ops& o) {
     const auto qv = o.init(q, seed++), kv = o.init(k, seed++), vv = o.init(v, seed++),
                dv_in = o.init(dout, seed++);
     const AttnProblem p{q, k, v, c.hq, c.hk, c.d, c.q_pos0, c.k_pos0};
-    const int64_t fwd_ws = attention_fwd_workspace_bytes(o.be(), c.d, c.t),
-                  bwd_ws = attention_bwd_workspace_bytes(o.be(), c.d, c.t);
+    const int64_t fwd_ws = attention_fwd_workspace_bytes(o.be(), c.hq, c.hk, c.d, c.t),
+                  bwd_ws = attention_bwd_workspace_bytes(o.be(), c.hq, c.hk, c.d, c.t);
 
     // Normalised forward.
     const Mat out = o.make(c.t, c.sq, qc), lse = o.make(F, c.hq, c.sq);

@@ -433,10 +433,12 @@ TEST(CudaAttnPlan, SharedMemoryFitsAndWorkspaceIsZeroWithoutCudnn) {
       for (bool docs : {false, true}) {
         EXPECT_TRUE(attn::supports(d, t, docs));
         EXPECT_EQ(attn::fwd_workspace_bytes(d, t, docs), 0);
-        EXPECT_EQ(attn::bwd_workspace_bytes(d, t, docs, false), 0);
-        // With cuDNN: its backward's fixed workspace, exactly for the shapes it may take.
-        const bool sdpa = t == cuda::DT::kBF16 && !docs && d % 8 == 0;
-        EXPECT_EQ(attn::bwd_workspace_bytes(d, t, docs, true), sdpa ? attn::kSdpaBwdWorkspace : 0)
+        EXPECT_EQ(attn::bwd_workspace_bytes(8, 2, d, t, docs, false), 0);
+        // With cuDNN: its backward's workspace for every bf16 call of a d it may take (with
+        // documents too, so formulas need not know which calls have them).
+        const bool sdpa = t == cuda::DT::kBF16 && d % 8 == 0;
+        EXPECT_EQ(attn::bwd_workspace_bytes(8, 2, d, t, docs, true),
+                  sdpa ? attn::sdpa_bwd_workspace_bytes(8, 2, d) : 0)
             << d;
       }
     EXPECT_LE(attn::fwd_smem_bytes(d), attn::kMaxSmemBytes) << d;
@@ -707,12 +709,13 @@ TEST(CudaAttnPlan, SdpaBlocksCoverEveryVisiblePairOnce) {
 }
 
 // The backward's workspace: the temporaries in order, 256-byte aligned, each as large as its
-// tensor; the first side fits (and the next larger one would not, unless capped); the cut of a
-// sequence does not depend on the head count up to 16 heads of d = 128 or 8 of d = 256.
+// tensor; with the workspace of the heads, every call is cut at min(rows, kSdpaMaxBlock) whatever
+// its heads; with less, the first side fits and the one before it in the halving would not.
 TEST(CudaAttnPlan, SdpaBackwardWorkspaceLayoutAndSides) {
+  std::mt19937_64 rng(5);
   for (int d : {64, 128, 256})
-    for (int hq : {1, 2, 4, 8, 16, 32})
-      for (int hk : {1, hq / 2, hq}) {
+    for (int hq : {1, 2, 4, 8, 16, 32, 64})
+      for (int hk : {1, hq / 4, hq}) {
         if (hk < 1 || hq % hk != 0) continue;
         for (int64_t c : {int64_t(64), int64_t(256), int64_t(1000), attn::kSdpaMaxBlock}) {
           const attn::SdpaBwdLayout l = attn::sdpa_bwd_layout(c, hq, hk, d);
@@ -723,31 +726,43 @@ TEST(CudaAttnPlan, SdpaBackwardWorkspaceLayoutAndSides) {
           EXPECT_GE(l.stats - l.dv, c * hk * d * 2);
           EXPECT_GE(l.cudnn - l.stats, int64_t(hq) * c * 4);
           EXPECT_LT(l.cudnn - l.stats, int64_t(hq) * c * 4 + 256);
+          // The guess holds cuDNN's deterministic dP (hq x c x c bf16) at least.
+          EXPECT_GE(attn::sdpa_bwd_cudnn_guess(c, hq, hk, d), int64_t(hq) * c * c * 2);
         }
-        for (int64_t s : {int64_t(1), int64_t(200), int64_t(4096), int64_t(100000)}) {
-          const int64_t c = attn::sdpa_bwd_first_side(s, s, hq, hk, d, attn::kSdpaBwdWorkspace);
+        const int64_t ws = attn::sdpa_bwd_workspace_bytes(hq, hk, d);
+        EXPECT_EQ(ws, attn::sdpa_bwd_layout(attn::kSdpaMaxBlock, hq, hk, d).cudnn +
+                          attn::sdpa_bwd_cudnn_guess(attn::kSdpaMaxBlock, hq, hk, d));
+        for (int64_t s :
+             {int64_t(1), int64_t(200), int64_t(4096), int64_t(5000), int64_t(1) << 20}) {
           const std::string at = fmt::format("s {} hq {} hk {} d {}", s, hq, hk, d);
-          ASSERT_GT(c, 0) << at;
-          EXPECT_EQ(c % 64, 0) << at;
-          EXPECT_LE(c, attn::kSdpaMaxBlock) << at;
-          EXPECT_LE(c, std::max(attn::kSdpaMinBlock, (s + 63) / 64 * 64)) << at;
-          EXPECT_TRUE(attn::sdpa_bwd_fits(c, hq, hk, d, attn::kSdpaBwdWorkspace)) << at;
           const int64_t whole = std::min((s + 63) / 64 * 64, attn::kSdpaMaxBlock);
-          if (c < whole) {  // halved because the next larger side does not fit
-            const int64_t larger = std::min(whole, 2 * c);
-            EXPECT_FALSE(attn::sdpa_bwd_fits(larger, hq, hk, d, attn::kSdpaBwdWorkspace)) << at;
+          EXPECT_EQ(attn::sdpa_bwd_first_side(s, s, hq, hk, d, ws), whole) << at;
+          // A smaller workspace: the side halves until it fits.
+          const int64_t budget = uniform(rng, ws / 64, ws);
+          const int64_t c = attn::sdpa_bwd_first_side(s, s, hq, hk, d, budget);
+          if (c == 0) {
+            EXPECT_FALSE(
+                attn::sdpa_bwd_fits(std::min(whole, attn::kSdpaMinBlock), hq, hk, d, budget))
+                << at;
+            continue;
           }
-          if (hq * d <= 2048) EXPECT_EQ(c, whole) << at << ": the head count changed the cut";
+          EXPECT_EQ(c % 64, 0) << at;
+          EXPECT_LE(c, whole) << at;
+          EXPECT_TRUE(attn::sdpa_bwd_fits(c, hq, hk, d, budget)) << at;
+          if (c < whole)  // 2c is at least the side tried before c, which did not fit
+            EXPECT_FALSE(attn::sdpa_bwd_fits(std::min(whole, 2 * c), hq, hk, d, budget)) << at;
         }
       }
   // Sides go down by halves to kSdpaMinBlock, then stop; a budget below the smallest gives 0.
-  EXPECT_EQ(attn::sdpa_bwd_next_side(8192), 4096);
+  EXPECT_EQ(attn::sdpa_bwd_next_side(4096), 2048);
   EXPECT_EQ(attn::sdpa_bwd_next_side(640), 320);
   EXPECT_EQ(attn::sdpa_bwd_next_side(300), attn::kSdpaMinBlock);
   EXPECT_EQ(attn::sdpa_bwd_next_side(attn::kSdpaMinBlock), 0);
   EXPECT_EQ(attn::sdpa_bwd_first_side(4096, 4096, 8, 8, 128, 1 << 20), 0);
   // A small call is one block of its own size, below the smallest side.
-  EXPECT_EQ(attn::sdpa_bwd_first_side(100, 70, 8, 8, 128, attn::kSdpaBwdWorkspace), 128);
+  EXPECT_EQ(
+      attn::sdpa_bwd_first_side(100, 70, 8, 8, 128, attn::sdpa_bwd_workspace_bytes(8, 8, 128)),
+      128);
 }
 
 // Which backward calls may go to cuDNN at all (before masks and cuDNN's own check).
@@ -1663,7 +1678,7 @@ TEST(CudaAttnCudnn, BackwardRunsOnCudnnInBlocksWithinRule) {
     for (bool small : {false, true}) {
       const int64_t budget = small ? attn::sdpa_bwd_layout(512, c.hq, c.hk, c.d).cudnn +
                                          attn::sdpa_bwd_cudnn_guess(512, c.hq, c.hk, c.d) - 1
-                                   : attn::kSdpaBwdWorkspace;
+                                   : attn::sdpa_bwd_workspace_bytes(c.hq, c.hk, c.d);
       const int64_t side = attn::sdpa_bwd_first_side(c.sq, c.sk, c.hq, c.hk, c.d, budget);
       const std::string what = case_name(c) + " side " + std::to_string(side);
       if (small) ASSERT_EQ(side, 256) << what;
@@ -1697,10 +1712,11 @@ TEST(CudaAttnCudnn, BackwardRunsOnCudnnInBlocksWithinRule) {
     Outs f(c);
     DevMat o(f.o), lse(f.lse), dq(f.dq);
     void* ws = nullptr;
-    cuda_ok(cudaMalloc(&ws, size_t(attn::kSdpaBwdWorkspace)));
+    const int64_t bytes = attn::sdpa_bwd_workspace_bytes(c.hq, c.hk, c.d);
+    cuda_ok(cudaMalloc(&ws, size_t(bytes)));
     EXPECT_FALSE(cuda::cudnn_attention_backward(di.p, with_o ? o.dview() : none, di.dout.dview(),
                                                 lse.dview(), dq.dview(), dq.dview(), dq.dview(), ws,
-                                                attn::kSdpaBwdWorkspace, 0))
+                                                bytes, 0))
         << case_name(c);
     cuda_ok(cudaDeviceSynchronize());
     cudaFree(ws);

@@ -620,11 +620,11 @@ void launch(void (*kernel)(Params), int64_t grid_x, int grid_y, int64_t smem, co
 
 }  // namespace
 
-int64_t attention_fwd_workspace_bytes(int d, DT t, bool documents) {
+int64_t attention_fwd_workspace_bytes(int, int, int d, DT t, bool documents) {
   return attn::fwd_workspace_bytes(d, t, documents);
 }
-int64_t attention_bwd_workspace_bytes(int d, DT t, bool documents) {
-  return attn::bwd_workspace_bytes(d, t, documents, cudnn_attention_built());
+int64_t attention_bwd_workspace_bytes(int hq, int hk, int d, DT t, bool documents) {
+  return attn::bwd_workspace_bytes(hq, hk, d, t, documents, cudnn_attention_built());
 }
 bool attention_supports(int d, DT t, bool documents) {
   return attn::supports(d, t, documents);
@@ -647,7 +647,8 @@ void attention_backward(const DAttn& p, const DView& o, const DView& dout, const
                         void* ws, cudaStream_t s) {
   const BwdParams a{p, mask_of(p), dout, lse, delta, dq, dk, dv};
   if (a.mask.sq == 0 || a.mask.sk == 0) return;
-  const int64_t ws_bytes = attention_bwd_workspace_bytes(p.d, p.q.dtype, p.q_docs.count > 0);
+  const int64_t ws_bytes =
+      attention_bwd_workspace_bytes(p.hq, p.hk, p.d, p.q.dtype, p.q_docs.count > 0);
   if (ws_bytes > 0 && cudnn_attention_backward(p, o, dout, lse, dq, dk, dv, ws, ws_bytes, s))
     return;
   const bool narrow = attn::cols_per_lane(p.d) == 4;

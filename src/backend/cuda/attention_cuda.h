@@ -26,9 +26,10 @@ struct DAttn {
   DDocs q_docs, k_docs;  // both empty (count 0) or both given (document-causal)
 };
 
-// Exact workspace of one call (0: the kernels keep everything in registers and shared memory).
-int64_t attention_fwd_workspace_bytes(int d, DT t, bool documents);
-int64_t attention_bwd_workspace_bytes(int d, DT t, bool documents);
+// Exact workspace of one call with hq, hk heads (0 on the flash kernels, which keep everything in
+// registers and shared memory; the backward's cuDNN blocks otherwise: attention_plan.h).
+int64_t attention_fwd_workspace_bytes(int hq, int hk, int d, DT t, bool documents);
+int64_t attention_bwd_workspace_bytes(int hq, int hk, int d, DT t, bool documents);
 // 1 <= d <= 256 (any d: tiles are staged element-wise and zero-padded; 256 bounds the per-lane
 // register accumulators and the shared memory), fp32 or bf16, with or without documents.
 bool attention_supports(int d, DT t, bool documents);

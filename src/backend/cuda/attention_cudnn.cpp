@@ -12,6 +12,7 @@
 #include <cudnn_frontend.h>
 #include <fmt/format.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <initializer_list>
@@ -190,8 +191,11 @@ Built build_backward(cudnnHandle_t h, const BwdTensors& t, attn::SdpaMask mask, 
   auto o = input(*g, "O", kO, t.o), dout = input(*g, "dO", kDO, t.dout);
   auto stats = input(*g, "Stats", kStats, t.stats);
   stats->set_data_type(fe::DataType_t::FLOAT);
-  auto opts =
-      fe::graph::SDPA_backward_attributes().set_name("upipe_sdpa_bwd").set_attn_scale(scale);
+  // Deterministic: no atomics in dQ's accumulation, so a step gives the same bits every run.
+  auto opts = fe::graph::SDPA_backward_attributes()
+                  .set_name("upipe_sdpa_bwd")
+                  .set_attn_scale(scale)
+                  .set_deterministic_algorithm(true);
   set_mask(opts, mask);
   auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, dout, stats, opts);
   output(dq, kDQ, t.dq, fe::DataType_t::BFLOAT16);
@@ -208,6 +212,18 @@ bool disabled() {
     return v != nullptr && std::string(v) == "0";
   }();
   return off;
+}
+
+// Says once per process, on stderr, why a call cuDNN's backward could have taken runs on the flash
+// kernels (cuDNN rejected a block's graph or asked for more workspace than it had): the speed of
+// such a run is the flash kernels', which a user should know. Called with the cache's lock held.
+void note_fallback(const std::string& why) {
+  static bool said = false;
+  if (said) return;
+  said = true;
+  std::fprintf(stderr,
+               "upipe: cuDNN's attention backward %s; such calls run on the flash kernels\n",
+               why.c_str());
 }
 
 void check(cudnnStatus_t st, const char* what) {
@@ -274,14 +290,25 @@ bool cudnn_attention_backward(const DAttn& p, const DView& o, const DView& dout,
     const attn::SdpaBwdLayout lay = attn::sdpa_bwd_layout(side, p.hq, p.hk, p.d);
     if (!attn::sdpa_bwd_fits(side, p.hq, p.hk, p.d, budget)) continue;
     // Every block mapped, its graph built and its workspace within what the temporaries leave.
-    bool ok = true;
+    std::string why;
     const bool mapped = attn::for_each_sdpa_block(
         sq, sk, p.q_pos0, p.k_pos0, p.causal, side, [&](const attn::SdpaBlock& b) {
-          if (!ok) return;
+          if (!why.empty()) return;
           const Built& g = graph_of(b);
-          ok = g.g != nullptr && g.workspace <= budget - lay.cudnn;
+          if (!g.g)
+            why = fmt::format("rejected a {} x {} block of {}/{} heads, d = {}", b.rows, b.keys,
+                              p.hq, p.hk, p.d);
+          else if (g.workspace > budget - lay.cudnn)
+            why = fmt::format(
+                "asked for {} bytes of workspace for a {} x {} block of {}/{} heads (d = {}), {} "
+                "left after its temporaries",
+                g.workspace, b.rows, b.keys, p.hq, p.hk, p.d, budget - lay.cudnn);
         });
-    if (!mapped || !ok) continue;
+    if (!mapped) continue;
+    if (!why.empty()) {
+      if (attn::sdpa_bwd_next_side(side) == 0) note_fallback(why);
+      continue;
+    }
     check(cudnnSetStream(h, s), "cudnnSetStream");
     void* const tq = base + lay.dq;
     void* const tk = base + lay.dk;

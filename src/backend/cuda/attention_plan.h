@@ -92,23 +92,25 @@ UPIPE_HD int64_t bwd_kv_smem_bytes(int d) {
 // What one block may have on sm_90 (227 KiB).
 constexpr int64_t kMaxSmemBytes = 227 * 1024;
 
-// Whether cuDNN's fused attention may take calls of this shape at all (bf16, d a multiple of 8 up
-// to 256, no documents); each call's views and mask decide the rest (sdpa_plan, sdpa_bwd_why_not).
-UPIPE_HD bool sdpa_shape(int d, DT t, bool documents) {
-  return !documents && t == DT::kBF16 && d >= 8 && d % 8 == 0 && d <= 256;
+// Whether cuDNN's fused attention may take calls of this dtype and head dim at all (bf16, d a
+// multiple of 8 up to 256); documents, views and masks decide per call (sdpa_plan,
+// sdpa_bwd_why_not).
+UPIPE_HD bool sdpa_shape(int d, DT t) {
+  return t == DT::kBF16 && d >= 8 && d % 8 == 0 && d <= 256;
 }
-constexpr int64_t kSdpaBwdWorkspace = int64_t(256) << 20;  // see "cuDNN fused attention backward"
+UPIPE_HD int64_t sdpa_bwd_workspace_bytes(int hq, int hk,
+                                          int d);  // "cuDNN fused attention backward"
 
 // Global workspace. The flash kernels need none: key ranges are found per block in shared memory
 // and every partial sum lives in registers. The forward on cuDNN runs only with none either. The
-// backward on cuDNN (a build with cudnn-frontend) takes kSdpaBwdWorkspace for every call of a
-// shape it may take, whether the call then runs there or on the flash kernels, so the query
-// depends on the shape only.
+// backward on cuDNN (a build with cudnn-frontend) takes sdpa_bwd_workspace_bytes for every bf16
+// call of such a d, with documents or not, whether it then runs there or on the flash kernels:
+// the query depends on the heads, d and dtype only.
 UPIPE_HD int64_t fwd_workspace_bytes(int, DT, bool) {
   return 0;
 }
-UPIPE_HD int64_t bwd_workspace_bytes(int d, DT t, bool documents, bool cudnn) {
-  return cudnn && sdpa_shape(d, t, documents) ? kSdpaBwdWorkspace : 0;
+UPIPE_HD int64_t bwd_workspace_bytes(int hq, int hk, int d, DT t, bool, bool cudnn) {
+  return cudnn && sdpa_shape(d, t) ? sdpa_bwd_workspace_bytes(hq, hk, d) : 0;
 }
 // d up to 256 (register accumulators of 8 columns per lane, shared memory within 227 KiB); any
 // d in [1, 256], since tiles are staged element by element and padded with zeros. fp32 or bf16.
@@ -412,17 +414,21 @@ inline SdpaPlan sdpa_plan(const DView& q, const DView& k, const DView& v, const 
 // x c key rows (anchored at row 0 of both views, the last ones shorter): each visited block runs
 // as one cuDNN call on the block's rows of q, k, v, o, do and the global lse (its delta is cuDNN's
 // own rowsum(do * o), which equals ours), into bf16 temporaries that are then added into dq, dk,
-// dv. Every temporary and cuDNN's own workspace live in the call's workspace (kSdpaBwdWorkspace,
-// bwd_workspace_bytes); c is the largest side for which they fit.
+// dv, query blocks outer, key blocks inner. cuDNN runs its deterministic backward (no atomics:
+// the same bits every run), which holds the block's dP, hq x c x c bf16. Every temporary and
+// cuDNN's own workspace live in the call's workspace (sdpa_bwd_workspace_bytes: what a block of
+// side kSdpaMaxBlock needs, so it grows with the call's heads, as the attention's other buffers
+// do, and never with its rows).
 
 // The smallest block side a call is cut into (a call whose views are smaller is one block): a
 // call that would need smaller blocks runs on the flash kernels rather than as thousands of tiny
 // cuDNN calls.
 constexpr int64_t kSdpaMinBlock = 256;
-// The largest block side: one block of 8192 x 8192 per head already fills the GPU, larger ones
-// would only grow the temporaries. Calls of up to 16 query heads of d = 128 or 8 of d = 256,
-// whatever their KV heads, are cut at this side, so there the head count does not change the cut.
-constexpr int64_t kSdpaMaxBlock = 8192;
+// The block side: rows and keys of a call beyond it are cut. 4096 keeps a block's cuDNN call long
+// against the launches around it (a stats copy and three additions) while its dP workspace stays
+// hq x 32 MiB; the workspace is sized for it, so every call is cut at this side whatever its heads
+// (a strategy attending U heads at a time cuts as one attending all of them).
+constexpr int64_t kSdpaMaxBlock = 4096;
 
 UPIPE_HD int64_t align256(int64_t x) {
   return round_up(x, 256);
@@ -489,11 +495,13 @@ UPIPE_HD SdpaBwdLayout sdpa_bwd_layout(int64_t c, int hq, int hk, int d) {
   l.cudnn = l.stats + align256(int64_t(hq) * c * 4);
   return l;
 }
-// A first guess of cuDNN's own workspace for a block of side c (cudnn-frontend's fp32 dQ
-// accumulator and softmax sum): the side is chosen with it and then checked against what the
-// built graphs ask for.
+// What cuDNN's deterministic backward asks for a block of side c, as cudnn-frontend 1.32 sizes it
+// (scaled_dot_product_flash_attention.h): dP, hq x c (to 64) x c (to 128) bf16, the softmax sum
+// hq x c fp32, and, when it takes the dQ-accumulator path instead, hq x c x d fp32. The side is
+// chosen with it and then checked against what the built graphs ask for.
 UPIPE_HD int64_t sdpa_bwd_cudnn_guess(int64_t c, int hq, int, int d) {
-  return c * hq * d * 4 + int64_t(hq) * c * 4;
+  const int64_t dp = int64_t(hq) * round_up(c, 64) * round_up(c, 128) * 2;
+  return dp + int64_t(hq) * c * 4 + c * hq * d * 4;
 }
 // Whether the temporaries of side c and the guess of cuDNN's workspace fit the budget.
 UPIPE_HD bool sdpa_bwd_fits(int64_t c, int hq, int hk, int d, int64_t budget) {
@@ -502,6 +510,12 @@ UPIPE_HD bool sdpa_bwd_fits(int64_t c, int hq, int hk, int d, int64_t budget) {
 // The side tried after c: half of it rounded up to 64, not below kSdpaMinBlock; 0 after that.
 UPIPE_HD int64_t sdpa_bwd_next_side(int64_t c) {
   return c > kSdpaMinBlock ? max64(kSdpaMinBlock, round_up(c / 2, 64)) : 0;
+}
+// The backward's workspace for hq, hk, d: the temporaries and cuDNN's guessed workspace of a block
+// of side kSdpaMaxBlock.
+UPIPE_HD int64_t sdpa_bwd_workspace_bytes(int hq, int hk, int d) {
+  return sdpa_bwd_layout(kSdpaMaxBlock, hq, hk, d).cudnn +
+         sdpa_bwd_cudnn_guess(kSdpaMaxBlock, hq, hk, d);
 }
 // The first side to try: the rows of the larger view rounded up to 64, at most kSdpaMaxBlock,
 // then the next sides until one fits the budget; 0 when none does.

@@ -211,11 +211,11 @@ int64_t CudaBackend::gemm_workspace_bytes(const GemmShape& s) const {
 }
 
 int64_t CudaBackend::attention_fwd_workspace_bytes(const AttnShape& s) const {
-  return cuda::attention_fwd_workspace_bytes(s.d, dt(s.t), s.documents);
+  return cuda::attention_fwd_workspace_bytes(s.hq, s.hk, s.d, dt(s.t), s.documents);
 }
 
 int64_t CudaBackend::attention_bwd_workspace_bytes(const AttnShape& s) const {
-  return cuda::attention_bwd_workspace_bytes(s.d, dt(s.t), s.documents);
+  return cuda::attention_bwd_workspace_bytes(s.hq, s.hk, s.d, dt(s.t), s.documents);
 }
 
 int64_t CudaBackend::rmsnorm_workspace_bytes(int64_t group) const {
