@@ -38,6 +38,7 @@
 #if UPIPE_HAVE_CUDA
 #include "backend/cuda/attention_cuda.h"
 #include "backend/cuda/attention_cudnn.h"
+#include "backend/cuda/elementwise_cuda.h"
 #endif
 
 namespace upipe {
@@ -432,13 +433,16 @@ TEST(CudaAttnPlan, SharedMemoryFitsAndWorkspaceIsZeroWithoutCudnn) {
     for (cuda::DT t : {cuda::DT::kF32, cuda::DT::kBF16})
       for (bool docs : {false, true}) {
         EXPECT_TRUE(attn::supports(d, t, docs));
-        EXPECT_EQ(attn::fwd_workspace_bytes(d, t, docs), 0);
+        EXPECT_EQ(attn::fwd_workspace_bytes(8, 2, d, t, docs, false), 0);
         EXPECT_EQ(attn::bwd_workspace_bytes(8, 2, d, t, docs, false), 0);
         // With cuDNN: its backward's workspace for every bf16 call of a d it may take (with
         // documents too, so formulas need not know which calls have them).
         const bool sdpa = t == cuda::DT::kBF16 && d % 8 == 0;
         EXPECT_EQ(attn::bwd_workspace_bytes(8, 2, d, t, docs, true),
                   sdpa ? attn::sdpa_bwd_workspace_bytes(8, 2, d) : 0)
+            << d;
+        EXPECT_EQ(attn::fwd_workspace_bytes(8, 2, d, t, docs, true),
+                  sdpa ? attn::sdpa_fwd_workspace_bytes(8, d) : 0)
             << d;
       }
     EXPECT_LE(attn::fwd_smem_bytes(d), attn::kMaxSmemBytes) << d;
@@ -753,6 +757,33 @@ TEST(CudaAttnPlan, SdpaBackwardWorkspaceLayoutAndSides) {
             EXPECT_FALSE(attn::sdpa_bwd_fits(std::min(whole, 2 * c), hq, hk, d, budget)) << at;
         }
       }
+  // The accumulate-mode forward: o (c, hq*d) bf16 then lse (hq, c) fp32, aligned; with its heads'
+  // workspace every call is cut at min(rows, kSdpaMaxBlock); with less, the side halves.
+  for (int d : {64, 128, 256})
+    for (int hq : {1, 3, 8, 32}) {
+      for (int64_t c : {int64_t(64), int64_t(1000), attn::kSdpaMaxBlock}) {
+        const attn::SdpaFwdLayout l = attn::sdpa_fwd_layout(c, hq, d);
+        EXPECT_EQ(l.o, 0);
+        EXPECT_EQ(l.lse % 256, 0);
+        EXPECT_EQ(l.end % 256, 0);
+        EXPECT_GE(l.lse - l.o, c * hq * d * 2);
+        EXPECT_GE(l.end - l.lse, int64_t(hq) * c * 4);
+        EXPECT_LT(l.end - l.lse, int64_t(hq) * c * 4 + 256);
+      }
+      const int64_t ws = attn::sdpa_fwd_workspace_bytes(hq, d);
+      EXPECT_EQ(ws, attn::sdpa_fwd_layout(attn::kSdpaMaxBlock, hq, d).end);
+      for (int64_t s : {int64_t(1), int64_t(300), int64_t(4096), int64_t(1) << 20}) {
+        const int64_t whole = std::min((s + 63) / 64 * 64, attn::kSdpaMaxBlock);
+        EXPECT_EQ(attn::sdpa_fwd_first_side(s, s / 2 + 1, hq, d, ws), whole) << s;
+        const int64_t c = attn::sdpa_fwd_first_side(s, s, hq, d, ws - 1);
+        if (whole <= attn::kSdpaMinBlock) continue;
+        ASSERT_GT(c, 0);
+        EXPECT_LE(attn::sdpa_fwd_layout(c, hq, d).end, ws - 1);
+        EXPECT_LT(c, attn::kSdpaMaxBlock + (whole < attn::kSdpaMaxBlock ? 1 : 0)) << s;
+      }
+    }
+  EXPECT_EQ(attn::sdpa_fwd_first_side(4096, 4096, 8, 128, 1 << 10), 0);
+
   // Sides go down by halves to kSdpaMinBlock, then stop; a budget below the smallest gives 0.
   EXPECT_EQ(attn::sdpa_bwd_next_side(4096), 2048);
   EXPECT_EQ(attn::sdpa_bwd_next_side(640), 320);
@@ -1660,6 +1691,47 @@ void expect_close_blocks(const std::vector<double>& fast, const std::vector<doub
   EXPECT_LE(err, 2 * double(blocks) * base_err + 4 * test::kEps32 * test::max_abs(r64))
       << what << ": fast " << err << ", bf16-stored baseline " << base_err << ", " << blocks
       << " blocks";
+}
+
+// The accumulate-mode forward on cuDNN, as one block and cut into blocks of 256 (a workspace too
+// small for larger ones), from the initial state and finalised: within the rule against the
+// bf16-stored baseline, the bound scaled by the partials a row takes (each stored in bf16 once).
+TEST(CudaAttnCudnn, AccumulateModeRunsOnCudnnInBlocksWithinRule) {
+  UPIPE_REQUIRE_GPU();
+  if (!cuda::cudnn_attention_built())
+    GTEST_SKIP() << "built without cudnn-frontend (UPIPE_CUDNN_SDPA off or its fetch failed)";
+  for (const Case& c : {Case{512, 512, 8, 2, 64, 0, 0, true, B, {}, "", true},
+                        Case{384, 640, 4, 4, 128, 256, 0, true, B, {}, "", true},
+                        Case{300, 700, 2, 1, 64, 1000, 0, true, B, {}, "", true}})
+    for (bool small : {false, true}) {
+      const int64_t budget = small ? attn::sdpa_fwd_layout(512, c.hq, c.d).end - 1
+                                   : attn::sdpa_fwd_workspace_bytes(c.hq, c.d);
+      const int64_t side = attn::sdpa_fwd_first_side(c.sq, c.sk, c.hq, c.d, budget);
+      const std::string what = case_name(c) + " side " + std::to_string(side);
+      if (small) ASSERT_EQ(side, 256) << what;
+      const Inputs in(c);
+      const DevInputs di(in);
+      Outs f(c);
+      const int64_t qc = int64_t(c.hq) * c.d;
+      HostMat acc(DType::kF32, c.sq, qc, 8), m(DType::kF32, c.hq, c.sq), l(DType::kF32, c.hq, c.sq);
+      DevMat o(f.o), lse(f.lse), dacc(acc), dm(m), dl(l);
+      cuda::attention_accumulate_init(dacc.dview(), dm.dview(), dl.dview(), 0);
+      void* ws = nullptr;
+      cuda_ok(cudaMalloc(&ws, size_t(budget)));
+      const bool ran = cuda::cudnn_attention_forward_accumulate(di.p, dacc.dview(), dm.dview(),
+                                                                dl.dview(), ws, budget, 0);
+      cuda::attention_finalize(dacc.dview(), dm.dview(), dl.dview(), c.d, o.dview(), lse.dview(),
+                               0);
+      cuda_ok(cudaDeviceSynchronize());
+      cudaFree(ws);
+      ASSERT_TRUE(ran) << what << ": cuDNN rejected a block or needs a workspace";
+      o.read_into(f.o);
+      lse.read_into(f.lse);
+      const Refs r = refs_of(in);
+      const int64_t nk = (c.sk + side - 1) / side;
+      expect_close_blocks(dense(f.o.m), r.o64, r.o32, nk + 1, what + " o");
+      test::expect_close(dense(f.lse.m), r.lse64, r.lse32, what + " lse");
+    }
 }
 
 // The backward on cuDNN, as one block and cut into blocks of 256 (a workspace too small for

@@ -262,6 +262,19 @@ void emu_lse_merge(const DView& o, const DView& lse, const DView& o2, const DVie
     }
 }
 
+// merge_partial_kernel: every acc column with the row's old m, then m and l.
+void emu_merge_partial(const DView& acc, const DView& m, const DView& l, const DView& o2,
+                       const DView& lse2, int d) {
+  for (int64_t i = 0; i < acc.rows; ++i)
+    for (int64_t h = 0; h < acc.cols / d; ++h) {
+      const cuda::PartialMerge w = cuda::partial_merge_weights(*hf32(m, h, i), *hf32(lse2, h, i));
+      for (int64_t c = h * d; c < (h + 1) * d; ++c)
+        *hf32(acc, i, c) = cuda::partial_merge_acc(w, *hf32(acc, i, c), hload(o2, i, c));
+      *hf32(l, h, i) = cuda::partial_merge_l(w, *hf32(l, h, i));
+      *hf32(m, h, i) = w.m;
+    }
+}
+
 void emu_delta(const DView& o, const DView& dout, int d, const DView& delta) {
   for (int64_t i = 0; i < o.rows; ++i)
     for (int64_t h = 0; h < o.cols / d; ++h)
@@ -621,6 +634,103 @@ TEST(CudaMath, LseMergeMatchesReferenceWithEmptyPartials) {
       }
     expect_close(o1.values(), o64, stored(o32, t), "lse_merge o");
     expect_close(l1.values(), lse64, cast<double>(lse32), "lse_merge lse");
+  }
+}
+
+// cuDNN's accumulate mode (attention_cudnn.cpp): an online state that takes the normalised
+// partials (o_b, lse_b) of key blocks, o_b stored in the dtype, then is finalised, is the softmax
+// over all keys within the same-precision rule; a block a row sees nothing of (lse_b = -inf)
+// leaves its state bit for bit, and the first block a row sees replaces the empty state.
+TEST(CudaMath, MergedNormalisedPartialsAreTheWholeSoftmax) {
+  const int hq = 2, d = 16, blocks = 3;
+  const int64_t sq = 30, bk = 7;  // keys per block
+  for (DT t : {DT::kF32, DT::kBF16}) {
+    HostMat acc(DT::kF32, sq, hq * d, 1), m(DT::kF32, hq, sq), l(DT::kF32, hq, sq, 2);
+    HostMat o(t, sq, hq * d), lse(DT::kF32, hq, sq);
+    for (int64_t i = 0; i < sq; ++i)
+      for (int h = 0; h < hq; ++h) {
+        m.set(h, i, -kInf);
+        l.set(h, i, 0.0f);
+        for (int e = 0; e < d; ++e) acc.set(i, h * d + e, 0.0f);
+      }
+    // Scores s and values v of every (row, head, key); row i sees block b unless (i + b) % 4 == 0
+    // (so some rows see only some blocks, and row 3 of block 1 first sees a later block).
+    auto score = [](int64_t i, int h, int64_t j) {
+      return 4.0 * normal_at(900, uint64_t((i * 2 + h) * 64 + j));
+    };
+    auto value = [](int h, int64_t j, int e) {
+      return normal_at(901, uint64_t((h * 64 + j) * 16 + e));
+    };
+    auto sees = [](int64_t i, int b) { return (i + b) % 4 != 0; };
+    std::vector<double> o64(size_t(sq * hq * d), 0.0), lse64(size_t(hq * sq));
+    for (int b = 0; b < blocks; ++b) {
+      HostMat ob(t, sq, hq * d, 3), lb(DT::kF32, hq, sq);
+      for (int64_t i = 0; i < sq; ++i)
+        for (int h = 0; h < hq; ++h) {
+          if (!sees(i, b)) {
+            lb.set(h, i, -kInf);
+            for (int e = 0; e < d; ++e) ob.set(i, h * d + e, 0.0f);
+            continue;
+          }
+          double mx = -INFINITY, sum = 0;
+          for (int64_t j = b * bk; j < (b + 1) * bk; ++j) mx = std::max(mx, score(i, h, j));
+          for (int64_t j = b * bk; j < (b + 1) * bk; ++j) sum += std::exp(score(i, h, j) - mx);
+          lb.set(h, i, float(mx + std::log(sum)));
+          for (int e = 0; e < d; ++e) {
+            double x = 0;
+            for (int64_t j = b * bk; j < (b + 1) * bk; ++j)
+              x += std::exp(score(i, h, j) - mx) / sum * value(h, j, e);
+            ob.set(i, h * d + e, float(x));
+          }
+        }
+      const std::vector<double> acc_before = acc.values(), m_before = m.values(),
+                                l_before = l.values();
+      emu_merge_partial(acc.view(), m.view(), l.view(), ob.view(), lb.view(), d);
+      const std::vector<double> acc_after = acc.values(), m_after = m.values(),
+                                l_after = l.values();
+      for (int64_t i = 0; i < sq; ++i)
+        for (int h = 0; h < hq; ++h) {
+          const size_t li = size_t(h * sq + i);
+          if (!sees(i, b)) {  // kept bit for bit
+            ASSERT_EQ(m_after[li], m_before[li]);
+            ASSERT_EQ(l_after[li], l_before[li]);
+            for (int e = 0; e < d; ++e)
+              ASSERT_EQ(acc_after[size_t(i * hq * d + h * d + e)],
+                        acc_before[size_t(i * hq * d + h * d + e)]);
+          } else if (m_before[li] == -INFINITY) {  // the first partial replaces the empty state
+            ASSERT_EQ(m_after[li], double(lb.get(h, i)));
+            ASSERT_EQ(l_after[li], 1.0);
+            for (int e = 0; e < d; ++e)
+              ASSERT_EQ(acc_after[size_t(i * hq * d + h * d + e)], double(ob.get(i, h * d + e)));
+          }
+        }
+    }
+    emu_finalize(acc.view(), m.view(), l.view(), d, o.view(), lse.view());
+    // The softmax over every key a row sees, in fp64.
+    for (int64_t i = 0; i < sq; ++i)
+      for (int h = 0; h < hq; ++h) {
+        double mx = -INFINITY, sum = 0;
+        for (int b = 0; b < blocks; ++b)
+          if (sees(i, b))
+            for (int64_t j = b * bk; j < (b + 1) * bk; ++j) mx = std::max(mx, score(i, h, j));
+        for (int b = 0; b < blocks; ++b)
+          if (sees(i, b))
+            for (int64_t j = b * bk; j < (b + 1) * bk; ++j) sum += std::exp(score(i, h, j) - mx);
+        lse64[size_t(h * sq + i)] = mx + std::log(sum);
+        for (int e = 0; e < d; ++e) {
+          double x = 0;
+          for (int b = 0; b < blocks; ++b)
+            if (sees(i, b))
+              for (int64_t j = b * bk; j < (b + 1) * bk; ++j)
+                x += std::exp(score(i, h, j) - mx) / sum * value(h, j, e);
+          o64[size_t(i * hq * d + h * d + e)] = x;
+        }
+      }
+    // Within fp32 rounding (bf16: each partial and the output stored in bf16 once).
+    const double tol_o = (t == DT::kF32 ? 64 * kEps32 : 3.0 / 256) * test::max_abs(o64);
+    EXPECT_LE(test::max_abs_diff(o.values(), o64), tol_o) << "merged o " << int(t);
+    EXPECT_LE(test::max_abs_diff(lse.values(), lse64), 64 * kEps32 * test::max_abs(lse64))
+        << "merged lse " << int(t);
   }
 }
 
@@ -1110,6 +1220,34 @@ TEST_F(CudaKernels, AttentionBookkeepingMatchesEmulation) {
     cuda::attention_delta(go.view(), gdo.view(), d, gdelta.view(), s);
     emu_delta(o.view(), dout.view(), d, delta.view());
     EXPECT_EQ(gdelta.get().bytes, delta.bytes) << "delta " << dt_name(t);
+
+    // A normalised partial into an online state (cuDNN's accumulate mode), with empty states and
+    // empty partials: within fp32 rounding of exp (the emulation's fmaf on the host), m exactly.
+    HostMat sa(DT::kF32, sq, hq * d, 1), sm(DT::kF32, hq, sq), sl(DT::kF32, hq, sq, 3);
+    HostMat po(t, sq, hq * d, 2), pl(DT::kF32, hq, sq);
+    sa.fill(430);
+    sm.fill(431, 3.0);
+    sl.fill(432, 0.5, 2.0);
+    po.fill(433);
+    pl.fill(434, 3.0);
+    for (int h = 0; h < hq; ++h)
+      for (int64_t i = 0; i < sq; ++i) {
+        if (i % 6 == 0) sm.set(h, i, -kInf);
+        if (i % 6 == 0) sl.set(h, i, 0.0f);
+        if (i % 4 == 0) pl.set(h, i, -kInf);
+      }
+    for (int64_t i = 0; i < sq; ++i)
+      if (i % 6 == 0)
+        for (int c = 0; c < hq * d; ++c) sa.set(i, c, 0.0f);
+    DevMat gsa(sa), gsm(sm), gsl(sl), gpo(po), gpl(pl);
+    cuda::attention_merge_partial(gsa.view(), gsm.view(), gsl.view(), gpo.view(), gpl.view(), d, s);
+    emu_merge_partial(sa.view(), sm.view(), sl.view(), po.view(), pl.view(), d);
+    EXPECT_EQ(gsm.get().bytes, sm.bytes) << "merge_partial m " << dt_name(t);
+    const auto ga = gsa.get().values(), ea = sa.values(), gsl_v = gsl.get().values(),
+               esl_v = sl.values();
+    EXPECT_LE(test::max_abs_diff(ga, ea), 4 * kEps32 * test::max_abs(ea)) << "merge_partial acc";
+    EXPECT_LE(test::max_abs_diff(gsl_v, esl_v), 4 * kEps32 * test::max_abs(esl_v))
+        << "merge_partial l";
   }
 }
 

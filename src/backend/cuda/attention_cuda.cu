@@ -620,8 +620,8 @@ void launch(void (*kernel)(Params), int64_t grid_x, int grid_y, int64_t smem, co
 
 }  // namespace
 
-int64_t attention_fwd_workspace_bytes(int, int, int d, DT t, bool documents) {
-  return attn::fwd_workspace_bytes(d, t, documents);
+int64_t attention_fwd_workspace_bytes(int hq, int hk, int d, DT t, bool documents) {
+  return attn::fwd_workspace_bytes(hq, hk, d, t, documents, cudnn_attention_built());
 }
 int64_t attention_bwd_workspace_bytes(int hq, int hk, int d, DT t, bool documents) {
   return attn::bwd_workspace_bytes(hq, hk, d, t, documents, cudnn_attention_built());
@@ -631,10 +631,15 @@ bool attention_supports(int d, DT t, bool documents) {
 }
 
 void attention_forward(const DAttn& p, const DView& o, const DView& lse, const DView& acc,
-                       const DView& m, const DView& l, bool accumulate, void*, cudaStream_t s) {
+                       const DView& m, const DView& l, bool accumulate, void* ws, cudaStream_t s) {
   const FwdParams a{p, mask_of(p), o, lse, acc, m, l, accumulate};
   if (a.mask.sq == 0) return;
   if (!accumulate && cudnn_attention_forward(p, o, lse, s)) return;
+  if (accumulate && a.mask.sk > 0) {
+    const int64_t ws_bytes =
+        attention_fwd_workspace_bytes(p.hq, p.hk, p.d, p.q.dtype, p.q_docs.count > 0);
+    if (ws_bytes > 0 && cudnn_attention_forward_accumulate(p, acc, m, l, ws, ws_bytes, s)) return;
+  }
   const int64_t grid = blocks(a.mask.sq, attn::fwd_tiles(p.d).bq), smem = attn::fwd_smem_bytes(p.d);
   if (attn::cols_per_lane(p.d) == 4)
     launch(fwd_kernel<4>, grid, p.hq, smem, a, s);

@@ -36,7 +36,8 @@ bool attention_supports(int d, DT t, bool documents);
 
 // accumulate == false: writes o (sq, hq*d) in q's dtype and lse (hq, sq) fp32; acc, m, l unused.
 // accumulate == true: continues acc (sq, hq*d) fp32, m, l (hq, sq) fp32 (from
-// attention_accumulate_init: acc 0, m -inf, l 0); o, lse unused.
+// attention_accumulate_init: acc 0, m -inf, l 0); o, lse unused. A bf16 call cuDNN can take runs
+// there (attention_cudnn.h), in blocks whose normalised partials, stored in bf16, the state takes.
 void attention_forward(const DAttn& p, const DView& o, const DView& lse, const DView& acc,
                        const DView& m, const DView& l, bool accumulate, void* ws, cudaStream_t s);
 // Accumulates (+=) into fp32 dq (sq, hq*d), dk, dv (sk, hk*d) using the final lse and delta

@@ -214,16 +214,16 @@ bool disabled() {
   return off;
 }
 
-// Says once per process, on stderr, why a call cuDNN's backward could have taken runs on the flash
+// Says once per process and pass, on stderr, why a call cuDNN could have taken runs on the flash
 // kernels (cuDNN rejected a block's graph or asked for more workspace than it had): the speed of
 // such a run is the flash kernels', which a user should know. Called with the cache's lock held.
-void note_fallback(const std::string& why) {
-  static bool said = false;
-  if (said) return;
-  said = true;
-  std::fprintf(stderr,
-               "upipe: cuDNN's attention backward %s; such calls run on the flash kernels\n",
-               why.c_str());
+void note_fallback(const char* pass, const std::string& why) {
+  static bool said[2] = {false, false};
+  bool& once = said[std::string(pass) == "backward" ? 1 : 0];
+  if (once) return;
+  once = true;
+  std::fprintf(stderr, "upipe: cuDNN's attention %s %s; such calls run on the flash kernels\n",
+               pass, why.c_str());
 }
 
 void check(cudnnStatus_t st, const char* what) {
@@ -258,6 +258,83 @@ bool cudnn_attention_forward(const DAttn& p, const DView& o, const DView& lse, c
   auto r = it->second.g->execute(h, pack, nullptr);
   if (r.is_bad()) throw Error(fmt::format("cuDNN fused attention failed: {}", r.get_message()));
   return true;
+}
+
+bool cudnn_attention_forward_accumulate(const DAttn& p, const DView& acc, const DView& m,
+                                        const DView& l, void* ws, int64_t ws_bytes,
+                                        cudaStream_t s) {
+  if (disabled() || ws == nullptr) return false;
+  if (attn::sdpa_blocks_why_not(p.q, p.k, p.v, p.d, p.q_docs.count > 0) != nullptr) return false;
+  const uintptr_t at = reinterpret_cast<uintptr_t>(ws), base_at = (at + 255) / 256 * 256;
+  char* const base = reinterpret_cast<char*>(base_at);
+  const int64_t budget = ws_bytes - int64_t(base_at - at);
+  const int64_t sq = p.q.rows, sk = p.k.rows, qc = int64_t(p.hq) * p.d;
+  int device = 0;
+  UPIPE_CUDA_CHECK(cudaGetDevice(&device));
+  Cache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  const cudnnHandle_t h = handle_for(c, device);
+  // A block's plan: its rows of q, k, v, the packed temporaries as o and stats.
+  auto plan_of = [&](const attn::SdpaBlock& b) {
+    attn::SdpaPlan sp;
+    sp.use = true;
+    sp.mask = b.mask;
+    sp.q = attn::bhsd_of(rows_of(p.q, b.q0, b.rows), p.hq, p.d);
+    sp.k = attn::bhsd_of(rows_of(p.k, b.k0, b.keys), p.hk, p.d);
+    sp.v = attn::bhsd_of(rows_of(p.v, b.k0, b.keys), p.hk, p.d);
+    sp.o = attn::bhsd_of(packed_bf16(nullptr, b.rows, qc), p.hq, p.d);
+    sp.stats = attn::bhsd_stats({nullptr, DT::kF32, p.hq, b.rows, b.rows});
+    return sp;
+  };
+  auto graph_of = [&](const attn::SdpaBlock& b) -> const Built& {
+    const attn::SdpaPlan sp = plan_of(b);
+    const Key key = key_of(0, {&sp.q, &sp.k, &sp.v, &sp.o, &sp.stats}, sp.mask, p.scale, device);
+    auto it = c.graphs.find(key);
+    if (it == c.graphs.end()) it = c.graphs.emplace(key, build_forward(h, sp, p.scale)).first;
+    return it->second;
+  };
+  for (int64_t side = attn::sdpa_fwd_first_side(sq, sk, p.hq, p.d, budget); side > 0;
+       side = attn::sdpa_bwd_next_side(side)) {
+    std::string why;
+    const bool mapped = attn::for_each_sdpa_block(
+        sq, sk, p.q_pos0, p.k_pos0, p.causal, side, [&](const attn::SdpaBlock& b) {
+          if (!why.empty()) return;
+          const Built& g = graph_of(b);
+          if (!g.g || g.workspace != 0)
+            why = fmt::format("{} a {} x {} block of {}/{} heads, d = {}",
+                              g.g ? "needs a workspace for" : "rejected", b.rows, b.keys, p.hq,
+                              p.hk, p.d);
+        });
+    if (!mapped) continue;
+    if (!why.empty()) {
+      if (attn::sdpa_bwd_next_side(side) == 0) note_fallback("forward (accumulate mode)", why);
+      continue;
+    }
+    check(cudnnSetStream(h, s), "cudnnSetStream");
+    const attn::SdpaFwdLayout lay = attn::sdpa_fwd_layout(side, p.hq, p.d);
+    void* const to = base + lay.o;
+    float* const tl = reinterpret_cast<float*>(base + lay.lse);
+    attn::for_each_sdpa_block(
+        sq, sk, p.q_pos0, p.k_pos0, p.causal, side, [&](const attn::SdpaBlock& b) {
+          std::unordered_map<int64_t, void*> pack = {{kQ, rows_of(p.q, b.q0, b.rows).data},
+                                                     {kK, rows_of(p.k, b.k0, b.keys).data},
+                                                     {kV, rows_of(p.v, b.k0, b.keys).data},
+                                                     {kO, to},
+                                                     {kStats, tl}};
+          auto r = graph_of(b).g->execute(h, pack, nullptr);
+          if (r.is_bad())
+            throw Error(
+                fmt::format("cuDNN fused attention (accumulate) failed: {}", r.get_message()));
+          DView mb = m, lb = l;  // columns [q0, q0 + rows) of the row statistics
+          mb.data = static_cast<float*>(m.data) + b.q0;
+          lb.data = static_cast<float*>(l.data) + b.q0;
+          mb.cols = lb.cols = b.rows;
+          attention_merge_partial(rows_of(acc, b.q0, b.rows), mb, lb, packed_bf16(to, b.rows, qc),
+                                  {tl, DT::kF32, p.hq, b.rows, b.rows}, p.d, s);
+        });
+    return true;
+  }
+  return false;
 }
 
 bool cudnn_attention_backward(const DAttn& p, const DView& o, const DView& dout, const DView& lse,
@@ -306,7 +383,7 @@ bool cudnn_attention_backward(const DAttn& p, const DView& o, const DView& dout,
         });
     if (!mapped) continue;
     if (!why.empty()) {
-      if (attn::sdpa_bwd_next_side(side) == 0) note_fallback(why);
+      if (attn::sdpa_bwd_next_side(side) == 0) note_fallback("backward", why);
       continue;
     }
     check(cudnnSetStream(h, s), "cudnnSetStream");
@@ -359,6 +436,11 @@ bool cudnn_attention_built() {
 }
 
 bool cudnn_attention_forward(const DAttn&, const DView&, const DView&, cudaStream_t) {
+  return false;
+}
+
+bool cudnn_attention_forward_accumulate(const DAttn&, const DView&, const DView&, const DView&,
+                                        void*, int64_t, cudaStream_t) {
   return false;
 }
 

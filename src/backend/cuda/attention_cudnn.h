@@ -19,6 +19,15 @@ bool cudnn_attention_built();
 // nothing (not mapped, not supported, or it would need a workspace).
 bool cudnn_attention_forward(const DAttn& p, const DView& o, const DView& lse, cudaStream_t s);
 
+// Continues the online softmax acc (sq, hq*d), m, l (hq, sq), all fp32, of p over p's keys on
+// cuDNN and returns true, or returns false having run nothing. The call is cut into the blocks of
+// attn::for_each_sdpa_block; each is one cuDNN forward into a bf16 o and fp32 lse in ws (ws_bytes,
+// attn::sdpa_fwd_layout) that the state takes (cuda::attention_merge_partial), in block order;
+// false when the views are not sdpa_blocks_why_not's, some block has no cuDNN mask at every side
+// tried, or cuDNN rejects a block's graph or wants a workspace for it.
+bool cudnn_attention_forward_accumulate(const DAttn& p, const DView& acc, const DView& m,
+                                        const DView& l, void* ws, int64_t ws_bytes, cudaStream_t s);
+
 // Adds the backward of p into fp32 dq, dk, dv on cuDNN and returns true, or returns false having
 // run nothing. o and dout (sq, hq*d) bf16, lse (hq, sq) the forward's. The call is cut into the
 // blocks of attn::for_each_sdpa_block, each one cuDNN call into bf16 temporaries in ws (ws_bytes,

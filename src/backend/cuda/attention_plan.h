@@ -98,16 +98,18 @@ constexpr int64_t kMaxSmemBytes = 227 * 1024;
 UPIPE_HD bool sdpa_shape(int d, DT t) {
   return t == DT::kBF16 && d >= 8 && d % 8 == 0 && d <= 256;
 }
-UPIPE_HD int64_t sdpa_bwd_workspace_bytes(int hq, int hk,
-                                          int d);  // "cuDNN fused attention backward"
+// Defined below ("cuDNN fused attention backward", "cuDNN accumulate-mode forward").
+UPIPE_HD int64_t sdpa_bwd_workspace_bytes(int hq, int hk, int d);
+UPIPE_HD int64_t sdpa_fwd_workspace_bytes(int hq, int d);
 
 // Global workspace. The flash kernels need none: key ranges are found per block in shared memory
-// and every partial sum lives in registers. The forward on cuDNN runs only with none either. The
-// backward on cuDNN (a build with cudnn-frontend) takes sdpa_bwd_workspace_bytes for every bf16
-// call of such a d, with documents or not, whether it then runs there or on the flash kernels:
-// the query depends on the heads, d and dtype only.
-UPIPE_HD int64_t fwd_workspace_bytes(int, DT, bool) {
-  return 0;
+// and every partial sum lives in registers. With cuDNN (a build with cudnn-frontend) every bf16
+// call of a d it takes, with documents or not, whether it then runs there or on the flash kernels,
+// takes sdpa_fwd_workspace_bytes (forward: the accumulate mode's blocks; the normalised forward
+// uses none of it) or sdpa_bwd_workspace_bytes (backward): the queries depend on the heads, d and
+// dtype only.
+UPIPE_HD int64_t fwd_workspace_bytes(int hq, int, int d, DT t, bool, bool cudnn) {
+  return cudnn && sdpa_shape(d, t) ? sdpa_fwd_workspace_bytes(hq, d) : 0;
 }
 UPIPE_HD int64_t bwd_workspace_bytes(int hq, int hk, int d, DT t, bool, bool cudnn) {
   return cudnn && sdpa_shape(d, t) ? sdpa_bwd_workspace_bytes(hq, hk, d) : 0;
@@ -526,19 +528,56 @@ UPIPE_HD int64_t sdpa_bwd_first_side(int64_t sq, int64_t sk, int hq, int hk, int
   return c;
 }
 
-// Whether the backward of this call may run on cuDNN (the forward's conditions, with o and do in
-// place of o): no documents, bf16, d a multiple of 8 up to 256, o given, q, k, v, o, do rows
-// 16-byte aligned. The masks are decided per block (for_each_sdpa_block).
-inline const char* sdpa_bwd_why_not(const DView& q, const DView& k, const DView& v, const DView& o,
-                                    const DView& dout, int d, bool documents) {
+// Whether a call may be cut into cuDNN blocks: no documents, bf16, d a multiple of 8 up to 256,
+// q, k, v rows 16-byte aligned (null: it may). The masks are decided per block.
+inline const char* sdpa_blocks_why_not(const DView& q, const DView& k, const DView& v, int d,
+                                       bool documents) {
   if (documents) return "documents";
-  if (o.data == nullptr) return "no o";
-  if (q.dtype != DT::kBF16 || o.dtype != DT::kBF16 || dout.dtype != DT::kBF16) return "not bf16";
+  if (q.dtype != DT::kBF16) return "not bf16";
   if (d % 8 != 0 || d > kMaxDim) return "d not a multiple of 8 up to 256";
   if (q.rows < 1 || k.rows < 1) return "empty";
-  for (const DView* x : {&q, &k, &v, &o, &dout})
+  for (const DView* x : {&q, &k, &v})
     if (x->ld % 8 != 0 || !aligned16(x->data)) return "rows not 16-byte aligned";
   return nullptr;
+}
+// The same for the backward, which also needs o and do (bf16, 16-byte rows).
+inline const char* sdpa_bwd_why_not(const DView& q, const DView& k, const DView& v, const DView& o,
+                                    const DView& dout, int d, bool documents) {
+  if (const char* w = sdpa_blocks_why_not(q, k, v, d, documents)) return w;
+  if (o.data == nullptr) return "no o";
+  if (o.dtype != DT::kBF16 || dout.dtype != DT::kBF16) return "not bf16";
+  for (const DView* x : {&o, &dout})
+    if (x->ld % 8 != 0 || !aligned16(x->data)) return "rows not 16-byte aligned";
+  return nullptr;
+}
+
+// ---- cuDNN accumulate-mode forward (attention_cudnn.cpp) --------------------------------------
+//
+// The accumulate mode (ring steps, fpdt chunk pairs) continues an online softmax (acc, m, l) over
+// more keys. On cuDNN a call is cut into the blocks of for_each_sdpa_block; each block runs as
+// cuDNN's normalised forward into a bf16 o and an fp32 lse of its rows (the temporaries below),
+// which the state of those rows then takes (partial_merge_*, elementwise_math.h), in block order.
+// The temporaries of side c, 256-byte aligned: o (c, hq*d) bf16, lse (hq, c) fp32.
+struct SdpaFwdLayout {
+  int64_t o = 0, lse = 0, end = 0;  // byte offsets; end = the bytes
+};
+UPIPE_HD SdpaFwdLayout sdpa_fwd_layout(int64_t c, int hq, int d) {
+  SdpaFwdLayout l;
+  l.lse = l.o + align256(c * hq * d * 2);
+  l.end = l.lse + align256(int64_t(hq) * c * 4);
+  return l;
+}
+// The forward's workspace for hq, d: the temporaries of side kSdpaMaxBlock (cuDNN's forward runs
+// only where it needs no workspace of its own).
+UPIPE_HD int64_t sdpa_fwd_workspace_bytes(int hq, int d) {
+  return sdpa_fwd_layout(kSdpaMaxBlock, hq, d).end;
+}
+// The first side: the rows of the larger view rounded up to 64, at most kSdpaMaxBlock, halved (not
+// below kSdpaMinBlock) until its temporaries fit the budget; 0 when none does.
+UPIPE_HD int64_t sdpa_fwd_first_side(int64_t sq, int64_t sk, int hq, int d, int64_t budget) {
+  int64_t c = min64(round_up(max64(sq, sk), 64), kSdpaMaxBlock);
+  while (c > 0 && sdpa_fwd_layout(c, hq, d).end > budget) c = sdpa_bwd_next_side(c);
+  return c;
 }
 
 }  // namespace upipe::cuda::attn

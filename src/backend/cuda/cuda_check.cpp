@@ -15,8 +15,8 @@ void fail_cuda(int status, const char* expr, const char* file, int line) {
 
 void fail_cublas(int status, const char* expr, const char* file, int line) {
   throw Error(fmt::format("cuBLAS error {} ({}) in {} at {}:{}", status,
-                          cublasLtGetStatusString(static_cast<cublasStatus_t>(status)), expr,
-                          file, line));
+                          cublasLtGetStatusString(static_cast<cublasStatus_t>(status)), expr, file,
+                          line));
 }
 
 }  // namespace upipe::cuda

@@ -10,15 +10,15 @@ namespace upipe::cuda {
 
 }  // namespace upipe::cuda
 
-#define UPIPE_CUDA_CHECK(expr)                                                          \
-  do {                                                                                  \
-    const int upipe_cuda_status_ = static_cast<int>(expr);                              \
-    if (upipe_cuda_status_ != 0)                                                        \
-      ::upipe::cuda::fail_cuda(upipe_cuda_status_, #expr, __FILE__, __LINE__);          \
+#define UPIPE_CUDA_CHECK(expr)                                                 \
+  do {                                                                         \
+    const int upipe_cuda_status_ = static_cast<int>(expr);                     \
+    if (upipe_cuda_status_ != 0)                                               \
+      ::upipe::cuda::fail_cuda(upipe_cuda_status_, #expr, __FILE__, __LINE__); \
   } while (0)
-#define UPIPE_CUBLAS_CHECK(expr)                                                        \
-  do {                                                                                  \
-    const int upipe_cublas_status_ = static_cast<int>(expr);                            \
-    if (upipe_cublas_status_ != 0)                                                      \
-      ::upipe::cuda::fail_cublas(upipe_cublas_status_, #expr, __FILE__, __LINE__);      \
+#define UPIPE_CUBLAS_CHECK(expr)                                                   \
+  do {                                                                             \
+    const int upipe_cublas_status_ = static_cast<int>(expr);                       \
+    if (upipe_cublas_status_ != 0)                                                 \
+      ::upipe::cuda::fail_cublas(upipe_cublas_status_, #expr, __FILE__, __LINE__); \
   } while (0)

@@ -18,8 +18,8 @@ int64_t device_reservation_bytes(int64_t free_bytes) {
     char* end = nullptr;
     const double v = std::strtod(env, &end);
     const std::string suffix = end;
-    const double mult = suffix == "G" ? double(int64_t(1) << 30)
-                        : suffix == "M" ? double(int64_t(1) << 20)
+    const double mult = suffix == "G"    ? double(int64_t(1) << 30)
+                        : suffix == "M"  ? double(int64_t(1) << 20)
                         : suffix.empty() ? 1.0
                                          : -1.0;
     if (!(v > 0) || mult < 0)
@@ -49,8 +49,9 @@ struct Reservation {
     UPIPE_CUDA_CHECK(cudaMemGetInfo(&free, &total));
     const int64_t want = device_reservation_bytes(int64_t(free));
     if (want <= 0)
-      throw BackingExhausted(fmt::format("the GPU has {} free, less than the {} kept outside the arena",
-                                         format_bytes(int64_t(free)), format_bytes(kHeadroomBytes)));
+      throw BackingExhausted(
+          fmt::format("the GPU has {} free, less than the {} kept outside the arena",
+                      format_bytes(int64_t(free)), format_bytes(kHeadroomBytes)));
     void* base = nullptr;
     const cudaError_t st = cudaMalloc(&base, size_t(want));
     if (st != cudaSuccess)
@@ -98,13 +99,12 @@ int64_t DeviceAllocator::reserved_bytes() {
 }
 
 std::unique_ptr<Allocator> make_pinned_host_allocator() {
-  SystemMemory pinned{[](int64_t bytes) -> void* {
-                        void* p = nullptr;
-                        return cudaHostAlloc(&p, size_t(bytes), cudaHostAllocDefault) == cudaSuccess
-                                   ? p
-                                   : nullptr;
-                      },
-                      [](void* p) { cudaFreeHost(p); }};
+  SystemMemory pinned{
+      [](int64_t bytes) -> void* {
+        void* p = nullptr;
+        return cudaHostAlloc(&p, size_t(bytes), cudaHostAllocDefault) == cudaSuccess ? p : nullptr;
+      },
+      [](void* p) { cudaFreeHost(p); }};
   return std::make_unique<HostCachingAllocator>(int64_t(8) << 30, pinned);
 }
 

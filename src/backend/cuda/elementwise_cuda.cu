@@ -341,6 +341,29 @@ __global__ void lse_merge_kernel(DView o, DView lse, DView o2, DView lse2, int d
   }
 }
 
+// One block per query row, as lse_merge_kernel: acc takes the partial while every m of the row is
+// still the old one; m and l are updated after the block's barrier.
+__global__ void merge_partial_kernel(DView acc, DView m, DView l, DView o2, DView lse2, int d) {
+  const int t = int(threadIdx.x);
+  const int64_t hq = acc.cols / d;
+  for (int64_t i = blockIdx.x; i < acc.rows; i += gridDim.x) {
+    for (int64_t c = t; c < acc.cols; c += kThreads) {
+      const int64_t h = c / d;
+      const PartialMerge w = partial_merge_weights(*f32_at(m, h, i), *f32_at(lse2, h, i));
+      float* a = f32_at(acc, i, c);
+      *a = partial_merge_acc(w, *a, load(o2, i, c));
+    }
+    __syncthreads();
+    for (int64_t h = t; h < hq; h += kThreads) {
+      float* mi = f32_at(m, h, i);
+      const PartialMerge w = partial_merge_weights(*mi, *f32_at(lse2, h, i));
+      float* li = f32_at(l, h, i);
+      *li = partial_merge_l(w, *li);
+      *mi = w.m;
+    }
+  }
+}
+
 // One warp per (row i, head h); lanes combined in the tree order (shuffles, stride 16 first).
 __global__ void attention_delta_kernel(DView o, DView dout, int d, DView delta) {
   const int lane = int(threadIdx.x) % kWarp;
@@ -512,6 +535,13 @@ void attention_finalize(const DView& acc, const DView& m, const DView& l, int d,
                         const DView& lse, cudaStream_t s) {
   if (empty(acc)) return;
   attention_finalize_kernel<<<grid_2d(acc.rows, acc.cols), kThreads, 0, s>>>(acc, m, l, d, o, lse);
+  check_launch();
+}
+
+void attention_merge_partial(const DView& acc, const DView& m, const DView& l, const DView& o2,
+                             const DView& lse2, int d, cudaStream_t s) {
+  if (empty(acc)) return;
+  merge_partial_kernel<<<blocks_for(acc.rows), kThreads, 0, s>>>(acc, m, l, o2, lse2, d);
   check_launch();
 }
 

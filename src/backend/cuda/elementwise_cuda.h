@@ -74,6 +74,10 @@ void attention_finalize(const DView& acc, const DView& m, const DView& l, int d,
 // (o, lse) <- merge((o, lse), (o2, lse2)) over disjoint key sets; -inf is an empty partial.
 void lse_merge(const DView& o, const DView& lse, const DView& o2, const DView& lse2, int d,
                cudaStream_t s);
+// The online state acc (sq, hq*d), m, l (hq, sq), all fp32, takes a normalised partial o2
+// (sq, hq*d, any dtype), lse2 (hq, sq) fp32 over other keys (elementwise_math.h partial_merge_*).
+void attention_merge_partial(const DView& acc, const DView& m, const DView& l, const DView& o2,
+                             const DView& lse2, int d, cudaStream_t s);
 // delta (hq, sq) fp32 = rowsum(o * dout) per head; o, dout (sq, hq*d).
 void attention_delta(const DView& o, const DView& dout, int d, const DView& delta, cudaStream_t s);
 

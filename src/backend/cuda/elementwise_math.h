@@ -160,6 +160,26 @@ UPIPE_HD float lse_merge_value(const LseMerge& mw, float o1, float o2) {
   return (o1 * mw.w1 + o2 * mw.w2) * mw.inv;
 }
 
+// The online-softmax state (acc, m, l) of one row and head takes a normalised partial (o2, lse2)
+// over other keys (a cuDNN forward block, attention_cudnn.cpp): m' = max(m, lse2),
+// acc' = acc alpha + o2 beta, l' = l alpha + beta, with alpha = exp(m - m') (0 while the row has
+// seen nothing: m = -inf) and beta = exp(lse2 - m'). A partial with lse2 = -inf (no key) keeps it.
+struct PartialMerge {
+  bool keep;
+  float alpha, beta, m;  // the scales and the new m
+};
+UPIPE_HD PartialMerge partial_merge_weights(float m, float lse2) {
+  if (lse2 == neg_inf()) return {true, 1.0f, 0.0f, m};
+  const float mn = fmaxf(m, lse2);
+  return {false, m == neg_inf() ? 0.0f : expf(m - mn), expf(lse2 - mn), mn};
+}
+UPIPE_HD float partial_merge_acc(const PartialMerge& w, float acc, float o2) {
+  return w.keep ? acc : fmaf(acc, w.alpha, o2 * w.beta);
+}
+UPIPE_HD float partial_merge_l(const PartialMerge& w, float l) {
+  return w.keep ? l : fmaf(l, w.alpha, w.beta);
+}
+
 // attention_delta's lane step: delta = sum_e o do over a warp's lanes (kWarp), tree-combined.
 UPIPE_HD float delta_step(float acc, float o, float g) {
   return fmaf(o, g, acc);

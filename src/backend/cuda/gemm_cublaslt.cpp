@@ -78,10 +78,10 @@ struct LtGemm::Impl {
     UPIPE_CUBLAS_CHECK(cublasLtMatmulDescCreate(&pl->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     const cublasOperation_t ta = p.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
     const cublasOperation_t tb = p.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-    UPIPE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(pl->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta,
-                                                      sizeof(ta)));
-    UPIPE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(pl->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb,
-                                                      sizeof(tb)));
+    UPIPE_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(pl->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+    UPIPE_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(pl->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
     UPIPE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&pl->la, lt_type(p.a.dtype), uint64_t(p.a.rows),
                                                   uint64_t(p.a.cols), p.a.ld));
     UPIPE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&pl->lb, lt_type(p.b.dtype), uint64_t(p.b.rows),
@@ -103,9 +103,8 @@ struct LtGemm::Impl {
                                          &key.align_c, sizeof(uint32_t));
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
-    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle, pl->desc, pl->la, pl->lb,
-                                                             pl->lc, pl->lc, pref, 1, &result,
-                                                             &found);
+    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(
+        handle, pl->desc, pl->la, pl->lb, pl->lc, pl->lc, pref, 1, &result, &found);
     cublasLtMatmulPreferenceDestroy(pref);
     if (st != CUBLAS_STATUS_SUCCESS || found == 0)
       throw Error(fmt::format(
@@ -141,13 +140,26 @@ void LtGemm::product(const DView& a, bool trans_a, const DView& b, bool trans_b,
   const int64_t k = trans_a ? a.rows : a.cols;
   if (k == 0) {
     // cuBLASLt refuses K = 0; the product is then beta C.
-    if (beta == 0.0f) fill(c, 0.0f, s);
-    else if (beta != 1.0f) throw Error("GEMM with k = 0 and beta other than 0 or 1");
+    if (beta == 0.0f)
+      fill(c, 0.0f, s);
+    else if (beta != 1.0f)
+      throw Error("GEMM with k = 0 and beta other than 0 or 1");
     return;
   }
   const LtProblem p = lt_problem(a, trans_a, b, trans_b, c, alpha, beta);
-  const Key key{p.m, p.n, p.k, p.a.ld, p.b.ld, p.c.ld, p.trans_a, p.trans_b, p.a.dtype,
-                p.b.dtype, p.c.dtype, alignment_of(p.a.ptr), alignment_of(p.b.ptr),
+  const Key key{p.m,
+                p.n,
+                p.k,
+                p.a.ld,
+                p.b.ld,
+                p.c.ld,
+                p.trans_a,
+                p.trans_b,
+                p.a.dtype,
+                p.b.dtype,
+                p.c.dtype,
+                alignment_of(p.a.ptr),
+                alignment_of(p.b.ptr),
                 alignment_of(p.c.ptr)};
   const Plan& pl = impl_->plan(key, p);
   UPIPE_CUBLAS_CHECK(cublasLtMatmul(impl_->handle, pl.desc, &alpha, p.a.ptr, pl.la, p.b.ptr, pl.lb,

@@ -26,7 +26,7 @@ struct LtMatrix {
 struct LtProblem {
   int64_t m = 0, n = 0, k = 0;  // column-major: D (m, n) = alpha op(A) (m, k) op(B) (k, n) + beta C
   bool trans_a = false, trans_b = false;
-  LtMatrix a, b, c;             // c is also D (in place)
+  LtMatrix a, b, c;  // c is also D (in place)
   float alpha = 1.0f, beta = 0.0f;
 };
 
@@ -70,7 +70,7 @@ struct GemmStaging {
   bool stage_c = false;                   // the product runs on an fp32 copy of C, block by block
   int64_t mb = 0, kp = 0;                 // C rows per block, K per panel
   int64_t a_offset = 0, b_offset = 0, c_offset = 0;  // byte offsets in the workspace
-  int64_t bytes = 0;                                  // the whole workspace
+  int64_t bytes = 0;                                 // the whole workspace
 };
 
 inline int64_t round_up_256(int64_t b) {
