@@ -83,14 +83,19 @@ void backward_from(Device& dev, const AttentionConfig& c, Fwd& f, const LocalRow
   seq_dout_dwo(dev, dy, f.o, w.wo, dout, g.wo, dw_beta);
   Tensor delta(mem, Tag::kAttnGrad, DType::kF32, c.heads, s);
   attention_delta(dev, f.o, dout, c.head_dim, delta);
-  f.o.reset();
+  // o lives on through the kernel where the backend's backward reads it (cuDNN's), else goes now.
+  const bool keep_o =
+      attention_backward_reads_o(dev.backend(), c.heads, c.kv_heads, c.head_dim, c.dtype);
+  if (!keep_o) f.o.reset();
   Tensor dq(mem, Tag::kAttnGrad, DType::kF32, s, c.q_dim());
   Tensor dk(mem, Tag::kAttnGrad, DType::kF32, s, c.kv_dim());
   Tensor dv(mem, Tag::kAttnGrad, DType::kF32, s, c.kv_dim());
   zero(dev, dq);
   zero(dev, dk);
   zero(dev, dv);
-  attention_backward(dev, rows.problem(f, c, docs), dout, f.lse, delta, dq, dk, dv);
+  attention_backward(dev, rows.problem(f, c, docs), dout, f.lse, delta, dq, dk, dv,
+                     keep_o ? f.o.mat() : Mat{});
+  f.o.reset();
   dout.reset();
   delta.reset();
   f.lse.reset();
@@ -155,7 +160,8 @@ LocalMoments local_moments(const Backend& be, const AttentionConfig& c) {
   m.attn_fwd = qkv + o + lse + attention_fwd_workspace_bytes(be, c.heads, c.kv_heads, int(d), t);
   m.out_proj = o + seq_out_project_bytes(be, c, s);  // q, k, v, lse freed (not kept)
   m.do_proj = qkv + o + lse + dout + seq_dout_dwo_bytes(be, c, s);
-  m.attn_bwd = qkv + lse + dout + delta + dq + 2 * dkv +
+  const bool keep_o = attention_backward_reads_o(be, c.heads, c.kv_heads, int(d), t);
+  m.attn_bwd = qkv + lse + dout + delta + dq + 2 * dkv + (keep_o ? o : 0) +
                attention_bwd_workspace_bytes(be, c.heads, c.kv_heads, int(d), t);
   m.grads = dq + 2 * dkv + seq_input_grads_bytes(be, c, s);
   return m;

@@ -93,11 +93,14 @@ void RingAttention::backward(const Mat& x, const Mat& dy, const AttentionWeights
   seq_dout_dwo(dev(), dy, o, w.wo, dout, g.wo, dw_beta);
   Tensor delta(mem, Tag::kAttnGrad, f32, c.heads, sl);
   attention_delta(dev(), o, dout, d, delta);
-  o.reset();
+  // o lives on through the ring where the backend's backward reads it (cuDNN's), else goes now.
+  const bool keep_o = attention_backward_reads_o(dev().backend(), c.heads, c.kv_heads, d, t);
+  if (!keep_o) o.reset();
   Tensor dq(mem, Tag::kAttnGrad, f32, sl, c.q_dim());
   zero(dev(), dq);
   const Buffer dkv = ring_backward(dev(), {comm(), layout_, docs_ ? &mask : nullptr}, q, dout, lse,
-                                   delta, c.heads, c.kv_heads, d, kv, dq);
+                                   delta, c.heads, c.kv_heads, d, kv, dq, keep_o ? o.mat() : Mat{});
+  o.reset();
   q.reset();
   kv.reset();
   dout.reset();
@@ -129,7 +132,8 @@ int64_t ring_attn_peak_bytes(const Backend& be, const AttentionConfig& c, int ra
   const int64_t bwd_final = q + kvr + acc + ml + o + lse;
   const int64_t do_proj = q + kvr + o + lse + dout + seq_dout_dwo_bytes(be, c, sl);
   const int64_t delta_ph = q + kvr + o + lse + dout + delta;
-  const int64_t ring_bwd = q + kvr + lse + dout + delta + dq + dkvr +
+  const bool keep_o = attention_backward_reads_o(be, c.heads, c.kv_heads, int(d), t);
+  const int64_t ring_bwd = q + kvr + lse + dout + delta + dq + dkvr + (keep_o ? o : 0) +
                            attention_bwd_workspace_bytes(be, c.heads, c.kv_heads, int(d), t);
   const int64_t grads = dq + home + seq_input_grads_bytes(be, c, sl);
   // The documents' mask lives through every phase of forward and backward.

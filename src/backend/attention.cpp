@@ -45,6 +45,10 @@ int64_t attention_bwd_workspace_bytes(const Backend& be, int hq, int hk, int d, 
   return be.attention_bwd_workspace_bytes({d, t, documents, hq, hk});
 }
 
+bool attention_backward_reads_o(const Backend& be, int hq, int hk, int d, DType t) {
+  return be.attention_backward_reads_o({d, t, false, hq, hk});
+}
+
 void attention_forward(Device& dev, const AttnProblem& p, const Mat& o, const Mat& lse) {
   Backend& be = dev.backend();
   check_problem(be, p);

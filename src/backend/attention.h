@@ -51,6 +51,10 @@ void attention_backward(Device& dev, const AttnProblem& p, const Mat& dout, cons
                         const Mat& delta, const Mat& dq, const Mat& dk, const Mat& dv,
                         const Mat& o = {});
 
+// Whether the backward of such calls wants the forward's o (Backend::attention_backward_reads_o):
+// a caller that would free o before the backward keeps it through the call then.
+bool attention_backward_reads_o(const Backend& be, int hq, int hk, int d, DType t);
+
 // Workspace of one forward / backward call with hq query and hk KV heads of dim d on dtype t,
 // with or without documents (the backend's query; it never depends on the rows).
 int64_t attention_fwd_workspace_bytes(const Backend& be, int hq, int hk, int d, DType t,

@@ -218,6 +218,10 @@ class Backend {
   // so the same bf16 intermediate computed in differently cut GEMMs may round the other way.
   virtual bool native_bf16_gemm() const { return true; }
   virtual bool attention_supports(const AttnShape& s) const = 0;
+  // Whether attention_backward of this shape runs faster given the forward's o (AttnBwdArgs::o):
+  // a library kernel that derives delta from o itself (cuDNN's). A strategy that would free o
+  // before the backward keeps it through the call then, and its memory formula counts it.
+  virtual bool attention_backward_reads_o(const AttnShape&) const { return false; }
 
   // Ops. ws points at the op's workspace (its query's size). Views may be strided.
   virtual void gemm(const GemmArgs& a, void* ws) = 0;

@@ -735,12 +735,15 @@ TEST(CudaAttnPlan, SdpaBackwardWorkspaceLayoutAndSides) {
         }
         const int64_t ws = attn::sdpa_bwd_workspace_bytes(hq, hk, d);
         EXPECT_EQ(ws, attn::sdpa_bwd_layout(attn::kSdpaMaxBlock, hq, hk, d).cudnn +
-                          attn::sdpa_bwd_cudnn_guess(attn::kSdpaMaxBlock, hq, hk, d));
+                          attn::sdpa_bwd_cudnn_guess(attn::kSdpaMaxBlock, hq, hk, d) +
+                          attn::kSdpaAlignSlack);
         for (int64_t s :
              {int64_t(1), int64_t(200), int64_t(4096), int64_t(5000), int64_t(1) << 20}) {
           const std::string at = fmt::format("s {} hq {} hk {} d {}", s, hq, hk, d);
           const int64_t whole = std::min((s + 63) / 64 * 64, attn::kSdpaMaxBlock);
           EXPECT_EQ(attn::sdpa_bwd_first_side(s, s, hq, hk, d, ws), whole) << at;
+          // Also after the worst alignment loss (a 64-byte aligned arena block moved to 256).
+          EXPECT_EQ(attn::sdpa_bwd_first_side(s, s, hq, hk, d, ws - 192), whole) << at;
           // A smaller workspace: the side halves until it fits.
           const int64_t budget = uniform(rng, ws / 64, ws);
           const int64_t c = attn::sdpa_bwd_first_side(s, s, hq, hk, d, budget);
@@ -771,15 +774,20 @@ TEST(CudaAttnPlan, SdpaBackwardWorkspaceLayoutAndSides) {
         EXPECT_LT(l.end - l.lse, int64_t(hq) * c * 4 + 256);
       }
       const int64_t ws = attn::sdpa_fwd_workspace_bytes(hq, d);
-      EXPECT_EQ(ws, attn::sdpa_fwd_layout(attn::kSdpaMaxBlock, hq, d).end);
+      EXPECT_EQ(ws, attn::sdpa_fwd_layout(attn::kSdpaMaxBlock, hq, d).end + attn::kSdpaAlignSlack);
       for (int64_t s : {int64_t(1), int64_t(300), int64_t(4096), int64_t(1) << 20}) {
         const int64_t whole = std::min((s + 63) / 64 * 64, attn::kSdpaMaxBlock);
         EXPECT_EQ(attn::sdpa_fwd_first_side(s, s / 2 + 1, hq, d, ws), whole) << s;
-        const int64_t c = attn::sdpa_fwd_first_side(s, s, hq, d, ws - 1);
-        if (whole <= attn::kSdpaMinBlock) continue;
-        ASSERT_GT(c, 0);
-        EXPECT_LE(attn::sdpa_fwd_layout(c, hq, d).end, ws - 1);
-        EXPECT_LT(c, attn::kSdpaMaxBlock + (whole < attn::kSdpaMaxBlock ? 1 : 0)) << s;
+        EXPECT_EQ(attn::sdpa_fwd_first_side(s, s, hq, d, ws - 192), whole) << s;
+        // One byte less than the whole side's temporaries: the next side, which fits.
+        const int64_t tight = attn::sdpa_fwd_layout(whole, hq, d).end - 1;
+        const int64_t c = attn::sdpa_fwd_first_side(s, s, hq, d, tight);
+        if (whole <= attn::kSdpaMinBlock) {
+          EXPECT_EQ(c, 0) << s;
+          continue;
+        }
+        EXPECT_EQ(c, attn::sdpa_bwd_next_side(whole)) << s;
+        EXPECT_LE(attn::sdpa_fwd_layout(c, hq, d).end, tight) << s;
       }
     }
   EXPECT_EQ(attn::sdpa_fwd_first_side(4096, 4096, 8, 128, 1 << 10), 0);

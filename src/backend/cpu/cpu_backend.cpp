@@ -28,9 +28,21 @@ CpuBackend::CpuBackend() {
     if (mode == "deferred")
       defer_ = true;
     else if (mode != "immediate" && !mode.empty())
-      throw ConfigError(fmt::format(
-          "UPIPE_CPU_COPIES={}: expected immediate (the default) or deferred", mode));
+      throw ConfigError(
+          fmt::format("UPIPE_CPU_COPIES={}: expected immediate (the default) or deferred", mode));
   }
+  if (const char* v = std::getenv("UPIPE_CPU_ATTN_READS_O")) {
+    const std::string mode(v);
+    if (mode == "1")
+      reads_o_ = true;
+    else if (mode != "0" && !mode.empty())
+      throw ConfigError(
+          fmt::format("UPIPE_CPU_ATTN_READS_O={}: expected 0 (the default) or 1", mode));
+  }
+}
+
+bool CpuBackend::attention_backward_reads_o(const AttnShape&) const {
+  return reads_o_;
 }
 
 std::unique_ptr<Allocator> CpuBackend::make_device_allocator() const {
@@ -66,9 +78,9 @@ void CpuBackend::sync(Stream) {
   if (pending_.empty()) return;
   const size_t n = pending_.size();
   pending_.clear();  // never run: their buffers may be gone
-  throw Error(fmt::format(
-      "{} asynchronous cop{} never waited on before sync (a missing Device::wait)", n,
-      n == 1 ? "y was" : "ies were"));
+  throw Error(
+      fmt::format("{} asynchronous cop{} never waited on before sync (a missing Device::wait)", n,
+                  n == 1 ? "y was" : "ies were"));
 }
 
 int64_t CpuBackend::gemm_workspace_bytes(const GemmShape& s) const {

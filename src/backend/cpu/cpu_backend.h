@@ -36,6 +36,10 @@ class CpuBackend final : public Backend {
   bool gemm_supports(const GemmShape& s) const override;
   bool native_bf16_gemm() const override;
   bool attention_supports(const AttnShape& s) const override;
+  // False; UPIPE_CPU_ATTN_READS_O=1 says true (nothing else changes: the CPU kernels ignore o),
+  // so the strategies' keep-o paths and formulas, which only the CUDA backend takes otherwise, run
+  // in the CPU suite.
+  bool attention_backward_reads_o(const AttnShape& s) const override;
 
   void gemm(const GemmArgs& a, void* ws) override;
   void attention_forward(const AttnFwdArgs& a, void* ws) override;
@@ -69,6 +73,7 @@ class CpuBackend final : public Backend {
     int64_t bytes;
   };
   bool defer_ = false;
+  bool reads_o_ = false;             // UPIPE_CPU_ATTN_READS_O=1
   std::deque<PendingCopy> pending_;  // deferred copies not yet run, in issue order
 };
 

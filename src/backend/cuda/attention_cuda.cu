@@ -626,6 +626,9 @@ int64_t attention_fwd_workspace_bytes(int hq, int hk, int d, DT t, bool document
 int64_t attention_bwd_workspace_bytes(int hq, int hk, int d, DT t, bool documents) {
   return attn::bwd_workspace_bytes(hq, hk, d, t, documents, cudnn_attention_built());
 }
+bool attention_backward_reads_o(int d, DT t) {
+  return cudnn_attention_built() && attn::sdpa_shape(d, t);
+}
 bool attention_supports(int d, DT t, bool documents) {
   return attn::supports(d, t, documents);
 }

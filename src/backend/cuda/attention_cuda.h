@@ -33,6 +33,9 @@ int64_t attention_bwd_workspace_bytes(int hq, int hk, int d, DT t, bool document
 // 1 <= d <= 256 (any d: tiles are staged element-wise and zero-padded; 256 bounds the per-lane
 // register accumulators and the shared memory), fp32 or bf16, with or without documents.
 bool attention_supports(int d, DT t, bool documents);
+// Whether the backward of such calls may run on cuDNN given o (a build with cudnn-frontend, bf16,
+// d a multiple of 8): the strategies then keep o through it (Backend::attention_backward_reads_o).
+bool attention_backward_reads_o(int d, DT t);
 
 // accumulate == false: writes o (sq, hq*d) in q's dtype and lse (hq, sq) fp32; acc, m, l unused.
 // accumulate == true: continues acc (sq, hq*d) fp32, m, l (hq, sq) fp32 (from

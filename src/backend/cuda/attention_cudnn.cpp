@@ -295,15 +295,20 @@ bool cudnn_attention_forward_accumulate(const DAttn& p, const DView& acc, const 
   };
   for (int64_t side = attn::sdpa_fwd_first_side(sq, sk, p.hq, p.d, budget); side > 0;
        side = attn::sdpa_bwd_next_side(side)) {
+    const attn::SdpaFwdLayout lay = attn::sdpa_fwd_layout(side, p.hq, p.d);
     std::string why;
     const bool mapped = attn::for_each_sdpa_block(
         sq, sk, p.q_pos0, p.k_pos0, p.causal, side, [&](const attn::SdpaBlock& b) {
           if (!why.empty()) return;
           const Built& g = graph_of(b);
-          if (!g.g || g.workspace != 0)
-            why = fmt::format("{} a {} x {} block of {}/{} heads, d = {}",
-                              g.g ? "needs a workspace for" : "rejected", b.rows, b.keys, p.hq,
-                              p.hk, p.d);
+          if (!g.g)
+            why = fmt::format("rejected a {} x {} block of {}/{} heads, d = {}", b.rows, b.keys,
+                              p.hq, p.hk, p.d);
+          else if (g.workspace > budget - lay.end)
+            why = fmt::format(
+                "asked for {} bytes of workspace for a {} x {} block of {}/{} heads (d = {}), {} "
+                "left after its temporaries",
+                g.workspace, b.rows, b.keys, p.hq, p.hk, p.d, budget - lay.end);
         });
     if (!mapped) continue;
     if (!why.empty()) {
@@ -311,7 +316,6 @@ bool cudnn_attention_forward_accumulate(const DAttn& p, const DView& acc, const 
       continue;
     }
     check(cudnnSetStream(h, s), "cudnnSetStream");
-    const attn::SdpaFwdLayout lay = attn::sdpa_fwd_layout(side, p.hq, p.d);
     void* const to = base + lay.o;
     float* const tl = reinterpret_cast<float*>(base + lay.lse);
     attn::for_each_sdpa_block(
@@ -321,7 +325,7 @@ bool cudnn_attention_forward_accumulate(const DAttn& p, const DView& acc, const 
                                                      {kV, rows_of(p.v, b.k0, b.keys).data},
                                                      {kO, to},
                                                      {kStats, tl}};
-          auto r = graph_of(b).g->execute(h, pack, nullptr);
+          auto r = graph_of(b).g->execute(h, pack, base + lay.end);
           if (r.is_bad())
             throw Error(
                 fmt::format("cuDNN fused attention (accumulate) failed: {}", r.get_message()));
@@ -367,10 +371,18 @@ bool cudnn_attention_backward(const DAttn& p, const DView& o, const DView& dout,
     const attn::SdpaBwdLayout lay = attn::sdpa_bwd_layout(side, p.hq, p.hk, p.d);
     if (!attn::sdpa_bwd_fits(side, p.hq, p.hk, p.d, budget)) continue;
     // Every block mapped, its graph built and its workspace within what the temporaries leave.
+    // cudnn-frontend puts cuDNN's own workspace right after its softmax sum (hq x rows fp32,
+    // unpadded): blocks whose hq x rows is not a multiple of 4 would misalign it, so a side that
+    // has one is not taken.
     std::string why;
+    bool misaligned = false;
     const bool mapped = attn::for_each_sdpa_block(
         sq, sk, p.q_pos0, p.k_pos0, p.causal, side, [&](const attn::SdpaBlock& b) {
-          if (!why.empty()) return;
+          if (!why.empty() || misaligned) return;
+          if (int64_t(p.hq) * b.rows % 4 != 0) {
+            misaligned = true;
+            return;
+          }
           const Built& g = graph_of(b);
           if (!g.g)
             why = fmt::format("rejected a {} x {} block of {}/{} heads, d = {}", b.rows, b.keys,
@@ -381,7 +393,7 @@ bool cudnn_attention_backward(const DAttn& p, const DView& o, const DView& dout,
                 "left after its temporaries",
                 g.workspace, b.rows, b.keys, p.hq, p.hk, p.d, budget - lay.cudnn);
         });
-    if (!mapped) continue;
+    if (!mapped || misaligned) continue;
     if (!why.empty()) {
       if (attn::sdpa_bwd_next_side(side) == 0) note_fallback("backward", why);
       continue;

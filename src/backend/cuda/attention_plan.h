@@ -513,11 +513,14 @@ UPIPE_HD bool sdpa_bwd_fits(int64_t c, int hq, int hk, int d, int64_t budget) {
 UPIPE_HD int64_t sdpa_bwd_next_side(int64_t c) {
   return c > kSdpaMinBlock ? max64(kSdpaMinBlock, round_up(c / 2, 64)) : 0;
 }
+// The arena aligns to 64 bytes, the temporaries start on a 256-byte boundary: up to 192 bytes of
+// a workspace go to that, so each workspace below holds that much more.
+constexpr int64_t kSdpaAlignSlack = 256;
 // The backward's workspace for hq, hk, d: the temporaries and cuDNN's guessed workspace of a block
-// of side kSdpaMaxBlock.
+// of side kSdpaMaxBlock, and the alignment slack.
 UPIPE_HD int64_t sdpa_bwd_workspace_bytes(int hq, int hk, int d) {
   return sdpa_bwd_layout(kSdpaMaxBlock, hq, hk, d).cudnn +
-         sdpa_bwd_cudnn_guess(kSdpaMaxBlock, hq, hk, d);
+         sdpa_bwd_cudnn_guess(kSdpaMaxBlock, hq, hk, d) + kSdpaAlignSlack;
 }
 // The first side to try: the rows of the larger view rounded up to 64, at most kSdpaMaxBlock,
 // then the next sides until one fits the budget; 0 when none does.
@@ -567,10 +570,11 @@ UPIPE_HD SdpaFwdLayout sdpa_fwd_layout(int64_t c, int hq, int d) {
   l.end = l.lse + align256(int64_t(hq) * c * 4);
   return l;
 }
-// The forward's workspace for hq, d: the temporaries of side kSdpaMaxBlock (cuDNN's forward runs
-// only where it needs no workspace of its own).
+// The forward's workspace for hq, d: the temporaries of side kSdpaMaxBlock and the alignment
+// slack (cuDNN's forward runs where its own workspace fits in what the temporaries leave, which at
+// the largest side is that slack, usually 0 needed).
 UPIPE_HD int64_t sdpa_fwd_workspace_bytes(int hq, int d) {
-  return sdpa_fwd_layout(kSdpaMaxBlock, hq, d).end;
+  return sdpa_fwd_layout(kSdpaMaxBlock, hq, d).end + kSdpaAlignSlack;
 }
 // The first side: the rows of the larger view rounded up to 64, at most kSdpaMaxBlock, halved (not
 // below kSdpaMinBlock) until its temporaries fit the budget; 0 when none does.

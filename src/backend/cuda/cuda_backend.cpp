@@ -231,6 +231,10 @@ bool CudaBackend::gemm_supports(const GemmShape& s) const {
   return ok(s.a) && ok(s.b) && ok(s.c);
 }
 
+bool CudaBackend::attention_backward_reads_o(const AttnShape& s) const {
+  return cuda::attention_backward_reads_o(s.d, dt(s.t));
+}
+
 bool CudaBackend::attention_supports(const AttnShape& s) const {
   return cuda::attention_supports(s.d, dt(s.t), s.documents);
 }

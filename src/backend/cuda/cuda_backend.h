@@ -53,6 +53,7 @@ class CudaBackend final : public Backend {
   int64_t swiglu_workspace_bytes(int64_t cols) const override;
   bool gemm_supports(const GemmShape& s) const override;
   bool attention_supports(const AttnShape& s) const override;
+  bool attention_backward_reads_o(const AttnShape& s) const override;
 
   void gemm(const GemmArgs& a, void* ws) override;
   void attention_forward(const AttnFwdArgs& a, void* ws) override;

@@ -38,6 +38,9 @@ class MetaBackend final : public Backend {
   bool attention_supports(const AttnShape& s) const override {
     return target_->attention_supports(s);
   }
+  bool attention_backward_reads_o(const AttnShape& s) const override {
+    return target_->attention_backward_reads_o(s);
+  }
 
   void gemm(const GemmArgs&, void*) override {}
   void attention_forward(const AttnFwdArgs&, void*) override {}
