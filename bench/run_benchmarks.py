@@ -815,6 +815,13 @@ def plot_memory(data, path):
     return True
 
 
+# The page's opening lines, written by this script and by bench/gpu_results.py alike.
+PAGE_HEAD = ["# Results", "",
+             "Every number on this page comes from `bench/run_benchmarks.py` (`make bench`) or, for the GPU "
+             "section, from `bench/gpu_results.py` on bench/gpu_check.sh's files; each section says when and "
+             "at which commit it was produced. Do not edit by hand.", ""]
+
+
 def merge_sections(path, fresh):
     """The results page with the freshly run sections replaced (or appended) and the others kept."""
     old = []
@@ -867,9 +874,7 @@ def main():
         if name == "memory" and data and plot_memory(data, os.path.join(img, "memory_tags.png")):
             text += "\n\n![memory by tag](img/memory_tags.png)"
         fresh.append(text)
-    head = ["# Results", "",
-            "Every number on this page comes from `bench/run_benchmarks.py` (`make bench`); each section "
-            "says when and at which commit it was produced. Do not edit by hand.", ""]
+    head = PAGE_HEAD
     # Merge before opening for writing: "w" truncates the page whose other sections are kept.
     sections_text = merge_sections(args.out, fresh)
     with open(args.out, "w") as f:

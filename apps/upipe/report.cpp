@@ -1,6 +1,9 @@
 #include "apps/upipe/report.h"
 
+#include <unistd.h>
+
 #include <cstdio>
+#include <string>
 
 #include "backend/cpu/cpu_isa.h"
 
@@ -37,6 +40,14 @@ nlohmann::json comm_json(const CommStats& s) {
 
 void print_json(nlohmann::json j) {
   j["isa"] = cpu_isa_name(cpu_isa());
+  nlohmann::json env = nlohmann::json::object();
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    const std::string kv(*e);
+    const size_t eq = kv.find('=');
+    if (kv.rfind("UPIPE_", 0) == 0 && eq != std::string::npos)
+      env[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  if (!env.empty()) j["env"] = env;
   std::printf("%s\n", j.dump().c_str());
 }
 

@@ -16,7 +16,9 @@ nlohmann::json config_json(const AttentionConfig& cfg);
 nlohmann::json tags_json(const TagBytes& b);
 // {op: {calls, bytes}} of the ops that were called.
 nlohmann::json comm_json(const CommStats& s);
-// Prints a command's JSON object on one line, with "isa": the CPU kernels' path (cpu_isa.h).
+// Prints a command's JSON object on one line, with "isa": the CPU kernels' path (cpu_isa.h), and
+// "env": the UPIPE_* environment variables that are set (they switch kernels and copy modes:
+// UPIPE_CUDNN_SDPA, UPIPE_CUDA_COPIES, UPIPE_CPU_ISA, ...), when any is.
 void print_json(nlohmann::json j);
 
 }  // namespace upipe::app
