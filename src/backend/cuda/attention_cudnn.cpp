@@ -226,6 +226,30 @@ void note_fallback(const char* pass, const std::string& why) {
                pass, why.c_str());
 }
 
+// Why a block's built graph cannot run in the `left` bytes its temporaries leave ("" if it can).
+std::string refusal(const Built& g, const attn::SdpaBlock& b, const DAttn& p, int64_t left) {
+  if (!g.g)
+    return fmt::format("rejected a {} x {} block of {}/{} heads, d = {}", b.rows, b.keys, p.hq,
+                       p.hk, p.d);
+  if (g.workspace > left)
+    return fmt::format(
+        "asked for {} bytes of workspace for a {} x {} block of {}/{} heads (d = {}), {} left "
+        "after its temporaries",
+        g.workspace, b.rows, b.keys, p.hq, p.hk, p.d, left);
+  return {};
+}
+
+// A call's workspace from its first 256-byte boundary on (the arena aligns to 64): the base and
+// the bytes left from there.
+struct Aligned {
+  char* base;
+  int64_t bytes;
+};
+Aligned aligned256(void* ws, int64_t bytes) {
+  const uintptr_t at = reinterpret_cast<uintptr_t>(ws), base_at = (at + 255) / 256 * 256;
+  return {reinterpret_cast<char*>(base_at), bytes - int64_t(base_at - at)};
+}
+
 void check(cudnnStatus_t st, const char* what) {
   if (st != CUDNN_STATUS_SUCCESS)
     throw Error(fmt::format("{} failed: {}", what, cudnnGetErrorString(st)));
@@ -265,9 +289,9 @@ bool cudnn_attention_forward_accumulate(const DAttn& p, const DView& acc, const 
                                         cudaStream_t s) {
   if (disabled() || ws == nullptr) return false;
   if (attn::sdpa_blocks_why_not(p.q, p.k, p.v, p.d, p.q_docs.count > 0) != nullptr) return false;
-  const uintptr_t at = reinterpret_cast<uintptr_t>(ws), base_at = (at + 255) / 256 * 256;
-  char* const base = reinterpret_cast<char*>(base_at);
-  const int64_t budget = ws_bytes - int64_t(base_at - at);
+  const Aligned al = aligned256(ws, ws_bytes);
+  char* const base = al.base;
+  const int64_t budget = al.bytes;
   const int64_t sq = p.q.rows, sk = p.k.rows, qc = int64_t(p.hq) * p.d;
   int device = 0;
   UPIPE_CUDA_CHECK(cudaGetDevice(&device));
@@ -300,15 +324,7 @@ bool cudnn_attention_forward_accumulate(const DAttn& p, const DView& acc, const 
     const bool mapped = attn::for_each_sdpa_block(
         sq, sk, p.q_pos0, p.k_pos0, p.causal, side, [&](const attn::SdpaBlock& b) {
           if (!why.empty()) return;
-          const Built& g = graph_of(b);
-          if (!g.g)
-            why = fmt::format("rejected a {} x {} block of {}/{} heads, d = {}", b.rows, b.keys,
-                              p.hq, p.hk, p.d);
-          else if (g.workspace > budget - lay.end)
-            why = fmt::format(
-                "asked for {} bytes of workspace for a {} x {} block of {}/{} heads (d = {}), {} "
-                "left after its temporaries",
-                g.workspace, b.rows, b.keys, p.hq, p.hk, p.d, budget - lay.end);
+          why = refusal(graph_of(b), b, p, budget - lay.end);
         });
     if (!mapped) continue;
     if (!why.empty()) {
@@ -347,10 +363,9 @@ bool cudnn_attention_backward(const DAttn& p, const DView& o, const DView& dout,
   if (disabled() || ws == nullptr) return false;
   if (attn::sdpa_bwd_why_not(p.q, p.k, p.v, o, dout, p.d, p.q_docs.count > 0) != nullptr)
     return false;
-  // The workspace from a 256-byte boundary on (the arena aligns to 64).
-  const uintptr_t at = reinterpret_cast<uintptr_t>(ws), base_at = (at + 255) / 256 * 256;
-  char* const base = reinterpret_cast<char*>(base_at);
-  const int64_t budget = ws_bytes - int64_t(base_at - at);
+  const Aligned al = aligned256(ws, ws_bytes);
+  char* const base = al.base;
+  const int64_t budget = al.bytes;
   const int64_t sq = p.q.rows, sk = p.k.rows;
   int device = 0;
   UPIPE_CUDA_CHECK(cudaGetDevice(&device));
@@ -383,15 +398,7 @@ bool cudnn_attention_backward(const DAttn& p, const DView& o, const DView& dout,
             misaligned = true;
             return;
           }
-          const Built& g = graph_of(b);
-          if (!g.g)
-            why = fmt::format("rejected a {} x {} block of {}/{} heads, d = {}", b.rows, b.keys,
-                              p.hq, p.hk, p.d);
-          else if (g.workspace > budget - lay.cudnn)
-            why = fmt::format(
-                "asked for {} bytes of workspace for a {} x {} block of {}/{} heads (d = {}), {} "
-                "left after its temporaries",
-                g.workspace, b.rows, b.keys, p.hq, p.hk, p.d, budget - lay.cudnn);
+          why = refusal(graph_of(b), b, p, budget - lay.cudnn);
         });
     if (!mapped || misaligned) continue;
     if (!why.empty()) {
