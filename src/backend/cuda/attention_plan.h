@@ -2,7 +2,9 @@
 // kernels and by the host compiler for tests/unit/test_cuda_attention_plan.cpp: which key rows a
 // query row sees (positions or document spans: the rule of cpu/attention_mask.h), the skip / full /
 // partial class of a (query tile, key tile), the visited tile ranges, the tile shapes and
-// shared-memory sizes, the online-softmax and backward per-element steps, and bf16 rounding.
+// shared-memory sizes, the online-softmax and backward per-element steps, and bf16 rounding; and
+// how a call maps onto cuDNN's fused attention (attention_cudnn.cpp): the forward's plan, the
+// blocks the backward and the accumulate mode are cut into, their masks and workspace layouts.
 //
 // Tiles are anchored at row 0 of the query and key views and depend only on d, so a row's
 // arithmetic never depends on which other rows or heads share the call (docs/kernels.md,
