@@ -384,7 +384,6 @@ bool cudnn_attention_backward(const DAttn& p, const DView& o, const DView& dout,
   for (int64_t side = attn::sdpa_bwd_first_side(sq, sk, p.hq, p.hk, p.d, budget); side > 0;
        side = attn::sdpa_bwd_next_side(side)) {
     const attn::SdpaBwdLayout lay = attn::sdpa_bwd_layout(side, p.hq, p.hk, p.d);
-    if (!attn::sdpa_bwd_fits(side, p.hq, p.hk, p.d, budget)) continue;
     // Every block mapped, its graph built and its workspace within what the temporaries leave.
     // cudnn-frontend puts cuDNN's own workspace right after its softmax sum (hq x rows fp32,
     // unpadded): blocks whose hq x rows is not a multiple of 4 would misalign it, so a side that
