@@ -195,8 +195,9 @@ class Backend {
   // call is done (its source holds their results; they no longer read its destination), and
   // nothing queued after the call is ordered after it until wait_copy. Until then no op, copy
   // or host code may write its source or touch its destination. wait_copy(t) orders everything
-  // queued after it after copy t and every copy issued before t; host code reading a host
-  // destination then also needs sync(). Every ticket is waited on before its buffers are freed.
+  // queued after it after copy t and every copy issued before t, on the device only: host code
+  // that reads or writes a host buffer of copy t needs sync() first. Every ticket is waited on
+  // before its buffers are freed.
   // The default runs the copy at once (the CPU's and the meta device's behaviour; the CPU's
   // UPIPE_CPU_COPIES=deferred runs them only when waited on, to find a missing wait).
   virtual CopyTicket copy_async(void* dst, const void* src, int64_t bytes, CopyKind kind) {

@@ -154,6 +154,9 @@ TEST(NcclComm, CountsWhatMpiCounts) {
 // The comm stream waits for the compute stream's work before reading (a large upload queued on
 // the compute stream just before the call), and a non-blocking result reaches a compute stream
 // through wait_on without the host waiting; destroying the handed-over Work does not block.
+// An all-reduce in place (the sum of every rank's upload) and an all-gather out of place: on one
+// rank NCCL runs the first as nothing and the second as a copy on its stream, so only the copy
+// can see an upload the comm stream did not wait for (it would copy the memset's zeros).
 TEST(NcclComm, OrdersWithTheComputeStream) {
   SKIP_WITHOUT_GPUS();
   auto comm = make_nccl_comm(world(), world().rank());
@@ -165,20 +168,35 @@ TEST(NcclComm, OrdersWithTheComputeStream) {
   nccl.set_compute_stream(compute);
   float* host = nullptr;
   float* dev = nullptr;
+  float* gathered = nullptr;
   cuda_ok(cudaMallocHost(&host, size_t(count) * 4), "cudaMallocHost");
   cuda_ok(cudaMalloc(&dev, size_t(count) * 4), "cudaMalloc");
+  cuda_ok(cudaMalloc(&gathered, size_t(count) * 4 * size_t(n)), "cudaMalloc");
   cuda_ok(cudaMemsetAsync(dev, 0, size_t(count) * 4, compute), "memset");
   for (int64_t i = 0; i < count; ++i) host[i] = float(r + 1);
   cuda_ok(cudaMemcpyAsync(dev, host, size_t(count) * 4, cudaMemcpyHostToDevice, compute), "up");
   {
+    auto g = nccl.iall_gather(dev, gathered, count * 4);
+    dynamic_cast<NcclWork&>(*g).wait_on(compute);
+  }
+  {
     auto w = nccl.iall_reduce(dev, count, DType::kF32, ReduceOp::kSum);
     dynamic_cast<NcclWork&>(*w).wait_on(compute);
   }
+  std::vector<float> all(size_t(count) * size_t(n));
+  cuda_ok(cudaMemcpyAsync(all.data(), gathered, all.size() * 4, cudaMemcpyDeviceToHost, compute),
+          "down gathered");
   cuda_ok(cudaMemcpyAsync(host, dev, size_t(count) * 4, cudaMemcpyDeviceToHost, compute), "down");
   cuda_ok(cudaStreamSynchronize(compute), "sync");
   const float want = float(n * (n + 1) / 2);
   for (int64_t i = 0; i < count; i += 4099) ASSERT_EQ(host[i], want) << i;
   EXPECT_EQ(host[count - 1], want);
+  for (int q = 0; q < n; ++q) {
+    const float* block = all.data() + size_t(q) * size_t(count);
+    for (int64_t i = 0; i < count; i += 4099) ASSERT_EQ(block[i], float(q + 1)) << q << " " << i;
+    EXPECT_EQ(block[count - 1], float(q + 1)) << q;
+  }
+  cuda_ok(cudaFree(gathered), "cudaFree");
   cuda_ok(cudaFree(dev), "cudaFree");
   cuda_ok(cudaFreeHost(host), "cudaFreeHost");
   cuda_ok(cudaStreamDestroy(compute), "stream destroy");

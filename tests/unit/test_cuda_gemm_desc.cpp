@@ -83,7 +83,7 @@ TEST(CudaGemmDesc, StagingOnlyWhatCublasLtLacks) {
   for (auto [a, b, c] : {std::tuple{f, f, f}, std::tuple{h, h, f}, std::tuple{h, h, h}}) {
     const GemmStaging s = gemm_staging(m, n, k, a, b, c);
     EXPECT_FALSE(s.widen_a || s.widen_b || s.stage_c);
-    EXPECT_EQ(s.bytes, kLtWorkspaceBytes);
+    EXPECT_EQ(s.bytes, kLtWorkspaceBytes + kLtAlignSlack);
     EXPECT_EQ(s.mb, m);
     EXPECT_EQ(s.kp, k);
   }
@@ -91,17 +91,31 @@ TEST(CudaGemmDesc, StagingOnlyWhatCublasLtLacks) {
   GemmStaging s = gemm_staging(m, n, k, f, f, h);
   EXPECT_TRUE(s.stage_c);
   EXPECT_EQ(s.c_offset, kLtWorkspaceBytes);
-  EXPECT_EQ(s.bytes, kLtWorkspaceBytes + round_up_256(m * n * 4));
+  EXPECT_EQ(s.bytes, kLtWorkspaceBytes + round_up_256(m * n * 4) + kLtAlignSlack);
   // Mixed operands: the bf16 one is widened; with a bf16 C, C is staged too. Regions are
   // disjoint, 256-byte aligned and inside the workspace.
   s = gemm_staging(m, n, k, h, f, h);
   EXPECT_TRUE(s.widen_a && !s.widen_b && s.stage_c);
   EXPECT_EQ(s.a_offset % 256, 0);
   EXPECT_EQ(s.c_offset, s.a_offset + round_up_256(m * k * 4));
-  EXPECT_EQ(s.bytes, s.c_offset + round_up_256(m * n * 4));
+  EXPECT_EQ(s.bytes, s.c_offset + round_up_256(m * n * 4) + kLtAlignSlack);
   s = gemm_staging(m, n, k, f, h, f);
   EXPECT_TRUE(!s.widen_a && s.widen_b && !s.stage_c);
-  EXPECT_EQ(s.bytes, s.b_offset + round_up_256(k * n * 4));
+  EXPECT_EQ(s.bytes, s.b_offset + round_up_256(k * n * 4) + kLtAlignSlack);
+}
+
+// cublasLtMatmul refuses a workspace that is not 256-byte aligned; the arena hands out 64-byte
+// aligned blocks. From every 64-byte offset the layout's origin is 256-aligned and the layout
+// (its bytes less the slack) still ends inside the block.
+TEST(CudaGemmDesc, WorkspaceOriginIs256AlignedInsideTheBlock) {
+  alignas(256) static char block[1024];
+  const GemmStaging s = gemm_staging(100, 30, 70, DT::kBF16, DT::kF32, DT::kBF16);
+  for (int off = 0; off < 256; off += 64) {
+    char* const base = ws_base(block + off);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(base) % 256, 0u) << off;
+    EXPECT_GE(base, block + off);
+    EXPECT_LE((base - (block + off)) + (s.bytes - kLtAlignSlack), s.bytes) << off;
+  }
 }
 
 // The staging is bounded: a weight gradient of a million-token shard (bf16 X^T times fp32 dY)
@@ -110,9 +124,9 @@ TEST(CudaGemmDesc, StagingDoesNotGrowWithTheSequence) {
   for (int64_t rows : {int64_t(1) << 12, int64_t(1) << 16, int64_t(1) << 20}) {
     const GemmStaging s = gemm_staging(4096, 4096, rows, DT::kBF16, DT::kF32, DT::kF32);
     EXPECT_TRUE(s.widen_a);
-    EXPECT_LE(s.bytes, kLtWorkspaceBytes + kStageBytes) << rows;
+    EXPECT_LE(s.bytes, kLtWorkspaceBytes + kStageBytes + kLtAlignSlack) << rows;
     const GemmStaging c = gemm_staging(rows, 4096, 4096, DT::kF32, DT::kF32, DT::kBF16);
-    EXPECT_LE(c.bytes, kLtWorkspaceBytes + kStageBytes) << rows;
+    EXPECT_LE(c.bytes, kLtWorkspaceBytes + kStageBytes + kLtAlignSlack) << rows;
   }
 }
 

@@ -490,16 +490,16 @@ void rmsnorm_case(const RmsCase& c) {
 
 TEST(CudaMath, RmsNormEmulatedKernelsMatchReference) {
   rmsnorm_case({37, 300, 300, DT::kF32, false});
-  rmsnorm_case({37, 256, 32, DT::kF32, false});    // per head: 296 units, more than the blocks
+  rmsnorm_case({37, 1024, 32, DT::kF32, false});   // per head: 1184 units, more than the blocks
   rmsnorm_case({3, 4096, 4096, DT::kF32, false});  // 16 columns per lane, most blocks idle
   rmsnorm_case({20, 384, 128, DT::kBF16, true});
-  rmsnorm_case({600, 64, 64, DT::kBF16, false});  // several units per block
+  rmsnorm_case({2100, 64, 64, DT::kBF16, false});  // several units per block
 }
 
 TEST(CudaMath, RmsNormWorkspaceIsTheDwPartitionExactly) {
-  for (int64_t g : {1, 32, 128, 4096}) EXPECT_EQ(cuda::rms_workspace_bytes(g), 4 * g * 256);
+  for (int64_t g : {1, 32, 128, 4096}) EXPECT_EQ(cuda::rms_workspace_bytes(g), 4 * g * 1024);
   // Unit u's partial row: u mod the block count, so rows are covered round-robin.
-  for (int64_t u : {0, 1, 255, 256, 257, 100000})
+  for (int64_t u : {0, 1, 1023, 1024, 1025, 100000})
     EXPECT_EQ(cuda::rms_dw_block(u), int(u % cuda::kRmsDwBlocks));
   // The emulation writes every partial of its workspace (at() bounds every index by the query),
   // and dw's bits do not depend on anything but the data: a second run gives the same.
@@ -1030,10 +1030,10 @@ TEST_F(CudaKernels, RopeMatchesReference) {
 
 TEST_F(CudaKernels, RmsNormBitwiseEmulationAndDeterministic) {
   const RmsCase cases[] = {{37, 300, 300, DT::kF32, false},
-                           {37, 256, 32, DT::kF32, false},
+                           {37, 1024, 32, DT::kF32, false},
                            {3, 4096, 4096, DT::kF32, false},
                            {20, 384, 128, DT::kBF16, true},
-                           {600, 64, 64, DT::kBF16, false}};
+                           {2100, 64, 64, DT::kBF16, false}};
   const float eps = 1e-5f;
   for (const RmsCase& c : cases) {
     const std::string name = std::to_string(c.rows) + "x" + std::to_string(c.cols) + " g" +

@@ -54,6 +54,9 @@ struct Reservation {
                       format_bytes(int64_t(free)), format_bytes(kHeadroomBytes)));
     void* base = nullptr;
     const cudaError_t st = cudaMalloc(&base, size_t(want));
+    // A failed allocation's status is not sticky but stays pending: clear it, or the next
+    // kernel's launch check would report it against that kernel.
+    if (st != cudaSuccess) (void)cudaGetLastError();
     if (st != cudaSuccess)
       throw BackingExhausted(fmt::format("cudaMalloc of the device arena's {} failed: {}",
                                          format_bytes(want), cudaGetErrorString(st)));
@@ -102,7 +105,9 @@ std::unique_ptr<Allocator> make_pinned_host_allocator() {
   SystemMemory pinned{
       [](int64_t bytes) -> void* {
         void* p = nullptr;
-        return cudaHostAlloc(&p, size_t(bytes), cudaHostAllocDefault) == cudaSuccess ? p : nullptr;
+        if (cudaHostAlloc(&p, size_t(bytes), cudaHostAllocDefault) == cudaSuccess) return p;
+        (void)cudaGetLastError();  // the caller may trim and retry: no stale status for a launch
+        return nullptr;
       },
       [](void* p) { cudaFreeHost(p); }};
   return std::make_unique<HostCachingAllocator>(int64_t(8) << 30, pinned);

@@ -395,7 +395,10 @@ void convert(const DView& dst, const DView& src, cudaStream_t s) {
   if (empty(src)) return;
   if (dst.dtype == src.dtype) {
     const size_t es = src.dtype == DT::kF32 ? 4 : 2;
-    UPIPE_CUDA_CHECK(cudaMemcpy2DAsync(dst.data, size_t(dst.ld) * es, src.data, size_t(src.ld) * es,
+    // A one-row view may carry any ld (Mat::contiguous); cudaMemcpy2D refuses a pitch below the
+    // width even for one row.
+    const auto pitch = [&](const DView& v) { return size_t(std::max(v.ld, v.cols)) * es; };
+    UPIPE_CUDA_CHECK(cudaMemcpy2DAsync(dst.data, pitch(dst), src.data, pitch(src),
                                        size_t(src.cols) * es, size_t(src.rows),
                                        cudaMemcpyDeviceToDevice, s));
     return;

@@ -84,8 +84,10 @@ UPIPE_HD float rms_dw_step(float acc, float x, float g, float inv) {
 // u = b, b + kRmsDwBlocks, ... (unit u: row u / (cols / group), group u % (cols / group)) in
 // increasing order and keeps its column partials in workspace row b (group floats, from 0); then
 // dw[c] += ((p_0[c] + p_1[c]) + p_2[c]) + ... over b in increasing order. The bytes depend on
-// group only; the forward uses none of them.
-constexpr int kRmsDwBlocks = 256;
+// group only; the forward uses none of them. 1024 blocks of 256 threads fill a GPU of ~128 SMs
+// at 8 resident blocks each (an H200: 132); QK-norm's units are small (one head's d columns), so
+// the backward is latency-bound and its time is units / blocks iterations.
+constexpr int kRmsDwBlocks = 1024;
 UPIPE_HD int rms_dw_block(int64_t unit) {
   return int(unit % kRmsDwBlocks);
 }

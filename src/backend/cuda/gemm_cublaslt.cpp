@@ -101,6 +101,12 @@ struct LtGemm::Impl {
                                          &key.align_c, sizeof(uint32_t));
     cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
                                          &key.align_c, sizeof(uint32_t));
+    // No split-K: each element's dot product runs in one sequence over k, so a row's result
+    // does not depend on how many rows the call has (a rank's shard or the whole sequence):
+    // Backend::native_bf16_gemm's promise, which upipe check's data-movement rule relies on.
+    const uint32_t reduction = CUBLASLT_REDUCTION_SCHEME_NONE;
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                                         &reduction, sizeof(reduction));
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
     const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(
@@ -172,11 +178,11 @@ void LtGemm::run(const DView& a_in, bool trans_a, const DView& b_in, bool trans_
   const int64_t m = c_in.rows, n = c_in.cols, k = trans_a ? a_in.rows : a_in.cols;
   if (m == 0 || n == 0) return;
   const GemmStaging st = gemm_staging(m, n, k, a_in.dtype, b_in.dtype, c_in.dtype);
+  char* const w = ws_base(ws);  // the layout's origin, 256-byte aligned (kLtAlignSlack)
   if (!st.widen_a && !st.widen_b && !st.stage_c) {
-    product(a_in, trans_a, b_in, trans_b, c_in, alpha, beta, ws, s);
+    product(a_in, trans_a, b_in, trans_b, c_in, alpha, beta, w, s);
     return;
   }
-  char* w = static_cast<char*>(ws);
   // Staged operands are contiguous fp32 copies of the block's views, in the same orientation.
   auto widened = [&](const DView& v, int64_t off) {
     const DView f{w + off, DT::kF32, v.rows, v.cols, v.cols};
@@ -193,7 +199,7 @@ void LtGemm::run(const DView& a_in, bool trans_a, const DView& b_in, bool trans_
       cc = DView{w + st.c_offset, DT::kF32, c.rows, c.cols, c.cols};
       if (blk.first_panel && beta != 0.0f) convert(cc, c, s);
     }
-    product(a, trans_a, b, trans_b, cc, alpha, blk.first_panel ? beta : 1.0f, ws, s);
+    product(a, trans_a, b, trans_b, cc, alpha, blk.first_panel ? beta : 1.0f, w, s);
     if (st.stage_c && blk.last_panel) convert(c, cc, s);
   });
 }

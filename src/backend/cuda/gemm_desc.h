@@ -54,6 +54,14 @@ inline LtProblem lt_problem(const DView& a, bool trans_a, const DView& b, bool t
 // cuBLASLt's own scratch per call: NVIDIA's recommendation for Hopper (32 MiB), handed to every
 // cublasLtMatmul from the arena so no GEMM allocates behind the accounting.
 constexpr int64_t kLtWorkspaceBytes = int64_t(32) << 20;
+// cublasLtMatmul requires its workspace 256-byte aligned (cuBLAS >= 12.9 checks it); the device
+// arena aligns blocks to 64 bytes only, so the workspace carries this much slack and the layout
+// below starts at the first 256-byte boundary of the block (ws_base).
+constexpr int64_t kLtAlignSlack = 256;
+inline char* ws_base(void* ws) {
+  const uintptr_t at = reinterpret_cast<uintptr_t>(ws);
+  return reinterpret_cast<char*>((at + 255) / 256 * 256);
+}
 
 // cuBLASLt multiplies two operands of one type: fp32 x fp32 -> fp32, bf16 x bf16 -> fp32 or bf16,
 // accumulating in fp32. Everything else is staged through fp32 copies in the workspace, after
@@ -112,7 +120,7 @@ inline GemmStaging gemm_staging(int64_t m, int64_t n, int64_t k, DT a, DT b, DT 
     s.c_offset = off;
     off += round_up_256(s.mb * n * 4);
   }
-  s.bytes = off;
+  s.bytes = off + kLtAlignSlack;
   return s;
 }
 

@@ -1,7 +1,10 @@
 #include "comm/nccl/nccl_comm.h"
 
+#include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <exception>
+#include <thread>
 
 #include "comm/nccl/nccl_check.h"
 #include "core/check.h"
@@ -57,6 +60,29 @@ ncclRedOp_t nccl_op(ReduceOp op) {
   return op == ReduceOp::kSum ? ncclSum : ncclMax;
 }
 
+// An NCCL group that ends on every path: a throw between ncclGroupStart and ncclGroupEnd would
+// leave this thread's group open, and NCCL would defer every later call on it (the
+// communicator's destroy included) into a group that never ends.
+class GroupScope {
+ public:
+  GroupScope() { UPIPE_NCCL_CHECK(ncclGroupStart()); }
+  ~GroupScope() {
+    if (!ended_) {
+      const ncclResult_t rc = ncclGroupEnd();
+      report_teardown(rc == ncclSuccess, "ncclGroupEnd", ncclGetErrorString(rc));
+    }
+  }
+  GroupScope(const GroupScope&) = delete;
+  GroupScope& operator=(const GroupScope&) = delete;
+  void end() {
+    ended_ = true;
+    UPIPE_NCCL_CHECK(ncclGroupEnd());
+  }
+
+ private:
+  bool ended_ = false;
+};
+
 }  // namespace
 
 std::string nccl_unavailable_reason() {
@@ -79,20 +105,27 @@ std::pair<int, int> ranks_sharing_gpu(Communicator& mpi_world, int device) {
   return ranks_sharing_gpu(all);
 }
 
-NcclWork::NcclWork(CommOp op, CUstream_st* comm_stream) : op_(op) {
+NcclWork::NcclWork(CommOp op, NcclCommunicator& comm) : comm_(comm), op_(op) {
   UPIPE_COMM_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
-  UPIPE_COMM_CUDA_CHECK(cudaEventRecord(event_, comm_stream));
+  UPIPE_COMM_CUDA_CHECK(cudaEventRecord(event_, comm.stream()));
 }
 
 NcclWork::~NcclWork() {
-  if (!handed_over_) wait();
+  // Destructors must not throw (std::terminate would skip the error path that ends the job
+  // with its message): a failed wait here is reported, the error that unwinds goes on.
+  if (!handed_over_) {
+    try {
+      wait();
+    } catch (const std::exception& e) {
+      report_teardown(false, "waiting for a pending NCCL call", e.what());
+    }
+  }
   UPIPE_TEARDOWN_CUDA(cudaEventDestroy(event_));
 }
 
 void NcclWork::wait() {
-  WatchdogOp scope(comm_op_name(op_));
-  UPIPE_COMM_CUDA_CHECK(cudaEventSynchronize(event_));
-  handed_over_ = true;
+  handed_over_ = true;  // a failed wait is not retried by the destructor
+  comm_.await(event_, op_);
 }
 
 void NcclWork::wait_on(CUstream_st* stream) {
@@ -131,25 +164,70 @@ void NcclCommunicator::init_streams() {
 }
 
 NcclCommunicator::~NcclCommunicator() {
-  const ncclResult_t rc = ncclCommDestroy(comm_);
-  report_teardown(rc == ncclSuccess, "ncclCommDestroy", ncclGetErrorString(rc));
+  // ncclCommDestroy waits for the communicator's queued kernels: while an error unwinds, one may
+  // wait for a peer that never comes, so it is aborted instead.
+  if (comm_ != nullptr && std::uncaught_exceptions() > 0) abort_comm();
+  if (comm_ != nullptr) {
+    const ncclResult_t rc = ncclCommDestroy(comm_);
+    report_teardown(rc == ncclSuccess, "ncclCommDestroy", ncclGetErrorString(rc));
+  }
   UPIPE_TEARDOWN_CUDA(cudaFree(barrier_buf_));
   UPIPE_TEARDOWN_CUDA(cudaEventDestroy(ready_));
   UPIPE_TEARDOWN_CUDA(cudaStreamDestroy(stream_));
 }
 
 void NcclCommunicator::after_compute() {
+  live_comm();
   UPIPE_COMM_CUDA_CHECK(cudaEventRecord(ready_, compute_));
   UPIPE_COMM_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
 }
 
-void NcclCommunicator::sync(CommOp op) {
+ncclComm* NcclCommunicator::live_comm() const {
+  if (comm_ == nullptr)
+    throw Error(fmt::format(
+        "rank {}: the NCCL communicator was aborted after an earlier error; no call can run on it",
+        rank_));
+  return comm_;
+}
+
+void NcclCommunicator::abort_comm() {
+  if (comm_ == nullptr) return;
+  const ncclResult_t rc = ncclCommAbort(comm_);
+  report_teardown(rc == ncclSuccess, "ncclCommAbort", ncclGetErrorString(rc));
+  comm_ = nullptr;
+}
+
+void NcclCommunicator::await(CUevent_st* event, CommOp op) {
   WatchdogOp scope(comm_op_name(op));
-  UPIPE_COMM_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  for (int64_t polls = 0;; ++polls) {
+    const cudaError_t st = event != nullptr ? cudaEventQuery(event) : cudaStreamQuery(stream_);
+    if (st == cudaSuccess) return;
+    if (st != cudaErrorNotReady) UPIPE_COMM_CUDA_CHECK(st);
+    if (comm_ != nullptr) {
+      ncclResult_t async = ncclSuccess;
+      UPIPE_NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
+      if (async != ncclSuccess && async != ncclInProgress) {
+        const char* detail = ncclGetLastError(comm_);
+        const std::string why = fmt::format("{}{}{}", ncclGetErrorString(async),
+                                            detail != nullptr && detail[0] != '\0' ? ": " : "",
+                                            detail != nullptr ? detail : "");
+        abort_comm();  // ends the kernels that would wait for the peer forever
+        throw Error(fmt::format(
+            "rank {}: NCCL failed during {} ({}); the communicator was aborted — a peer rank "
+            "failed or left, its own message says why",
+            rank_, comm_op_name(op), why));
+      }
+    }
+    // Spin briefly (most waits are short), then give the core back.
+    if (polls < 1000)
+      std::this_thread::yield();
+    else
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
 }
 
 std::unique_ptr<Work> NcclCommunicator::started(CommOp op) {
-  return std::make_unique<NcclWork>(op, stream_);
+  return std::make_unique<NcclWork>(op, *this);
 }
 
 void NcclCommunicator::enqueue_all_to_all(const void* send, void* recv, int64_t bytes_per_rank) {
@@ -177,14 +255,12 @@ void NcclCommunicator::enqueue_sendrecv(const void* send, int64_t send_bytes, in
           cudaMemcpyAsync(recv, send, size_t(send_bytes), cudaMemcpyDeviceToDevice, stream_));
     return;
   }
-  UPIPE_NCCL_CHECK(ncclGroupStart());
-  if (send_bytes > 0)
-    UPIPE_NCCL_CHECK(
-        ncclSend(send, to_count(send_bytes, "sendrecv send bytes"), ncclInt8, dst, comm_, stream_));
-  if (recv_bytes > 0)
-    UPIPE_NCCL_CHECK(
-        ncclRecv(recv, to_count(recv_bytes, "sendrecv recv bytes"), ncclInt8, src, comm_, stream_));
-  UPIPE_NCCL_CHECK(ncclGroupEnd());
+  const size_t sn = to_count(send_bytes, "sendrecv send bytes");
+  const size_t rn = to_count(recv_bytes, "sendrecv recv bytes");
+  GroupScope group;
+  if (sn > 0) UPIPE_NCCL_CHECK(ncclSend(send, sn, ncclInt8, dst, comm_, stream_));
+  if (rn > 0) UPIPE_NCCL_CHECK(ncclRecv(recv, rn, ncclInt8, src, comm_, stream_));
+  group.end();
 }
 
 void NcclCommunicator::all_to_all(const void* send, void* recv, int64_t bytes_per_rank) {
@@ -210,7 +286,7 @@ void NcclCommunicator::all_to_allv(const void* send, const int64_t* send_bytes,
   auto* s = static_cast<const uint8_t*>(send);
   auto* r = static_cast<uint8_t*>(recv);
   // Grouped, so every pair's transfers progress together; the self block goes through NCCL too.
-  UPIPE_NCCL_CHECK(ncclGroupStart());
+  GroupScope group;
   for (int i = 0; i < size_; ++i) {
     if (send_bytes[i] > 0)
       UPIPE_NCCL_CHECK(
@@ -219,7 +295,7 @@ void NcclCommunicator::all_to_allv(const void* send, const int64_t* send_bytes,
       UPIPE_NCCL_CHECK(
           ncclRecv(r + recv_displs[i], size_t(recv_bytes[i]), ncclInt8, i, comm_, stream_));
   }
-  UPIPE_NCCL_CHECK(ncclGroupEnd());
+  group.end();
   sync(CommOp::kAllToAllV);
 }
 
@@ -257,6 +333,7 @@ void NcclCommunicator::sendrecv(const void* send, int64_t send_bytes, int dst, v
 
 void NcclCommunicator::barrier() {
   WatchdogOp scope(comm_op_name(CommOp::kBarrier));
+  live_comm();
   record(CommOp::kBarrier, 0);
   UPIPE_NCCL_CHECK(
       ncclAllReduce(barrier_buf_, barrier_buf_, 1, ncclFloat32, ncclSum, comm_, stream_));
@@ -314,7 +391,7 @@ std::unique_ptr<Communicator> NcclCommunicator::split(const SplitRule& rule) {
   ncclComm* sub = nullptr;
   {
     WatchdogOp scope("split");
-    UPIPE_NCCL_CHECK(ncclCommSplit(comm_, me.color, me.key, &sub, nullptr));
+    UPIPE_NCCL_CHECK(ncclCommSplit(live_comm(), me.color, me.key, &sub, nullptr));
   }
   std::unique_ptr<NcclCommunicator> c(new NcclCommunicator(sub, device_, compute_));
   UPIPE_CHECK(c->size() == want.size && c->rank() == want.rank,

@@ -42,14 +42,17 @@ inline std::pair<int, int> ranks_sharing_gpu(const std::vector<std::array<uint8_
 // would drive the same GPU, {-1, -1} when every rank has its own (so NCCL can run).
 std::pair<int, int> ranks_sharing_gpu(Communicator& mpi_world, int device);
 
+class NcclCommunicator;
+
 // A non-blocking NCCL call: an event recorded on the communicator's stream after the call.
-// wait() blocks the host until it completes. A compute stream that consumes the result should
+// wait() blocks the host until it completes (polling NCCL's asynchronous error meanwhile, see
+// NcclCommunicator::await). A compute stream that consumes the result should
 // call wait_on(stream) instead: the stream waits on the device and the host goes on. After
 // wait_on the completion belongs to that stream, so destroying the Work does not block (a later
 // wait() still does).
 class NcclWork final : public Work {
  public:
-  NcclWork(CommOp op, CUstream_st* comm_stream);
+  NcclWork(CommOp op, NcclCommunicator& comm);
   ~NcclWork() override;
   NcclWork(const NcclWork&) = delete;
   NcclWork& operator=(const NcclWork&) = delete;
@@ -57,6 +60,7 @@ class NcclWork final : public Work {
   void wait_on(CUstream_st* stream);
 
  private:
+  NcclCommunicator& comm_;
   CUevent_st* event_ = nullptr;
   CommOp op_;                 // names the wait for the watchdog
   bool handed_over_ = false;  // wait() or wait_on() was called
@@ -102,13 +106,25 @@ class NcclCommunicator final : public Communicator {
   CUstream_st* stream() const { return stream_; }
   int device() const { return device_; }
 
+  // Blocks the host until `event` (nullptr: the whole comm stream) has completed. Between
+  // queries it polls ncclCommGetAsyncError: where a peer failed or vanished, NCCL's kernels would
+  // spin until the watchdog ends the job; instead the communicator is aborted (ncclCommAbort ends
+  // its kernels) and the wait throws with NCCL's reason. Every later call on an aborted
+  // communicator throws.
+  void await(CUevent_st* event, CommOp op);
+  bool aborted() const { return comm_ == nullptr; }
+
  private:
   NcclCommunicator(ncclComm* comm, int device, CUstream_st* compute);
   void init_streams();
   // Makes the comm stream wait for the compute stream; every call starts with it.
   void after_compute();
   // The blocking forms end with it.
-  void sync(CommOp op);
+  void sync(CommOp op) { await(nullptr, op); }
+  // Throws where an earlier error aborted the communicator; every call starts with it.
+  ncclComm* live_comm() const;
+  // ncclCommAbort, once: its kernels end and comm_ becomes nullptr.
+  void abort_comm();
   std::unique_ptr<Work> started(CommOp op);
   void enqueue_all_to_all(const void* send, void* recv, int64_t bytes_per_rank);
   void enqueue_sendrecv(const void* send, int64_t send_bytes, int dst, void* recv,

@@ -1,7 +1,9 @@
 #include "comm/staged/staged_comm.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
+#include <exception>
 #include <new>
 
 #include "core/check.h"
@@ -160,7 +162,16 @@ class StagedCommunicator::CallWork final : public Work {
  public:
   CallWork(std::unique_ptr<Call> call, std::unique_ptr<Work> inner)
       : call_(std::move(call)), inner_(std::move(inner)) {}
-  ~CallWork() override { wait(); }
+  // Destructors must not throw (std::terminate would skip the job's error path): a failed wait
+  // here is reported and the error that unwinds goes on.
+  ~CallWork() override {
+    try {
+      wait();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "[rank %d] a pending staged call failed during teardown: %s\n",
+                   log_rank(), e.what());
+    }
+  }
   void wait() override {
     if (call_ == nullptr) return;
     inner_->wait();
