@@ -67,21 +67,34 @@ T keep(T x) {
   return x;
 }
 
+// One output row of P V: out[e] = 0 + operand(p[0]) v(0, kc + e) + operand(p[1]) v(1, kc + e)
+// + ... in increasing key order. Keys with a zero operand add an exact zero and are skipped; the
+// e loop runs innermost over a contiguous row of v.
+template <class T, class Operand>
+void pv_row(const AttnDims& a, const View<const T>& v, int64_t kc, const std::vector<T>& p,
+            Operand operand, std::vector<T>& out) {
+  std::fill(out.begin(), out.end(), T(0));
+  for (int64_t j = 0; j < a.sk; ++j) {
+    const T pj = operand(p[size_t(j)]);
+    if (pj == T(0)) continue;
+    const T* vr = &v(j, kc);
+    for (int e = 0; e < a.d; ++e) out[size_t(e)] += pj * vr[e];
+  }
+}
+
 // o (sq, hq*d), lse (hq, sq).
 template <class T, class Operand = T (*)(T)>
 void attention_forward(const AttnDims& a, const View<const T>& q, const View<const T>& k,
                        const View<const T>& v, const View<T>& o, const View<T>& lse,
                        Operand operand = keep<T>) {
-  std::vector<T> p(size_t(a.sk));
+  std::vector<T> p(size_t(a.sk)), orow(size_t(a.d));
   const int g = a.hq / a.hk;
   for (int h = 0; h < a.hq; ++h) {
+    const int64_t kc = int64_t(h / g) * a.d;
     for (int64_t i = 0; i < a.sq; ++i) {
       lse(h, i) = attention_row(a, q, k, h, i, p);
-      for (int e = 0; e < a.d; ++e) {
-        T s = 0;
-        for (int64_t j = 0; j < a.sk; ++j) s += operand(p[j]) * v(j, int64_t(h / g) * a.d + e);
-        o(i, int64_t(h) * a.d + e) = s;
-      }
+      pv_row(a, v, kc, p, operand, orow);
+      for (int e = 0; e < a.d; ++e) o(i, int64_t(h) * a.d + e) = orow[size_t(e)];
     }
   }
 }
@@ -100,12 +113,9 @@ void attention_backward(const AttnDims& a, const View<const T>& q, const View<co
     const int64_t qc = int64_t(h) * a.d, kc = int64_t(h / g) * a.d;
     for (int64_t i = 0; i < a.sq; ++i) {
       attention_row(a, q, k, h, i, p);
+      pv_row(a, v, kc, p, operand, orow);
       T delta = 0;
-      for (int e = 0; e < a.d; ++e) {
-        T s = 0;
-        for (int64_t j = 0; j < a.sk; ++j) s += operand(p[j]) * v(j, kc + e);
-        delta += store_o(s) * dout(i, qc + e);
-      }
+      for (int e = 0; e < a.d; ++e) delta += store_o(orow[size_t(e)]) * dout(i, qc + e);
       for (int64_t j = 0; j < a.sk; ++j) {
         if (p[j] == T(0)) continue;
         T dp = 0;

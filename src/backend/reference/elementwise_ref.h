@@ -2,6 +2,7 @@
 // swiglu.h, gemm.h for the contracts).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 
 #include <vector>
@@ -105,16 +106,27 @@ void swiglu_backward(const View<const T>& a, const View<const T>& b, const View<
     }
 }
 
-// c = op(a) op(b), naive.
+// c = op(a) op(b), naive: every c(i, j) is 0 + op(a)(i, 0) op(b)(0, j) + op(a)(i, 1) op(b)(1, j)
+// + ... in increasing p. The loops run i, p, j over contiguous copies of op(a) and op(b), so the
+// j loop streams rows (and vectorises) while each element's sum keeps that order.
 template <class T>
 void gemm(const View<const T>& a, bool ta, const View<const T>& b, bool tb, const View<T>& c) {
-  const int64_t k = ta ? a.rows : a.cols;
-  for (int64_t i = 0; i < c.rows; ++i)
-    for (int64_t j = 0; j < c.cols; ++j) {
-      T s = 0;
-      for (int64_t p = 0; p < k; ++p) s += (ta ? a(p, i) : a(i, p)) * (tb ? b(j, p) : b(p, j));
-      c(i, j) = s;
+  const int64_t m = c.rows, n = c.cols, k = ta ? a.rows : a.cols;
+  std::vector<T> ap(static_cast<size_t>(m * k)), bp(static_cast<size_t>(k * n)),
+      row(static_cast<size_t>(n));
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t p = 0; p < k; ++p) ap[size_t(i * k + p)] = ta ? a(p, i) : a(i, p);
+  for (int64_t p = 0; p < k; ++p)
+    for (int64_t j = 0; j < n; ++j) bp[size_t(p * n + j)] = tb ? b(j, p) : b(p, j);
+  for (int64_t i = 0; i < m; ++i) {
+    std::fill(row.begin(), row.end(), T(0));
+    for (int64_t p = 0; p < k; ++p) {
+      const T aip = ap[size_t(i * k + p)];
+      const T* bq = bp.data() + p * n;
+      for (int64_t j = 0; j < n; ++j) row[size_t(j)] += aip * bq[j];
     }
+    for (int64_t j = 0; j < n; ++j) c(i, j) = row[size_t(j)];
+  }
 }
 
 }  // namespace upipe::ref
