@@ -40,8 +40,13 @@ def jsonl(path):
     return out
 
 
+def num(x):
+    """A JSON number as float: NaN where the run wrote NaN or inf (nlohmann::json writes null)."""
+    return float("nan") if x is None else float(x)
+
+
 def gib(b):
-    return "%.2f GiB" % (b / 2**30)
+    return "%.2f GiB" % (num(b) / 2**30)
 
 
 def env_of(j):
@@ -100,9 +105,10 @@ def kernel_part(d, peak):
     for j in jsonl(os.path.join(d, "kernel.jsonl")):
         cells = [j.get("dtype"), env_of(j) or "default", j.get("seq_len"),
                  "%d/%d" % (j.get("heads", 0), j.get("kv_heads", 0)), j.get("head_dim"),
-                 "%.1f" % j["fwd_tflops"], "%.1f" % j["bwd_tflops"], "%.1f" % j["gemm_tflops"]]
+                 "%.1f" % num(j.get("fwd_tflops")), "%.1f" % num(j.get("bwd_tflops")),
+                 "%.1f" % num(j.get("gemm_tflops"))]
         if peak:
-            fwd, bwd = j["fwd_tflops"] / peak, j["bwd_tflops"] / peak
+            fwd, bwd = num(j.get("fwd_tflops")) / peak, num(j.get("bwd_tflops")) / peak
             ok = j.get("dtype") != "bf16" or (fwd >= 0.5 and bwd >= 0.4)
             cells += ["%.0f%%" % (100 * fwd), "%.0f%%" % (100 * bwd),
                       ("met" if ok else "not met") if j.get("dtype") == "bf16" else "—"]
@@ -127,23 +133,24 @@ def attention_part(d):
     for key in sorted(runs, key=lambda k: (k[1], str(k[0]), k[2], k[4])):
         j = runs[key]
         method, s, overlap, chunks, env = key
-        t = j["fwd_s"] + j["bwd_s"]
+        t = num(j.get("fwd_s")) + num(j.get("bwd_s"))
         plan = plans.get((method, s, overlap, chunks, ""))
         plan_cell = "—"
         if plan:
-            plan_cell = gib(plan["peak_bytes"]) + (" (= run)" if plan["peak_bytes"] == j["peak_bytes"]
+            plan_cell = gib(plan.get("peak_bytes")) + (" (= run)" if plan.get("peak_bytes") == j.get("peak_bytes")
                                                     else " (run differs)")
         ratio = "—"
         if method == "upipe" and not overlap:
             u = runs.get(("ulysses", s, False, chunks, env))
             if u:
-                r = (u["fwd_s"] + u["bwd_s"]) / t
+                r = (num(u.get("fwd_s")) + num(u.get("bwd_s"))) / t
                 ratio = "%.2fx %s" % (r, "met" if r >= 0.95 else "not met")
         label = method + (" --overlap" if overlap else "") + (" --chunks %d" % chunks if chunks else "")
-        rows.append([label, env or "default", s, "%.3f" % j["fwd_s"], "%.3f" % j["bwd_s"],
-                     "%.0f" % j.get("tokens_per_s", 0), gib(j["attn_peak_bytes"]),
-                     "=" if j["attn_peak_bytes"] == j["attn_formula_bytes"] else "differs",
-                     gib(j["peak_bytes"]), plan_cell,
+        rows.append([label, env or "default", s, "%.3f" % num(j.get("fwd_s")),
+                     "%.3f" % num(j.get("bwd_s")), "%.0f" % num(j.get("tokens_per_s", 0)),
+                     gib(j.get("attn_peak_bytes")),
+                     "=" if j.get("attn_peak_bytes") == j.get("attn_formula_bytes") else "differs",
+                     gib(j.get("peak_bytes")), plan_cell,
                      gib(j["driver_bytes_outside_arena"]) if "driver_bytes_outside_arena" in j
                      else "—", ratio])
     return table(["method", "env", "S", "fwd s", "bwd s", "tokens/s", "attn peak", "= formula",
@@ -156,7 +163,8 @@ def strategies_part(d):
     for j in jsonl(os.path.join(d, "strategies.jsonl")):
         errs = j.get("max_abs_err") or {}
         tol = j.get("tolerance") or {}
-        worst = max((errs[k] / tol[k] for k in errs if tol.get(k)), default=0.0)
+        ratios = [num(errs[k]) / num(tol[k]) for k in errs if tol.get(k)]
+        worst = float("nan") if any(r != r for r in ratios) else max(ratios, default=0.0)
         rows.append([j.get("method"), j.get("ranks"), j.get("dtype"),
                      "yes" if j.get("overlap") else "", env_of(j) or "default",
                      "passed" if j.get("passed") else "FAILED", "%.2f" % worst,
@@ -172,11 +180,12 @@ def eval_part(d):
         m = str(m)
         return os.path.basename(os.path.dirname(m)) if m.endswith(".json") else m
 
-    rows = [[model(j.get("model")), j.get("method"), j.get("ranks"), "%.7f" % j["loss"], j.get("tokens")]
+    rows = [[model(j.get("model")), j.get("method"), j.get("ranks"), j.get("dtype", "fp32"),
+             "%.7f" % num(j["loss"]), j.get("tokens")]
             for j in jsonl(os.path.join(d, "eval.jsonl")) if "loss" in j]
     if not rows:
         return "No eval.jsonl rows."
-    return table(["model", "method", "ranks", "loss (fp32)", "tokens"], rows)
+    return table(["model", "method", "ranks", "dtype", "loss", "tokens"], rows)
 
 
 def section(d):

@@ -35,6 +35,11 @@ done
   fail "check"
 "$upipe" eval --model "$fix" --tokens "$fix/tokens.npy" --method upipe --json > "$d/eval.jsonl" ||
   fail "eval"
+"$upipe" eval --model "$fix" --tokens "$fix/tokens.npy" --method upipe --dtype bf16 --loss-only \
+  --json >> "$d/eval.jsonl" || fail "eval bf16"
+# A broken kernel's row: nlohmann::json writes NaN as null; the page says nan, not a crash.
+echo '{"dtype": "bf16", "seq_len": 16, "heads": 1, "kv_heads": 1, "head_dim": 8, "fwd_tflops": null, "bwd_tflops": 1.0, "gemm_tflops": 2.0}' \
+  >> "$d/kernel.jsonl"
 
 page=$tmp/results.md
 printf '# Results\n\nintro\n\n## An older section\nkept\n' > "$page"
@@ -55,6 +60,9 @@ has "| ulysses | default | 1024 |"
 has "(= run)"
 has "| upipe | 1 | fp32 |"
 has "passed"
+has "| bf16 | default | 16 | 1/1 | 8 | nan | 1.0 | 2.0 |"
+grep -q "| llama | upipe | 1 | bf16 | " "$page" || fail "no bf16 eval row"
+grep -q "| llama | upipe | 1 | fp32 | " "$page" || fail "no fp32 eval row"
 grep -q "| upipe | default | 1024 |.*x \(met\|not met\) |$" "$page" || fail "no ulysses/upipe ratio"
 [ "$(grep -c '^## GPU: NVIDIA H200' "$page")" -eq 1 ] || fail "the GPU section is not there exactly once"
 echo "PASS gpu_results"
