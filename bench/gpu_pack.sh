@@ -34,7 +34,7 @@ for f in $(dpkg -L libopenmpi3 openmpi-bin openmpi-common libpmix2 2>/dev/null |
   cp -a "$f" "$root$f"
 done
 # The libraries everything loads, except the C runtime (the GPU machine's is newer) and CUDA's.
-skip='^(libc|libm|libdl|librt|libpthread|ld-linux-x86-64|libstdc\+\+|libgcc_s|libcuda|libcudart|libcublas|libcublasLt|libnccl|libcudnn|libnv)[.-]'
+skip='^(libc|libm|libdl|librt|libpthread|ld-linux-x86-64|libstdc\+\+|libgcc_s|libcuda|libcudart|libcublas|libcublasLt|libnccl|libcudnn|libnvrtc|libnvJitLink|libnv)[.-]'
 objects=("$root"/bin/* $(find "$root/usr/lib" -name '*.so*' -type f) "$root"/usr/bin/*)
 for o in "${objects[@]}"; do
   { ldd "$o" 2>/dev/null || true; } | awk '$3 ~ /^\// {print $3}'
@@ -44,7 +44,9 @@ done | sort -u | while read -r lib; do
   dest="$root/usr/lib/x86_64-linux-gnu/$name"
   [ -e "$dest" ] || cp -L "$lib" "$dest"
 done
+# mpirun is a Debian alternatives link (/etc/alternatives, not packed): the pack names it itself.
+[ -e "$root/usr/bin/mpirun" ] || ln -sf orterun "$root/usr/bin/mpirun"
 mkdir -p "$pack"
 tar -C "$root" -cJf "$pack/pack.tar.xz" .
-echo "gpu_pack: $pack/pack.tar.xz $(du -h "$pack/pack.tar.xz" | cut -f1) (built in $build, commit $(git rev-parse --short HEAD))"
-git rev-parse --short HEAD > "$pack/commit"
+git describe --always --dirty > "$pack/commit"
+echo "gpu_pack: $pack/pack.tar.xz $(du -h "$pack/pack.tar.xz" | cut -f1) (built in $build, commit $(cat "$pack/commit"))"

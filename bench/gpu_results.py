@@ -50,8 +50,10 @@ def gib(b):
 
 
 def env_of(j):
-    """The UPIPE_* variables a run reported (print_json's "env"), as `A=1 B=2` or ''."""
-    return " ".join("%s=%s" % kv for kv in sorted((j.get("env") or {}).items()))
+    """The UPIPE_* variables a run reported (print_json's "env"), as `A=1 B=2` or '', less those
+    that change no result (UPIPE_CUDA_RESERVE only sizes the device arena's one cudaMalloc)."""
+    quiet = {"UPIPE_CUDA_RESERVE"}
+    return " ".join("%s=%s" % kv for kv in sorted((j.get("env") or {}).items()) if kv[0] not in quiet)
 
 
 def gpu_name(d):
