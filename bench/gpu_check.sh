@@ -11,6 +11,9 @@
 # tool's own limit ends the script:
 #   backend_ops   test_backend_ops: every op on cuda against the references, the meta device
 #                 planning for cuda
+#   comm          test_nccl_comm on 1 rank (every collective check on device memory, ordering with
+#                 the compute stream) and on 2 sharing the GPU (refused, on every rank, not hung);
+#                 test_staged_comm on 4 ranks
 #   cuda_math, cuda_attention   the GPU halves of test_cuda_math, test_cuda_attention_plan
 #                 (kernels against their host emulations, cuDNN's blocks within the bf16 rule)
 #   kernel        `upipe bench kernel --backend cuda`: attention TFLOP/s, bf16 (cuDNN, and the
@@ -80,6 +83,15 @@ strategies() {
   done
   wait
   ! grep -q '^FAILED' "$out"/strategies.d/*.log
+}
+
+# NCCL on the one GPU (one rank: two ranks sharing a GPU are refused, which np 2 checks) and the
+# host-staged communicator the multi-rank runs below use.
+comms() {
+  run 30 "${mpirun[@]}" -np 1 test_nccl_comm
+  run 30 "${mpirun[@]}" -np 2 test_nccl_comm
+  run 40 "${mpirun[@]}" -np 4 test_staged_comm
+  return $((fails > 0))
 }
 
 # The model against transformers: the loss to 7 digits and every gradient within the fp32 rule.
@@ -212,7 +224,7 @@ cuda_dirs=$(find /usr/local/cuda*/lib64 /usr/local/cuda*/lib /usr/lib/x86_64-lin
      -o -name 'libcudnn.so.9*' -o -name 'libnvrtc.so.13*' -o -name 'libnvJitLink.so.13*' \) \
   -printf '%h\n' 2>/dev/null | sort -u | tr '\n' ':')
 export LD_LIBRARY_PATH=$pack/usr/lib/x86_64-linux-gnu:$pack/usr/lib/x86_64-linux-gnu/openmpi/lib:${cuda_dirs}${LD_LIBRARY_PATH:-}
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 GTEST_COLOR=no
 # One host: shared memory only, no UCX/OFI probing, no cross-process memory reads (a VM may
 # refuse them).
 export OMPI_MCA_btl=self,vader OMPI_MCA_pml=ob1 OMPI_MCA_btl_vader_single_copy_mechanism=none
@@ -273,7 +285,7 @@ step() {
   ldd --version 2>&1 | head -1
   python3 -c 'import torch; print("torch", torch.__version__, "cudnn", torch.backends.cudnn.version(), "nccl", torch.cuda.nccl.version())' 2>&1 | tail -1
   echo "mpirun: $mpirun_bin"
-  for b in $(command -v upipe test_backend_ops test_cuda_math test_cuda_attention_plan); do
+  for b in $(command -v upipe test_backend_ops test_cuda_math test_cuda_attention_plan test_nccl_comm); do
     ldd "$b" 2>&1 | grep -i 'not found' | sed "s|^|$(basename "$b"): |"
   done
   echo "libraries: $(ldd "$(command -v upipe)" 2>/dev/null | grep -E -o '/[^ ]*(cudnn|cublasLt|nccl|cudart|nvrtc)[^ ]*' | sort -u | tr '\n' ' ')"
@@ -281,6 +293,7 @@ step() {
 cat "$out/gpu.txt"
 
 step backend_ops 60 test_backend_ops --gtest_output=json:"$out/backend_ops.json"
+step comm 45 comms
 step cuda_math 20 test_cuda_math
 step cuda_attention 40 test_cuda_attention_plan
 step kernel 45 kernels

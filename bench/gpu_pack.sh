@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 build=${1:-build-gpu}
 pack=.gpu-pack
 bins=(upipe tests/test_backend_ops tests/test_cuda_gemm_desc tests/test_cuda_math
-      tests/test_cuda_attention_plan tests/test_staged_comm)
+      tests/test_cuda_attention_plan tests/test_staged_comm tests/test_nccl_comm)
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DUPIPE_CUDA=ON > /dev/null
 targets=()
 for b in "${bins[@]}"; do targets+=(--target "$(basename "$b")"); done
