@@ -109,7 +109,12 @@ std::unique_ptr<Allocator> make_pinned_host_allocator() {
         (void)cudaGetLastError();  // the caller may trim and retry: no stale status for a launch
         return nullptr;
       },
-      [](void* p) { cudaFreeHost(p); }};
+      // A trimmed block may still be a queued copy's source or target (its release waited on
+      // the device side only): the device finishes first (trimming is rare).
+      [](void* p) {
+        (void)cudaDeviceSynchronize();
+        cudaFreeHost(p);
+      }};
   return std::make_unique<HostCachingAllocator>(int64_t(8) << 30, pinned);
 }
 
