@@ -68,8 +68,9 @@ T keep(T x) {
 }
 
 // One output row of P V: out[e] = 0 + operand(p[0]) v(0, kc + e) + operand(p[1]) v(1, kc + e)
-// + ... in increasing key order. Keys with a zero operand add an exact zero and are skipped; the
-// e loop runs innermost over a contiguous row of v.
+// + ... in increasing key order. Keys with a zero operand (masked keys, underflowed weights) are
+// skipped, as the kernels skip them: for finite v they add an exact zero. The e loop runs
+// innermost over a contiguous row of v.
 template <class T, class Operand>
 void pv_row(const AttnDims& a, const View<const T>& v, int64_t kc, const std::vector<T>& p,
             Operand operand, std::vector<T>& out) {

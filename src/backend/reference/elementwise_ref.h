@@ -9,6 +9,7 @@
 
 #include "backend/backend.h"
 #include "backend/reference/ref_view.h"
+#include "core/checked.h"
 
 namespace upipe::ref {
 
@@ -112,8 +113,8 @@ void swiglu_backward(const View<const T>& a, const View<const T>& b, const View<
 template <class T>
 void gemm(const View<const T>& a, bool ta, const View<const T>& b, bool tb, const View<T>& c) {
   const int64_t m = c.rows, n = c.cols, k = ta ? a.rows : a.cols;
-  std::vector<T> ap(static_cast<size_t>(m * k)), bp(static_cast<size_t>(k * n)),
-      row(static_cast<size_t>(n));
+  std::vector<T> ap(static_cast<size_t>(checked_mul(m, k, "reference gemm a"))),
+      bp(static_cast<size_t>(checked_mul(k, n, "reference gemm b"))), row(static_cast<size_t>(n));
   for (int64_t i = 0; i < m; ++i)
     for (int64_t p = 0; p < k; ++p) ap[size_t(i * k + p)] = ta ? a(p, i) : a(i, p);
   for (int64_t p = 0; p < k; ++p)
