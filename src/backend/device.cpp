@@ -9,4 +9,13 @@ Device::Device(const DeviceOptions& opt)
       mem_(std::make_unique<Arena>("device", opt.device_budget, *mem_backing_)),
       host_(std::make_unique<Arena>("host", opt.host_budget, *host_backing_)) {}
 
+Device::~Device() {
+  // A failing sync here (a device already in error) must not terminate the unwinding that
+  // destroys this device; the error was reported where it happened.
+  try {
+    backend_->sync(Stream{});
+  } catch (...) {
+  }
+}
+
 }  // namespace upipe

@@ -22,6 +22,9 @@ struct DeviceOptions {
 class Device {
  public:
   explicit Device(const DeviceOptions& opt = {});
+  // Waits for the backend's queued work (kernels, asynchronous copies) before the arenas and
+  // their backing memory go: the members die in reverse order, arenas before the backend.
+  ~Device();
   Device(const Device&) = delete;
   Device& operator=(const Device&) = delete;
 

@@ -19,6 +19,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -218,10 +219,8 @@ bool disabled() {
 // kernels (cuDNN rejected a block's graph or asked for more workspace than it had): the speed of
 // such a run is the flash kernels', which a user should know. Called with the cache's lock held.
 void note_fallback(const char* pass, const std::string& why) {
-  static bool said[2] = {false, false};
-  bool& once = said[std::string(pass) == "backward" ? 1 : 0];
-  if (once) return;
-  once = true;
+  static std::set<std::string> said;
+  if (!said.insert(pass).second) return;
   std::fprintf(stderr, "upipe: cuDNN's attention %s %s; such calls run on the flash kernels\n",
                pass, why.c_str());
 }
@@ -275,7 +274,16 @@ bool cudnn_attention_forward(const DAttn& p, const DView& o, const DView& lse, c
       key_of(0, {&plan.q, &plan.k, &plan.v, &plan.o, &plan.stats}, plan.mask, p.scale, device);
   auto it = c.graphs.find(key);
   if (it == c.graphs.end()) it = c.graphs.emplace(key, build_forward(h, plan, p.scale)).first;
-  if (!it->second.g || it->second.workspace != 0) return false;
+  if (!it->second.g || it->second.workspace != 0) {
+    note_fallback("forward",
+                  !it->second.g
+                      ? fmt::format("rejected a {} x {} call of {}/{} heads, d = {}", p.q.rows,
+                                    p.k.rows, p.hq, p.hk, p.d)
+                      : fmt::format("asked for {} bytes of workspace (the normalised forward has "
+                                    "none) for a {} x {} call of {}/{} heads, d = {}",
+                                    it->second.workspace, p.q.rows, p.k.rows, p.hq, p.hk, p.d));
+    return false;
+  }
   check(cudnnSetStream(h, s), "cudnnSetStream");
   std::unordered_map<int64_t, void*> pack = {
       {kQ, p.q.data}, {kK, p.k.data}, {kV, p.v.data}, {kO, o.data}, {kStats, lse.data}};
