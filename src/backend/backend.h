@@ -260,6 +260,12 @@ class Backend {
   virtual void add_into(const Mat& dst, const Mat& src) = 0;  // dst += src, in fp32, rounded once
   // dst (r, c) = beta dst + src^T, fp32.
   virtual void add_transposed(const Mat& dst, const Mat& src, float beta) = 0;
+  // Embedding rows; ids: dst.rows (src.rows) row indices of table, on the host. gather_rows:
+  // dst row r = table row ids[r], converted to dst's dtype. scatter_add_rows: table row ids[r] +=
+  // src row r, in fp32 rounded once into table's dtype per addition, r ascending (a row that ids
+  // names twice takes its additions in that order: the same bits as one add_into per row).
+  virtual void gather_rows(const Mat& dst, const Mat& table, std::span<const int32_t> ids) = 0;
+  virtual void scatter_add_rows(const Mat& table, const Mat& src, std::span<const int32_t> ids) = 0;
   // Optimizer ops on contiguous fp32 views. sum_squares: the sum of x^2 accumulated in fp64 in a
   // fixed order (deterministic: the same bits for the same x; 0 on a device that does not
   // compute).

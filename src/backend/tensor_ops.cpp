@@ -29,6 +29,30 @@ void add_transposed(Device& dev, const Mat& dst, const Mat& src, float beta) {
   dev.backend().add_transposed(dst, src, beta);
 }
 
+namespace {
+
+// The checks both row ops share: one id per row of `rows`, columns equal, every id a row of table.
+void check_rows(const char* op, const Mat& rows, const Mat& table, std::span<const int32_t> ids) {
+  UPIPE_CHECK(int64_t(ids.size()) == rows.rows && rows.cols == table.cols,
+              "{}: {} ids for {}x{} rows of a {}x{} table", op, ids.size(), rows.rows, rows.cols,
+              table.rows, table.cols);
+  for (size_t r = 0; r < ids.size(); ++r)
+    UPIPE_CHECK(ids[r] >= 0 && ids[r] < table.rows,
+                "{}: id {} at row {} is not a row of a {}-row table", op, ids[r], r, table.rows);
+}
+
+}  // namespace
+
+void gather_rows(Device& dev, const Mat& dst, const Mat& table, std::span<const int32_t> ids) {
+  check_rows("gather_rows", dst, table, ids);
+  if (!ids.empty()) dev.backend().gather_rows(dst, table, ids);
+}
+
+void scatter_add_rows(Device& dev, const Mat& table, const Mat& src, std::span<const int32_t> ids) {
+  check_rows("scatter_add_rows", src, table, ids);
+  if (!ids.empty()) dev.backend().scatter_add_rows(table, src, ids);
+}
+
 void upload(Device& dev, const float* src, const Mat& dst) {
   const int64_t rb = dst.cols * dtype_size(dst.dtype);
   std::vector<char> row(static_cast<size_t>(rb));

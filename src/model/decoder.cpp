@@ -40,6 +40,13 @@ AttentionConfig block_config(const ModelConfig& m, const DecoderOptions& opt) {
   return c;
 }
 
+// Row r's token: the token at its global position pos[r] (the embedding's row of row r).
+std::vector<int32_t> row_tokens(std::span<const int32_t> tokens, std::span<const int64_t> pos) {
+  std::vector<int32_t> ids(pos.size());
+  for (size_t r = 0; r < pos.size(); ++r) ids[r] = tokens[size_t(pos[r])];
+  return ids;
+}
+
 // Row r's label: the token at the next global position (-1 past the sequence's end, or past its
 // document's last token); and, with a group, whether that prediction belongs to it.
 void next_token_labels(std::vector<int32_t>& labels, std::vector<uint8_t>& group,
@@ -163,8 +170,7 @@ void Decoder::embed(const Mat& x, std::span<const int32_t> tokens, std::span<con
                     ParamSource& p) {
   const Mat e = embedding(m_, p.acquire(embed_unit()));  // (V, D)
   p.prefetch(layer_unit(0));
-  for (int64_t r = 0; r < x.rows; ++r)
-    copy(dev_, x.rows_of(r, 1), e.rows_of(tokens[size_t(pos[size_t(r)])], 1));
+  gather_rows(dev_, x, e, row_tokens(tokens, pos));
   p.release(embed_unit());
 }
 
@@ -346,8 +352,7 @@ void Decoder::embed_backward(const Mat& dx, const HeadLoss& head, std::span<cons
     g = embedding(m_, p.grads(embed_unit()));
     zero(dev_, g);
   }
-  for (int64_t r = 0; r < dx.rows; ++r)
-    add_into(dev_, g.rows_of(tokens[size_t(pos[size_t(r)])], 1), dx.rows_of(r, 1));
+  scatter_add_rows(dev_, g, dx, row_tokens(tokens, pos));
   p.grads_done(embed_unit());
 }
 

@@ -2,8 +2,8 @@
 // backend that computes, against the naive references of backend/reference/ (ggml's
 // test-backend-ops): gemm, attention forward (normalised, and online accumulate + finalize),
 // delta, backward, lse_merge, rope, rmsnorm (whole row and per head), swiglu, cross-entropy,
-// fill, convert, add_into, add_transposed and upload/download, on strided views and both storage
-// dtypes.
+// fill, convert, add_into, add_transposed, the embedding's gather_rows and scatter_add_rows and
+// upload/download, on strided views and both storage dtypes.
 // A new backend is one more entry of kComputing. The CPU backend runs once per instruction-set
 // path this CPU supports (cpu_isa.h: avx2, avx512, avx512bf16, amx), each against the references.
 //
@@ -12,7 +12,7 @@
 // outputs stored in the backend's output dtype) measures what the precision allows; the
 // backend's max error against fp64 must be within 2x the baseline's plus a floor of 4 fp32 ulp
 // of the largest reference value. Pure data movement (fill, convert, add_into, add_transposed
-// with beta in {0, 1/2, 1}, upload/download) must be exact.
+// with beta in {0, 1/2, 1}, gather_rows, scatter_add_rows, upload/download) must be exact.
 //
 // Workspace: each front-end call must take from the device arena exactly the bytes of the
 // backend's query, all of them tagged workspace, and give them back. The meta backend runs the
@@ -693,6 +693,44 @@ void data_ops(Ops& o) {
   }
 }
 
+// ---- the embedding's rows: gather_rows, scatter_add_rows (exact) ----
+
+void row_ops(Ops& o) {
+  const int64_t vocab = 13, cols = 1100, pad = 3;
+  // Repeats (row 5 four times, row 0 twice), the first and last rows, unsorted.
+  const std::vector<int32_t> ids = {5, 0, 12, 5, 7, 5, 0, 3, 5, 11, 2};
+  const int64_t n = int64_t(ids.size());
+  uint64_t seed = 750;
+  for (DType tt : {F, B})
+    for (DType rt : {F, B}) {
+      const std::string pair = fmt::format("{} table, {} rows", dtype_name(tt), dtype_name(rt));
+      // gather: dst row r = table row ids[r], converted exactly once.
+      const Mat table = o.make(tt, vocab, cols, pad), dst = o.make(rt, n, cols, 2 * pad);
+      const auto tv = o.init(table, seed++);
+      o.call("gather_rows " + pair, 0, [&] { gather_rows(o.dev(), dst, table, ids); });
+      if (o.verify()) {
+        std::vector<double> want;
+        for (int32_t id : ids)
+          for (int64_t c = 0; c < cols; ++c) want.push_back(tv[size_t(id * cols + c)]);
+        EXPECT_EQ(o.get(dst), test::rounded(want, rt)) << "gather_rows " << pair;
+        EXPECT_EQ(o.get(table), tv) << "gather_rows wrote its table, " << pair;
+      }
+      // scatter-add: table row ids[r] += src row r in fp32, rounded into the table's dtype after
+      // each addition, r ascending.
+      const Mat src = o.make(rt, n, cols, pad), acc = o.make(tt, vocab, cols, 2 * pad);
+      const auto sv = o.init(src, seed++), av = o.init(acc, seed++);
+      o.call("scatter_add_rows " + pair, 0, [&] { scatter_add_rows(o.dev(), acc, src, ids); });
+      if (!o.verify()) continue;
+      std::vector<double> want = av;
+      for (int64_t r = 0; r < n; ++r)
+        for (int64_t c = 0; c < cols; ++c) {
+          double& w = want[size_t(ids[size_t(r)] * cols + c)];
+          w = test::rounded({double(float(w) + float(sv[size_t(r * cols + c)]))}, tt)[0];
+        }
+      EXPECT_EQ(o.get(acc), want) << "scatter_add_rows " << pair;
+    }
+}
+
 // ---- asynchronous copies (Device::copy_async): the data arrives, in the contract's order ----
 
 void copy_ops(Ops& o) {
@@ -783,6 +821,7 @@ void all_ops(Ops& o) {
   swiglu_ops(o);
   cross_entropy_ops(o);
   data_ops(o);
+  row_ops(o);
   optim_ops(o);
 }
 
@@ -823,11 +862,28 @@ TEST_P(BackendOps, CrossEntropy) {
 TEST_P(BackendOps, DataMovement) {
   run(data_ops);
 }
+TEST_P(BackendOps, EmbeddingRows) {
+  run(row_ops);
+}
 TEST_P(BackendOps, Optimizer) {
   run(optim_ops);
 }
 TEST_P(BackendOps, AsyncCopies) {
   run(copy_ops);
+}
+
+// The embedding's front-ends refuse an id outside the table and a count other than the rows,
+// naming them, on the CPU and on the meta device (which checks what it would run).
+TEST(BackendOpsDeathTest, EmbeddingRowsRefuseBadIds) {
+  for (BackendKind k : {BackendKind::kCpu, BackendKind::kMeta}) {
+    Device dev({k});
+    Tensor table(dev.mem(), Tag::kOther, F, 13, 8), rows(dev.mem(), Tag::kOther, F, 2, 8);
+    const std::vector<int32_t> past = {1, 13}, negative = {-1, 0}, one = {1};
+    EXPECT_DEATH(gather_rows(dev, rows.mat(), table.mat(), past),
+                 "id 13 at row 1 is not a row of a 13-row");
+    EXPECT_DEATH(scatter_add_rows(dev, table.mat(), rows.mat(), negative), "id -1 at row 0");
+    EXPECT_DEATH(gather_rows(dev, rows.mat(), table.mat(), one), "1 ids for 2x8 rows");
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Computing, BackendOps, ::testing::ValuesIn(paths()),

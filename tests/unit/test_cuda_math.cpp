@@ -11,6 +11,7 @@
 // (bitwise where the math is exact IEEE arithmetic); skipped without a CUDA build or device.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -22,6 +23,7 @@
 #include "backend/cuda/dev_view.h"
 #include "backend/cuda/elementwise_math.h"
 #include "backend/cuda/param_block.h"
+#include "backend/cuda/row_groups.h"
 #include "backend/reference/elementwise_ref.h"
 #include "common/test_util.h"
 #include "core/dtype.h"
@@ -885,6 +887,72 @@ TEST(CudaMath, RopeIsShardIndependentAndInvertible) {
   EXPECT_LE(test::max_abs_diff(x.values(), before), 4 * kEps32 * test::max_abs(before));
 }
 
+// ---- the embedding's scatter-add: row_groups.h and the kernel's order, on the host ----
+
+// The kernel of scatter_add_rows on the host: groups in any order (the GPU runs them in
+// parallel), each group's rows in its order, every sum rounded into the table's dtype.
+void emulate_scatter_add(const DView& table, const DView& src, const int32_t* ids, int64_t n,
+                         int64_t chunk) {
+  std::vector<int32_t> words(size_t(3 * chunk + 1));
+  for (int64_t r0 = 0; r0 < n; r0 += chunk) {
+    const int64_t rows = std::min(chunk, n - r0);
+    const cuda::RowGroups g = cuda::group_rows(ids + r0, rows, words.data());
+    for (int64_t k = g.groups - 1; k >= 0; --k) {  // the groups backwards: order-free
+      const int32_t id = words[size_t(g.ids_at + k)];
+      for (int64_t c = 0; c < table.cols; ++c) {
+        float acc = hload(table, id, c);
+        for (int32_t j = words[size_t(g.starts_at + k)]; j < words[size_t(g.starts_at + k + 1)];
+             ++j) {
+          acc += hload(src, r0 + words[size_t(j)], c);
+          if (table.dtype == DT::kBF16) acc = cuda::bf16_to_f32(cuda::f32_to_bf16(acc));
+        }
+        hstore(table, id, c, acc);
+      }
+    }
+  }
+}
+
+TEST(CudaMath, RowGroupsListEveryRowOnceInAscendingOrderPerId) {
+  const std::vector<int32_t> ids = {4, 1, 4, 0, 1, 4, 9, 0};
+  std::vector<int32_t> w(3 * ids.size() + 1, -7);
+  const cuda::RowGroups g = cuda::group_rows(ids.data(), int64_t(ids.size()), w.data());
+  ASSERT_EQ(g.groups, 4);
+  EXPECT_EQ(std::vector<int32_t>(w.begin(), w.begin() + 8),
+            (std::vector<int32_t>{3, 7, 1, 4, 0, 2, 5, 6}));  // rows by (id, row)
+  EXPECT_EQ(std::vector<int32_t>(w.begin() + g.ids_at, w.begin() + g.ids_at + 4),
+            (std::vector<int32_t>{0, 1, 4, 9}));
+  EXPECT_EQ(std::vector<int32_t>(w.begin() + g.starts_at, w.begin() + g.starts_at + 5),
+            (std::vector<int32_t>{0, 2, 4, 7, 8}));
+  EXPECT_LE(g.starts_at + g.groups + 1, int64_t(w.size()));
+  // The chunk sizes fit the parameter block: 3n + 1 words of scatter, n of gather.
+  const int64_t words = cuda::ParamBlock::kBytes / 4;
+  EXPECT_LE(3 * cuda::scatter_chunk_rows(words) + 1, words);
+  EXPECT_LE(cuda::gather_chunk_rows(words), words);
+}
+
+// Grouped and chunked, the kernel's arithmetic gives the CPU backend's bytes (one add_into per
+// row, r ascending) for every dtype pair, with a table row repeated across chunks.
+TEST(CudaMath, ScatterAddEmulationIsCpuBackendBitwise) {
+  auto cpu = make_backend(BackendKind::kCpu);
+  const int64_t vocab = 7, cols = 40, n = 50;
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  for (int64_t r = 0; r < n; ++r) ids[size_t(r)] = int32_t((r * r + 3 * r) % vocab);
+  uint64_t seed = 900;
+  for (DT tt : {DT::kF32, DT::kBF16})
+    for (DT st : {DT::kF32, DT::kBF16})
+      for (int64_t chunk : {int64_t(7), n}) {
+        HostMat table(tt, vocab, cols, 2), src(st, n, cols, 3);
+        table.fill(seed++, 30.0);  // large against the rows: bf16 rounding at every addition
+        src.fill(seed++);
+        HostMat want = table;
+        emulate_scatter_add(table.view(), src.view(), ids.data(), n, chunk);
+        cpu->scatter_add_rows(want.mat(), src.mat(), ids);
+        EXPECT_EQ(table.bytes, want.bytes)
+            << (tt == DT::kF32 ? "fp32" : "bf16") << " table, "
+            << (st == DT::kF32 ? "fp32" : "bf16") << " rows, chunks of " << chunk;
+      }
+}
+
 // ---- the kernels on a GPU ----
 
 #if defined(UPIPE_HAVE_CUDA)
@@ -992,6 +1060,35 @@ TEST_F(CudaKernels, DataMovementEqualsCpuBackendBytes) {
   EXPECT_EQ(dacc.get().bytes, acc.bytes);
   EXPECT_EQ(dm.get().bytes, m.bytes);
   EXPECT_EQ(dl.get().bytes, l.bytes);
+}
+
+// The embedding's rows against the CPU backend's bytes, with more rows than one chunk of ids
+// (gather and scatter) and table rows repeated within and across chunks.
+TEST_F(CudaKernels, EmbeddingRowsEqualCpuBackendBytes) {
+  cuda::ParamBlock pb;
+  const int64_t words = cuda::ParamBlock::kBytes / 4;
+  const int64_t n = std::max(cuda::gather_chunk_rows(words), cuda::scatter_chunk_rows(words)) + 91;
+  const int64_t vocab = 50, cols = 3;
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  for (int64_t r = 0; r < n; ++r) ids[size_t(r)] = int32_t((r * 7919) % vocab);
+  uint64_t seed = 1300;
+  for (DT tt : {DT::kF32, DT::kBF16})
+    for (DT rt : {DT::kF32, DT::kBF16}) {
+      const std::string pair = dt_name(tt) + " table, " + dt_name(rt) + " rows";
+      HostMat table(tt, vocab, cols, 2), dst(rt, n, cols, 1);
+      table.fill(seed++);
+      DevMat dtab(table), ddst(dst);
+      cuda::gather_rows(ddst.view(), dtab.view(), ids.data(), n, pb, s);
+      cpu_->gather_rows(dst.mat(), table.mat(), ids);
+      EXPECT_EQ(ddst.get().bytes, dst.bytes) << "gather_rows " << pair;
+      HostMat acc(tt, vocab, cols, 1), src(rt, n, cols, 2);
+      acc.fill(seed++, 30.0);
+      src.fill(seed++);
+      DevMat dacc(acc), dsrc(src);
+      cuda::scatter_add_rows(dacc.view(), dsrc.view(), ids.data(), n, pb, s);
+      cpu_->scatter_add_rows(acc.mat(), src.mat(), ids);
+      EXPECT_EQ(dacc.get().bytes, acc.bytes) << "scatter_add_rows " << pair;
+    }
 }
 
 TEST_F(CudaKernels, RopeMatchesReference) {

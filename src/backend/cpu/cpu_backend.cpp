@@ -195,6 +195,16 @@ void CpuBackend::add_transposed(const Mat& dst, const Mat& src, float beta) {
   cpu::add_transposed(dst, src, beta);
 }
 
+void CpuBackend::gather_rows(const Mat& dst, const Mat& table, std::span<const int32_t> ids) {
+  for (int64_t r = 0; r < dst.rows; ++r)
+    cpu::convert(dst.rows_of(r, 1), table.rows_of(ids[size_t(r)], 1));
+}
+
+void CpuBackend::scatter_add_rows(const Mat& table, const Mat& src, std::span<const int32_t> ids) {
+  for (int64_t r = 0; r < src.rows; ++r)
+    cpu::add_into(table.rows_of(ids[size_t(r)], 1), src.rows_of(r, 1));
+}
+
 double CpuBackend::sum_squares(const Mat& x) {
   return cpu::sum_squares(x);
 }

@@ -62,6 +62,8 @@ class CpuBackend final : public Backend {
   void convert(const Mat& dst, const Mat& src) override;
   void add_into(const Mat& dst, const Mat& src) override;
   void add_transposed(const Mat& dst, const Mat& src, float beta) override;
+  void gather_rows(const Mat& dst, const Mat& table, std::span<const int32_t> ids) override;
+  void scatter_add_rows(const Mat& table, const Mat& src, std::span<const int32_t> ids) override;
   double sum_squares(const Mat& x) override;
   void adamw(const Mat& w, const Mat& g, const Mat& m, const Mat& v, const AdamWArgs& a) override;
 

@@ -324,6 +324,16 @@ void CudaBackend::add_transposed(const Mat& dst, const Mat& src, float beta) {
   cuda::add_transposed(dv(dst), dv(src), beta, run_state().stream);
 }
 
+void CudaBackend::gather_rows(const Mat& dst, const Mat& table, std::span<const int32_t> ids) {
+  State& st = run_state();
+  cuda::gather_rows(dv(dst), dv(table), ids.data(), int64_t(ids.size()), st.params, st.stream);
+}
+
+void CudaBackend::scatter_add_rows(const Mat& table, const Mat& src, std::span<const int32_t> ids) {
+  State& st = run_state();
+  cuda::scatter_add_rows(dv(table), dv(src), ids.data(), int64_t(ids.size()), st.params, st.stream);
+}
+
 double CudaBackend::sum_squares(const Mat& x) {
   State& st = run_state();
   return cuda::sum_squares(dv(x), st.params, st.stream);

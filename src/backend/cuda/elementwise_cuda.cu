@@ -9,6 +9,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/elementwise_math.h"
+#include "backend/cuda/row_groups.h"
 
 namespace upipe::cuda {
 namespace {
@@ -100,6 +101,62 @@ __global__ void convert_kernel(DView dst, DView src) {
 __global__ void add_into_kernel(DView dst, DView src) {
   for_each_2d(src.rows, src.cols,
               [&](int64_t r, int64_t c) { store(dst, r, c, load(dst, r, c) + load(src, r, c)); });
+}
+
+// The ids live in the parameter block (mapped host memory, read over the bus): each block reads
+// what it needs once into shared memory, never once per thread.
+
+// dst row r = table row ids[r]: blocks of columns in x, rows in y.
+__global__ void gather_rows_kernel(DView dst, DView table, const int32_t* ids) {
+  __shared__ int64_t row;
+  const int64_t c0 = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t cstep = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t r = blockIdx.y; r < dst.rows; r += gridDim.y) {
+    if (threadIdx.x == 0) row = ids[r];
+    __syncthreads();
+    for (int64_t c = c0; c < dst.cols; c += cstep) store(dst, r, c, load(table, row, c));
+    __syncthreads();
+  }
+}
+
+// Group g of row_groups.h (blocks of columns in x, groups in y): table row gid[g] += the group's
+// src rows order[starts[g]] ... in that (ascending) order, each sum rounded into table's dtype.
+// The group's rows come into shared memory kThreads at a time; every loop bound is the block's,
+// so every thread reaches every barrier.
+__global__ void scatter_add_rows_kernel(DView table, DView src, const int32_t* order,
+                                        const int32_t* gid, const int32_t* starts, int64_t groups) {
+  __shared__ int32_t rows[kThreads];
+  __shared__ int64_t head[3];  // the group's table row, first and end index into order
+  const int64_t cstep = int64_t(gridDim.x) * blockDim.x;
+  const int t = int(threadIdx.x);
+  const bool bf16 = table.dtype == DT::kBF16;
+  for (int64_t g = blockIdx.y; g < groups; g += gridDim.y) {
+    if (t == 0) {
+      head[0] = gid[g];
+      head[1] = starts[g];
+      head[2] = starts[g + 1];
+    }
+    __syncthreads();
+    const int64_t row = head[0], k0 = head[1], k1 = head[2];
+    for (int64_t cb = int64_t(blockIdx.x) * blockDim.x; cb < table.cols; cb += cstep) {
+      const int64_t c = cb + t;
+      const bool active = c < table.cols;
+      float acc = active ? load(table, row, c) : 0.0f;
+      for (int64_t kb = k0; kb < k1; kb += kThreads) {
+        const int64_t n = k1 - kb < kThreads ? k1 - kb : kThreads;
+        __syncthreads();  // the previous rows are read
+        if (t < n) rows[t] = order[kb + t];
+        __syncthreads();
+        if (!active) continue;
+        for (int64_t j = 0; j < n; ++j) {
+          acc += load(src, rows[j], c);
+          if (bf16) acc = bf16_to_f32(f32_to_bf16(acc));
+        }
+      }
+      if (active) store(table, row, c, acc);
+    }
+    __syncthreads();  // head is read
+  }
 }
 
 constexpr int kTile = 32, kTileRows = 8;
@@ -419,6 +476,45 @@ void add_transposed(const DView& dst, const DView& src, float beta, cudaStream_t
                   unsigned(std::min(cdiv(dst.rows, kTile), kMaxGridY)));
   add_transposed_kernel<<<grid, dim3(kTile, kTileRows), 0, s>>>(dst, src, beta);
   check_launch();
+}
+
+void gather_rows(const DView& dst, const DView& table, const int32_t* ids, int64_t n,
+                 ParamBlock& pb, cudaStream_t s) {
+  if (n <= 0 || dst.cols <= 0) return;
+  const int64_t chunk = gather_chunk_rows(ParamBlock::kBytes / 4);
+  for (int64_t r0 = 0; r0 < n; r0 += chunk) {
+    const int64_t rows = std::min(chunk, n - r0);
+    // The block is free: its previous user synchronised its stream before it returned.
+    std::copy(ids + r0, ids + r0 + rows, static_cast<int32_t*>(pb.host()));
+    DView d = dst;
+    d.data = static_cast<char*>(dst.data) + r0 * dst.ld * (dst.dtype == DT::kF32 ? 4 : 2);
+    d.rows = rows;
+    gather_rows_kernel<<<grid_2d(rows, d.cols), kThreads, 0, s>>>(
+        d, table, static_cast<const int32_t*>(pb.device()));
+    check_launch();
+    UPIPE_CUDA_CHECK(cudaStreamSynchronize(s));
+  }
+}
+
+void scatter_add_rows(const DView& table, const DView& src, const int32_t* ids, int64_t n,
+                      ParamBlock& pb, cudaStream_t s) {
+  if (n <= 0 || table.cols <= 0) return;
+  const int64_t chunk = scatter_chunk_rows(ParamBlock::kBytes / 4);
+  int32_t* host = static_cast<int32_t*>(pb.host());
+  const int32_t* dev = static_cast<const int32_t*>(pb.device());
+  for (int64_t r0 = 0; r0 < n; r0 += chunk) {
+    const int64_t rows = std::min(chunk, n - r0);
+    // The block is free: its previous user synchronised its stream before it returned (chunks
+    // run in order, so a table row's additions stay in ascending row order across chunks).
+    const RowGroups g = group_rows(ids + r0, rows, host);
+    DView sv = src;
+    sv.data = static_cast<char*>(src.data) + r0 * src.ld * (src.dtype == DT::kF32 ? 4 : 2);
+    sv.rows = rows;
+    scatter_add_rows_kernel<<<grid_2d(g.groups, table.cols), kThreads, 0, s>>>(
+        table, sv, dev, dev + g.ids_at, dev + g.starts_at, g.groups);
+    check_launch();
+    UPIPE_CUDA_CHECK(cudaStreamSynchronize(s));
+  }
 }
 
 void rope(const DView& x, int d, const RopeRun* runs, int64_t nruns, const double* inv_freq,

@@ -1,6 +1,7 @@
 // The CUDA backend's own kernels for every op of backend.h other than GEMM and attention, on
 // strided device views (dev_view.h): each call queues its kernels on stream s and returns, except
-// cross_entropy and sum_squares, which return a host value and so synchronise s. Semantics are
+// cross_entropy and sum_squares, which return a host value, and gather_rows and scatter_add_rows,
+// which pass their ids through the parameter block: these synchronise s. Semantics are
 // docs/backend.md's contract ("The contract of every op"); the per-element math and the fixed
 // reduction partitions are in elementwise_math.h. Results are deterministic: no atomics, every
 // reduction in a fixed order that depends on the shapes only. Ops without a workspace query take
@@ -24,6 +25,14 @@ void convert(const DView& dst, const DView& src, cudaStream_t s);
 void add_into(const DView& dst, const DView& src, cudaStream_t s);
 // dst (r, c) = beta dst + src^T, fp32 dst (r, c) and src (c, r); beta = 0 does not read dst.
 void add_transposed(const DView& dst, const DView& src, float beta, cudaStream_t s);
+// Embedding rows (backend.h gather_rows, scatter_add_rows); ids: n host ints, each a row of
+// table, copied through pb in chunks (row_groups.h). gather: dst row r = table row ids[r], any
+// dtypes. scatter_add: table row ids[r] += src row r in fp32, rounded into table's dtype after
+// each addition, r ascending (row_groups.h: grouped on the host, no atomics).
+void gather_rows(const DView& dst, const DView& table, const int32_t* ids, int64_t n,
+                 ParamBlock& pb, cudaStream_t s);
+void scatter_add_rows(const DView& table, const DView& src, const int32_t* ids, int64_t n,
+                      ParamBlock& pb, cudaStream_t s);
 
 // Rows [row, row + rows) of x hold positions [pos, pos + rows).
 struct RopeRun {

@@ -62,6 +62,8 @@ class MetaBackend final : public Backend {
   void convert(const Mat&, const Mat&) override {}
   void add_into(const Mat&, const Mat&) override {}
   void add_transposed(const Mat&, const Mat&, float) override {}
+  void gather_rows(const Mat&, const Mat&, std::span<const int32_t>) override {}
+  void scatter_add_rows(const Mat&, const Mat&, std::span<const int32_t>) override {}
   double sum_squares(const Mat&) override { return 0.0; }
   void adamw(const Mat&, const Mat&, const Mat&, const Mat&, const AdamWArgs&) override {}
 
