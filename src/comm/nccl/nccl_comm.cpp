@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <thread>
@@ -136,6 +137,11 @@ void NcclWork::wait_on(CUstream_st* stream) {
 NcclCommunicator::NcclCommunicator(Communicator& mpi_world, int device)
     : device_(device), rank_(mpi_world.rank()), size_(mpi_world.size()) {
   UPIPE_COMM_CUDA_CHECK(cudaSetDevice(device_));
+  // A rank's communicators (the world and its splits: USP's and upipe-ring's two groups, whose
+  // calls may be in flight together under --overlap) launch their kernels in the host's order,
+  // which is the same program order on every rank, so kernels of two communicators cannot wait
+  // on each other across GPUs. Read by NCCL at its first init; a user's own setting wins.
+  setenv("NCCL_LAUNCH_ORDER_IMPLICIT", "1", 0);
   ncclUniqueId id;
   std::memset(&id, 0, sizeof(id));
   if (rank_ == 0) UPIPE_NCCL_CHECK(ncclGetUniqueId(&id));
