@@ -13,6 +13,7 @@ class FpAccumulator {
  public:
   // out (rows, cols) in any dtype; beta 0 (overwrite) or 1 (add to what out holds).
   FpAccumulator(Device& dev, const Mat& out, float beta, Tag tag);
+  const Mat& out() const { return out_; }        // what finish() leaves the result in
   const Mat& target() const { return target_; }  // fp32: where the GEMMs accumulate
   float beta() const { return beta_; }           // the first GEMM's beta on target()
   void finish();                                 // writes a staged accumulator into out

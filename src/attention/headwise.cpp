@@ -441,6 +441,7 @@ void HeadwiseAttention::forward_stages(const Mat& x, const Mat& xi, int i,
     project_q(env(), xi, rope_pos_[size_t(i)], w, s, b.a2a, b.q());
     attend_forward(s, i, b, h);
     a2a_comm().all_to_all(b.o().data(), b.a2a.data(), bytes);
+    if (s == 0) fence_output(yacc.out());  // the first write to y's rows (or its accumulator)
     accumulate_out(env(), w.wo, s, b.a2a, yacc.target(), s == 0 ? yacc.beta() : 1.0f);
   }
 }
@@ -459,6 +460,7 @@ void HeadwiseAttention::forward_stages_overlapped(const Mat& x, const Mat& xi, i
   auto finish_out = [&](int s) {
     o_prev->wait();
     o_prev.reset();
+    if (s == 0) fence_output(yacc.out());  // the first write to y's rows (or its accumulator)
     accumulate_out(env(), w.wo, s, b.a2a_o, yacc.target(), s == 0 ? yacc.beta() : 1.0f);
   };
   for (int s = 0; s < sch_.stages(); ++s) {

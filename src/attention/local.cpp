@@ -68,6 +68,7 @@ void LocalAttention::forward(const Mat& x, const AttentionWeights& w, const Mat&
   f.k.reset();
   f.v.reset();
   f.lse.reset();
+  fence_output(y);
   seq_out_project(dev(), f.o, w.wo, y, beta);
 }
 
@@ -124,6 +125,7 @@ std::unique_ptr<AttentionStash> LocalAttention::forward_stash(const Mat& x,
   auto kept = std::make_unique<LocalKept>();
   const LocalRows rows = local_rows(dev(), x.rows, documents());
   kept->f = run_forward(dev(), cfg(), x, w, rows, documents());
+  fence_output(y);
   seq_out_project(dev(), kept->f.o, w.wo, y, beta);
   return kept;
 }

@@ -68,6 +68,7 @@ void RingAttention::forward(const Mat& x, const AttentionWeights& w, const Mat& 
   m.reset();
   l.reset();
   lse.reset();
+  fence_output(y);
   seq_out_project(dev(), o, w.wo, y, beta);
 }
 

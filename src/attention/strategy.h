@@ -19,6 +19,7 @@
 #include "attention/documents.h"
 #include "attention/layout.h"
 #include "backend/device.h"
+#include "backend/write_fence.h"
 #include "comm/communicator.h"
 #include "core/tensor.h"
 
@@ -124,6 +125,11 @@ class AttentionStrategy {
 
   const AttentionConfig& cfg() const { return ctx_.cfg; }
 
+  // The fence of forward's y (write_fence.h), null when no copy reads y: forward and
+  // forward_stash call it with the rows of y they are about to write, before the first write to
+  // them, so a copy saving y (the offloaded stash) runs beside the projections and the attention.
+  void set_output_fence(WriteFence* fence) { output_fence_ = fence; }
+
  protected:
   Device& dev() const { return ctx_.dev; }
   Communicator& comm() const { return ctx_.comm; }
@@ -131,8 +137,13 @@ class AttentionStrategy {
   virtual void documents_changed() {}
   // The RoPE positions of global rows: their positions inside their documents.
   RowPositions rope_positions(const RowPositions& rows) const;
+  // Before forward's first write to these rows of y.
+  void fence_output(const Mat& rows) const { fence_write(output_fence_, rows); }
   StrategyContext ctx_;
   std::shared_ptr<const Documents> docs_;  // null: one document
+
+ private:
+  WriteFence* output_fence_ = nullptr;
 };
 
 }  // namespace upipe

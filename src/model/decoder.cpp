@@ -27,6 +27,19 @@ ParamMap allocate_params(Device& dev, const ModelConfig& m, DType dtype, Tag tag
 
 namespace {
 
+// The strategy's output fence for one forward, cleared however the forward ends (the stash it
+// names does not outlive the step).
+class OutputFence {
+ public:
+  OutputFence(AttentionStrategy& s, WriteFence* fence) : s_(s) { s_.set_output_fence(fence); }
+  ~OutputFence() { s_.set_output_fence(nullptr); }
+  OutputFence(const OutputFence&) = delete;
+  OutputFence& operator=(const OutputFence&) = delete;
+
+ private:
+  AttentionStrategy& s_;
+};
+
 double now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -147,9 +160,11 @@ StepLoss Decoder::run(std::span<const int32_t> tokens, ParamSource& p, const Los
   const double t0 = now();
   Tensor x(mem, Tag::kAct, cfg_.residual, rows, d);  // (R, D) the residual stream
   embed(x, tokens, pos, p);
-  Stash stash(dev_, cfg_.stash, {nl, rows, d, m_.intermediate_size, cfg_.compute});
+  Stash stash(dev_, cfg_.stash,
+              {nl, rows, d, m_.intermediate_size, cfg_.compute, cfg_.mlp.tile_tokens});
   Tensor h(mem, Tag::kAct, cfg_.compute, rows, d);  // (R, D) a norm's output, the blocks' input
   for (int l = 0; l < nl; ++l) layer_forward(x, h, &stash, l, p);
+  stash.wait_saves();  // the writes after each save waited on its copies: none should be left
   HeadLoss head = head_loss(h, x, tokens, pos, spec, p);
   const double t1 = now();
   fwd_s_ = t1 - t0;
@@ -181,15 +196,18 @@ void Decoder::layer_forward(const Mat& x, const Mat& h, Stash* stash, int l, Par
   p.prefetch(l + 1 < m_.num_hidden_layers ? layer_unit(l + 1) : head_unit(m_));
   if (stash) stash->save_input(l, x);
   rmsnorm_forward(dev_, x, w.input_norm, cfg_.eps, h);
-  if (stash) stash->wait_saves();  // the attention adds into x
-  if (stash && stash->keeps_intermediates())
-    stash->keep_attention(l, strat_->forward_stash(h, w.attn, x, 1.0f));
-  else
-    strat_->forward(h, w.attn, x, 1.0f);
+  // The attention's output projection and the MLP's tiles add into x: each waits for the stash's
+  // copies of the rows it writes (offloaded), so the copies run beside the work before them.
+  {
+    const OutputFence fenced(*strat_, stash);
+    if (stash && stash->keeps_intermediates())
+      stash->keep_attention(l, strat_->forward_stash(h, w.attn, x, 1.0f));
+    else
+      strat_->forward(h, w.attn, x, 1.0f);
+  }
   if (stash && stash->keeps_mlp_input()) stash->save_mlp_input(l, x);
   rmsnorm_forward(dev_, x, w.post_attn_norm, cfg_.eps, h);
-  if (stash) stash->wait_saves();  // the MLP adds into x
-  mlp_forward(dev_, cfg_.mlp, h, w.mlp, x, 1.0f, stash ? stash->keep_mlp(l) : nullptr);
+  mlp_forward(dev_, cfg_.mlp, h, w.mlp, x, 1.0f, stash ? stash->keep_mlp(l) : nullptr, stash);
   p.release(layer_unit(l));
 }
 

@@ -76,7 +76,7 @@ MlpStash fresh_products(Device& dev, const MlpConfig& c, int64_t t, Tensor& a, T
 }  // namespace
 
 void mlp_forward(Device& dev, const MlpConfig& c, const Mat& x, const MlpWeights& w, const Mat& y,
-                 float beta, const MlpStash* keep) {
+                 float beta, const MlpStash* keep, WriteFence* y_fence) {
   check_config(c);
   check_weights(c, w);
   check_rows(c, x, y, "y");
@@ -92,6 +92,7 @@ void mlp_forward(Device& dev, const MlpConfig& c, const Mat& x, const MlpWeights
       gate_up(dev, x.rows_of(r0, t), w, ab.a, ab.b);
       swiglu_forward(dev, ab.a, ab.b, h);
     }
+    fence_write(y_fence, y.rows_of(r0, t));
     gemm(dev, h, false, w.down, true, y.rows_of(r0, t), 1.0f, beta);  // y = beta y + h down^T
   }
 }

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "backend/device.h"
+#include "backend/write_fence.h"
 
 namespace upipe {
 
@@ -42,9 +43,11 @@ struct MlpStash {
 };
 
 // y (S/C, D) out_dtype = beta*y + MLP(x), x (S/C, D) dtype; beta 0 (y not read) or 1. With
-// `keep`, a and b are written there instead of (T, F) tiles of its own.
+// `keep`, a and b are written there instead of (T, F) tiles of its own. y_fence (write_fence.h):
+// called with each tile's rows of y before its GEMM writes them, so a copy still reading y (the
+// offloaded stash) need only be done with the tile's rows.
 void mlp_forward(Device& dev, const MlpConfig& c, const Mat& x, const MlpWeights& w, const Mat& y,
-                 float beta, const MlpStash* keep = nullptr);
+                 float beta, const MlpStash* keep = nullptr, WriteFence* y_fence = nullptr);
 
 // dx (S/C, D) out_dtype = dx_beta*dx + dMLP/dx(dy), dy (S/C, D) out_dtype; each g = dw_beta*g +
 // dMLP/dW (fp32, summed over the tiles); betas 0 or 1. Recomputes the forward tile by tile, or

@@ -1,5 +1,7 @@
 #include "model/stash.h"
 
+#include <algorithm>
+
 #include "backend/tensor_ops.h"
 #include "core/check.h"
 
@@ -24,8 +26,16 @@ void Stash::save(Residual& r, const Mat& x) {
   if (!policy_.offload) {
     copy(dev_, r.saved, x);  // converts to the stash dtype
   } else if (policy_.dtype == x.dtype) {
-    r.pending = saves_ =
-        dev_.copy_async(r.saved.data(), x.data, r.saved.bytes(), CopyKind::kDeviceToHost);
+    UPIPE_CHECK(x.contiguous(), "the stash saves a contiguous residual stream");
+    // In chunks of rows: an op writing some rows of x waits only for their chunks' copies.
+    const int64_t step = shape_.chunk_rows > 0 ? shape_.chunk_rows : std::max<int64_t>(x.rows, 1);
+    for (int64_t r0 = 0; r0 < x.rows; r0 += step) {
+      const Mat from = x.rows_of(r0, std::min(step, x.rows - r0));
+      const auto begin = reinterpret_cast<uintptr_t>(from.data);
+      r.pending = dev_.copy_async(r.saved.mat().at(r0, 0), from.data, from.bytes(),
+                                  CopyKind::kDeviceToHost);
+      saves_.push_back({begin, begin + uintptr_t(from.bytes()), r.pending});
+    }
   } else {  // converted on the device, then copied to the host
     Tensor staging(dev_.mem(), Tag::kStash, policy_.dtype, shape_.rows, shape_.hidden);
     copy(dev_, staging, x);
@@ -35,9 +45,25 @@ void Stash::save(Residual& r, const Mat& x) {
   }
 }
 
+void Stash::before_write(const Mat& rows) {
+  if (saves_.empty() || rows.rows == 0 || rows.cols == 0) return;
+  // Addresses as integers: the rows and a copy's source need not be one object.
+  const auto begin = reinterpret_cast<uintptr_t>(rows.data);
+  const auto end = reinterpret_cast<uintptr_t>(rows.at(rows.rows - 1, rows.cols - 1)) +
+                   uintptr_t(dtype_size(rows.dtype));
+  // The newest copy reading any of these bytes; waiting on it waits on every copy before it.
+  size_t n = 0;
+  for (size_t i = 0; i < saves_.size(); ++i)
+    if (saves_[i].begin < end && begin < saves_[i].end) n = i + 1;
+  if (n == 0) return;
+  dev_.wait(saves_[n - 1].ticket);
+  saves_.erase(saves_.begin(), saves_.begin() + std::ptrdiff_t(n));
+}
+
 void Stash::wait_saves() {
-  dev_.wait(saves_);
-  saves_ = CopyTicket{};
+  if (saves_.empty()) return;
+  dev_.wait(saves_.back().ticket);
+  saves_.clear();
 }
 
 void Stash::save_input(int layer, const Mat& x) {

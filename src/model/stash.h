@@ -7,20 +7,24 @@
 //   none, also the MLP's gate and up products, two (R, F) in the compute dtype (tag mlp), and
 //   the attention strategy's intermediates when it can keep them (AttentionStash).
 // The residuals are converted to the stash dtype when saved. Offloaded, they live in the host
-// arena (a residual whose dtype differs from the stash dtype is converted in a device staging
-// buffer first) and the backward fetches a layer's into device slots before it uses them. Both
-// copies are asynchronous (Device::copy_async): a save runs beside the ops after it until
-// wait_saves() (before the residual stream changes), a fetch until the residual is first read.
-// Every entry is freed by its drop, after its last use.
+// arena and the backward fetches a layer's into device slots before it uses them. Both copies
+// are asynchronous (Device::copy_async): a save is copied in chunks of rows, each running beside
+// the ops after it until an op is about to write its rows of the residual stream (the stash is
+// the stream's WriteFence: the attention's output projection and each MLP tile call it), a fetch
+// until the residual is first read. A residual whose dtype differs from the stash dtype is
+// converted in a device staging buffer first and its copy waited on at once (the staging buffer
+// is freed on return). Every entry is freed by its drop, after its last use.
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "attention/strategy.h"
 #include "backend/device.h"
+#include "backend/write_fence.h"
 #include "model/memory_policy.h"
 #include "model/mlp.h"
 
@@ -39,9 +43,10 @@ struct StashShape {
   int64_t hidden = 0;           // D
   int64_t intermediate = 0;     // F
   DType compute = DType::kF32;  // the MLP products' dtype
+  int64_t chunk_rows = 0;       // rows per copy of an offloaded save (0: one copy)
 };
 
-class Stash {
+class Stash final : public WriteFence {
  public:
   // Allocates nothing until the forward saves.
   Stash(Device& dev, const StashPolicy& policy, const StashShape& shape);
@@ -54,8 +59,10 @@ class Stash {
   // Forward, layer by layer. x: (R, D) the residual stream.
   void save_input(int layer, const Mat& x);
   void save_mlp_input(int layer, const Mat& x);  // keeps_mlp_input() only
-  // Offloaded: what runs after this call is ordered after the saves' copies; call it before an
-  // op writes the saved residual stream.
+  // Offloaded: what is queued after this call is ordered after the saves' copies still reading
+  // these rows of the residual stream (rows of the x saved); call it before an op writes them.
+  void before_write(const Mat& rows) override;
+  // ... after every save's copies.
   void wait_saves();
   // What AttentionStrategy::forward_stash returned (null when the strategy keeps nothing).
   void keep_attention(int layer, std::unique_ptr<AttentionStash> kept);
@@ -104,7 +111,12 @@ class Stash {
   StashPolicy policy_;
   StashShape shape_;
   std::vector<Layer> layers_;
-  CopyTicket saves_;  // the newest save's copy not yet waited on
+  // An offloaded save's copy of the residual stream's bytes [begin, end), not yet waited on.
+  struct SaveCopy {
+    uintptr_t begin, end;
+    CopyTicket ticket;
+  };
+  std::deque<SaveCopy> saves_;  // in issue order
 };
 
 }  // namespace upipe

@@ -7,7 +7,11 @@
 #   packed documents, on 1, 2 and 4 ranks: `upipe check` passes, with the same errors against
 #   local as with immediate copies (the same bits);
 #   `upipe train` with the offloaded stash (saved and fetched asynchronously), fp32 and bf16, each
-#   recompute granularity: the same losses and gradient norms as with immediate copies.
+#   recompute granularity, under every family of strategy (local, ring, the headwise engine with
+#   and without stage overlap, usp): the same losses and gradient norms as with immediate copies.
+#   An fp32 save runs beside the layer until the first write to its rows (the strategy's output
+#   projection, the MLP's tiles call the stash's fence): a write before its fence would change
+#   the saved residual and so the losses.
 # Usage: async_copies.sh UPIPE MPIRUN [MPIRUN ARGS...]
 set -u
 upipe=$1
@@ -42,11 +46,12 @@ check 4 --method fpdt --seq-len 256 --chunks 2 --doc-lens 1,37,100,3,115
 # MHA: a KV set per stage, so overlap projects the next set's chunk and offloads it from its slot.
 check 2 --method upipe-fpdt --seq-len 256 --chunks 4 -H 8 -K 8 --overlap
 
-# `upipe train`: losses and gradient norms of every step, each copy mode.
+# `upipe train` on np ranks: losses and gradient norms of every step, each copy mode.
 train() {
-  local mode out
+  local np=$1 mode out
+  shift
   for mode in immediate deferred; do
-    out=$(UPIPE_CPU_COPIES=$mode timeout 300 "${mpirun[@]}" -x UPIPE_CPU_COPIES -np 2 "$upipe" \
+    out=$(UPIPE_CPU_COPIES=$mode timeout 300 "${mpirun[@]}" -x UPIPE_CPU_COPIES -np "$np" "$upipe" \
       train --model tiny --steps 2 --seq-len 512 --progress lines \
       --metrics-path "$tmp/$mode.jsonl" "$@" 2>&1) || { echo "$out"; fail "train $* ($mode copies)"; }
     grep -o '"loss":[^,]*,\|"grad_norm":[^,]*,' "$tmp/$mode.jsonl" > "$tmp/$mode.values"
@@ -56,10 +61,16 @@ train() {
     paste "$tmp/immediate.values" "$tmp/deferred.values"
     fail "train $*: deferred copies changed the losses"
   }
-  echo "train $*: deferred copies give the same losses and gradient norms"
+  echo "train $* on $np ranks: deferred copies give the same losses and gradient norms"
 }
 
-train --method fpdt --offload-stash
-train --method upipe-fpdt -U 2 --offload-stash --recompute block --stash-dtype bf16
-train --method upipe --offload-stash --recompute none
+train 2 --method fpdt --offload-stash
+train 2 --method upipe-fpdt -U 2 --offload-stash --recompute block --stash-dtype bf16
+train 2 --method upipe --offload-stash --recompute none
+train 1 --method local --offload-stash --recompute block
+train 1 --method local --offload-stash --recompute none
+train 2 --method ring --offload-stash --recompute block
+train 2 --method ulysses --offload-stash
+train 2 --method upipe -U 2 --overlap --offload-stash --recompute block
+train 4 --method usp --ulysses-degree 2 --offload-stash
 echo "PASS"

@@ -56,9 +56,11 @@ void forward(Device& dev, Stash& st, const Case& c, int* alive) {
   const DType compute = DType::kBF16;
   Tensor x(dev.mem(), Tag::kAct, c.residual, kRows, kHidden);
   for (int l = 0; l < kLayers; ++l) {
+    st.before_write(x);
     upload(dev, residual(l, 0).data(), x);
     st.save_input(l, x);
     if (st.keeps_mlp_input()) {
+      st.before_write(x);
       upload(dev, residual(l, 1).data(), x);
       st.save_mlp_input(l, x);
     }
@@ -135,6 +137,46 @@ TEST(Stash, KeepsWhatTheGranularityAsksForAndFreesIt) {
           }
           EXPECT_EQ(alive, 0);
         }
+}
+
+// The stash as the residual stream's write fence, with the CPU's deferred copies (a copy runs only
+// when waited on, the latest a GPU's copy queue may run it): a save is copied in chunks of rows;
+// before_write(rows) runs exactly the copies up to the newest one reading those rows, so rows
+// written after their fence keep their saved values, and a chunk after them is still queued (a
+// write to its rows without the fence shows in the saved copy: what a missing fence looks like).
+TEST(Stash, FencesEachChunkOfAnOffloadedSaveUntilItsRowsAreWritten) {
+  struct Env {
+    Env() { setenv("UPIPE_CPU_COPIES", "deferred", 1); }
+    ~Env() { unsetenv("UPIPE_CPU_COPIES"); }
+  };
+  const Env env;
+  constexpr int64_t kRowsN = 7, kChunk = 2;  // chunks of rows [0,2) [2,4) [4,6) [6,7)
+  Device dev({BackendKind::kCpu});
+  Stash st(dev, {Recompute::kLayer, DType::kF32, true},
+           {1, kRowsN, kHidden, kInter, DType::kF32, kChunk});
+  Tensor x(dev.mem(), Tag::kAct, DType::kF32, kRowsN, kHidden);
+  std::vector<float> v(size_t(kRowsN * kHidden));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = float(i);
+  upload(dev, v.data(), x);
+  st.save_input(0, x);
+  auto write_rows = [&](int64_t r0, int64_t n, float value) {
+    fill(dev, x.mat().rows_of(r0, n), value);
+  };
+  st.before_write(x.mat().rows_of(3, 1));  // row 3 is in the second chunk: two copies run
+  write_rows(0, 4, -1.0f);
+  st.before_write(x.mat().rows_of(0, 4));  // again: nothing left to wait for
+  write_rows(6, 1, -3.0f);                 // unfenced: the last chunk's copy has not run
+  st.before_write(x.mat().rows_of(4, 2));
+  write_rows(4, 2, -2.0f);
+  st.wait_saves();
+  dev.backend().sync(Stream{});  // throws if a copy was never waited on
+  st.fetch(0);
+  const std::vector<float> got = download(dev, st.input(0));
+  ASSERT_EQ(got.size(), v.size());
+  for (size_t i = 0; i < size_t(6 * kHidden); ++i) ASSERT_EQ(got[i], v[i]) << "element " << i;
+  for (size_t i = size_t(6 * kHidden); i < got.size(); ++i)
+    ASSERT_EQ(got[i], -3.0f) << "element " << i << ": the last chunk ran before its fence";
+  st.drop_input(0);
 }
 
 TEST(StashDeathTest, ReadingAnOffloadedEntryBeforeItsFetchIsAnError) {
