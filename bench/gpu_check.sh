@@ -30,7 +30,7 @@
 #                 offload, fetch and store an asynchronous copy) against the same run without it:
 #                 the same losses, bit for bit
 #   copies        upipe-fpdt at 128K with asynchronous and synchronous copies
-#                 (UPIPE_CUDA_COPIES=sync): what the copy stream gains
+#                 (UPIPE_CUDA_COPIES=sync): what the copy lanes gain
 # The steps share one time budget (GPU_CHECK_BUDGET seconds, default 420): a step gets at most
 # what is left and is skipped, saying so in summary.json, when nothing is.
 set -uo pipefail
@@ -140,7 +140,7 @@ attention() {
   return $((fails > 0))
 }
 
-# upipe-fpdt (K/V chunks offloaded to pinned host memory) at one S, its copies on the copy stream
+# upipe-fpdt (K/V chunks offloaded to pinned host memory) at one S, its copies on the copy lanes
 # and, UPIPE_CUDA_COPIES=sync, on the compute stream: what the asynchronous copies gain.
 copies() {
   local c

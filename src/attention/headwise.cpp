@@ -75,8 +75,8 @@ struct HeadwiseAttention::Slot {
   Tensor k, v;    // (n, R*d)          kv_resident
   Tensor dk, dv;  // (n, R*d) fp32     attn_grad (backward)
   // N > 1: the newest asynchronous copy into or out of the slot (offload, fetch); an op waits on
-  // it (ready) before it touches the slot. The copy queue runs in issue order, so that covers
-  // every earlier copy of the slot.
+  // it (ready) before it touches the slot. A wait covers every copy issued up to its ticket, so
+  // that covers every earlier copy of the slot.
   CopyTicket pending;
 };
 

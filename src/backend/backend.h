@@ -38,7 +38,7 @@ bool cuda_device_available(std::string* why = nullptr);
 // CUDA. Around a step it shows what was allocated outside the device arena (should be nothing).
 int64_t cuda_driver_used_bytes();
 
-// An ordered queue of copies and kernels (a CUDA stream later). The CPU backend runs
+// An ordered queue of copies and kernels (a CUDA stream on the GPU). The CPU backend runs
 // everything at once, in order; the default stream (id 0) is the one every op uses.
 struct Stream {
   int id = 0;
@@ -46,8 +46,8 @@ struct Stream {
 
 enum class CopyKind { kHostToDevice, kDeviceToHost, kDeviceToDevice, kHostToHost };
 
-// An asynchronous copy (Backend::copy_async): its number on the backend's one copy queue, counted
-// from 1; 0 names no copy (waiting on it does nothing).
+// An asynchronous copy (Backend::copy_async): its number in issue order across the backend's copy
+// lanes, counted from 1; 0 names no copy (waiting on it does nothing).
 struct CopyTicket {
   int64_t id = 0;
 };
@@ -190,16 +190,19 @@ class Backend {
   virtual void copy(void* dst, const void* src, int64_t bytes, CopyKind kind, Stream s) = 0;
   // Blocks until everything queued on s is done (and every waited-on asynchronous copy).
   virtual void sync(Stream s) = 0;
-  // An asynchronous copy on the backend's copy queue, which runs its copies one after another in
-  // issue order, beside the compute stream: it starts once every op and copy queued before the
-  // call is done (its source holds their results; they no longer read its destination), and
-  // nothing queued after the call is ordered after it until wait_copy. Until then no op, copy
-  // or host code may write its source or touch its destination. wait_copy(t) orders everything
-  // queued after it after copy t and every copy issued before t, on the device only: host code
-  // that reads or writes a host buffer of copy t needs sync() first. Every ticket is waited on
-  // before its buffers are freed.
+  // An asynchronous copy beside the compute stream, on one of two copy lanes (copy_lanes.h:
+  // device -> host, and the rest), each running its copies in issue order: it starts once every
+  // op queued before the call is done, and every copy issued before it that shares memory with
+  // it where one of them writes (its source holds their results; they no longer read its
+  // destination), so it sees what one queue in issue order would show; copies with disjoint
+  // memory may run at once. Nothing queued after the call is ordered after it until wait_copy.
+  // Until then no op, copy or host code may write its source or touch its destination.
+  // wait_copy(t) orders everything queued after it after copy t and every copy issued before t,
+  // on the device only: host code that reads or writes a host buffer of copy t needs sync()
+  // first. Every ticket is waited on before its buffers are freed.
   // The default runs the copy at once (the CPU's and the meta device's behaviour; the CPU's
-  // UPIPE_CPU_COPIES=deferred runs them only when waited on, to find a missing wait).
+  // UPIPE_CPU_COPIES=deferred runs them only when waited on, reordered as far as the lanes
+  // allow, to find a missing wait).
   virtual CopyTicket copy_async(void* dst, const void* src, int64_t bytes, CopyKind kind) {
     copy(dst, src, bytes, kind, Stream{});
     return CopyTicket{++async_copies_};

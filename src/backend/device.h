@@ -37,7 +37,7 @@ class Device {
   void copy(void* dst, const void* src, int64_t bytes, CopyKind kind) {
     if (bytes > 0) backend_->copy(dst, src, bytes, kind, Stream{});
   }
-  // Asynchronous copies (Backend::copy_async's contract): one queue in issue order; wait(t)
+  // Asynchronous copies (Backend::copy_async's contract): as one queue in issue order; wait(t)
   // orders what is queued after it after copy t and every copy before it; wait_copies() after
   // every copy issued so far. Every ticket is waited on before its buffers are freed.
   CopyTicket copy_async(void* dst, const void* src, int64_t bytes, CopyKind kind) {

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Asynchronous copies (Device::copy_async) waited on where they must be: with
 # UPIPE_CPU_COPIES=deferred the CPU runs each copy only when it is waited on (the latest a GPU's
-# copy queue may run it), so a missing wait reads stale data (a failed check, a different loss) and
+# copy lanes may run it, reordered across the two lanes as far as their dependencies allow), so a
+# missing wait or lane dependency reads stale data (a failed check, a different loss) and
 # a copy never waited on is an error at the step's sync. Through the commands as typed:
 #   fpdt and upipe-fpdt (K/V chunks offloaded and fetched double-buffered), with stage overlap and
 #   packed documents, on 1, 2 and 4 ranks: `upipe check` passes, with the same errors against

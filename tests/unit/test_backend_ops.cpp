@@ -40,6 +40,7 @@
 #include "common/test_util.h"
 #include "core/errors.h"
 #include "core/rng.h"
+#include "unit/scoped_env.h"
 
 namespace upipe {
 
@@ -911,11 +912,7 @@ TEST(MetaBackendOps, SameWorkspaceAsItsTargetAndComputesNothing) {
 // a copy runs only when waited on, in issue order up to the ticket; a copy never waited on is an
 // error at sync; an unknown mode is a configuration error.
 TEST(CpuCopies, DeferredRunWhenWaitedOnInIssueOrder) {
-  struct Env {
-    explicit Env(const char* v) { setenv("UPIPE_CPU_COPIES", v, 1); }
-    ~Env() { unsetenv("UPIPE_CPU_COPIES"); }
-  };
-  const Env env("deferred");
+  const ScopedEnv env("UPIPE_CPU_COPIES", "deferred");
   Device dev({BackendKind::kCpu});
   Tensor a(dev.host(), Tag::kOther, F, 1, 64), b(dev.host(), Tag::kOther, F, 1, 64),
       c(dev.host(), Tag::kOther, F, 1, 64);
@@ -949,7 +946,7 @@ TEST(CpuCopies, DeferredRunWhenWaitedOnInIssueOrder) {
   Ops o(dev, true);  // the op suite's copies keep the contract: right under deferral too
   copy_ops(o);
   dev.backend().sync(Stream{});
-  const Env bad("later");
+  const ScopedEnv bad("UPIPE_CPU_COPIES", "later");
   EXPECT_THROW(Device({BackendKind::kCpu}), ConfigError);
 }
 

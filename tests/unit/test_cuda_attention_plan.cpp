@@ -634,10 +634,11 @@ TEST(CudaAttnPlan, SdpaBlockMaskIsTheBlocksVisibility) {
                 same = sdpa_sees(attn::SdpaMask(k), i, j, rows, keys) == truth(i, j);
             fits[k] = same;
           }
-          if (m.mapped)
+          if (m.mapped) {
             ASSERT_TRUE(fits[int(m.mask)]) << at;
-          else if (!m.skip)
+          } else if (!m.skip) {
             ASSERT_FALSE(fits[0] || fits[1] || fits[2]) << at << ": a mask would have fit";
+          }
           ++outcomes[m.skip ? 0 : (m.mapped ? 1 : 2)];
         }
   EXPECT_GT(outcomes[0], 0);
@@ -756,8 +757,9 @@ TEST(CudaAttnPlan, SdpaBackwardWorkspaceLayoutAndSides) {
           EXPECT_EQ(c % 64, 0) << at;
           EXPECT_LE(c, whole) << at;
           EXPECT_TRUE(attn::sdpa_bwd_fits(c, hq, hk, d, budget)) << at;
-          if (c < whole)  // 2c is at least the side tried before c, which did not fit
+          if (c < whole) {  // 2c is at least the side tried before c, which did not fit
             EXPECT_FALSE(attn::sdpa_bwd_fits(std::min(whole, 2 * c), hq, hk, d, budget)) << at;
+          }
         }
       }
   // The accumulate-mode forward: o (c, hq*d) bf16 then lse (hq, c) fp32, aligned; with its heads'
@@ -1716,7 +1718,9 @@ TEST(CudaAttnCudnn, AccumulateModeRunsOnCudnnInBlocksWithinRule) {
                                    : attn::sdpa_fwd_workspace_bytes(c.hq, c.d);
       const int64_t side = attn::sdpa_fwd_first_side(c.sq, c.sk, c.hq, c.d, budget);
       const std::string what = case_name(c) + " side " + std::to_string(side);
-      if (small) ASSERT_EQ(side, 256) << what;
+      if (small) {
+        ASSERT_EQ(side, 256) << what;
+      }
       const Inputs in(c);
       const DevInputs di(in);
       Outs f(c);
@@ -1761,7 +1765,9 @@ TEST(CudaAttnCudnn, BackwardRunsOnCudnnInBlocksWithinRule) {
                                    : attn::sdpa_bwd_workspace_bytes(c.hq, c.hk, c.d);
       const int64_t side = attn::sdpa_bwd_first_side(c.sq, c.sk, c.hq, c.hk, c.d, budget);
       const std::string what = case_name(c) + " side " + std::to_string(side);
-      if (small) ASSERT_EQ(side, 256) << what;
+      if (small) {
+        ASSERT_EQ(side, 256) << what;
+      }
       const Inputs in(c);
       const DevInputs di(in);
       Outs f(c);

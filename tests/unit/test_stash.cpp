@@ -12,6 +12,7 @@
 
 #include "backend/tensor_ops.h"
 #include "model/stash.h"
+#include "unit/scoped_env.h"
 
 namespace upipe {
 namespace {
@@ -140,16 +141,12 @@ TEST(Stash, KeepsWhatTheGranularityAsksForAndFreesIt) {
 }
 
 // The stash as the residual stream's write fence, with the CPU's deferred copies (a copy runs only
-// when waited on, the latest a GPU's copy queue may run it): a save is copied in chunks of rows;
+// when waited on, the latest a GPU's copy lanes may run it): a save is copied in chunks of rows;
 // before_write(rows) runs exactly the copies up to the newest one reading those rows, so rows
 // written after their fence keep their saved values, and a chunk after them is still queued (a
 // write to its rows without the fence shows in the saved copy: what a missing fence looks like).
 TEST(Stash, FencesEachChunkOfAnOffloadedSaveUntilItsRowsAreWritten) {
-  struct Env {
-    Env() { setenv("UPIPE_CPU_COPIES", "deferred", 1); }
-    ~Env() { unsetenv("UPIPE_CPU_COPIES"); }
-  };
-  const Env env;
+  const ScopedEnv env("UPIPE_CPU_COPIES", "deferred");
   constexpr int64_t kRowsN = 7, kChunk = 2;  // chunks of rows [0,2) [2,4) [4,6) [6,7)
   Device dev({BackendKind::kCpu});
   Stash st(dev, {Recompute::kLayer, DType::kF32, true},

@@ -200,9 +200,10 @@ TEST(StepMemory, EveryMomentBindsSomewhere) {
     ++rows[size_t(mc.binds)];
   }
   for (int i = 0; i < kNumStepMoments; ++i)
-    if (StepMoment(i) != StepMoment::kForwardLastMlp)
+    if (StepMoment(i) != StepMoment::kForwardLastMlp) {
       EXPECT_GT(rows[size_t(i)], 0)
           << "no configuration makes " << step_moment_name(StepMoment(i)) << " the largest";
+    }
 }
 
 }  // namespace

@@ -60,16 +60,16 @@ void CpuBackend::copy(void* dst, const void* src, int64_t bytes, CopyKind, Strea
 CopyTicket CpuBackend::copy_async(void* dst, const void* src, int64_t bytes, CopyKind kind) {
   const CopyTicket t{++async_copies_};
   if (defer_)
-    pending_.push_back({t.id, dst, src, bytes});
+    pending_.issue(t.id, CopyExtent::of(dst, src, bytes, kind), {dst, src, bytes});
   else
     copy(dst, src, bytes, kind, Stream{});
   return t;
 }
 
 void CpuBackend::wait_copy(CopyTicket t) {
-  while (!pending_.empty() && pending_.front().id <= t.id) {
-    const PendingCopy c = pending_.front();
-    pending_.pop_front();
+  const auto retired = pending_.retire(t.id);
+  for (size_t i : copy_run_order(retired.copies)) {
+    const PendingCopy& c = retired.copies[i].payload;
     std::memcpy(c.dst, c.src, size_t(c.bytes));
   }
 }

@@ -3,9 +3,8 @@
 // synchronously on the calling thread, so streams are trivially ordered.
 #pragma once
 
-#include <deque>
-
 #include "backend/backend.h"
+#include "backend/copy_lanes.h"
 
 namespace upipe {
 
@@ -22,9 +21,11 @@ class CpuBackend final : public Backend {
   void copy(void* dst, const void* src, int64_t bytes, CopyKind kind, Stream s) override;
   // Throws when deferred copies were never waited on (a strategy missed a wait).
   void sync(Stream) override;
-  // At once (the default), or with UPIPE_CPU_COPIES=deferred only when waited on: in issue
-  // order, up to the ticket waited on. That is the latest a GPU's copy queue may run them, so a
-  // missing wait shows on the CPU as stale data or a sync error (tests/cli/async_copies.sh).
+  // At once (the default), or with UPIPE_CPU_COPIES=deferred only when waited on: the copies up
+  // to the ticket waited on, in the order of the two copy lanes (copy_lanes.h) farthest from
+  // issue order. That is the latest and the most reordered a GPU's two copy streams may run
+  // them, so a missing wait or a missing dependency between the lanes shows on the CPU as stale
+  // data or a sync error (tests/cli/async_copies.sh).
   CopyTicket copy_async(void* dst, const void* src, int64_t bytes, CopyKind kind) override;
   void wait_copy(CopyTicket t) override;
 
@@ -69,14 +70,13 @@ class CpuBackend final : public Backend {
 
  private:
   struct PendingCopy {
-    int64_t id;
-    void* dst;
-    const void* src;
-    int64_t bytes;
+    void* dst = nullptr;
+    const void* src = nullptr;
+    int64_t bytes = 0;
   };
   bool defer_ = false;
   bool reads_o_ = false;             // UPIPE_CPU_ATTN_READS_O=1
-  std::deque<PendingCopy> pending_;  // deferred copies not yet run, in issue order
+  CopyLanes<PendingCopy> pending_;  // deferred copies not yet run
 };
 
 }  // namespace upipe

@@ -3,12 +3,14 @@
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 
+#include <array>
+#include <cstdint>
 #include <cstdlib>
-#include <deque>
 #include <string>
 #include <type_traits>
 #include <utility>
 
+#include "backend/copy_lanes.h"
 #include "backend/cuda/attention_cuda.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_memory.h"
@@ -86,15 +88,19 @@ int64_t cuda_used_bytes() {
 
 struct CudaBackend::State {
   cudaStream_t stream = nullptr;
-  cudaStream_t copies = nullptr;  // the copy queue of copy_async
-  // The events recorded after each asynchronous copy not yet waited on, in issue order.
-  std::deque<std::pair<int64_t, cudaEvent_t>> copy_done;
+  // The copy lanes of copy_async (copy_lanes.h): [0] device -> host, [1] the rest; two streams,
+  // so an offload and a fetch run in the two directions of the link at once.
+  std::array<cudaStream_t, kCopyLanes> lanes{};
+  // The asynchronous copies not yet waited on, each with the event recorded after it.
+  CopyLanes<cudaEvent_t> copies;
   cuda::LtGemm gemm;
   cuda::ParamBlock params;
   ~State() {
-    if (copies != nullptr) cudaStreamSynchronize(copies);
-    for (auto& e : copy_done) cudaEventDestroy(e.second);
-    if (copies != nullptr) cudaStreamDestroy(copies);
+    for (cudaStream_t l : lanes)
+      if (l != nullptr) cudaStreamSynchronize(l);
+    for (const auto& c : copies.retire(INT64_MAX).copies) cudaEventDestroy(c.payload);
+    for (cudaStream_t l : lanes)
+      if (l != nullptr) cudaStreamDestroy(l);
     if (stream != nullptr) cudaStreamDestroy(stream);
   }
 };
@@ -126,11 +132,12 @@ CudaBackend::CudaBackend(Mode mode) : mode_(mode) {
   UPIPE_CUDA_CHECK(cudaSetDevice(device_));
   state_ = std::make_unique<State>();
   UPIPE_CUDA_CHECK(cudaStreamCreateWithFlags(&state_->stream, cudaStreamNonBlocking));
-  UPIPE_CUDA_CHECK(cudaStreamCreateWithFlags(&state_->copies, cudaStreamNonBlocking));
+  for (cudaStream_t& l : state_->lanes)
+    UPIPE_CUDA_CHECK(cudaStreamCreateWithFlags(&l, cudaStreamNonBlocking));
 }
 
 CudaBackend::~CudaBackend() {
-  if (state_) cudaStreamSynchronize(state_->stream);  // the copy stream: State's destructor
+  if (state_) cudaStreamSynchronize(state_->stream);  // the copy lanes: State's destructor
 }
 
 CudaBackend::State& CudaBackend::run_state() const {
@@ -164,13 +171,13 @@ void CudaBackend::copy(void* dst, const void* src, int64_t bytes, CopyKind kind,
 void CudaBackend::sync(Stream) {
   State& st = run_state();
   UPIPE_CUDA_CHECK(cudaStreamSynchronize(st.stream));
-  UPIPE_CUDA_CHECK(cudaStreamSynchronize(st.copies));
+  for (cudaStream_t l : st.lanes) UPIPE_CUDA_CHECK(cudaStreamSynchronize(l));
 }
 
 CopyTicket CudaBackend::copy_async(void* dst, const void* src, int64_t bytes, CopyKind kind) {
   State& st = run_state();
   // UPIPE_CUDA_COPIES=sync: every asynchronous copy as a synchronous one on the compute stream (to
-  // measure what the copy stream's overlap gains; bench/gpu_check.sh runs fpdt both ways).
+  // measure what the copy lanes' overlap gains; bench/gpu_check.sh runs fpdt both ways).
   static const bool sync_copies = [] {
     const char* v = std::getenv("UPIPE_CUDA_COPIES");
     return v != nullptr && std::string(v) == "sync";
@@ -179,31 +186,32 @@ CopyTicket CudaBackend::copy_async(void* dst, const void* src, int64_t bytes, Co
     copy(dst, src, bytes, kind, Stream{});
     return CopyTicket{++async_copies_};
   }
-  // The copy starts after the compute stream's work so far.
+  // The copy starts after the compute stream's work so far, and after the other lane's pending
+  // copies that share memory with it (copy_lanes.h); its own lane keeps issue order.
+  const CopyExtent at = CopyExtent::of(dst, src, bytes, kind);
+  cudaStream_t lane = st.lanes[size_t(at.lane)];
   cudaEvent_t ready = new_event();
   UPIPE_CUDA_CHECK(cudaEventRecord(ready, st.stream));
-  UPIPE_CUDA_CHECK(cudaStreamWaitEvent(st.copies, ready, 0));
+  UPIPE_CUDA_CHECK(cudaStreamWaitEvent(lane, ready, 0));
   UPIPE_CUDA_CHECK(cudaEventDestroy(ready));  // released once the wait has passed it
-  UPIPE_CUDA_CHECK(cudaMemcpyAsync(dst, src, size_t(bytes), memcpy_kind(kind), st.copies));
   const CopyTicket t{++async_copies_};
   cudaEvent_t done = new_event();
-  UPIPE_CUDA_CHECK(cudaEventRecord(done, st.copies));
-  st.copy_done.emplace_back(t.id, done);
+  const auto& c = st.copies.issue(t.id, at, done);
+  for (int64_t dep : c.after)
+    UPIPE_CUDA_CHECK(cudaStreamWaitEvent(lane, st.copies.find(dep)->payload, 0));
+  UPIPE_CUDA_CHECK(cudaMemcpyAsync(dst, src, size_t(bytes), memcpy_kind(kind), lane));
+  UPIPE_CUDA_CHECK(cudaEventRecord(done, lane));
   return t;
 }
 
 void CudaBackend::wait_copy(CopyTicket t) {
   State& st = run_state();
-  // Copies run in issue order on one stream: the event of the newest copy <= t covers the rest.
-  cudaEvent_t last = nullptr;
-  while (!st.copy_done.empty() && st.copy_done.front().first <= t.id) {
-    if (last != nullptr) UPIPE_CUDA_CHECK(cudaEventDestroy(last));
-    last = st.copy_done.front().second;
-    st.copy_done.pop_front();
-  }
-  if (last == nullptr) return;  // already waited on
-  UPIPE_CUDA_CHECK(cudaStreamWaitEvent(st.stream, last, 0));
-  UPIPE_CUDA_CHECK(cudaEventDestroy(last));
+  // Each lane runs in issue order: the event of its newest copy <= t covers the lane's rest.
+  const auto retired = st.copies.retire(t.id);
+  for (const auto& c : retired.copies)
+    if (c.id == retired.newest[size_t(c.at.lane)])
+      UPIPE_CUDA_CHECK(cudaStreamWaitEvent(st.stream, c.payload, 0));
+  for (const auto& c : retired.copies) UPIPE_CUDA_CHECK(cudaEventDestroy(c.payload));
 }
 
 int64_t CudaBackend::gemm_workspace_bytes(const GemmShape& s) const {

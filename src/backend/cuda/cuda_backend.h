@@ -38,11 +38,12 @@ class CudaBackend final : public Backend {
   std::unique_ptr<Allocator> make_device_allocator() const override;
   std::unique_ptr<Allocator> make_host_allocator() const override;
   void copy(void* dst, const void* src, int64_t bytes, CopyKind kind, Stream s) override;
-  // Also waits for the copy stream.
+  // Also waits for the copy lanes.
   void sync(Stream s) override;
-  // On a second stream (the copy queue) after an event of the compute stream; wait_copy makes
-  // the compute stream wait on the copy's event. Pinned host memory (the host arena) makes a
-  // host copy truly asynchronous.
+  // On its lane's stream (copy_lanes.h: device -> host on one, the rest on the other) after an
+  // event of the compute stream and the events of the other lane's copies it must follow;
+  // wait_copy makes the compute stream wait on each lane's newest event <= t. Pinned host
+  // memory (the host arena) makes a host copy truly asynchronous.
   CopyTicket copy_async(void* dst, const void* src, int64_t bytes, CopyKind kind) override;
   void wait_copy(CopyTicket t) override;
 
