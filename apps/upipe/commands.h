@@ -4,6 +4,7 @@
 
 #include <CLI/CLI.hpp>
 #include <functional>
+#include <string>
 
 #include "apps/upipe/cli.h"
 
@@ -31,5 +32,7 @@ Runner add_plan(CLI::App& app);
 Runner add_settings_command(CLI::App& app);
 // `upipe presets`: the built-in models and their sizes (cmd_presets.cpp).
 Runner add_presets(CLI::App& app);
+// `upipe --version`: the build and what it runs on here (version.cpp).
+std::string version_text();
 
 }  // namespace upipe::app

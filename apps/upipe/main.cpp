@@ -26,6 +26,9 @@ int main(int argc, char** argv) {
 
   CLI::App cli{"upipe: headwise-chunked Ulysses context parallelism for long-context training"};
   cli.require_subcommand(1);
+  cli.set_version_flag(
+      "--version", [] { return app::version_text(); },
+      "the build (version, git commit) and the CPU, CUDA and MPI it runs on");
   std::map<CLI::App*, app::Runner> runners;
   CLI::App* demo = cli.add_subcommand(
       "demo",

@@ -29,7 +29,9 @@ namespace upipe {
 
 constexpr int kCopyLanes = 2;
 
-inline int copy_lane(CopyKind kind) { return kind == CopyKind::kDeviceToHost ? 0 : 1; }
+inline int copy_lane(CopyKind kind) {
+  return kind == CopyKind::kDeviceToHost ? 0 : 1;
+}
 
 // The bytes a copy writes [dst, dst_end) and reads [src, src_end), and its lane.
 struct CopyExtent {

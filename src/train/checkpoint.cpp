@@ -14,6 +14,7 @@
 #include <tuple>
 
 #include "backend/tensor_ops.h"
+#include "core/build_info.h"
 #include "core/checked.h"
 #include "core/errors.h"
 #include "core/fault_inject.h"
@@ -173,6 +174,9 @@ void parse_meta(const json& j, const std::string& meta, Saved& s) {
   s.info.cp_size = j.at("cp_size").get<int>();
   s.info.model_json = j.at("model").get<std::string>();
   s.info.run_toml = j.at("run").get<std::string>();
+  // Informational (older checkpoints lack it): never a reason to refuse the checkpoint.
+  if (const auto w = j.find("upipe"); w != j.end() && w->is_string())
+    s.info.written_by = w->get<std::string>();
   const json& c = j.at("checksum");
   if (c.at("algorithm").get<std::string>() != kChecksum)
     throw ConfigError(
@@ -458,6 +462,7 @@ json meta_json(const CheckpointRun& run, int64_t step, Zero3& z, int cp_size,
                      {"pieces_xxh3", pieces}});
   }
   return {{"format", kFormat},
+          {"upipe", build_id()},
           {"run_id", run.run_id},
           {"step", step},
           {"world", world},

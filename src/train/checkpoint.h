@@ -48,6 +48,7 @@ struct CheckpointInfo {
   int world = 0, cp_size = 0;
   std::string model_json;  // the model's config.json text
   std::string run_toml;    // the run file's effective text
+  std::string written_by;  // build_id() of the upipe that wrote it; "" if it does not say
 };
 
 // The checkpoints one run writes: where, its identity, how many it keeps, and whether it may

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "core/build_info.h"
 #include "core/errors.h"
 #include "core/stop_signal.h"
 #include "core/watchdog.h"
@@ -64,8 +65,12 @@ RunStart initialize(Communicator& world, const RunConfig& c, const ModelConfig& 
     const CheckpointInfo info = load_checkpoint(ckpt, tr.zero());
     s.step = info.step;
     s.resumed = true;
-    s.origin = fmt::format("{} (step {}, written on {} ranks{})", ckpt, info.step, info.world,
-                           info.world == world.size() ? "" : ", resharded");
+    // Another build wrote it: say which (the checkpoint is read all the same).
+    const std::string by = info.written_by.empty() || info.written_by == build_id()
+                               ? ""
+                               : fmt::format(", by upipe {}", info.written_by);
+    s.origin = fmt::format("{} (step {}, written on {} ranks{}{})", ckpt, info.step, info.world,
+                           info.world == world.size() ? "" : ", resharded", by);
   } else if (!c.model.init_from.empty()) {
     const SafetensorsReader reader = open_init_weights(c.model.init_from, m);
     tr.zero().init(&reader, uint64_t(c.train.seed));

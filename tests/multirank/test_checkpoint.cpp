@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/tensor_ops.h"
+#include "core/build_info.h"
 #include "core/errors.h"
 #include "multirank/mpi_test_main.h"
 #include "multirank/shared_dir.h"
@@ -175,6 +176,28 @@ TEST(Checkpoint, StepsOfAnyCount) {
   EXPECT_EQ(load_error(big), "");
   const CheckpointStart cs = open_checkpoint_run(world, dir.path(), true, false, 1);
   EXPECT_EQ(cs.resume_from, big);
+}
+
+// meta.json names the build that wrote it (build_id(): version and git commit); a checkpoint
+// without that field (an older one), another build's, or a field of another type (a forgery with
+// a matching DONE) loads all the same: the field informs, it never refuses.
+TEST(Checkpoint, RecordsTheBuildThatWroteIt) {
+  Communicator& world = test::world();
+  SharedDir dir(world);
+  const std::string ck = save(world, {dir.path(), "run-a", 0}, 5);
+  const std::string id = build_id();
+  EXPECT_NE(id.find(std::string(build_info().version) + " (git "), std::string::npos) << id;
+  EXPECT_EQ(read_checkpoint_info(ck).written_by, id);
+  EXPECT_EQ(nlohmann::json::parse(slurp(ck + "/meta.json")).at("upipe"), id);
+  forge_meta(world, ck, [](nlohmann::json& j) { j["upipe"] = "9.9.9 (git 0123456789ab)"; });
+  EXPECT_EQ(read_checkpoint_info(ck).written_by, "9.9.9 (git 0123456789ab)");
+  EXPECT_EQ(load_error(ck), "");
+  forge_meta(world, ck, [](nlohmann::json& j) { j["upipe"] = 42; });
+  EXPECT_EQ(read_checkpoint_info(ck).written_by, "");
+  EXPECT_EQ(load_error(ck), "");
+  forge_meta(world, ck, [](nlohmann::json& j) { j.erase("upipe"); });
+  EXPECT_EQ(read_checkpoint_info(ck).written_by, "");
+  EXPECT_EQ(load_error(ck), "");
 }
 
 TEST(Checkpoint, RunsNeverMix) {

@@ -151,7 +151,8 @@ TEST(CopyLanes, DeferredCpuCopiesAcrossTheLanesGiveOneQueuesResults) {
   dev.copy_async(h.data(), a.data(), bytes, CopyKind::kDeviceToHost);
   const CopyTicket t = dev.copy_async(a.data(), b.data(), bytes, CopyKind::kDeviceToDevice);
   dev.wait(t);
-  for (int i = 0; i < n; ++i) ASSERT_EQ(ph[i], float(i)) << "the offload read a after it was rewritten";
+  for (int i = 0; i < n; ++i)
+    ASSERT_EQ(ph[i], float(i)) << "the offload read a after it was rewritten";
   EXPECT_EQ(pa[3], 7.0f);
   dev.backend().sync(Stream{});
 }

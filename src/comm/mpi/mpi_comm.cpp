@@ -9,6 +9,15 @@
 #include "core/watchdog.h"
 
 namespace upipe {
+
+std::string MpiRuntime::library_version() {
+  char text[MPI_MAX_LIBRARY_VERSION_STRING];
+  int len = 0;
+  if (MPI_Get_library_version(text, &len) != MPI_SUCCESS) return "unknown";
+  std::string v(text, size_t(len));
+  const size_t eol = v.find_first_of("\r\n");
+  return eol == std::string::npos ? v : v.substr(0, eol);
+}
 namespace {
 
 void mpi_check(int rc, const char* call, const char* file, int line) {

@@ -35,6 +35,8 @@ class MpiRuntime {
   // this one: it prints its line (unless a lower rank reported the same cause and prints it) and
   // ends the whole job with MPI_Abort(exit_code); it never returns.
   static int fail_job(int exit_code, const std::string& cause, const std::string& line);
+  // The first line of MPI_Get_library_version ("Open MPI v4.1.4, package: ...").
+  static std::string library_version();
 };
 
 inline constexpr double kFailAgreeSeconds = 2.0;
