@@ -10,7 +10,9 @@ if(GIT)
     OUTPUT_VARIABLE out RESULT_VARIABLE rc OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
   if(rc EQUAL 0 AND NOT out STREQUAL "")
     set(commit "${out}")
-    execute_process(COMMAND ${GIT} -C ${SRC_DIR} status --porcelain --untracked-files=no
+    # --no-optional-locks: the build never writes the checkout's index (status would refresh it).
+    execute_process(COMMAND ${GIT} --no-optional-locks -C ${SRC_DIR} status --porcelain
+      --untracked-files=no
       OUTPUT_VARIABLE changes RESULT_VARIABLE rc2 ERROR_QUIET)
     if(rc2 EQUAL 0 AND NOT changes STREQUAL "")
       set(dirty "true")

@@ -5,6 +5,7 @@
 #            sequence length without --accept-changes, is refused in one line
 #   resume   a run stopped by SIGUSR1 (checkpoint, exit 0) and resumed ends with rank files
 #            bitwise equal to an uninterrupted run's; the metrics file has every step once;
+#            meta.json names the build (`upipe --version`'s id), and the resume line does not;
 #            export -> a Hugging Face folder (with the byte tokenizer) that `upipe eval` loads;
 #            resume on 1 rank reshards
 #   kill     a rank killed with SIGKILL mid-run ends the job (non-zero) within 30 s, and the
@@ -89,6 +90,12 @@ resume)
   timeout 300 "${mpirun[@]}" -np 2 "$upipe" train "${args[@]}" --checkpoint-dir="$tmp/b" \
     --metrics-path="$tmp/b.jsonl" --resume > "$tmp/c.out" 2>&1 || { cat "$tmp/c.out"; fail "resume failed"; }
   grep "^start:" "$tmp/c.out"
+  # The checkpoint names the build that wrote it, as `upipe --version` does; the same build
+  # resuming says nothing about it.
+  id=$("$upipe" --version | head -1 | sed 's/^upipe //')
+  python3 -c 'import json,sys; sys.exit(json.load(open(sys.argv[1]))["upipe"] != sys.argv[2])' \
+    "$tmp/b/step_00000300/meta.json" "$id" || fail "meta.json does not record upipe $id"
+  grep "^start:" "$tmp/c.out" | grep -q ", by upipe" && fail "the same build's checkpoint named as another's"
   # The same tensors bitwise; only the run identity in the metadata differs (two runs).
   for f in rank_00000.safetensors rank_00001.safetensors; do
     python3 "$(dirname "$0")/same_tensors.py" --ignore run_id "$tmp/a/step_00000300/$f" \
