@@ -12,8 +12,8 @@
 #   backend_ops   test_backend_ops: every op on cuda against the references, the meta device
 #                 planning for cuda
 #   comm          test_nccl_comm on 1 rank (every collective check on device memory, ordering with
-#                 the compute stream) and on 2 sharing the GPU (refused, on every rank, not hung);
-#                 test_staged_comm on 4 ranks
+#                 the compute stream) and on 2 sharing the GPU (refused, on every rank, not hung;
+#                 the staged communicator with its CUDA copier on both); test_staged_comm on 4
 #   cuda_math, cuda_attention   the GPU halves of test_cuda_math, test_cuda_attention_plan
 #                 (kernels against their host emulations, cuDNN's blocks within the bf16 rule)
 #   kernel        `upipe bench kernel --backend cuda`: attention TFLOP/s, bf16 (cuDNN, and the
@@ -85,12 +85,14 @@ strategies() {
   ! grep -q '^FAILED' "$out"/strategies.d/*.log
 }
 
-# NCCL on the one GPU (one rank: two ranks sharing a GPU are refused, which np 2 checks) and the
-# host-staged communicator the multi-rank runs below use.
+# NCCL on the one GPU (one rank, with NCCL's pointer checks: one rank's collectives are plain
+# copies, which would take a host pointer silently; two ranks sharing a GPU are refused, which np 2
+# checks) and the host-staged communicator the multi-rank runs below use, with its CUDA copier
+# (StagedCudaComm, on 1 and 2 ranks) and with host copies on 4.
 comms() {
-  run 30 "${mpirun[@]}" -np 1 test_nccl_comm
-  run 30 "${mpirun[@]}" -np 2 test_nccl_comm
-  run 40 "${mpirun[@]}" -np 4 test_staged_comm
+  run 25 "${mpirun[@]}" -x NCCL_CHECK_POINTERS=1 -np 1 test_nccl_comm
+  run 25 "${mpirun[@]}" -np 2 test_nccl_comm
+  run 20 "${mpirun[@]}" -np 4 test_staged_comm
   return $((fails > 0))
 }
 
@@ -284,6 +286,7 @@ step() {
   echo "commit $(cat .gpu-pack/commit 2>/dev/null)"
   ldd --version 2>&1 | head -1
   python3 -c 'import torch; print("torch", torch.__version__, "cudnn", torch.backends.cudnn.version(), "nccl", torch.cuda.nccl.version())' 2>&1 | tail -1
+  upipe --version 2>&1
   echo "mpirun: $mpirun_bin"
   for b in $(command -v upipe test_backend_ops test_cuda_math test_cuda_attention_plan test_nccl_comm); do
     ldd "$b" 2>&1 | grep -i 'not found' | sed "s|^|$(basename "$b"): |"
@@ -293,7 +296,7 @@ step() {
 cat "$out/gpu.txt"
 
 step backend_ops 60 test_backend_ops --gtest_output=json:"$out/backend_ops.json"
-step comm 45 comms
+step comm 70 comms
 step cuda_math 20 test_cuda_math
 step cuda_attention 40 test_cuda_attention_plan
 step kernel 45 kernels

@@ -1,5 +1,6 @@
 // `upipe --version`: this build (version, git commit) and what it runs on here: the CPU kernels'
-// path, the CUDA backend (built or not, and whether this process can use a GPU), the MPI library.
+// path, the CUDA backend (built or not, whether this process can use a GPU, the CUDA libraries it
+// loaded), the MPI library.
 // What a bug report or a benchmark result should quote.
 #include <fmt/format.h>
 
@@ -8,6 +9,9 @@
 #include "backend/cpu/cpu_isa.h"
 #include "comm/mpi/mpi_comm.h"
 #include "core/build_info.h"
+#if UPIPE_HAVE_CUDA
+#include "comm/nccl/nccl_comm.h"
+#endif
 
 namespace upipe::app {
 
@@ -20,6 +24,10 @@ std::string version_text() {
     std::string why;
     cuda =
         cuda_device_available(&why) ? "built; a GPU is available" : fmt::format("built; {}", why);
+    cuda += fmt::format("; {}", cuda_libraries());
+#if UPIPE_HAVE_CUDA
+    cuda += fmt::format(", NCCL {}", nccl_library_version());
+#endif
   }
   return fmt::format(
       "upipe {}\n"

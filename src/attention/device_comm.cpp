@@ -28,14 +28,20 @@ DeviceComm::DeviceComm(Device& dev, Communicator& world, bool nccl_ok) : use_(&w
 #if UPIPE_HAVE_CUDA
   auto& be = static_cast<CudaBackend&>(dev.backend());
   auto* stream = static_cast<CUstream_st*>(be.native_stream());
+  // UPIPE_CUDA_COMM: auto (the default: NCCL where every rank has its own GPU, else staged),
+  // nccl (refused, alike on every rank, where it cannot run) or staged. Every rank passes the same
+  // nccl_ok and sees the same setting (mpirun), so the collective decision below is taken by all.
   const char* env = std::getenv("UPIPE_CUDA_COMM");
-  const std::string choice = env != nullptr && nccl_ok ? env : "staged";
-  if (env != nullptr && std::string(env) != "staged" && std::string(env) != "nccl")
-    throw ConfigError("UPIPE_CUDA_COMM=" + std::string(env) + " is unknown; choose staged or nccl");
-  if (choice == "nccl") {
-    auto nccl = make_nccl_comm(world, be.device());
-    static_cast<NcclCommunicator&>(*nccl).set_compute_stream(stream);
-    own_ = std::move(nccl);
+  const std::string choice = env != nullptr ? env : "auto";
+  if (choice != "auto" && choice != "staged" && choice != "nccl")
+    throw ConfigError("UPIPE_CUDA_COMM=" + choice + " is unknown; choose auto, nccl or staged");
+  const bool nccl =
+      nccl_ok &&
+      (choice == "nccl" || (choice == "auto" && nccl_world_unusable(world, be.device()).empty()));
+  if (nccl) {
+    auto comm = make_nccl_comm(world, be.device());
+    static_cast<NcclCommunicator&>(*comm).set_compute_stream(stream);
+    own_ = std::move(comm);
   } else {
     copier_ = std::make_unique<CudaCopier>(stream);
     own_ = std::make_unique<StagedCommunicator>(world, *copier_);

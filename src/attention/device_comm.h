@@ -1,12 +1,17 @@
 // The communicator a rank's strategies, decoder and trainer talk through on a device. On the CPU
-// device memory is host memory, so it is the world itself. On a GPU it is the host-staged
-// communicator over the world (comm/staged/: every buffer goes device -> pinned host -> MPI ->
-// device on the compute stream; copies use cudaMemcpyDefault, so the host scalars the trainer
-// reduces pass through it too): correct for any number of ranks per GPU, and the default. With
-// UPIPE_CUDA_COMM=nccl (one rank per GPU) a strategy's collectives run on NCCL instead, ordered
-// after the compute stream; NCCL takes device buffers only, so users whose communicator also
-// carries host values (the decoder's loss, the trainer) ask for staged (nccl_ok = false).
-// UPIPE_STAGED_COMM=1 puts the CPU on the staged path too (memcpy copies), to test it. It lives here because it is the first module that sees both comm and backend.
+// device memory is host memory, so it is the world itself. On a GPU, by UPIPE_CUDA_COMM:
+//   auto (default)  NCCL where every rank has its own GPU (a collective decision: one rank on a
+//                   GPU, or a node of GPUs with a rank each), else staged;
+//   nccl            NCCL, refused on every rank alike where it cannot run (nccl_world_unusable);
+//   staged          the host-staged communicator over the world (comm/staged/: every buffer goes
+//                   device -> pinned host -> MPI -> device on the compute stream; copies use
+//                   cudaMemcpyDefault, so host scalars pass through it too): correct for any
+//                   number of ranks per GPU.
+// NCCL runs the collectives ordered after the compute stream and takes device buffers only, so
+// users whose communicator also carries host values (the decoder's loss, the trainer) ask for
+// staged (nccl_ok = false) whatever the setting. UPIPE_STAGED_COMM=1 puts the CPU on the staged
+// path too (memcpy copies), to test it. It lives here because it is the first module that sees
+// both comm and backend.
 #pragma once
 
 #include <memory>

@@ -42,6 +42,14 @@ bool cuda_device_available(std::string* why) {
 #endif
 }
 
+std::string cuda_libraries() {
+#if UPIPE_HAVE_CUDA
+  return cuda_library_versions();
+#else
+  return {};
+#endif
+}
+
 int64_t cuda_driver_used_bytes() {
 #if UPIPE_HAVE_CUDA
   return cuda_used_bytes();

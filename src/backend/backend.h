@@ -34,6 +34,9 @@ BackendKind parse_backend_kind(const std::string& name);
 // it (a GPU and a driver); if not, why (the reason tests skip with).
 bool cuda_backend_built();
 bool cuda_device_available(std::string* why = nullptr);
+// The CUDA libraries this process loaded and their versions (cuda_library_versions), "" in a build
+// without the CUDA backend.
+std::string cuda_libraries();
 // The bytes of this process's GPU in use by anyone (cudaMemGetInfo: total - free); -1 without
 // CUDA. Around a step it shows what was allocated outside the device arena (should be nothing).
 int64_t cuda_driver_used_bytes();

@@ -1,5 +1,10 @@
 #include "backend/device.h"
 
+#include <cstdio>
+#include <exception>
+
+#include "core/check.h"
+
 namespace upipe {
 
 Device::Device(const DeviceOptions& opt)
@@ -10,10 +15,16 @@ Device::Device(const DeviceOptions& opt)
       host_(std::make_unique<Arena>("host", opt.host_budget, *host_backing_)) {}
 
 Device::~Device() {
-  // A failing sync here (a device already in error) must not terminate the unwinding that
-  // destroys this device; the error was reported where it happened.
+  // A failing sync here must not terminate the unwinding that destroys this device. While an
+  // error unwinds, the device is usually in that error (reported where it happened); otherwise it
+  // is an asynchronous fault of the last queued work that no checked call saw: said here, since
+  // nothing else would say it.
   try {
     backend_->sync(Stream{});
+  } catch (const std::exception& e) {
+    if (std::uncaught_exceptions() == 0)
+      std::fprintf(stderr, "[rank %d] the %s device failed after its last checked call: %s\n",
+                   log_rank(), backend_kind_name(backend_->kind()), e.what());
   } catch (...) {
   }
 }

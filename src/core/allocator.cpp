@@ -78,18 +78,30 @@ void HostCachingAllocator::check_can_back(int64_t bytes) const {
 void HostCachingAllocator::release(void* p, int64_t bytes) {
   if (!p) return;
   const int64_t n = rounded(bytes);
-  if (cached_ + n > cache_limit_) trim();
+  if (cached_ + n > cache_limit_) trim_to(cache_limit_ - n);
   free_.emplace(n, p);
   cached_ += n;
 }
 
 void HostCachingAllocator::trim() {
-  for (auto& [n, p] : free_) {
-    system_.free(p);
-    g_held -= n;
+  trim_to(0);
+}
+
+void HostCachingAllocator::trim_to(int64_t keep) {
+  if (cached_ <= keep || free_.empty()) return;
+  if (system_.before_free != nullptr) system_.before_free();  // once per batch
+  // The largest blocks first: the fewest frees (and later allocations) for the bytes returned.
+  while (!free_.empty() && cached_ > keep) {
+    auto it = std::prev(free_.end());
+    system_.free(it->second);
+    g_held -= it->first;
+    cached_ -= it->first;
+    free_.erase(it);
   }
-  free_.clear();
-  cached_ = 0;
+}
+
+int64_t HostCachingAllocator::physical_memory_bytes() {
+  return physical_bytes();
 }
 
 FirstFitRange::FirstFitRange(char* base, int64_t size) : base_(base), size_(size) {

@@ -33,12 +33,16 @@ class Allocator {
 struct SystemMemory {
   void* (*alloc)(int64_t bytes) = nullptr;
   void (*free)(void* p) = nullptr;
+  // Called once before a batch of frees, if set (pinned memory: the device finishes the copies
+  // that may still use a cached block, once, not once per block).
+  void (*before_free)() = nullptr;
   static SystemMemory pageable();
 };
 
 class HostCachingAllocator final : public Allocator {
  public:
-  // Cached (free) bytes above cache_limit are returned to the system.
+  // Cached (free) bytes above cache_limit are returned to the system, the largest blocks first;
+  // all of them when an allocation would exceed the machine's memory.
   explicit HostCachingAllocator(int64_t cache_limit = int64_t(8) << 30,
                                 SystemMemory system = SystemMemory::pageable());
   ~HostCachingAllocator() override;
@@ -46,11 +50,13 @@ class HostCachingAllocator final : public Allocator {
   void release(void* p, int64_t bytes) override;
   bool backed() const override { return true; }
   void check_can_back(int64_t bytes) const override;  // beyond the machine's physical memory
-  void trim();  // return every cached block to the system
+  void trim();                                        // return every cached block to the system
   int64_t cached_bytes() const { return cached_; }
+  static int64_t physical_memory_bytes();  // this machine's memory (sysconf)
 
  private:
   static int64_t rounded(int64_t bytes);
+  void trim_to(int64_t keep);  // returns the largest cached blocks until at most keep remain
   std::multimap<int64_t, void*> free_;  // rounded size -> block
   int64_t cached_ = 0;
   int64_t cache_limit_;

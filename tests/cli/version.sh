@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # `upipe --version`, as a user (or a bug report) runs it: exit 0; the first line names the version
 # and the git commit the binary was built from (the checkout's HEAD, when the source is one); then
-# the CPU path the kernels run on (UPIPE_CPU_ISA=avx2 shows as avx2), the CUDA backend and the
-# MPI library; under mpirun, printed once, not once per rank.
+# the CPU path the kernels run on (UPIPE_CPU_ISA=avx2 shows as avx2), the CUDA backend (with the
+# versions of the CUDA libraries it loaded) and the MPI library; under mpirun, printed once, not
+# once per rank.
 # Usage: version.sh UPIPE SOURCE_DIR MPIRUN...
 set -u
 upipe=$1 src=$2
@@ -18,7 +19,8 @@ if head=$(git -C "$src" rev-parse --short=12 HEAD 2>/dev/null); then
     fail "the commit is not the checkout's HEAD $head (rebuild after committing)"
 fi
 printf '%s\n' "$out" | grep -Eq '^cpu: .*kernels on avx2 \(this CPU has: avx2' || fail "no cpu line on avx2"
-printf '%s\n' "$out" | grep -Eq '^cuda: (built|not built)' || fail "no cuda line"
+printf '%s\n' "$out" | grep -Eq '^cuda: (built; .*; driver [^,]+, runtime [0-9]+\.[0-9]+, cuBLASLt [0-9]+\.[0-9]+\.[0-9]+, cuDNN [^,]+, NCCL [0-9]+\.[0-9]+\.[0-9]+$|not built)' ||
+  fail "no cuda line (built: with the driver, runtime, cuBLASLt, cuDNN and NCCL versions)"
 printf '%s\n' "$out" | grep -Eq '^mpi: Open MPI' || fail "no mpi line"
 [ "$(printf '%s\n' "$out" | wc -l)" -eq 4 ] || fail "want 4 lines"
 out=$(timeout 60 "$@" -np 2 "$upipe" --version 2>&1) || fail "--version on 2 ranks exited $?"

@@ -3,12 +3,15 @@
 // tests skip with that reason, and what needs no GPU still runs: the reason's text, the refusal
 // on every rank, the shared-GPU rule. On GPUs, every collective check of comm_checks.h runs on
 // device memory, the counters equal the fake backend's replay (mpi_comm's rules), and
-// non-blocking results reach a compute stream through NcclWork::wait_on.
+// non-blocking results reach a compute stream through NcclWork::wait_on. The staged communicator
+// with the CudaCopier (what ranks sharing a GPU, the decoder and the trainer use) runs the same
+// checks on any number of ranks per GPU, in order with a compute stream.
 #include <cuda_runtime.h>
 
 #include <string>
 #include <vector>
 
+#include "comm/nccl/cuda_copier.h"
 #include "comm/nccl/nccl_comm.h"
 #include "comm/staged/staged_comm.h"
 #include "core/check.h"
@@ -43,6 +46,16 @@ std::string gpu_skip_reason() {
   if (n < world().size())
     return fmt::format("needs one GPU per rank: {} ranks, {} GPUs", world().size(), n);
   return {};
+}
+
+// Why this job cannot run the staged communicator on GPUs ("" when every rank sees one; ranks may
+// share it). Every rank gets the same answer.
+std::string no_gpu_reason() {
+  const bool mine = visible_gpus() > 0;
+  float cannot = mine ? 0.0f : 1.0f;
+  world().all_reduce(&cannot, 1, DType::kF32, ReduceOp::kMax);
+  if (!mine) return nccl_unavailable_reason();
+  return cannot > 0 ? "no GPU on another rank" : "";
 }
 
 #define SKIP_WITHOUT_GPUS()                     \
@@ -200,6 +213,80 @@ TEST(NcclComm, OrdersWithTheComputeStream) {
   cuda_ok(cudaFree(dev), "cudaFree");
   cuda_ok(cudaFreeHost(host), "cudaFreeHost");
   cuda_ok(cudaStreamDestroy(compute), "stream destroy");
+}
+
+// A compute stream on this rank's GPU (rank % GPUs: ranks may share one), for the staged tests.
+class ComputeStream {
+ public:
+  ComputeStream() {
+    cuda_ok(cudaSetDevice(world().rank() % visible_gpus()), "cudaSetDevice");
+    cuda_ok(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking), "stream");
+  }
+  ~ComputeStream() { cudaStreamDestroy(s_); }
+  ComputeStream(const ComputeStream&) = delete;
+  ComputeStream& operator=(const ComputeStream&) = delete;
+  cudaStream_t get() const { return s_; }
+
+ private:
+  cudaStream_t s_ = nullptr;
+};
+
+// The staged communicator as the GPU ranks use it (CudaCopier: pinned staging, copies on a
+// non-blocking compute stream, cudaMemcpyDefault): every check of comm_checks.h, whose buffers
+// are host memory, passes through the copier's staging unchanged.
+TEST(StagedCudaComm, PassesTheCollectiveChecks) {
+  const std::string why = no_gpu_reason();
+  if (!why.empty()) GTEST_SKIP() << why;
+  ComputeStream compute;
+  CudaCopier copier(compute.get());
+  StagedCommunicator s(world(), copier);
+  EXPECT_EQ(s.backend(), "staged(" + world().backend() + ")");
+  world().reset_stats();
+  exercise(s, true);
+  test::exercise_overlap(s);
+  test::expect_same_stats(s.stats(), world().stats(), "staged vs its inner communicator");
+  test::exercise_grid_split(s);
+}
+
+// On device buffers: the staging copy follows the compute stream's work (a 64 MiB upload queued
+// just before the call; reading before it would stage the memset's zeros), and the results are
+// on the device when the call returns, for the compute stream's next copy.
+TEST(StagedCudaComm, OrdersWithTheComputeStream) {
+  const std::string why = no_gpu_reason();
+  if (!why.empty()) GTEST_SKIP() << why;
+  ComputeStream cs;
+  cudaStream_t compute = cs.get();
+  CudaCopier copier(compute);
+  StagedCommunicator s(world(), copier);
+  const int r = s.rank(), n = s.size();
+  const int64_t count = int64_t(1) << 24;
+  float* host = nullptr;
+  float* dev = nullptr;
+  float* gathered = nullptr;
+  cuda_ok(cudaMallocHost(&host, size_t(count) * 4), "cudaMallocHost");
+  cuda_ok(cudaMalloc(&dev, size_t(count) * 4), "cudaMalloc");
+  cuda_ok(cudaMalloc(&gathered, size_t(count) * 4 * size_t(n)), "cudaMalloc");
+  cuda_ok(cudaMemsetAsync(dev, 0, size_t(count) * 4, compute), "memset");
+  for (int64_t i = 0; i < count; ++i) host[i] = float(r + 1);
+  cuda_ok(cudaMemcpyAsync(dev, host, size_t(count) * 4, cudaMemcpyHostToDevice, compute), "up");
+  s.all_gather(dev, gathered, count * 4);
+  s.all_reduce(dev, count, DType::kF32, ReduceOp::kSum);
+  std::vector<float> all(size_t(count) * size_t(n));
+  cuda_ok(cudaMemcpyAsync(all.data(), gathered, all.size() * 4, cudaMemcpyDeviceToHost, compute),
+          "down gathered");
+  cuda_ok(cudaMemcpyAsync(host, dev, size_t(count) * 4, cudaMemcpyDeviceToHost, compute), "down");
+  cuda_ok(cudaStreamSynchronize(compute), "sync");
+  const float want = float(n * (n + 1) / 2);
+  for (int64_t i = 0; i < count; i += 4099) ASSERT_EQ(host[i], want) << i;
+  EXPECT_EQ(host[count - 1], want);
+  for (int q = 0; q < n; ++q) {
+    const float* block = all.data() + size_t(q) * size_t(count);
+    for (int64_t i = 0; i < count; i += 4099) ASSERT_EQ(block[i], float(q + 1)) << q << " " << i;
+    EXPECT_EQ(block[count - 1], float(q + 1)) << q;
+  }
+  cuda_ok(cudaFree(gathered), "cudaFree");
+  cuda_ok(cudaFree(dev), "cudaFree");
+  cuda_ok(cudaFreeHost(host), "cudaFreeHost");
 }
 
 }  // namespace

@@ -2,12 +2,13 @@
 // size arithmetic, dtype conversion, RNG.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <memory>
 #include <vector>
 
+#include "backend/device.h"
 #include "core/arena.h"
 #include "core/checked.h"
-#include "backend/device.h"
 #include "core/errors.h"
 #include "core/rng.h"
 #include "core/tensor.h"
@@ -99,6 +100,44 @@ TEST(Allocator, CachesBlocksBySize) {
   alloc.release(p, 9000);
   alloc.trim();
   EXPECT_EQ(alloc.cached_bytes(), 0);
+}
+
+// Over its limit the cache returns only the excess, largest blocks first, with one before_free per
+// batch (pinned memory: one device drain, not one per block).
+int g_frees = 0, g_drains = 0;
+TEST(Allocator, TrimsOnlyTheExcessLargestFirst) {
+  SystemMemory counted = SystemMemory::pageable();
+  counted.free = [](void* p) {
+    ++g_frees;
+    std::free(p);
+  };
+  counted.before_free = [] { ++g_drains; };
+  g_frees = g_drains = 0;
+  const int64_t page = 4096;
+  HostCachingAllocator alloc(10 * page, counted);
+  void* a = alloc.allocate(4 * page);
+  void* b = alloc.allocate(3 * page);
+  void* c = alloc.allocate(2 * page);
+  void* d = alloc.allocate(6 * page);
+  alloc.release(a, 4 * page);
+  alloc.release(b, 3 * page);
+  alloc.release(c, 2 * page);
+  EXPECT_EQ(alloc.cached_bytes(), 9 * page);
+  EXPECT_EQ(g_frees, 0);
+  // 9 + 6 pages > 10: the 4-page block goes, and then the 3-page one (5 + 6 would still be 11).
+  alloc.release(d, 6 * page);
+  EXPECT_EQ(g_frees, 2);
+  EXPECT_EQ(g_drains, 1);
+  EXPECT_EQ(alloc.cached_bytes(), 8 * page);
+  EXPECT_EQ(alloc.allocate(2 * page), c);  // the small one stayed
+  EXPECT_EQ(alloc.allocate(6 * page), d);
+  alloc.release(c, 2 * page);
+  alloc.release(d, 6 * page);
+  alloc.trim();
+  EXPECT_EQ(g_frees, 4);
+  EXPECT_EQ(g_drains, 2);
+  alloc.trim();  // nothing cached: no drain
+  EXPECT_EQ(g_drains, 2);
 }
 
 TEST(Allocator, RefusesMoreThanTheMachineHas) {

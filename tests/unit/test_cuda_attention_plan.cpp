@@ -290,6 +290,45 @@ TEST(CudaAttnPlan, QueryRowsAreTheCpuRowsAndHoldEverySeeingRow) {
   }
 }
 
+// bwd_kv_kernel's block search (attn::search_round, emulated by first_true_in_rounds) finds what
+// binary search finds, for every answer position, length and thread count, in at most
+// ceil(log_threads(n)) + 1 rounds; and on the document masks, query_rows's two predicates.
+TEST(CudaAttnPlan, BlockSearchFindsWhatBinarySearchFinds) {
+  for (const int threads : {2, 3, 7, 32, attn::kThreads})
+    for (const int64_t n :
+         {int64_t(0), int64_t(1), int64_t(2), int64_t(5), int64_t(255), int64_t(256), int64_t(257),
+          int64_t(1000), int64_t(65537), int64_t(1) << 20}) {
+      int max_rounds = 1;
+      for (int64_t c = 1; c < n; c *= threads) ++max_rounds;
+      for (int64_t a = 0; a <= n; a += std::max<int64_t>(1, n / 97)) {
+        for (const int64_t at : {a, std::min(n, a + 1), n}) {
+          const auto pred = [at](int64_t i) { return i >= at; };
+          int rounds = 0;
+          ASSERT_EQ(attn::first_true_in_rounds(0, n, threads, pred, &rounds), at)
+              << threads << " threads, n " << n;
+          ASSERT_EQ(attn::first_true(0, n, pred), at);
+          ASSERT_LE(rounds, max_rounds) << threads << " threads, n " << n << ", answer " << at;
+        }
+      }
+    }
+  for (const MaskCase& c : random_cases(200)) {
+    const attn::Mask m = c.mask();
+    if (!m.documents()) continue;
+    for (int64_t j = 0; j <= c.sk; j += 7) {
+      const attn::KeysEndPast ends{&m, j};
+      const attn::KeysStartAtOrPast starts{&m, j};
+      ASSERT_EQ(attn::first_true_in_rounds(0, c.sq, attn::kThreads, ends),
+                attn::first_true(0, c.sq, ends))
+          << c.describe() << " key " << j;
+      ASSERT_EQ(attn::first_true_in_rounds(0, c.sq, attn::kThreads, starts),
+                attn::first_true(0, c.sq, starts))
+          << c.describe() << " key " << j;
+      ASSERT_EQ(attn::first_true_in_rounds(0, c.sq, 3, starts), attn::first_true(0, c.sq, starts))
+          << c.describe() << " key " << j;
+    }
+  }
+}
+
 TEST(CudaAttnPlan, KeysSeenAreTheCpuKeysOfEachQueryTile) {
   for (const MaskCase& c : random_cases(200)) {
     const attn::Mask m = c.mask();
@@ -1681,9 +1720,14 @@ TEST(CudaAttnCudnn, MappedCallsRunOnCudnnWithinRule) {
         attn::sdpa_plan(di.p.q, di.p.k, di.p.v, o.dview(), lse.dview(), c.hq, c.hk, c.d,
                         di.p.q_pos0, di.p.k_pos0, c.causal, false);
     ASSERT_TRUE(plan.use) << case_name(c) << ": " << plan.why_not;
-    ASSERT_TRUE(cuda::cudnn_attention_forward(di.p, o.dview(), lse.dview(), 0))
-        << case_name(c) << ": cuDNN rejected the graph or needs a workspace";
+    // The call's workspace, as the backend gives it (the accumulate mode's size).
+    const int64_t ws_bytes = attn::sdpa_fwd_workspace_bytes(c.hq, c.d);
+    void* ws = nullptr;
+    cuda_ok(cudaMalloc(&ws, size_t(ws_bytes)));
+    const bool ran = cuda::cudnn_attention_forward(di.p, o.dview(), lse.dview(), ws, ws_bytes, 0);
     cuda_ok(cudaDeviceSynchronize());
+    cuda_ok(cudaFree(ws));
+    ASSERT_TRUE(ran) << case_name(c) << ": cuDNN rejected the graph or wants more workspace";
     o.read_into(f.o);
     lse.read_into(f.lse);
     const Refs r = refs_of(in);

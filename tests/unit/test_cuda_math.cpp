@@ -32,7 +32,9 @@
 #if defined(UPIPE_HAVE_CUDA)
 #include <cuda_runtime_api.h>
 
+#include "backend/cuda/cuda_memory.h"
 #include "backend/cuda/elementwise_cuda.h"
+#include "unit/scoped_env.h"
 #endif
 
 namespace upipe {
@@ -956,6 +958,31 @@ TEST(CudaMath, ScatterAddEmulationIsCpuBackendBitwise) {
 // ---- the kernels on a GPU ----
 
 #if defined(UPIPE_HAVE_CUDA)
+
+// The device arena's one reservation: free memory less the headroom; ranks sharing a GPU each at
+// most an equal share less the headroom (so the last of 4 ranks reserving in turn on 141 GB still
+// fits); UPIPE_CUDA_RESERVE wins. Host arithmetic, no GPU needed.
+TEST(CudaMemory, ReservationLeavesHeadroomAndSharesTheGpu) {
+  const int64_t g = int64_t(1) << 30, h = cuda::kHeadroomBytes;
+  unsetenv("UPIPE_CUDA_RESERVE");
+  EXPECT_EQ(cuda::device_reservation_bytes(100 * g), 100 * g - h);
+  EXPECT_EQ(cuda::device_reservation_bytes(100 * g, 140 * g, 1), 100 * g - h);
+  EXPECT_EQ(cuda::device_reservation_bytes(2 * g), 0);
+  // Four ranks on 140 GiB: each 35 GiB less the headroom, whenever it reserves.
+  int64_t free = 139 * g, reserved = 0;
+  for (int r = 0; r < 4; ++r) {
+    const int64_t want = cuda::device_reservation_bytes(free, 140 * g, 4);
+    EXPECT_EQ(want, 35 * g - h) << "rank " << r;
+    reserved += want;
+    free -= want + g / 2;  // and its context's half GiB
+  }
+  EXPECT_LE(reserved, 140 * g - 4 * h);
+  EXPECT_GT(free, 0);
+  // Little free memory: what is free, less the headroom, not the share.
+  EXPECT_EQ(cuda::device_reservation_bytes(20 * g, 140 * g, 4), 17 * g);
+  ScopedEnv set("UPIPE_CUDA_RESERVE", "6G");
+  EXPECT_EQ(cuda::device_reservation_bytes(100 * g, 140 * g, 4), 6 * g);
+}
 
 // A device copy of a HostMat (same layout, padding included).
 class DevMat {

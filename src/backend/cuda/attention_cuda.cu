@@ -521,6 +521,30 @@ __device__ __forceinline__ void bwd_kv_tile(const BwdParams& a, const float* sK,
   }
 }
 
+// attn::first_true by the whole block (attn::search_round; every thread computes the same lo and
+// hi, so the loop is uniform): log_256 of the rows in rounds instead of log_2 dependent steps.
+template <class Pred>
+__device__ int64_t block_first_true(int64_t lo, int64_t hi, const Pred& pred) {
+  while (lo < hi) {
+    const int64_t x = lo + int64_t(threadIdx.x) * attn::search_step(lo, hi, kThreads);
+    const int falses = __syncthreads_count(x < hi && !pred(x));
+    const attn::SearchRange r = attn::search_round(lo, hi, kThreads, falses);
+    lo = r.lo;
+    hi = r.hi;
+  }
+  return lo;
+}
+
+// attn::query_rows with its two document searches run by the whole block (one thread's binary
+// searches over a million rows, each step three binary searches of the span lists, kept the
+// other 255 threads waiting). Every thread must call it.
+__device__ attn::Range block_query_rows(const attn::Mask& m, int64_t j0, int64_t n) {
+  if (!m.causal || !m.documents()) return attn::query_rows(m, j0, n);
+  const int64_t first = block_first_true(0, m.sq, attn::KeysEndPast{&m, j0});
+  const int64_t end = block_first_true(0, m.sq, attn::KeysStartAtOrPast{&m, j0 + n});
+  return {first, attn::max64(first, end)};
+}
+
 template <int NC>
 __global__ void __launch_bounds__(kThreads, 1) bwd_kv_kernel(const BwdParams a) {
   constexpr int R = attn::rows_per_warp(NC), BK = kWarps * R;
@@ -540,18 +564,11 @@ __global__ void __launch_bounds__(kThreads, 1) bwd_kv_kernel(const BwdParams a) 
   float* sDelta = sLse + kTile;                 // (kTile)
   int64_t* sLo = reinterpret_cast<int64_t*>(sDelta + kTile);
   int64_t* sHi = sLo + kTile;
-  __shared__ int64_t s_rows[2];
-
-  if (threadIdx.x == 0) {
-    const Range rows = attn::query_rows(a.mask, j0, bk);
-    s_rows[0] = rows.first;
-    s_rows[1] = rows.end;
-  }
+  const Range rows = block_query_rows(a.mask, j0, bk);
+  if (rows.empty()) return;  // the same on every thread
   stage(sK, ldk, BK, a.p.k, j0, bk, int64_t(g) * d, d);
   stage(sV, ldk, BK, a.p.v, j0, bk, int64_t(g) * d, d);
   __syncthreads();
-  const Range rows{s_rows[0], s_rows[1]};
-  if (rows.empty()) return;
   float dk[R][NC], dv[R][NC];
 #pragma unroll
   for (int k = 0; k < R; ++k) {
@@ -637,12 +654,12 @@ void attention_forward(const DAttn& p, const DView& o, const DView& lse, const D
                        const DView& m, const DView& l, bool accumulate, void* ws, cudaStream_t s) {
   const FwdParams a{p, mask_of(p), o, lse, acc, m, l, accumulate};
   if (a.mask.sq == 0) return;
-  if (!accumulate && cudnn_attention_forward(p, o, lse, s)) return;
-  if (accumulate && a.mask.sk > 0) {
-    const int64_t ws_bytes =
-        attention_fwd_workspace_bytes(p.hq, p.hk, p.d, p.q.dtype, p.q_docs.count > 0);
-    if (ws_bytes > 0 && cudnn_attention_forward_accumulate(p, acc, m, l, ws, ws_bytes, s)) return;
-  }
+  const int64_t ws_bytes =
+      attention_fwd_workspace_bytes(p.hq, p.hk, p.d, p.q.dtype, p.q_docs.count > 0);
+  if (!accumulate && cudnn_attention_forward(p, o, lse, ws, ws_bytes, s)) return;
+  if (accumulate && a.mask.sk > 0 && ws_bytes > 0 &&
+      cudnn_attention_forward_accumulate(p, acc, m, l, ws, ws_bytes, s))
+    return;
   const int64_t grid = blocks(a.mask.sq, attn::fwd_tiles(p.d).bq), smem = attn::fwd_smem_bytes(p.d);
   if (attn::cols_per_lane(p.d) == 4)
     launch(fwd_kernel<4>, grid, p.hq, smem, a, s);

@@ -142,19 +142,36 @@ Built finish(cudnnHandle_t h, std::shared_ptr<fe::graph::Graph> g) {
   return {std::move(g), ws};
 }
 
-// The forward graph of plan p (used only when its workspace is 0).
-Built build_forward(cudnnHandle_t h, const attn::SdpaPlan& p, float scale) {
+// The forward graph of plan p on cuDNN's implementation `impl`.
+Built build_forward(cudnnHandle_t h, const attn::SdpaPlan& p, float scale,
+                    fe::AttentionImplementation_t impl) {
   auto g = new_graph();
   auto q = input(*g, "Q", kQ, p.q), k = input(*g, "K", kK, p.k), v = input(*g, "V", kV, p.v);
   auto opts = fe::graph::SDPA_attributes()
                   .set_name("upipe_sdpa")
                   .set_generate_stats(true)
-                  .set_attn_scale(scale);
+                  .set_attn_scale(scale)
+                  .set_implementation(impl);
   set_mask(opts, p.mask);
   auto [o, stats] = g->sdpa(q, k, v, opts);
   output(o, kO, p.o, fe::DataType_t::BFLOAT16);
   output(stats, kStats, p.stats, fe::DataType_t::FLOAT);
   return finish(h, std::move(g));
+}
+// The frontend's own choice first (AUTO: its UNIFIED implementation where the graph allows, e.g.
+// without a mask on cuDNN >= 9.13.1), then COMPOSITE where that is rejected or asks for more than
+// `workspace` bytes: a graph one implementation has no plan for on this GPU may have one in the
+// other, and a call cuDNN takes is several times faster than the flash kernels.
+Built build_forward(cudnnHandle_t h, const attn::SdpaPlan& p, float scale, int64_t workspace) {
+  Built b;
+  try {
+    b = build_forward(h, p, scale, fe::AttentionImplementation_t::AUTO);
+  } catch (const std::exception&) {  // the frontend throws where AUTO finds no implementation
+    b = {};
+  }
+  if (b.g && b.workspace <= workspace) return b;
+  Built c = build_forward(h, p, scale, fe::AttentionImplementation_t::COMPOSITE);
+  return c.g && (!b.g || c.workspace <= workspace) ? c : b;
 }
 
 // One backward block's tensors: q, o, do rows and the packed stats of its query rows, k, v rows
@@ -260,7 +277,16 @@ bool cudnn_attention_built() {
   return true;
 }
 
-bool cudnn_attention_forward(const DAttn& p, const DView& o, const DView& lse, cudaStream_t s) {
+std::string cudnn_version() {
+  // cuDNN 9 codes its version as major * 10000 + minor * 100 + patch.
+  const size_t v = cudnnGetVersion();
+  return fmt::format("cuDNN {}.{}.{} (frontend {}.{}.{})", v / 10000, v / 100 % 100, v % 100,
+                     CUDNN_FRONTEND_MAJOR_VERSION, CUDNN_FRONTEND_MINOR_VERSION,
+                     CUDNN_FRONTEND_PATCH_VERSION);
+}
+
+bool cudnn_attention_forward(const DAttn& p, const DView& o, const DView& lse, void* ws,
+                             int64_t ws_bytes, cudaStream_t s) {
   if (disabled()) return false;
   const attn::SdpaPlan plan = attn::sdpa_plan(p.q, p.k, p.v, o, lse, p.hq, p.hk, p.d, p.q_pos0,
                                               p.k_pos0, p.causal, p.q_docs.count > 0);
@@ -272,22 +298,26 @@ bool cudnn_attention_forward(const DAttn& p, const DView& o, const DView& lse, c
   const cudnnHandle_t h = handle_for(c, device);
   const Key key =
       key_of(0, {&plan.q, &plan.k, &plan.v, &plan.o, &plan.stats}, plan.mask, p.scale, device);
+  // The call's workspace (the accumulate mode's blocks, unused here) is cuDNN's if it asks.
+  const Aligned al = ws != nullptr ? aligned256(ws, ws_bytes) : Aligned{nullptr, 0};
   auto it = c.graphs.find(key);
-  if (it == c.graphs.end()) it = c.graphs.emplace(key, build_forward(h, plan, p.scale)).first;
-  if (!it->second.g || it->second.workspace != 0) {
-    note_fallback("forward",
-                  !it->second.g
-                      ? fmt::format("rejected a {} x {} call of {}/{} heads, d = {}", p.q.rows,
-                                    p.k.rows, p.hq, p.hk, p.d)
-                      : fmt::format("asked for {} bytes of workspace (the normalised forward has "
-                                    "none) for a {} x {} call of {}/{} heads, d = {}",
-                                    it->second.workspace, p.q.rows, p.k.rows, p.hq, p.hk, p.d));
+  if (it == c.graphs.end())
+    it = c.graphs.emplace(key, build_forward(h, plan, p.scale, al.bytes)).first;
+  if (!it->second.g || it->second.workspace > al.bytes) {
+    note_fallback(
+        "forward",
+        !it->second.g
+            ? fmt::format("rejected a {} x {} call of {}/{} heads, d = {}", p.q.rows, p.k.rows,
+                          p.hq, p.hk, p.d)
+            : fmt::format("asked for {} bytes of workspace ({} given) for a {} x {} call "
+                          "of {}/{} heads, d = {}",
+                          it->second.workspace, al.bytes, p.q.rows, p.k.rows, p.hq, p.hk, p.d));
     return false;
   }
   check(cudnnSetStream(h, s), "cudnnSetStream");
   std::unordered_map<int64_t, void*> pack = {
       {kQ, p.q.data}, {kK, p.k.data}, {kV, p.v.data}, {kO, o.data}, {kStats, lse.data}};
-  auto r = it->second.g->execute(h, pack, nullptr);
+  auto r = it->second.g->execute(h, pack, it->second.workspace > 0 ? al.base : nullptr);
   if (r.is_bad()) throw Error(fmt::format("cuDNN fused attention failed: {}", r.get_message()));
   return true;
 }
@@ -318,11 +348,13 @@ bool cudnn_attention_forward_accumulate(const DAttn& p, const DView& acc, const 
     sp.stats = attn::bhsd_stats({nullptr, DT::kF32, p.hq, b.rows, b.rows});
     return sp;
   };
-  auto graph_of = [&](const attn::SdpaBlock& b) -> const Built& {
+  // A block's graph, built for the `left` bytes of workspace after the temporaries (cached by
+  // layout: a later side's budget only decides between implementations the first time).
+  auto graph_of = [&](const attn::SdpaBlock& b, int64_t left) -> const Built& {
     const attn::SdpaPlan sp = plan_of(b);
     const Key key = key_of(0, {&sp.q, &sp.k, &sp.v, &sp.o, &sp.stats}, sp.mask, p.scale, device);
     auto it = c.graphs.find(key);
-    if (it == c.graphs.end()) it = c.graphs.emplace(key, build_forward(h, sp, p.scale)).first;
+    if (it == c.graphs.end()) it = c.graphs.emplace(key, build_forward(h, sp, p.scale, left)).first;
     return it->second;
   };
   for (int64_t side = attn::sdpa_fwd_first_side(sq, sk, p.hq, p.d, budget); side > 0;
@@ -332,7 +364,7 @@ bool cudnn_attention_forward_accumulate(const DAttn& p, const DView& acc, const 
     const bool mapped = attn::for_each_sdpa_block(
         sq, sk, p.q_pos0, p.k_pos0, p.causal, side, [&](const attn::SdpaBlock& b) {
           if (!why.empty()) return;
-          why = refusal(graph_of(b), b, p, budget - lay.end);
+          why = refusal(graph_of(b, budget - lay.end), b, p, budget - lay.end);
         });
     if (!mapped) continue;
     if (!why.empty()) {
@@ -349,7 +381,7 @@ bool cudnn_attention_forward_accumulate(const DAttn& p, const DView& acc, const 
                                                      {kV, rows_of(p.v, b.k0, b.keys).data},
                                                      {kO, to},
                                                      {kStats, tl}};
-          auto r = graph_of(b).g->execute(h, pack, base + lay.end);
+          auto r = graph_of(b, budget - lay.end).g->execute(h, pack, base + lay.end);
           if (r.is_bad())
             throw Error(
                 fmt::format("cuDNN fused attention (accumulate) failed: {}", r.get_message()));
@@ -461,7 +493,12 @@ bool cudnn_attention_built() {
   return false;
 }
 
-bool cudnn_attention_forward(const DAttn&, const DView&, const DView&, cudaStream_t) {
+std::string cudnn_version() {
+  return "cuDNN not built in";
+}
+
+bool cudnn_attention_forward(const DAttn&, const DView&, const DView&, void*, int64_t,
+                             cudaStream_t) {
   return false;
 }
 

@@ -108,8 +108,8 @@ UPIPE_HD int64_t sdpa_fwd_workspace_bytes(int hq, int d);
 // and every partial sum lives in registers. With cuDNN (a build with cudnn-frontend) every bf16
 // call of a d it takes, with documents or not, whether it then runs there or on the flash kernels,
 // takes sdpa_fwd_workspace_bytes (forward: the accumulate mode's blocks; the normalised forward
-// uses none of it) or sdpa_bwd_workspace_bytes (backward): the queries depend on the heads, d and
-// dtype only.
+// gives cuDNN what it asks of it, if it asks) or sdpa_bwd_workspace_bytes (backward): the queries
+// depend on the heads, d and dtype only.
 UPIPE_HD int64_t fwd_workspace_bytes(int hq, int, int d, DT t, bool, bool cudnn) {
   return cudnn && sdpa_shape(d, t) ? sdpa_fwd_workspace_bytes(hq, d) : 0;
 }
@@ -222,32 +222,79 @@ UPIPE_HD bool row_covers(const Range& r, int64_t j0, int64_t j1) {
   return r.first <= j0 && r.end >= j1;
 }
 
+// The first i of [lo, hi) where pred holds, hi if none; pred monotone over [lo, hi) (false ...
+// false true ... true). Binary search: one thread.
+template <class Pred>
+UPIPE_HD int64_t first_true(int64_t lo, int64_t hi, const Pred& pred) {
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (pred(mid))
+      hi = mid;
+    else
+      lo = mid + 1;
+  }
+  return lo;
+}
+
+// The same search by a block of `threads` threads (attention_cuda.cu's block_first_true): each
+// round tests the candidates lo + t step (t < threads, below hi; step = ceil((hi - lo) / threads))
+// at once and counts the false ones; the answer lies after the last false candidate and at or
+// before the first true one, so [lo, hi) shrinks by a factor of `threads` per round (3 rounds for
+// 1M rows of 256 threads, against binary search's 20 dependent steps).
+struct SearchRange {
+  int64_t lo = 0, hi = 0;
+};
+UPIPE_HD int64_t search_step(int64_t lo, int64_t hi, int threads) {
+  return (hi - lo + threads - 1) / threads;
+}
+UPIPE_HD SearchRange search_round(int64_t lo, int64_t hi, int threads, int64_t falses) {
+  if (falses == 0) return {lo, lo};  // the first candidate, lo itself, holds
+  const int64_t step = search_step(lo, hi, threads);
+  return {lo + (falses - 1) * step + 1, min64(hi, lo + falses * step)};
+}
+// The block search emulated on one thread (what the tests compare with first_true).
+template <class Pred>
+int64_t first_true_in_rounds(int64_t lo, int64_t hi, int threads, const Pred& pred,
+                             int* rounds = nullptr) {
+  if (rounds != nullptr) *rounds = 0;
+  while (lo < hi) {
+    const int64_t step = search_step(lo, hi, threads);
+    int64_t falses = 0;
+    for (int t = 0; t < threads; ++t) {
+      const int64_t x = lo + int64_t(t) * step;
+      falses += x < hi && !pred(x);
+    }
+    const SearchRange r = search_round(lo, hi, threads, falses);
+    lo = r.lo;
+    hi = r.hi;
+    if (rounds != nullptr) ++*rounds;
+  }
+  return lo;
+}
+
+// query_rows's two predicates over query rows: the row's key range ends past j, starts at or past
+// j. Both ends of the key ranges grow with the row, so both are monotone.
+struct KeysEndPast {
+  const Mask* m;
+  int64_t j;
+  UPIPE_HD bool operator()(int64_t i) const { return key_range(*m, i).end > j; }
+};
+struct KeysStartAtOrPast {
+  const Mask* m;
+  int64_t j;
+  UPIPE_HD bool operator()(int64_t i) const { return key_range(*m, i).first >= j; }
+};
+
 // The query rows among which every row that sees a key of [j0, j0 + n) lies (rows inside may see
-// none): cpu/attention_mask.h query_rows.
+// none): cpu/attention_mask.h query_rows. With documents: the first row whose range ends past j0,
+// and the first whose range starts at or past j0 + n (bwd_kv_kernel runs the same two searches
+// with the whole block, block_query_rows).
 UPIPE_HD Range query_rows(const Mask& m, int64_t j0, int64_t n) {
   if (!m.causal) return {0, m.sq};
   if (!m.documents()) return {clamp64(m.k_pos0 + j0 - m.q_pos0, 0, m.sq), m.sq};
-  // Both ends of the key ranges grow with the row: the first row whose range ends past j0, and
-  // the first whose range starts at or past j0 + n.
-  int64_t a = 0, b = m.sq;
-  while (a < b) {
-    const int64_t mid = a + (b - a) / 2;
-    if (key_range(m, mid).end > j0)
-      b = mid;
-    else
-      a = mid + 1;
-  }
-  const int64_t first = a;
-  a = 0;
-  b = m.sq;
-  while (a < b) {
-    const int64_t mid = a + (b - a) / 2;
-    if (key_range(m, mid).first >= j0 + n)
-      b = mid;
-    else
-      a = mid + 1;
-  }
-  return {first, max64(first, a)};
+  const int64_t first = first_true(0, m.sq, KeysEndPast{&m, j0});
+  const int64_t end = first_true(0, m.sq, KeysStartAtOrPast{&m, j0 + n});
+  return {first, max64(first, end)};
 }
 
 // The keys some of the n rows (key ranges lo, hi) sees: from the smallest first to the largest end
@@ -370,7 +417,7 @@ inline bool aligned16(const void* p) {
 }
 
 // Whether the normalised forward of this call may run on cuDNN, and its tensors. cuDNN's own
-// support check (and a zero workspace) decide last, when the graph is built.
+// support check (and a workspace within the call's) decide last, when the graph is built.
 //   - no documents (the spans would need one ragged call per piece);
 //   - bf16 (cuDNN's flash path has no fp32 inputs), d a multiple of 8 up to 256;
 //   - q, k, v, o rows 16-byte aligned (ld a multiple of 8), lse packed (ld = sq) and aligned;

@@ -1,5 +1,6 @@
 #include "backend/cuda/cuda_backend.h"
 
+#include <cublasLt.h>
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 
@@ -12,6 +13,7 @@
 
 #include "backend/copy_lanes.h"
 #include "backend/cuda/attention_cuda.h"
+#include "backend/cuda/attention_cudnn.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_memory.h"
 #include "backend/cuda/elementwise_cuda.h"
@@ -78,6 +80,19 @@ bool cuda_available(std::string* why) {
     return false;
   }
   return true;
+}
+
+std::string cuda_library_versions() {
+  // CUDA codes versions as major * 1000 + minor * 10; cuBLASLt as major * 10000 + minor * 100 +
+  // patch.
+  const auto cuda_version = [](int v) { return fmt::format("{}.{}", v / 1000, v % 1000 / 10); };
+  int driver = 0, runtime = 0;
+  const bool has_driver = cudaDriverGetVersion(&driver) == cudaSuccess && driver > 0;
+  if (cudaRuntimeGetVersion(&runtime) != cudaSuccess) runtime = 0;
+  const size_t lt = cublasLtGetVersion();
+  return fmt::format("driver {}, runtime {}, cuBLASLt {}.{}.{}, {}",
+                     has_driver ? cuda_version(driver) : std::string("none"), cuda_version(runtime),
+                     lt / 10000, lt / 100 % 100, lt % 100, cuda::cudnn_version());
 }
 
 int64_t cuda_used_bytes() {

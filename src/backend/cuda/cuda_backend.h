@@ -20,6 +20,9 @@ namespace upipe {
 // Whether this process can run the CUDA backend, and if not why ("no CUDA device: CUDA driver
 // version is insufficient for CUDA runtime version"); tests skip with the reason.
 bool cuda_available(std::string* why = nullptr);
+// "driver 13.0, runtime 13.0, cuBLASLt 13.1.0, cuDNN 9.19.0 (frontend 1.32.0)": the CUDA libraries
+// this process loaded ("driver none" without one); no GPU needed.
+std::string cuda_library_versions();
 // total - free of the current GPU (cudaMemGetInfo).
 int64_t cuda_used_bytes();
 

@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <mutex>
 #include <string>
@@ -13,7 +14,7 @@
 
 namespace upipe::cuda {
 
-int64_t device_reservation_bytes(int64_t free_bytes) {
+int64_t device_reservation_bytes(int64_t free_bytes, int64_t total_bytes, int sharing) {
   if (const char* env = std::getenv("UPIPE_CUDA_RESERVE"); env != nullptr && *env != '\0') {
     char* end = nullptr;
     const double v = std::strtod(env, &end);
@@ -27,7 +28,24 @@ int64_t device_reservation_bytes(int64_t free_bytes) {
           "UPIPE_CUDA_RESERVE={} is not a byte count (a number with an optional G or M)", env));
     return int64_t(v * mult);
   }
-  return free_bytes > kHeadroomBytes ? free_bytes - kHeadroomBytes : 0;
+  int64_t want = free_bytes - kHeadroomBytes;
+  if (sharing > 1) want = std::min(want, total_bytes / sharing - kHeadroomBytes);
+  return std::max<int64_t>(want, 0);
+}
+
+int ranks_on_this_gpu() {
+  int n = 0, device = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n <= 0 || cudaGetDevice(&device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 1;
+  }
+  int local = 1;
+  for (const char* v : {"OMPI_COMM_WORLD_LOCAL_SIZE", "LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"})
+    if (const char* e = std::getenv(v); e != nullptr && std::atoi(e) > 0) {
+      local = std::atoi(e);
+      break;
+    }
+  return std::max(1, (local - device + n - 1) / n);
 }
 
 namespace {
@@ -47,11 +65,14 @@ struct Reservation {
     if (range) return *range;
     size_t free = 0, total = 0;
     UPIPE_CUDA_CHECK(cudaMemGetInfo(&free, &total));
-    const int64_t want = device_reservation_bytes(int64_t(free));
+    const int sharing = ranks_on_this_gpu();
+    const int64_t want = device_reservation_bytes(int64_t(free), int64_t(total), sharing);
     if (want <= 0)
-      throw BackingExhausted(
-          fmt::format("the GPU has {} free, less than the {} kept outside the arena",
-                      format_bytes(int64_t(free)), format_bytes(kHeadroomBytes)));
+      throw BackingExhausted(fmt::format(
+          "the GPU has {} free of {}, shared by {} rank(s) of this node, less than the {} each "
+          "keeps outside its arena (UPIPE_CUDA_RESERVE sets the reservation)",
+          format_bytes(int64_t(free)), format_bytes(int64_t(total)), sharing,
+          format_bytes(kHeadroomBytes)));
     void* base = nullptr;
     const cudaError_t st = cudaMalloc(&base, size_t(want));
     // A failed allocation's status is not sticky but stays pending: clear it, or the next
@@ -102,20 +123,22 @@ int64_t DeviceAllocator::reserved_bytes() {
 }
 
 std::unique_ptr<Allocator> make_pinned_host_allocator() {
-  SystemMemory pinned{
-      [](int64_t bytes) -> void* {
-        void* p = nullptr;
-        if (cudaHostAlloc(&p, size_t(bytes), cudaHostAllocDefault) == cudaSuccess) return p;
-        (void)cudaGetLastError();  // the caller may trim and retry: no stale status for a launch
-        return nullptr;
-      },
-      // A trimmed block may still be a queued copy's source or target (its release waited on
-      // the device side only): the device finishes first (trimming is rare).
-      [](void* p) {
-        (void)cudaDeviceSynchronize();
-        cudaFreeHost(p);
-      }};
-  return std::make_unique<HostCachingAllocator>(int64_t(8) << 30, pinned);
+  SystemMemory pinned;
+  pinned.alloc = [](int64_t bytes) -> void* {
+    void* p = nullptr;
+    if (cudaHostAlloc(&p, size_t(bytes), cudaHostAllocDefault) == cudaSuccess) return p;
+    (void)cudaGetLastError();  // the caller may trim and retry: no stale status for a launch
+    return nullptr;
+  };
+  // A trimmed block may still be a queued copy's source or target (its release waited on the
+  // device side only): the device finishes first, once per trim.
+  pinned.before_free = [] { (void)cudaDeviceSynchronize(); };
+  pinned.free = [](void* p) { (void)cudaFreeHost(p); };
+  // Pinning is slow (the pages are locked one by one) and a step repeats the same host blocks (the
+  // stash's layers, fpdt's K/V chunks), so the cache keeps up to half the machine's memory rather
+  // than the pageable cache's 8 GiB: a step larger than that would re-pin the excess every step.
+  return std::make_unique<HostCachingAllocator>(
+      std::max(int64_t(8) << 30, HostCachingAllocator::physical_memory_bytes() / 2), pinned);
 }
 
 }  // namespace upipe::cuda

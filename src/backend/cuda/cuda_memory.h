@@ -16,8 +16,14 @@ namespace upipe::cuda {
 
 // The bytes the device arena reserves: UPIPE_CUDA_RESERVE (bytes, with a G/M suffix) when set,
 // else the device's free memory less kHeadroomBytes for what lives outside the arena (the CUDA
-// context, cuBLASLt and cuDNN handles, NCCL's buffers).
-int64_t device_reservation_bytes(int64_t free_bytes);
+// context, cuBLASLt and cuDNN handles, NCCL's buffers); where `sharing` ranks use the GPU (of
+// total_bytes), at most an equal share of it less that headroom each, so that the ranks reserving
+// one after another all fit.
+int64_t device_reservation_bytes(int64_t free_bytes, int64_t total_bytes = 0, int sharing = 1);
+// The ranks of this node that use the current GPU: local rank % GPUs picks it (CudaBackend), so
+// those of the node's local ranks (OMPI_COMM_WORLD_LOCAL_SIZE, LOCAL_WORLD_SIZE or
+// SLURM_NTASKS_PER_NODE; 1 when none is set) congruent to it.
+int ranks_on_this_gpu();
 constexpr int64_t kHeadroomBytes = int64_t(3) << 30;
 
 class DeviceAllocator final : public Allocator {

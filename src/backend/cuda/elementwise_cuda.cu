@@ -312,10 +312,16 @@ __global__ void cross_entropy_kernel(DView x, int64_t row0, int64_t n, const int
   __shared__ float red[kRowThreads];
   __shared__ double red64[kRowThreads];
   const int t = int(threadIdx.x);
+  __shared__ int32_t label_of_row;
   const int64_t v = x.cols;
   for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
     float* row = f32_at(x, row0 + r, 0);
-    const int32_t label = labels[r];
+    // One read of the label in mapped host memory per row, not one per thread; the second barrier
+    // keeps the next row's read from overwriting it before every thread has it.
+    if (t == 0) label_of_row = labels[r];
+    __syncthreads();
+    const int32_t label = label_of_row;
+    __syncthreads();
     if (label < 0) {
       for (int64_t c = t; c < v; c += kRowThreads) row[c] = 0.0f;
       if (t == 0) losses[r] = 0.0;
@@ -436,8 +442,10 @@ __global__ void attention_delta_kernel(DView o, DView dout, int d, DView delta) 
   }
 }
 
+// At least one block (a launch of none is an invalid configuration; the kernels' grid-stride
+// loops then run no iteration), at most kMaxGridX.
 unsigned blocks_for(int64_t units) {
-  return unsigned(std::min(units, kMaxGridX));
+  return unsigned(std::clamp<int64_t>(units, 1, kMaxGridX));
 }
 
 }  // namespace
@@ -452,6 +460,14 @@ void convert(const DView& dst, const DView& src, cudaStream_t s) {
   if (empty(src)) return;
   if (dst.dtype == src.dtype) {
     const size_t es = src.dtype == DT::kF32 ? 4 : 2;
+    // Both contiguous (one row, or ld = cols): one linear copy (cudaMemcpy2D refuses a pitch
+    // above the device's limit, 2^31 - 1 bytes, which a long one-row view exceeds).
+    const auto contiguous = [](const DView& v) { return v.rows == 1 || v.ld == v.cols; };
+    if (contiguous(dst) && contiguous(src)) {
+      UPIPE_CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, size_t(src.rows * src.cols) * es,
+                                       cudaMemcpyDeviceToDevice, s));
+      return;
+    }
     // A one-row view may carry any ld (Mat::contiguous); cudaMemcpy2D refuses a pitch below the
     // width even for one row.
     const auto pitch = [&](const DView& v) { return size_t(std::max(v.ld, v.cols)) * es; };

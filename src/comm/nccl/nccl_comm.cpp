@@ -12,8 +12,11 @@
 #include "core/errors.h"
 #include "core/watchdog.h"
 
-#if NCCL_VERSION_CODE < NCCL_VERSION(2, 28, 0)
-#error "comm/nccl needs NCCL >= 2.28 (ncclAlltoAll)"
+// ncclCommSplit (the strategies' groups) is the newest call used; ncclAlltoAll (2.28) is not, so
+// an older NCCL on the GPU machine (a PyTorch wheel's) still runs. make_nccl_comm checks the
+// library's version at run time too: it may be older than these headers.
+#if NCCL_VERSION_CODE < NCCL_VERSION(2, 18, 0)
+#error "comm/nccl needs NCCL >= 2.18 (ncclCommSplit)"
 #endif
 
 namespace upipe {
@@ -86,7 +89,19 @@ class GroupScope {
 
 }  // namespace
 
+std::string nccl_library_version() {
+  int v = 0;
+  if (ncclGetVersion(&v) != ncclSuccess) return "unknown";
+  // NCCL >= 2.9 codes a version as major * 10000 + minor * 100 + patch.
+  return fmt::format("{}.{}.{}", v / 10000, v / 100 % 100, v % 100);
+}
+
 std::string nccl_unavailable_reason() {
+  int v = 0;
+  if (ncclGetVersion(&v) != ncclSuccess) return "ncclGetVersion failed";
+  if (v < NCCL_VERSION(2, 18, 0))
+    return fmt::format("the NCCL library loaded ({}) is older than 2.18, which upipe needs",
+                       nccl_library_version());
   int n = 0;
   const cudaError_t rc = cudaGetDeviceCount(&n);
   if (rc != cudaSuccess)
@@ -166,13 +181,22 @@ void NcclCommunicator::init_streams() {
   UPIPE_COMM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   UPIPE_COMM_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
   UPIPE_COMM_CUDA_CHECK(cudaMalloc(&barrier_buf_, sizeof(float)));
-  UPIPE_COMM_CUDA_CHECK(cudaMemset(barrier_buf_, 0, sizeof(float)));
+  UPIPE_COMM_CUDA_CHECK(cudaMemsetAsync(barrier_buf_, 0, sizeof(float), stream_));
 }
 
 NcclCommunicator::~NcclCommunicator() {
   // ncclCommDestroy waits for the communicator's queued kernels: while an error unwinds, one may
   // wait for a peer that never comes, so it is aborted instead.
   if (comm_ != nullptr && std::uncaught_exceptions() > 0) abort_comm();
+  // Otherwise its last calls end first under the watchdog (a peer that never matches a handed-over
+  // Work would block ncclCommDestroy with no deadline), aborting on a peer's failure.
+  if (comm_ != nullptr) {
+    try {
+      await(nullptr, "nccl teardown");
+    } catch (const std::exception& e) {
+      report_teardown(false, "waiting for the last NCCL calls", e.what());
+    }
+  }
   if (comm_ != nullptr) {
     const ncclResult_t rc = ncclCommDestroy(comm_);
     report_teardown(rc == ncclSuccess, "ncclCommDestroy", ncclGetErrorString(rc));
@@ -203,8 +227,8 @@ void NcclCommunicator::abort_comm() {
   comm_ = nullptr;
 }
 
-void NcclCommunicator::await(CUevent_st* event, CommOp op) {
-  WatchdogOp scope(comm_op_name(op));
+void NcclCommunicator::await(CUevent_st* event, const char* what) {
+  WatchdogOp scope(what);
   for (int64_t polls = 0;; ++polls) {
     const cudaError_t st = event != nullptr ? cudaEventQuery(event) : cudaStreamQuery(stream_);
     if (st == cudaSuccess) return;
@@ -221,7 +245,7 @@ void NcclCommunicator::await(CUevent_st* event, CommOp op) {
         throw Error(fmt::format(
             "rank {}: NCCL failed during {} ({}); the communicator was aborted — a peer rank "
             "failed or left, its own message says why",
-            rank_, comm_op_name(op), why));
+            rank_, what, why));
       }
     }
     // Spin briefly (most waits are short), then give the core back.
@@ -237,10 +261,20 @@ std::unique_ptr<Work> NcclCommunicator::started(CommOp op) {
 }
 
 void NcclCommunicator::enqueue_all_to_all(const void* send, void* recv, int64_t bytes_per_rank) {
+  const size_t n = to_count(bytes_per_rank, "all_to_all bytes per rank");
   record(CommOp::kAllToAll, bytes_per_rank * (size_ - 1));
   after_compute();
-  UPIPE_NCCL_CHECK(ncclAlltoAll(send, recv, to_count(bytes_per_rank, "all_to_all bytes per rank"),
-                                ncclInt8, comm_, stream_));
+  if (n == 0) return;
+  // One grouped send and receive per peer, the self block included: what ncclAlltoAll (2.28+)
+  // does inside, without needing that version.
+  auto* s = static_cast<const uint8_t*>(send);
+  auto* r = static_cast<uint8_t*>(recv);
+  GroupScope group;
+  for (int i = 0; i < size_; ++i) {
+    UPIPE_NCCL_CHECK(ncclSend(s + size_t(i) * n, n, ncclInt8, i, comm_, stream_));
+    UPIPE_NCCL_CHECK(ncclRecv(r + size_t(i) * n, n, ncclInt8, i, comm_, stream_));
+  }
+  group.end();
 }
 
 // NCCL matches a send to a receive of exactly the same size, unlike MPI (which accepts a larger
@@ -408,7 +442,7 @@ std::unique_ptr<Communicator> NcclCommunicator::split(const SplitRule& rule) {
   return c;
 }
 
-std::unique_ptr<Communicator> make_nccl_comm(Communicator& mpi_world, int device) {
+std::string nccl_world_unusable(Communicator& mpi_world, int device) {
   std::string why = nccl_unavailable_reason();
   if (why.empty()) {
     int n = 0;
@@ -416,20 +450,25 @@ std::unique_ptr<Communicator> make_nccl_comm(Communicator& mpi_world, int device
     if (device < 0 || device >= n)
       why = fmt::format("device {} is not one of the {} visible GPUs (0..{})", device, n, n - 1);
   }
-  // Every rank learns whether any rank cannot run, so all of them refuse alike.
+  // Every rank learns whether any rank cannot run, so all of them decide alike.
   float cannot = why.empty() ? 0.0f : 1.0f;
   mpi_world.all_reduce(&cannot, 1, DType::kF32, ReduceOp::kMax);
-  if (!why.empty())
-    throw Error(fmt::format("NCCL cannot run on rank {}: {}", mpi_world.rank(), why));
+  if (!why.empty()) return fmt::format("NCCL cannot run on rank {}: {}", mpi_world.rank(), why);
   if (cannot > 0)
-    throw Error("NCCL cannot run on another rank (its message says why); every rank needs a GPU");
+    return "NCCL cannot run on another rank (its message says why); every rank needs a GPU";
   const auto [a, b] = ranks_sharing_gpu(mpi_world, device);
   if (a >= 0)
-    throw Error(fmt::format(
+    return fmt::format(
         "ranks {} and {} would drive the same GPU, which NCCL refuses; give each rank its own GPU "
         "(device = local rank) or use the staged communicator (comm/staged/staged_comm.h), which "
         "runs MPI collectives through host memory",
-        a, b));
+        a, b);
+  return {};
+}
+
+std::unique_ptr<Communicator> make_nccl_comm(Communicator& mpi_world, int device) {
+  const std::string why = nccl_world_unusable(mpi_world, device);
+  if (!why.empty()) throw Error(why);
   return std::make_unique<NcclCommunicator>(mpi_world, device);
 }
 

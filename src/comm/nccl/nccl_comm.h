@@ -26,9 +26,13 @@ struct ncclComm;
 
 namespace upipe {
 
-// "" when this process can run NCCL (a GPU is visible), else why not, e.g. "no GPU:
-// cudaGetDeviceCount failed: CUDA driver version is insufficient for CUDA runtime version".
+// "" when this process can run NCCL (a GPU is visible, the NCCL loaded is 2.18 or newer), else
+// why not, e.g. "no GPU: cudaGetDeviceCount failed: CUDA driver version is insufficient for CUDA
+// runtime version".
 std::string nccl_unavailable_reason();
+// The version of the NCCL library this process loaded ("2.28.9"), which may differ from the
+// headers it was built with.
+std::string nccl_library_version();
 
 // The two lowest ranks whose GPU UUIDs (uuids[rank]) are equal, {-1, -1} when all differ.
 inline std::pair<int, int> ranks_sharing_gpu(const std::vector<std::array<uint8_t, 16>>& uuids) {
@@ -111,7 +115,9 @@ class NcclCommunicator final : public Communicator {
   // spin until the watchdog ends the job; instead the communicator is aborted (ncclCommAbort ends
   // its kernels) and the wait throws with NCCL's reason. Every later call on an aborted
   // communicator throws.
-  void await(CUevent_st* event, CommOp op);
+  void await(CUevent_st* event, CommOp op) { await(event, comm_op_name(op)); }
+  // The same, for `what` (the watchdog's and the error's name of the wait).
+  void await(CUevent_st* event, const char* what);
   bool aborted() const { return comm_ == nullptr; }
 
  private:
@@ -140,6 +146,11 @@ class NcclCommunicator final : public Communicator {
   // the arenas like NCCL's own buffers).
   float* barrier_buf_ = nullptr;
 };
+
+// Collective over mpi_world, each rank passing the device it would use: "" when NCCL can run on
+// every rank, each on its own GPU; else why not (no GPU or an old NCCL somewhere, a device
+// outside the visible ones, two ranks on one GPU), the same decision on every rank.
+std::string nccl_world_unusable(Communicator& mpi_world, int device);
 
 // The NCCL world for this rank on `device` (collective over mpi_world). Throws upipe::Error,
 // alike on every rank, where NCCL cannot run: no GPU (nccl_unavailable_reason), a device
