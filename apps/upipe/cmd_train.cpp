@@ -115,9 +115,10 @@ void print_startup(const RunConfig& cfg, const ModelConfig& m, TrainingLoop& loo
     std::printf("start: %s; MFU relative to %s = %.1f TFLOP/s per rank\n",
                 loop.start().origin.c_str(), peak.c_str(), loop.gemm_flops() / 1e12);
   else
-    std::printf("start: %s; MFU relative to the GEMM rate measured now, %.1f GFLOP/s per rank "
-                "(a busy machine lowers it; %s states a peak)\n",
-                loop.start().origin.c_str(), loop.gemm_flops() / 1e9, peak.c_str());
+    std::printf(
+        "start: %s; MFU relative to the GEMM rate measured now, %.1f GFLOP/s per rank "
+        "(a busy machine lowers it; %s states a peak)\n",
+        loop.start().origin.c_str(), loop.gemm_flops() / 1e9, peak.c_str());
   for (const std::string& w : run_warnings(cfg, m))
     std::printf("warning: %s\n", render_setting_refs(w).c_str());
   // Under mpirun (one node) rank 0's parent is mpirun, which forwards SIGUSR1 to every rank.
@@ -168,7 +169,7 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
   install_stop_handlers();
   const ModelConfig m = load_model_config(cfg.model.name);
   Device dev(device_options(cfg));
-  DeviceComm comm(dev, proc.world, false);
+  DeviceComm comm(dev, proc.world);
   TrainingLoop loop(dev, comm, m, cfg, opt.resume, opt.overwrite_checkpoints);
   std::unique_ptr<Render> render;
   if (proc.root()) {

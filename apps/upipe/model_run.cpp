@@ -31,13 +31,12 @@ nlohmann::json memory_policy_json(const MemoryPolicy& p) {
 
 ModelRun::ModelRun(Communicator& world, const ModelConfig& m, const RunConfig& c, int64_t seq_len,
                    bool grads)
-    : dev(device_options(c)), comm(dev, world, false) {
+    : dev(device_options(c)), comm(dev, world) {
   const DecoderOptions dopt = decoder_options(c, seq_len);
   const std::string weights = weights_dir(c.model.name, c.model.random_weights);
   // Before anything is allocated: sizes no budget can hold are an out-of-memory error now.
   const int64_t rows = (seq_len + world.size() - 1) / world.size();
-  dev.mem().check_fits(
-      full_model_floor(m, dopt.memory.dtype, rows, dopt.memory.residual_dtype));
+  dev.mem().check_fits(full_model_floor(m, dopt.memory.dtype, rows, dopt.memory.residual_dtype));
   dec = std::make_unique<Decoder>(dev, comm, m, dopt);
   w = load_params(dev, m, weights, dopt.memory.dtype, uint64_t(c.train.seed));
   if (grads) g = allocate_params(dev, m, DType::kF32, Tag::kGrads);

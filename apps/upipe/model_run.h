@@ -31,7 +31,7 @@ struct ModelRun {
   ModelRun(Communicator& world, const ModelConfig& m, const RunConfig& c, int64_t seq_len,
            bool grads = true);
   Device dev;
-  DeviceComm comm;  // the decoder's: the world, or on a GPU the staged communicator over it
+  DeviceComm comm;  // the decoder's: the world, or on a GPU the routed or staged one over it
   std::unique_ptr<Decoder> dec;
   ParamMap w;  // tag params, compute dtype
   ParamMap g;  // tag grads, fp32

@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "comm/routed/routed_comm.h"
 #include "comm/staged/staged_comm.h"
 #include "core/errors.h"
 #if UPIPE_HAVE_CUDA
@@ -13,7 +14,7 @@
 
 namespace upipe {
 
-DeviceComm::DeviceComm(Device& dev, Communicator& world, bool nccl_ok) : use_(&world) {
+DeviceComm::DeviceComm(Device& dev, Communicator& world) : use_(&world) {
   if (dev.backend().kind() != BackendKind::kCuda) {
     // UPIPE_STAGED_COMM=1 on the CPU: the GPU's staged path with memcpy for the device copies,
     // so every strategy can be checked through it without a GPU (tests/cli/staged_check.sh).
@@ -28,22 +29,21 @@ DeviceComm::DeviceComm(Device& dev, Communicator& world, bool nccl_ok) : use_(&w
 #if UPIPE_HAVE_CUDA
   auto& be = static_cast<CudaBackend&>(dev.backend());
   auto* stream = static_cast<CUstream_st*>(be.native_stream());
-  // UPIPE_CUDA_COMM: auto (the default: NCCL where every rank has its own GPU, else staged),
-  // nccl (refused, alike on every rank, where it cannot run) or staged. Every rank passes the same
-  // nccl_ok and sees the same setting (mpirun), so the collective decision below is taken by all.
+  // UPIPE_CUDA_COMM (device_comm.h). Every rank sees the same setting (mpirun), so the collective
+  // decision below is taken by all.
   const char* env = std::getenv("UPIPE_CUDA_COMM");
   const std::string choice = env != nullptr ? env : "auto";
   if (choice != "auto" && choice != "staged" && choice != "nccl")
     throw ConfigError("UPIPE_CUDA_COMM=" + choice + " is unknown; choose auto, nccl or staged");
   const bool nccl =
-      nccl_ok &&
-      (choice == "nccl" || (choice == "auto" && nccl_world_unusable(world, be.device()).empty()));
+      choice == "nccl" || (choice == "auto" && nccl_world_unusable(world, be.device()).empty());
+  copier_ = std::make_unique<CudaCopier>(stream);
   if (nccl) {
-    auto comm = make_nccl_comm(world, be.device());
-    static_cast<NcclCommunicator&>(*comm).set_compute_stream(stream);
-    own_ = std::move(comm);
+    nccl_ = make_nccl_comm(world, be.device());
+    static_cast<NcclCommunicator&>(*nccl_).set_compute_stream(stream);
+    staged_ = std::make_unique<StagedCommunicator>(world, *copier_);
+    own_ = std::make_unique<RoutedCommunicator>(*nccl_, *staged_, is_device_pointer);
   } else {
-    copier_ = std::make_unique<CudaCopier>(stream);
     own_ = std::make_unique<StagedCommunicator>(world, *copier_);
   }
   use_ = own_.get();

@@ -89,6 +89,15 @@ class GroupScope {
 
 }  // namespace
 
+bool is_device_pointer(const void* p) {
+  cudaPointerAttributes a{};
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    (void)cudaGetLastError();  // not sticky, but pending: no stale status for a later launch
+    return false;
+  }
+  return a.type == cudaMemoryTypeDevice;
+}
+
 std::string nccl_library_version() {
   int v = 0;
   if (ncclGetVersion(&v) != ncclSuccess) return "unknown";

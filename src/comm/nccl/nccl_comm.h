@@ -30,6 +30,10 @@ namespace upipe {
 // why not, e.g. "no GPU: cudaGetDeviceCount failed: CUDA driver version is insufficient for CUDA
 // runtime version".
 std::string nccl_unavailable_reason();
+// Whether p is device memory (cudaPointerGetAttributes: cudaMemoryTypeDevice); host memory,
+// pinned or not, and managed memory are not (the routed communicator's classifier: NCCL takes
+// device buffers only).
+bool is_device_pointer(const void* p);
 // The version of the NCCL library this process loaded ("2.28.9"), which may differ from the
 // headers it was built with.
 std::string nccl_library_version();
