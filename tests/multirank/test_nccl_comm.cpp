@@ -8,6 +8,7 @@
 // checks on any number of ranks per GPU, in order with a compute stream.
 #include <cuda_runtime.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -164,21 +165,12 @@ TEST(NcclComm, CountsWhatMpiCounts) {
   test::expect_same_stats(s.stats(), nccl->stats(), "staged(nccl) vs nccl");
 }
 
-// The comm stream waits for the compute stream's work before reading (a large upload queued on
-// the compute stream just before the call), and a non-blocking result reaches a compute stream
-// through wait_on without the host waiting; destroying the handed-over Work does not block.
-// An all-reduce in place (the sum of every rank's upload) and an all-gather out of place: on one
-// rank NCCL runs the first as nothing and the second as a copy on its stream, so only the copy
-// can see an upload the comm stream did not wait for (it would copy the memset's zeros).
-TEST(NcclComm, OrdersWithTheComputeStream) {
-  SKIP_WITHOUT_GPUS();
-  auto comm = make_nccl_comm(world(), world().rank());
-  auto& nccl = dynamic_cast<NcclCommunicator&>(*comm);
-  const int r = nccl.rank(), n = nccl.size();
+// Queues a 64 MiB upload of rank + 1 on `compute` (after a memset of zeros), then runs
+// collectives(dev, gathered, count): an all-gather of dev into gathered and an in-place all-reduce
+// sum of dev, each in order with the compute stream; checks what reaches the host through it.
+void check_ordered_with(cudaStream_t compute, int r, int n,
+                        const std::function<void(float*, float*, int64_t)>& collectives) {
   const int64_t count = int64_t(1) << 24;  // 64 MiB of fp32: the upload takes milliseconds
-  cudaStream_t compute = nullptr;
-  cuda_ok(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking), "stream");
-  nccl.set_compute_stream(compute);
   float* host = nullptr;
   float* dev = nullptr;
   float* gathered = nullptr;
@@ -188,14 +180,7 @@ TEST(NcclComm, OrdersWithTheComputeStream) {
   cuda_ok(cudaMemsetAsync(dev, 0, size_t(count) * 4, compute), "memset");
   for (int64_t i = 0; i < count; ++i) host[i] = float(r + 1);
   cuda_ok(cudaMemcpyAsync(dev, host, size_t(count) * 4, cudaMemcpyHostToDevice, compute), "up");
-  {
-    auto g = nccl.iall_gather(dev, gathered, count * 4);
-    dynamic_cast<NcclWork&>(*g).wait_on(compute);
-  }
-  {
-    auto w = nccl.iall_reduce(dev, count, DType::kF32, ReduceOp::kSum);
-    dynamic_cast<NcclWork&>(*w).wait_on(compute);
-  }
+  collectives(dev, gathered, count);
   std::vector<float> all(size_t(count) * size_t(n));
   cuda_ok(cudaMemcpyAsync(all.data(), gathered, all.size() * 4, cudaMemcpyDeviceToHost, compute),
           "down gathered");
@@ -212,6 +197,30 @@ TEST(NcclComm, OrdersWithTheComputeStream) {
   cuda_ok(cudaFree(gathered), "cudaFree");
   cuda_ok(cudaFree(dev), "cudaFree");
   cuda_ok(cudaFreeHost(host), "cudaFreeHost");
+}
+
+// The comm stream waits for the compute stream's work before reading (a large upload queued on
+// the compute stream just before the call), and a non-blocking result reaches a compute stream
+// through wait_on without the host waiting; destroying the handed-over Work does not block.
+// An all-reduce in place (the sum of every rank's upload) and an all-gather out of place: on one
+// rank NCCL runs the first as nothing and the second as a copy on its stream, so only the copy
+// can see an upload the comm stream did not wait for (it would copy the memset's zeros).
+TEST(NcclComm, OrdersWithTheComputeStream) {
+  SKIP_WITHOUT_GPUS();
+  auto comm = make_nccl_comm(world(), world().rank());
+  auto& nccl = dynamic_cast<NcclCommunicator&>(*comm);
+  cudaStream_t compute = nullptr;
+  cuda_ok(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking), "stream");
+  nccl.set_compute_stream(compute);
+  check_ordered_with(compute, nccl.rank(), nccl.size(),
+                     [&](float* dev, float* gathered, int64_t count) {
+                       {
+                         auto g = nccl.iall_gather(dev, gathered, count * 4);
+                         dynamic_cast<NcclWork&>(*g).wait_on(compute);
+                       }
+                       auto w = nccl.iall_reduce(dev, count, DType::kF32, ReduceOp::kSum);
+                       dynamic_cast<NcclWork&>(*w).wait_on(compute);
+                     });
   cuda_ok(cudaStreamDestroy(compute), "stream destroy");
 }
 
@@ -254,39 +263,14 @@ TEST(StagedCudaComm, PassesTheCollectiveChecks) {
 TEST(StagedCudaComm, OrdersWithTheComputeStream) {
   const std::string why = no_gpu_reason();
   if (!why.empty()) GTEST_SKIP() << why;
-  ComputeStream cs;
-  cudaStream_t compute = cs.get();
-  CudaCopier copier(compute);
+  ComputeStream compute;
+  CudaCopier copier(compute.get());
   StagedCommunicator s(world(), copier);
-  const int r = s.rank(), n = s.size();
-  const int64_t count = int64_t(1) << 24;
-  float* host = nullptr;
-  float* dev = nullptr;
-  float* gathered = nullptr;
-  cuda_ok(cudaMallocHost(&host, size_t(count) * 4), "cudaMallocHost");
-  cuda_ok(cudaMalloc(&dev, size_t(count) * 4), "cudaMalloc");
-  cuda_ok(cudaMalloc(&gathered, size_t(count) * 4 * size_t(n)), "cudaMalloc");
-  cuda_ok(cudaMemsetAsync(dev, 0, size_t(count) * 4, compute), "memset");
-  for (int64_t i = 0; i < count; ++i) host[i] = float(r + 1);
-  cuda_ok(cudaMemcpyAsync(dev, host, size_t(count) * 4, cudaMemcpyHostToDevice, compute), "up");
-  s.all_gather(dev, gathered, count * 4);
-  s.all_reduce(dev, count, DType::kF32, ReduceOp::kSum);
-  std::vector<float> all(size_t(count) * size_t(n));
-  cuda_ok(cudaMemcpyAsync(all.data(), gathered, all.size() * 4, cudaMemcpyDeviceToHost, compute),
-          "down gathered");
-  cuda_ok(cudaMemcpyAsync(host, dev, size_t(count) * 4, cudaMemcpyDeviceToHost, compute), "down");
-  cuda_ok(cudaStreamSynchronize(compute), "sync");
-  const float want = float(n * (n + 1) / 2);
-  for (int64_t i = 0; i < count; i += 4099) ASSERT_EQ(host[i], want) << i;
-  EXPECT_EQ(host[count - 1], want);
-  for (int q = 0; q < n; ++q) {
-    const float* block = all.data() + size_t(q) * size_t(count);
-    for (int64_t i = 0; i < count; i += 4099) ASSERT_EQ(block[i], float(q + 1)) << q << " " << i;
-    EXPECT_EQ(block[count - 1], float(q + 1)) << q;
-  }
-  cuda_ok(cudaFree(gathered), "cudaFree");
-  cuda_ok(cudaFree(dev), "cudaFree");
-  cuda_ok(cudaFreeHost(host), "cudaFreeHost");
+  check_ordered_with(compute.get(), s.rank(), s.size(),
+                     [&](float* dev, float* gathered, int64_t count) {
+                       s.all_gather(dev, gathered, count * 4);
+                       s.all_reduce(dev, count, DType::kF32, ReduceOp::kSum);
+                     });
 }
 
 }  // namespace
