@@ -16,12 +16,26 @@ namespace upipe {
 
 DeviceComm::DeviceComm(Device& dev, Communicator& world) : use_(&world) {
   if (dev.backend().kind() != BackendKind::kCuda) {
-    // UPIPE_STAGED_COMM=1 on the CPU: the GPU's staged path with memcpy for the device copies,
-    // so every strategy can be checked through it without a GPU (tests/cli/staged_check.sh).
-    const char* staged = std::getenv("UPIPE_STAGED_COMM");
-    if (staged != nullptr && std::string(staged) == "1" && dev.backend().computes()) {
+    // UPIPE_STAGED_COMM on the CPU: the GPU's paths with memcpy for the device copies, so every
+    // strategy, the decoder and the trainer can be checked through them without a GPU
+    // (tests/cli/staged_check.sh): 1, the staged communicator; routed, the routed one, with a
+    // group of the world (MPI) standing in for NCCL and the device arena's blocks for device
+    // memory, so a call site that routes differently on two ranks hangs here as it would there.
+    const char* env = std::getenv("UPIPE_STAGED_COMM");
+    const std::string mode = env != nullptr ? env : "";
+    if (!mode.empty() && mode != "0" && mode != "1" && mode != "routed")
+      throw ConfigError("UPIPE_STAGED_COMM=" + mode + " is unknown; choose 1 or routed");
+    if ((mode == "1" || mode == "routed") && dev.backend().computes()) {
       copier_ = std::make_unique<HostCopier>();
-      own_ = std::make_unique<StagedCommunicator>(world, *copier_);
+      if (mode == "routed") {
+        nccl_ = world.split([](int q) { return SplitKey{0, q}; });
+        staged_ = std::make_unique<StagedCommunicator>(world, *copier_);
+        const Arena& device_memory = dev.mem();
+        own_ = std::make_unique<RoutedCommunicator>(
+            *nccl_, *staged_, [&device_memory](const void* p) { return device_memory.owns(p); });
+      } else {
+        own_ = std::make_unique<StagedCommunicator>(world, *copier_);
+      }
       use_ = own_.get();
     }
     return;

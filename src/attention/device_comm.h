@@ -10,8 +10,9 @@
 //                   device -> pinned host -> MPI -> device on the compute stream; copies use
 //                   cudaMemcpyDefault, so host values pass through it too): correct for any
 //                   number of ranks per GPU.
-// UPIPE_STAGED_COMM=1 puts the CPU on the staged path too (memcpy copies), to test it. It lives
-// here because it is the first module that sees both comm and backend.
+// UPIPE_STAGED_COMM=1 puts the CPU on the staged path too (memcpy copies), UPIPE_STAGED_COMM=routed
+// on the routed one (an MPI group for NCCL, the device arena's blocks for device memory), to test
+// them. It lives here because it is the first module that sees both comm and backend.
 #pragma once
 
 #include <memory>

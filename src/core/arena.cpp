@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "core/check.h"
 #include "core/checked.h"
 #include "core/errors.h"
@@ -9,10 +11,10 @@
 namespace upipe {
 
 const char* tag_name(Tag t) {
-  static const char* kNames[] = {
-      "params", "grads",     "optim", "gathered", "act",       "qkv", "a2a",    "attn_out",
-      "kv_resident", "attn_grad", "ring",  "offload",  "workspace", "mlp", "logits", "stash",
-      "docs",        "other"};
+  static const char* kNames[] = {"params", "grads",   "optim",     "gathered",    "act",
+                                 "qkv",    "a2a",     "attn_out",  "kv_resident", "attn_grad",
+                                 "ring",   "offload", "workspace", "mlp",         "logits",
+                                 "stash",  "docs",    "other"};
   static_assert(sizeof(kNames) / sizeof(kNames[0]) == kNumTags);
   return kNames[static_cast<int>(t)];
 }
@@ -72,6 +74,7 @@ void* Arena::allocate(int64_t bytes, Tag tag) {
         format_bytes(budget_), describe(cur_));
     throw OutOfMemoryError(msg, name_, tag_name(tag), bytes, describe(cur_));
   }
+  live_[reinterpret_cast<uintptr_t>(p)] = std::max<int64_t>(bytes, 1);
   on_change(tag, bytes);
   return p;
 }
@@ -101,8 +104,17 @@ void Arena::check_fits(const TagBytes& need) const {
 }
 
 void Arena::release(void* p, int64_t bytes, Tag tag) {
+  live_.erase(reinterpret_cast<uintptr_t>(p));
   backing_.release(p, bytes);
   on_change(tag, -bytes);
+}
+
+bool Arena::owns(const void* p) const {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  auto it = live_.upper_bound(a);
+  if (it == live_.begin()) return false;
+  --it;
+  return a - it->first < uint64_t(it->second);
 }
 
 void Arena::on_change(Tag tag, int64_t delta) {

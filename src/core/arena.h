@@ -7,6 +7,7 @@
 
 #include <array>
 #include <cstdint>
+#include <map>
 #include <string>
 
 #include "core/allocator.h"
@@ -35,6 +36,9 @@ class Arena {
   // budget and the machine before any allocation depends on them.
   void check_fits(const TagBytes& need) const;
   void release(void* p, int64_t bytes, Tag tag);
+  // Whether p lies in a live allocation of this arena (what "device memory" is where the device
+  // is the CPU: the routed communicator's test classifier, attention/device_comm.h).
+  bool owns(const void* p) const;
 
   const std::string& name() const { return name_; }
   int64_t budget() const { return budget_; }
@@ -73,6 +77,7 @@ class Arena {
   int64_t current_ = 0, peak_ = 0;
   TagBytes cur_, at_peak_, tag_peak_;
   std::array<Watch, kMaxWatches> watches_{};
+  std::map<uintptr_t, int64_t> live_;  // live allocations: address -> bytes (at least 1)
 };
 
 // RAII ownership of one arena allocation.

@@ -80,6 +80,25 @@ TEST(Arena, OutOfMemoryNamesTagRequestAndBreakdown) {
   EXPECT_EQ(a.current(), 6000);  // the failed request left no trace
 }
 
+// owns(): inside a live block, not past its end, not after its release (what "device memory" is
+// for the routed communicator on the CPU).
+TEST(Arena, OwnsExactlyItsLiveBlocks) {
+  HostCachingAllocator backing;
+  Arena a("device", 1 << 20, backing);
+  Buffer x(a, 1000, Tag::kQkv);
+  Buffer y(a, 0, Tag::kOther);
+  const char* p = static_cast<const char*>(x.data());
+  EXPECT_TRUE(a.owns(p));
+  EXPECT_TRUE(a.owns(p + 999));
+  EXPECT_FALSE(a.owns(p + 1000));
+  EXPECT_FALSE(a.owns(p - 1));
+  EXPECT_TRUE(a.owns(y.data()));  // a zero-byte block still has its address
+  int on_stack = 0;
+  EXPECT_FALSE(a.owns(&on_stack));
+  x.reset();
+  EXPECT_FALSE(a.owns(p));
+}
+
 TEST(Arena, BufferMoveTransfersOwnership) {
   HostCachingAllocator backing;
   Arena a("device", 1 << 20, backing);
