@@ -75,7 +75,7 @@ bench: build
 	$(PYTHON) bench/run_benchmarks.py --build $(BUILD)
 
 format:
-	clang-format -i $$(git ls-files '*.h' '*.cpp')
+	clang-format -i $$(git ls-files '*.h' '*.cpp' '*.cu')
 
 clean:
 	rm -rf $(BUILD) $(SANITIZE_BUILD)

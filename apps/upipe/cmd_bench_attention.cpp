@@ -157,7 +157,8 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
               format_bytes(r.attn).c_str(), format_bytes(r.formula).c_str());
   if (one)
     std::printf("  one document of %lld: forward %.3f s, backward %.3f s; %.1fx faster packed\n",
-                (long long)cfg.seq_len, one->fwd, one->bwd, (one->fwd + one->bwd) / (r.fwd + r.bwd));
+                (long long)cfg.seq_len, one->fwd, one->bwd,
+                (one->fwd + one->bwd) / (r.fwd + r.bwd));
   return 0;
 }
 
@@ -172,9 +173,10 @@ Runner add_bench_attention(CLI::App& cmd) {
   cmd.add_option("--meta-ranks", opt->meta_ranks,
                  "plan on the meta device as rank 0 of this many ranks (no data, no timing)")
       ->check(integer_in<int>(0, kMaxRanks));
-  cmd.add_option("--doc-lens", opt->doc_lens,
-                 "packed documents: lengths a,b,c summing to --seq-len, or a .npy/.bin file of them; "
-                 "the one-document time of the same S is reported beside");
+  cmd.add_option(
+      "--doc-lens", opt->doc_lens,
+      "packed documents: lengths a,b,c summing to --seq-len, or a .npy/.bin file of them; "
+      "the one-document time of the same S is reported beside");
   cmd.add_flag("--no-one-document", opt->no_one_document,
                "with --doc-lens: skip timing the same S as one document");
   cmd.add_flag("--json", opt->json, "print one JSON object (rank 0)");

@@ -64,12 +64,11 @@ int run_loss(Process& proc, const Options& opt, const RunConfig& cfg, const Mode
     print_json(j);
     return 0;
   }
-  std::printf("%s, %lld window(s) of %lld tokens%s, %s on %d rank(s), %s, forward only\n",
-              m.source.c_str(), (long long)n, (long long)s,
-              spec.documents ? fmt::format(" in {} documents", spec.documents->count()).c_str()
-                             : "",
-              cfg.parallel.knobs.method.c_str(), proc.world.size(),
-              dtype_name(cfg.memory.policy.dtype));
+  std::printf(
+      "%s, %lld window(s) of %lld tokens%s, %s on %d rank(s), %s, forward only\n", m.source.c_str(),
+      (long long)n, (long long)s,
+      spec.documents ? fmt::format(" in {} documents", spec.documents->count()).c_str() : "",
+      cfg.parallel.knobs.method.c_str(), proc.world.size(), dtype_name(cfg.memory.policy.dtype));
   std::printf("  loss %.8f  perplexity %.4f\n", loss, std::exp(loss));
   std::printf("  forward %.3f s, peak %s per rank (max)\n", fwd, format_bytes(peak).c_str());
   return 0;
@@ -175,11 +174,10 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
   if (opt.json) {
     print_json(j);
   } else {
-    std::printf("%s, %zu tokens%s, %s on %d rank(s), %s\n", m.source.c_str(), tokens.size(),
-                spec.documents ? fmt::format(" in {} documents", spec.documents->count()).c_str()
-                               : "",
-                cfg.parallel.knobs.method.c_str(), proc.world.size(),
-                dtype_name(cfg.memory.policy.dtype));
+    std::printf(
+        "%s, %zu tokens%s, %s on %d rank(s), %s\n", m.source.c_str(), tokens.size(),
+        spec.documents ? fmt::format(" in {} documents", spec.documents->count()).c_str() : "",
+        cfg.parallel.knobs.method.c_str(), proc.world.size(), dtype_name(cfg.memory.policy.dtype));
     std::printf("  loss %.8f  grad norm %.6e\n", loss, std::sqrt(total));
     std::printf("  forward %.3f s, backward %.3f s, peak %s per rank (max)\n",
                 run.dec->forward_seconds(), run.dec->backward_seconds(),

@@ -29,9 +29,10 @@ int run(Process& proc, const Options& opt) {
   if (!fs::exists(fs::path(path) / "meta.json")) {
     const auto latest = latest_checkpoint(path);
     if (!latest)
-      throw ConfigError(fmt::format("{} is neither a checkpoint (step_*/ with meta.json and DONE) "
-                                    "nor a directory holding a complete one",
-                                    path));
+      throw ConfigError(
+          fmt::format("{} is neither a checkpoint (step_*/ with meta.json and DONE) "
+                      "nor a directory holding a complete one",
+                      path));
     path = *latest;
   }
   const CheckpointReader reader(path);  // every rank validates: errors are the same everywhere
@@ -52,16 +53,17 @@ Runner add_export(CLI::App& cmd) {
   cmd.add_option("checkpoint", opt->checkpoint,
                  "a checkpoint directory (step_NNNNNNNN) or checkpoint.dir (its newest)")
       ->required();
-  cmd.add_option("out", opt->out, "output directory (config.json + model.safetensors)")
-      ->required();
+  cmd.add_option("out", opt->out, "output directory (config.json + model.safetensors)")->required();
   cmd.add_option("--dtype", opt->dtype, "stored dtype: bf16 or fp32")->capture_default_str();
-  cmd.add_option("--tokenizer", opt->tokenizer,
-                 "auto (the run's Hugging Face directory's tokenizer, else the byte tokenizer for a "
-                 "256-id vocabulary), none, bytes, or a directory to copy tokenizer files from")
+  cmd.add_option(
+         "--tokenizer", opt->tokenizer,
+         "auto (the run's Hugging Face directory's tokenizer, else the byte tokenizer for a "
+         "256-id vocabulary), none, bytes, or a directory to copy tokenizer files from")
       ->capture_default_str();
-  cmd.add_flag("--force", opt->force,
-               "write into a non-empty directory: its weight files and config.json are removed "
-               "first (other files stay; tokenizer files the export writes replace their namesakes)");
+  cmd.add_flag(
+      "--force", opt->force,
+      "write into a non-empty directory: its weight files and config.json are removed "
+      "first (other files stay; tokenizer files the export writes replace their namesakes)");
   return [opt](Process& p) { return run(p, *opt); };
 }
 

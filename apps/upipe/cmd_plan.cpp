@@ -120,7 +120,8 @@ PlanRequest base_request(const Settings& set, const Options& o) {
                                        : parse_bytes(o.reserve, "--reserve");
   if (!o.doc_lens.empty()) {
     if (o.max_seq_len)
-      throw ConfigError("--doc-lens gives the documents of one sequence length: drop --max-seq-len");
+      throw ConfigError(
+          "--doc-lens gives the documents of one sequence length: drop --max-seq-len");
     r.doc_lens = documents_from(o.doc_lens, r.decoder.seq_len)->lengths();
   }
   return r;
@@ -247,8 +248,9 @@ int run(Process& proc, const Options& o, const SettingArgs& sa, const CLI::App& 
       m.source.c_str(), base.ranks, c, base.ranks / c, dtype_name(base.decoder.memory.dtype),
       gib(base.device_bytes), gib(base.reserve_bytes), gib(base.host_bytes),
       base.decoder.memory.offload_stash ? ", stash offloaded" : "",
-      base.doc_lens.empty() ? ""
-                            : fmt::format(", {} documents per sequence", base.doc_lens.size()).c_str(),
+      base.doc_lens.empty()
+          ? ""
+          : fmt::format(", {} documents per sequence", base.doc_lens.size()).c_str(),
       secs);
   std::printf("%-11s %-12s %12s %5s %13s %11s  %s\n", "method", "knobs",
               o.max_seq_len ? "max S" : "S", "fits", "device GiB", "host GiB",

@@ -44,13 +44,14 @@ int run(Process& proc, const Options& o) {
     if (o.markdown) {
       std::printf("%s\n", row.c_str());
     } else {
-      std::printf("%-12s %s%s: L=%d D=%lld H=%d K=%d d=%d F=%lld V=%lld, %s parameters, context "
-                  "%lld, RoPE theta %s\n",
-                  name.c_str(), model_family_name(m.family), m.tie_word_embeddings ? " (tied)" : "",
-                  m.num_hidden_layers, (long long)m.hidden_size, m.num_attention_heads,
-                  m.num_key_value_heads, m.head_dim, (long long)m.intermediate_size,
-                  (long long)m.vocab_size, params_text(parameter_count(m)).c_str(),
-                  (long long)m.max_position_embeddings, rope_text(m.rope).c_str());
+      std::printf(
+          "%-12s %s%s: L=%d D=%lld H=%d K=%d d=%d F=%lld V=%lld, %s parameters, context "
+          "%lld, RoPE theta %s\n",
+          name.c_str(), model_family_name(m.family), m.tie_word_embeddings ? " (tied)" : "",
+          m.num_hidden_layers, (long long)m.hidden_size, m.num_attention_heads,
+          m.num_key_value_heads, m.head_dim, (long long)m.intermediate_size,
+          (long long)m.vocab_size, params_text(parameter_count(m)).c_str(),
+          (long long)m.max_position_embeddings, rope_text(m.rope).c_str());
     }
   }
   return 0;

@@ -130,16 +130,16 @@ void add_piece(const AttentionConfig& whole, BackendKind backend, uint64_t seed,
 // The inputs are a pure function of (config, seed), so the oracle is computed once per process
 // and configuration (and documents): the multi-rank table compares many strategies with the same
 // `local` run, and the naive fp64 block dominates a test case's time.
-const Oracle& oracle(const AttentionConfig& cfg, BackendKind backend, uint64_t seed,
-                     bool with_fp64, const std::vector<int64_t>& doc_lens) {
+const Oracle& oracle(const AttentionConfig& cfg, BackendKind backend, uint64_t seed, bool with_fp64,
+                     const std::vector<int64_t>& doc_lens) {
   static std::map<std::string, Oracle> cache;
   const RopeScaling& rs = cfg.rope.scaling;
-  const std::string key = fmt::format(
-      "{} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} docs {}", backend_kind_name(backend),
-      cfg.seq_len, cfg.heads,
-      cfg.kv_heads, cfg.head_dim, cfg.model_dim(), dtype_name(cfg.dtype), cfg.fp32_residual,
-      cfg.qk_norm, cfg.norm_eps, cfg.rope.theta, rs.enabled, rs.factor, rs.low_freq_factor,
-      rs.high_freq_factor, rs.original_max_position, seed, fmt::join(doc_lens, ","));
+  const std::string key =
+      fmt::format("{} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} {} docs {}",
+                  backend_kind_name(backend), cfg.seq_len, cfg.heads, cfg.kv_heads, cfg.head_dim,
+                  cfg.model_dim(), dtype_name(cfg.dtype), cfg.fp32_residual, cfg.qk_norm,
+                  cfg.norm_eps, cfg.rope.theta, rs.enabled, rs.factor, rs.low_freq_factor,
+                  rs.high_freq_factor, rs.original_max_position, seed, fmt::join(doc_lens, ","));
   Oracle& o = cache[key];
   if (!o.want.empty() && (o.local_err || !with_fp64)) return o;
   const int n = tensor_count(cfg);
@@ -176,8 +176,7 @@ CheckResult check_strategy(const AttentionConfig& cfg, Communicator& world,
   DeviceComm comm(dev, world);  // the strategy's; host results go through world
   auto strat = make_strategy({dev, comm, cfg});
   const bool docs = opt.doc_lens.size() > 1;  // one document is the plain sequence
-  if (docs)
-    strat->set_documents(std::make_shared<const Documents>(opt.doc_lens, cfg.seq_len));
+  if (docs) strat->set_documents(std::make_shared<const Documents>(opt.doc_lens, cfg.seq_len));
   const SeqLayout layout = strat->layout();
   BlockTensors t = make_block_tensors(dev, cfg, layout.positions(world.rank()), opt.seed);
   comm.get().reset_stats();
@@ -214,9 +213,8 @@ CheckResult check_strategy(const AttentionConfig& cfg, Communicator& world,
   // intermediate's rounding depend on how its GEMM is cut (rows per rank, heads per stage), so
   // no tensor is data movement alone there.
   const bool staged_bf16 = cfg.dtype == DType::kBF16 && !dev.backend().native_bf16_gemm();
-  const AttentionStrategy::ErrorClass ec = docs || staged_bf16
-                                               ? AttentionStrategy::ErrorClass::kMerge
-                                               : strat->error_class();
+  const AttentionStrategy::ErrorClass ec =
+      docs || staged_bf16 ? AttentionStrategy::ErrorClass::kMerge : strat->error_class();
   auto merged = [&](int i) {
     const std::string nm = kNames[i];
     return ec == AttentionStrategy::ErrorClass::kMerge || nm == "dwqn" || nm == "dwkn" ||
@@ -230,9 +228,10 @@ CheckResult check_strategy(const AttentionConfig& cfg, Communicator& world,
     res.rule = "packed documents against each document alone, merge (every tensor): " + merge_rule +
                "; data movement bound: " + move_rule;
   else if (staged_bf16 && strat->error_class() != AttentionStrategy::ErrorClass::kMerge)
-    res.rule = "bf16 GEMMs staged through fp32 on this CPU (a bf16 intermediate may round the other "
-               "way when its GEMM is cut differently), merge (every tensor): " +
-               merge_rule + "; data movement bound: " + move_rule;
+    res.rule =
+        "bf16 GEMMs staged through fp32 on this CPU (a bf16 intermediate may round the other "
+        "way when its GEMM is cut differently), merge (every tensor): " +
+        merge_rule + "; data movement bound: " + move_rule;
   else if (ec == AttentionStrategy::ErrorClass::kMerge)
     res.rule = "merge (every tensor): " + merge_rule + "; data movement bound: " + move_rule;
   else if (ec == AttentionStrategy::ErrorClass::kReplicaSums)

@@ -42,7 +42,7 @@ struct CheckOptions {
   uint64_t seed = 1;
   int64_t device_budget = int64_t(1) << 40;
   BackendKind backend = BackendKind::kCpu;  // the device the strategy and local run on
-  std::vector<int64_t> doc_lens = {};  // the documents' lengths (sum S); empty: one document
+  std::vector<int64_t> doc_lens = {};       // the documents' lengths (sum S); empty: one document
 };
 
 struct CheckResult {
@@ -51,10 +51,10 @@ struct CheckResult {
   bool passed = false;
   std::string rule;
   std::map<std::string, double> max_abs_err, tolerance;  // y, dx, dwq, ... (check.h)
-  std::string communicator;  // what the strategy talked through: mpi, staged(mpi), nccl
-  int64_t peak_bytes = 0;                                // max over ranks
-  TagBytes peak_by_tag;                                  // of rank 0, at its peak
-  int64_t attn_peak_bytes = 0;                           // max over ranks
+  std::string communicator;     // what the strategy talked through: mpi, staged(mpi), nccl
+  int64_t peak_bytes = 0;       // max over ranks
+  TagBytes peak_by_tag;         // of rank 0, at its peak
+  int64_t attn_peak_bytes = 0;  // max over ranks
   int64_t attn_formula_bytes = 0;
   CommStats comm;  // rank 0, one forward + backward
   std::optional<CommStats> comm_expected;

@@ -9,8 +9,8 @@
 // global order also keeps them sorted by (document, position), which the kernels' DocRows need.
 //
 // Also here: the ring layouts' placement of documents over ring members (place_documents,
-// docs/documents.md, "The ring balancing rule") and the mask metadata a strategy builds once per layer
-// (DocMask: span lists in the device arena, tag docs).
+// docs/documents.md, "The ring balancing rule") and the mask metadata a strategy builds once per
+// layer (DocMask: span lists in the device arena, tag docs).
 #pragma once
 
 #include <cstdint>

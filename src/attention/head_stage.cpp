@@ -71,8 +71,8 @@ int64_t norm_backward_bytes(const Backend& be, const AttentionConfig& c, int64_t
 void project_kv_blocks(const StageEnv& e, const Mat& x, const RowPositions& pos,
                        const AttentionWeights& w, int set, int pass, const Buffer& staging) {
   const UpipeSchedule& s = e.sch;
-  UPIPE_CHECK(!s.replicated(), "project_kv_blocks: K ({}) < C ({}) replicates heads",
-              s.kv_heads, s.ranks);
+  UPIPE_CHECK(!s.replicated(), "project_kv_blocks: K ({}) < C ({}) replicates heads", s.kv_heads,
+              s.ranks);
   const int64_t d = e.cfg.head_dim, rd = int64_t(s.kv_per_rank) * d;
   const Mat& wmat = pass == 0 ? w.wk : w.wv;
   for (int j = 0; j < s.ranks; ++j) {

@@ -162,8 +162,8 @@ void validate_knobs(const MethodKnobs& k, bool allow_auto) {
   check_taken(k.ulysses_degree, m.takes_ulysses_degree, m, "parallel.ulysses_degree",
               &MethodInfo::takes_ulysses_degree);
   check_taken(k.chunks, m.takes_chunks, m, "parallel.chunks", &MethodInfo::takes_chunks);
-  check_taken(k.overlap ? 1 : 0, m.takes_overlap, m, "parallel.overlap",
-              &MethodInfo::takes_overlap, "false");
+  check_taken(k.overlap ? 1 : 0, m.takes_overlap, m, "parallel.overlap", &MethodInfo::takes_overlap,
+              "false");
 }
 
 MethodKnobs knobs_for(const MethodKnobs& k, const MethodInfo& m) {

@@ -11,8 +11,8 @@
 // with disjoint memory run at once. wait(t) still covers every copy issued up to t.
 //
 // Pure host code (no CUDA): the CUDA backend keeps its events as the payload, the CPU's deferred
-// copies (UPIPE_CPU_COPIES=deferred) their arguments, and copy_run_order() gives the CPU the order a
-// GPU may legally take that differs most from issue order, so a missing dependency shows on the
+// copies (UPIPE_CPU_COPIES=deferred) their arguments, and copy_run_order() gives the CPU the order
+// a GPU may legally take that differs most from issue order, so a missing dependency shows on the
 // CPU as wrong data.
 #pragma once
 

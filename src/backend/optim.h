@@ -10,7 +10,6 @@ namespace upipe {
 double sum_squares(Device& dev, const Mat& x);
 // One AdamW step (backend.h's AdamWArgs) on w with gradient g and moments m, v; all fp32, same
 // shape.
-void adamw(Device& dev, const Mat& w, const Mat& g, const Mat& m, const Mat& v,
-           const AdamWArgs& a);
+void adamw(Device& dev, const Mat& w, const Mat& g, const Mat& m, const Mat& v, const AdamWArgs& a);
 
 }  // namespace upipe

@@ -166,9 +166,13 @@ AtomicFile::~AtomicFile() {
   if (!tmp_.empty()) ::unlink(tmp_.c_str());
 }
 
-void AtomicFile::write(const void* src, int64_t n) { put(src, n, -1); }
+void AtomicFile::write(const void* src, int64_t n) {
+  put(src, n, -1);
+}
 
-void AtomicFile::write_at(const void* src, int64_t n, int64_t offset) { put(src, n, offset); }
+void AtomicFile::write_at(const void* src, int64_t n, int64_t offset) {
+  put(src, n, offset);
+}
 
 void AtomicFile::put(const void* src, int64_t n, int64_t offset) {
   const char* p = static_cast<const char*>(src);

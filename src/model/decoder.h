@@ -14,9 +14,9 @@
 // zigzag, chunked, grid) gets its labels right. A packed sequence (LossSpec::documents) is each
 // document run alone: attention stays inside documents, RoPE positions restart at 0 in each,
 // a document's last token predicts nothing, and the default mean is over the S minus (number of
-// documents) predictions inside documents (attention/documents.h). Which buffer lives when: Decoder::run's comment
-// (decoder.cpp) by function, docs/model.md "Memory" by phase, and its closed form, the tests'
-// oracle tests/unit/step_memory.h.
+// documents) predictions inside documents (attention/documents.h). Which buffer lives when:
+// Decoder::run's comment (decoder.cpp) by function, docs/model.md "Memory" by phase, and its closed
+// form, the tests' oracle tests/unit/step_memory.h.
 #pragma once
 
 #include <cstdint>

@@ -54,8 +54,8 @@ std::vector<int64_t> parse_doc_lens(const std::string& spec, int64_t seq_len,
   try {
     read_token_range(f, 0, f.count, std::min<int64_t>(seq_len + 1, INT32_MAX), ids.data());
   } catch (const ConfigError& e) {
-    throw ConfigError(fmt::format("{}: a document length must lie in [1, {}]: {}", what, seq_len,
-                                  e.what()));
+    throw ConfigError(
+        fmt::format("{}: a document length must lie in [1, {}]: {}", what, seq_len, e.what()));
   }
   return std::vector<int64_t>(ids.begin(), ids.end());
 }

@@ -175,12 +175,12 @@ int64_t mlp_backward_peak_bytes(const Backend& be, const MlpConfig& c, int64_t r
     const int64_t dadb = 2 * grad, ab = kept ? 0 : 2 * tile;
     const int64_t acc = FpAccumulator::bytes(n, d, o);
     peak = std::max({peak, kept ? 0 : dadb + ab + ws(n, f, d, t, t, t),  // a, b
-                     dadb + ab + tile + swiglu_workspace_bytes(be, f),  // h
-                     dadb + ab + tile + ws(d, f, n, o, t, f32),         // dW_down
-                     dadb + ab + grad + ws(n, f, d, o, t, f32),         // dh
-                     dadb + ab + grad + swiglu_workspace_bytes(be, f),  // da, db
-                     dadb + acc + ws(n, d, f, f32, t, f32),             // dx
-                     dadb + ws(f, d, n, f32, t, f32)});                 // dW_gate, dW_up
+                     dadb + ab + tile + swiglu_workspace_bytes(be, f),   // h
+                     dadb + ab + tile + ws(d, f, n, o, t, f32),          // dW_down
+                     dadb + ab + grad + ws(n, f, d, o, t, f32),          // dh
+                     dadb + ab + grad + swiglu_workspace_bytes(be, f),   // da, db
+                     dadb + acc + ws(n, d, f, f32, t, f32),              // dx
+                     dadb + ws(f, d, n, f32, t, f32)});                  // dW_gate, dW_up
   }
   return peak;
 }

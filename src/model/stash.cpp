@@ -40,8 +40,8 @@ void Stash::save(Residual& r, const Mat& x) {
     Tensor staging(dev_.mem(), Tag::kStash, policy_.dtype, shape_.rows, shape_.hidden);
     copy(dev_, staging, x);
     // Waited on at once: the staging block is freed (and reused by the next op) on return.
-    dev_.wait(dev_.copy_async(r.saved.data(), staging.data(), staging.bytes(),
-                              CopyKind::kDeviceToHost));
+    dev_.wait(
+        dev_.copy_async(r.saved.data(), staging.data(), staging.bytes(), CopyKind::kDeviceToHost));
   }
 }
 
@@ -91,8 +91,8 @@ const MlpStash* Stash::keep_mlp(int layer) {
 
 void Stash::fetch(Residual& r) {
   r.slot = Tensor(dev_.mem(), Tag::kStash, policy_.dtype, shape_.rows, shape_.hidden);
-  r.pending = dev_.copy_async(r.slot.data(), r.saved.data(), r.slot.bytes(),
-                              CopyKind::kHostToDevice);
+  r.pending =
+      dev_.copy_async(r.slot.data(), r.saved.data(), r.slot.bytes(), CopyKind::kHostToDevice);
 }
 
 void Stash::fetch(int layer) {

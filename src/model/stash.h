@@ -88,8 +88,8 @@ class Stash final : public WriteFence {
  private:
   // One kept residual: `saved` in the device arena, or in the host arena with its device `slot`.
   struct Residual {
-    Tensor saved;  // (R, D) stash dtype
-    Tensor slot;   // (R, D) stash dtype, offloaded only, between fetch and drop
+    Tensor saved;        // (R, D) stash dtype
+    Tensor slot;         // (R, D) stash dtype, offloaded only, between fetch and drop
     CopyTicket pending;  // offloaded: the save's or the fetch's copy, until waited on
   };
   struct Layer {

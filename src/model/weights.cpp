@@ -70,8 +70,8 @@ TagBytes full_model_floor(const ModelConfig& m, DType dtype, int64_t rows, DType
   return need;
 }
 
-void param_values(const HfTensorSpec& s, int index, const SafetensorsReader* reader,
-                  uint64_t seed, int64_t first, int64_t count, float* dst) {
+void param_values(const HfTensorSpec& s, int index, const SafetensorsReader* reader, uint64_t seed,
+                  int64_t first, int64_t count, float* dst) {
   UPIPE_CHECK(first >= 0 && count >= 0 && first <= s.numel() && count <= s.numel() - first,
               "elements [{}, {}) of {} with {}", first, first + count, s.name, s.numel());
   if (reader != nullptr) {
@@ -80,7 +80,8 @@ void param_values(const HfTensorSpec& s, int index, const SafetensorsReader* rea
     std::fill(dst, dst + count, 1.0f);  // RMSNorm weights
   } else {
     const uint64_t stream = seed * 1000003 + uint64_t(index) + 1;
-    for (int64_t i = 0; i < count; ++i) dst[i] = float(0.02 * normal_at(stream, uint64_t(first + i)));
+    for (int64_t i = 0; i < count; ++i)
+      dst[i] = float(0.02 * normal_at(stream, uint64_t(first + i)));
   }
 }
 

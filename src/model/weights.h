@@ -17,10 +17,11 @@ namespace upipe {
 bool has_checkpoint(const std::string& dir);
 
 // Elements [first, first + count) of tensor `index` of hf_tensors(m) (spec s), as fp32: read from
-// `reader` when it is not null (its shape checked by the caller, SafetensorsReader::check_shape), else the deterministic initialisation of `seed` (the values
-// load_params gives, whatever range is asked: ZeRO-3 ranks fill exactly their shard).
-void param_values(const HfTensorSpec& s, int index, const SafetensorsReader* reader,
-                  uint64_t seed, int64_t first, int64_t count, float* dst);
+// `reader` when it is not null (its shape checked by the caller, SafetensorsReader::check_shape),
+// else the deterministic initialisation of `seed` (the values load_params gives, whatever range is
+// asked: ZeRO-3 ranks fill exactly their shard).
+void param_values(const HfTensorSpec& s, int index, const SafetensorsReader* reader, uint64_t seed,
+                  int64_t first, int64_t count, float* dst);
 
 // The weights of the Hugging Face directory `dir` for a run of model m: ConfigError when dir holds
 // no config.json or its model differs from m (naming the first field that differs), before any

@@ -123,9 +123,10 @@ DataSource::DataSource(const DataOptions& o) : opt_(o) {
         o.seq_len, o.seq_len + 1));
   using DK = DocumentsMode::Kind;
   if (o.documents.kind != DK::kNone && o.kind != DataKind::kFiles)
-    throw ConfigError(fmt::format("{} needs data.kind = \"files\" (the {} task has one document "
-                                  "per sequence)",
-                                  setting_ref("data.documents"), data_kind_name(o.kind)));
+    throw ConfigError(
+        fmt::format("{} needs data.kind = \"files\" (the {} task has one document "
+                    "per sequence)",
+                    setting_ref("data.documents"), data_kind_name(o.kind)));
   if (o.documents.kind == DK::kEos && o.documents.eos >= o.vocab)
     throw ConfigError(fmt::format("{}: the end-of-text id {} is outside the vocabulary [0, {})",
                                   setting_ref("data.documents"), o.documents.eos, o.vocab));

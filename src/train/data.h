@@ -99,7 +99,8 @@ class DataSource {
   DataOptions opt_;
   std::vector<TokenFileInfo> files_;
   std::vector<int64_t> starts_;  // files_.size() + 1 prefix sums of the files' id counts
-  std::vector<int64_t> doc_starts_;  // index: stream positions of the documents' starts, and the end
+  std::vector<int64_t>
+      doc_starts_;  // index: stream positions of the documents' starts, and the end
 };
 
 // The files a data.path names, in stream order: the file itself; a directory's *.npy and *.bin

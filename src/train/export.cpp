@@ -104,10 +104,14 @@ std::vector<std::string> run_directories(const CheckpointReader& reader) {
 }  // namespace
 
 const std::vector<std::string>& hf_tokenizer_files() {
-  static const std::vector<std::string> names = {
-      "tokenizer.json",   "tokenizer_config.json", "special_tokens_map.json",
-      "tokenizer.model",  "vocab.json",            "merges.txt",
-      "added_tokens.json", "chat_template.jinja"};
+  static const std::vector<std::string> names = {"tokenizer.json",
+                                                 "tokenizer_config.json",
+                                                 "special_tokens_map.json",
+                                                 "tokenizer.model",
+                                                 "vocab.json",
+                                                 "merges.txt",
+                                                 "added_tokens.json",
+                                                 "chat_template.jinja"};
   return names;
 }
 
@@ -150,8 +154,11 @@ TokenizerPlan plan_tokenizer(const CheckpointReader& reader, const TokenizerChoi
     if (!p.files.empty()) return p;
   }
   if (vocab == kByteVocab) return bytes_plan("the model's vocabulary is the 256 byte ids");
-  return {false, "", {}, "tokenizer: none (the run names no directory with one and the "
-                         "vocabulary is not bytes); pass --tokenizer DIR to copy one"};
+  return {false,
+          "",
+          {},
+          "tokenizer: none (the run names no directory with one and the "
+          "vocabulary is not bytes); pass --tokenizer DIR to copy one"};
 }
 
 std::vector<std::string> hf_weight_files(const std::string& out) {
@@ -192,7 +199,8 @@ void export_hf(const CheckpointReader& reader, const std::string& out, DType dty
   }
   for (const std::string& n : tok.files) {
     const std::string from = (fs::path(tok.dir) / n).string();
-    write_file_atomic((o / n).string(), read_small_file(from, "tokenizer file", kMaxTokenizerFileBytes),
+    write_file_atomic((o / n).string(),
+                      read_small_file(from, "tokenizer file", kMaxTokenizerFileBytes),
                       "tokenizer file");
   }
 }

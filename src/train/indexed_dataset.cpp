@@ -33,8 +33,8 @@ int width_of(uint8_t code, bool& is_signed) {
 Header read_header(const ReadFile& f) {
   const std::string& path = f.path();
   if (f.size() < kHeaderBytes)
-    throw ConfigError(fmt::format("{}: {} bytes, shorter than a Megatron index header", path,
-                                  f.size()));
+    throw ConfigError(
+        fmt::format("{}: {} bytes, shorter than a Megatron index header", path, f.size()));
   char buf[kHeaderBytes];
   f.read_at(buf, kHeaderBytes, 0);
   if (std::memcmp(buf, kMegatronIdxMagic, 9) != 0)
@@ -45,14 +45,14 @@ Header read_header(const ReadFile& f) {
   std::memcpy(&h.sequences, buf + 18, 8);
   std::memcpy(&h.doc_entries, buf + 26, 8);
   if (h.version != 1)
-    throw ConfigError(fmt::format("{}: index version {} is not supported (Megatron writes 1)",
-                                  path, h.version));
+    throw ConfigError(
+        fmt::format("{}: index version {} is not supported (Megatron writes 1)", path, h.version));
   // Every array must fit in the file: bounds the counts before anything is allocated.
   const uint64_t room = uint64_t(f.size() - kHeaderBytes);
   if (h.sequences > room / 12 || h.doc_entries > (room - 12 * h.sequences) / 8)
-    throw ConfigError(fmt::format(
-        "{}: {} sequences and {} document entries do not fit in its {} bytes", path, h.sequences,
-        h.doc_entries, f.size()));
+    throw ConfigError(
+        fmt::format("{}: {} sequences and {} document entries do not fit in its {} bytes", path,
+                    h.sequences, h.doc_entries, f.size()));
   const uint64_t need = kHeaderBytes + 12 * h.sequences + 8 * h.doc_entries;
   if (uint64_t(f.size()) != need && uint64_t(f.size()) != need + h.sequences)
     throw ConfigError(fmt::format("{}: {} bytes, the header says {} (or {} with sequence modes)",
@@ -91,14 +91,14 @@ IndexedDataset read_indexed_dataset(const std::string& prefix) {
     if (lengths[i] < 0)
       throw ConfigError(fmt::format("{}: sequence {} has length {}", idx, i, lengths[i]));
     if (pointers[i] != seq_start[i] * width)
-      throw ConfigError(fmt::format(
-          "{}: sequence {} starts at byte {}, not {}: the sequences are not contiguous", idx, i,
-          pointers[i], seq_start[i] * width));
+      throw ConfigError(
+          fmt::format("{}: sequence {} starts at byte {}, not {}: the sequences are not contiguous",
+                      idx, i, pointers[i], seq_start[i] * width));
     seq_start[i + 1] = checked_add(seq_start[i], int64_t(lengths[i]), "token count");
   }
   if (doc_index.empty() || doc_index.front() != 0 || doc_index.back() != int64_t(h.sequences))
-    throw ConfigError(fmt::format(
-        "{}: the document index must run from 0 to the {} sequences", idx, h.sequences));
+    throw ConfigError(fmt::format("{}: the document index must run from 0 to the {} sequences", idx,
+                                  h.sequences));
   for (size_t d = 0; d + 1 < doc_index.size(); ++d) {
     if (doc_index[d + 1] < doc_index[d])
       throw ConfigError(fmt::format("{}: the document index decreases at entry {}", idx, d + 1));

@@ -121,9 +121,9 @@ TrainingLoop::~TrainingLoop() = default;
 Sequence TrainingLoop::sequence(int64_t step, int micro, int dp_rank) const {
   Sequence q{data_->sample(step, micro, dp_rank), {}};
   if (data_->packed())
-    q.documents = documents_of(
-        data_->sequence_documents(data_->global_index(step, micro, dp_rank), q.tokens),
-        cfg_.train.seq_len);
+    q.documents =
+        documents_of(data_->sequence_documents(data_->global_index(step, micro, dp_rank), q.tokens),
+                     cfg_.train.seq_len);
   if (copy_task())
     for (int64_t p = 0; p < cfg_.train.seq_len; ++p)
       q.group.push_back(copy_loss_counts(p, cfg_.train.seq_len) ? 1 : 0);

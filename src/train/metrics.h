@@ -92,7 +92,7 @@ class ProgressDisplay {
   std::FILE* out_;
   int64_t total_, interval_;
   ProgressMode mode_;
-  std::string bar_;  // the bar line currently shown ("" = none)
+  std::string bar_;                     // the bar line currently shown ("" = none)
   double loss_sum_ = 0, copy_sum_ = 0;  // over the steps since the last logged line
   int64_t steps_ = 0;
 

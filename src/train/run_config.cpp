@@ -13,8 +13,8 @@
 #include "attention/methods.h"
 #include "backend/backend.h"
 #include "core/errors.h"
-#include "model/config.h"
 #include "core/safe_fs.h"
+#include "model/config.h"
 #include "train/data.h"
 
 namespace upipe {
@@ -212,7 +212,8 @@ std::vector<Field> fields(RunConfig& c) {
        ResumeRule::kFree,
        "MFU's denominator, FLOP/s per rank (e.g. 989e12: an H200's dense bf16 peak); 0 = this "
        "machine's GEMM rate in the compute dtype, measured at start"},
-      {"device.backend", "--backend", "", &c.device.backend, kAll | kScopeKernel, ResumeRule::kArithmetic,
+      {"device.backend", "--backend", "", &c.device.backend, kAll | kScopeKernel,
+       ResumeRule::kArithmetic,
        "what every rank computes on: cpu, or cuda (one GPU per rank: local rank mod the GPUs; "
        "upipe plan then plans the GPU's workspaces and needs none)"},
       {"comm.timeout",
@@ -713,8 +714,7 @@ void validate(const RunConfig& c, uint32_t scopes) {
   if (t.seed < 0) bad("train.seed", fmt::format("must be >= 0, got {}", t.seed));
   c.memory.policy.validate();
   if (!one_of(c.device.backend, {"cpu", "cuda"}))
-    bad("device.backend",
-        fmt::format("'{}' is unknown; choose cpu or cuda", c.device.backend));
+    bad("device.backend", fmt::format("'{}' is unknown; choose cpu or cuda", c.device.backend));
   if (c.device.backend == "cuda" && !cuda_backend_built())
     bad("device.backend",
         "is cuda, but this upipe was built without the CUDA backend; rebuild where nvcc is "

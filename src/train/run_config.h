@@ -43,8 +43,8 @@ inline constexpr int64_t kMaxMemoryBytes = int64_t(1) << 60;  // 1 EiB
 
 struct RunConfig {
   struct Model {
-    std::string name = "tiny";  // preset name or Hugging Face directory (config.json)
-    std::string init_from;      // Hugging Face directory whose weights start the run; "" = random
+    std::string name = "tiny";    // preset name or Hugging Face directory (config.json)
+    std::string init_from;        // Hugging Face directory whose weights start the run; "" = random
     bool random_weights = false;  // eval / bench: a directory's config with random weights
     bool operator==(const Model&) const = default;
   } model;
@@ -73,9 +73,9 @@ struct RunConfig {
     bool operator==(const Memory&) const = default;
   } memory;
   struct Data {
-    std::string kind = "copy";  // files | random | copy
-    std::string path;           // files: a token file, a directory of them, or a glob
-    std::string val_path;       // held-out token files for the validation loss ("" = none)
+    std::string kind = "copy";       // files | random | copy
+    std::string path;                // files: a token file, a directory of them, or a glob
+    std::string val_path;            // held-out token files for the validation loss ("" = none)
     std::string documents = "none";  // none | eos:ID | index (train/data.h)
     bool operator==(const Data&) const = default;
   } data;

@@ -125,9 +125,9 @@ TokenizedDocuments tokenize_documents(const std::string& dir, const std::string&
   for (const std::string& f : files)
     for (const char* ext : {".bin", ".idx"})
       if (same_file(f, r.prefix + ext))
-        throw ConfigError(fmt::format(
-            "the output {}{} is one of the inputs in {}: choose an output outside it", r.prefix,
-            ext, dir));
+        throw ConfigError(
+            fmt::format("the output {}{} is one of the inputs in {}: choose an output outside it",
+                        r.prefix, ext, dir));
   IndexedDatasetWriter w(r.prefix);
   std::vector<char> bytes(static_cast<size_t>(kChunk));
   std::vector<int32_t> ids(static_cast<size_t>(kChunk));

@@ -29,8 +29,9 @@ TagBytes training_floor(const ModelConfig& m, const TrainOptions& o, int world, 
   need.v[size_t(Tag::kParams)] = checked_mul(shard, 4, "parameter bytes");
   need.v[size_t(Tag::kGrads)] = checked_mul(shard, 4, "gradient bytes");
   need.v[size_t(Tag::kOptim)] = checked_mul(shard, 8, "optimizer bytes");
-  need.v[size_t(Tag::kAct)] = checked_mul(checked_mul(rows, m.hidden_size, "residual elements"),
-                                          dtype_size(o.decoder.memory.residual_dtype), "residual bytes");
+  need.v[size_t(Tag::kAct)] =
+      checked_mul(checked_mul(rows, m.hidden_size, "residual elements"),
+                  dtype_size(o.decoder.memory.residual_dtype), "residual bytes");
   return need;
 }
 
@@ -131,9 +132,8 @@ StepResult Trainer::step_views(int64_t t, const SequenceViewFn& data) {
     mine_predicted += double(predictions(seq.documents, s));
     mine_docs += seq.documents ? double(seq.documents->count()) : 1.0;
   }
-  const double predicted = opt_.packed
-                               ? dp_sum(mine_predicted)
-                               : double(dp_size_) * opt_.micro_steps * double(s - 1);
+  const double predicted =
+      opt_.packed ? dp_sum(mine_predicted) : double(dp_size_) * opt_.micro_steps * double(s - 1);
   StepResult r;
   r.documents = opt_.packed ? int64_t(dp_sum(mine_docs)) : int64_t(dp_size_) * opt_.micro_steps;
   double mine[3] = {0, 0, 0};  // scaled loss, group loss sum, group predictions

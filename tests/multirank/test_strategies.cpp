@@ -58,8 +58,7 @@ struct BlockBits {
 BlockBits run_bits(const AttentionConfig& cfg, const std::vector<int64_t>& lens) {
   Device dev;
   auto strat = make_strategy({dev, world(), cfg});
-  if (!lens.empty())
-    strat->set_documents(std::make_shared<const Documents>(lens, cfg.seq_len));
+  if (!lens.empty()) strat->set_documents(std::make_shared<const Documents>(lens, cfg.seq_len));
   BlockTensors t = make_block_tensors(dev, cfg, strat->layout().positions(world().rank()), 3);
   world().reset_stats();
   const BlockRun run = run_block(*strat, dev, t);

@@ -109,7 +109,7 @@ void expect_splits_agree(bool packed) {
     const std::string what = fmt::format("cp {} x dp {} (micro {}) on {} ranks{}", cp, w / cp,
                                          micro, w, packed ? ", packed" : "");
     EXPECT_EQ(r[0].documents, packed ? 5 : 2) << what;  // packed: sequences of 2 and 3
-    EXPECT_GT(r[0].loss, 5.0) << what;  // ~log 256 at the start
+    EXPECT_GT(r[0].loss, 5.0) << what;                  // ~log 256 at the start
     if (ref.empty()) {
       ref = st;
       ref_r = r;

@@ -63,8 +63,7 @@ DecoderStepBytes decoder_step_bytes(const Backend& be, const ModelConfig& m,
   // and backward peaks (which count the layer's own). Per block the backward runs no attention
   // forward.
   const bool keep_attn = keep_mlp && strat.can_stash();
-  const bool keep_recompute =
-      opt.memory.recompute == Recompute::kLayer && strat.can_stash();
+  const bool keep_recompute = opt.memory.recompute == Recompute::kLayer && strat.can_stash();
   const StashedAttentionBytes ka =
       keep_attn || keep_recompute ? strat.stash_formula_bytes() : StashedAttentionBytes{};
   const int64_t kept_layer = kept + (keep_attn ? ka.kept : 0);
@@ -84,7 +83,8 @@ DecoderStepBytes decoder_step_bytes(const Backend& be, const ModelConfig& m,
   b.attn = keep_attn        ? checked_add(layers * ka.kept, attn_peak - ka.kept)
            : keep_recompute ? attn_peak
                             : attn_bytes;
-  b.logits = lm_loss_peak_bytes(be, LmLossConfig{d, m.vocab_size, opt.memory.tile_tokens, t, rt}, rows);
+  b.logits =
+      lm_loss_peak_bytes(be, LmLossConfig{d, m.vocab_size, opt.memory.tile_tokens, t, rt}, rows);
   // The step's phases that can set the peak, each with the (S/C, D) buffers and device
   // checkpoints alive then (docs/model.md, "Memory"):
   // - the forward's last MLP: x, h and every device checkpoint (per block, with fp32
@@ -108,7 +108,7 @@ DecoderStepBytes decoder_step_bytes(const Backend& be, const ModelConfig& m,
   const int64_t h2 = mat_bytes(tile, d, t), g2 = mat_bytes(tile, d, rt);
   const int64_t mlp_bwd = mlp_backward_peak_bytes(be, mc, rows, keep_mlp);
   const int64_t mlp_fwd = mlp_forward_peak_bytes(be, mc, rows, keep_mlp);
-  const int64_t attn_act = 2 * res + half;  // dx, h, and xm or dh
+  const int64_t attn_act = 2 * res + half;    // dx, h, and xm or dh
   b.act = std::max(2 * res + half, 3 * res);  // the loss phase's x, h, dh, then x, dh, dx
   b.mlp = checked_mul(layers, kept, "kept MLP bytes") + std::max(mlp_fwd, h2 + g2 + mlp_bwd);
   b.moments = {

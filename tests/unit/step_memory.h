@@ -31,16 +31,16 @@ inline constexpr int kNumStepMoments = int(StepMoment::kKeptForwardAttention) + 
 const char* step_moment_name(StepMoment m);
 
 struct DecoderStepBytes {
-  int64_t params = 0;     // every parameter in the compute dtype (tag params)
-  int64_t grads = 0;      // every gradient in fp32 (tag grads)
-  int64_t stash = 0;      // device stash at its peak: L fp32 (S/C, D), or 2 slots with offload
+  int64_t params = 0;      // every parameter in the compute dtype (tag params)
+  int64_t grads = 0;       // every gradient in fp32 (tag grads)
+  int64_t stash = 0;       // device stash at its peak: L fp32 (S/C, D), or 2 slots with offload
   int64_t stash_host = 0;  // host-arena checkpoints with offload: L fp32 (S/C, D)
-  int64_t act = 0;        // (S/C, D) buffers at their peak: x, dx, dh, xm fp32; h dtype
-  int64_t attn = 0;       // the strategy's attention intermediates (its attn_formula_bytes; kept
-                          // ones: every layer's, and the backward's peak beyond its own)
-  int64_t mlp = 0;        // the MLP phase: (T, D) tiles h2, g2 + the (T, F) tiles + workspace
-  int64_t logits = 0;     // the fused LM head's peak (lm_loss_peak_bytes: (T, V) tile + ws)
-  int64_t peak = 0;       // the step's device peak, params and grads included
+  int64_t act = 0;         // (S/C, D) buffers at their peak: x, dx, dh, xm fp32; h dtype
+  int64_t attn = 0;        // the strategy's attention intermediates (its attn_formula_bytes; kept
+                           // ones: every layer's, and the backward's peak beyond its own)
+  int64_t mlp = 0;         // the MLP phase: (T, D) tiles h2, g2 + the (T, F) tiles + workspace
+  int64_t logits = 0;      // the fused LM head's peak (lm_loss_peak_bytes: (T, V) tile + ws)
+  int64_t peak = 0;        // the step's device peak, params and grads included
   // Each moment's bytes beyond params and grads (0 where it does not occur); peak = params +
   // grads + the largest.
   std::array<int64_t, kNumStepMoments> moments{};

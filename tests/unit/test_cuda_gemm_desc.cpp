@@ -19,8 +19,12 @@ void colmajor_gemm(const LtProblem& p) {
   const float* a = static_cast<const float*>(p.a.ptr);
   const float* b = static_cast<const float*>(p.b.ptr);
   float* c = static_cast<float*>(const_cast<void*>(p.c.ptr));
-  auto opa = [&](int64_t i, int64_t l) { return p.trans_a ? a[l + i * p.a.ld] : a[i + l * p.a.ld]; };
-  auto opb = [&](int64_t l, int64_t j) { return p.trans_b ? b[j + l * p.b.ld] : b[l + j * p.b.ld]; };
+  auto opa = [&](int64_t i, int64_t l) {
+    return p.trans_a ? a[l + i * p.a.ld] : a[i + l * p.a.ld];
+  };
+  auto opb = [&](int64_t l, int64_t j) {
+    return p.trans_b ? b[j + l * p.b.ld] : b[l + j * p.b.ld];
+  };
   for (int64_t j = 0; j < p.n; ++j)
     for (int64_t i = 0; i < p.m; ++i) {
       double s = 0;

@@ -87,8 +87,7 @@ TEST(MegatronIndex, MalformedIndexesAreRefused) {
   expect_config_error([&] { read_indexed_dataset(with(magic, bin)); }, {"t.idx", "MMIDIDX"});
   expect_config_error([&] { read_indexed_dataset(with(good.substr(0, 20), bin)); },
                       {"t.idx", "header"});
-  expect_config_error([&] { read_indexed_dataset(with(patched(9, 2, 8), bin)); },
-                      {"version 2"});
+  expect_config_error([&] { read_indexed_dataset(with(patched(9, 2, 8), bin)); }, {"version 2"});
   expect_config_error([&] { read_indexed_dataset(with(patched(17, 7, 1), bin)); },
                       {"dtype code 7"});
   // Counts far beyond the file: refused from the header, before any allocation.
@@ -108,9 +107,10 @@ TEST(MegatronIndex, MalformedIndexesAreRefused) {
 }
 
 // A .npy token file of `ids`.
-std::string write_npy(const TempDir& dir, const std::string& name, const std::vector<int32_t>& ids) {
-  std::string header = "{'descr': '<i4', 'fortran_order': False, 'shape': (" +
-                       std::to_string(ids.size()) + ",), }";
+std::string write_npy(const TempDir& dir, const std::string& name,
+                      const std::vector<int32_t>& ids) {
+  std::string header =
+      "{'descr': '<i4', 'fortran_order': False, 'shape': (" + std::to_string(ids.size()) + ",), }";
   while ((10 + header.size() + 1) % 64 != 0) header += ' ';
   header += '\n';
   std::string s("\x93NUMPY\x01\x00", 8);
@@ -148,8 +148,8 @@ TEST(PackedData, EndOfTextIdsEndDocuments) {
     const std::vector<int64_t> lens = src.sequence_documents(i, seq);
     EXPECT_EQ(lens, src.window_documents(src.window_start(i), src.window(src.window_start(i))));
     EXPECT_EQ(std::accumulate(lens.begin(), lens.end(), int64_t(0)), 32);
-    EXPECT_EQ(lens, DataSource(files_options(dir.file("t.npy"), 32, "eos:1"))
-                        .sequence_documents(i, seq));
+    EXPECT_EQ(lens,
+              DataSource(files_options(dir.file("t.npy"), 32, "eos:1")).sequence_documents(i, seq));
   }
   const DataSource plain(files_options(dir.file("t.npy"), 32, "none"));
   EXPECT_TRUE(plain.sequence_documents(0, plain.sequence(0)).empty());

@@ -37,9 +37,9 @@ TEST(Resume, TheRecordedRunContinuesUnchanged) {
 TEST(Resume, ChangesAreReportedByWhatTheyMean) {
   const RecordedRun rec = recorded();
   RunConfig now = rec.config;
-  now.train.steps = 200;                // schedule
-  now.parallel.knobs.method = "ring";   // arithmetic
-  now.metrics.path = "m.jsonl";         // free
+  now.train.steps = 200;               // schedule
+  now.parallel.knobs.method = "ring";  // arithmetic
+  now.metrics.path = "m.jsonl";        // free
   const std::vector<SettingChange> c = setting_changes(rec.config, now);
   ASSERT_EQ(c.size(), 3u);
   EXPECT_EQ(c[0].key, "parallel.method");
@@ -62,8 +62,7 @@ TEST(Resume, ChangesAreReportedByWhatTheyMean) {
 
 TEST(Resume, ChangesOfWhatIsComputedAreRefusedUnlessAccepted) {
   const RecordedRun rec = recorded();
-  for (const auto& [flag, set] :
-       std::vector<std::pair<std::string, void (*)(RunConfig&)>>{
+  for (const auto& [flag, set] : std::vector<std::pair<std::string, void (*)(RunConfig&)>>{
            {"--seq-len", [](RunConfig& c) { c.train.seq_len = 2048; }},
            {"--model", [](RunConfig& c) { c.model.name = "tiny-qwen3"; }},
            {"--data-kind", [](RunConfig& c) { c.data.kind = "copy"; }},

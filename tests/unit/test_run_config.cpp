@@ -477,7 +477,6 @@ TEST(RunConfig, DocsListEverySetting) {
   }
 }
 
-
 // Valid runs that may not mean what they say are warned about, naming the settings.
 TEST(RunConfig, WarningsForContextAndWarmup) {
   RunConfig c;

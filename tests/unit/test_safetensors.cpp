@@ -375,7 +375,8 @@ TEST(Safetensors, ReadRefusals) {
   expect_error([&] { r.read("ids", {2}, DType::kF32, out.data()); },
                {path, "tensor 'ids'", "dtype I64 cannot be read"});
   // The pre-check every rank runs before any rank reads its part refuses the dtype too.
-  expect_error([&] { r.check_shape("ids", {2}); }, {path, "tensor 'ids'", "dtype I64 cannot be read"});
+  expect_error([&] { r.check_shape("ids", {2}); },
+               {path, "tensor 'ids'", "dtype I64 cannot be read"});
   expect_error([&] { r.read_range("a", 10, 4, DType::kF32, out.data()); },
                {path, "tensor 'a'", "elements [10, 14) are outside its 12 elements"});
   // Moving the reader keeps it usable.

@@ -92,9 +92,7 @@ TEST(StepMemory, MetaStepPeaksAtTheClosedForm) {
               for (bool offload : {false, true})
                 for (DType ct : {DType::kF32, DType::kBF16})
                   for (DType rt : {DType::kF32, DType::kBF16})
-                    for (Recompute cg :
-                         {Recompute::kLayer, Recompute::kBlock,
-                          Recompute::kNone}) {
+                    for (Recompute cg : {Recompute::kLayer, Recompute::kBlock, Recompute::kNone}) {
                       if (rt != DType::kF32 && rt != t) continue;  // fp32 or the compute dtype
                       DecoderOptions opt;
                       opt.memory.recompute = cg;
@@ -134,8 +132,7 @@ struct MomentCase {
 };
 
 constexpr DType F32 = DType::kF32, BF16 = DType::kBF16;
-constexpr auto kLayer = Recompute::kLayer, kBlock = Recompute::kBlock,
-               kNone = Recompute::kNone;
+constexpr auto kLayer = Recompute::kLayer, kBlock = Recompute::kBlock, kNone = Recompute::kNone;
 
 // On the tiny Llama (H = 4, K = 2) with the hidden size D, the MLP width F, the vocabulary V,
 // the layers L and the head dim d as listed.

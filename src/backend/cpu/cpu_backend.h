@@ -75,7 +75,7 @@ class CpuBackend final : public Backend {
     int64_t bytes = 0;
   };
   bool defer_ = false;
-  bool reads_o_ = false;             // UPIPE_CPU_ATTN_READS_O=1
+  bool reads_o_ = false;            // UPIPE_CPU_ATTN_READS_O=1
   CopyLanes<PendingCopy> pending_;  // deferred copies not yet run
 };
 
