@@ -40,4 +40,12 @@ SplitPlace split_place(const SplitRule& rule, int rank, int size) {
   return p;
 }
 
+void Communicator::record_as(const Communicator& inner, CommOp op, const CommStats& before) {
+  const CommStats& s = inner.stats();
+  UPIPE_CHECK(s.calls_of(op) == before.calls_of(op) + 1,
+              "the inner {} communicator recorded {} {} calls for one", inner.backend(),
+              s.calls_of(op) - before.calls_of(op), comm_op_name(op));
+  record(op, s.bytes_of(op) - before.bytes_of(op));
+}
+
 }  // namespace upipe

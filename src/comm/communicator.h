@@ -125,6 +125,9 @@ class Communicator {
     stats_.add(op, bytes);
     if (parent_ != nullptr) parent_->record(op, bytes);
   }
+  // For a communicator that runs each call on an inner one (staged, routed): records the one call
+  // of op that `inner` recorded since its counters were `before`, checking that it was one.
+  void record_as(const Communicator& inner, CommOp op, const CommStats& before);
   CommStats stats_;
   Communicator* parent_ = nullptr;  // the communicator split() made this group from
 };

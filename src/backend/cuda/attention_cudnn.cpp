@@ -12,6 +12,7 @@
 #include <cudnn_frontend.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -142,9 +143,11 @@ Built finish(cudnnHandle_t h, std::shared_ptr<fe::graph::Graph> g) {
   return {std::move(g), ws};
 }
 
-// The forward graph of plan p on cuDNN's implementation `impl`.
+// The forward graph of plan p on cuDNN's implementation `impl`, or a null graph where it is
+// rejected (the frontend throws, rather than returning an error, where AUTO finds no
+// implementation: a rejection like any other).
 Built build_forward(cudnnHandle_t h, const attn::SdpaPlan& p, float scale,
-                    fe::AttentionImplementation_t impl) {
+                    fe::AttentionImplementation_t impl) try {
   auto g = new_graph();
   auto q = input(*g, "Q", kQ, p.q), k = input(*g, "K", kK, p.k), v = input(*g, "V", kV, p.v);
   auto opts = fe::graph::SDPA_attributes()
@@ -157,18 +160,15 @@ Built build_forward(cudnnHandle_t h, const attn::SdpaPlan& p, float scale,
   output(o, kO, p.o, fe::DataType_t::BFLOAT16);
   output(stats, kStats, p.stats, fe::DataType_t::FLOAT);
   return finish(h, std::move(g));
+} catch (const std::exception&) {
+  return {};
 }
 // The frontend's own choice first (AUTO: its UNIFIED implementation where the graph allows, e.g.
 // without a mask on cuDNN >= 9.13.1), then COMPOSITE where that is rejected or asks for more than
 // `workspace` bytes: a graph one implementation has no plan for on this GPU may have one in the
 // other, and a call cuDNN takes is several times faster than the flash kernels.
 Built build_forward(cudnnHandle_t h, const attn::SdpaPlan& p, float scale, int64_t workspace) {
-  Built b;
-  try {
-    b = build_forward(h, p, scale, fe::AttentionImplementation_t::AUTO);
-  } catch (const std::exception&) {  // the frontend throws where AUTO finds no implementation
-    b = {};
-  }
+  Built b = build_forward(h, p, scale, fe::AttentionImplementation_t::AUTO);
   if (b.g && b.workspace <= workspace) return b;
   Built c = build_forward(h, p, scale, fe::AttentionImplementation_t::COMPOSITE);
   return c.g && (!b.g || c.workspace <= workspace) ? c : b;
@@ -299,7 +299,8 @@ bool cudnn_attention_forward(const DAttn& p, const DView& o, const DView& lse, v
   const Key key =
       key_of(0, {&plan.q, &plan.k, &plan.v, &plan.o, &plan.stats}, plan.mask, p.scale, device);
   // The call's workspace (the accumulate mode's blocks, unused here) is cuDNN's if it asks.
-  const Aligned al = ws != nullptr ? aligned256(ws, ws_bytes) : Aligned{nullptr, 0};
+  Aligned al = ws != nullptr ? aligned256(ws, ws_bytes) : Aligned{nullptr, 0};
+  al.bytes = std::max<int64_t>(al.bytes, 0);
   auto it = c.graphs.find(key);
   if (it == c.graphs.end())
     it = c.graphs.emplace(key, build_forward(h, plan, p.scale, al.bytes)).first;

@@ -61,12 +61,6 @@ cuda::DAttn attn(const AttnProblem& p) {
   return a;
 }
 
-int local_rank() {
-  for (const char* v : {"OMPI_COMM_WORLD_LOCAL_RANK", "LOCAL_RANK", "SLURM_LOCALID"})
-    if (const char* s = std::getenv(v); s != nullptr && *s != '\0') return std::atoi(s);
-  return 0;
-}
-
 }  // namespace
 
 bool cuda_available(std::string* why) {
@@ -143,7 +137,7 @@ CudaBackend::CudaBackend(Mode mode) : mode_(mode) {
   if (!cuda_available(&why)) throw ConfigError(fmt::format("--backend cuda: {}", why));
   int n = 0;
   UPIPE_CUDA_CHECK(cudaGetDeviceCount(&n));
-  device_ = local_rank() % n;
+  device_ = cuda::local_rank() % n;
   UPIPE_CUDA_CHECK(cudaSetDevice(device_));
   state_ = std::make_unique<State>();
   UPIPE_CUDA_CHECK(cudaStreamCreateWithFlags(&state_->stream, cudaStreamNonBlocking));

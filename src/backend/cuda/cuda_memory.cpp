@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <initializer_list>
 #include <mutex>
 #include <string>
 
@@ -33,19 +34,33 @@ int64_t device_reservation_bytes(int64_t free_bytes, int64_t total_bytes, int sh
   return std::max<int64_t>(want, 0);
 }
 
+namespace {
+
+// The first of the variables that is set, as a number; `otherwise` when none is.
+int first_set(std::initializer_list<const char*> vars, int otherwise) {
+  for (const char* v : vars)
+    if (const char* e = std::getenv(v); e != nullptr && *e != '\0') return std::atoi(e);
+  return otherwise;
+}
+
+}  // namespace
+
+int local_rank() {
+  return first_set({"OMPI_COMM_WORLD_LOCAL_RANK", "LOCAL_RANK", "SLURM_LOCALID"}, 0);
+}
+
+int local_size() {
+  return std::max(
+      1, first_set({"OMPI_COMM_WORLD_LOCAL_SIZE", "LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"}, 1));
+}
+
 int ranks_on_this_gpu() {
   int n = 0, device = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess || n <= 0 || cudaGetDevice(&device) != cudaSuccess) {
     (void)cudaGetLastError();
     return 1;
   }
-  int local = 1;
-  for (const char* v : {"OMPI_COMM_WORLD_LOCAL_SIZE", "LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"})
-    if (const char* e = std::getenv(v); e != nullptr && std::atoi(e) > 0) {
-      local = std::atoi(e);
-      break;
-    }
-  return std::max(1, (local - device + n - 1) / n);
+  return std::max(1, (local_size() - device + n - 1) / n);
 }
 
 namespace {

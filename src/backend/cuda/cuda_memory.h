@@ -20,9 +20,13 @@ namespace upipe::cuda {
 // total_bytes), at most an equal share of it less that headroom each, so that the ranks reserving
 // one after another all fit.
 int64_t device_reservation_bytes(int64_t free_bytes, int64_t total_bytes = 0, int sharing = 1);
+// Where this rank sits on its node, from the launcher's environment (OpenMPI, torchrun, Slurm):
+// its local rank (OMPI_COMM_WORLD_LOCAL_RANK, LOCAL_RANK or SLURM_LOCALID; 0 when none is set) and
+// the node's ranks (OMPI_COMM_WORLD_LOCAL_SIZE, LOCAL_WORLD_SIZE or SLURM_NTASKS_PER_NODE; 1).
+int local_rank();
+int local_size();
 // The ranks of this node that use the current GPU: local rank % GPUs picks it (CudaBackend), so
-// those of the node's local ranks (OMPI_COMM_WORLD_LOCAL_SIZE, LOCAL_WORLD_SIZE or
-// SLURM_NTASKS_PER_NODE; 1 when none is set) congruent to it.
+// the local ranks congruent to it.
 int ranks_on_this_gpu();
 constexpr int64_t kHeadroomBytes = int64_t(3) << 30;
 

@@ -31,24 +31,17 @@ Communicator& RoutedCommunicator::pick(std::initializer_list<const void*> buffer
   return device ? device_ : host_;
 }
 
-void RoutedCommunicator::took(const Communicator& c, CommOp op, int64_t calls, int64_t bytes) {
-  UPIPE_CHECK(c.stats().calls_of(op) == calls + 1,
-              "routed communicator: the inner {} recorded {} {} calls for one", c.backend(),
-              c.stats().calls_of(op) - calls, comm_op_name(op));
-  record(op, c.stats().bytes_of(op) - bytes);
-}
-
 // A non-blocking call records when it starts, as the inner ones do.
 template <class F>
 auto RoutedCommunicator::routed(CommOp op, std::initializer_list<const void*> buffers, F&& f) {
   Communicator& c = pick(buffers);
-  const int64_t calls = c.stats().calls_of(op), bytes = c.stats().bytes_of(op);
+  const CommStats before = c.stats();
   if constexpr (std::is_void_v<std::invoke_result_t<F&, Communicator&>>) {
     f(c);
-    took(c, op, calls, bytes);
+    record_as(c, op, before);
   } else {
     auto work = f(c);
-    took(c, op, calls, bytes);
+    record_as(c, op, before);
     return work;
   }
 }
@@ -93,10 +86,9 @@ void RoutedCommunicator::sendrecv(const void* send, int64_t send_bytes, int dst,
 
 void RoutedCommunicator::barrier() {
   ++host_calls_;
-  const int64_t calls = host_.stats().calls_of(CommOp::kBarrier);
-  const int64_t bytes = host_.stats().bytes_of(CommOp::kBarrier);
+  const CommStats before = host_.stats();
   host_.barrier();
-  took(host_, CommOp::kBarrier, calls, bytes);
+  record_as(host_, CommOp::kBarrier, before);
 }
 
 std::unique_ptr<Work> RoutedCommunicator::iall_to_all(const void* send, void* recv,

@@ -70,8 +70,6 @@ class RoutedCommunicator final : public Communicator {
   // Runs f(inner) on the picked communicator and records what it recorded for op.
   template <class F>
   auto routed(CommOp op, std::initializer_list<const void*> buffers, F&& f);
-  // Records the one call of op that c recorded since it held `calls` calls and `bytes` bytes.
-  void took(const Communicator& c, CommOp op, int64_t calls, int64_t bytes);
 
   std::unique_ptr<Communicator> owned_device_, owned_host_;  // a split's groups
   Communicator& device_;

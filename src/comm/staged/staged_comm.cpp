@@ -97,8 +97,7 @@ class StagedCommunicator::Call {
       : comm_(comm),
         op_(op),
         recv_offset_(round_up(send_bytes, kStagingAlign)),
-        calls_before_(comm.inner_.stats().calls_of(op)),
-        bytes_before_(comm.inner_.stats().bytes_of(op)) {
+        before_(comm.inner_.stats()) {
     buf_ = comm_.pool_->acquire(recv_bytes > 0 ? recv_offset_ + recv_bytes : send_bytes);
     ++comm_.in_flight_;
   }
@@ -119,13 +118,7 @@ class StagedCommunicator::Call {
     if (bytes > 0) owed_.push_back({dev, host, bytes});
   }
   // Called once the inner call has started (it counts when it starts).
-  void count() {
-    const CommStats& s = comm_.inner_.stats();
-    UPIPE_CHECK(s.calls_of(op_) == calls_before_ + 1,
-                "the inner {} communicator recorded {} {} calls for one", comm_.inner_.backend(),
-                s.calls_of(op_) - calls_before_, comm_op_name(op_));
-    comm_.record(op_, s.bytes_of(op_) - bytes_before_);
-  }
+  void count() { comm_.record_as(comm_.inner_, op_, before_); }
   // Called once the inner call has completed: copies the results back, waits for the copies and
   // returns the staging buffer to the pool.
   void finish() {
@@ -152,7 +145,7 @@ class StagedCommunicator::Call {
   StagedCommunicator& comm_;
   CommOp op_;
   int64_t recv_offset_;
-  int64_t calls_before_, bytes_before_;
+  CommStats before_;  // the inner communicator's counters before the call
   StagingPool::Buffer* buf_ = nullptr;
   std::vector<Owed> owed_;
 };
