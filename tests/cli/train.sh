@@ -7,7 +7,8 @@
 #            bitwise equal to an uninterrupted run's; the metrics file has every step once;
 #            meta.json names the build (`upipe --version`'s id), and the resume line does not;
 #            export -> a Hugging Face folder (with the byte tokenizer) that `upipe eval` loads;
-#            resume on 1 rank reshards
+#            resume on 1 rank reshards; another build's checkpoint resumes, its start line
+#            naming that build
 #   kill     a rank killed with SIGKILL mid-run ends the job (non-zero) within 30 s, and the
 #            newest complete checkpoint still resumes
 #   init     --init-from the committed transformers fixture, one step at lr 0, export: eval of
@@ -119,6 +120,30 @@ PY
     --checkpoint-dir="$tmp/b" --resume > "$tmp/d.out" 2>&1 || { cat "$tmp/d.out"; fail "1-rank resume failed"; }
   grep -q "resharded" "$tmp/d.out" || { cat "$tmp/d.out"; fail "no resharding on 1 rank"; }
   [ -f "$tmp/b/step_00000302/DONE" ] || fail "the resharded run wrote no checkpoint"
+  # Another build's checkpoint (its meta.json names another upipe, DONE's checksum re-made to
+  # match) is read all the same, and the start line says who wrote it.
+  mkdir "$tmp/e" && cp -r "$tmp/b/step_00000302" "$tmp/e/"
+  python3 - "$tmp/e/step_00000302" <<'PY' || fail "could not rewrite the checkpoint's build"
+import ctypes, json, sys
+d = sys.argv[1]
+meta = json.load(open(d + "/meta.json"))
+meta["upipe"] = "0.0.0-elsewhere"
+text = json.dumps(meta).encode()
+open(d + "/meta.json", "wb").write(text)
+xxh = ctypes.CDLL("libxxhash.so.0")
+xxh.XXH3_64bits.restype = ctypes.c_uint64
+xxh.XXH3_64bits.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+done = open(d + "/DONE").read().splitlines()
+line = "meta.json xxh3-64 %016x" % xxh.XXH3_64bits(text, len(text))
+new = [line if l.startswith("meta.json ") else l for l in done]
+if new == done:
+    sys.exit("DONE has no meta.json line")
+open(d + "/DONE", "w").write("\n".join(new) + "\n")
+PY
+  timeout 300 "${mpirun[@]}" -np 1 "$upipe" train "${small[@]}" --steps=303 \
+    --checkpoint-dir="$tmp/e" --resume > "$tmp/e.out" 2>&1 || { cat "$tmp/e.out"; fail "resume of another build's checkpoint failed"; }
+  grep "^start:" "$tmp/e.out"
+  grep "^start:" "$tmp/e.out" | grep -q ", by upipe 0.0.0-elsewhere)" || { cat "$tmp/e.out"; fail "the start line does not name the other build"; }
   ;;
 packed)
   mkdir -p "$tmp/corpus"
