@@ -49,11 +49,13 @@ DeviceComm::DeviceComm(Device& dev, Communicator& world) : use_(&world) {
   const std::string choice = env != nullptr ? env : "auto";
   if (choice != "auto" && choice != "staged" && choice != "nccl")
     throw ConfigError("UPIPE_CUDA_COMM=" + choice + " is unknown; choose auto, nccl or staged");
-  const bool nccl =
-      choice == "nccl" || (choice == "auto" && nccl_world_unusable(world, be.device()).empty());
+  // One collective usability check (a forced "nccl" that cannot run throws its reason).
+  const std::string why = choice == "staged" ? "" : nccl_world_unusable(world, be.device());
+  if (choice == "nccl" && !why.empty()) throw Error(why);
+  const bool nccl = choice != "staged" && why.empty();
   copier_ = std::make_unique<CudaCopier>(stream);
   if (nccl) {
-    nccl_ = make_nccl_comm(world, be.device());
+    nccl_ = std::make_unique<NcclCommunicator>(world, be.device());
     static_cast<NcclCommunicator&>(*nccl_).set_compute_stream(stream);
     staged_ = std::make_unique<StagedCommunicator>(world, *copier_);
     own_ = std::make_unique<RoutedCommunicator>(*nccl_, *staged_, is_device_pointer);
