@@ -88,18 +88,25 @@ double Trainer::dp_sum(double mine) const {
 
 double Trainer::evaluate(const std::function<Sequence(int64_t i)>& data, int64_t n) {
   const int64_t s = opt_.decoder.seq_len;
+  // Sequence i goes to DP replica i mod dp. Every forward's ZeRO-3 gathers span all ranks, so
+  // every replica runs the same number of forwards: where n does not divide evenly, a replica
+  // with one fewer runs a last forward on sequence 0 that counts for nothing.
+  const int64_t rounds = (n + dp_size_ - 1) / dp_size_;
   std::vector<Sequence> seqs;
   double mine_predicted = 0;
-  for (int64_t i = dp_rank_; i < n; i += dp_size_) {
-    seqs.push_back(data(i));
-    mine_predicted += double(predictions(seqs.back().documents, s));
+  for (int64_t r = 0; r < rounds; ++r) {
+    const int64_t i = r * dp_size_ + dp_rank_;
+    seqs.push_back(data(i < n ? i : 0));
+    if (i < n) mine_predicted += double(predictions(seqs.back().documents, s));
   }
   const double predicted = opt_.packed ? dp_sum(mine_predicted) : double(n) * double(s - 1);
   double mine = 0;
-  for (const Sequence& seq : seqs) {
+  for (int64_t r = 0; r < rounds; ++r) {
+    const Sequence& seq = seqs[size_t(r)];
     LossSpec spec{predicted > 0 ? 1.0 / predicted : 0.0, {}};
     spec.documents = seq.documents;
-    mine += dec_->loss(seq.tokens, *zero_, spec).loss;
+    const double loss = dec_->loss(seq.tokens, *zero_, spec).loss;
+    if (r * dp_size_ + dp_rank_ < n) mine += loss;
   }
   std::vector<double> parts(static_cast<size_t>(dp_size_));
   dp_->all_gather(&mine, parts.data(), sizeof(mine));

@@ -91,7 +91,9 @@ class Trainer {
   // The same step on sequences the caller owns.
   StepResult step_views(int64_t t, const SequenceViewFn& data);
   // The mean next-token loss over sequences 0..n-1 of `data` (held-out data), forward only:
-  // sequence i goes to DP rank i % DP; the same value on every rank.
+  // sequence i goes to DP rank i % DP (any n: a replica with one sequence fewer runs one
+  // forward more that counts for nothing, since every forward's gathers span all ranks); the
+  // same value on every rank.
   double evaluate(const std::function<Sequence(int64_t i)>& data, int64_t n);
 
  private:

@@ -150,6 +150,33 @@ TEST(Loop, ValidationEveryIntervalAndAfterTheLast) {
   EXPECT_NE(first[0], first[2]) << "the model trained between the validations";
 }
 
+// Validation sequences that do not divide over the DP replicas (3 on 2 or 4 replicas: one
+// replica has fewer, or none) still validate every sequence once: the loss at lr 0 (the initial
+// weights) equals the one of a single replica (all ranks one CP group) holding all three.
+TEST(Loop, ValidationOfSequencesThatDoNotDivideOverTheReplicas) {
+  RunConfig c = small_run("");
+  c.train.steps = 1;
+  c.train.lr = 0;
+  c.metrics.val_interval = 1;
+  c.metrics.val_sequences = 3;
+  auto val_loss = [&](int cp_size, const std::string& method) {
+    RunConfig r = c;
+    r.parallel.cp_size = cp_size;
+    r.parallel.knobs.method = method;
+    validate(r);
+    Record rec;
+    run_loop(r, false, rec);
+    EXPECT_EQ(rec.steps.size(), 1u);
+    EXPECT_TRUE(rec.steps.back().val_loss.has_value());
+    return rec.steps.back().val_loss.value_or(0.0);
+  };
+  const int n = test::world().size();
+  const double replicas = val_loss(1, "local");  // DP = every rank
+  const double one = val_loss(n, n == 1 ? "local" : "ulysses");
+  EXPECT_TRUE(std::isfinite(replicas) && replicas > 0);
+  EXPECT_NEAR(replicas, one, 1e-5 * one) << "DP " << n << " against one replica";
+}
+
 TEST(Loop, ResumeWithoutACheckpointIsRefused) {
   test::SharedDir dir(test::world());
   RunConfig c = small_run(dir.path());
