@@ -159,6 +159,7 @@ copies() {
 trains() {
   local o
   for o in none stash; do
+    rm -f "$out/train_$o.jsonl"  # a fresh run refuses an existing metrics file
     UPIPE_CUDA_RESERVE=24G run 40 "${mpirun[@]}" -np 2 upipe train --backend "$backend" --model tiny \
       --steps 3 --seq-len 4096 --method fpdt --progress lines \
       --metrics-path "$out/train_$o.jsonl" $([ $o = stash ] && echo --offload-stash)

@@ -734,6 +734,8 @@ def section_train(quick):
                 if shown not in cmds:
                     cmds.append(shown)
                 print("+ " + shown, flush=True)
+                if os.path.exists(metrics):
+                    os.remove(metrics)  # the last repetition's: a fresh run refuses an existing file
                 p = subprocess.run([*MPI, "-np", "2", UPIPE] + args, capture_output=True, text=True, env=env)
                 if p.returncode != 0:
                     errors[method] = (p.stderr.strip().splitlines() or ["exit %d" % p.returncode])[0]

@@ -32,7 +32,7 @@ struct Options {
   std::string run_file;
   bool resume = false;
   bool accept_changes = false;
-  bool overwrite_checkpoints = false;
+  bool overwrite = false;  // --overwrite (--overwrite-checkpoints, its older name)
   bool print_config = false;
 };
 
@@ -72,11 +72,12 @@ std::vector<std::pair<std::string, std::string>> knobs(const RunConfig& c) {
 // Rank 0's rendering of the loop: the metrics file and the progress display.
 class Render final : public TrainingObserver {
  public:
-  Render(const RunConfig& c, const RunStart& start)
+  Render(const RunConfig& c, const RunStart& start, bool overwrite)
       : display_(stdout, c.train.steps, c.metrics.log_interval,
                  parse_progress_mode(c.metrics.progress, stdout_is_terminal())) {
     if (!c.metrics.path.empty())
-      metrics_ = std::make_unique<MetricsWriter>(c.metrics.path, start.resumed ? start.step : -1);
+      metrics_ = std::make_unique<MetricsWriter>(c.metrics.path, start.resumed ? start.step : -1,
+                                                 overwrite);
   }
   void on_step(const StepMetrics& m) override {
     if (metrics_) metrics_->write(m);
@@ -158,6 +159,10 @@ const std::vector<std::string> kDemoSettings = {
 
 int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App& cmd,
         const std::vector<std::string>& preset) {
+  if (opt.resume && opt.overwrite)
+    throw ConfigError(
+        "--overwrite is for a fresh run; --resume continues the run in checkpoint.dir and its "
+        "metrics file");
   RunConfig cfg = resolve_settings(proc, sa, cmd, opt.run_file, preset).config;
   if (opt.resume) cfg = resumed_settings(proc, opt, sa, cmd, cfg);
   const std::string toml = to_toml(cfg);
@@ -165,16 +170,19 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
     if (proc.root()) std::printf("%s", toml.c_str());
     return 0;
   }
+  // A metrics file the run may not replace is refused before anything starts (rank 0 writes it).
+  if (proc.root() && !cfg.metrics.path.empty())
+    check_metrics_file(cfg.metrics.path, opt.resume, opt.overwrite);
   Watchdog::start(cfg.comm.timeout);
   install_stop_handlers();
   const ModelConfig m = load_model_config(cfg.model.name);
   Device dev(device_options(cfg));
   DeviceComm comm(dev, proc.world);
-  TrainingLoop loop(dev, comm, m, cfg, opt.resume, opt.overwrite_checkpoints);
+  TrainingLoop loop(dev, comm, m, cfg, opt.resume, opt.overwrite);
   std::unique_ptr<Render> render;
   if (proc.root()) {
     print_startup(cfg, m, loop, toml);
-    render = std::make_unique<Render>(cfg, loop.start());
+    render = std::make_unique<Render>(cfg, loop.start(), opt.overwrite);
   }
   TrainingObserver quiet;
   const LoopEnd end = loop.run(render ? *render : quiet);
@@ -206,9 +214,10 @@ Runner add_train(CLI::App& cmd) {
   cmd.add_flag("--accept-changes", opt->accept_changes,
                "with --resume: allow settings that change what the remaining steps compute on "
                "(model, data, sequence length, batch)");
-  cmd.add_flag("--overwrite-checkpoints", opt->overwrite_checkpoints,
-               "a fresh run may replace another run's checkpoints in checkpoint.dir (deleted "
-               "after this run's first complete checkpoint)");
+  cmd.add_flag("--overwrite,--overwrite-checkpoints", opt->overwrite,
+               "a fresh run may replace what another run left: its checkpoints in checkpoint.dir "
+               "(deleted after this run's first complete checkpoint) and an existing "
+               "metrics.path file (emptied at the start)");
   cmd.add_flag("--print-config", opt->print_config, "print the effective run file and exit");
   cmd.footer("e.g. upipe train --model=tiny --steps=50 --method=upipe");
   auto sa = add_settings(cmd, kScopeTrain);

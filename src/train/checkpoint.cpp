@@ -479,7 +479,7 @@ void check_ours(const CheckpointRun& run, const Entry& e) {
   if (e.run_id == run.run_id || run.overwrite_others) return;
   throw ConfigError(fmt::format(
       "{} belongs to another run ({}); this run ({}) does not replace it: choose another "
-      "checkpoint.dir, or pass --overwrite-checkpoints",
+      "checkpoint.dir, or pass --overwrite",
       e.path.string(), e.run_id.empty() ? "unreadable run id" : "run " + e.run_id, run.run_id));
 }
 
@@ -543,7 +543,7 @@ CheckpointStart open_checkpoint_run(Communicator& world, const std::string& dir,
       throw ConfigError("--resume needs checkpoint.dir (the run's checkpoint directory)");
     if (overwrite)
       throw ConfigError(
-          "--overwrite-checkpoints is for a fresh run; --resume continues the run in "
+          "--overwrite is for a fresh run; --resume continues the run in "
           "checkpoint.dir");
     std::set<std::string> runs;
     for (const Entry& e : list_entries(dir))
@@ -568,7 +568,7 @@ CheckpointStart open_checkpoint_run(Communicator& world, const std::string& dir,
   if (!entries.empty())
     throw ConfigError(fmt::format(
         "checkpoint.dir = {} holds checkpoints of another run ({}, {} in all): continue it with "
-        "--resume, choose another checkpoint.dir, or pass --overwrite-checkpoints to replace them",
+        "--resume, choose another checkpoint.dir, or pass --overwrite to replace them",
         dir, entries.back().path.filename().string(), entries.size()));
   return cs;
 }

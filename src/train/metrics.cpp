@@ -19,6 +19,7 @@
 #include "core/errors.h"
 #include "core/fault_inject.h"
 #include "core/safe_fs.h"
+#include "core/setting_ref.h"
 
 namespace upipe {
 namespace {
@@ -64,16 +65,32 @@ std::string metrics_json(const StepMetrics& m) {
 
 namespace {
 
-// The lines of `path` (a regular file) whose step is at most `step`; a torn last line (a crash
-// mid-write) fails to parse and is dropped.
+// Whether a line is one step's metrics (metrics_json's object), or the start of one.
+bool is_step_line(const std::string& l) {
+  const auto j = nlohmann::json::parse(l, nullptr, false);
+  return j.is_object() && j.contains("step") && j["step"].is_number_integer();
+}
+bool is_torn_step_line(const std::string& l) {
+  return l.empty() || l.rfind("{\"step\":", 0) == 0;
+}
+
+// The lines of `path` (a regular file) whose step is at most `step`. A torn last line (a crash
+// mid-write: no newline, the start of a step's object) is dropped; any other line that is not a
+// step's metrics means the file is not this run's metrics file (ConfigError: it is not replaced).
 std::string lines_up_to(const std::string& path, int64_t step) {
   const ReadFile f(path, "metrics file");
   std::string kept, line, chunk(size_t(1) << 16, '\0');
-  auto keep = [&](const std::string& l) {
-    const auto j = nlohmann::json::parse(l, nullptr, false);
-    if (j.is_object() && j.contains("step") && j["step"].is_number_integer() &&
-        j["step"].get<int64_t>() <= step)
-      kept += l + "\n";
+  int64_t number = 0;
+  auto keep = [&](const std::string& l, bool terminated) {
+    ++number;
+    if (is_step_line(l)) {
+      if (nlohmann::json::parse(l)["step"].get<int64_t>() <= step) kept += l + "\n";
+    } else if (terminated || !is_torn_step_line(l)) {
+      throw ConfigError(fmt::format(
+          "{} '{}': line {} is not a step's metrics (a JSON object with \"step\"), so the file is "
+          "not this run's metrics file and is left as it is; choose another {}",
+          setting_ref("metrics.path"), path, number, setting_ref("metrics.path")));
+    }
   };
   for (int64_t at = 0; at < f.size();) {
     const int64_t n = std::min(int64_t(chunk.size()), f.size() - at);
@@ -84,18 +101,35 @@ std::string lines_up_to(const std::string& path, int64_t step) {
         line += chunk[size_t(i)];
         continue;
       }
-      keep(line);
+      keep(line, true);
       line.clear();
     }
   }
-  keep(line);
+  if (!line.empty()) keep(line, false);
   return kept;
 }
 
 }  // namespace
 
-MetricsWriter::MetricsWriter(const std::string& path, int64_t resume_step) : path_(path) {
+void check_metrics_file(const std::string& path, bool resume, bool overwrite) {
   check_replaceable(path, "metrics file");
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return;
+  if (resume) {
+    lines_up_to(path, 0);  // every line a step's metrics
+    return;
+  }
+  const auto bytes = std::filesystem::file_size(path, ec);
+  if (!ec && bytes > 0 && !overwrite)
+    throw ConfigError(fmt::format(
+        "{} '{}' already exists ({} bytes) and a fresh run would replace it; choose another {}, "
+        "remove the file, continue its run with --resume, or pass --overwrite to replace it",
+        setting_ref("metrics.path"), path, bytes, setting_ref("metrics.path")));
+}
+
+MetricsWriter::MetricsWriter(const std::string& path, int64_t resume_step, bool overwrite)
+    : path_(path) {
+  check_metrics_file(path, resume_step >= 0, overwrite);
   std::error_code ec;
   const bool keep = resume_step >= 0 && std::filesystem::exists(path, ec);
   write_file_atomic(path, keep ? lines_up_to(path, resume_step) : "", "metrics file");

@@ -40,13 +40,19 @@ struct StepMetrics {
 // A non-finite number is written as null.
 std::string metrics_json(const StepMetrics& m);
 
-// The JSONL metrics file. A new run empties it; a resumed run (resume_step >= 0) keeps the lines
-// of steps <= resume_step (a run that died after logging steps its last checkpoint does not hold
-// would otherwise log them twice), drops the rest, and appends. The file is replaced atomically
-// at open and never when it is a symlink or not a regular file (ConfigError).
+// Refuses (ConfigError, naming metrics.path) a metrics file the run may not replace: a symlink
+// or not a regular file; on a fresh run an existing non-empty file unless `overwrite` (the
+// user's --overwrite); on a resumed run a file with a line that is not a step's metrics (not
+// this run's file). An absent file is fine.
+void check_metrics_file(const std::string& path, bool resume, bool overwrite);
+
+// The JSONL metrics file. A new run starts it empty (check_metrics_file first); a resumed run
+// (resume_step >= 0) keeps the lines of steps <= resume_step (a run that died after logging steps
+// its last checkpoint does not hold would otherwise log them twice), drops the rest, and
+// appends. The file is replaced atomically at open.
 class MetricsWriter {
  public:
-  explicit MetricsWriter(const std::string& path, int64_t resume_step = -1);
+  explicit MetricsWriter(const std::string& path, int64_t resume_step = -1, bool overwrite = false);
   ~MetricsWriter();
   MetricsWriter(const MetricsWriter&) = delete;
   MetricsWriter& operator=(const MetricsWriter&) = delete;

@@ -28,6 +28,7 @@ check() {
   shift
   local mode out errs=()
   for mode in immediate deferred; do
+    rm -f "$tmp/$mode.jsonl"  # the last call's: a fresh run refuses an existing metrics file
     out=$(UPIPE_CPU_COPIES=$mode timeout 120 "${mpirun[@]}" -x UPIPE_CPU_COPIES -np "$np" \
       "$upipe" check "$@" --json 2>&1) || { echo "$out"; fail "check $* ($mode copies, $np ranks)"; }
     printf '%s\n' "$out" | grep -q '^{.*"passed":true' || { echo "$out"; fail "$* ($mode, $np ranks) did not pass"; }
@@ -52,6 +53,7 @@ train() {
   local np=$1 mode out
   shift
   for mode in immediate deferred; do
+    rm -f "$tmp/$mode.jsonl"  # the last call's: a fresh run refuses an existing metrics file
     out=$(UPIPE_CPU_COPIES=$mode timeout 300 "${mpirun[@]}" -x UPIPE_CPU_COPIES -np "$np" "$upipe" \
       train --model tiny --steps 2 --seq-len 512 --progress lines \
       --metrics-path "$tmp/$mode.jsonl" "$@" 2>&1) || { echo "$out"; fail "train $* ($mode copies)"; }

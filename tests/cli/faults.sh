@@ -5,11 +5,14 @@
 #                   (the watchdog stays at its 600 s default), non-zero, the cause printed once;
 #                   after a failed checkpoint write the last complete checkpoint resumes
 #   metrics_dir     --metrics-path in a directory that does not exist (rank 0 alone opens it)
+#   metrics_other   a fresh run refuses an existing --metrics-path file (it survives) and replaces
+#                   it with --overwrite; --resume refuses a metrics file with a line that is not a
+#                   step's (not the run's file), keeps the run's own steps
 #   init_dtype      --init-from a directory whose tensor has an integer dtype: every rank refuses
 #   corrupt         a flipped byte in one rank file: --resume (only that rank reads it) and export
 #                   end with exit 2 naming the file; export leaves no model.safetensors
 #   other_run       a fresh run refuses a checkpoint.dir of another run; --overwrite-checkpoints
-#                   replaces it, and --resume then continues the new run
+#                   (--overwrite's older name) replaces it, and --resume then continues the new run
 #   other_model     --resume with a model of the same element counts but other heads is refused,
 #                   naming the field
 #   export_force    export refuses a non-empty directory; --force removes a stale sharded index that
@@ -115,6 +118,34 @@ metrics_dir)
   [ $rc -eq 2 ] || fail "exit $rc, want 2"
   within "$t" 30 || fail "took $t s"
   once m "upipe: error: cannot create metrics file $tmp/none/m.jsonl"
+  ;;
+metrics_other)
+  echo "notes the run did not write" > "$tmp/notes.txt"
+  job fresh 60 train "${small[@]}" --steps=2 --metrics-path="$tmp/notes.txt"
+  [ $rc -eq 2 ] || { cat "$tmp/fresh.out"; fail "a fresh run over an existing file: exit $rc, want 2"; }
+  within "$t" 30 || fail "took $t s"
+  once fresh "--metrics-path '$tmp/notes.txt' already exists (28 bytes)"
+  [ "$(cat "$tmp/notes.txt")" = "notes the run did not write" ] || fail "the file was touched"
+  job over 60 train "${small[@]}" --steps=2 --metrics-path="$tmp/notes.txt" --overwrite
+  [ $rc -eq 0 ] || { cat "$tmp/over.out"; fail "--overwrite: exit $rc"; }
+  [ "$(wc -l < "$tmp/notes.txt")" -eq 2 ] || fail "--overwrite: $(cat "$tmp/notes.txt")"
+  # --resume: the run's own metrics file keeps its steps; a foreign line makes it not the run's.
+  job a 60 train "${small[@]}" --steps=2 --checkpoint-dir="$tmp/ck" --metrics-path="$tmp/m.jsonl"
+  [ $rc -eq 0 ] || { cat "$tmp/a.out"; fail "the first run: exit $rc"; }
+  cp "$tmp/m.jsonl" "$tmp/theirs.jsonl" && echo "a line of someone else" >> "$tmp/theirs.jsonl"
+  job r 60 train "${small[@]}" --steps=3 --checkpoint-dir="$tmp/ck" --resume \
+    --metrics-path="$tmp/theirs.jsonl"
+  [ $rc -eq 2 ] || { cat "$tmp/r.out"; fail "resume onto a foreign metrics file: exit $rc, want 2"; }
+  once r "line 3 is not a step's metrics"
+  grep -q "a line of someone else" "$tmp/theirs.jsonl" || fail "the foreign file was rewritten"
+  job r2 60 train "${small[@]}" --steps=3 --checkpoint-dir="$tmp/ck" --resume \
+    --metrics-path="$tmp/m.jsonl"
+  [ $rc -eq 0 ] || { cat "$tmp/r2.out"; fail "resume with the run's metrics file: exit $rc"; }
+  [ "$(python3 -c 'import json,sys; print([json.loads(l)["step"] for l in open(sys.argv[1])])' "$tmp/m.jsonl")" = "[1, 2, 3]" ] ||
+    fail "metrics after resume: $(cat "$tmp/m.jsonl")"
+  job both 60 train "${small[@]}" --steps=3 --checkpoint-dir="$tmp/ck" --resume --overwrite
+  [ $rc -eq 2 ] || { cat "$tmp/both.out"; fail "--resume --overwrite: exit $rc, want 2"; }
+  once both "--overwrite is for a fresh run"
   ;;
 init_dtype)
   mkdir "$tmp/int"

@@ -210,7 +210,7 @@ TEST(Checkpoint, RunsNeverMix) {
     open_checkpoint_run(world, d, false, false, 3);
     ADD_FAILURE() << "a fresh run accepted another run's checkpoints";
   } catch (const ConfigError& e) {
-    expect_has(e.what(), {"holds checkpoints of another run", "--overwrite-checkpoints"});
+    expect_has(e.what(), {"holds checkpoints of another run", "--overwrite"});
   }
   const CheckpointStart resumed = open_checkpoint_run(world, d, true, false, 3);
   EXPECT_EQ(resumed.run.run_id, "run-a");

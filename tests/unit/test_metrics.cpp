@@ -63,11 +63,11 @@ TEST(Metrics, JsonKeysOrderAndValues) {
   EXPECT_TRUE(c["loss"].is_null());  // NaN is not JSON
 }
 
-TEST(Metrics, WriterFlushesEachStepAndTruncatesANewRun) {
+TEST(Metrics, WriterFlushesEachStepAndTruncatesANewRunWithOverwrite) {
   TempDir d;
   const std::string p = d.write("m.jsonl", "{\"step\": 99}\n");
   {
-    MetricsWriter w(p);
+    MetricsWriter w(p, -1, /*overwrite=*/true);
     w.write(sample_metrics(1));
     // Flushed: another reader sees the line while the writer is still open.
     ASSERT_EQ(lines_of(p).size(), 1u);
@@ -101,6 +101,35 @@ TEST(Metrics, ResumeKeepsTheCheckpointedStepsAndAppends) {
   MetricsWriter fresh(d.file("new.jsonl"), 10);
   fresh.write(sample_metrics(11));
   EXPECT_EQ(lines_of(d.file("new.jsonl")).size(), 1u);
+}
+
+// What the run did not write is not replaced: an existing file on a fresh run (unless
+// overwrite), a file with a line that is not a step's metrics on a resumed run.
+TEST(Metrics, WriterRefusesFilesThatAreNotTheRunsOwn) {
+  TempDir d;
+  const std::string notes = d.write("notes.txt", "my notes\n");
+  EXPECT_THROW(MetricsWriter{notes}, ConfigError);
+  try {
+    check_metrics_file(notes, false, false);
+    ADD_FAILURE() << "an existing file was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("already exists (9 bytes)"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW((MetricsWriter{notes, 3}), ConfigError);  // resume: not a metrics file
+  EXPECT_EQ(lines_of(notes), (std::vector<std::string>{"my notes"}));
+  // An empty file, or none, is fine for a fresh run.
+  const std::string empty = d.write("empty.jsonl", "");
+  EXPECT_NO_THROW(check_metrics_file(empty, false, false));
+  EXPECT_NO_THROW(check_metrics_file(d.file("absent.jsonl"), false, false));
+  // Resume: a foreign line among the steps, or a torn last line that is not the start of a
+  // step's object, is refused; the run's own file with a torn step line is not.
+  const std::string steps = "{\"step\": 1}\n{\"step\": 2}\n";
+  EXPECT_THROW(check_metrics_file(d.write("a.jsonl", steps + "x\n{\"step\": 3}\n"), true, false),
+               ConfigError);
+  EXPECT_THROW(check_metrics_file(d.write("b.jsonl", steps + "tail"), true, false), ConfigError);
+  EXPECT_NO_THROW(
+      check_metrics_file(d.write("c.jsonl", steps + "{\"step\": 3, \"lo"), true, false));
 }
 
 TEST(Metrics, DurationsAndCounts) {
