@@ -503,17 +503,43 @@ void prepare_tmp(const CheckpointRun& run, int64_t step) {
   write_file_atomic((tmp / "run_id").string(), run.run_id + "\n", "checkpoint run id");
 }
 
-// Collective: rank 0 prepares the temporary directory; a ConfigError there (the step belongs to
-// another run) is thrown on every rank, so no rank is left waiting for the others.
-void prepare_tmp_everywhere(Communicator& world, const CheckpointRun& run, int64_t step) {
+// Collective: rank 0 runs `fn` on the checkpoint directory; a ConfigError there (a step of
+// another run, a path that is not a directory) or a filesystem error (named with the directory)
+// is thrown on every rank, so no rank is left waiting for the others.
+template <class Fn>
+void on_rank0_everywhere(Communicator& world, const std::string& dir, Fn&& fn) {
   char err[1024] = {};
   if (world.rank() == 0) try {
-      prepare_tmp(run, step);
+      fn();
     } catch (const ConfigError& e) {
       std::snprintf(err, sizeof err, "%s", e.what());
+    } catch (const fs::filesystem_error& e) {
+      std::snprintf(err, sizeof err, "checkpoint.dir = %s: %s (%s); choose another checkpoint.dir",
+                    dir.c_str(), e.code().message().c_str(), e.path1().c_str());
     }
   world.broadcast(err, sizeof err, 0);
   if (err[0] != '\0') throw ConfigError(err);
+}
+
+void prepare_tmp_everywhere(Communicator& world, const CheckpointRun& run, int64_t step) {
+  on_rank0_everywhere(world, run.dir, [&] { prepare_tmp(run, step); });
+}
+
+// Rank 0, at a fresh run's start: checkpoint.dir is (made) a directory this process can write a
+// file in, so that a bad path fails now instead of at the first checkpoint, steps later. The
+// probe file is the run's own and removed at once.
+void check_writable_dir(const CheckpointRun& run) {
+  const fs::path dir(run.dir);
+  std::error_code ec;
+  const fs::file_status st = fs::status(dir, ec);
+  if (fs::exists(st) && !fs::is_directory(st))
+    throw ConfigError(fmt::format(
+        "checkpoint.dir = {} exists and is not a directory; choose another checkpoint.dir",
+        run.dir));
+  fs::create_directories(dir);
+  const fs::path probe = dir / (".write_probe_" + run.run_id);
+  write_file_atomic(probe.string(), "", "checkpoint directory probe");
+  fs::remove(probe);
 }
 
 // Rank 0, after `step` is complete: this run's checkpoints beyond the newest run.keep, its stale
@@ -563,7 +589,9 @@ CheckpointStart open_checkpoint_run(Communicator& world, const std::string& dir,
     return cs;
   }
   cs.run.run_id = new_run_id(world);
-  if (dir.empty() || overwrite) return cs;
+  if (dir.empty()) return cs;
+  on_rank0_everywhere(world, dir, [&] { check_writable_dir(cs.run); });
+  if (overwrite) return cs;
   const std::vector<Entry> entries = list_entries(dir);
   if (!entries.empty())
     throw ConfigError(fmt::format(

@@ -8,6 +8,8 @@
 #   metrics_other   a fresh run refuses an existing --metrics-path file (it survives) and replaces
 #                   it with --overwrite; --resume refuses a metrics file with a line that is not a
 #                   step's (not the run's file), keeps the run's own steps
+#   checkpoint_dir  a --checkpoint-dir that is a file, or cannot be created, is refused at the start
+#                   (exit 2, once, before any step), the file untouched
 #   init_dtype      --init-from a directory whose tensor has an integer dtype: every rank refuses
 #   corrupt         a flipped byte in one rank file: --resume (only that rank reads it) and export
 #                   end with exit 2 naming the file; export leaves no model.safetensors
@@ -146,6 +148,17 @@ metrics_other)
   job both 60 train "${small[@]}" --steps=3 --checkpoint-dir="$tmp/ck" --resume --overwrite
   [ $rc -eq 2 ] || { cat "$tmp/both.out"; fail "--resume --overwrite: exit $rc, want 2"; }
   once both "--overwrite is for a fresh run"
+  ;;
+checkpoint_dir)
+  echo "not a directory" > "$tmp/afile"
+  job file 60 train "${small[@]}" --steps=30 --checkpoint-interval=20 --checkpoint-dir="$tmp/afile"
+  [ $rc -eq 2 ] || { cat "$tmp/file.out"; fail "a file as checkpoint.dir: exit $rc, want 2"; }
+  once file "checkpoint.dir = $tmp/afile exists and is not a directory"
+  grep -q "^step " "$tmp/file.out" && fail "steps ran before the refusal"
+  [ "$(cat "$tmp/afile")" = "not a directory" ] || fail "the file was touched"
+  job proc 60 train "${small[@]}" --steps=3 --checkpoint-dir=/proc/upipe_ck
+  [ $rc -eq 2 ] || { cat "$tmp/proc.out"; fail "an uncreatable checkpoint.dir: exit $rc, want 2"; }
+  once proc "checkpoint.dir = /proc/upipe_ck: "
   ;;
 init_dtype)
   mkdir "$tmp/int"

@@ -80,6 +80,7 @@ case $case_name in
 equal)
   for method in usp upipe-ring; do
     args=(train "${small[@]}" --steps=4 --method=$method)
+    rm -f "$tmp/one.jsonl" "$tmp/multi.jsonl"  # the last method's: a fresh run refuses them
     timeout 120 "$mpirun_bin" --allow-run-as-root --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 \
       -np 4 "$upipe" "${args[@]}" --metrics-path="$tmp/one.jsonl" > "$tmp/one.out" 2>&1 ||
       { cat "$tmp/one.out"; fail "$method on one host failed"; }
