@@ -5,6 +5,7 @@
 
 #include "backend/gemm.h"
 #include "backend/tensor_ops.h"
+#include "core/errors.h"
 
 namespace upipe {
 
@@ -17,8 +18,9 @@ double training_flops_per_sequence(const ModelConfig& m, int64_t seq_len) {
   return s * (6.0 * matrix_params + attention);
 }
 
-double measure_gemm_flops(Device& dev, DType dtype, int64_t n, int reps) {
-  if (!dev.backend().computes()) return 0;
+namespace {
+
+double timed_gemm_flops(Device& dev, DType dtype, int64_t n, int reps) {
   Tensor a(dev.mem(), Tag::kWorkspace, dtype, n, n), b(dev.mem(), Tag::kWorkspace, dtype, n, n),
       c(dev.mem(), Tag::kWorkspace, DType::kF32, n, n);
   fill(dev, a, 0.5f);
@@ -31,6 +33,21 @@ double measure_gemm_flops(Device& dev, DType dtype, int64_t n, int reps) {
     if (i > 0) best = std::min(best, s);  // the first call warms up
   }
   return 2.0 * double(n) * double(n) * double(n) / best;
+}
+
+}  // namespace
+
+double measure_gemm_flops(Device& dev, DType dtype, int64_t n, int reps, int64_t* measured_n) {
+  if (!dev.backend().computes()) return 0;
+  // The operands come out of the run's own budget, which the plan does not count them in: where
+  // they do not fit beside what is resident, smaller ones (down to 64) are timed instead.
+  for (;; n /= 2) try {
+      const double rate = timed_gemm_flops(dev, dtype, n, reps);
+      if (measured_n) *measured_n = n;
+      return rate;
+    } catch (const OutOfMemoryError&) {
+      if (n / 2 < 64) throw;
+    }
 }
 
 }  // namespace upipe

@@ -17,7 +17,10 @@ namespace upipe {
 double training_flops_per_sequence(const ModelConfig& m, int64_t seq_len);
 
 // The best of a few timed (n, n) x (n, n) GEMMs in `dtype` on dev, FLOP/s. Allocates from the
-// device arena (tag workspace) and gives it back. 0 on a device that does not compute.
-double measure_gemm_flops(Device& dev, DType dtype, int64_t n = 1024, int reps = 5);
+// device arena (tag workspace) and gives it back; where the operands do not fit the arena's
+// budget, n is halved until they do (at least 64; below, the OutOfMemoryError), and the n timed
+// is stored in *measured_n. 0 on a device that does not compute.
+double measure_gemm_flops(Device& dev, DType dtype, int64_t n = 1024, int reps = 5,
+                          int64_t* measured_n = nullptr);
 
 }  // namespace upipe

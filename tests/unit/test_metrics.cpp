@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "core/errors.h"
+#include "train/flops.h"
 #include "train/metrics.h"
 #include "unit/temp_dir.h"
 
@@ -130,6 +131,19 @@ TEST(Metrics, WriterRefusesFilesThatAreNotTheRunsOwn) {
   EXPECT_THROW(check_metrics_file(d.write("b.jsonl", steps + "tail"), true, false), ConfigError);
   EXPECT_NO_THROW(
       check_metrics_file(d.write("c.jsonl", steps + "{\"step\": 3, \"lo"), true, false));
+}
+
+// MFU's reference rate is measured inside the run's device budget, which the plan does not count
+// it in: where 1024 x 1024 operands (12 MiB in fp32) do not fit, smaller ones are timed.
+TEST(Metrics, GemmRateIsMeasuredWithinTheBudget) {
+  Device dev({BackendKind::kCpu, int64_t(8) << 20, int64_t(1) << 20});
+  int64_t n = 0;
+  const double rate = measure_gemm_flops(dev, DType::kF32, 1024, 1, &n);
+  EXPECT_EQ(n, 512);
+  EXPECT_TRUE(std::isfinite(rate) && rate > 0) << rate;
+  EXPECT_EQ(dev.mem().current(), 0) << "the operands are given back";
+  Device tiny({BackendKind::kCpu, int64_t(16) << 10, int64_t(1) << 20});
+  EXPECT_THROW(measure_gemm_flops(tiny, DType::kF32, 1024, 1), OutOfMemoryError);
 }
 
 TEST(Metrics, DurationsAndCounts) {
