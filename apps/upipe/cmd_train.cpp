@@ -38,8 +38,8 @@ struct Options {
 
 // --resume: the run the newest checkpoint of checkpoint.dir records, with what was typed on top;
 // the changes are checked (train/resume.h) and reported by rank 0.
-RunConfig resumed_settings(const Process& proc, const Options& opt, const SettingArgs& sa,
-                           const CLI::App& cmd, const RunConfig& typed) {
+Settings resumed_settings(const Process& proc, const Options& opt, const SettingArgs& sa,
+                          const CLI::App& cmd, const RunConfig& typed) {
   if (typed.checkpoint.dir.empty())
     throw ConfigError(fmt::format("--resume needs {} (the run's checkpoint directory)",
                                   setting_ref("checkpoint.dir")));
@@ -51,9 +51,9 @@ RunConfig resumed_settings(const Process& proc, const Options& opt, const Settin
   SettingSources ignored;  // older spellings in an older checkpoint are not the user's
   RecordedRun rec{parse_run_toml(info.run_toml, *ckpt + "/meta.json", &ignored), info.step,
                   info.world, info.cp_size, *ckpt};
-  const RunConfig now = resolve_settings(proc, sa, cmd, opt.run_file, {}, &rec.config).config;
+  Settings now = resolve_settings(proc, sa, cmd, opt.run_file, {}, &rec.config);
   const std::vector<std::string> lines =
-      check_resume(rec, now, proc.world.size(), opt.accept_changes);
+      check_resume(rec, now.config, proc.world.size(), opt.accept_changes);
   if (proc.root())
     for (const std::string& l : lines) std::printf("%s\n", l.c_str());
   return now;
@@ -163,8 +163,9 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
     throw ConfigError(
         "--overwrite is for a fresh run; --resume continues the run in checkpoint.dir and its "
         "metrics file");
-  RunConfig cfg = resolve_settings(proc, sa, cmd, opt.run_file, preset).config;
-  if (opt.resume) cfg = resumed_settings(proc, opt, sa, cmd, cfg);
+  Settings set = resolve_settings(proc, sa, cmd, opt.run_file, preset);
+  if (opt.resume) set = resumed_settings(proc, opt, sa, cmd, set.config);
+  const RunConfig& cfg = set.config;
   const std::string toml = to_toml(cfg);
   if (opt.print_config) {
     if (proc.root()) std::printf("%s", toml.c_str());
@@ -176,6 +177,7 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
   Watchdog::start(cfg.comm.timeout);
   install_stop_handlers();
   const ModelConfig m = load_model_config(cfg.model.name);
+  spell_model_fields(set, m);  // the heads are the model's fields, not settings of train
   Device dev(device_options(cfg));
   DeviceComm comm(dev, proc.world);
   TrainingLoop loop(dev, comm, m, cfg, opt.resume, opt.overwrite);

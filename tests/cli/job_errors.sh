@@ -33,6 +33,9 @@ case $case_name in
 bad_config_every_rank)  # three ranks, one error line
   expect 2 'must be divisible by --kv-heads \(3\); try --kv-heads 2' 1 3 check --method upipe \
     --heads 8 --kv-heads 3 ;;
+model_heads_in_train)  # train's heads are the model's field, not a flag it has
+  expect 2 '^upipe: error: num_attention_heads of preset tiny \(4\) must be divisible by the number of ranks in the all-to-all group \(3\)' \
+    1 3 train --steps=1 --seq-len=1020 ;;
 overlap_without_stages)  # a knob of the methods with head stages only, named with its takers
   expect 2 "--overlap is a knob of upipe, upipe-ring, upipe-fpdt; method 'ring' does not take it" 1 \
     2 check --method ring --overlap --seq-len 256 ;;
