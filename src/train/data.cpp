@@ -79,7 +79,7 @@ const char* data_kind_name(DataKind k) {
   return "?";
 }
 
-std::vector<std::string> expand_token_paths(const std::string& path) {
+std::vector<std::string> expand_token_paths(const std::string& path, std::string_view key) {
   namespace fs = std::filesystem;
   std::vector<std::string> out;
   if (path.find_first_of("*?[") != std::string::npos) {
@@ -89,8 +89,9 @@ std::vector<std::string> expand_token_paths(const std::string& path) {
       for (size_t i = 0; i < g.gl_pathc; ++i) out.emplace_back(g.gl_pathv[i]);
     globfree(&g);
     if (rc != 0 && rc != GLOB_NOMATCH)
-      throw ConfigError(fmt::format("data.path: cannot expand the glob '{}'", path));
-    if (out.empty()) throw ConfigError(fmt::format("data.path: '{}' matches no file", path));
+      throw ConfigError(fmt::format("{}: cannot expand the glob '{}'", setting_ref(key), path));
+    if (out.empty())
+      throw ConfigError(fmt::format("{}: '{}' matches no file", setting_ref(key), path));
     std::sort(out.begin(), out.end());
     return out;
   }
@@ -98,14 +99,17 @@ std::vector<std::string> expand_token_paths(const std::string& path) {
   if (fs::is_directory(path, ec)) {
     for (const fs::directory_entry& e : fs::directory_iterator(path, ec))
       if (e.is_regular_file() && is_token_file(e.path())) out.push_back(e.path().string());
-    if (ec) throw ConfigError(fmt::format("data.path: cannot list '{}': {}", path, ec.message()));
+    if (ec)
+      throw ConfigError(
+          fmt::format("{}: cannot list '{}': {}", setting_ref(key), path, ec.message()));
     if (out.empty())
       throw ConfigError(
-          fmt::format("data.path: the directory '{}' holds no .npy or .bin file", path));
+          fmt::format("{}: the directory '{}' holds no .npy or .bin file", setting_ref(key), path));
     std::sort(out.begin(), out.end());
     return out;
   }
-  if (!fs::exists(path, ec)) throw ConfigError(fmt::format("data.path: '{}' does not exist", path));
+  if (!fs::exists(path, ec))
+    throw ConfigError(fmt::format("{}: '{}' does not exist", setting_ref(key), path));
   return {path};
 }
 
@@ -137,7 +141,7 @@ DataSource::DataSource(const DataOptions& o) : opt_(o) {
   starts_.push_back(0);
   if (o.documents.kind == DK::kIndex) {
     doc_starts_.push_back(0);
-    for (const std::string& prefix : indexed_dataset_prefixes(o.path)) {
+    for (const std::string& prefix : indexed_dataset_prefixes(o.path, o.path_key)) {
       const IndexedDataset ds = read_indexed_dataset(prefix);
       for (size_t d = 1; d < ds.doc_starts.size(); ++d)
         doc_starts_.push_back(starts_.back() + ds.doc_starts[d]);
@@ -145,16 +149,16 @@ DataSource::DataSource(const DataOptions& o) : opt_(o) {
       starts_.push_back(checked_add(starts_.back(), ds.bin.count, "token count"));
     }
   } else {
-    for (const std::string& p : expand_token_paths(o.path)) {
+    for (const std::string& p : expand_token_paths(o.path, o.path_key)) {
       files_.push_back(inspect_token_file(p));
       starts_.push_back(checked_add(starts_.back(), files_.back().count, "token count"));
     }
   }
   if (total_tokens() < o.seq_len)
     throw ConfigError(fmt::format(
-        "data.path '{}' holds {} tokens in {} file(s), fewer than train.seq_len = {}; give more "
-        "data or a shorter train.seq_len",
-        o.path, total_tokens(), files_.size(), o.seq_len));
+        "{} '{}' holds {} tokens in {} file(s), fewer than {}; give more data or a shorter {}",
+        setting_ref(o.path_key), o.path, total_tokens(), files_.size(),
+        setting_value("train.seq_len", o.seq_len), setting_ref("train.seq_len")));
   if (o.check_vocab) {
     std::vector<int32_t> buf(static_cast<size_t>(kScanChunk));
     for (const TokenFileInfo& f : files_)

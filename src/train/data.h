@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -44,9 +45,10 @@ const char* data_kind_name(DataKind k);
 
 struct DataOptions {
   DataKind kind = DataKind::kRandom;
-  std::string path;     // files: a token file, a directory of .npy/.bin files, or a glob
-  int64_t seq_len = 0;  // S, tokens per sequence
-  int64_t vocab = 0;    // V: ids are drawn from / checked against [0, V)
+  std::string path;  // files: a token file, a directory of .npy/.bin files, or a glob
+  std::string path_key = "data.path";  // the setting `path` came from, named in errors
+  int64_t seq_len = 0;                 // S, tokens per sequence
+  int64_t vocab = 0;                   // V: ids are drawn from / checked against [0, V)
   uint64_t seed = 1;
   int dp_size = 1;      // data-parallel groups (world / CP)
   int micro_steps = 1;  // sequences per DP rank per optimizer step
@@ -104,8 +106,10 @@ class DataSource {
 };
 
 // The files a data.path names, in stream order: the file itself; a directory's *.npy and *.bin
-// (not recursive) sorted by name; or a glob's matches sorted by name. None is a ConfigError.
-std::vector<std::string> expand_token_paths(const std::string& path);
+// (not recursive) sorted by name; or a glob's matches sorted by name. None is a ConfigError,
+// naming the setting `key` the path came from.
+std::vector<std::string> expand_token_paths(const std::string& path,
+                                            std::string_view key = "data.path");
 
 // The copy task's scored predictions. The prediction at position p reads tokens [0, p] and is
 // labelled with token p + 1. With h = S/2, tokens [h, S) repeat tokens [0, h); the copy loss

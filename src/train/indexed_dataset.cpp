@@ -9,6 +9,7 @@
 #include "core/checked.h"
 #include "core/errors.h"
 #include "core/safe_fs.h"
+#include "core/setting_ref.h"
 
 namespace upipe {
 namespace {
@@ -120,7 +121,7 @@ IndexedDataset read_indexed_dataset(const std::string& prefix) {
   return ds;
 }
 
-std::vector<std::string> indexed_dataset_prefixes(const std::string& path) {
+std::vector<std::string> indexed_dataset_prefixes(const std::string& path, std::string_view key) {
   namespace fs = std::filesystem;
   std::error_code ec;
   std::vector<std::string> out;
@@ -128,9 +129,12 @@ std::vector<std::string> indexed_dataset_prefixes(const std::string& path) {
     for (const fs::directory_entry& e : fs::directory_iterator(path, ec))
       if (e.is_regular_file() && e.path().extension() == ".idx")
         out.push_back((e.path().parent_path() / e.path().stem()).string());
-    if (ec) throw ConfigError(fmt::format("data.path: cannot list '{}': {}", path, ec.message()));
+    if (ec)
+      throw ConfigError(
+          fmt::format("{}: cannot list '{}': {}", setting_ref(key), path, ec.message()));
     if (out.empty())
-      throw ConfigError(fmt::format("data.path: the directory '{}' holds no .idx file", path));
+      throw ConfigError(
+          fmt::format("{}: the directory '{}' holds no .idx file", setting_ref(key), path));
     std::sort(out.begin(), out.end());
     return out;
   }
@@ -138,9 +142,9 @@ std::vector<std::string> indexed_dataset_prefixes(const std::string& path) {
   if (p.extension() == ".idx" || p.extension() == ".bin")
     return {(p.parent_path() / p.stem()).string()};
   if (!fs::exists(path + ".idx", ec))
-    throw ConfigError(fmt::format(
-        "data.path: '{}' names no Megatron dataset (PREFIX.idx + PREFIX.bin, or a directory)",
-        path));
+    throw ConfigError(
+        fmt::format("{}: '{}' names no Megatron dataset (PREFIX.idx + PREFIX.bin, or a directory)",
+                    setting_ref(key), path));
   return {path};
 }
 

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/safe_fs.h"
@@ -38,8 +39,10 @@ struct IndexedDataset {
 IndexedDataset read_indexed_dataset(const std::string& prefix);
 
 // The dataset prefixes a path names: "P.idx" or "P.bin" or "P" itself -> P; a directory -> every
-// *.idx in it, sorted by name (their prefixes). ConfigError when none is found.
-std::vector<std::string> indexed_dataset_prefixes(const std::string& path);
+// *.idx in it, sorted by name (their prefixes). ConfigError when none is found, naming the
+// setting `key` the path came from.
+std::vector<std::string> indexed_dataset_prefixes(const std::string& path,
+                                                  std::string_view key = "data.path");
 
 // Writes PREFIX.bin and PREFIX.idx (uint16 ids, one sequence per document), each atomically at
 // commit(): documents are streamed into the .bin as they are added. ConfigError when an id does

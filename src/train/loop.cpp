@@ -95,6 +95,7 @@ TrainingLoop::TrainingLoop(Device& dev, Communicator& world, const ModelConfig& 
     if (!c.data.val_path.empty()) {
       v.kind = DataKind::kFiles;
       v.path = c.data.val_path;
+      v.path_key = "data.val_path";
     } else {
       v.seed += kHeldOutSeed;  // the same task, sequences the training never sees
     }

@@ -201,12 +201,19 @@ TEST(Data, FileErrorsNameThePath) {
   DataOptions o = opts(DataKind::kFiles, 1001, 97);
   o.path = c.dir.path().string();
   expect_config_error([&] { DataSource{o}; },
-                      {"holds 1000 tokens in 3 file(s)", "train.seq_len = 1001"});
+                      {"holds 1000 tokens in 3 file(s)", "fewer than --seq-len 1001"});
   o.seq_len = 16;
   o.path = c.dir.file("*.none");
-  expect_config_error([&] { DataSource{o}; }, {"data.path", "*.none", "matches no file"});
+  expect_config_error([&] { DataSource{o}; }, {"path: ", "*.none", "matches no file"});
   o.path = c.dir.file("missing.bin");
-  expect_config_error([&] { DataSource{o}; }, {"data.path", "missing.bin", "does not exist"});
+  expect_config_error([&] { DataSource{o}; }, {"path: ", "missing.bin", "does not exist"});
+  // The held-out data's errors name the setting it came from.
+  DataOptions v = o;
+  v.path_key = "data.val_path";
+  expect_config_error([&] { DataSource{v}; }, {"--val-path", "missing.bin", "does not exist"});
+  v.path = c.dir.path().string();
+  v.seq_len = 1001;
+  expect_config_error([&] { DataSource{v}; }, {"--val-path '", "holds 1000 tokens"});
   o.path = "";
   expect_config_error([&] { DataSource{o}; }, {"data.path is required"});
   TempDir empty;
