@@ -131,10 +131,12 @@ void print_startup(const RunConfig& cfg, const ModelConfig& m, TrainingLoop& loo
 void print_end(const RunConfig& cfg, const ModelConfig& m, const TrainingLoop& loop,
                const LoopEnd& end) {
   if (end.stopped)
-    std::printf("upipe train: stopped by signal %d after step %lld; %s\n", stop_signal(),
-                (long long)end.last_step,
-                cfg.checkpoint.dir.empty() ? "no checkpoint.dir was set, so nothing was saved"
-                                           : "checkpoint written; continue with --resume");
+    std::printf(
+        "upipe train: stopped by %s after step %lld; %s\n",
+        end.stop_signal > 0 ? fmt::format("signal {}", end.stop_signal).c_str() : "a stop request",
+        (long long)end.last_step,
+        cfg.checkpoint.dir.empty() ? "no checkpoint.dir was set, so nothing was saved"
+                                   : "checkpoint written; continue with --resume");
   else
     std::printf("upipe train: done, %lld steps\n", (long long)end.last_step);
   if (!loop.copy_task()) return;

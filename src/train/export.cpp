@@ -41,8 +41,8 @@ void prepare_out(const std::string& out, bool force) {
       std::sort(names.begin(), names.end());
       throw ConfigError(fmt::format(
           "export: {} is not empty ({} entries, e.g. {}); choose an empty or new directory, or "
-          "pass --force to write into it (its weight files and config.json are replaced, "
-          "tokenizer files kept)",
+          "pass --force to write into it (its weight files and config.json are replaced, and "
+          "the tokenizer files this export writes replace their namesakes; other files stay)",
           out, names.size(), names.front()));
     }
   }

@@ -187,7 +187,9 @@ LoopEnd TrainingLoop::run(TrainingObserver& obs) {
     const StepResult r = trainer_->step(step, data);
     const double dt = now_s() - t0;
     ++step;
-    float stop = stop_requested() ? 1.0f : 0.0f;
+    // The signal's number travels with the request (the largest, should several ranks get one),
+    // so rank 0 can say which ended the run when another rank received it.
+    float stop = stop_requested() ? float(std::max(1, stop_signal())) : 0.0f;
     world_.all_reduce(&stop, 1, DType::kF32, ReduceOp::kMax);
     if (step > start + 1 || steps - start == 1) {  // the first step warms up
       run_s += dt;
@@ -214,6 +216,7 @@ LoopEnd TrainingLoop::run(TrainingObserver& obs) {
     obs.on_step(sm);
     if (stop != 0.0f && !last) {
       end.stopped = true;
+      end.stop_signal = int(stop);
       break;
     }
     if (!last && cfg_.checkpoint.interval > 0 && step % cfg_.checkpoint.interval == 0)

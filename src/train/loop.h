@@ -47,6 +47,7 @@ class TrainingObserver {
 struct LoopEnd {
   int64_t last_step = 0;        // steps done when the loop ended
   bool stopped = false;         // a stop request ended it before train.steps
+  int stop_signal = 0;          // the signal that asked for it, on whichever rank (0: unknown)
   double first_group_loss = 0;  // the copy task's copied-half loss at the first and last step
   double last_group_loss = 0;   // run (0 for other data)
 };

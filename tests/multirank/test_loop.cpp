@@ -93,15 +93,16 @@ TEST(Loop, ResumeContinuesLikeAnUninterruptedRun) {
   first.checkpoint.interval = 2;
   Record part;
   {
-    // The same run stopped after step 2: a signal to rank 0 during step 2 (here: right after
-    // step 1's report) stops every rank once step 2 is done.
+    // The same run stopped after step 2: a signal to the last rank during step 2 (here: right
+    // after step 1's report) stops every rank once step 2 is done, every rank knowing which.
     part.after_step = [](const StepMetrics& m) {
-      if (m.step == 1 && test::world().rank() == 0) std::raise(SIGUSR1);
+      if (m.step == 1 && test::world().rank() == test::world().size() - 1) std::raise(SIGUSR1);
     };
     install_stop_handlers();
     const LoopEnd end = run_loop(first, false, part);
     clear_stop_request();
     EXPECT_TRUE(end.stopped);
+    EXPECT_EQ(end.stop_signal, SIGUSR1);
     EXPECT_EQ(end.last_step, 2);
     EXPECT_EQ(part.steps.size(), 2u);
     EXPECT_EQ(part.checkpoints, (std::vector<int64_t>{2})) << "one checkpoint, at the stop";
