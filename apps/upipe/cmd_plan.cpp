@@ -103,8 +103,10 @@ struct Row {
 PlanRequest base_request(const Settings& set, const Options& o) {
   const RunConfig& c = set.config;
   if (!set.given("memory.device_memory"))
-    throw ConfigError(fmt::format("give the device memory per rank, e.g. {}",
-                                  setting_value("memory.device_memory", "80G")));
+    throw ConfigError(fmt::format(
+        "give the device memory per rank to plan for, e.g. {} (or device_memory in a run file's "
+        "[memory]): train's default, 1T, only caps a CPU run's arena, so it plans nothing real",
+        setting_value("memory.device_memory", "80G")));
   if (o.max_seq_len && set.given("train.seq_len"))
     throw ConfigError(
         fmt::format("give one of {} and --max-seq-len", setting_ref("train.seq_len")));

@@ -37,7 +37,7 @@ expect "too small for the offloaded stash" $L8 --device-memory 80G --host-memory
 expect "too small for the offloaded stash: upipe needs at least" $L8 --device-memory 80G --host-memory 1G --offload-stash --method upipe --max-seq-len
 expect "no method fits 8 ranks of 20.00 GiB" $L8 --device-memory 20G --max-seq-len
 expect "give one of --seq-len and --max-seq-len" $L8 --device-memory 80G --seq-len 65536 --max-seq-len
-expect "give the device memory per rank, e.g. --device-memory 80G" $L8 --seq-len 65536
+expect "give the device memory per rank to plan for, e.g. --device-memory 80G" $L8 --seq-len 65536
 expect "--reserve (90.00 GiB) must be less than --device-memory (80.00 GiB)" $L8 --device-memory 80G --reserve 90G --seq-len 65536
 expect "--stage-heads 12 must be a multiple" $L8 --device-memory 80G --method upipe --stage-heads 12 --seq-len 65536
 expect "--steps (train.steps) is not a setting of this command" $L8 --device-memory 80G --steps 5
