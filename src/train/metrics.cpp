@@ -129,7 +129,11 @@ void check_metrics_file(const std::string& path, bool resume, bool overwrite) {
 
 MetricsWriter::MetricsWriter(const std::string& path, int64_t resume_step, bool overwrite)
     : path_(path) {
-  check_metrics_file(path, resume_step >= 0, overwrite);
+  // A resumed run's file is checked line by line as its steps are kept (lines_up_to).
+  if (resume_step < 0)
+    check_metrics_file(path, false, overwrite);
+  else
+    check_replaceable(path, "metrics file");
   std::error_code ec;
   const bool keep = resume_step >= 0 && std::filesystem::exists(path, ec);
   write_file_atomic(path, keep ? lines_up_to(path, resume_step) : "", "metrics file");

@@ -92,27 +92,22 @@ double Trainer::evaluate(const std::function<Sequence(int64_t i)>& data, int64_t
   // every replica runs the same number of forwards: where n does not divide evenly, a replica
   // with one fewer runs a last forward on sequence 0 that counts for nothing.
   const int64_t rounds = (n + dp_size_ - 1) / dp_size_;
+  const int64_t mine_n = (n - dp_rank_ + dp_size_ - 1) / dp_size_;  // i = r dp + rank < n
   std::vector<Sequence> seqs;
   double mine_predicted = 0;
   for (int64_t r = 0; r < rounds; ++r) {
-    const int64_t i = r * dp_size_ + dp_rank_;
-    seqs.push_back(data(i < n ? i : 0));
-    if (i < n) mine_predicted += double(predictions(seqs.back().documents, s));
+    seqs.push_back(data(r < mine_n ? r * dp_size_ + dp_rank_ : 0));
+    if (r < mine_n) mine_predicted += double(predictions(seqs.back().documents, s));
   }
   const double predicted = opt_.packed ? dp_sum(mine_predicted) : double(n) * double(s - 1);
   double mine = 0;
   for (int64_t r = 0; r < rounds; ++r) {
-    const Sequence& seq = seqs[size_t(r)];
     LossSpec spec{predicted > 0 ? 1.0 / predicted : 0.0, {}};
-    spec.documents = seq.documents;
-    const double loss = dec_->loss(seq.tokens, *zero_, spec).loss;
-    if (r * dp_size_ + dp_rank_ < n) mine += loss;
+    spec.documents = seqs[size_t(r)].documents;
+    const double loss = dec_->loss(seqs[size_t(r)].tokens, *zero_, spec).loss;
+    if (r < mine_n) mine += loss;
   }
-  std::vector<double> parts(static_cast<size_t>(dp_size_));
-  dp_->all_gather(&mine, parts.data(), sizeof(mine));
-  double loss = 0;
-  for (double p : parts) loss += p;  // in rank order: the same bits on every rank
-  return loss;
+  return dp_sum(mine);
 }
 
 StepResult Trainer::step(int64_t t, const SequenceFn& data) {

@@ -10,6 +10,8 @@
 #                   step's (not the run's file), keeps the run's own steps
 #   checkpoint_dir  a --checkpoint-dir that is a file, or cannot be created, is refused at the start
 #                   (exit 2, once, before any step), the file untouched
+#   val_uneven      validation of 3 held-out sequences on 2 DP replicas (one runs fewer) ends, with
+#                   the validation loss logged (it hung until the watchdog before)
 #   init_dtype      --init-from a directory whose tensor has an integer dtype: every rank refuses
 #   corrupt         a flipped byte in one rank file: --resume (only that rank reads it) and export
 #                   end with exit 2 naming the file; export leaves no model.safetensors
@@ -159,6 +161,12 @@ checkpoint_dir)
   job proc 60 train "${small[@]}" --steps=3 --checkpoint-dir=/proc/upipe_ck
   [ $rc -eq 2 ] || { cat "$tmp/proc.out"; fail "an uncreatable checkpoint.dir: exit $rc, want 2"; }
   once proc "checkpoint.dir = /proc/upipe_ck: "
+  ;;
+val_uneven)
+  job v 60 train "${small[@]}" --steps=1 --cp-size=1 --val-interval=1 --val-sequences=3 --timeout=20
+  [ $rc -eq 0 ] || { cat "$tmp/v.out"; fail "validation on uneven replicas: exit $rc"; }
+  within "$t" 15 || fail "took $t s"
+  grep -q "| val [0-9]" "$tmp/v.out" || { cat "$tmp/v.out"; fail "no validation loss logged"; }
   ;;
 init_dtype)
   mkdir "$tmp/int"
