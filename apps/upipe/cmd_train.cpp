@@ -115,11 +115,19 @@ void print_startup(const RunConfig& cfg, const ModelConfig& m, TrainingLoop& loo
   if (cfg.metrics.peak_flops > 0)
     std::printf("start: %s; MFU relative to %s = %.1f TFLOP/s per rank\n",
                 loop.start().origin.c_str(), peak.c_str(), loop.gemm_flops() / 1e12);
-  else
+  else {
+    const int64_t n = loop.gemm_reference_n(), full = TrainingLoop::kGemmReferenceN;
+    const std::string smaller =
+        n > 0 && n < full
+            ? fmt::format(" on {0} x {0} operands ({1} x {1} do not fit beside the run; smaller "
+                          "GEMMs run slower, so MFU reads higher)",
+                          n, full)
+            : std::string();
     std::printf(
-        "start: %s; MFU relative to the GEMM rate measured now, %.1f GFLOP/s per rank "
+        "start: %s; MFU relative to the GEMM rate measured now%s, %.1f GFLOP/s per rank "
         "(a busy machine lowers it; %s states a peak)\n",
-        loop.start().origin.c_str(), loop.gemm_flops() / 1e9, peak.c_str());
+        loop.start().origin.c_str(), smaller.c_str(), loop.gemm_flops() / 1e9, peak.c_str());
+  }
   for (const std::string& w : run_warnings(cfg, m))
     std::printf("warning: %s\n", render_setting_refs(w).c_str());
   // Under mpirun (one node) rank 0's parent is mpirun, which forwards SIGUSR1 to every rank.

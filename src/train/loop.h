@@ -69,6 +69,10 @@ class TrainingLoop {
   bool copy_task() const { return data_->options().kind == DataKind::kCopy; }
   // MFU's denominator per rank: metrics.peak_flops, or the GEMM rate measured (the ranks' best).
   double gemm_flops() const { return gemm_flops_; }
+  // The side of the square GEMM MFU's measured rate was timed on (kGemmReferenceN unless that did
+  // not fit in the budget); 0 when a peak was stated or the device does not compute.
+  int64_t gemm_reference_n() const { return gemm_reference_n_; }
+  static constexpr int64_t kGemmReferenceN = 1024;
 
   // Runs the steps from start().step to train.steps; returns how it ended.
   LoopEnd run(TrainingObserver& obs);
@@ -93,6 +97,7 @@ class TrainingLoop {
   RunStart start_;
   CheckpointRun ckpt_run_;  // where and as which run the checkpoints are written
   double gemm_flops_ = 0;
+  int64_t gemm_reference_n_ = 0;
 };
 
 }  // namespace upipe

@@ -105,6 +105,12 @@ round_trip round_trip --model tiny-qwen3 --device-memory=64M --method upipe --st
 # A budget the plan fills to 79%: nothing the run allocates beyond the plan (MFU's reference GEMM
 # included) may push it over.
 round_trip tight_budget --model tiny --device-memory=10M --method upipe --seq-len 4096
+# ... and its start line says MFU's rate was timed on smaller operands than 1024 x 1024.
+if ! grep -q "measured now on [0-9]* x [0-9]* operands (1024 x 1024 do not fit" "$tmp/tight_budget.train"; then
+  grep "^start:" "$tmp/tight_budget.train"
+  echo "FAIL tight_budget: the start line does not say MFU's GEMM was timed smaller"
+  failures=$((failures + 1))
+fi
 
 [ "$failures" -eq 0 ] || { echo "$failures case(s) failed"; exit 1; }
 echo "PASS: plan = train on every case"
