@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The CUDA backend on a GPU, in one prepared run (issue 19; README "Running on a GPU"). Made for
-# the lent H200 machines (CUDA, PyTorch and Python there; no OpenMPI, no registry): first, here,
+# the lent H200 and H100 machines (CUDA, PyTorch and Python there; no OpenMPI, no registry): first, here,
 # bench/gpu_pack.sh builds and packs the binaries and their libraries into .gpu-pack/; then, there,
 # from the repository root, with .gpu-pack carried:
 #   bench/gpu_check.sh                       (about 7 minutes at most; files to $OUT)
@@ -53,14 +53,27 @@ run() {
   [ $rc -eq 0 ] || { echo "FAILED (rc $rc): $*" >&2; fails=$((fails + 1)); }
   return $rc
 }
-# Every strategy against local on one GPU shared by 1, 2 and 4 ranks (each rank reserves 6 GiB, so
-# four runs of 4 ranks, 96 GiB, fit beside each other on the H200's 139), GPU_CHECK_JOBS (4) runs at
-# a time (16 ranks on 16 cores), each logging to strategies.d/N.log.
+# Every strategy against local on one GPU shared by 1, 2 and 4 ranks, GPU_CHECK_JOBS (4) runs at a
+# time (16 ranks on 16 cores), each logging to strategies.d/N.log. Each rank reserves an equal share
+# of the GPU less 1.5 GiB for what a process keeps outside its arena (the CUDA context, cuBLASLt's
+# and cuDNN's handles), at most 6 GiB: 6 GiB on the H200's 139, 3.4 GiB on an H100's 80 (a check at
+# S = 1024 needs well under 1 GiB); 6 GiB everywhere would not fit 16 ranks on an H100.
+strategies_reserve_mib() {
+  local total ranks=$((4 * ${GPU_CHECK_JOBS:-4})) per
+  total=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1)
+  [[ "$total" =~ ^[0-9]+$ ]] || { echo 6144; return; }  # no nvidia-smi: a CPU try of the script
+  per=$((total / ranks - 1536))
+  [ "$per" -gt 6144 ] && per=6144
+  [ "$per" -lt 1024 ] && per=1024
+  echo "$per"
+}
 strategies() {
   local np m t jobs=() i=0
   local shape=(--seq-len 1024 --heads 8 --kv-heads 2 --head-dim 128 --json)
   local all=(ulysses upipe ring usp upipe-ring fpdt upipe-fpdt)
-  export UPIPE_CUDA_RESERVE=6G
+  UPIPE_CUDA_RESERVE=$(strategies_reserve_mib)M
+  export UPIPE_CUDA_RESERVE
+  echo "strategies: each rank reserves $UPIPE_CUDA_RESERVE of the GPU"
   for m in local "${all[@]}"; do jobs+=("1 $m fp32"); done
   for np in 2 4; do
     for t in bf16 fp32; do
@@ -112,7 +125,7 @@ evals() {
   return $((fails > 0))
 }
 
-# The attention kernels' TFLOP/s (against the H200's ~989 dense bf16 peak) beside cuBLASLt's:
+# The attention kernels' TFLOP/s (against the GPU's dense bf16 peak: ~989 on an H200 or H100 SXM) beside cuBLASLt's:
 # bf16 on cuDNN (forward whole, backward in blocks), bf16 on the flash kernels alone
 # (UPIPE_CUDNN_SDPA=0), fp32 (flash kernels).
 kernels() {

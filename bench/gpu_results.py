@@ -22,7 +22,10 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from run_benchmarks import PAGE_HEAD, merge_sections, table  # noqa: E402
 
-BF16_PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0}  # dense bf16, SXM
+# Dense bf16 peaks (NVIDIA's data sheets: half the with-sparsity figure), the more specific name
+# first: nvidia-smi says "NVIDIA H100 80GB HBM3" for the SXM part, "NVIDIA H100 PCIe", "... NVL".
+BF16_PEAK_TFLOPS = [("H200 NVL", 835.0), ("H200", 989.0), ("H100 PCIe", 756.0),
+                    ("H100 NVL", 835.0), ("H100", 989.0)]
 
 
 def jsonl(path):
@@ -71,7 +74,7 @@ def gpu_name(d):
 
 
 def peak_of(name):
-    for k, v in BF16_PEAK_TFLOPS.items():
+    for k, v in BF16_PEAK_TFLOPS:
         if k in name:
             return v
     return None
