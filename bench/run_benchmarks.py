@@ -671,16 +671,29 @@ def section_model(quick):
         return rs, (rs[len(rs) // 2] if len(rs) % 2 else (rs[len(rs) // 2 - 1] + rs[len(rs) // 2]) / 2)
     rows = []
     labels = [(r[0], r[2]) for r in MODEL_RUNS] + [(t[0], t[2]) for t in TORCH_RUNS]
+    # MFU of a PyTorch row: upipe's model FLOPs of the same step over the GEMM rate upipe measured
+    # in the same dtype (the best local row's run).
+    upipe_of = {"fp32": best.get("upipe local"), "bf16": best.get("upipe local, bf16")}
     for label, dt in labels:
         j = best.get(label)
         if j is None:
             if label.startswith("upipe") or have_torch:
-                rows.append([label, "failed", "", "", "", "", "", "", ""])
+                rows.append([label, "failed"] + [""] * 11)
             continue
         rm = ratio_median(label, dt)
         ratio = ("%.2f× (%s)" % (rm[1], ", ".join("%.2f" % x for x in rm[0]))) if rm else "—"
+        ref = j if "mfu" in j else upipe_of[dt]
+        if ref:
+            ranks = j.get("ranks", 1)
+            mfu = "%.0f%%" % (100 * ref["model_flops"] / ranks / j["step_s"] / (ref["gemm_tflops_per_s"] * 1e12))
+        else:
+            mfu = "—"
+        executed = ("%.1f" % (j["executed_tflops_per_s_per_rank"] * 1e3)) if "hfu" in j else "—"
+        hfu = ("%.0f%%" % (100 * j["hfu"])) if "hfu" in j else "—"
+        gemm = ("%.1f" % (j["gemm_tflops_per_s"] * 1e3)) if "gemm_tflops_per_s" in j else "—"
         rows.append([label, dt, j.get("ranks", 1), "%.3f" % j["step_s"], "%.3f" % j["fwd_s"], "%.3f" % j["bwd_s"],
-                     "%.0f" % j["tokens_per_s"], mib(j["peak_bytes"]) if "peak_bytes" in j else "—", ratio])
+                     "%.0f" % j["tokens_per_s"], mib(j["peak_bytes"]) if "peak_bytes" in j else "—", gemm, mfu,
+                     executed, hfu, ratio])
     m = MODEL_CONFIG
     up = best.get("upipe local", {})
     tj = best.get("PyTorch eager, sdpa", {})
@@ -697,8 +710,13 @@ def section_model(quick):
             "Each row is the median of %d steps after a warm-up, the best of %d interleaved rounds; 2-rank times "
             "are the slower rank's, with both ranks on this machine's %d shared cores. *vs PyTorch* = in each "
             "round, the faster PyTorch step of the same dtype / this row's step time (> 1: upipe is faster); the "
-            "median over the rounds, each round's ratio in brackets. Target: upipe local fp32 ≥ 1.5× PyTorch "
-            "eager with sdpa."
+            "median over the rounds, each round's ratio in brackets. *GEMM* = the 1024³ GEMM rate in the row's "
+            "dtype that `bench model` measured on every rank before its steps (GFLOP/s per rank). *MFU* = model "
+            "FLOPs (6 per matrix parameter per token plus causal attention's 6·S·H·d per token per layer, "
+            "src/train/flops.h) per rank / step time / GEMM; PyTorch's rows use the GEMM rate of upipe's local "
+            "row of the same dtype. *executed* = the GEMM and attention FLOPs the step ran, recompute included "
+            "(src/backend/work_count.h; GFLOP/s per rank), and *HFU* = executed / GEMM: how close the whole step "
+            "runs to the machine's GEMM rate. Target: upipe local fp32 ≥ 1.5× PyTorch eager with sdpa."
             % (up.get("cpu", platform.processor() or "?"), up.get("isa", "?"), m["hidden_size"],
                m["intermediate_size"], m["num_hidden_layers"], m["num_attention_heads"], m["num_key_value_heads"],
                m["head_dim"], m["vocab_size"], up["parameters"] / 1e6 if "parameters" in up else float("nan"), s,
@@ -707,7 +725,7 @@ def section_model(quick):
         text += ["PyTorch baseline skipped: %s not found (set TORCH_PYTHON to a python with torch and "
                  "transformers)." % TORCH_PYTHON, ""]
     text += [table(["implementation", "dtype", "ranks", "step s", "fwd s", "bwd s", "tokens/s", "peak per rank",
-                    "vs PyTorch"], rows), "",
+                    "GEMM GFLOP/s", "MFU", "executed GFLOP/s", "HFU", "vs PyTorch"], rows), "",
              "Commands (DIR/config.json holds the configuration above):", "```", *cmds, "```"]
     return "\n".join(text), None
 

@@ -28,6 +28,17 @@ void check_problem(const Backend& be, const AttnProblem& p) {
               dtype_name(p.q.dtype), p.documents() ? " with documents" : "");
 }
 
+// The call's arithmetic into the device's count (work_count.h).
+void count_attention(Device& dev, const AttnProblem& p, int flops_per_pair_dim) {
+  if (p.documents()) {
+    ++dev.work().attention_uncounted;
+    return;
+  }
+  const int64_t pairs = visible_pairs(p.sq(), p.sk(), p.q_pos0, p.k_pos0, p.causal);
+  dev.work().attention_flops +=
+      double(flops_per_pair_dim) * double(p.d) * double(p.hq) * double(pairs);
+}
+
 void check_rowstat(const Mat& x, int hq, int64_t sq, const char* what) {
   UPIPE_CHECK(x.dtype == DType::kF32 && x.rows == hq && x.cols == sq,
               "{} must be fp32 (hq={}, sq={}), got {}x{}", what, hq, sq, x.rows, x.cols);
@@ -61,6 +72,7 @@ void attention_forward(Device& dev, const AttnProblem& p, const Mat& o, const Ma
   a.o = o;
   a.lse = lse;
   be.attention_forward(a, ws.data());
+  count_attention(dev, p, kAttentionForwardFlopsPerPairDim);
 }
 
 void attention_accumulate_init(Device& dev, const Mat& acc, const Mat& m, const Mat& l) {
@@ -84,6 +96,7 @@ void attention_forward_accumulate(Device& dev, const AttnProblem& p, const Mat& 
   a.l = l;
   a.accumulate = true;
   be.attention_forward(a, ws.data());
+  count_attention(dev, p, kAttentionForwardFlopsPerPairDim);
 }
 
 void attention_finalize(Device& dev, const Mat& acc, const Mat& m, const Mat& l, int d,
@@ -125,6 +138,7 @@ void attention_backward(Device& dev, const AttnProblem& p, const Mat& dout, cons
   Buffer ws(dev.mem(), attention_bwd_workspace_bytes(be, p.hq, p.hk, p.d, p.q.dtype, p.documents()),
             Tag::kWorkspace);
   be.attention_backward({p, dout, lse, delta, dq, dk, dv, o}, ws.data());
+  count_attention(dev, p, kAttentionBackwardFlopsPerPairDim);
 }
 
 }  // namespace upipe

@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "backend/backend.h"
+#include "backend/work_count.h"
 #include "core/arena.h"
 
 namespace upipe {
@@ -50,11 +51,16 @@ class Device {
   }
   void wait_copies() { wait(last_copy_); }
 
+  // The GEMM and attention arithmetic issued on this device so far (work_count.h); a caller that
+  // times a span of work resets it before.
+  WorkCount& work() { return work_; }
+
  private:
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Allocator> mem_backing_, host_backing_;
   std::unique_ptr<Arena> mem_, host_;
   CopyTicket last_copy_;
+  WorkCount work_;
 };
 
 }  // namespace upipe

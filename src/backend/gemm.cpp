@@ -29,6 +29,7 @@ void gemm(Device& dev, const Mat& a, bool trans_a, const Mat& b, bool trans_b, c
               backend_kind_name(be.kind()), dtype_name(s.a), dtype_name(s.b), dtype_name(s.c));
   Buffer ws(dev.mem(), be.gemm_workspace_bytes(s), Tag::kWorkspace);
   be.gemm(g, ws.data());
+  dev.work().gemm_flops += 2.0 * double(s.m) * double(s.n) * double(s.k);
 }
 
 }  // namespace upipe

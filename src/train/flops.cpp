@@ -50,4 +50,15 @@ double measure_gemm_flops(Device& dev, DType dtype, int64_t n, int reps, int64_t
     }
 }
 
+GemmRate measure_job_gemm_rate(Communicator& world, Device& dev, DType dtype, int64_t n_wanted,
+                               int reps) {
+  world.barrier();
+  int64_t n = 0;
+  float rate = float(measure_gemm_flops(dev, dtype, n_wanted, reps, &n));
+  world.all_reduce(&rate, 1, DType::kF32, ReduceOp::kMax);
+  float minus_side = -float(n);
+  world.all_reduce(&minus_side, 1, DType::kF32, ReduceOp::kMax);
+  return {double(rate), int64_t(-minus_side)};
+}
+
 }  // namespace upipe

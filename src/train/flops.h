@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "backend/device.h"
+#include "comm/communicator.h"
 #include "model/config.h"
 
 namespace upipe {
@@ -22,5 +23,15 @@ double training_flops_per_sequence(const ModelConfig& m, int64_t seq_len);
 // is stored in *measured_n. 0 on a device that does not compute.
 double measure_gemm_flops(Device& dev, DType dtype, int64_t n = 1024, int reps = 5,
                           int64_t* measured_n = nullptr);
+
+// The job's reference rate: measure_gemm_flops on every rank at once (as they run in a step),
+// best of `reps`, the fastest rank's rate; n is the smallest side any rank timed (below n_wanted
+// where the operands did not fit beside the run).
+struct GemmRate {
+  double flops_per_s = 0;
+  int64_t n = 0;
+};
+GemmRate measure_job_gemm_rate(Communicator& world, Device& dev, DType dtype, int64_t n_wanted,
+                               int reps);
 
 }  // namespace upipe

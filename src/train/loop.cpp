@@ -112,16 +112,11 @@ TrainingLoop::TrainingLoop(Device& dev, Communicator& world, const ModelConfig& 
     gemm_flops_ = c.metrics.peak_flops;
     return;
   }
-  world.barrier();
-  int64_t n = 0;
-  float rate = float(measure_gemm_flops(dev, c.memory.policy.dtype, kGemmReferenceN, 10, &n));
-  world.all_reduce(&rate, 1, DType::kF32, ReduceOp::kMax);
-  gemm_flops_ = rate;
   // Where 1024 x 1024 operands do not fit beside the run, smaller ones were timed (a lower rate,
-  // so MFU reads higher): the start line says so. The smallest any rank timed is the one reported.
-  float minus_side = -float(n);
-  world.all_reduce(&minus_side, 1, DType::kF32, ReduceOp::kMax);
-  gemm_reference_n_ = int64_t(-minus_side);
+  // so MFU reads higher): the start line says so.
+  const GemmRate g = measure_job_gemm_rate(world, dev, c.memory.policy.dtype, kGemmReferenceN, 10);
+  gemm_flops_ = g.flops_per_s;
+  gemm_reference_n_ = g.n;
 }
 
 TrainingLoop::~TrainingLoop() = default;
