@@ -40,16 +40,15 @@ std::vector<int64_t> parse_list(const std::string& s, int64_t seq_len, const std
   return out;
 }
 
-}  // namespace
-
-std::vector<int64_t> parse_doc_lens(const std::string& spec, int64_t seq_len,
-                                    const std::string& what) {
+// The lengths `spec` reads as, any value.
+std::vector<int64_t> read_lengths(const std::string& spec, int64_t seq_len,
+                                  const std::string& what) {
   if (is_list(spec)) return parse_list(spec, seq_len, what);
   const TokenFileInfo f = inspect_token_file(spec);
   if (f.count > seq_len)
     throw ConfigError(fmt::format("{}: {} holds {} lengths, more than a sequence of {} tokens has",
                                   what, spec, f.count, seq_len));
-  // Lengths are read as ids in [0, seq_len]; Documents refuses a 0.
+  // Lengths are read as ids in [0, seq_len]; parse_doc_lens refuses a 0.
   std::vector<int32_t> ids(static_cast<size_t>(f.count));
   try {
     read_token_range(f, 0, f.count, std::min<int64_t>(seq_len + 1, INT32_MAX), ids.data());
@@ -58,6 +57,18 @@ std::vector<int64_t> parse_doc_lens(const std::string& spec, int64_t seq_len,
         fmt::format("{}: a document length must lie in [1, {}]: {}", what, seq_len, e.what()));
   }
   return std::vector<int64_t>(ids.begin(), ids.end());
+}
+
+}  // namespace
+
+std::vector<int64_t> parse_doc_lens(const std::string& spec, int64_t seq_len,
+                                    const std::string& what) {
+  std::vector<int64_t> lens = read_lengths(spec, seq_len, what);
+  for (size_t i = 0; i < lens.size(); ++i)
+    if (lens[i] < 1 || lens[i] > seq_len)
+      throw ConfigError(fmt::format("{}: document {} has length {}; a length must lie in [1, {}]",
+                                    what, i, lens[i], seq_len));
+  return lens;
 }
 
 std::shared_ptr<const Documents> documents_from(const std::string& spec, int64_t seq_len,

@@ -77,7 +77,8 @@ TokenFileInfo inspect_npy(const std::string& path, const ReadFile& f, int64_t si
   int64_t n = 0;
   int used = -1;  // set only when the whole "(N,)" matched: "(1,3)" is 2-D, not 1 id
   if (std::sscanf(shape.c_str(), "(%ld,)%n", &n, &used) != 1 || used != int(shape.size()))
-    throw ConfigError(fmt::format("{}: token arrays must be 1-D, got shape {}", path, shape));
+    throw ConfigError(
+        fmt::format("{}: token arrays must be 1-D, got shape {}", path, excerpt(shape)));
   if (descr == "'<i4'")
     info.width = 4, info.is_signed = true;
   else if (descr == "'<i8'")
@@ -87,8 +88,9 @@ TokenFileInfo inspect_npy(const std::string& path, const ReadFile& f, int64_t si
   else if (descr == "'<u4'")
     info.width = 4;
   else
-    throw ConfigError(fmt::format(
-        "{}: token dtype {} is not supported; use int32, int64, uint16 or uint32", path, descr));
+    throw ConfigError(
+        fmt::format("{}: token dtype {} is not supported; use int32, int64, uint16 or uint32", path,
+                    excerpt(descr)));
   info.data_offset = start + hlen;
   int64_t need = 0;
   if (n < 0 || !mul_fits(need, {n, info.width}) || need > size - info.data_offset)

@@ -91,10 +91,11 @@ IndexedDataset read_indexed_dataset(const std::string& prefix) {
   for (size_t i = 0; i < lengths.size(); ++i) {
     if (lengths[i] < 0)
       throw ConfigError(fmt::format("{}: sequence {} has length {}", idx, i, lengths[i]));
-    if (pointers[i] != seq_start[i] * width)
+    const int64_t at = checked_mul(seq_start[i], int64_t(width), "token bytes");
+    if (pointers[i] != at)
       throw ConfigError(
           fmt::format("{}: sequence {} starts at byte {}, not {}: the sequences are not contiguous",
-                      idx, i, pointers[i], seq_start[i] * width));
+                      idx, i, pointers[i], at));
     seq_start[i + 1] = checked_add(seq_start[i], int64_t(lengths[i]), "token count");
   }
   if (doc_index.empty() || doc_index.front() != 0 || doc_index.back() != int64_t(h.sequences))
@@ -103,6 +104,9 @@ IndexedDataset read_indexed_dataset(const std::string& prefix) {
   for (size_t d = 0; d + 1 < doc_index.size(); ++d) {
     if (doc_index[d + 1] < doc_index[d])
       throw ConfigError(fmt::format("{}: the document index decreases at entry {}", idx, d + 1));
+    if (doc_index[d + 1] > int64_t(h.sequences))
+      throw ConfigError(fmt::format("{}: document index entry {} is {}, past the {} sequences", idx,
+                                    d + 1, doc_index[d + 1], h.sequences));
     const int64_t start = seq_start[size_t(doc_index[d])];
     if (seq_start[size_t(doc_index[d + 1])] > start) ds.doc_starts.push_back(start);  // not empty
   }

@@ -3,7 +3,9 @@
 // checkpoint — each refused with a ConfigError naming the file; steps of 10^8 and more; runs that
 // never mix in one directory (a fresh run refuses another run's checkpoints, pruning removes only
 // this run's, --resume refuses an ambiguous directory, overwriting is explicit); a model with the
-// same element counts but another architecture refused naming the first field that differs.
+// same element counts but another architecture refused naming the first field that differs;
+// random damage to any file of a checkpoint (common/mutations.h) either refused or harmless: what
+// loads or exports is bitwise the bytes that were saved.
 #include <gtest/gtest.h>
 #include <xxhash.h>
 
@@ -12,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/tensor_ops.h"
+#include "common/mutations.h"
 #include "core/build_info.h"
 #include "core/errors.h"
 #include "multirank/mpi_test_main.h"
@@ -273,6 +276,122 @@ TEST(Checkpoint, AnotherArchitectureIsRefused) {
   for (size_t u = 0; u < a.size(); ++u) ASSERT_EQ(a[u].numel, b[u].numel);
   expect_has(load_error(ck, other),
              {"written for another model", "field 'head_dim': the checkpoint has 16"});
+}
+
+bool same_bytes(const std::vector<std::vector<float>>& a,
+                const std::vector<std::vector<float>>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (a[i].size() != b[i].size() || std::memcmp(a[i].data(), b[i].data(), a[i].size() * 4) != 0)
+      return false;
+  return true;
+}
+
+// The whole model as export reads it (every tensor, fp32), or the ConfigError's message.
+std::vector<std::vector<float>> export_all(const std::string& ck, std::string* err) {
+  std::vector<std::vector<float>> out;
+  try {
+    const CheckpointReader reader(ck);
+    const std::vector<HfTensorSpec> specs = hf_tensors(reader.model());
+    for (size_t i = 0; i < specs.size(); ++i) {
+      out.emplace_back(size_t(specs[i].numel()));
+      reader.read(int(i), out.back().data());
+    }
+  } catch (const ConfigError& e) {
+    *err = e.what();
+  }
+  return out;
+}
+
+// This rank's shards as load_checkpoint fills them (master, exp_avg, exp_avg_sq of every unit),
+// or the ConfigError's message.
+std::vector<std::vector<float>> load_all(const std::string& ck, std::string* err) {
+  Device dev;
+  Zero3 z(dev, test::world(), load_model_config("tiny"), DType::kF32);
+  std::vector<std::vector<float>> out;
+  try {
+    load_checkpoint(ck, z);
+    for (int u = 0; u < z.num_units(); ++u)
+      for (const Mat& m : {z.master(u), z.exp_avg(u), z.exp_avg_sq(u)})
+        out.push_back(download(dev, m));
+  } catch (const ConfigError& e) {
+    *err = e.what();
+  }
+  return out;
+}
+
+// Every file of a checkpoint damaged at random, one damage at a time: export (rank 0) and
+// load_checkpoint (every rank) either refuse it with a one-line ConfigError or read exactly the
+// bytes that were saved. The chain of checksums (DONE -> meta.json -> headers and pieces) leaves
+// no third outcome; the damages that read are those to bytes the chain does not depend on.
+// (No ASSERT between barriers: a rank that left the test early would leave the others waiting.)
+TEST(Checkpoint, RandomDamageIsRefusedOrHarmless) {
+  Communicator& world = test::world();
+  SharedDir dir(world);
+  const std::string ck = save(world, {dir.path(), "run-a", 0}, 1, 5);
+  std::string err;
+  const std::vector<std::vector<float>> saved_model =
+      world.rank() == 0 ? export_all(ck, &err) : std::vector<std::vector<float>>{};
+  EXPECT_EQ(err, "");
+  const std::vector<std::vector<float>> saved_shards = load_all(ck, &err);
+  EXPECT_EQ(err, "");
+  std::vector<std::string> files = {"DONE", "meta.json", "run_id"};
+  for (int r = 0; r < world.size(); ++r) files.push_back(fmt::format("rank_{:05d}.safetensors", r));
+  auto one_line = [](const std::string& e) { EXPECT_EQ(e.find('\n'), std::string::npos) << e; };
+  int refused = 0, harmless = 0;
+  uint64_t seed = 100;
+  for (const std::string& name : files) {
+    const std::string p = ck + "/" + name;
+    const std::string pristine = world.rank() == 0 ? slurp(p) : "";
+    // The header of a rank file is where its offsets live: half the damage goes there.
+    size_t hot = 0;
+    if (world.rank() == 0 && name.starts_with("rank_")) {
+      uint64_t n = 0;
+      std::memcpy(&n, pristine.data(), 8);
+      hot = size_t(8 + n);
+    }
+    // Export on rank 0 alone, many damages; the other ranks wait.
+    if (world.rank() == 0) {
+      for (const test::Mutant& m : test::mutants(pristine, seed, 40, hot)) {
+        SCOPED_TRACE(name + ": " + m.what);
+        spit(p, m.bytes);
+        std::string e;
+        const std::vector<std::vector<float>> got = export_all(ck, &e);
+        if (!e.empty()) {
+          one_line(e);
+          ++refused;
+        } else {
+          EXPECT_TRUE(same_bytes(got, saved_model)) << "the export read other bytes";
+          ++harmless;
+        }
+      }
+      spit(p, pristine);
+    }
+    // load_checkpoint on every rank, fewer damages: each rank refuses or loads the saved bytes.
+    const std::vector<test::Mutant> some = world.rank() == 0
+                                               ? test::mutants(pristine, seed + 1, 8, hot)
+                                               : std::vector<test::Mutant>(8);
+    for (const test::Mutant& m : some) {
+      edit_file(world, p, [&](std::string& b) { b = m.bytes; });
+      SCOPED_TRACE(name + ": " + m.what);
+      std::string e;
+      const std::vector<std::vector<float>> got = load_all(ck, &e);
+      if (!e.empty()) {
+        one_line(e);
+        ++refused;
+      } else {
+        EXPECT_TRUE(same_bytes(got, saved_shards)) << "the load read other bytes";
+        ++harmless;
+      }
+    }
+    edit_file(world, p, [&](std::string& b) { b = pristine; });
+    seed += 2;
+  }
+  EXPECT_GT(refused, 0);
+  if (world.rank() == 0) EXPECT_GT(harmless, 0) << "no damage was harmless: run_id is not checked";
+  std::printf("rank %d: %d damaged checkpoints refused, %d harmless\n", world.rank(), refused,
+              harmless);
+  ASSERT_EQ(load_error(ck), "");
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
 // Arena accounting (tags, peaks, watches, typed OOM), Buffer ownership, meta addresses, checked
-// size arithmetic, dtype conversion, RNG.
+// size arithmetic, one-line errors, dtype conversion, RNG.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -238,6 +238,16 @@ TEST(Checked, SizesThatOverflowThrowInsteadOfWrapping) {
   Device dev({BackendKind::kMeta, int64_t(1) << 62, 0});
   EXPECT_THROW(Tensor(dev.mem(), Tag::kQkv, DType::kF32, int64_t(1) << 61, 4), SizeError);
   EXPECT_EQ(dev.mem().current(), 0);
+}
+
+TEST(Errors, AConfigErrorIsOneLineWhateverItQuotes) {
+  const ConfigError e(std::string("f.npy: shape (3,\n\t") + '\x01' + "\x7f)\r\\n");
+  EXPECT_STREQ(e.what(), "f.npy: shape (3,\\n\\t\\x01\\x7f)\\r\\n");
+  // UTF-8 (a path in another script) passes as it is.
+  EXPECT_STREQ(ConfigError("/data/\u00e9t\u00e9.bin: missing").what(),
+               "/data/\u00e9t\u00e9.bin: missing");
+  EXPECT_EQ(excerpt("abcdef", 6), "abcdef");
+  EXPECT_EQ(excerpt("abcdefgh", 3), "abc... (5 more bytes)");
 }
 
 TEST(Rng, CounterBasedIsShardIndependentAndNormal) {

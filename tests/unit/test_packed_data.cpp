@@ -104,6 +104,15 @@ TEST(MegatronIndex, MalformedIndexesAreRefused) {
                       {"not contiguous"});
   expect_config_error([&] { read_indexed_dataset(with(good, bin.substr(0, bin.size() - 4))); },
                       {"t.bin", "the index"});
+  // An inner document entry far past the sequences, the index still ascending up to it: refused
+  // there (it was read as a sequence number, out of bounds, before the decrease after it).
+  uint64_t n = 0, m = 0;
+  std::memcpy(&n, good.data() + 18, 8);
+  std::memcpy(&m, good.data() + 26, 8);
+  ASSERT_GE(m, 3u);
+  expect_config_error(
+      [&] { read_indexed_dataset(with(patched(34 + 12 * n + 8, uint64_t(1) << 40, 8), bin)); },
+      {"t.idx", "document index entry 1", "past the"});
 }
 
 // A .npy token file of `ids`.
