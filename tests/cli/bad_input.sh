@@ -131,6 +131,13 @@ printf 'not an index' > "$tmp/bad.idx"
 : > "$tmp/bad.bin"
 run_case "shorter than a Megatron index header" train --data-kind=files --data-path="$tmp/bad" --documents=index --steps=1
 run_case "names no Megatron dataset" train --data-kind=files --data-path="$tmp/none" --documents=index --steps=1
+# The fixture's index with its second document entry set far past the sequences (still ascending
+# up to it): it read out of bounds and crashed every rank before it was checked.
+python3 -c "import struct,sys; b=bytearray(open(sys.argv[1],'rb').read()); n=struct.unpack_from('<Q',b,18)[0]; struct.pack_into('<q',b,34+12*n+8,1<<40); open(sys.argv[2],'wb').write(b)" "$fix/../megatron/split.idx" "$tmp/far.idx"
+cp "$fix/../megatron/split.bin" "$tmp/far.bin"
+run_case "$tmp/far.idx: document index entry 1 is 1099511627776, past the" train --data-kind=files --data-path="$tmp/far" --documents=index --steps=1
+python3 -c "import struct,sys; h=b\"{'descr': '<i4', 'fortran_order': False, 'shape': (2,), }\"; h+=b' '*(63-10-len(h))+b'\\n'; open(sys.argv[1],'wb').write(b'\\x93NUMPY\\x01\\x00'+struct.pack('<H',len(h))+h+struct.pack('<2i',512,0))" "$tmp/zero.npy"
+run_case "--doc-lens: document 1 has length 0; a length must lie in [1, 512]" check --seq-len 512 --doc-lens "$tmp/zero.npy"
 
 if [ "$failures" -ne 0 ]; then
   echo "$failures case(s) failed"
