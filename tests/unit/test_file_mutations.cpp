@@ -1,7 +1,8 @@
 // Every reader of a file a user hands upipe, against a few hundred seeded random damages of a good
 // file each (common/mutations.h): a safetensors checkpoint and its sharded index, llm.c .bin and
 // .npy token files, a Megatron indexed dataset (.idx and .bin), a Hugging Face config.json, a run
-// file, a document-length file and a metrics file being resumed. Each damaged file is either
+// file, a document-length file, a metrics file being resumed and a Hugging Face model's weights
+// through load_params. Each damaged file is either
 // refused with a one-line ConfigError (never another exception, a crash, an allocation the file
 // cannot justify, or UB: the suite runs this under ASan and UBSan) or read into values that pass
 // the reader's own contract: ids inside the vocabulary, tensors inside their file, documents
@@ -13,12 +14,15 @@
 #include <fstream>
 #include <map>
 
+#include "backend/device.h"
+#include "backend/tensor_ops.h"
 #include "common/mutations.h"
 #include "core/errors.h"
 #include "model/config.h"
 #include "model/doc_lens.h"
 #include "model/safetensors.h"
 #include "model/tokens.h"
+#include "model/weights.h"
 #include "train/indexed_dataset.h"
 #include "train/metrics.h"
 #include "train/run_config.h"
@@ -155,6 +159,39 @@ TEST(FileMutations, SafetensorsShardedIndex) {
                               [&] { read_every_tensor(SafetensorsReader(d.path().string())); });
   EXPECT_GT(t.refused, 0);
   std::printf("model.safetensors.index.json: %d refused, %d read\n", t.refused, t.read);
+}
+
+// A Hugging Face model directory's weights as load_params reads them (every tensor by name, its
+// shape checked against config.json, converted to fp32), or the ConfigError.
+std::map<std::string, std::vector<float>> load_weights(const std::string& dir) {
+  Device dev;
+  const ModelConfig m = load_model_config(dir);
+  std::map<std::string, std::vector<float>> out;
+  for (const auto& [name, t] : load_params(dev, m, dir, DType::kF32, 0))
+    out[name] = download(dev, t);
+  return out;
+}
+
+// The transformers fixture's model.safetensors damaged, half in its header: refused, or every
+// tensor of the model loaded at its size. Damage to the data loads other values: safetensors
+// carries no checksum (upipe's own checkpoints do, multirank/test_checkpoint.cpp).
+TEST(FileMutations, HuggingFaceWeights) {
+  TempDir d;
+  for (const char* f : {"config.json", "model.safetensors"})
+    fs::copy_file(kSrc + "/tests/fixtures/hf/llama/" + f, d.file(f));
+  const std::string p = d.file("model.safetensors");
+  const std::string good = slurp(p);
+  const auto original = load_weights(d.path().string());
+  int same = 0, other = 0;
+  const Tally t = each_mutant(good, p, 80, 150, safetensors_header_end(good), [&] {
+    const auto got = load_weights(d.path().string());
+    ASSERT_EQ(got.size(), original.size());
+    for (const auto& [name, v] : got) ASSERT_EQ(v.size(), original.at(name).size()) << name;
+    ++(got == original ? same : other);
+  });
+  expect_both(t, "llama model.safetensors through load_params");
+  std::printf("  of those read: %d the original weights, %d others (data bytes damaged)\n", same,
+              other);
 }
 
 // A token file's contract: what reads is inside the vocabulary, through every entry point.
