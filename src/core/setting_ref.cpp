@@ -22,12 +22,21 @@ std::string spell(std::string_view key, const std::optional<std::string>& value)
 
 }  // namespace
 
+// Appended piece by piece: GCC 12 warns (-Wrestrict, a false positive) on the operator+ chain.
 std::string setting_ref(std::string_view key) {
-  return std::string(1, kOpen) + std::string(key) + kClose;
+  std::string out(1, kOpen);
+  out.append(key);
+  out += kClose;
+  return out;
 }
 
 std::string setting_value(std::string_view key, std::string_view value) {
-  return std::string(1, kOpen) + std::string(key) + kValue + std::string(value) + kClose;
+  std::string out(1, kOpen);
+  out.append(key);
+  out += kValue;
+  out.append(value);
+  out += kClose;
+  return out;
 }
 
 void set_setting_speller(SettingSpeller s) {

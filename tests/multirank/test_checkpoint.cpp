@@ -388,7 +388,9 @@ TEST(Checkpoint, RandomDamageIsRefusedOrHarmless) {
     seed += 2;
   }
   EXPECT_GT(refused, 0);
-  if (world.rank() == 0) EXPECT_GT(harmless, 0) << "no damage was harmless: run_id is not checked";
+  if (world.rank() == 0) {
+    EXPECT_GT(harmless, 0) << "no damage was harmless: run_id is not checked";
+  }
   std::printf("rank %d: %d damaged checkpoints refused, %d harmless\n", world.rank(), refused,
               harmless);
   ASSERT_EQ(load_error(ck), "");
