@@ -22,7 +22,7 @@ std::string spell(std::string_view key, const std::optional<std::string>& value)
 
 }  // namespace
 
-// Appended piece by piece: GCC 12 warns (-Wrestrict, a false positive) on the operator+ chain.
+// Appended piece by piece: GCC 12 warns (-Wrestrict, a false positive) on an operator+ chain.
 std::string setting_ref(std::string_view key) {
   std::string out(1, kOpen);
   out.append(key);
