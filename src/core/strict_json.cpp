@@ -30,7 +30,11 @@ nlohmann::json parse_json_strict(std::string_view text, const std::string& sourc
     }
     return true;
   };
-  return json::parse(text, check);
+  try {
+    return json::parse(text, check);
+  } catch (const json::exception& e) {
+    throw ConfigError(fmt::format("{}: not valid JSON: {}", source, e.what()));
+  }
 }
 
 }  // namespace upipe

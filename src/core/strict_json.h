@@ -10,8 +10,9 @@
 
 namespace upipe {
 
-// Parses `text`; ConfigError "SOURCE: duplicate key 'K' in one JSON object" for a repeated key.
-// Syntax errors are nlohmann::json::parse_error, as from nlohmann::json::parse.
+// Parses `text`; ConfigError "SOURCE: duplicate key 'K' in one JSON object" for a repeated key,
+// "SOURCE: not valid JSON: ..." for anything else nlohmann::json refuses: a syntax error, and also
+// a number outside a double (1e999), which it throws as out_of_range rather than parse_error.
 nlohmann::json parse_json_strict(std::string_view text, const std::string& source);
 
 }  // namespace upipe

@@ -301,13 +301,7 @@ void ModelConfig::validate() const {
 }
 
 ModelConfig parse_model_config(const std::string& json_text, const std::string& source) {
-  json j;
-  try {
-    j = parse_json_strict(json_text, source);
-  } catch (const json::parse_error& e) {
-    throw ConfigError(fmt::format("{}: not valid JSON: {}", source, e.what()));
-  }
-  return parse_json(j, source);
+  return parse_json(parse_json_strict(json_text, source), source);
 }
 
 std::string model_config_json(const ModelConfig& m, const std::string& torch_dtype) {

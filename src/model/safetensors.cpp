@@ -164,12 +164,8 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
       return;
     }
     path_ = index.string();
-    json j;
-    try {
-      j = parse_json_strict(read_small_file(path_, "safetensors index", kMaxHeaderBytes), path_);
-    } catch (const json::parse_error& e) {
-      fail(path_, fmt::format("bad JSON: {}", e.what()));
-    }
+    const json j =
+        parse_json_strict(read_small_file(path_, "safetensors index", kMaxHeaderBytes), path_);
     if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object() ||
         j["weight_map"].empty())
       fail(path_, "no non-empty \"weight_map\" object of tensor name -> shard file");
@@ -219,12 +215,7 @@ std::unordered_map<std::string, SafetensorsTensor> SafetensorsReader::open_file(
     fail(file, fmt::format("header length {} exceeds the 100 MB limit", n));
   std::string text(n, '\0');
   if (!pread_all(fd, text.data(), int64_t(n), 8, &err)) fail(file, "cannot read the header");
-  json h;
-  try {
-    h = parse_json_strict(text, file);
-  } catch (const json::parse_error& e) {
-    fail(file, fmt::format("bad JSON header: {}", e.what()));
-  }
+  const json h = parse_json_strict(text, file + " header");
   if (!h.is_object()) fail(file, "the header is not a JSON object");
   const int64_t data_start = 8 + int64_t(n), data_bytes = size - data_start;
   std::unordered_map<std::string, SafetensorsTensor> tensors;

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -20,10 +21,19 @@ struct Mutant {
   std::string what;  // how it was damaged, for the failure message
 };
 
-// `count` damaged copies of `original` (seeded: the same every run). Half of the edits fall in
-// bytes [0, hot) when hot > 0 (the header), the rest anywhere.
+// How many times the tests' counts of damaged copies to make: UPIPE_MUTATIONS_SCALE (default 1;
+// e.g. 100 to fuzz for longer by hand). The first copies of a seed are the same at any scale.
+inline int mutation_scale() {
+  const char* v = std::getenv("UPIPE_MUTATIONS_SCALE");
+  const int n = v != nullptr ? std::atoi(v) : 1;
+  return n >= 1 ? n : 1;
+}
+
+// `count` x mutation_scale() damaged copies of `original` (seeded: the same every run). Half of
+// the edits fall in bytes [0, hot) when hot > 0 (the header), the rest anywhere.
 inline std::vector<Mutant> mutants(const std::string& original, uint64_t seed, int count,
                                    size_t hot = 0) {
+  count *= mutation_scale();
   std::mt19937_64 rng(seed);
   auto below = [&](size_t n) { return n == 0 ? size_t(0) : size_t(rng() % n); };
   auto where = [&] {

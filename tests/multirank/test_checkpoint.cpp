@@ -368,9 +368,9 @@ TEST(Checkpoint, RandomDamageIsRefusedOrHarmless) {
       spit(p, pristine);
     }
     // load_checkpoint on every rank, fewer damages: each rank refuses or loads the saved bytes.
-    const std::vector<test::Mutant> some = world.rank() == 0
-                                               ? test::mutants(pristine, seed + 1, 8, hot)
-                                               : std::vector<test::Mutant>(8);
+    const std::vector<test::Mutant> some =
+        world.rank() == 0 ? test::mutants(pristine, seed + 1, 8, hot)
+                          : std::vector<test::Mutant>(size_t(8 * test::mutation_scale()));
     for (const test::Mutant& m : some) {
       edit_file(world, p, [&](std::string& b) { b = m.bytes; });
       SCOPED_TRACE(name + ": " + m.what);

@@ -244,6 +244,9 @@ TEST(ModelConfig, RefusalsNameFileAndField) {
   expect_error(parse(R"({"model_type": "llama", "intermediate_size": 1})"),
                {f, "'hidden_size' is missing"});
   expect_error(parse(ok.substr(0, ok.size() - 5)), {f, "not valid JSON"});
+  // nlohmann::json throws a number outside a double as out_of_range, not parse_error.
+  expect_error(parse(ok.substr(0, ok.size() - 1) + R"(, "x": 1e999})"),
+               {f, "not valid JSON", "number overflow"});
   expect_error(parse("[1, 2]"), {f, "expected a JSON object"});
 }
 

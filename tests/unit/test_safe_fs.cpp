@@ -170,7 +170,11 @@ TEST(StrictJson, RepeatedKeysAreErrors) {
       {"duplicate key 'dtype'"});
   // The same key in sibling objects is fine.
   EXPECT_NO_THROW(parse_json_strict(R"([{"a": 1}, {"a": 2}])", "x.json"));
-  EXPECT_THROW(parse_json_strict("{", "x.json"), nlohmann::json::parse_error);
+  expect_config_error([] { parse_json_strict("{", "x.json"); }, {"x.json: not valid JSON"});
+  // A number no double holds is nlohmann::json's out_of_range, not a parse_error: a ConfigError
+  // too.
+  expect_config_error([] { parse_json_strict(R"({"a": 1e999})", "x.json"); },
+                      {"x.json: not valid JSON", "number overflow"});
 }
 
 }  // namespace

@@ -287,7 +287,7 @@ TEST(Safetensors, ShardedIndex) {
                {"empty.safetensors.index.json", "weight_map"});
   dir.write("junk.safetensors.index.json", R"({"weight_map": )");
   expect_error([&] { SafetensorsReader r(dir.file("junk.safetensors.index.json")); },
-               {"junk.safetensors.index.json", "bad JSON"});
+               {"junk.safetensors.index.json: not valid JSON"});
 }
 
 TEST(Safetensors, CorruptFilesNameFileAndTensor) {
@@ -303,7 +303,11 @@ TEST(Safetensors, CorruptFilesNameFileAndTensor) {
   expect_error(open_bytes("len.safetensors", big + "{}"),
                {"len.safetensors", "header length 1000 exceeds the file (10 bytes)"});
   expect_error(open_bytes("json.safetensors", st_bytes(R"({"w": {"dtype": )")),
-               {"json.safetensors", "bad JSON header"});
+               {"json.safetensors header: not valid JSON"});
+  // A number no double holds: nlohmann::json's out_of_range, not a parse_error (it escaped as one
+  // before, an internal error instead of the file's).
+  expect_error(open_bytes("huge.safetensors", st_bytes(R"({"w": {"dtype": 1e999}})")),
+               {"huge.safetensors header: not valid JSON", "number overflow"});
   expect_error(open_bytes("arr.safetensors", st_bytes("[]")),
                {"arr.safetensors", "not a JSON object"});
   expect_error(open_bytes("past.safetensors",
