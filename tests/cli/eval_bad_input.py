@@ -91,6 +91,13 @@ def build(root):
     with open(os.path.join(d, "config.json"), "w") as f:
         f.write('{"model_type": "llama",')
     case("bad_json/config.json: not valid JSON", "eval", "--model", d, "--seq-len", "8")
+    # A number no double holds (an internal error, exit 1, before it was refused as the file's).
+    d = model_dir(root, "huge_number", weights=False)
+    with open(os.path.join(d, "config.json")) as f:
+        text = f.read()
+    with open(os.path.join(d, "config.json"), "w") as f:
+        f.write(text.replace("{", '{"initializer_range": 1e999, ', 1))
+    case("huge_number/config.json: not valid JSON", "eval", "--model", d, "--seq-len", "8")
     # Corrupt or truncated safetensors.
     full = open(os.path.join(FIXTURE, "model.safetensors"), "rb").read()
     weights_case("truncated", "truncated/model.safetensors", raw=full[:len(full) - 1000])
