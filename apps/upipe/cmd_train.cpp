@@ -119,9 +119,10 @@ void print_startup(const RunConfig& cfg, const ModelConfig& m, TrainingLoop& loo
     const int64_t n = loop.gemm_reference_n(), full = TrainingLoop::kGemmReferenceN;
     const std::string smaller =
         n > 0 && n < full
-            ? fmt::format(" on {0} x {0} operands ({1} x {1} do not fit beside the run; smaller "
-                          "GEMMs run slower, so MFU reads higher)",
-                          n, full)
+            ? fmt::format(
+                  " on {0} x {0} operands ({1} x {1} do not fit beside the run; smaller "
+                  "GEMMs run slower, so MFU reads higher)",
+                  n, full)
             : std::string();
     std::printf(
         "start: %s; MFU relative to the GEMM rate measured now%s, %.1f GFLOP/s per rank "
@@ -173,7 +174,9 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
     throw ConfigError(
         "--overwrite is for a fresh run; --resume continues the run in checkpoint.dir and its "
         "metrics file");
-  Settings set = resolve_settings(proc, sa, cmd, opt.run_file, preset);
+  // With --resume what was typed completes the checkpoint's run and is validated on top of it
+  // (--documents=eos:0 alone is no run: it needs the run's data.kind = "files").
+  Settings set = resolve_settings(proc, sa, cmd, opt.run_file, preset, nullptr, !opt.resume);
   if (opt.resume) set = resumed_settings(proc, opt, sa, cmd, set.config);
   const RunConfig& cfg = set.config;
   const std::string toml = to_toml(cfg);

@@ -47,7 +47,7 @@ std::shared_ptr<SettingArgs> add_settings(CLI::App& cmd, uint32_t scope) {
 
 Settings resolve_settings(const Process& proc, const SettingArgs& args, const CLI::App& cmd,
                           const std::string& run_file, const std::vector<std::string>& preset,
-                          const RunConfig* base) {
+                          const RunConfig* base, bool validated) {
   const uint32_t scope = args.scope;
   Settings s;
   // What CLI11 did not know is refused first: a mistyped flag's value may have been taken for
@@ -71,7 +71,7 @@ Settings resolve_settings(const Process& proc, const SettingArgs& args, const CL
       if (printed.insert(n).second)
         std::fprintf(stderr, "upipe: note: %s (the old spelling still works)\n", n.c_str());
   set_setting_speller(setting_speller(s.sources));
-  validate(s.config, scope);
+  if (validated) validate(s.config, scope);
   return s;
 }
 

@@ -36,11 +36,13 @@ struct Settings {
 // none), then `preset` arguments (a command's own
 // defaults, e.g. the demo's), then what the user typed (args, and anything CLI11 did not know,
 // which is refused with the nearest setting suggested); the notes on older spellings are printed
-// by rank 0; the speller naming settings as given is installed; then validated for the scope.
+// by rank 0; the speller naming settings as given is installed; then validated for the scope,
+// unless `validated` is false (what `train --resume` typed is validated on top of the
+// checkpoint's run, not alone).
 Settings resolve_settings(const Process& proc, const SettingArgs& args, const CLI::App& cmd,
                           const std::string& run_file = "",
                           const std::vector<std::string>& preset = {},
-                          const RunConfig* base = nullptr);
+                          const RunConfig* base = nullptr, bool validated = true);
 
 // From now on, errors name the attention shape's settings (heads, kv-heads, head dim, hidden
 // size) as the fields of m's config.json: "num_key_value_heads of tiny".

@@ -170,6 +170,16 @@ PY
     python3 "$(dirname "$0")/same_tensors.py" "$tmp/a/step_00000006/$f" "$tmp/b/step_00000006/$f" ||
       fail "$f differs after resume"
   done
+  # --documents typed again alone on --resume is checked on top of the recorded run (it was
+  # refused before, checked alone: 'needs data.kind = "files"'); another value is a change.
+  mkdir -p "$tmp/c" && cp -r "$tmp/a/step_00000003" "$tmp/c/"
+  out=$(timeout 120 "${mpirun[@]}" -np 2 "$upipe" train --checkpoint-dir="$tmp/c" --resume \
+    --documents=eos:0 2>&1); rc=$?
+  [ $rc -eq 2 ] && echo "$out" | grep -q -e '--documents index -> eos:0 would change' ||
+    { echo "$out"; fail "a changed --documents on --resume: exit $rc"; }
+  timeout 300 "${mpirun[@]}" -np 2 "$upipe" train --checkpoint-dir="$tmp/c" --resume \
+    --documents=index > "$tmp/c.out" 2>&1 || { cat "$tmp/c.out"; fail "--resume --documents=index failed"; }
+  grep -q "continues from step 3" "$tmp/c.out" || { cat "$tmp/c.out"; fail "no resume line"; }
   timeout 300 "${mpirun[@]}" -np 2 "$upipe" train "${small[@]}" --data-kind=files \
     --data-path="$tmp/corpus_tok" --documents=index --steps=2 --cp-size=1 > "$tmp/dp.out" 2>&1 ||
     { cat "$tmp/dp.out"; fail "packed DP 2 run failed"; }
