@@ -99,6 +99,18 @@ struct Row {
   std::string refused;  // the method's own ConfigError when it cannot run this request
 };
 
+// How the plan's header names the documents of every sequence ("" for one each).
+std::string documents_said(const Settings& set, const PlanRequest& base) {
+  if (!base.doc_lens.empty())
+    return fmt::format(", {} documents per sequence", base.doc_lens.size());
+  if (base.worst_case_documents)
+    return fmt::format(
+        ", the data's documents ({}) planned at their most, one per token (--doc-lens plans "
+        "given ones)",
+        render_setting_refs(setting_value("data.documents", set.config.data.documents)));
+  return "";
+}
+
 // The request the settings describe, before the method is chosen.
 PlanRequest base_request(const Settings& set, const Options& o) {
   const RunConfig& c = set.config;
@@ -125,6 +137,10 @@ PlanRequest base_request(const Settings& set, const Options& o) {
       throw ConfigError(
           "--doc-lens gives the documents of one sequence length: drop --max-seq-len");
     r.doc_lens = documents_from(o.doc_lens, r.decoder.seq_len)->lengths();
+  } else {
+    // A run that packs the data's documents: each window's are its own, so the plan takes the
+    // most a sequence can hold (the train command's run then fits whatever the data holds).
+    r.worst_case_documents = c.data.documents != "none";
   }
   return r;
 }
@@ -209,6 +225,7 @@ int run(Process& proc, const Options& o, const SettingArgs& sa, const CLI::App& 
                         {"host_gib", gib(base.host_bytes)},
                         {"reserve_gib", gib(base.reserve_bytes)},
                         {"documents", std::max<size_t>(1, base.doc_lens.size())},
+                        {"documents_worst_case", base.worst_case_documents},
                         {"plan_seconds", secs}};
     j.update(memory_policy_json(base.decoder.memory));
     nlohmann::json ms = nlohmann::json::array();
@@ -250,10 +267,7 @@ int run(Process& proc, const Options& o, const SettingArgs& sa, const CLI::App& 
       m.source.c_str(), base.ranks, c, base.ranks / c, dtype_name(base.decoder.memory.dtype),
       gib(base.device_bytes), gib(base.reserve_bytes), gib(base.host_bytes),
       base.decoder.memory.offload_stash ? ", stash offloaded" : "",
-      base.doc_lens.empty()
-          ? ""
-          : fmt::format(", {} documents per sequence", base.doc_lens.size()).c_str(),
-      secs);
+      documents_said(set, base).c_str(), secs);
   std::printf("%-11s %-12s %12s %5s %13s %11s  %s\n", "method", "knobs",
               o.max_seq_len ? "max S" : "S", "fits", "device GiB", "host GiB",
               "limit (its largest tag)");

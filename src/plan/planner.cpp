@@ -24,7 +24,7 @@ TrainOptions train_options(const PlanRequest& r) {
   TrainOptions o;
   o.cp_size = r.cp_size;
   o.decoder = r.decoder;
-  o.packed = !r.doc_lens.empty();
+  o.packed = !r.doc_lens.empty() || r.worst_case_documents;
   return o;
 }
 
@@ -45,6 +45,8 @@ void check_request(const PlanRequest& r) {
                                   format_bytes(r.reserve_bytes),
                                   setting_ref("memory.device_memory"),
                                   format_bytes(r.device_bytes)));
+  UPIPE_CHECK(r.doc_lens.empty() || !r.worst_case_documents,
+              "a plan of given documents (doc_lens) and of the worst case at once");
 }
 
 Tag largest_tag(const TagBytes& b) {
@@ -110,7 +112,7 @@ std::vector<RankClass> every_rank(int ranks) {
 std::vector<RankClass> rank_classes(const ModelConfig& m, const PlanRequest& r) {
   check_request(r);
   // With documents each rank's mask and placement are its own: no two ranks are assumed alike.
-  if (!r.doc_lens.empty()) return every_rank(r.ranks);
+  if (!r.doc_lens.empty() || r.worst_case_documents) return every_rank(r.ranks);
   // The layout the trainer's strategy shards the sequence with: the same on every rank.
   Device dev(meta_device(0, 0, r.backend));
   FakeCommunicator world(0, r.ranks);
@@ -139,6 +141,9 @@ RankPlan plan_rank(const ModelConfig& m, const PlanRequest& r, int rank, int64_t
   SequenceView seq{tokens.ids(), {}};
   if (!r.doc_lens.empty())
     seq.documents = std::make_shared<const Documents>(r.doc_lens, r.decoder.seq_len, "--doc-lens");
+  else if (r.worst_case_documents)
+    seq.documents = std::make_shared<const Documents>(
+        std::vector<int64_t>(size_t(r.decoder.seq_len), 1), r.decoder.seq_len, "data.documents");
   tr.step_views(0, [&](int64_t, int, int) { return seq; });
   return {rank, dev.mem().peak(), dev.host().peak(), dev.mem().at_peak_by_tag(),
           dev.host().at_peak_by_tag()};

@@ -42,6 +42,10 @@ struct PlanRequest {
   // Packed documents: the lengths of every sequence's documents (summing to S); empty: one
   // document per sequence. Only the documents' mask (tag docs) depends on them.
   std::vector<int64_t> doc_lens;
+  // Packed documents that the data decides (a run's data.documents, with no doc_lens): planned at
+  // their worst, every token its own document, the largest mask a sequence of the planned S can
+  // have. Not with doc_lens.
+  bool worst_case_documents = false;
 };
 
 // The trainer's options of a request (what plan_step builds its Trainer with).

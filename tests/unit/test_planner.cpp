@@ -3,7 +3,7 @@
 // `auto` picks the fewest stages (then the largest Ulysses degree) that fit, inputs that cannot
 // fit are refused in one line, and planning one rank per rank class gives exactly the plan of
 // every rank (every method and knob, 8 and 16 ranks, CP x DP splits, K < C, ZeRO-3 padding, usp
-// grids whose ranks hold different runs).
+// grids whose ranks hold different runs); documents the data decides are planned at their worst.
 #include <gtest/gtest.h>
 
 #include <fmt/format.h>
@@ -56,6 +56,46 @@ TEST(Planner, PeakGrowsWithSequenceLength) {
       EXPECT_TRUE(p.fits);
       last = p.device_peak;
     }
+  }
+}
+
+// A run whose data decides its documents is planned at their worst: exactly the plan of every
+// token its own document, and at least the plan of any documents (only the mask, tag docs,
+// depends on them), at a given S and in the search for the longest S.
+TEST(Planner, DocumentsOfTheDataArePlannedAtTheirWorst) {
+  const ModelConfig m = load_model_config("tiny");
+  const int64_t s = 4096;
+  for (const char* method : {"upipe", "ring", "usp", "fpdt"}) {
+    PlanRequest r = tiny_request(method, int64_t(1) << 40);
+    r.decoder.seq_len = s;
+    PlanRequest worst = r;
+    worst.worst_case_documents = true;
+    PlanRequest ones = r;
+    ones.doc_lens.assign(size_t(s), 1);
+    PlanRequest some = r;
+    some.doc_lens = {1000, 24, 3000, 72};
+    const Plan pw = plan_step(m, worst), po = plan_step(m, ones), ps = plan_step(m, some),
+               pn = plan_step(m, r);
+    EXPECT_EQ(pw.device_peak, po.device_peak) << method;
+    EXPECT_EQ(pw.device_at_peak.v, po.device_at_peak.v) << method;
+    // (fpdt's peak comes where the mask is not live: equal peaks there.)
+    EXPECT_GE(pw.device_at_peak[Tag::kDocs], ps.device_at_peak[Tag::kDocs]) << method;
+    EXPECT_GE(pw.device_peak, ps.device_peak) << method;
+    EXPECT_GE(ps.device_peak, pn.device_peak) << method;
+    EXPECT_EQ(pn.device_at_peak[Tag::kDocs], 0) << method;
+    if (std::string(method) != "ring") continue;  // the search is the same for every method
+    // The search takes the worst case at every S it tries: with the budget of the worst case at
+    // 4 granules its answer is 4 granules, and no longer than the search without documents.
+    const int64_t g = seq_granularity(m, r);
+    PlanRequest at4 = worst;
+    at4.decoder.seq_len = 4 * g;
+    PlanRequest search = worst, plain = r;
+    search.device_bytes = plain.device_bytes = plan_step(m, at4).device_peak;
+    const Plan bw = max_seq_len(m, search), bn = max_seq_len(m, plain);
+    ASSERT_TRUE(bw.fits && bn.fits) << method;
+    EXPECT_EQ(bw.request.decoder.seq_len, 4 * g) << method;
+    EXPECT_GT(bw.device_at_peak[Tag::kDocs], 0) << method;
+    EXPECT_GE(bn.request.decoder.seq_len, bw.request.decoder.seq_len) << method;
   }
 }
 
