@@ -29,74 +29,100 @@ inline int mutation_scale() {
   return n >= 1 ? n : 1;
 }
 
-// `count` x mutation_scale() damaged copies of `original` (seeded: the same every run). Half of
-// the edits fall in bytes [0, hot) when hot > 0 (the header), the rest anywhere.
+// Damaged copies of `original`, one at a time (seeded: the same every run). Half of the edits
+// fall in bytes [0, hot) when hot > 0 (the header), the rest anywhere.
+class Mutator {
+ public:
+  Mutator(const std::string& original, uint64_t seed, size_t hot = 0)
+      : original_(original), rng_(seed), hot_(hot) {}
+
+  Mutant next() {
+    static const unsigned char kSpecial[] = {0x00, 0xff, 0x7f, 0x80, '0', '9', '-', '.',  'e',
+                                             '"',  '{',  '}',  '[',  ']', ',', ':', '\\', '\n'};
+    static const int64_t kExtreme[] = {
+        0, -1, INT64_MAX, INT64_MIN, int64_t(1) << 62, int64_t(1) << 32, int64_t(1) << 31, 255};
+    auto below = [&](size_t n) { return n == 0 ? size_t(0) : size_t(rng_() % n); };
+    const std::string& original = original_;
+    for (;;) {
+      std::string b = original;
+      std::string what;
+      const size_t at = where();
+      switch (rng_() % 7) {
+        case 0: {
+          const int bit = int(rng_() % 8);
+          if (b.empty()) continue;
+          b[at] = char(uint8_t(b[at]) ^ (1u << bit));
+          what = "bit " + std::to_string(bit) + " of byte " + std::to_string(at) + " flipped";
+          break;
+        }
+        case 1: {
+          if (b.empty()) continue;
+          const unsigned char v = kSpecial[below(sizeof kSpecial)];
+          if (uint8_t(b[at]) == v) continue;
+          b[at] = char(v);
+          what = "byte " + std::to_string(at) + " set to " + std::to_string(int(v));
+          break;
+        }
+        case 2:
+          b.resize(at);
+          what = "truncated to " + std::to_string(at) + " bytes";
+          break;
+        case 3:
+          b.insert(b.begin() + std::ptrdiff_t(at), char(kSpecial[below(sizeof kSpecial)]));
+          what = "a byte inserted at " + std::to_string(at);
+          break;
+        case 4:
+          if (b.empty()) continue;
+          b.erase(b.begin() + std::ptrdiff_t(at));
+          what = "byte " + std::to_string(at) + " deleted";
+          break;
+        case 5: {
+          const size_t p = at & ~size_t(7);
+          if (p + 8 > b.size()) continue;
+          const int64_t v = kExtreme[below(std::size(kExtreme))];
+          std::memcpy(b.data() + p, &v, 8);
+          if (b == original) continue;
+          what = "bytes [" + std::to_string(p) + ", +8) set to " + std::to_string(v);
+          break;
+        }
+        default: {
+          const size_t len = 1 + below(16);
+          if (at + len > b.size()) continue;
+          b.insert(at, b.substr(at, len));
+          what = std::to_string(len) + " bytes at " + std::to_string(at) + " duplicated";
+          break;
+        }
+      }
+      return {std::move(b), std::move(what)};
+    }
+  }
+
+ private:
+  size_t where() {
+    const size_t n = original_.size();
+    auto below = [&](size_t m) { return m == 0 ? size_t(0) : size_t(rng_() % m); };
+    return (hot_ > 0 && rng_() % 2 == 0) ? below(std::min(hot_, n)) : below(n);
+  }
+
+  const std::string& original_;
+  std::mt19937_64 rng_;
+  size_t hot_;
+};
+
+// `count` x mutation_scale() damaged copies of `original`, the first of Mutator(original, seed,
+// hot), given to fn one at a time (only one is held: a large scale needs no more memory).
+template <class Fn>
+void for_each_mutant(const std::string& original, uint64_t seed, int count, size_t hot, Fn&& fn) {
+  Mutator m(original, seed, hot);
+  const int64_t n = int64_t(count) * mutation_scale();
+  for (int64_t i = 0; i < n; ++i) fn(m.next());
+}
+
+// The same copies as a vector.
 inline std::vector<Mutant> mutants(const std::string& original, uint64_t seed, int count,
                                    size_t hot = 0) {
-  count *= mutation_scale();
-  std::mt19937_64 rng(seed);
-  auto below = [&](size_t n) { return n == 0 ? size_t(0) : size_t(rng() % n); };
-  auto where = [&] {
-    const size_t n = original.size();
-    return (hot > 0 && rng() % 2 == 0) ? below(std::min(hot, n)) : below(n);
-  };
-  static const unsigned char kSpecial[] = {0x00, 0xff, 0x7f, 0x80, '0', '9', '-', '.',  'e',
-                                           '"',  '{',  '}',  '[',  ']', ',', ':', '\\', '\n'};
-  static const int64_t kExtreme[] = {
-      0, -1, INT64_MAX, INT64_MIN, int64_t(1) << 62, int64_t(1) << 32, int64_t(1) << 31, 255};
   std::vector<Mutant> out;
-  while (int(out.size()) < count) {
-    std::string b = original;
-    std::string what;
-    const size_t at = where();
-    switch (rng() % 7) {
-      case 0: {
-        const int bit = int(rng() % 8);
-        if (b.empty()) continue;
-        b[at] = char(uint8_t(b[at]) ^ (1u << bit));
-        what = "bit " + std::to_string(bit) + " of byte " + std::to_string(at) + " flipped";
-        break;
-      }
-      case 1: {
-        if (b.empty()) continue;
-        const unsigned char v = kSpecial[below(sizeof kSpecial)];
-        if (uint8_t(b[at]) == v) continue;
-        b[at] = char(v);
-        what = "byte " + std::to_string(at) + " set to " + std::to_string(int(v));
-        break;
-      }
-      case 2:
-        b.resize(at);
-        what = "truncated to " + std::to_string(at) + " bytes";
-        break;
-      case 3:
-        b.insert(b.begin() + std::ptrdiff_t(at), char(kSpecial[below(sizeof kSpecial)]));
-        what = "a byte inserted at " + std::to_string(at);
-        break;
-      case 4:
-        if (b.empty()) continue;
-        b.erase(b.begin() + std::ptrdiff_t(at));
-        what = "byte " + std::to_string(at) + " deleted";
-        break;
-      case 5: {
-        const size_t p = at & ~size_t(7);
-        if (p + 8 > b.size()) continue;
-        const int64_t v = kExtreme[below(std::size(kExtreme))];
-        std::memcpy(b.data() + p, &v, 8);
-        if (b == original) continue;
-        what = "bytes [" + std::to_string(p) + ", +8) set to " + std::to_string(v);
-        break;
-      }
-      default: {
-        const size_t len = 1 + below(16);
-        if (at + len > b.size()) continue;
-        b.insert(at, b.substr(at, len));
-        what = std::to_string(len) + " bytes at " + std::to_string(at) + " duplicated";
-        break;
-      }
-    }
-    out.push_back({std::move(b), std::move(what)});
-  }
+  for_each_mutant(original, seed, count, hot, [&](Mutant m) { out.push_back(std::move(m)); });
   return out;
 }
 

@@ -48,7 +48,7 @@ struct Tally {
 Tally each_mutant(const std::string& original, const std::string& path, uint64_t seed, int count,
                   size_t hot, const std::function<void()>& read) {
   Tally t;
-  for (const test::Mutant& m : test::mutants(original, seed, count, hot)) {
+  test::for_each_mutant(original, seed, count, hot, [&](const test::Mutant& m) {
     {
       std::ofstream out(path, std::ios::binary | std::ios::trunc);
       out.write(m.bytes.data(), std::streamsize(m.bytes.size()));
@@ -65,7 +65,7 @@ Tally each_mutant(const std::string& original, const std::string& path, uint64_t
     } catch (const std::exception& e) {
       ADD_FAILURE() << "not a ConfigError: " << e.what();
     }
-  }
+  });
   // Restore the good file for whatever the caller does next.
   std::ofstream(path, std::ios::binary | std::ios::trunc) << original;
   return t;
