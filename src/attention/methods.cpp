@@ -21,9 +21,10 @@ void need_divisible(const AttentionConfig& c, int64_t by, const char* why) {
 std::unique_ptr<AttentionStrategy> make_local(const StrategyContext& ctx) {
   if (ctx.comm.size() != 1)
     throw ConfigError(fmt::format(
-        "method 'local' runs on one rank, but {} ranks were started; run without mpirun or "
-        "with -np 1",
-        ctx.comm.size()));
+        "method 'local' runs a sequence on one rank, but {} ranks share each sequence here; "
+        "choose a context-parallel method, or run with -np 1, or (upipe train) give every rank "
+        "sequences of its own with {}",
+        ctx.comm.size(), setting_value("parallel.cp_size", "1")));
   return std::make_unique<LocalAttention>(ctx);
 }
 
