@@ -143,8 +143,15 @@ std::vector<std::string> indexed_dataset_prefixes(const std::string& path, std::
     return out;
   }
   const fs::path p(path);
-  if (p.extension() == ".idx" || p.extension() == ".bin")
-    return {(p.parent_path() / p.stem()).string()};
+  if (p.extension() == ".idx" || p.extension() == ".bin") {
+    const std::string prefix = (p.parent_path() / p.stem()).string();
+    if (!fs::exists(prefix + ".idx", ec))
+      throw ConfigError(fmt::format(
+          "{}: '{}' has no Megatron index beside it ({}.idx): with {} every path names a "
+          "Megatron dataset (PREFIX.idx + PREFIX.bin, as upipe tokenize DIR writes)",
+          setting_ref(key), path, prefix, setting_value("data.documents", "index")));
+    return {prefix};
+  }
   if (!fs::exists(path + ".idx", ec))
     throw ConfigError(
         fmt::format("{}: '{}' names no Megatron dataset (PREFIX.idx + PREFIX.bin, or a directory)",

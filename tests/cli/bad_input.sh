@@ -131,6 +131,8 @@ printf 'not an index' > "$tmp/bad.idx"
 : > "$tmp/bad.bin"
 run_case "shorter than a Megatron index header" train --data-kind=files --data-path="$tmp/bad" --documents=index --steps=1
 run_case "2 ranks share each sequence here; choose a context-parallel method, or run with -np 1, or (upipe train) give every rank sequences of its own with --cp-size 1" train --method=local --cp-size=2 --steps=1
+: > "$tmp/lone.bin"
+run_case "--data-path: '$tmp/lone.bin' has no Megatron index beside it ($tmp/lone.idx): with --documents index" train --data-kind=files --data-path="$tmp/lone.bin" --documents=index --steps=1
 run_case "names no Megatron dataset" train --data-kind=files --data-path="$tmp/none" --documents=index --steps=1
 # The fixture's index with its second document entry set far past the sequences (still ascending
 # up to it): it read out of bounds and crashed every rank before it was checked.
