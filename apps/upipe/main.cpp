@@ -10,6 +10,8 @@
 
 #include <cstdio>
 #include <map>
+#include <string>
+#include <vector>
 
 #include "apps/upipe/commands.h"
 #include "backend/cpu/cpu_isa.h"
@@ -78,9 +80,24 @@ int main(int argc, char** argv) {
       cli.add_subcommand("presets", "the built-in models (--model NAME): shapes and sizes");
   runners[presets] = app::add_presets(*presets);
 
+  // `--key=` (an empty value, as `dir = ""` in a run file: no checkpoints, no metrics file) is
+  // given to CLI11 as `--key ""`: it refuses the first spelling ("1 required missing").
+  std::vector<std::string> words(argv, argv + argc);
+  std::vector<std::string> split;
+  for (const std::string& w : words) {
+    if (w.size() > 3 && w.starts_with("--") && w.back() == '=' && w.find('=') == w.size() - 1) {
+      split.push_back(w.substr(0, w.size() - 1));
+      split.emplace_back();
+    } else {
+      split.push_back(w);
+    }
+  }
+  std::vector<char*> args;
+  for (std::string& w : split) args.push_back(w.data());
+
   try {
     try {
-      cli.parse(argc, argv);
+      cli.parse(int(args.size()), args.data());
     } catch (const CLI::ParseError& e) {
       if (e.get_exit_code() == 0) {
         if (proc.root()) cli.exit(e);

@@ -131,6 +131,8 @@ printf 'not an index' > "$tmp/bad.idx"
 : > "$tmp/bad.bin"
 run_case "shorter than a Megatron index header" train --data-kind=files --data-path="$tmp/bad" --documents=index --steps=1
 run_case "2 ranks share each sequence here; choose a context-parallel method, or run with -np 1, or (upipe train) give every rank sequences of its own with --cp-size 1" train --method=local --cp-size=2 --steps=1
+# `--key=` is the empty value, as `--key ""` (CLI11 alone said "1 required missing").
+run_case "--lr: '' is not a finite number" train --steps=1 --lr=
 : > "$tmp/lone.bin"
 run_case "--data-path: '$tmp/lone.bin' has no Megatron index beside it ($tmp/lone.idx): with --documents index" train --data-kind=files --data-path="$tmp/lone.bin" --documents=index --steps=1
 run_case "names no Megatron dataset" train --data-kind=files --data-path="$tmp/none" --documents=index --steps=1
