@@ -112,5 +112,34 @@ if ! grep -q "measured now on [0-9]* x [0-9]* operands (1024 x 1024 do not fit" 
   failures=$((failures + 1))
 fi
 
+# Documents the data decides (data.documents): the plan of the run file is their worst case, so
+# the run fits the plan's peak as its budget, and peaks at or below it (tag docs included).
+fixture_tokens="$(cd "$(dirname "$0")/../fixtures/hf/llama" && pwd)/tokens.npy"
+eos=$(python3 -c 'import collections,struct,sys; b=open(sys.argv[1],"rb").read(); h=struct.unpack_from("<H",b,8)[0]; ids=struct.unpack_from("<%di" % ((len(b)-10-h)//4), b, 10+h); print(collections.Counter(ids).most_common(1)[0][0])' "$fixture_tokens")
+printf '[data]\nkind = "files"\npath = "%s"\ndocuments = "eos:%s"\n[parallel]\nmethod = "ring"\n[train]\nseq_len = 256\n' \
+  "$fixture_tokens" "$eos" > "$tmp/docs.toml"
+if env -u OMP_NUM_THREADS "$upipe" plan "$tmp/docs.toml" --ranks 2 --device-memory=1T --json > "$tmp/docs.plan" 2>&1; then
+  budget=$(python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); assert j["documents_worst_case"]; print(j["methods"][0]["device_peak_bytes"])' "$tmp/docs.plan")
+  if timeout 300 "${mpirun[@]}" -np 2 "$upipe" train "$tmp/docs.toml" --steps=2 --progress=lines \
+      --device-memory="$budget" --metrics-path="$tmp/docs.jsonl" > "$tmp/docs.train" 2>&1; then
+    python3 - "$tmp/docs.jsonl" "$tmp/docs.plan" <<'PY' || failures=$((failures + 1))
+import json, sys
+steps = [json.loads(l) for l in open(sys.argv[1])]
+plan = json.load(open(sys.argv[2]))["methods"][0]
+docs = [s["documents"] for s in steps]
+ok = (all(s["peak_bytes"] <= plan["device_peak_bytes"] for s in steps) and
+      all(s["peak_by_tag"].get("docs", 0) <= plan["peak_by_tag"].get("docs", 0) for s in steps) and
+      max(docs) > 2)
+print(("ok" if ok else "FAIL") + " documents: %s documents a step, peaks %s B within the plan's %d B"
+      % (docs, [s["peak_bytes"] for s in steps], plan["device_peak_bytes"]))
+sys.exit(0 if ok else 1)
+PY
+  else
+    cat "$tmp/docs.train"; echo "FAIL documents: the run failed in the plan's budget"; failures=$((failures + 1))
+  fi
+else
+  cat "$tmp/docs.plan"; echo "FAIL documents: upipe plan failed"; failures=$((failures + 1))
+fi
+
 [ "$failures" -eq 0 ] || { echo "$failures case(s) failed"; exit 1; }
 echo "PASS: plan = train on every case"
