@@ -53,7 +53,11 @@ Settings resolve_settings(const Process& proc, const SettingArgs& args, const CL
   // What CLI11 did not know is refused first: a mistyped flag's value may have been taken for
   // the run file.
   RunConfig scratch;
-  apply_overrides(scratch, cmd.remaining(), scope);
+  std::vector<std::string> own;  // the command's flags that are not settings, for the hint
+  for (const CLI::Option* o : cmd.get_options())
+    if (!o->get_group().empty())  // not the hidden older spellings
+      for (const std::string& n : o->get_lnames()) own.push_back("--" + n);
+  apply_overrides(scratch, cmd.remaining(), scope, nullptr, own);
   if (base) s.config = *base;
   if (!run_file.empty()) {
     // The run file's settings over the base's: parsed alone, then applied where it sets them.

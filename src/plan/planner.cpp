@@ -152,10 +152,31 @@ RankPlan plan_rank(const ModelConfig& m, const PlanRequest& r, int rank, int64_t
 Plan plan_step(const ModelConfig& m, const PlanRequest& r, bool stop_at_budget,
                RankCoverage coverage) {
   check_request(r);
-  const std::vector<RankClass> classes =
-      coverage == RankCoverage::kEveryRank ? every_rank(r.ranks) : rank_classes(m, r);
   Plan p;
   p.request = r;
+  // A step stopped by the budget does not fit. One that fills the meta device's whole range (no
+  // budget of its own) is past what any device holds: said as such, never a plan of 0 bytes.
+  auto stopped = [&](int rank, const OutOfMemoryError& e) {
+    if (!stop_at_budget)
+      throw ConfigError(fmt::format(
+          "{} needs more than {} on rank {}, the most the planner counts per rank; no device "
+          "holds that: plan a shorter {}",
+          setting_value("train.seq_len", r.decoder.seq_len),
+          format_bytes(MetaAllocator::reserved_bytes()), rank, setting_ref("train.seq_len")));
+    p.complete = false;
+    p.fits = false;
+    p.ranks.clear();
+    p.failure = fmt::format("rank {}: {}", rank, e.what());
+    p.limit_arena = e.arena;
+    p.limit_tag = e.tag;
+    return p;
+  };
+  std::vector<RankClass> classes;
+  try {
+    classes = coverage == RankCoverage::kEveryRank ? every_rank(r.ranks) : rank_classes(m, r);
+  } catch (const OutOfMemoryError& e) {
+    return stopped(0, e);
+  }
   p.rank_classes = int(classes.size());
   p.ranks.resize(size_t(r.ranks));
   // In order of the classes' first ranks: the first class that fails holds the lowest rank that
@@ -166,13 +187,7 @@ Plan plan_step(const ModelConfig& m, const PlanRequest& r, bool stop_at_budget,
       rp = stop_at_budget ? plan_rank(m, r, c.first, r.device_bytes - r.reserve_bytes, r.host_bytes)
                           : plan_rank(m, r, c.first);
     } catch (const OutOfMemoryError& e) {
-      p.complete = false;
-      p.fits = false;
-      p.ranks.clear();
-      p.failure = fmt::format("rank {}: {}", c.first, e.what());
-      p.limit_arena = e.arena;
-      p.limit_tag = e.tag;
-      return p;
+      return stopped(c.first, e);
     }
     for (int w : c.ranks) {
       p.ranks[size_t(w)] = rp;

@@ -473,7 +473,8 @@ bool one_of(const std::string& v, std::initializer_list<const char*> options) {
 }
 
 // The setting the user wrote as `name`, or a ConfigError suggesting the closest one of `scopes`.
-Match find_flag(std::vector<Field>& fs, const std::string& name, uint32_t scopes) {
+Match find_flag(std::vector<Field>& fs, const std::string& name, uint32_t scopes,
+                std::span<const std::string> own_flags) {
   const Match m = find_field(fs, name);
   if (!m.field) {
     const std::string bare = name.substr(name.find_first_not_of('-'));
@@ -484,6 +485,10 @@ Match find_flag(std::vector<Field>& fs, const std::string& name, uint32_t scopes
       const std::string leaf = std::string(f.flag).substr(2);
       const size_t d = std::min(edit_distance(bare, leaf), edit_distance(bare, f.key));
       if (d < best_d) best_d = d, best = f.flag;
+    }
+    for (const std::string& flag : own_flags) {
+      const size_t d = edit_distance(bare, flag.substr(flag.find_first_not_of('-')));
+      if (d < best_d) best_d = d, best = flag;
     }
     throw ConfigError(fmt::format("unknown option '{}'; did you mean '{}'?", name, best));
   }
@@ -641,7 +646,7 @@ void apply_override(RunConfig& c, const std::string& name, const std::string& va
 }
 
 void apply_overrides(RunConfig& c, std::span<const std::string> args, uint32_t scopes,
-                     SettingSources* sources) {
+                     SettingSources* sources, std::span<const std::string> own_flags) {
   RunConfig out = c;  // applied only when every argument is good
   std::vector<Field> fs = fields(out);
   SettingSources seen;
@@ -654,7 +659,7 @@ void apply_overrides(RunConfig& c, std::span<const std::string> args, uint32_t s
           a));
     const size_t eq = a.find('=');
     const std::string name = a.substr(0, eq);
-    const Match m = find_flag(fs, name, scopes);
+    const Match m = find_flag(fs, name, scopes, own_flags);
     const bool is_bool = std::holds_alternative<bool*>(m.field->ptr);
     std::string value;
     if (eq != std::string::npos) {

@@ -149,9 +149,11 @@ RunConfig read_run_file(const std::string& path, SettingSources* sources = nullp
 // Command-line settings: "--flag=value", "--flag value", "-S value", and every alias (the dotted
 // run-file form "--section.key=value" too). A bool flag alone means true; it takes the next
 // argument only when that is true, false, 1 or 0. Values are read as the setting's type; an
-// unknown flag (with the closest setting suggested) or one outside `scopes` is a ConfigError.
+// unknown flag (with the closest setting, or of `own_flags`, the command's other flags,
+// suggested) or one outside `scopes` is a ConfigError.
 void apply_overrides(RunConfig& c, std::span<const std::string> args, uint32_t scopes = kScopeTrain,
-                     SettingSources* sources = nullptr);
+                     SettingSources* sources = nullptr,
+                     std::span<const std::string> own_flags = {});
 // Sets one setting by key, flag or alias from its text.
 void apply_override(RunConfig& c, const std::string& name, const std::string& value);
 

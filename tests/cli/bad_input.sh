@@ -83,6 +83,10 @@ run_case "--memory-budget" check --memory-budget 4X
 run_case "--steps (train.steps) is not a setting of this command" check --steps 5
 run_case "did you mean '--stage-heads'" check --stage-heds 4
 run_case "did you mean '--seq-len'" train --seqlen 64
+# A command's own flags (not settings) are suggested too: it said '--seq-len'.
+run_case "unknown option '--max-seq-length'; did you mean '--max-seq-len'?" plan --model llama3-8b --ranks 8 --device-memory 80G --max-seq-length
+# Past the planner's range: it printed a plan of 0 bytes (2^28) or ran out of memory (exit 3).
+run_case "--seq-len 68719476736 needs more than 16384.00 GiB on rank 0, the most the planner counts per rank" plan --model llama3-8b --ranks 8 --device-memory 80G --seq-len 68719476736 --method upipe
 run_case "--meta-ranks" bench attention --meta-ranks -1
 run_case "--meta-ranks" bench attention --meta-ranks 1e9
 run_case "--seed" check --seed -1

@@ -246,6 +246,14 @@ TEST(Planner, ImpossibleInputsAreOneLine) {
   r.decoder.knobs.method = "ring";
   r.decoder.seq_len = 1000;
   expect_config_error([&] { plan_step(m, r); }, {"--seq-len (1000) must be divisible by 16"});
+  // Past the meta device's range (16 TiB a rank): refused as such, never a plan of 0 bytes; a
+  // search stopped by its budget is still an answer (no fit), not this error.
+  r.decoder.knobs.method = "upipe";
+  r.decoder.seq_len = int64_t(1) << 28;
+  expect_config_error(
+      [&] { plan_step(m, r); },
+      {"--seq-len 268435456 needs more than 16384.00 GiB on rank 0", "plan a shorter --seq-len"});
+  EXPECT_FALSE(plan_step(m, r, /*stop_at_budget=*/true).fits);
 }
 
 // A model whose shapes can split rank classes: K = 4 KV heads (replicated on 8 and 16 ranks), 16
