@@ -131,6 +131,16 @@ void print_startup(const RunConfig& cfg, const ModelConfig& m, TrainingLoop& loo
   }
   for (const std::string& w : run_warnings(cfg, m))
     std::printf("warning: %s\n", render_setting_refs(w).c_str());
+  if (cfg.metrics.val_interval > 0 && loop.val_sequences() < cfg.metrics.val_sequences)
+    std::printf("warning: %s\n",
+                render_setting_refs(
+                    fmt::format("{} holds {} sequence(s) of {} tokens, fewer than {}: each "
+                                "validation uses {}",
+                                setting_value("data.val_path", cfg.data.val_path),
+                                loop.val_sequences(), cfg.train.seq_len,
+                                setting_value("metrics.val_sequences", cfg.metrics.val_sequences),
+                                loop.val_sequences()))
+                    .c_str());
   // Under mpirun (one node) rank 0's parent is mpirun, which forwards SIGUSR1 to every rank.
   std::printf("stop cleanly (finish the step, checkpoint, exit 0): kill -USR1 %d\n",
               std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr ? int(getppid()) : int(getpid()));

@@ -72,6 +72,9 @@ class TrainingLoop {
   // The side of the square GEMM MFU's measured rate was timed on (kGemmReferenceN unless that did
   // not fit in the budget); 0 when a peak was stated or the device does not compute.
   int64_t gemm_reference_n() const { return gemm_reference_n_; }
+  // The held-out sequences each validation runs: metrics.val_sequences, or fewer where the
+  // held-out file holds fewer windows of S tokens (0 without validation).
+  int64_t val_sequences() const { return val_n_; }
   static constexpr int64_t kGemmReferenceN = 1024;
 
   // Runs the steps from start().step to train.steps; returns how it ended.

@@ -11,7 +11,8 @@
 #   checkpoint_dir  a --checkpoint-dir that is a file, or cannot be created, is refused at the start
 #                   (exit 2, once, before any step), the file untouched
 #   val_uneven      validation of 3 held-out sequences on 2 DP replicas (one runs fewer) ends, with
-#                   the validation loss logged (it hung until the watchdog before)
+#                   the validation loss logged (it hung until the watchdog before); a held-out file
+#                   shorter than --val-sequences windows is said at the start
 #   init_dtype      --init-from a directory whose tensor has an integer dtype: every rank refuses
 #   corrupt         a flipped byte in one rank file: --resume (only that rank reads it) and export
 #                   end with exit 2 naming the file; export leaves no model.safetensors
@@ -167,6 +168,13 @@ val_uneven)
   [ $rc -eq 0 ] || { cat "$tmp/v.out"; fail "validation on uneven replicas: exit $rc"; }
   within "$t" 15 || fail "took $t s"
   grep -q "| val [0-9]" "$tmp/v.out" || { cat "$tmp/v.out"; fail "no validation loss logged"; }
+  # A held-out file shorter than --val-sequences windows: the start says how many each validation
+  # uses (8 windows of 64 in the fixture's 512 tokens).
+  job w 60 train "${small[@]}" --steps=1 --data-kind=files --data-path="$fixture/tokens.npy" \
+    --val-path="$fixture/tokens.npy" --val-interval=1 --val-sequences=100 --timeout=20
+  [ $rc -eq 0 ] || { cat "$tmp/w.out"; fail "validation on a short file: exit $rc"; }
+  grep -q "warning: --val-path .* holds 8 sequence(s) of 64 tokens, fewer than --val-sequences 100: each validation uses 8" "$tmp/w.out" ||
+    { cat "$tmp/w.out"; fail "no warning for a held-out file shorter than --val-sequences"; }
   ;;
 init_dtype)
   mkdir "$tmp/int"
