@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "apps/upipe/commands.h"
@@ -82,15 +83,12 @@ int main(int argc, char** argv) {
 
   // `--key=` (an empty value, as `dir = ""` in a run file: no checkpoints, no metrics file) is
   // given to CLI11 as `--key ""`: it refuses the first spelling ("1 required missing").
-  std::vector<std::string> words(argv, argv + argc);
   std::vector<std::string> split;
-  for (const std::string& w : words) {
-    if (w.size() > 3 && w.starts_with("--") && w.back() == '=' && w.find('=') == w.size() - 1) {
-      split.push_back(w.substr(0, w.size() - 1));
-      split.emplace_back();
-    } else {
-      split.push_back(w);
-    }
+  for (int i = 0; i < argc; ++i) {
+    const std::string_view w = argv[i];
+    const bool empty_value = w.size() > 3 && w.starts_with("--") && w.find('=') == w.size() - 1;
+    split.emplace_back(empty_value ? w.substr(0, w.size() - 1) : w);
+    if (empty_value) split.emplace_back();
   }
   std::vector<char*> args;
   for (std::string& w : split) args.push_back(w.data());

@@ -56,6 +56,15 @@ def model_dir(root, name, config=None, weights=True):
     return d
 
 
+def prepend_to_config(d, fields):
+    """`fields` ('"k": v, ') written in front of d/config.json's first key, as a hand edit would."""
+    path = os.path.join(d, "config.json")
+    with open(path) as f:
+        text = f.read()
+    with open(path, "w") as f:
+        f.write(text.replace("{", "{" + fields, 1))
+
+
 def build(root):
     """The cases: (expected text of the error line, upipe arguments)."""
     tokens = os.path.join(FIXTURE, "tokens.npy")
@@ -93,10 +102,7 @@ def build(root):
     case("bad_json/config.json: not valid JSON", "eval", "--model", d, "--seq-len", "8")
     # A number no double holds (an internal error, exit 1, before it was refused as the file's).
     d = model_dir(root, "huge_number", weights=False)
-    with open(os.path.join(d, "config.json")) as f:
-        text = f.read()
-    with open(os.path.join(d, "config.json"), "w") as f:
-        f.write(text.replace("{", '{"initializer_range": 1e999, ', 1))
+    prepend_to_config(d, '"initializer_range": 1e999, ')
     case("huge_number/config.json: not valid JSON", "eval", "--model", d, "--seq-len", "8")
     # Corrupt or truncated safetensors.
     full = open(os.path.join(FIXTURE, "model.safetensors"), "rb").read()
@@ -180,10 +186,7 @@ def build(root):
     case("fifo_config.json is a FIFO, not a regular file", "eval", "--model",
          os.path.join(root, "fifo_config.json"), "--seq-len", "8")
     d = model_dir(root, "dup_config", weights=False)
-    with open(os.path.join(d, "config.json")) as f:
-        text = f.read()
-    with open(os.path.join(d, "config.json"), "w") as f:
-        f.write(text.replace('{', '{"hidden_size": 32, ', 1))
+    prepend_to_config(d, '"hidden_size": 32, ')
     case("duplicate key 'hidden_size'", "eval", "--model", d, "--seq-len", "8")
     d = model_dir(root, "dup_header", weights=False)
     text = json.dumps(header).replace('{', '{"%s": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}, ' % gate, 1)

@@ -41,10 +41,8 @@ class Mutator {
                                              '"',  '{',  '}',  '[',  ']', ',', ':', '\\', '\n'};
     static const int64_t kExtreme[] = {
         0, -1, INT64_MAX, INT64_MIN, int64_t(1) << 62, int64_t(1) << 32, int64_t(1) << 31, 255};
-    auto below = [&](size_t n) { return n == 0 ? size_t(0) : size_t(rng_() % n); };
-    const std::string& original = original_;
     for (;;) {
-      std::string b = original;
+      std::string b = original_;
       std::string what;
       const size_t at = where();
       switch (rng_() % 7) {
@@ -81,7 +79,7 @@ class Mutator {
           if (p + 8 > b.size()) continue;
           const int64_t v = kExtreme[below(std::size(kExtreme))];
           std::memcpy(b.data() + p, &v, 8);
-          if (b == original) continue;
+          if (b == original_) continue;
           what = "bytes [" + std::to_string(p) + ", +8) set to " + std::to_string(v);
           break;
         }
@@ -98,9 +96,9 @@ class Mutator {
   }
 
  private:
+  size_t below(size_t n) { return n == 0 ? size_t(0) : size_t(rng_() % n); }
   size_t where() {
     const size_t n = original_.size();
-    auto below = [&](size_t m) { return m == 0 ? size_t(0) : size_t(rng_() % m); };
     return (hot_ > 0 && rng_() % 2 == 0) ? below(std::min(hot_, n)) : below(n);
   }
 

@@ -190,8 +190,7 @@ TEST(FileMutations, HuggingFaceWeights) {
     ++(got == original ? same : other);
   });
   expect_both(t, "llama model.safetensors through load_params");
-  std::printf("  of those read: %d the original weights, %d others (data bytes damaged)\n", same,
-              other);
+  std::printf("  of those read: %d the original weights, %d other values\n", same, other);
 }
 
 // A token file's contract: what reads is inside the vocabulary, through every entry point.
