@@ -132,6 +132,7 @@ int64_t RowPositions::total_rows() const {
 
 std::vector<int64_t> RowPositions::expand() const {
   std::vector<int64_t> v;
+  v.reserve(size_t(total_rows()));
   for (const Run& r : runs)
     for (int64_t t = 0; t < r.rows; ++t) v.push_back(r.pos + t);
   return v;

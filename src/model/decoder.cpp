@@ -53,28 +53,37 @@ AttentionConfig block_config(const ModelConfig& m, const DecoderOptions& opt) {
   return c;
 }
 
-// Row r's token: the token at its global position pos[r] (the embedding's row of row r).
-std::vector<int32_t> row_tokens(std::span<const int32_t> tokens, std::span<const int64_t> pos) {
-  std::vector<int32_t> ids(pos.size());
-  for (size_t r = 0; r < pos.size(); ++r) ids[r] = tokens[size_t(pos[r])];
+// Calls f(r, p) for each row r of `rows` in order, p its global position (no list of positions
+// is made: a plan at a huge S would hold one of R int64s).
+template <class F>
+void for_each_row(const RowPositions& rows, F&& f) {
+  size_t r = 0;
+  for (const RowPositions::Run& run : rows.runs)
+    for (int64_t t = 0; t < run.rows; ++t) f(r++, run.pos + t);
+}
+
+// Row r's token: the token at its global position (the embedding's row of row r).
+std::vector<int32_t> row_tokens(std::span<const int32_t> tokens, const RowPositions& rows) {
+  std::vector<int32_t> ids(size_t(rows.total_rows()));
+  for_each_row(rows, [&](size_t r, int64_t at) { ids[r] = tokens[size_t(at)]; });
   return ids;
 }
 
 // Row r's label: the token at the next global position (-1 past the sequence's end, or past its
 // document's last token); and, with a group, whether that prediction belongs to it.
 void next_token_labels(std::vector<int32_t>& labels, std::vector<uint8_t>& group,
-                       std::span<const int32_t> tokens, std::span<const int64_t> pos,
+                       std::span<const int32_t> tokens, const RowPositions& rows,
                        const LossSpec& spec) {
   const int64_t s = int64_t(tokens.size());
-  labels.assign(pos.size(), -1);
-  group.assign(spec.group.empty() ? 0 : pos.size(), 0);
+  const size_t n = size_t(rows.total_rows());
+  labels.assign(n, -1);
+  group.assign(spec.group.empty() ? 0 : n, 0);
   const Documents* docs = spec.documents.get();
-  for (size_t r = 0; r < pos.size(); ++r) {
-    const int64_t at = pos[r];
+  for_each_row(rows, [&](size_t r, int64_t at) {
     const bool predicts = at + 1 < s && !(docs && docs->last_of_document(at));
     labels[r] = predicts ? tokens[size_t(at + 1)] : -1;
     if (!group.empty()) group[r] = spec.group[size_t(at)];
-  }
+  });
 }
 
 // The loss scale: spec's, or 1 / (next-token predictions inside the documents); 0 when there are
@@ -152,8 +161,8 @@ StepLoss Decoder::run(std::span<const int32_t> tokens, ParamSource& p, const Los
   UPIPE_CHECK(spec.group.empty() || int64_t(spec.group.size()) == s,
               "{} group flags for a sequence of {}", spec.group.size(), s);
   strat_->set_documents(spec.documents);
-  const std::vector<int64_t> pos = strat_->layout().positions(cp_.rank()).expand();
-  const int64_t rows = int64_t(pos.size());
+  const RowPositions pos = strat_->layout().positions(cp_.rank());
+  const int64_t rows = pos.total_rows();
   const int nl = m_.num_hidden_layers;
   Arena& mem = dev_.mem();
 
@@ -181,7 +190,7 @@ StepLoss Decoder::run(std::span<const int32_t> tokens, ParamSource& p, const Los
 }
 
 // x (R, D) residual dtype = the embedding's rows of this rank's tokens.
-void Decoder::embed(const Mat& x, std::span<const int32_t> tokens, std::span<const int64_t> pos,
+void Decoder::embed(const Mat& x, std::span<const int32_t> tokens, const RowPositions& pos,
                     ParamSource& p) {
   const Mat e = embedding(m_, p.acquire(embed_unit()));  // (V, D)
   p.prefetch(layer_unit(0));
@@ -217,8 +226,8 @@ StepLoss Decoder::loss(std::span<const int32_t> tokens, ParamSource& p, const Lo
   UPIPE_CHECK(spec.group.empty() || int64_t(spec.group.size()) == s,
               "{} group flags for a sequence of {}", spec.group.size(), s);
   strat_->set_documents(spec.documents);
-  const std::vector<int64_t> pos = strat_->layout().positions(cp_.rank()).expand();
-  const int64_t rows = int64_t(pos.size());
+  const RowPositions pos = strat_->layout().positions(cp_.rank());
+  const int64_t rows = pos.total_rows();
   const double t0 = now();
   Tensor x(dev_.mem(), Tag::kAct, cfg_.residual, rows, d);  // (R, D) the residual stream
   embed(x, tokens, pos, p);
@@ -249,7 +258,7 @@ StepLoss Decoder::loss(std::span<const int32_t> tokens, ParamSource& p, const Lo
 // are the next global position's tokens. Returns this rank's loss and dh; the head's unit stays
 // acquired (and a tied embedding's gradient held) for head_backward and embed_backward.
 Decoder::HeadLoss Decoder::head_loss(const Mat& h, const Mat& x, std::span<const int32_t> tokens,
-                                     std::span<const int64_t> pos, const LossSpec& spec,
+                                     const RowPositions& pos, const LossSpec& spec,
                                      ParamSource& p) {
   const bool tied = m_.tie_word_embeddings;
   const int ue = embed_unit(), uh = head_unit(m_);
@@ -364,7 +373,7 @@ void Decoder::mlp_backward_tiled(const Mat& dx, const Mat& xm, const LayerWeight
 // The embedding's gradient += each row of dx (R, D) at its token's row: a tied model's is the LM
 // head's, already held by head_loss; else the embedding unit's is taken here.
 void Decoder::embed_backward(const Mat& dx, const HeadLoss& head, std::span<const int32_t> tokens,
-                             std::span<const int64_t> pos, ParamSource& p) {
+                             const RowPositions& pos, ParamSource& p) {
   Mat g = head.g.lm_head;  // (V, D) fp32
   if (!m_.tie_word_embeddings) {
     g = embedding(m_, p.grads(embed_unit()));

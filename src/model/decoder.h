@@ -106,12 +106,12 @@ class Decoder {
   };
 
   // The step's parts, in order; R = this rank's rows, `pos` their global positions.
-  void embed(const Mat& x, std::span<const int32_t> tokens, std::span<const int64_t> pos,
+  void embed(const Mat& x, std::span<const int32_t> tokens, const RowPositions& pos,
              ParamSource& p);
   // stash: null keeps nothing (the loss alone).
   void layer_forward(const Mat& x, const Mat& h, Stash* stash, int layer, ParamSource& p);
   HeadLoss head_loss(const Mat& h, const Mat& x, std::span<const int32_t> tokens,
-                     std::span<const int64_t> pos, const LossSpec& spec, ParamSource& p);
+                     const RowPositions& pos, const LossSpec& spec, ParamSource& p);
   void head_backward(const Mat& dx, Tensor& x, HeadLoss& head, ParamSource& p);
   void layer_backward(const Mat& dx, Stash& stash, int layer, ParamSource& p);
   std::unique_ptr<AttentionStash> rebuild_mlp_input(const Mat& xm, const Mat& h, const Mat& x,
@@ -120,7 +120,7 @@ class Decoder {
   void mlp_backward_tiled(const Mat& dx, const Mat& xm, const LayerWeights& w, const LayerGrads& g,
                           const MlpStash* kept);
   void embed_backward(const Mat& dx, const HeadLoss& head, std::span<const int32_t> tokens,
-                      std::span<const int64_t> pos, ParamSource& p);
+                      const RowPositions& pos, ParamSource& p);
 
   Device& dev_;
   Communicator& cp_;
