@@ -268,8 +268,9 @@ int run(Process& proc, const Options& o, const SettingArgs& sa, const CLI::App& 
       gib(base.device_bytes), gib(base.reserve_bytes), gib(base.host_bytes),
       base.decoder.memory.offload_stash ? ", stash offloaded" : "",
       documents_said(set, base).c_str(), secs);
+  // Sizes in the unit that shows them (a tiny preset's MiB would read 0.00 GiB).
   std::printf("%-11s %-12s %12s %5s %13s %11s  %s\n", "method", "knobs",
-              o.max_seq_len ? "max S" : "S", "fits", "device GiB", "host GiB",
+              o.max_seq_len ? "max S" : "S", "fits", "device peak", "host peak",
               "limit (its largest tag)");
   for (const Row& r : rows) {
     if (!r.refused.empty()) {
@@ -278,10 +279,11 @@ int run(Process& proc, const Options& o, const SettingArgs& sa, const CLI::App& 
     }
     const Plan& p = r.plan;
     const Limit l = limit_of(p);
-    std::printf("%-11s %-12s %12lld %5s %13.2f %11.2f  %s (%s %.2f GiB)\n", r.method.c_str(),
+    std::printf("%-11s %-12s %12lld %5s %13s %11s  %s (%s %s)\n", r.method.c_str(),
                 knobs_text(p.request).c_str(), (long long)p.request.decoder.seq_len,
-                p.fits ? "yes" : "no", gib(p.device_peak), gib(p.host_peak), l.arena.c_str(),
-                tag_name(l.tag), gib(l.bytes));
+                p.fits ? "yes" : "no", format_bytes(p.device_peak).c_str(),
+                format_bytes(p.host_peak).c_str(), l.arena.c_str(), tag_name(l.tag),
+                format_bytes(l.bytes).c_str());
   }
   for (const Row& r : rows) {
     if (!r.refused.empty()) continue;

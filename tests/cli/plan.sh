@@ -74,6 +74,16 @@ else
   echo "ok: past the host limit -> $(printf '%s\n' "$out" | grep '^upipe ')"
 fi
 
+# Sizes in the table are in the unit that shows them: a tiny preset's peaks are MiB, not 0.00 GiB.
+out=$(timeout 120 "$upipe" plan --model tiny --ranks 2 --device-memory 1G --reserve 0 --method ring --seq-len 4096 2>&1)
+rc=$?
+if [ $rc -ne 0 ] || ! printf '%s\n' "$out" | grep -q -E '^ring .* yes +[0-9.]+ MiB +0 B +device \(ring [0-9.]+ MiB\)$'; then
+  fail "a tiny plan's sizes (exit $rc)"
+  printf '%s\n' "$out" | head -5
+else
+  echo "ok: tiny plan sizes -> $(printf '%s\n' "$out" | grep '^ring ')"
+fi
+
 # A run file's plan prints the command with that file and only what differs from it (the knob
 # --stage-heads auto chose); the file's own settings are not repeated as flags.
 run=$(mktemp --suffix=.toml)
