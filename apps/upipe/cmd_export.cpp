@@ -62,8 +62,9 @@ Runner add_export(CLI::App& cmd) {
       ->capture_default_str();
   cmd.add_flag(
       "--force", opt->force,
-      "write into a non-empty directory: its weight files and config.json are removed "
-      "first (other files stay; tokenizer files the export writes replace their namesakes)");
+      "write into a non-empty directory: once the new files are written, its model files "
+      "(config.json, generation_config.json, model*.safetensors, pytorch_model*.bin, tokenizer "
+      "files) are replaced; other files stay");
   return [opt](Process& p) { return run(p, *opt); };
 }
 

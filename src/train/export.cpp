@@ -4,6 +4,9 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <utility>
+
+#include <stdlib.h>
 
 #include "core/errors.h"
 #include "core/safe_fs.h"
@@ -21,40 +24,113 @@ bool ends_with(const std::string& s, const std::string& tail) {
   return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
 }
 
-bool is_weight_file(const std::string& n) {
-  return ends_with(n, ".safetensors") || ends_with(n, ".safetensors.index.json") ||
-         (n.rfind("pytorch_model", 0) == 0 &&
-          (ends_with(n, ".bin") || ends_with(n, ".bin.index.json"))) ||
-         n == "tf_model.h5" || n == "flax_model.msgpack" || n == "config.json";
+bool is_tokenizer_file(const std::string& n) {
+  const std::vector<std::string>& t = hf_tokenizer_files();
+  return std::find(t.begin(), t.end(), n) != t.end();
 }
 
-// ConfigError unless `out` is absent or an empty directory (or force); creates it.
-void prepare_out(const std::string& out, bool force) {
+// What a Hugging Face loader reads of a folder as its model: the config, the generation config,
+// weights it could prefer to or mix with a new model.safetensors (model*.safetensors and their
+// index, pytorch_model*.bin and its index, tf_model.h5, flax_model.msgpack) and the tokenizer.
+// Other files (an adapter, a README, the user's own) are not the model's.
+bool is_model_file(const std::string& n) {
+  const bool model_weights = n.rfind("model", 0) == 0 && (ends_with(n, ".safetensors") ||
+                                                          ends_with(n, ".safetensors.index.json"));
+  const bool torch_weights = n.rfind("pytorch_model", 0) == 0 &&
+                             (ends_with(n, ".bin") || ends_with(n, ".bin.index.json"));
+  return model_weights || torch_weights || n == "tf_model.h5" || n == "flax_model.msgpack" ||
+         n == "config.json" || n == "generation_config.json" || is_tokenizer_file(n);
+}
+
+// `p` absolute, symlinks of its existing part resolved, without a trailing separator.
+fs::path resolved(const fs::path& p) {
+  std::error_code ec;
+  fs::path a = fs::weakly_canonical(fs::absolute(p), ec).lexically_normal();
+  while (!a.has_filename() && a.has_relative_path()) a = a.parent_path();
+  return a;
+}
+
+// Whether path `inner` is `outer` or lies inside it.
+bool within(const fs::path& inner, const fs::path& outer) {
+  const fs::path a = resolved(inner), b = resolved(outer);
+  return std::mismatch(b.begin(), b.end(), a.begin(), a.end()).first == b.end();
+}
+
+// The run's Hugging Face directories, from the run file the checkpoint records: init_from first,
+// each with the setting it came from.
+std::vector<std::pair<std::string, std::string>> run_directories(const CheckpointReader& reader);
+
+// Everything export checks of `out` before it writes a byte (ConfigError, nothing changed): a
+// directory or absent; not the checkpoint, its checkpoint directory or one of the run's own
+// Hugging Face directories; empty unless force, and forced, the model files it holds all
+// removable (regular files or symlinks). Returns those model files.
+std::vector<std::string> check_out(const CheckpointReader& reader, const std::string& out,
+                                   bool force) {
+  if (out.empty()) throw ConfigError("export: the output directory is empty (\"\")");
+  const fs::path step(reader.info().path);
+  if (within(out, step))
+    throw ConfigError(fmt::format(
+        "export: {} is the checkpoint being exported or inside it; choose another directory", out));
+  if (resolved(out) == resolved(step.parent_path()))
+    throw ConfigError(fmt::format(
+        "export: {} is the run's checkpoint directory (it holds {}); choose another directory",
+        out, step.filename().string()));
+  for (const auto& [dir, setting] : run_directories(reader))
+    if (resolved(out) == resolved(dir))
+      throw ConfigError(fmt::format(
+          "export: {} is the run's {} directory, which the run reads; choose another directory",
+          out, setting));
   std::error_code ec;
   const fs::file_status st = fs::status(out, ec);
   if (fs::exists(st) && !fs::is_directory(st))
     throw ConfigError(fmt::format("export: {} exists and is not a directory", out));
-  if (fs::is_directory(st) && !force) {
-    std::vector<std::string> names;
+  std::vector<std::string> names, model_files;
+  if (fs::is_directory(st))
     for (const auto& e : fs::directory_iterator(out, ec)) names.push_back(e.path().filename());
-    if (!names.empty()) {
-      std::sort(names.begin(), names.end());
+  std::sort(names.begin(), names.end());
+  if (!names.empty() && !force)
+    throw ConfigError(fmt::format(
+        "export: {} is not empty ({} entries, e.g. {}); choose an empty or new directory, or "
+        "pass --force to write into it (its model files are replaced: config.json, "
+        "generation_config.json, model*.safetensors and index, pytorch_model*.bin, tokenizer "
+        "files; other files stay)",
+        out, names.size(), names.front()));
+  for (const std::string& n : names) {
+    if (!is_model_file(n)) continue;
+    const fs::path p = fs::path(out) / n;
+    const fs::file_status ls = fs::symlink_status(p, ec);
+    if (!fs::is_regular_file(ls) && !fs::is_symlink(ls))
       throw ConfigError(fmt::format(
-          "export: {} is not empty ({} entries, e.g. {}); choose an empty or new directory, or "
-          "pass --force to write into it (its weight files and config.json are replaced, and "
-          "the tokenizer files this export writes replace their namesakes; other files stay)",
-          out, names.size(), names.front()));
-    }
+          "export: {} is not a regular file (a directory, FIFO or device); remove it first",
+          p.string()));
+    model_files.push_back(n);
   }
-  fs::create_directories(out);
-  if (force)
-    for (const std::string& n : hf_weight_files(out)) {
-      const fs::path p = fs::path(out) / n;
-      if (fs::is_directory(fs::symlink_status(p)))
-        throw ConfigError(fmt::format("export: {} is a directory; remove it first", p.string()));
-      fs::remove(p);  // a symlink itself, never its target
-    }
+  return model_files;
 }
+
+// A hidden directory inside `out` where export writes its files before they replace anything;
+// removed (with whatever it holds, all export's) when destroyed.
+class StagingDir {
+ public:
+  explicit StagingDir(const std::string& out) {
+    std::string templ = (fs::path(out) / ".upipe-export.XXXXXX").string();
+    if (::mkdtemp(templ.data()) == nullptr)
+      throw ConfigError(fmt::format("export: cannot create a directory in {}: {}", out,
+                                    std::strerror(errno)));
+    path_ = templ;
+  }
+  ~StagingDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  StagingDir(const StagingDir&) = delete;
+  StagingDir& operator=(const StagingDir&) = delete;
+  std::string file(const std::string& name) const { return (fs::path(path_) / name).string(); }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
 
 constexpr int64_t kMaxTokenizerFileBytes = int64_t(256) << 20;
 
@@ -88,14 +164,14 @@ TokenizerPlan bytes_plan(const std::string& why) {
   return p;
 }
 
-// The run's Hugging Face directories, from the run file the checkpoint records: init_from first.
-std::vector<std::string> run_directories(const CheckpointReader& reader) {
-  std::vector<std::string> dirs;
+std::vector<std::pair<std::string, std::string>> run_directories(const CheckpointReader& reader) {
+  std::vector<std::pair<std::string, std::string>> dirs;
   try {
     const RunConfig c = parse_run_toml(reader.info().run_toml, reader.info().path + "/meta.json");
     std::error_code ec;
-    for (const std::string& d : {c.model.init_from, c.model.name})
-      if (!d.empty() && fs::is_directory(d, ec)) dirs.push_back(d);
+    for (const auto& [d, setting] : {std::pair{c.model.init_from, "--init-from"},
+                                     std::pair{c.model.name, "--model"}})
+      if (!d.empty() && fs::is_directory(d, ec)) dirs.emplace_back(d, setting);
   } catch (const ConfigError&) {  // a run file of another version: no directories to look in
   }
   return dirs;
@@ -149,8 +225,8 @@ TokenizerPlan plan_tokenizer(const CheckpointReader& reader, const TokenizerChoi
     case K::kAuto:
       break;
   }
-  for (const std::string& d : run_directories(reader)) {
-    TokenizerPlan p = copy_plan(d, "the run's model directory");
+  for (const auto& [d, setting] : run_directories(reader)) {
+    TokenizerPlan p = copy_plan(d, "the run's " + std::string(setting) + " directory");
     if (!p.files.empty()) return p;
   }
   if (vocab == kByteVocab) return bytes_plan("the model's vocabulary is the 256 byte ids");
@@ -161,12 +237,12 @@ TokenizerPlan plan_tokenizer(const CheckpointReader& reader, const TokenizerChoi
           "vocabulary is not bytes); pass --tokenizer DIR to copy one"};
 }
 
-std::vector<std::string> hf_weight_files(const std::string& out) {
+std::vector<std::string> hf_model_files(const std::string& out) {
   std::vector<std::string> v;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(out, ec)) {
     const std::string n = e.path().filename().string();
-    if (is_weight_file(n)) v.push_back(n);
+    if (is_model_file(n)) v.push_back(n);
   }
   std::sort(v.begin(), v.end());
   return v;
@@ -174,34 +250,60 @@ std::vector<std::string> hf_weight_files(const std::string& out) {
 
 void export_hf(const CheckpointReader& reader, const std::string& out, DType dtype, bool force,
                const TokenizerPlan& tok) {
-  prepare_out(out, force);
-  const ModelConfig& m = reader.model();
-  const std::vector<HfTensorSpec> specs = hf_tensors(m);
-  std::vector<SafetensorsWriteItem> items;
-  std::vector<float> f32;  // one piece, at most kSafetensorsWriteChunk elements
-  for (size_t i = 0; i < specs.size(); ++i)
-    items.push_back({specs[i].name, dtype, specs[i].shape, nullptr,
-                     [&reader, &f32, i, dtype](int64_t first, int64_t count, void* dst) {
-                       f32.resize(size_t(count));
-                       reader.read_range(int(i), first, count, f32.data());
-                       from_f32(f32.data(), dst, dtype, count);
-                     }});
-  write_safetensors((fs::path(out) / "model.safetensors").string(), items, {{"format", "pt"}});
-  write_file_atomic((fs::path(out) / "config.json").string(),
-                    model_config_json(m, dtype == DType::kBF16 ? "bfloat16" : "float32"),
-                    "config.json");
-  const fs::path o(out);
-  if (tok.bytes) {
-    write_file_atomic((o / "tokenizer.json").string(), byte_tokenizer_json(), "tokenizer.json");
-    write_file_atomic((o / "tokenizer_config.json").string(),
-                      byte_tokenizer_config_json(m.max_position_embeddings),
-                      "tokenizer_config.json");
-  }
-  for (const std::string& n : tok.files) {
-    const std::string from = (fs::path(tok.dir) / n).string();
-    write_file_atomic((o / n).string(),
-                      read_small_file(from, "tokenizer file", kMaxTokenizerFileBytes),
-                      "tokenizer file");
+  const std::vector<std::string> replaced = check_out(reader, out, force);
+  std::error_code ec;
+  const bool created = !fs::exists(out, ec);
+  fs::create_directories(out);
+  try {
+    std::vector<std::string> written;  // names, in the order they are put in place
+    {
+      const StagingDir stage(out);
+      const ModelConfig& m = reader.model();
+      const std::vector<HfTensorSpec> specs = hf_tensors(m);
+      std::vector<SafetensorsWriteItem> items;
+      std::vector<float> f32;  // one piece, at most kSafetensorsWriteChunk elements
+      for (size_t i = 0; i < specs.size(); ++i)
+        items.push_back({specs[i].name, dtype, specs[i].shape, nullptr,
+                         [&reader, &f32, i, dtype](int64_t first, int64_t count, void* dst) {
+                           f32.resize(size_t(count));
+                           reader.read_range(int(i), first, count, f32.data());
+                           from_f32(f32.data(), dst, dtype, count);
+                         }});
+      // Every piece is checked against its checksum as it is read: a damaged checkpoint stops
+      // here, before anything in `out` is touched.
+      write_safetensors(stage.file("model.safetensors"), items, {{"format", "pt"}});
+      written.push_back("model.safetensors");
+      write_file_atomic(stage.file("config.json"),
+                        model_config_json(m, dtype == DType::kBF16 ? "bfloat16" : "float32"),
+                        "config.json");
+      written.push_back("config.json");
+      if (tok.bytes) {
+        write_file_atomic(stage.file("tokenizer.json"), byte_tokenizer_json(), "tokenizer.json");
+        write_file_atomic(stage.file("tokenizer_config.json"),
+                          byte_tokenizer_config_json(m.max_position_embeddings),
+                          "tokenizer_config.json");
+        written.insert(written.end(), {"tokenizer.json", "tokenizer_config.json"});
+      }
+      for (const std::string& n : tok.files) {
+        const std::string from = (fs::path(tok.dir) / n).string();
+        write_file_atomic(stage.file(n),
+                          read_small_file(from, "tokenizer file", kMaxTokenizerFileBytes),
+                          "tokenizer file");
+        written.push_back(n);
+      }
+      // All written: the old model files go (a symlink itself, never its target), the new ones
+      // take their place.
+      for (const std::string& n : replaced) fs::remove(fs::path(out) / n);
+      for (const std::string& n : written) {
+        const std::string to = (fs::path(out) / n).string();
+        check_replaceable(to, "export file");  // nothing appeared there meanwhile
+        fs::rename(stage.file(n), to);
+      }
+    }
+    fsync_directory(out);
+  } catch (...) {
+    if (created) fs::remove(out, ec);  // only when empty again: a directory export made
+    throw;
   }
 }
 

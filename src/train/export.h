@@ -3,8 +3,8 @@
 // a tied embedding once), streamed piece by piece from the verified rank files, so no tensor is
 // held whole in memory, and the tokenizer that goes with it (copied from the run's Hugging Face
 // directory, or the byte tokenizer of `upipe tokenize`) so AutoTokenizer loads the folder too.
-// The folder is the user's: a non-empty one is refused unless forced, and forced, every weight
-// file a loader could read instead of the new ones is removed first.
+// The folder is the user's: a non-empty one is refused unless forced, and forced, the model files a
+// loader would read (config, weights, tokenizer) are replaced only once the new ones are written.
 #pragma once
 
 #include <string>
@@ -15,10 +15,10 @@
 
 namespace upipe {
 
-// The entries of `out` that a loader of a Hugging Face folder could prefer to, or mix with, a new
-// model.safetensors and config.json: *.safetensors, *.safetensors.index.json, pytorch_model*.bin
-// and its index, tf_model.h5, flax_model.msgpack, config.json. Sorted names.
-std::vector<std::string> hf_weight_files(const std::string& out);
+// The entries of `out` a Hugging Face loader reads as the model: config.json,
+// generation_config.json, model*.safetensors and their index, pytorch_model*.bin and its index,
+// tf_model.h5, flax_model.msgpack, and the tokenizer files. Sorted names.
+std::vector<std::string> hf_model_files(const std::string& out);
 
 // The tokenizer files of a Hugging Face folder, the names a loader reads.
 const std::vector<std::string>& hf_tokenizer_files();
@@ -46,9 +46,12 @@ struct TokenizerPlan {
 TokenizerPlan plan_tokenizer(const CheckpointReader& reader, const TokenizerChoice& choice);
 
 // Writes the checkpoint as `out`/config.json and `out`/model.safetensors in `dtype`, and the
-// tokenizer `tok` says. ConfigError when `out` exists and is not an empty directory, unless
-// `force`; with force, the entries hf_weight_files lists are removed before writing (other files
-// stay, except tokenizer files the export writes, which replace those of the same name).
+// tokenizer `tok` says. ConfigError, with nothing changed, when `out` is not a directory, is the
+// checkpoint, holds it, or is one of the run's own Hugging Face directories, or is not empty and
+// not `force`. Every file is first written (and every piece of the checkpoint verified) in a
+// staging directory inside `out`; only then, with force, the model files hf_model_files lists are
+// removed and the new files moved into place (other files stay). A failure before that leaves
+// `out` as it was (a directory export created is removed).
 void export_hf(const CheckpointReader& reader, const std::string& out, DType dtype, bool force,
                const TokenizerPlan& tok);
 

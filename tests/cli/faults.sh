@@ -21,7 +21,10 @@
 #   other_model     --resume with a model of the same element counts but other heads is refused,
 #                   naming the field
 #   export_force    export refuses a non-empty directory; --force removes a stale sharded index that
-#                   a reader would prefer: eval then gives the new weights' loss
+#                   a reader would prefer (eval then gives the new weights' loss) and a stale
+#                   tokenizer, keeps files not the model's; forced, a damaged checkpoint or a
+#                   directory in a model file's place changes nothing; the checkpoint, its
+#                   directory and "" are refused as the folder
 #   tokenize_self   `upipe tokenize a.txt a.txt` is refused and the text survives
 #   sizes           num_hidden_layers 2^30 -> exit 2; train.seq_len 2^40 and eval --seq-len 2^40 ->
 #                   exit 3 with the out-of-memory message, before any allocation
@@ -266,12 +269,49 @@ PY
   job f 60 export "$tmp/ck/step_00000004" "$tmp/out" --dtype fp32 --force
   [ $rc -eq 0 ] || { cat "$tmp/f.out"; fail "export --force: exit $rc"; }
   [ -e "$tmp/out/model.safetensors.index.json" ] && fail "the stale index is still there"
-  [ -f "$tmp/out/tokenizer.json" ] || fail "export --force removed tokenizer.json"
+  [ -f "$tmp/out/tokenizer.json" ] && [ "$(cat "$tmp/out/tokenizer.json")" != tokenizer ] ||
+    fail "export --force left the old tokenizer.json (or wrote none)"
   loss() { "${mpirun[@]}" -np 2 "$upipe" eval --model "$1" --seq-len 64 --method ulysses --json |
     python3 -c "import json,sys; print(json.load(sys.stdin)['loss'])"; }
   a=$(loss "$tmp/new") b=$(loss "$tmp/out")
   echo "eval loss: fresh export $a, forced export $b"
   [ "$a" = "$b" ] || fail "the forced export does not give step 4's weights ($b, want $a)"
+  # Files that are not the model's stay; a damaged checkpoint, forced, changes nothing in the
+  # folder; a model file's name held by a directory is refused before anything is removed.
+  echo adapter > "$tmp/out/adapter_model.safetensors"
+  echo notes > "$tmp/out/notes.txt"
+  cp -r "$tmp/ck" "$tmp/bad"
+  flip "$tmp/bad/step_00000004/rank_00001.safetensors"
+  (cd "$tmp/out" && find . -type f -exec sha256sum {} + | sort) > "$tmp/before"
+  job d 60 export "$tmp/bad/step_00000004" "$tmp/out" --force
+  [ $rc -eq 2 ] || { cat "$tmp/d.out"; fail "export --force of a damaged checkpoint: exit $rc"; }
+  once d "do not match their checksum"
+  (cd "$tmp/out" && find . -type f -exec sha256sum {} + | sort) > "$tmp/after"
+  cmp -s "$tmp/before" "$tmp/after" || fail "a failed export --force changed the folder: $(diff "$tmp/before" "$tmp/after")"
+  [ "$(ls -A "$tmp/out" | grep -c upipe-export)" -eq 0 ] || fail "staging left in the folder"
+  mkdir "$tmp/out/pytorch_model.bin"
+  job g 60 export "$tmp/ck/step_00000004" "$tmp/out" --force
+  [ $rc -eq 2 ] || { cat "$tmp/g.out"; fail "a directory named pytorch_model.bin: exit $rc, want 2"; }
+  once g "is not a regular file"
+  (cd "$tmp/out" && find . -type f -exec sha256sum {} + | sort) > "$tmp/after"
+  cmp -s "$tmp/before" "$tmp/after" || fail "a refused export --force changed the folder"
+  rmdir "$tmp/out/pytorch_model.bin"
+  job h 60 export "$tmp/ck/step_00000004" "$tmp/out" --force
+  [ $rc -eq 0 ] || { cat "$tmp/h.out"; fail "export --force: exit $rc"; }
+  [ "$(cat "$tmp/out/adapter_model.safetensors") $(cat "$tmp/out/notes.txt")" = "adapter notes" ] ||
+    fail "export --force touched files that are not the model's"
+  # The checkpoint itself, and its checkpoint directory, are never an export's folder.
+  (cd "$tmp/ck" && find . -type f -exec sha256sum {} + | sort) > "$tmp/ck_before"
+  for o in "$tmp/ck/step_00000004" "$tmp/ck/step_00000004/hf" "$tmp/ck" "$tmp/ck/"; do
+    job s 60 export "$tmp/ck/step_00000004" "$o" --force
+    [ $rc -eq 2 ] || { cat "$tmp/s.out"; fail "export into $o: exit $rc, want 2"; }
+    once s "choose another directory"
+  done
+  (cd "$tmp/ck" && find . -type f -exec sha256sum {} + | sort) > "$tmp/ck_after"
+  cmp -s "$tmp/ck_before" "$tmp/ck_after" || fail "an export changed the checkpoint"
+  job e 60 export "$tmp/ck/step_00000004" ""
+  [ $rc -eq 2 ] || { cat "$tmp/e.out"; fail "export to \"\": exit $rc, want 2"; }
+  once e "the output directory is empty"
   ;;
 tokenize_self)
   printf 'keep this text' > "$tmp/a.txt"

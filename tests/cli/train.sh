@@ -220,6 +220,16 @@ init)
   out=$("${mpirun[@]}" -np 1 "$upipe" export "$tmp/i" "$tmp/hf3" --tokenizer "$fixture" 2>&1); rc=$?
   [ $rc -eq 2 ] && echo "$out" | grep -q "holds no tokenizer files" && [ ! -e "$tmp/hf3" ] ||
     { echo "$out"; fail "--tokenizer of a folder without one: exit $rc"; }
+  # The run's own --init-from folder is never an export's folder, even forced (a copy of the
+  # fixture: a broken refusal must not damage the source tree).
+  cp -r "$fixture" "$tmp/fx"
+  timeout 300 "${mpirun[@]}" -np 2 "$upipe" train "${small[@]}" --init-from "$tmp/fx" \
+    --model="$tmp/fx" --steps=1 --lr=0 --checkpoint-dir="$tmp/ifx" > "$tmp/ifx.out" 2>&1 ||
+    { cat "$tmp/ifx.out"; fail "training from the fixture's copy failed"; }
+  out=$("${mpirun[@]}" -np 1 "$upipe" export "$tmp/ifx" "$tmp/fx" --force 2>&1); rc=$?
+  [ $rc -eq 2 ] && echo "$out" | grep -q "is the run's --init-from directory" &&
+    diff -r "$fixture" "$tmp/fx" > /dev/null ||
+    { echo "$out"; fail "export --force into the run's --init-from folder: exit $rc"; }
   # Another model's weights (the Llama fixture for the Qwen3 preset): its config.json is compared
   # with the run's model field by field before any weights are opened, one line, exit 2.
   out=$(timeout 120 "${mpirun[@]}" -np 2 "$upipe" train "${small[@]}" --init-from "$fixture" \
