@@ -3,13 +3,16 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
+#include <set>
 #include <vector>
 
 #include "backend/tensor_ops.h"
 #include "core/checked.h"
 #include "core/errors.h"
 #include "core/rng.h"
+#include "core/setting_ref.h"
 #include "model/hf_names.h"
 #include "model/safetensors.h"
 
@@ -22,21 +25,42 @@ bool has_checkpoint(const std::string& dir) {
           fs::exists(fs::path(dir) / "model.safetensors.index.json"));
 }
 
+namespace {
+
+// Why `dir` has no weights upipe reads, and what to do (`otherwise`: the way on without them).
+std::string no_weights(const std::string& dir, const std::string& otherwise) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.rfind("pytorch_model", 0) == 0 && n.size() > 4 && n.substr(n.size() - 4) == ".bin")
+      return fmt::format(
+          "{} holds PyTorch weights ({}), which upipe does not read (pickle files can run code); "
+          "convert them to safetensors, e.g. in Python: AutoModelForCausalLM.from_pretrained(DIR)"
+          ".save_pretrained(OUT) (transformers writes safetensors)",
+          dir, n);
+  }
+  return fmt::format("{} holds no weights (model.safetensors or model.safetensors.index.json){}",
+                     dir, otherwise);
+}
+
+}  // namespace
+
 SafetensorsReader open_init_weights(const std::string& dir, const ModelConfig& m) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (!fs::is_directory(dir, ec))
-    throw ConfigError(fmt::format(
-        "model.init_from = {} is not a directory (a Hugging Face model: config.json + safetensors)",
-        dir));
+    throw ConfigError(
+        fmt::format("{} is not a directory (a Hugging Face model: config.json + safetensors)",
+                    setting_value("model.init_from", dir)));
   const ModelConfig init = load_model_config(dir);
   const std::string diff =
       first_model_difference(init, dir, m, "this run's model (" + m.source + ")");
   if (!diff.empty())
-    throw ConfigError(fmt::format(
-        "model.init_from = {} is another model than this run's: {}; train that model with "
-        "--model.name={}",
-        dir, diff, dir));
+    throw ConfigError(
+        fmt::format("{} is another model than this run's: {}; train that model with --model={}",
+                    setting_value("model.init_from", dir), diff, dir));
+  if (!has_checkpoint(dir)) throw ConfigError(no_weights(dir, ""));
   return SafetensorsReader(dir);
 }
 
@@ -54,10 +78,7 @@ std::string weights_dir(const std::string& model, bool random_weights) {
           "{}: {} is a dangling symlink (its target {} is missing); fetch the weights, or pass "
           "--random-weights to use random ones",
           dir.string(), f, fs::read_symlink(dir / f, ec).string()));
-  throw ConfigError(
-      fmt::format("{} holds no weights (model.safetensors or model.safetensors.index.json); pass "
-                  "--random-weights to use random ones",
-                  dir.string()));
+  throw ConfigError(no_weights(dir.string(), "; pass --random-weights to use random ones"));
 }
 
 TagBytes full_model_floor(const ModelConfig& m, DType dtype, int64_t rows, DType residual) {
@@ -70,12 +91,43 @@ TagBytes full_model_floor(const ModelConfig& m, DType dtype, int64_t rows, DType
   return need;
 }
 
+void check_weights(const SafetensorsReader& reader, const std::vector<HfTensorSpec>& specs,
+                   bool tied) {
+  std::set<std::string> used;
+  for (const HfTensorSpec& s : specs) {
+    reader.check_shape(s.name, s.shape);
+    used.insert(s.name);
+  }
+  auto allowed = [&](const std::string& n) {
+    const std::string inv = "rotary_emb.inv_freq";
+    return (n.size() >= inv.size() && n.compare(n.size() - inv.size(), inv.size(), inv) == 0) ||
+           (tied && n == "lm_head.weight");
+  };
+  std::vector<std::string> unused;
+  for (const std::string& n : reader.names())
+    if (!used.count(n) && !allowed(n)) unused.push_back(n);
+  if (unused.empty()) return;
+  std::string some;
+  for (size_t i = 0; i < std::min<size_t>(3, unused.size()); ++i)
+    some += (i ? ", " : "") + unused[i];
+  throw ConfigError(fmt::format(
+      "{} holds {} tensor(s) the model of its config.json does not use ({}{}): the config does "
+      "not describe these weights (model_type, num_hidden_layers, tie_word_embeddings?)",
+      reader.path(), unused.size(), some, unused.size() > 3 ? ", ..." : ""));
+}
+
 void param_values(const HfTensorSpec& s, int index, const SafetensorsReader* reader, uint64_t seed,
                   int64_t first, int64_t count, float* dst) {
   UPIPE_CHECK(first >= 0 && count >= 0 && first <= s.numel() && count <= s.numel() - first,
               "elements [{}, {}) of {} with {}", first, first + count, s.name, s.numel());
   if (reader != nullptr) {
     reader->read_range(s.name, first, count, DType::kF32, dst);
+    for (int64_t i = 0; i < count; ++i)
+      if (!std::isfinite(dst[i]))
+        throw ConfigError(fmt::format(
+            "{}: tensor {} holds {} at element {}: the weights are damaged or diverged; use "
+            "other weights",
+            reader->path(), s.name, dst[i], first + i));
   } else if (s.shape.size() == 1) {
     std::fill(dst, dst + count, 1.0f);  // RMSNorm weights
   } else {
@@ -93,8 +145,7 @@ ParamMap load_params(Device& dev, const ModelConfig& m, const std::string& dir, 
   std::unique_ptr<SafetensorsReader> reader;
   if (from_file) reader = std::make_unique<SafetensorsReader>(dir);
   const std::vector<HfTensorSpec> specs = hf_tensors(m);
-  if (from_file)  // every name and shape before any data
-    for (const HfTensorSpec& s : specs) reader->check_shape(s.name, s.shape);
+  if (from_file) check_weights(*reader, specs, m.tie_word_embeddings);  // before any data
   // Through one bounded host staging buffer, a piece of a tensor at a time.
   constexpr int64_t kChunk = int64_t(1) << 20;  // elements
   std::vector<float> host;

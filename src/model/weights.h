@@ -5,6 +5,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "model/config.h"
 #include "model/decoder.h"
@@ -16,10 +17,19 @@ namespace upipe {
 // Whether `dir` (a directory) holds safetensors weights.
 bool has_checkpoint(const std::string& dir);
 
+// Every tensor of `specs` (a model's hf_tensors) in `reader` with its shape and a readable dtype,
+// and no tensor of the file left unused (a config that does not describe the weights, e.g. Qwen3
+// weights under model_type llama, whose QK-norms would be dropped). Unused and allowed: RoPE's
+// inv_freq buffers (older Llama checkpoints) and a tied model's lm_head.weight (transformers
+// ties it to the embedding too). ConfigError naming the file and tensor otherwise.
+void check_weights(const SafetensorsReader& reader, const std::vector<HfTensorSpec>& specs,
+                   bool tied);
+
 // Elements [first, first + count) of tensor `index` of hf_tensors(m) (spec s), as fp32: read from
-// `reader` when it is not null (its shape checked by the caller, SafetensorsReader::check_shape),
-// else the deterministic initialisation of `seed` (the values load_params gives, whatever range is
-// asked: ZeRO-3 ranks fill exactly their shard).
+// `reader` when it is not null (checked by the caller, check_weights; a value that is not finite
+// is a ConfigError naming the tensor and element), else the deterministic initialisation of
+// `seed` (the values load_params gives, whatever range is asked: ZeRO-3 ranks fill exactly their
+// shard).
 void param_values(const HfTensorSpec& s, int index, const SafetensorsReader* reader, uint64_t seed,
                   int64_t first, int64_t count, float* dst);
 
@@ -39,7 +49,7 @@ std::string weights_dir(const std::string& model, bool random_weights);
 TagBytes full_model_floor(const ModelConfig& m, DType dtype, int64_t rows, DType residual);
 
 // Parameters of m in `dtype` on dev (tag params): from the checkpoint in `dir` when it has one
-// (every tensor checked for name and shape), else random with `seed`.
+// (check_weights), else random with `seed`.
 ParamMap load_params(Device& dev, const ModelConfig& m, const std::string& dir, DType dtype,
                      uint64_t seed);
 

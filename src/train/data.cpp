@@ -64,7 +64,8 @@ DataKind parse_data_kind(const std::string& s) {
   if (s == "files") return DataKind::kFiles;
   if (s == "random") return DataKind::kRandom;
   if (s == "copy") return DataKind::kCopy;
-  throw ConfigError(fmt::format("data.kind '{}' is unknown; choose files, random or copy", s));
+  throw ConfigError(
+      fmt::format("{} is unknown; choose files, random or copy", setting_value("data.kind", s)));
 }
 
 const char* data_kind_name(DataKind k) {
@@ -115,7 +116,8 @@ std::vector<std::string> expand_token_paths(const std::string& path, std::string
 
 DataSource::DataSource(const DataOptions& o) : opt_(o) {
   if (o.seq_len < 2)
-    throw ConfigError(fmt::format("train.seq_len must be >= 2, got {}", o.seq_len));
+    throw ConfigError(
+        fmt::format("{} must be >= 2, got {}", setting_ref("train.seq_len"), o.seq_len));
   if (o.vocab < 1)
     throw ConfigError(fmt::format("the vocabulary size must be >= 1, got {}", o.vocab));
   if (o.dp_size < 1 || o.micro_steps < 1)

@@ -36,8 +36,8 @@ bool is_tokenizer_file(const std::string& n) {
 bool is_model_file(const std::string& n) {
   const bool model_weights = n.rfind("model", 0) == 0 && (ends_with(n, ".safetensors") ||
                                                           ends_with(n, ".safetensors.index.json"));
-  const bool torch_weights = n.rfind("pytorch_model", 0) == 0 &&
-                             (ends_with(n, ".bin") || ends_with(n, ".bin.index.json"));
+  const bool torch_weights =
+      n.rfind("pytorch_model", 0) == 0 && (ends_with(n, ".bin") || ends_with(n, ".bin.index.json"));
   return model_weights || torch_weights || n == "tf_model.h5" || n == "flax_model.msgpack" ||
          n == "config.json" || n == "generation_config.json" || is_tokenizer_file(n);
 }
@@ -73,8 +73,8 @@ std::vector<std::string> check_out(const CheckpointReader& reader, const std::st
         "export: {} is the checkpoint being exported or inside it; choose another directory", out));
   if (resolved(out) == resolved(step.parent_path()))
     throw ConfigError(fmt::format(
-        "export: {} is the run's checkpoint directory (it holds {}); choose another directory",
-        out, step.filename().string()));
+        "export: {} is the run's checkpoint directory (it holds {}); choose another directory", out,
+        step.filename().string()));
   for (const auto& [dir, setting] : run_directories(reader))
     if (resolved(out) == resolved(dir))
       throw ConfigError(fmt::format(
@@ -115,8 +115,8 @@ class StagingDir {
   explicit StagingDir(const std::string& out) {
     std::string templ = (fs::path(out) / ".upipe-export.XXXXXX").string();
     if (::mkdtemp(templ.data()) == nullptr)
-      throw ConfigError(fmt::format("export: cannot create a directory in {}: {}", out,
-                                    std::strerror(errno)));
+      throw ConfigError(
+          fmt::format("export: cannot create a directory in {}: {}", out, std::strerror(errno)));
     path_ = templ;
   }
   ~StagingDir() {
@@ -169,8 +169,8 @@ std::vector<std::pair<std::string, std::string>> run_directories(const Checkpoin
   try {
     const RunConfig c = parse_run_toml(reader.info().run_toml, reader.info().path + "/meta.json");
     std::error_code ec;
-    for (const auto& [d, setting] : {std::pair{c.model.init_from, "--init-from"},
-                                     std::pair{c.model.name, "--model"}})
+    for (const auto& [d, setting] :
+         {std::pair{c.model.init_from, "--init-from"}, std::pair{c.model.name, "--model"}})
       if (!d.empty() && fs::is_directory(d, ec)) dirs.emplace_back(d, setting);
   } catch (const ConfigError&) {  // a run file of another version: no directories to look in
   }

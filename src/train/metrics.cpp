@@ -217,7 +217,8 @@ ProgressMode parse_progress_mode(const std::string& s, bool terminal) {
   if (s == "auto") return terminal ? ProgressMode::kBar : ProgressMode::kLines;
   if (s == "bar") return ProgressMode::kBar;
   if (s == "lines") return ProgressMode::kLines;
-  throw ConfigError(fmt::format("metrics.progress '{}' is unknown; choose auto, bar or lines", s));
+  throw ConfigError(fmt::format("{} is unknown; choose auto, bar or lines",
+                                setting_value("metrics.progress", s)));
 }
 
 ProgressDisplay::ProgressDisplay(std::FILE* out, int64_t total_steps, int64_t log_interval,

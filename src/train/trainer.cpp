@@ -7,6 +7,7 @@
 #include "core/checked.h"
 #include "core/errors.h"
 #include "core/fault_inject.h"
+#include "core/setting_ref.h"
 
 namespace upipe {
 
@@ -42,12 +43,14 @@ Trainer::Trainer(Device& dev, Communicator& world, const ModelConfig& m, const T
   const int w = world.size();
   cp_size_ = opt.cp_size == 0 ? w : opt.cp_size;
   if (cp_size_ < 1 || w % cp_size_ != 0)
-    throw ConfigError(
-        fmt::format("parallel.cp_size = {} must divide the {} ranks", opt.cp_size, w));
+    throw ConfigError(fmt::format("{} must divide the {} ranks",
+                                  setting_value("parallel.cp_size", opt.cp_size), w));
   if (opt.micro_steps < 1)
-    throw ConfigError(fmt::format("train.micro_steps must be >= 1 (got {})", opt.micro_steps));
+    throw ConfigError(
+        fmt::format("{} must be >= 1 (got {})", setting_ref("train.micro_steps"), opt.micro_steps));
   if (opt.grad_clip < 0)
-    throw ConfigError(fmt::format("train.grad_clip must be >= 0 (got {})", opt.grad_clip));
+    throw ConfigError(
+        fmt::format("{} must be >= 0 (got {})", setting_ref("train.grad_clip"), opt.grad_clip));
   // Before anything is allocated: a size from the run file or config.json the budget (or the
   // machine) can never hold is an out-of-memory error now, not a std::bad_alloc later.
   dev.mem().check_fits(training_floor(m, opt, w, cp_size_));
@@ -165,8 +168,8 @@ StepResult Trainer::step_views(int64_t t, const SequenceViewFn& data) {
   if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm))
     throw Error(
         fmt::format("step {}: the loss ({}) or the gradient norm ({}) is not finite; "
-                    "lower train.lr or check the data",
-                    t, r.loss, r.grad_norm));
+                    "lower {} or check the data",
+                    t + 1, r.loss, r.grad_norm, setting_ref("train.lr")));
   const double clip = opt_.grad_clip > 0 && r.grad_norm > opt_.grad_clip
                           ? opt_.grad_clip / (r.grad_norm + 1e-6)
                           : 1.0;

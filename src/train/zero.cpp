@@ -69,9 +69,12 @@ Zero3::~Zero3() {
 void Zero3::init(const SafetensorsReader* reader, uint64_t seed) {
   // Every tensor's name and shape first, on every rank: a rank reads only its shard's ranges, and
   // a bad checkpoint must fail on all ranks alike, not leave the others waiting.
-  if (reader != nullptr)
+  if (reader != nullptr) {
+    std::vector<HfTensorSpec> specs;
     for (const ZeroUnitLayout& l : layout_)
-      for (const HfTensorSpec& s : l.tensors) reader->check_shape(s.name, s.shape);
+      specs.insert(specs.end(), l.tensors.begin(), l.tensors.end());
+    check_weights(*reader, specs, m_.tie_word_embeddings);
+  }
   if (reader != nullptr) fault_point("init");
   constexpr int64_t kChunk = int64_t(1) << 20;  // host staging, elements
   std::vector<float> host;

@@ -162,6 +162,13 @@ def build(root):
     # a key given twice in config.json or a safetensors header is an error.
     d = model_dir(root, "no_weights", weights=False)
     case("no_weights holds no weights", "eval", "--model", d, "--seq-len", "8")
+    # PyTorch pickles are never read: the message says so and how to convert them.
+    d = model_dir(root, "torch_bin", weights=False)
+    open(os.path.join(d, "pytorch_model.bin"), "wb").write(b"PK\x03\x04")
+    case("holds PyTorch weights (pytorch_model.bin), which upipe does not read", "eval", "--model", d,
+         "--seq-len", "8")
+    case("holds PyTorch weights (pytorch_model.bin), which upipe does not read", "train", "--model", d,
+         "--init-from", d, "--steps", "1", "--seq-len", "8")
     d = model_dir(root, "dangling", weights=False)
     os.symlink(os.path.join(root, "blobs", "missing"), os.path.join(d, "model.safetensors"))
     case("model.safetensors is a dangling symlink", "eval", "--model", d, "--seq-len", "8")

@@ -10,8 +10,10 @@
 // is held to more (loaded values equal to the original's) in multirank/test_checkpoint.cpp.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 
 #include "backend/device.h"
@@ -26,6 +28,7 @@
 #include "train/indexed_dataset.h"
 #include "train/metrics.h"
 #include "train/run_config.h"
+#include "unit/expect_config_error.h"
 #include "unit/temp_dir.h"
 
 namespace upipe {
@@ -191,6 +194,57 @@ TEST(FileMutations, HuggingFaceWeights) {
   });
   expect_both(t, "llama model.safetensors through load_params");
   std::printf("  of those read: %d the original weights, %d other values\n", same, other);
+}
+
+// The fixture's weights rewritten with `edit` applied to its tensors (name -> fp32 values and
+// shape) into dir/model.safetensors beside its config.json.
+void write_edited_weights(
+    const TempDir& d,
+    const std::function<
+        void(std::map<std::string, std::pair<std::vector<float>, std::vector<int64_t>>>&)>& edit) {
+  const std::string src = kSrc + "/tests/fixtures/hf/llama";
+  fs::copy_file(src + "/config.json", d.file("config.json"), fs::copy_options::overwrite_existing);
+  const SafetensorsReader r(src);
+  std::map<std::string, std::pair<std::vector<float>, std::vector<int64_t>>> t;
+  for (const std::string& n : r.names()) {
+    const SafetensorsTensor& x = r.tensor(n);
+    std::vector<float> v(size_t(x.numel));
+    r.read(n, x.shape, DType::kF32, v.data());
+    t[n] = {std::move(v), x.shape};
+  }
+  edit(t);
+  std::vector<SafetensorsWriteItem> items;
+  for (const auto& [n, x] : t) items.push_back({n, DType::kF32, x.second, x.first.data(), nullptr});
+  write_safetensors(d.file("model.safetensors"), items);
+}
+
+// Beyond the format: a tensor the config's model does not use (the config does not describe the
+// weights) and a value that is not finite are refused naming the tensor; RoPE's inv_freq buffers
+// of older checkpoints are not weights and load.
+TEST(FileMutations, WeightsTheConfigDoesNotDescribeAreRefused) {
+  TempDir d;
+  using T = std::map<std::string, std::pair<std::vector<float>, std::vector<int64_t>>>;
+  write_edited_weights(d, [](T& t) {
+    t["model.layers.0.self_attn.q_norm.weight"] = {std::vector<float>(16, 1.0f), {16}};
+  });
+  expect_config_error([&] { load_weights(d.path().string()); },
+                      {"holds 1 tensor(s) the model of its config.json does not use "
+                       "(model.layers.0.self_attn.q_norm.weight)"});
+  write_edited_weights(d, [](T& t) {
+    t["model.layers.9.mlp.up_proj.weight"] = {std::vector<float>(4, 1.0f), {2, 2}};
+    t["model.layers.0.self_attn.rotary_emb.inv_freq"] = {std::vector<float>(8, 1.0f), {8}};
+  });
+  expect_config_error([&] { load_weights(d.path().string()); },
+                      {"(model.layers.9.mlp.up_proj.weight)"});
+  write_edited_weights(d, [](T& t) {
+    t["model.layers.0.self_attn.rotary_emb.inv_freq"] = {std::vector<float>(8, 1.0f), {8}};
+  });
+  EXPECT_FALSE(load_weights(d.path().string()).empty());
+  for (float bad : {std::nanf(""), INFINITY, -INFINITY}) {
+    write_edited_weights(d, [&](T& t) { t["model.layers.1.mlp.down_proj.weight"].first[5] = bad; });
+    expect_config_error([&] { load_weights(d.path().string()); },
+                        {"tensor model.layers.1.mlp.down_proj.weight holds"});
+  }
 }
 
 // A token file's contract: what reads is inside the vocabulary, through every entry point.
