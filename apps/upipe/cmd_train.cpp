@@ -131,6 +131,16 @@ void print_startup(const RunConfig& cfg, const ModelConfig& m, TrainingLoop& loo
   }
   for (const std::string& w : run_warnings(cfg, m))
     std::printf("warning: %s\n", render_setting_refs(w).c_str());
+  // A model directory's weights are the architecture's source only; starting from them is
+  // --init-from. A run that may have meant to fine-tune hears so.
+  if (!loop.start().resumed && cfg.model.init_from.empty() && has_checkpoint(cfg.model.name))
+    std::printf("warning: %s\n",
+                render_setting_refs(fmt::format(
+                    "{} holds weights, which this run does not load: it starts from random "
+                    "weights; to start from them, add {}={}",
+                    setting_value("model.name", cfg.model.name), setting_ref("model.init_from"),
+                    cfg.model.name))
+                    .c_str());
   if (cfg.metrics.val_interval > 0 && loop.val_sequences() < cfg.metrics.val_sequences)
     std::printf("warning: %s\n",
                 render_setting_refs(

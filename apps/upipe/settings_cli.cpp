@@ -69,6 +69,10 @@ Settings resolve_settings(const Process& proc, const SettingArgs& args, const CL
   }
   apply_overrides(s.config, preset, scope, &s.sources);
   apply_overrides(s.config, args.args, scope, &s.sources);
+  // A fresh run from a Hugging Face directory's weights is that directory's model unless a model
+  // is named (`train --init-from DIR` alone fine-tunes DIR).
+  if (!base && !s.config.model.init_from.empty() && !s.sources.spelled.count("model.name"))
+    s.config.model.name = s.config.model.init_from;
   static std::set<std::string> printed;  // once per process, however often settings are read
   if (proc.root())
     for (const std::string& n : s.sources.notes)

@@ -230,6 +230,15 @@ init)
   [ $rc -eq 2 ] && echo "$out" | grep -q "is the run's --init-from directory" &&
     diff -r "$fixture" "$tmp/fx" > /dev/null ||
     { echo "$out"; fail "export --force into the run's --init-from folder: exit $rc"; }
+  # --init-from alone fine-tunes that directory's model; --model DIR alone starts from random
+  # weights and says that DIR's weights are not loaded.
+  out=$(timeout 300 "${mpirun[@]}" -np 2 "$upipe" train "${small[@]}" --init-from "$tmp/fx" --steps=1 \
+    --checkpoint-dir= --metrics-path= 2>&1) || { echo "$out"; fail "train --init-from DIR alone failed"; }
+  echo "$out" | grep -q "^start: Hugging Face weights from $tmp/fx" || { echo "$out"; fail "--init-from alone"; }
+  out=$(timeout 300 "${mpirun[@]}" -np 2 "$upipe" train "${small[@]}" --model="$tmp/fx" --steps=1 \
+    --checkpoint-dir= --metrics-path= 2>&1) || { echo "$out"; fail "train --model=DIR failed"; }
+  [ "$(echo "$out" | grep -c -E "^warning: --model[ =]$tmp/fx holds weights, which this run does not load")" -eq 1 ] ||
+    { echo "$out"; fail "--model DIR with weights and no --init-from: no warning"; }
   # Another model's weights (the Llama fixture for the Qwen3 preset): its config.json is compared
   # with the run's model field by field before any weights are opened, one line, exit 2.
   out=$(timeout 120 "${mpirun[@]}" -np 2 "$upipe" train "${small[@]}" --init-from "$fixture" \
