@@ -28,6 +28,7 @@ class Fields {
       : obj_(obj), source_(source), prefix_(std::move(prefix)) {}
 
   bool has(const char* key) const { return obj_.contains(key) && !obj_.at(key).is_null(); }
+  bool present(const char* key) const { return obj_.contains(key); }  // null included
   const json& at(const char* key) const { return obj_.at(key); }
   std::string path(const char* key) const { return prefix_ + key; }
 
@@ -133,6 +134,9 @@ RopeParams parse_rope(const Fields& top, const std::string& source) {
   return rope;
 }
 
+// The special token ids config.json may carry (ModelConfig::token_ids).
+constexpr const char* kTokenIdFields[] = {"bos_token_id", "eos_token_id", "pad_token_id"};
+
 ModelConfig parse_json(const json& j, const std::string& source) {
   if (!j.is_object()) throw ConfigError(fmt::format("{}: expected a JSON object", source));
   Fields f(j, source);
@@ -195,6 +199,20 @@ ModelConfig parse_json(const json& j, const std::string& source) {
     f.fail(dtype_key, fmt::format("= \"{}\" is not supported; upipe reads float32, bfloat16 or "
                                   "float16 checkpoints",
                                   m.torch_dtype));
+  // Special token ids: an integer, a list of integers (Llama 3.1's several eos ids) or null.
+  for (const char* key : kTokenIdFields) {
+    if (!f.present(key)) continue;
+    const json& v = f.at(key);
+    bool ok = v.is_null() || v.is_number_integer();
+    if (v.is_array() && v.size() <= 256) {
+      ok = true;
+      for (const json& x : v) ok = ok && x.is_number_integer();
+    }
+    if (!ok)
+      f.fail(key,
+             fmt::format("= {} is not a token id, a list of them or null", excerpt(v.dump(), 60)));
+    m.token_ids[key] = v.dump();
+  }
   m.validate();
   return m;
 }
@@ -333,13 +351,18 @@ std::string model_config_json(const ModelConfig& m, const std::string& torch_dty
   } else {
     j["rope_scaling"] = nullptr;
   }
+  for (const auto& [key, value] : m.token_ids) j[key] = json::parse(value);
   return j.dump(2) + "\n";
 }
 
 std::string first_model_difference(const ModelConfig& a, const std::string& a_name,
                                    const ModelConfig& b, const std::string& b_name) {
-  const json ja = json::parse(model_config_json(a, "float32"));
-  const json jb = json::parse(model_config_json(b, "float32"));
+  json ja = json::parse(model_config_json(a, "float32"));
+  json jb = json::parse(model_config_json(b, "float32"));
+  for (const char* key : kTokenIdFields) {  // the tokenizer's, not the architecture
+    ja.erase(key);
+    jb.erase(key);
+  }
   for (const auto& [key, va] : ja.items()) {
     const json vb = jb.contains(key) ? jb[key] : json();
     if (va != vb)

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -35,7 +36,11 @@ struct ModelConfig {
   int64_t max_position_embeddings = 0;  // the context the checkpoint was trained for (informative)
   RopeParams rope;                      // theta and optional llama3 scaling
   std::string torch_dtype;  // "float32" / "bfloat16" / "float16" of the checkpoint, "" if unstated
-  std::string source;       // the config.json path or "preset NAME", for messages
+  // config.json's bos_token_id, eos_token_id and pad_token_id where given (key -> the value's
+  // JSON: an id, a list of ids or null), carried to an export so generation stops where the
+  // tokenizer's model did; not architecture (first_model_difference ignores them).
+  std::map<std::string, std::string> token_ids;
+  std::string source;  // the config.json path or "preset NAME", for messages
 
   int64_t q_dim() const { return int64_t(num_attention_heads) * head_dim; }   // H*d
   int64_t kv_dim() const { return int64_t(num_key_value_heads) * head_dim; }  // K*d

@@ -187,7 +187,8 @@ const std::vector<std::string>& hf_tokenizer_files() {
                                                  "vocab.json",
                                                  "merges.txt",
                                                  "added_tokens.json",
-                                                 "chat_template.jinja"};
+                                                 "chat_template.jinja",
+                                                 "generation_config.json"};
   return names;
 }
 

@@ -20,7 +20,8 @@ namespace upipe {
 // tf_model.h5, flax_model.msgpack, and the tokenizer files. Sorted names.
 std::vector<std::string> hf_model_files(const std::string& out);
 
-// The tokenizer files of a Hugging Face folder, the names a loader reads.
+// The tokenizer files of a Hugging Face folder, the names a loader reads, and its
+// generation_config.json (the sampling defaults and stop ids that go with them).
 const std::vector<std::string>& hf_tokenizer_files();
 
 // Which tokenizer an export writes. kAuto: the tokenizer files of the run's model.init_from

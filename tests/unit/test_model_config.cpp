@@ -291,5 +291,33 @@ TEST(ModelConfig, ConfigJsonRoundTrip) {
   }
 }
 
+// bos/eos/pad token ids travel from a config.json to the one an export writes (Llama 3.1's list
+// of eos ids and a null pad included); they are the tokenizer's, so two configs that differ only
+// there are the same model; anything but an id, a list of ids or null is refused naming the field.
+TEST(ModelConfig, SpecialTokenIdsAreCarriedNotCompared) {
+  const ModelConfig base = model_preset("tiny");
+  nlohmann::json j = nlohmann::json::parse(model_config_json(base, "float32"));
+  j["bos_token_id"] = 7;
+  j["eos_token_id"] = {8, 9};
+  j["pad_token_id"] = nullptr;
+  const ModelConfig a = parse_model_config(j.dump(), "a/config.json");
+  EXPECT_EQ(a.token_ids.at("bos_token_id"), "7");
+  EXPECT_EQ(a.token_ids.at("eos_token_id"), "[8,9]");
+  EXPECT_EQ(a.token_ids.at("pad_token_id"), "null");
+  const nlohmann::json back = nlohmann::json::parse(model_config_json(a, "bfloat16"));
+  EXPECT_EQ(back["bos_token_id"], 7);
+  EXPECT_EQ(back["eos_token_id"], nlohmann::json({8, 9}));
+  EXPECT_TRUE(back.contains("pad_token_id") && back["pad_token_id"].is_null());
+  EXPECT_EQ(parse_model_config(back.dump(), "b").token_ids, a.token_ids);
+  EXPECT_EQ(first_model_difference(a, "a", base, "b"), "");
+  EXPECT_FALSE(nlohmann::json::parse(model_config_json(base, "float32")).contains("bos_token_id"));
+  for (const nlohmann::json& bad : {nlohmann::json("1"), nlohmann::json(1.5),
+                                    nlohmann::json({1, "x"}), nlohmann::json::object()}) {
+    j["eos_token_id"] = bad;
+    expect_error([&] { parse_model_config(j.dump(), "c/config.json"); },
+                 {"c/config.json", "eos_token_id", "is not a token id"});
+  }
+}
+
 }  // namespace
 }  // namespace upipe
