@@ -52,6 +52,9 @@ Settings resumed_settings(const Process& proc, const Options& opt, const Setting
   RecordedRun rec{parse_run_toml(info.run_toml, *ckpt + "/meta.json", &ignored), info.step,
                   info.world, info.cp_size, *ckpt};
   Settings now = resolve_settings(proc, sa, cmd, opt.run_file, {}, &rec.config);
+  make_paths_absolute(now.config, [&](std::string_view k) {
+    return now.sources.spelled.count(std::string(k)) != 0;  // typed now: as the fresh run did
+  });
   const std::vector<std::string> lines =
       check_resume(rec, now.config, proc.world.size(), opt.accept_changes);
   if (proc.root())
@@ -197,7 +200,10 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
   // With --resume what was typed completes the checkpoint's run and is validated on top of it
   // (--documents=eos:0 alone is no run: it needs the run's data.kind = "files").
   Settings set = resolve_settings(proc, sa, cmd, opt.run_file, preset, nullptr, !opt.resume);
-  if (opt.resume) set = resumed_settings(proc, opt, sa, cmd, set.config);
+  if (opt.resume)
+    set = resumed_settings(proc, opt, sa, cmd, set.config);
+  else
+    make_paths_absolute(set.config, [](std::string_view) { return true; });
   const RunConfig& cfg = set.config;
   const std::string toml = to_toml(cfg);
   if (opt.print_config) {

@@ -4,6 +4,7 @@
 
 #include <toml++/toml.h>
 #include <algorithm>
+#include <filesystem>
 #include <charconv>
 #include <cmath>
 #include <limits>
@@ -532,7 +533,11 @@ int64_t parse_bytes(const std::string& s, std::string_view key) {
   if (bytes > double(kMaxMemoryBytes))
     throw ConfigError(
         fmt::format("{}: '{}' is more than 1048576T (1 EiB); give a smaller size", name, s));
-  return int64_t(std::floor(bytes));
+  if (bytes != std::floor(bytes))
+    throw ConfigError(fmt::format("{}: '{}' is not a whole number of bytes{}; {}", name, s,
+                                  unit.empty() ? " (a unit missing, e.g. " + s + "G?)" : "",
+                                  example));
+  return int64_t(bytes);
 }
 
 std::string bytes_text(int64_t b) {
@@ -685,6 +690,22 @@ void apply_overrides(RunConfig& c, std::span<const std::string> args, uint32_t s
       if (std::find(sources->notes.begin(), sources->notes.end(), n) == sources->notes.end())
         sources->notes.push_back(std::move(n));
   }
+}
+
+void make_paths_absolute(RunConfig& c, const std::function<bool(std::string_view key)>& which) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  auto absolute = [&](const char* key, std::string& v, bool must_exist) {
+    if (v.empty() || !which(key) || (must_exist && !fs::exists(v, ec))) return;
+    const fs::path a = fs::absolute(v, ec);
+    if (!ec) v = a.lexically_normal().string();
+  };
+  absolute("model.name", c.model.name, true);  // a preset's name stays a name
+  absolute("model.init_from", c.model.init_from, false);
+  absolute("data.path", c.data.path, false);
+  absolute("data.val_path", c.data.val_path, false);
+  absolute("checkpoint.dir", c.checkpoint.dir, false);
+  absolute("metrics.path", c.metrics.path, false);
 }
 
 void validate(const RunConfig& c, uint32_t scopes) {

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <map>
 #include <span>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -156,6 +157,12 @@ void apply_overrides(RunConfig& c, std::span<const std::string> args, uint32_t s
                      std::span<const std::string> own_flags = {});
 // Sets one setting by key, flag or alias from its text.
 void apply_override(RunConfig& c, const std::string& name, const std::string& value);
+
+// The settings naming files or directories (model.name when it names one that exists,
+// model.init_from, data.path, data.val_path, checkpoint.dir, metrics.path) for which `which(key)`
+// holds, made absolute against the working directory: a run records them so, and its checkpoint
+// resumes and exports from any directory.
+void make_paths_absolute(RunConfig& c, const std::function<bool(std::string_view key)>& which);
 
 // Range and consistency checks for the commands of `scopes`; the ConfigError names the setting
 // and what to change. kScopePlan admits what only the planner takes (the knob value auto, the

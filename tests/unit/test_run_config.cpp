@@ -419,6 +419,16 @@ TEST(RunConfig, SizesReadAndPrint) {
     EXPECT_EQ(parse_bytes(bytes_text(b), "x"), b) << bytes_text(b);
   EXPECT_EQ(bytes_text(int64_t(80) << 30), "80G");
   EXPECT_EQ(bytes_text(int64_t(1) << 40), "1T");
+  // A size that is no whole number of bytes is refused, never truncated (2.7 read as 2 B).
+  for (const char* s : {"2.7", "0.3K", "1.0000001G"})
+    EXPECT_THROW(parse_bytes(s, "x"), ConfigError) << s;
+  try {
+    parse_bytes("2.7", "--device-memory");
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("'2.7' is not a whole number of bytes (a unit missing"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(RunConfig, TableFollowsTheSpellingConvention) {
