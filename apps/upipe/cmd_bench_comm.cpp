@@ -152,8 +152,6 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
   auto* mpi = dynamic_cast<MpiCommunicator*>(&proc.world);
   if (mpi == nullptr) throw ConfigError("bench comm needs the MPI backend");
   const Op op = parse_op(opt.op);
-  if (opt.iters < 1 || opt.warmup < 0)
-    throw ConfigError("--iters must be at least 1 and --warmup at least 0");
   Communicator& c = proc.world;
   const MPI_Comm h = mpi->handle();
   const int n = c.size(), r = c.rank(), next = (r + 1) % n, prev = (r + n - 1) % n;
@@ -292,8 +290,11 @@ Runner add_bench_comm(CLI::App& cmd) {
                  "rounded down to a multiple of 4 x ranks")
       ->capture_default_str();
   cmd.add_option("--iters", opt->iters, "timed calls per path (the median is reported)")
-      ->capture_default_str();
-  cmd.add_option("--warmup", opt->warmup, "untimed calls per path first")->capture_default_str();
+      ->capture_default_str()
+      ->check(integer_in<int>(1, kMaxIters));
+  cmd.add_option("--warmup", opt->warmup, "untimed calls per path first")
+      ->capture_default_str()
+      ->check(integer_in<int>(0, kMaxIters));
   cmd.add_flag("--json", opt->json, "print one JSON object");
   cmd.footer(
       "algbw = bytes / time; busbw = algbw x (n-1)/n (all-to-all, all-gather, reduce-scatter), "

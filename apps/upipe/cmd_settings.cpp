@@ -17,7 +17,7 @@ struct Options {
 
 std::string commands_of(uint32_t scopes) {
   static const std::pair<uint32_t, const char*> kNames[] = {
-      {kScopeTrain, "train"},         {kScopeModel, "eval, bench model"},
+      {kScopeTrain, "train, demo"},   {kScopeModel, "eval, bench model"},
       {kScopePlan, "plan"},           {kScopeBlock, "check, bench attention"},
       {kScopeKernel, "bench kernel"}, {kScopeComm, "bench comm"},
       {kScopeDemo, "demo attention"}};

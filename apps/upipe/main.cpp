@@ -62,8 +62,10 @@ int main(int argc, char** argv) {
   runners[check] = app::add_check(*check);
   CLI::App* eval = cli.add_subcommand("eval", "a model's loss and gradients on one sequence");
   runners[eval] = app::add_eval(*eval);
-  CLI::App* tokenize =
-      cli.add_subcommand("tokenize", "bytes of a text file -> llm.c .bin tokens (vocabulary 256)");
+  CLI::App* tokenize = cli.add_subcommand(
+      "tokenize",
+      "bytes as tokens (vocabulary 256): a text file -> llm.c .bin, or every file of a "
+      "directory, one document each -> .bin + .idx");
   runners[tokenize] = app::add_tokenize(*tokenize);
   CLI::App* train = cli.add_subcommand(
       "train", "train a model: ZeRO-3 over DP x CP, any attention strategy (docs/training.md)");
@@ -100,6 +102,22 @@ int main(int argc, char** argv) {
       if (e.get_exit_code() == 0) {
         if (proc.root()) cli.exit(e);
         return 0;
+      }
+      // CLI11's "The following argument was not expected: --json" names no command: say which
+      // command refused what, and where its options are listed.
+      if (dynamic_cast<const CLI::ExtrasError*>(&e) != nullptr) {
+        const CLI::App* at = &cli;
+        for (CLI::App* sub = at->get_subcommands().empty() ? nullptr
+                                                           : at->get_subcommands().front();
+             sub != nullptr;
+             sub = sub->get_subcommands().empty() ? nullptr : sub->get_subcommands().front())
+          at = sub;
+        const std::string name = at == &cli ? "upipe" : "upipe " + at->get_name();
+        std::string extra = e.what();
+        if (const size_t colon = extra.find(": "); colon != std::string::npos)
+          extra.erase(0, colon + 2);
+        throw ConfigError(
+            fmt::format("{} takes no {} ({} --help lists what it takes)", name, extra, name));
       }
       throw ConfigError(e.what());
     }

@@ -2,7 +2,10 @@
 
 #include <atomic>
 #include <csignal>
+#include <cstdlib>
 #include <cstring>
+
+#include <fcntl.h>
 
 namespace upipe {
 namespace {
@@ -13,8 +16,21 @@ static_assert(std::atomic<int>::is_always_lock_free);
 
 constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGUSR1, SIGUSR2};
 
+// Whether this rank's stdout and stderr are its OpenMPI launcher's (set before any handler runs).
+std::atomic<bool> g_launcher_output{false};
+
 void on_stop_signal(int sig) {
   g_signal.store(sig, std::memory_order_relaxed);
+  // SIGINT/SIGTERM from mpirun are its abort: it stops reading the ranks' output (a pty) and
+  // kills them odls_base_sigkill_timeout later. A rank writing its progress would block on the
+  // full pty and never reach its checkpoint, so its output stops blocking: a line that does not
+  // fit is dropped (a write interrupted here returns instead of waiting). fcntl is
+  // async-signal-safe; the descriptors are the launcher's, shared with no shell.
+  if ((sig == SIGINT || sig == SIGTERM) && g_launcher_output.load(std::memory_order_relaxed))
+    for (int fd : {1, 2}) {
+      const int fl = fcntl(fd, F_GETFL);
+      if (fl >= 0) fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+    }
 }
 
 }  // namespace
@@ -27,7 +43,11 @@ void install_stop_handlers() {
   // SA_RESTART: a signal arriving inside a system call (file I/O, MPI's progress loop) must not
   // make that call fail. SA_RESETHAND: the second signal of a kind gets the default action.
   sa.sa_flags = SA_RESTART | SA_RESETHAND;
+  g_launcher_output.store(std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr);
   for (int sig : kStopSignals) sigaction(sig, &sa, nullptr);
+  // Output whose reader went away (a launcher's closed pipe) must not end a rank finishing its
+  // step and checkpoint (SIGPIPE): the write fails instead.
+  signal(SIGPIPE, SIG_IGN);
 }
 
 bool stop_requested() {

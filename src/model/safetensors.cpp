@@ -286,7 +286,7 @@ std::vector<std::string> SafetensorsReader::names() const {
 const SafetensorsTensor& SafetensorsReader::tensor(const std::string& name) const {
   auto it = tensors_.find(name);
   if (it == tensors_.end())
-    fail(path_, name, fmt::format("not found (the checkpoint holds {} tensors)", tensors_.size()));
+    fail(path_, name, fmt::format("not found among its {} tensors", tensors_.size()));
   return it->second;
 }
 

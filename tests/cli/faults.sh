@@ -28,6 +28,8 @@
 #   tokenize_self   `upipe tokenize a.txt a.txt` is refused and the text survives
 #   sizes           num_hidden_layers 2^30 -> exit 2; train.seq_len 2^40 and eval --seq-len 2^40 ->
 #                   exit 3 with the out-of-memory message, before any allocation
+#   sigint_progress SIGINT to mpirun while rank 0 prints a line per step: a complete checkpoint
+#                   (rank 0 no longer blocks on the output mpirun stopped reading)
 #   signal_twice    two SIGTERMs to mpirun (it returns at once): every rank is gone within 5 s and
 #                   no file is written after mpirun has returned
 # Each case prints the time from the start (or the fault) to the end of the job.
@@ -339,6 +341,22 @@ sizes)
   job v 60 eval --model tiny --seq-len 1099511627776
   [ $rc -eq 3 ] || { cat "$tmp/v.out"; fail "eval --seq-len 2^40: exit $rc, want 3"; }
   once v "out of memory in device arena"
+  ;;
+sigint_progress)
+  # Ctrl-C to a plain mpirun while rank 0 prints a line every step: mpirun stops reading the
+  # ranks' output (a pty) at once; rank 0 must not block on it, so every rank finishes its step
+  # and writes a complete checkpoint before mpirun's SIGKILL (5 s here, for a loaded machine).
+  "${mpirun[@]}" --mca odls_base_sigkill_timeout 5 -np 2 "$upipe" train "${small[@]}" \
+    --log-interval=1 --steps=1000000 --checkpoint-dir="$tmp/ck" --checkpoint-interval=1000000 \
+    --metrics-path="$tmp/m.jsonl" > "$tmp/p.out" 2>&1 &
+  pid=$!
+  for _ in $(seq 600); do [ -f "$tmp/m.jsonl" ] && [ "$(wc -l < "$tmp/m.jsonl")" -ge 200 ] && break; sleep 0.1; done
+  t0=$(now)
+  kill -INT $pid
+  wait $pid
+  echo "mpirun exited $? $(secs "$t0" "$(now)") s after SIGINT"
+  ls "$tmp/ck"/step_*/DONE > /dev/null 2>&1 || { tail -3 "$tmp/p.out"; fail "no complete checkpoint after SIGINT"; }
+  echo "checkpoint: $(ls "$tmp/ck")"
   ;;
 signal_twice)
   "${mpirun[@]}" -np 2 "$upipe" train --seq-len=4096 --tile-tokens=1024 \
