@@ -60,11 +60,10 @@ Runner add_export(CLI::App& cmd) {
          "auto (the run's Hugging Face directory's tokenizer, else the byte tokenizer for a "
          "256-id vocabulary), none, bytes, or a directory to copy tokenizer files from")
       ->capture_default_str();
-  cmd.add_flag(
-      "--force", opt->force,
-      "write into a non-empty directory: once the new files are written, its model files "
-      "(config.json, generation_config.json, model*.safetensors, pytorch_model*.bin, tokenizer "
-      "files) are replaced; other files stay");
+  cmd.add_flag("--force", opt->force,
+               std::string("write into a non-empty directory: once the new files are written, "
+                           "its model files (") +
+                   hf_model_files_text() + ") are replaced; other files stay");
   return [opt](Process& p) { return run(p, *opt); };
 }
 

@@ -51,6 +51,9 @@ Settings resumed_settings(const Process& proc, const Options& opt, const Setting
   SettingSources ignored;  // older spellings in an older checkpoint are not the user's
   RecordedRun rec{parse_run_toml(info.run_toml, *ckpt + "/meta.json", &ignored), info.step,
                   info.world, info.cp_size, *ckpt};
+  // An older checkpoint recorded its paths as typed, relative to where that run started: taken
+  // from here (as that build did), so they compare with what is typed now.
+  make_paths_absolute(rec.config, [](std::string_view) { return true; });
   Settings now = resolve_settings(proc, sa, cmd, opt.run_file, {}, &rec.config);
   make_paths_absolute(now.config, [&](std::string_view k) {
     return now.sources.spelled.count(std::string(k)) != 0;  // typed now: as the fresh run did
@@ -137,13 +140,14 @@ void print_startup(const RunConfig& cfg, const ModelConfig& m, TrainingLoop& loo
   // A model directory's weights are the architecture's source only; starting from them is
   // --init-from. A run that may have meant to fine-tune hears so.
   if (!loop.start().resumed && cfg.model.init_from.empty() && has_checkpoint(cfg.model.name))
-    std::printf("warning: %s\n",
-                render_setting_refs(fmt::format(
-                    "{} holds weights, which this run does not load: it starts from random "
-                    "weights; to start from them, add {}={}",
-                    setting_value("model.name", cfg.model.name), setting_ref("model.init_from"),
-                    cfg.model.name))
-                    .c_str());
+    std::printf(
+        "warning: %s\n",
+        render_setting_refs(
+            fmt::format("{} holds weights, which this run does not load: it starts from random "
+                        "weights; to start from them, add {}={}",
+                        setting_value("model.name", cfg.model.name), setting_ref("model.init_from"),
+                        cfg.model.name))
+            .c_str());
   if (cfg.metrics.val_interval > 0 && loop.val_sequences() < cfg.metrics.val_sequences)
     std::printf("warning: %s\n",
                 render_setting_refs(

@@ -106,13 +106,11 @@ int main(int argc, char** argv) {
       // CLI11's "The following argument was not expected: --json" names no command: say which
       // command refused what, and where its options are listed.
       if (dynamic_cast<const CLI::ExtrasError*>(&e) != nullptr) {
-        const CLI::App* at = &cli;
-        for (CLI::App* sub = at->get_subcommands().empty() ? nullptr
-                                                           : at->get_subcommands().front();
-             sub != nullptr;
-             sub = sub->get_subcommands().empty() ? nullptr : sub->get_subcommands().front())
-          at = sub;
-        const std::string name = at == &cli ? "upipe" : "upipe " + at->get_name();
+        std::string name = "upipe";  // the parsed chain: upipe bench comm
+        for (const CLI::App* at = &cli; !at->get_subcommands().empty();) {
+          at = at->get_subcommands().front();
+          name += " " + at->get_name();
+        }
         std::string extra = e.what();
         if (const size_t colon = extra.find(": "); colon != std::string::npos)
           extra.erase(0, colon + 2);

@@ -50,6 +50,10 @@ void end_with_launcher() {
   g_launcher = parent;
 }
 
+bool started_by_launcher() {
+  return g_launcher > 1;
+}
+
 void guard_launcher() {
   const pid_t launcher = g_launcher;
   if (launcher <= 1) return;

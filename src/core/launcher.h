@@ -20,6 +20,10 @@ inline constexpr int kLauncherGraceSeconds = 20;
 // when the parent is already gone. Call first thing, before MPI_Init.
 void end_with_launcher();
 
+// Whether end_with_launcher found this process started by an OpenMPI launcher (its output then
+// goes to the launcher, shared with no shell).
+bool started_by_launcher();
+
 // Forks a detached guard (async-signal-safe calls only, so any thread may call it just before
 // the process ends): if the launcher still runs kLauncherGraceSeconds later, the guard prints why
 // on the launcher's stderr and kills it (SIGKILL: mpirun exits 137); it exits as soon as the

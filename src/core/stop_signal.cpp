@@ -1,11 +1,13 @@
 #include "core/stop_signal.h"
 
 #include <atomic>
+#include <cerrno>
 #include <csignal>
-#include <cstdlib>
 #include <cstring>
 
 #include <fcntl.h>
+
+#include "core/launcher.h"
 
 namespace upipe {
 namespace {
@@ -18,6 +20,7 @@ constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGUSR1, SIGUSR2};
 
 // Whether this rank's stdout and stderr are its OpenMPI launcher's (set before any handler runs).
 std::atomic<bool> g_launcher_output{false};
+static_assert(std::atomic<bool>::is_always_lock_free);
 
 void on_stop_signal(int sig) {
   g_signal.store(sig, std::memory_order_relaxed);
@@ -26,11 +29,14 @@ void on_stop_signal(int sig) {
   // full pty and never reach its checkpoint, so its output stops blocking: a line that does not
   // fit is dropped (a write interrupted here returns instead of waiting). fcntl is
   // async-signal-safe; the descriptors are the launcher's, shared with no shell.
-  if ((sig == SIGINT || sig == SIGTERM) && g_launcher_output.load(std::memory_order_relaxed))
+  if ((sig == SIGINT || sig == SIGTERM) && g_launcher_output.load(std::memory_order_relaxed)) {
+    const int saved = errno;  // the interrupted code may be about to read it
     for (int fd : {1, 2}) {
       const int fl = fcntl(fd, F_GETFL);
       if (fl >= 0) fcntl(fd, F_SETFL, fl | O_NONBLOCK);
     }
+    errno = saved;
+  }
 }
 
 }  // namespace
@@ -43,7 +49,7 @@ void install_stop_handlers() {
   // SA_RESTART: a signal arriving inside a system call (file I/O, MPI's progress loop) must not
   // make that call fail. SA_RESETHAND: the second signal of a kind gets the default action.
   sa.sa_flags = SA_RESTART | SA_RESETHAND;
-  g_launcher_output.store(std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr);
+  g_launcher_output.store(started_by_launcher());
   for (int sig : kStopSignals) sigaction(sig, &sa, nullptr);
   // Output whose reader went away (a launcher's closed pipe) must not end a rank finishing its
   // step and checkpoint (SIGPIPE): the write fails instead.

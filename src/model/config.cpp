@@ -204,7 +204,8 @@ ModelConfig parse_json(const json& j, const std::string& source) {
     if (!f.present(key)) continue;
     const json& v = f.at(key);
     bool ok = v.is_null() || v.is_number_integer();
-    if (v.is_array() && v.size() <= 256) {
+    if (v.is_array()) {
+      if (v.size() > 256) f.fail(key, fmt::format("lists {} ids; at most 256 are read", v.size()));
       ok = true;
       for (const json& x : v) ok = ok && x.is_number_integer();
     }

@@ -33,7 +33,7 @@ std::string no_weights(const std::string& dir, const std::string& otherwise) {
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const std::string n = e.path().filename().string();
-    if (n.rfind("pytorch_model", 0) == 0 && n.size() > 4 && n.substr(n.size() - 4) == ".bin")
+    if (n.starts_with("pytorch_model") && n.ends_with(".bin"))
       return fmt::format(
           "{} holds PyTorch weights ({}), which upipe does not read (pickle files can run code); "
           "convert them to safetensors, e.g. in Python: AutoModelForCausalLM.from_pretrained(DIR)"
@@ -99,9 +99,7 @@ void check_weights(const SafetensorsReader& reader, const std::vector<HfTensorSp
     used.insert(s.name);
   }
   auto allowed = [&](const std::string& n) {
-    const std::string inv = "rotary_emb.inv_freq";
-    return (n.size() >= inv.size() && n.compare(n.size() - inv.size(), inv.size(), inv) == 0) ||
-           (tied && n == "lm_head.weight");
+    return n.ends_with("rotary_emb.inv_freq") || (tied && n == "lm_head.weight");
   };
   std::vector<std::string> unused;
   for (const std::string& n : reader.names())

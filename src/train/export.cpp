@@ -2,14 +2,18 @@
 
 #include <fmt/format.h>
 
-#include <algorithm>
-#include <filesystem>
-#include <utility>
-
 #include <stdlib.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <string_view>
+#include <utility>
 
 #include "core/errors.h"
 #include "core/safe_fs.h"
+#include "model/config.h"
 #include "model/hf_names.h"
 #include "model/safetensors.h"
 #include "train/run_config.h"
@@ -20,9 +24,11 @@ namespace fs = std::filesystem;
 
 namespace {
 
-bool ends_with(const std::string& s, const std::string& tail) {
-  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
-}
+constexpr const char* kGenerationConfig = "generation_config.json";
+
+// Where export writes before anything in OUT changes; an entry of this name in OUT is an
+// interrupted export's leftover.
+constexpr std::string_view kStagingPrefix = ".upipe-export.";
 
 bool is_tokenizer_file(const std::string& n) {
   const std::vector<std::string>& t = hf_tokenizer_files();
@@ -34,12 +40,12 @@ bool is_tokenizer_file(const std::string& n) {
 // index, pytorch_model*.bin and its index, tf_model.h5, flax_model.msgpack) and the tokenizer.
 // Other files (an adapter, a README, the user's own) are not the model's.
 bool is_model_file(const std::string& n) {
-  const bool model_weights = n.rfind("model", 0) == 0 && (ends_with(n, ".safetensors") ||
-                                                          ends_with(n, ".safetensors.index.json"));
+  const bool model_weights = n.starts_with("model") && (n.ends_with(".safetensors") ||
+                                                        n.ends_with(".safetensors.index.json"));
   const bool torch_weights =
-      n.rfind("pytorch_model", 0) == 0 && (ends_with(n, ".bin") || ends_with(n, ".bin.index.json"));
+      n.starts_with("pytorch_model") && (n.ends_with(".bin") || n.ends_with(".bin.index.json"));
   return model_weights || torch_weights || n == "tf_model.h5" || n == "flax_model.msgpack" ||
-         n == "config.json" || n == "generation_config.json" || is_tokenizer_file(n);
+         n == "config.json" || n == kGenerationConfig || is_tokenizer_file(n);
 }
 
 // `p` absolute, symlinks of its existing part resolved, without a trailing separator.
@@ -67,11 +73,11 @@ std::vector<std::pair<std::string, std::string>> run_directories(const Checkpoin
 std::vector<std::string> check_out(const CheckpointReader& reader, const std::string& out,
                                    bool force) {
   if (out.empty()) throw ConfigError("export: the output directory is empty (\"\")");
-  const fs::path step(reader.info().path);
+  const fs::path step = resolved(reader.info().path);  // ck/step_4/ is ck/step_4
   if (within(out, step))
     throw ConfigError(fmt::format(
         "export: {} is the checkpoint being exported or inside it; choose another directory", out));
-  if (resolved(out) == resolved(step.parent_path()))
+  if (resolved(out) == step.parent_path())
     throw ConfigError(fmt::format(
         "export: {} is the run's checkpoint directory (it holds {}); choose another directory", out,
         step.filename().string()));
@@ -83,18 +89,21 @@ std::vector<std::string> check_out(const CheckpointReader& reader, const std::st
   std::error_code ec;
   const fs::file_status st = fs::status(out, ec);
   if (fs::exists(st) && !fs::is_directory(st))
-    throw ConfigError(fmt::format("export: {} exists and is not a directory", out));
+    throw ConfigError(fmt::format(
+        "export: {} exists and is not a directory; give a directory (new or empty) to write into",
+        out));
   std::vector<std::string> names, model_files;
   if (fs::is_directory(st))
-    for (const auto& e : fs::directory_iterator(out, ec)) names.push_back(e.path().filename());
+    for (const auto& e : fs::directory_iterator(out, ec)) {
+      const std::string n = e.path().filename();
+      if (!n.starts_with(kStagingPrefix)) names.push_back(n);  // removed after this export
+    }
   std::sort(names.begin(), names.end());
   if (!names.empty() && !force)
     throw ConfigError(fmt::format(
         "export: {} is not empty ({} entries, e.g. {}); choose an empty or new directory, or "
-        "pass --force to write into it (its model files are replaced: config.json, "
-        "generation_config.json, model*.safetensors and index, pytorch_model*.bin, tokenizer "
-        "files; other files stay)",
-        out, names.size(), names.front()));
+        "pass --force to write into it (its model files are replaced: {}; other files stay)",
+        out, names.size(), names.front(), hf_model_files_text()));
   for (const std::string& n : names) {
     if (!is_model_file(n)) continue;
     const fs::path p = fs::path(out) / n;
@@ -113,7 +122,7 @@ std::vector<std::string> check_out(const CheckpointReader& reader, const std::st
 class StagingDir {
  public:
   explicit StagingDir(const std::string& out) {
-    std::string templ = (fs::path(out) / ".upipe-export.XXXXXX").string();
+    std::string templ = (fs::path(out) / (std::string(kStagingPrefix) + "XXXXXX")).string();
     if (::mkdtemp(templ.data()) == nullptr)
       throw ConfigError(
           fmt::format("export: cannot create a directory in {}: {}", out, std::strerror(errno)));
@@ -126,7 +135,6 @@ class StagingDir {
   StagingDir(const StagingDir&) = delete;
   StagingDir& operator=(const StagingDir&) = delete;
   std::string file(const std::string& name) const { return (fs::path(path_) / name).string(); }
-  const std::string& path() const { return path_; }
 
  private:
   std::string path_;
@@ -149,10 +157,15 @@ std::string joined(const std::vector<std::string>& v) {
   return s;
 }
 
+// The tokenizer files of dir, and beside them its generation_config.json (the sampling defaults
+// and stop ids that go with that tokenizer); nothing when dir holds no tokenizer file.
 TokenizerPlan copy_plan(const std::string& dir, const std::string& why) {
   TokenizerPlan p;
   p.dir = dir;
   p.files = tokenizer_files_in(dir);
+  std::error_code ec;
+  if (!p.files.empty() && fs::is_regular_file(fs::path(dir) / kGenerationConfig, ec))
+    p.files.emplace_back(kGenerationConfig);
   p.note = fmt::format("tokenizer: copied from {} ({}): {}", dir, why, joined(p.files));
   return p;
 }
@@ -169,8 +182,11 @@ std::vector<std::pair<std::string, std::string>> run_directories(const Checkpoin
   try {
     const RunConfig c = parse_run_toml(reader.info().run_toml, reader.info().path + "/meta.json");
     std::error_code ec;
+    // A preset's name is a name, not a directory here. Paths are absolute since runs record them
+    // so; an older checkpoint's relative ones are taken from the working directory.
+    const std::string model = is_model_preset(c.model.name) ? "" : c.model.name;
     for (const auto& [d, setting] :
-         {std::pair{c.model.init_from, "--init-from"}, std::pair{c.model.name, "--model"}})
+         {std::pair{c.model.init_from, "--init-from"}, std::pair{model, "--model"}})
       if (!d.empty() && fs::is_directory(d, ec)) dirs.emplace_back(d, setting);
   } catch (const ConfigError&) {  // a run file of another version: no directories to look in
   }
@@ -187,8 +203,7 @@ const std::vector<std::string>& hf_tokenizer_files() {
                                                  "vocab.json",
                                                  "merges.txt",
                                                  "added_tokens.json",
-                                                 "chat_template.jinja",
-                                                 "generation_config.json"};
+                                                 "chat_template.jinja"};
   return names;
 }
 
@@ -238,15 +253,9 @@ TokenizerPlan plan_tokenizer(const CheckpointReader& reader, const TokenizerChoi
           "vocabulary is not bytes); pass --tokenizer DIR to copy one"};
 }
 
-std::vector<std::string> hf_model_files(const std::string& out) {
-  std::vector<std::string> v;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(out, ec)) {
-    const std::string n = e.path().filename().string();
-    if (is_model_file(n)) v.push_back(n);
-  }
-  std::sort(v.begin(), v.end());
-  return v;
+const char* hf_model_files_text() {
+  return "config.json, generation_config.json, model*.safetensors and their index, "
+         "pytorch_model*.bin and its index, tf_model.h5, flax_model.msgpack, tokenizer files";
 }
 
 void export_hf(const CheckpointReader& reader, const std::string& out, DType dtype, bool force,
@@ -292,15 +301,17 @@ void export_hf(const CheckpointReader& reader, const std::string& out, DType dty
                           "tokenizer file");
         written.push_back(n);
       }
-      // All written: the old model files go (a symlink itself, never its target), the new ones
-      // take their place.
-      for (const std::string& n : replaced) fs::remove(fs::path(out) / n);
-      for (const std::string& n : written) {
-        const std::string to = (fs::path(out) / n).string();
-        check_replaceable(to, "export file");  // nothing appeared there meanwhile
-        fs::rename(stage.file(n), to);
-      }
+      // All written: each new file replaces its namesake in one rename (a symlink there is
+      // replaced itself, never its target), so the folder always holds a whole model file of
+      // each name; then the old model files no new one replaced go, and an interrupted
+      // export's leftovers.
+      for (const std::string& n : written) fs::rename(stage.file(n), fs::path(out) / n);
+      for (const std::string& n : replaced)
+        if (std::find(written.begin(), written.end(), n) == written.end())
+          fs::remove(fs::path(out) / n);
     }
+    for (const auto& e : fs::directory_iterator(out, ec))
+      if (e.path().filename().string().starts_with(kStagingPrefix)) fs::remove_all(e.path(), ec);
     fsync_directory(out);
   } catch (...) {
     if (created) fs::remove(out, ec);  // only when empty again: a directory export made

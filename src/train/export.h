@@ -15,13 +15,12 @@
 
 namespace upipe {
 
-// The entries of `out` a Hugging Face loader reads as the model: config.json,
-// generation_config.json, model*.safetensors and their index, pytorch_model*.bin and its index,
-// tf_model.h5, flax_model.msgpack, and the tokenizer files. Sorted names.
-std::vector<std::string> hf_model_files(const std::string& out);
+// The files of a Hugging Face folder a loader reads as its model, which export --force replaces
+// (config, generation config, weights, tokenizer), said in words for messages and help.
+const char* hf_model_files_text();
 
-// The tokenizer files of a Hugging Face folder, the names a loader reads, and its
-// generation_config.json (the sampling defaults and stop ids that go with them).
+// The tokenizer files of a Hugging Face folder, the names a loader reads. An export copies them,
+// and generation_config.json beside them, from one folder.
 const std::vector<std::string>& hf_tokenizer_files();
 
 // Which tokenizer an export writes. kAuto: the tokenizer files of the run's model.init_from
@@ -50,9 +49,10 @@ TokenizerPlan plan_tokenizer(const CheckpointReader& reader, const TokenizerChoi
 // tokenizer `tok` says. ConfigError, with nothing changed, when `out` is not a directory, is the
 // checkpoint, holds it, or is one of the run's own Hugging Face directories, or is not empty and
 // not `force`. Every file is first written (and every piece of the checkpoint verified) in a
-// staging directory inside `out`; only then, with force, the model files hf_model_files lists are
-// removed and the new files moved into place (other files stay). A failure before that leaves
-// `out` as it was (a directory export created is removed).
+// staging directory inside `out`; only then is each moved over its namesake (one rename each),
+// and, with force, the other model files hf_model_files_text names removed (other files stay). A
+// failure before that leaves `out` as it was (a directory export created is removed); an
+// interrupted export's staging directory is removed by the next export into `out`.
 void export_hf(const CheckpointReader& reader, const std::string& out, DType dtype, bool force,
                const TokenizerPlan& tok);
 

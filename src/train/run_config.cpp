@@ -4,9 +4,9 @@
 
 #include <toml++/toml.h>
 #include <algorithm>
-#include <filesystem>
 #include <charconv>
 #include <cmath>
+#include <filesystem>
 #include <limits>
 #include <sstream>
 #include <variant>
@@ -533,11 +533,13 @@ int64_t parse_bytes(const std::string& s, std::string_view key) {
   if (bytes > double(kMaxMemoryBytes))
     throw ConfigError(
         fmt::format("{}: '{}' is more than 1048576T (1 EiB); give a smaller size", name, s));
-  if (bytes != std::floor(bytes))
-    throw ConfigError(fmt::format("{}: '{}' is not a whole number of bytes{}; {}", name, s,
-                                  unit.empty() ? " (a unit missing, e.g. " + s + "G?)" : "",
-                                  example));
-  return int64_t(bytes);
+  // A fraction of a unit is what it says (1.5G, floored to whole bytes); a fraction of a byte is
+  // a unit left out (2.7 read as 2 B before).
+  if (shift == 0 && bytes != std::floor(bytes))
+    throw ConfigError(
+        fmt::format("{}: '{}' is not a whole number of bytes (a unit missing, e.g. {}G?); {}", name,
+                    s, s, example));
+  return int64_t(std::floor(bytes));
 }
 
 std::string bytes_text(int64_t b) {

@@ -15,9 +15,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <span>
-#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>

@@ -68,7 +68,8 @@ Zero3::~Zero3() {
 
 void Zero3::init(const SafetensorsReader* reader, uint64_t seed) {
   // Every tensor's name and shape first, on every rank: a rank reads only its shard's ranges, and
-  // a bad checkpoint must fail on all ranks alike, not leave the others waiting.
+  // a bad checkpoint must fail on all ranks alike, not leave the others waiting. (A value that is
+  // not finite is seen by the rank reading it only: that rank's error ends the job.)
   if (reader != nullptr) {
     std::vector<HfTensorSpec> specs;
     for (const ZeroUnitLayout& l : layout_)

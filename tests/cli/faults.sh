@@ -305,12 +305,18 @@ PY
   # The checkpoint itself, and its checkpoint directory, are never an export's folder.
   (cd "$tmp/ck" && find . -type f -exec sha256sum {} + | sort) > "$tmp/ck_before"
   for o in "$tmp/ck/step_00000004" "$tmp/ck/step_00000004/hf" "$tmp/ck" "$tmp/ck/"; do
-    job s 60 export "$tmp/ck/step_00000004" "$o" --force
+    job s 60 export "$tmp/ck/step_00000004/" "$o" --force
     [ $rc -eq 2 ] || { cat "$tmp/s.out"; fail "export into $o: exit $rc, want 2"; }
     once s "choose another directory"
   done
   (cd "$tmp/ck" && find . -type f -exec sha256sum {} + | sort) > "$tmp/ck_after"
   cmp -s "$tmp/ck_before" "$tmp/ck_after" || fail "an export changed the checkpoint"
+  # An interrupted export's staging directory does not make a folder non-empty and goes with the
+  # next export into it.
+  mkdir -p "$tmp/left/.upipe-export.AbC123" && echo partial > "$tmp/left/.upipe-export.AbC123/model.safetensors"
+  job l 60 export "$tmp/ck/step_00000004" "$tmp/left"
+  [ $rc -eq 0 ] || { cat "$tmp/l.out"; fail "export into a folder holding only a leftover: exit $rc"; }
+  [ -z "$(ls -A "$tmp/left" | grep upipe-export)" ] || fail "the leftover staging directory stayed"
   job e 60 export "$tmp/ck/step_00000004" ""
   [ $rc -eq 2 ] || { cat "$tmp/e.out"; fail "export to \"\": exit $rc, want 2"; }
   once e "the output directory is empty"

@@ -230,6 +230,14 @@ init)
   [ $rc -eq 2 ] && echo "$out" | grep -q "is the run's --init-from directory" &&
     diff -r "$fixture" "$tmp/fx" > /dev/null ||
     { echo "$out"; fail "export --force into the run's --init-from folder: exit $rc"; }
+  # The export carries the model config's special token ids and, beside the tokenizer, the
+  # generation config of the run's folder.
+  echo '{"tokenizer_class": "PreTrainedTokenizerFast"}' > "$tmp/fx/tokenizer_config.json"
+  echo '{"eos_token_id": 1, "max_new_tokens": 7}' > "$tmp/fx/generation_config.json"
+  "${mpirun[@]}" -np 1 "$upipe" export "$tmp/ifx" "$tmp/hfx" > "$tmp/hfx.out" 2>&1 || { cat "$tmp/hfx.out"; fail "export"; }
+  python3 -c "import json,sys; c=json.load(open(sys.argv[1])); assert (c['bos_token_id'], c['eos_token_id']) == (0, 1), c" \
+    "$tmp/hfx/config.json" || fail "the exported config.json lacks the fixture's bos/eos ids"
+  cmp "$tmp/fx/generation_config.json" "$tmp/hfx/generation_config.json" || fail "generation_config.json not carried"
   # --init-from alone fine-tunes that directory's model; --model DIR alone starts from random
   # weights and says that DIR's weights are not loaded.
   out=$(timeout 300 "${mpirun[@]}" -np 2 "$upipe" train "${small[@]}" --init-from "$tmp/fx" --steps=1 \

@@ -32,7 +32,8 @@ TEST(Data, KindNames) {
   EXPECT_EQ(parse_data_kind("random"), DataKind::kRandom);
   EXPECT_EQ(parse_data_kind("copy"), DataKind::kCopy);
   EXPECT_STREQ(data_kind_name(DataKind::kCopy), "copy");
-  expect_config_error([] { parse_data_kind("text"); }, {"data.kind", "'text'"});
+  expect_config_error([] { parse_data_kind("text"); },
+                      {"kind text is unknown; choose files, random or copy"});
 }
 
 TEST(Data, RandomIsAPureFunctionOfSeedAndIndex) {
