@@ -81,9 +81,17 @@ class Render final : public TrainingObserver {
   Render(const RunConfig& c, const RunStart& start, bool overwrite)
       : display_(stdout, c.train.steps, c.metrics.log_interval,
                  parse_progress_mode(c.metrics.progress, stdout_is_terminal())) {
-    if (!c.metrics.path.empty())
+    if (!c.metrics.path.empty()) {
       metrics_ = std::make_unique<MetricsWriter>(c.metrics.path, start.resumed ? start.step : -1,
                                                  overwrite);
+      // Lines past the checkpoint are the steps run again: said, never dropped silently.
+      if (metrics_->dropped_lines() > 0)
+        std::printf(
+            "metrics: %s held steps up to %lld; its %lld line(s) after step %lld are "
+            "dropped (the run continues from its checkpoint)\n",
+            c.metrics.path.c_str(), (long long)metrics_->last_step_held(),
+            (long long)metrics_->dropped_lines(), (long long)start.step);
+    }
   }
   void on_step(const StepMetrics& m) override {
     if (metrics_) metrics_->write(m);

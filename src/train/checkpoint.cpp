@@ -474,9 +474,20 @@ json meta_json(const CheckpointRun& run, int64_t step, Zero3& z, int cp_size,
           {"files", files}};
 }
 
-// Whether this run may replace the entry (its own, or another run's it was allowed to overwrite).
+// A temporary directory that holds no run id and no checkpoint file: a write that ended (a crash,
+// a full disk) before it marked the directory, which every write does first. Nobody's data.
+bool unmarked_leftover(const Entry& e) {
+  if (!e.tmp || !e.run_id.empty()) return false;
+  std::error_code ec;
+  for (const auto& f : fs::directory_iterator(e.path, ec))
+    if (!f.path().filename().string().starts_with("run_id.tmp.")) return false;
+  return !ec;
+}
+
+// Whether this run may replace the entry (its own, or another run's it was allowed to overwrite,
+// or an unmarked leftover).
 void check_ours(const CheckpointRun& run, const Entry& e) {
-  if (e.run_id == run.run_id || run.overwrite_others) return;
+  if (e.run_id == run.run_id || run.overwrite_others || unmarked_leftover(e)) return;
   throw ConfigError(fmt::format(
       "{} belongs to another run ({}); this run ({}) does not replace it: choose another "
       "checkpoint.dir, or pass --overwrite",
@@ -550,7 +561,7 @@ void prune(const CheckpointRun& run, int64_t step) {
     const bool mine = e.run_id == run.run_id;
     if (mine && e.complete)
       ours.push_back(std::move(e));
-    else if ((mine && e.step != step) || (!mine && run.overwrite_others))
+    else if ((mine && e.step != step) || (!mine && run.overwrite_others) || unmarked_leftover(e))
       fs::remove_all(e.path);
   }
   if (run.keep > 0)
@@ -586,6 +597,19 @@ CheckpointStart open_checkpoint_run(Communicator& world, const std::string& dir,
           "--resume: checkpoint.dir = {} holds checkpoints of {} runs; which to continue is "
           "ambiguous: move the other run's step_* directories away",
           dir, runs.size()));
+    // Another run's checkpoint being written, or left incomplete: a run started over this one
+    // (--overwrite) that ended before its first complete checkpoint. Continuing the older run
+    // silently would not be what was last started.
+    for (const Entry& e : list_entries(dir))
+      if (e.tmp && !e.run_id.empty() && e.run_id != cs.run.run_id)
+        throw ConfigError(fmt::format(
+            "--resume: checkpoint.dir = {} holds {}, an incomplete checkpoint of another run "
+            "(run {}) than its newest complete one ({}, run {}): a run started over it "
+            "(--overwrite) ended before its first checkpoint. Start that run again with "
+            "--overwrite, or remove {} to continue run {}",
+            dir, e.path.filename().string(), e.run_id,
+            fs::path(*cs.resume_from).filename().string(), cs.run.run_id, e.path.string(),
+            cs.run.run_id));
     return cs;
   }
   cs.run.run_id = new_run_id(world);

@@ -77,14 +77,22 @@ bool is_torn_step_line(const std::string& l) {
 // The lines of `path` (a regular file) whose step is at most `step`. A torn last line (a crash
 // mid-write: no newline, the start of a step's object) is dropped; any other line that is not a
 // step's metrics means the file is not this run's metrics file (ConfigError: it is not replaced).
-std::string lines_up_to(const std::string& path, int64_t step) {
+// The lines of `path` up to `step`; `dropped` (when given) counts the step lines after it and
+// `last` is the highest step the file held.
+std::string lines_up_to(const std::string& path, int64_t step, int64_t* dropped = nullptr,
+                        int64_t* last = nullptr) {
   const ReadFile f(path, "metrics file");
   std::string kept, line, chunk(size_t(1) << 16, '\0');
   int64_t number = 0;
   auto keep = [&](const std::string& l, bool terminated) {
     ++number;
     if (is_step_line(l)) {
-      if (nlohmann::json::parse(l)["step"].get<int64_t>() <= step) kept += l + "\n";
+      const int64_t s = nlohmann::json::parse(l)["step"].get<int64_t>();
+      if (last) *last = std::max(*last, s);
+      if (s <= step)
+        kept += l + "\n";
+      else if (dropped)
+        ++*dropped;
     } else if (terminated || !is_torn_step_line(l)) {
       throw ConfigError(fmt::format(
           "{} '{}': line {} is not a step's metrics (a JSON object with \"step\"), so the file is "
@@ -136,7 +144,8 @@ MetricsWriter::MetricsWriter(const std::string& path, int64_t resume_step, bool 
     check_replaceable(path, "metrics file");
   std::error_code ec;
   const bool keep = resume_step >= 0 && std::filesystem::exists(path, ec);
-  write_file_atomic(path, keep ? lines_up_to(path, resume_step) : "", "metrics file");
+  write_file_atomic(path, keep ? lines_up_to(path, resume_step, &dropped_, &last_) : "",
+                    "metrics file");
   fd_ = ::open(path.c_str(), O_WRONLY | O_APPEND | O_NOFOLLOW | O_CLOEXEC);
   if (fd_ < 0)
     throw ConfigError(fmt::format("metrics.path: cannot open {}: {}", path, std::strerror(errno)));

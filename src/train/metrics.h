@@ -58,10 +58,15 @@ class MetricsWriter {
   MetricsWriter& operator=(const MetricsWriter&) = delete;
   void write(const StepMetrics& m);  // one line, one write(); Error when it fails
   const std::string& path() const { return path_; }
+  // Resumed: the step lines past the checkpoint's step the file held, now dropped (steps run
+  // again), and the highest step it held (0 when none).
+  int64_t dropped_lines() const { return dropped_; }
+  int64_t last_step_held() const { return last_; }
 
  private:
   std::string path_;
   int fd_ = -1;  // opened for appending
+  int64_t dropped_ = 0, last_ = 0;
 };
 
 // "1:02:03" (hours unbounded); "--:--:--" for a negative or non-finite time.

@@ -28,6 +28,9 @@
 #   tokenize_self   `upipe tokenize a.txt a.txt` is refused and the text survives
 #   sizes           num_hidden_layers 2^30 -> exit 2; train.seq_len 2^40 and eval --seq-len 2^40 ->
 #                   exit 3 with the out-of-memory message, before any allocation
+#   leftover_tmp    an empty step_N.tmp (a write that never marked it) is replaced on resume;
+#                   another run's step_N.tmp makes --resume refuse, naming both ways on; metrics
+#                   lines past the resumed checkpoint are dropped and said so
 #   sigint_progress SIGINT to mpirun while rank 0 prints a line per step: a complete checkpoint
 #                   (rank 0 no longer blocks on the output mpirun stopped reading)
 #   signal_twice    two SIGTERMs to mpirun (it returns at once): every rank is gone within 5 s and
@@ -347,6 +350,29 @@ sizes)
   job v 60 eval --model tiny --seq-len 1099511627776
   [ $rc -eq 3 ] || { cat "$tmp/v.out"; fail "eval --seq-len 2^40: exit $rc, want 3"; }
   once v "out of memory in device arena"
+  ;;
+leftover_tmp)
+  # A checkpoint write that ended before it marked its directory (a full disk, a crash) leaves an
+  # empty step_N.tmp: nobody's data, so the resumed run replaces it (it refused at step N forever).
+  make_checkpoints "$tmp/ck"
+  mkdir "$tmp/ck/step_00000006.tmp" && touch "$tmp/ck/step_00000006.tmp/run_id.tmp.AbCdEf"
+  job r 120 train --checkpoint-dir="$tmp/ck" --resume --steps=6 --checkpoint-interval=2
+  [ $rc -eq 0 ] && [ -f "$tmp/ck/step_00000006/DONE" ] || { cat "$tmp/r.out"; fail "resume over an unmarked leftover: exit $rc"; }
+  # Another run's incomplete checkpoint beside this run's (a run started over it with
+  # --overwrite that ended before its first checkpoint): --resume refuses to continue the older
+  # run silently and says both ways on.
+  mkdir "$tmp/ck/step_00000008.tmp" && echo 0123456789abcdef0123456789abcdef > "$tmp/ck/step_00000008.tmp/run_id"
+  job o 120 train --checkpoint-dir="$tmp/ck" --resume --steps=10
+  [ $rc -eq 2 ] || { cat "$tmp/o.out"; fail "resume beside another run's incomplete checkpoint: exit $rc, want 2"; }
+  once o "an incomplete checkpoint of another run (run 0123456789abcdef0123456789abcdef)"
+  # Resumed from an earlier checkpoint than the metrics file reached: the lines past it are
+  # dropped (the steps run again) and the start says so.
+  job m 120 train "${small[@]}" --steps=4 --checkpoint-dir="$tmp/cm" --checkpoint-interval=2 --metrics-path="$tmp/m.jsonl"
+  rm -r "$tmp/cm/step_00000004"
+  job n 120 train --checkpoint-dir="$tmp/cm" --resume
+  [ $rc -eq 0 ] || { cat "$tmp/n.out"; fail "resume: exit $rc"; }
+  once n "held steps up to 4; its 2 line(s) after step 2 are dropped"
+  [ "$(wc -l < "$tmp/m.jsonl")" -eq 4 ] || fail "metrics lines: $(wc -l < "$tmp/m.jsonl"), want 4"
   ;;
 sigint_progress)
   # Ctrl-C to a plain mpirun while rank 0 prints a line every step: mpirun stops reading the
