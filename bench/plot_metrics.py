@@ -133,7 +133,10 @@ def main():
     ap.add_argument("--svg", action="store_true", help="write the SVG even with matplotlib")
     args = ap.parse_args()
 
-    rows = read_metrics(args.metrics)
+    try:
+        rows = read_metrics(args.metrics)
+    except OSError as e:
+        sys.exit(f"plot_metrics: cannot read {args.metrics}: {e.strerror}")
     if not rows:
         sys.exit(f"plot_metrics: {args.metrics} holds no metrics lines")
     title = args.title or args.metrics

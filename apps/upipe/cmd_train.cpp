@@ -212,6 +212,10 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
   // With --resume what was typed completes the checkpoint's run and is validated on top of it
   // (--documents=eos:0 alone is no run: it needs the run's data.kind = "files").
   Settings set = resolve_settings(proc, sa, cmd, opt.run_file, preset, nullptr, !opt.resume);
+  if (opt.accept_changes && !opt.resume)
+    throw ConfigError(
+        "--accept-changes is for --resume (it lets a resumed run change what its remaining steps "
+        "compute); a fresh run has nothing recorded to change");
   if (opt.resume)
     set = resumed_settings(proc, opt, sa, cmd, set.config);
   else

@@ -245,7 +245,9 @@ std::string ProgressDisplay::logged_line(const StepMetrics& m) {
 }
 
 void ProgressDisplay::update(const StepMetrics& m) {
-  const bool log = m.step % interval_ == 0 || m.step == total_;
+  // A validation's loss is shown when it is measured, whatever the interval.
+  const bool log = m.step % interval_ == 0 || m.step == total_ || m.val_loss.has_value();
+  last_ = m;
   loss_sum_ += m.loss;
   copy_sum_ += m.copy_loss.value_or(0.0);
   ++steps_;
@@ -271,6 +273,8 @@ void ProgressDisplay::print(const std::string& line) {
 }
 
 void ProgressDisplay::finish() {
+  // Steps since the last line (a run stopped between lines): their line, so the last step shows.
+  if (steps_ > 0 && last_) print(logged_line(*last_));
   if (mode_ == ProgressMode::kBar && !bar_.empty()) std::fputs("\n", out_);
   bar_.clear();
   std::fflush(out_);

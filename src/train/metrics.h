@@ -106,6 +106,7 @@ class ProgressDisplay {
   std::string bar_;                     // the bar line currently shown ("" = none)
   double loss_sum_ = 0, copy_sum_ = 0;  // over the steps since the last logged line
   int64_t steps_ = 0;
+  std::optional<StepMetrics> last_;  // the last step shown to update()
 
   // The step line of m with the mean losses of the steps since the last one; starts a new mean.
   std::string logged_line(const StepMetrics& m);

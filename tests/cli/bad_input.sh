@@ -99,6 +99,7 @@ run_case "--timeout" bench comm --timeout nan
 run_case "--iters: '2000000' is not a whole number in [1, 1000000]" bench comm --iters 2000000
 run_case "--warmup: '-1' is not a whole number in [0, 1000000]" bench comm --warmup -1
 run_case "upipe presets takes no --json (upipe presets --help lists what it takes)" presets --json
+run_case "--accept-changes is for --resume" train --steps 2 --accept-changes --checkpoint-dir= --metrics-path=
 run_case "'2.7' is not a whole number of bytes" plan --model tiny --ranks 2 --device-memory 2.7 --seq-len 256
 fix=$(cd "$(dirname "$0")/../fixtures/hf" && pwd)
 run_case "config.json" eval --model /nonexistent --seq-len 8

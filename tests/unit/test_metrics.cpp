@@ -247,6 +247,36 @@ TEST(Metrics, LoggedLossIsTheIntervalMean) {
   EXPECT_NE(out.find("step 5/5 | loss 5.0000 | copy 50.0000 |"), std::string::npos) << out;
 }
 
+// A validation measured between log lines is shown at its step; a run that stops between lines
+// (a clean stop) shows its last steps in a final line.
+TEST(Metrics, ValidationAndTheLastStepsAreAlwaysShown) {
+  char* buf = nullptr;
+  size_t len = 0;
+  std::FILE* f = open_memstream(&buf, &len);
+  {
+    ProgressDisplay p(f, 100, 10, ProgressMode::kLines);
+    for (int64_t s = 1; s <= 17; ++s) {
+      StepMetrics m = sample_metrics(s);
+      if (s == 15) m.val_loss = 4.25;
+      p.update(m);
+    }
+    p.finish();  // stopped after step 17 of 100
+  }
+  std::fclose(f);
+  const std::string out(buf, len);
+  std::free(buf);
+  std::vector<std::string> lines;
+  std::istringstream in(out);
+  for (std::string l; std::getline(in, l);) lines.push_back(l);
+  ASSERT_EQ(lines.size(), 3u) << out;
+  EXPECT_NE(lines[0].find("step  10/100 | loss 5.4321 (mean of 10 steps)"), std::string::npos);
+  EXPECT_NE(lines[1].find("step  15/100 | loss 5.4321 (mean of 5 steps) | val 4.2500"),
+            std::string::npos)
+      << lines[1];
+  EXPECT_NE(lines[2].find("step  17/100 | loss 5.4321 (mean of 2 steps)"), std::string::npos)
+      << lines[2];
+}
+
 TEST(Metrics, BarRedrawnInPlaceOnATerminal) {
   const std::string out = display_output(ProgressMode::kBar);
   // One redraw per step, each starting by clearing the line.
