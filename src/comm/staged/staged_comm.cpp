@@ -208,15 +208,18 @@ void StagedCommunicator::all_to_allv(const void* send, const int64_t* send_bytes
   Call c(*this, CommOp::kAllToAllV, extent(send_bytes, send_displs, n),
          extent(recv_bytes, recv_displs, n));
   // Block by block: the gaps between receive blocks are the caller's and must stay untouched.
+  // An empty block is skipped: its staging (and the caller's) pointer may be null.
   for (int i = 0; i < n; ++i)
-    c.take(c.send() + send_displs[i], static_cast<const uint8_t*>(send) + send_displs[i],
-           send_bytes[i]);
+    if (send_bytes[i] > 0)
+      c.take(c.send() + send_displs[i], static_cast<const uint8_t*>(send) + send_displs[i],
+             send_bytes[i]);
   c.inputs_ready();
   inner_.all_to_allv(c.send(), send_bytes, send_displs, c.recv(), recv_bytes, recv_displs);
   c.count();
   for (int i = 0; i < n; ++i)
-    c.give_back(static_cast<uint8_t*>(recv) + recv_displs[i], c.recv() + recv_displs[i],
-                recv_bytes[i]);
+    if (recv_bytes[i] > 0)
+      c.give_back(static_cast<uint8_t*>(recv) + recv_displs[i], c.recv() + recv_displs[i],
+                  recv_bytes[i]);
   c.finish();
 }
 
