@@ -64,25 +64,26 @@ print("ok: --json upipe max S", m["seq_len"], m["limiting_tag"])
   fail "upipe plan --json (exit $rc)"
 fi
 
+# expect_row WHAT REGEX ARGS...: `upipe plan ARGS` exits 0 with a table row matching REGEX.
+expect_row() {
+  local what=$1 regex=$2
+  shift 2
+  local out rc
+  out=$(timeout 120 "$upipe" plan "$@" 2>&1)
+  rc=$?
+  if [ $rc -ne 0 ] || ! printf '%s\n' "$out" | grep -q -E -e "$regex"; then
+    fail "$what (exit $rc)"
+    printf '%s\n' "$out" | head -5
+  else
+    echo "ok: $what -> $(printf '%s\n' "$out" | grep -E -e "$regex")"
+  fi
+}
 # One length past the host limit is an answer, not an error: fits no, limited by the host.
-out=$(timeout 120 "$upipe" plan $L8 --device-memory 80G --host-memory 64G --offload-stash --method upipe --seq-len 2097152 2>&1)
-rc=$?
-if [ $rc -ne 0 ] || ! printf '%s\n' "$out" | grep -q -E '^upipe .* no .* host \(stash'; then
-  fail "a plan past the host limit (exit $rc)"
-  printf '%s\n' "$out" | head -5
-else
-  echo "ok: past the host limit -> $(printf '%s\n' "$out" | grep '^upipe ')"
-fi
-
+expect_row "a plan past the host limit" '^upipe .* no .* host \(stash' $L8 --device-memory 80G \
+  --host-memory 64G --offload-stash --method upipe --seq-len 2097152
 # Sizes in the table are in the unit that shows them: a tiny preset's peaks are MiB, not 0.00 GiB.
-out=$(timeout 120 "$upipe" plan --model tiny --ranks 2 --device-memory 1G --reserve 0 --method ring --seq-len 4096 2>&1)
-rc=$?
-if [ $rc -ne 0 ] || ! printf '%s\n' "$out" | grep -q -E '^ring .* yes +[0-9.]+ MiB +0 B +device \(ring [0-9.]+ MiB\)$'; then
-  fail "a tiny plan's sizes (exit $rc)"
-  printf '%s\n' "$out" | head -5
-else
-  echo "ok: tiny plan sizes -> $(printf '%s\n' "$out" | grep '^ring ')"
-fi
+expect_row "a tiny plan's sizes" '^ring .* yes +[0-9.]+ MiB +0 B +device \(ring [0-9.]+ MiB\)$' \
+  --model tiny --ranks 2 --device-memory 1G --reserve 0 --method ring --seq-len 4096
 
 # A run file's plan prints the command with that file and only what differs from it (the knob
 # --stage-heads auto chose); the file's own settings are not repeated as flags.

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -188,23 +189,31 @@ TEST(Metrics, ProgressModes) {
   EXPECT_THROW(parse_progress_mode("fancy", true), ConfigError);
 }
 
-// Runs a display over steps 1..5 with log interval 2 and returns what it wrote.
-std::string display_output(ProgressMode mode) {
+// What `show` writes to a display of `total` steps logging every `interval`, in `mode`.
+std::string displayed(int64_t total, int64_t interval, ProgressMode mode,
+                      const std::function<void(ProgressDisplay&)>& show) {
   char* buf = nullptr;
   size_t len = 0;
   std::FILE* f = open_memstream(&buf, &len);
   {
-    ProgressDisplay p(f, 5, 2, mode);
-    for (int64_t s = 1; s <= 5; ++s) {
-      p.update(sample_metrics(s));
-      if (s == 3) p.print("checkpoint written: ckpt/step_3");
-    }
-    p.finish();
+    ProgressDisplay p(f, total, interval, mode);
+    show(p);
   }
   std::fclose(f);
   std::string out(buf, len);
   std::free(buf);
   return out;
+}
+
+// Runs a display over steps 1..5 with log interval 2 and returns what it wrote.
+std::string display_output(ProgressMode mode) {
+  return displayed(5, 2, mode, [](ProgressDisplay& p) {
+    for (int64_t s = 1; s <= 5; ++s) {
+      p.update(sample_metrics(s));
+      if (s == 3) p.print("checkpoint written: ckpt/step_3");
+    }
+    p.finish();
+  });
 }
 
 TEST(Metrics, PlainLinesWhenNotATerminal) {
@@ -223,21 +232,14 @@ TEST(Metrics, PlainLinesWhenNotATerminal) {
 
 // A logged line's losses are the mean over the steps since the line before, and it says so.
 TEST(Metrics, LoggedLossIsTheIntervalMean) {
-  char* buf = nullptr;
-  size_t len = 0;
-  std::FILE* f = open_memstream(&buf, &len);
-  {
-    ProgressDisplay p(f, 5, 2, ProgressMode::kLines);
+  const std::string out = displayed(5, 2, ProgressMode::kLines, [](ProgressDisplay& p) {
     for (int64_t s = 1; s <= 5; ++s) {
       StepMetrics m = sample_metrics(s);
       m.loss = double(s);
       m.copy_loss = 10.0 * double(s);
       p.update(m);
     }
-  }
-  std::fclose(f);
-  const std::string out(buf, len);
-  std::free(buf);
+  });
   EXPECT_NE(out.find("step 2/5 | loss 1.5000 (mean of 2 steps) | copy 15.0000 |"),
             std::string::npos)
       << out;
@@ -250,21 +252,14 @@ TEST(Metrics, LoggedLossIsTheIntervalMean) {
 // A validation measured between log lines is shown at its step; a run that stops between lines
 // (a clean stop) shows its last steps in a final line.
 TEST(Metrics, ValidationAndTheLastStepsAreAlwaysShown) {
-  char* buf = nullptr;
-  size_t len = 0;
-  std::FILE* f = open_memstream(&buf, &len);
-  {
-    ProgressDisplay p(f, 100, 10, ProgressMode::kLines);
+  const std::string out = displayed(100, 10, ProgressMode::kLines, [](ProgressDisplay& p) {
     for (int64_t s = 1; s <= 17; ++s) {
       StepMetrics m = sample_metrics(s);
       if (s == 15) m.val_loss = 4.25;
       p.update(m);
     }
     p.finish();  // stopped after step 17 of 100
-  }
-  std::fclose(f);
-  const std::string out(buf, len);
-  std::free(buf);
+  });
   std::vector<std::string> lines;
   std::istringstream in(out);
   for (std::string l; std::getline(in, l);) lines.push_back(l);
