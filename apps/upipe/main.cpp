@@ -19,7 +19,41 @@
 #include "comm/mpi/mpi_comm.h"
 #include "core/check.h"
 #include "core/errors.h"
+#include "core/spelling.h"
 #include "core/watchdog.h"
+
+namespace {
+
+// What to say when a command needs a subcommand and got none: the deepest command parsed, the
+// word typed where its subcommand goes (unknown there) and the subcommands it has.
+std::string missing_command(const CLI::App& cli, const std::vector<std::string>& args) {
+  std::string chain = "upipe";
+  const CLI::App* at = &cli;
+  size_t next = 1;  // the first word after the chain of parsed commands
+  while (!at->get_subcommands().empty()) {
+    at = at->get_subcommands().front();
+    chain += " " + at->get_name();
+    while (next < args.size() && args[next] != at->get_name()) ++next;
+    ++next;
+  }
+  std::vector<std::string> names;
+  std::string list;
+  for (const CLI::App* sub : at->get_subcommands([](const CLI::App*) { return true; })) {
+    names.push_back(sub->get_name());
+    list += (list.empty() ? "" : ", ") + sub->get_name();
+  }
+  for (; next < args.size(); ++next) {
+    const std::string& word = args[next];
+    if (word.starts_with("-"))
+      return fmt::format("{} takes no option {} before its command; its commands: {} ({} --help)",
+                         chain, word.substr(0, word.find('=')), list, chain);
+    return fmt::format("{} has no command '{}'; did you mean '{}'? Its commands: {} ({} --help)",
+                       chain, word, upipe::closest_name(word, names), list, chain);
+  }
+  return fmt::format("{} needs a command: {} ({} --help says what each does)", chain, list, chain);
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   using namespace upipe;
@@ -117,6 +151,11 @@ int main(int argc, char** argv) {
         throw ConfigError(
             fmt::format("{} takes no {} ({} --help lists what it takes)", name, extra, name));
       }
+      // CLI11's "A subcommand is required" for `upipe trian`, `upipe --foo` or a bare `upipe
+      // bench`: name the word it did not know and the commands there are.
+      if (dynamic_cast<const CLI::RequiredError*>(&e) != nullptr &&
+          std::string_view(e.what()).find("subcommand") != std::string_view::npos)
+        throw ConfigError(missing_command(cli, split));
       throw ConfigError(e.what());
     }
     cpu_isa();  // the CPU kernels' path, once: UPIPE_CPU_ISA or the widest (ConfigError if absent)

@@ -15,6 +15,7 @@
 #include "backend/backend.h"
 #include "core/errors.h"
 #include "core/safe_fs.h"
+#include "core/spelling.h"
 #include "model/config.h"
 #include "train/data.h"
 
@@ -289,21 +290,6 @@ std::string value_text(const FieldPtr& p, bool toml) {
           return fmt::format("{}", *v);
       },
       p);
-}
-
-size_t edit_distance(std::string_view a, std::string_view b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diag = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diag = up;
-    }
-  }
-  return row[b.size()];
 }
 
 // A name as it appears on the command line or in a file, resolved to its field.

@@ -34,6 +34,13 @@ run_case() {
 }
 
 MPIRUN=("$@")
+# A mistyped command or a missing one names the word and the commands there are (CLI11 said only
+# "A subcommand is required").
+run_case "upipe has no command 'trian'; did you mean 'train'?" trian
+run_case "upipe needs a command: demo, bench"
+run_case "upipe takes no option --foo before its command" --foo
+run_case "upipe bench has no command 'kernl'; did you mean 'kernel'?" bench kernl
+run_case "upipe bench needs a command: kernel, attention, comm, ops, model" bench
 # Non-finite or out-of-range RoPE theta (a NaN reference used to print PASSED).
 run_case "--rope-theta" check --rope-theta nan
 run_case "--rope-theta" check --rope-theta -1
