@@ -46,7 +46,7 @@ std::string no_weights(const std::string& dir, const std::string& otherwise) {
 
 }  // namespace
 
-SafetensorsReader open_init_weights(const std::string& dir, const ModelConfig& m) {
+void check_init_weights(const std::string& dir, const ModelConfig& m) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (!fs::is_directory(dir, ec))
@@ -61,6 +61,10 @@ SafetensorsReader open_init_weights(const std::string& dir, const ModelConfig& m
         fmt::format("{} is another model than this run's: {}; train that model with --model={}",
                     setting_value("model.init_from", dir), diff, dir));
   if (!has_checkpoint(dir)) throw ConfigError(no_weights(dir, ""));
+}
+
+SafetensorsReader open_init_weights(const std::string& dir, const ModelConfig& m) {
+  check_init_weights(dir, m);
   return SafetensorsReader(dir);
 }
 

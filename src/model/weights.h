@@ -33,9 +33,12 @@ void check_weights(const SafetensorsReader& reader, const std::vector<HfTensorSp
 void param_values(const HfTensorSpec& s, int index, const SafetensorsReader* reader, uint64_t seed,
                   int64_t first, int64_t count, float* dst);
 
-// The weights of the Hugging Face directory `dir` for a run of model m: ConfigError when dir holds
-// no config.json or its model differs from m (naming the first field that differs), before any
-// weights are opened.
+// ConfigError when the Hugging Face directory `dir` cannot start a run of model m: no directory,
+// no config.json, another model (naming the first field that differs) or no weights. Cheap: a run
+// checks it before it reserves memory, so a wrong directory is said before an out-of-memory.
+void check_init_weights(const std::string& dir, const ModelConfig& m);
+
+// The weights of the Hugging Face directory `dir` for a run of model m, after check_init_weights.
 SafetensorsReader open_init_weights(const std::string& dir, const ModelConfig& m);
 
 // The directory whose weights a model given as `model` (a preset, a Hugging Face directory or its

@@ -88,6 +88,9 @@ RunStart initialize(Communicator& world, const RunConfig& c, const ModelConfig& 
 TrainingLoop::TrainingLoop(Device& dev, Communicator& world, const ModelConfig& m,
                            const RunConfig& c, bool resume, bool overwrite_checkpoints)
     : dev_(dev), world_(world), m_(m), cfg_(c), toml_(to_toml(c)) {
+  // A wrong --init-from is said before the trainer reserves memory (an 8B run over a small
+  // model's folder said out-of-memory first).
+  if (!resume && !c.model.init_from.empty()) check_init_weights(c.model.init_from, m);
   trainer_ = std::make_unique<Trainer>(dev, world, m, train_options(c));
   data_ = std::make_unique<DataSource>(data_options(c, m, trainer_->dp_size()));
   if (c.metrics.val_interval > 0) {

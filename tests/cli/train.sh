@@ -252,6 +252,10 @@ init)
   out=$(timeout 120 "${mpirun[@]}" -np 2 "$upipe" train "${small[@]}" --init-from "$fixture" \
     --model=tiny-qwen3 --steps=1 2>&1); rc=$?
   [ $rc -eq 2 ] && [ "$(echo "$out" | grep -c "another model than this run's: field 'architectures'")" -eq 1 ] || { echo "$out"; fail "another model's --init-from: exit $rc"; }
+  # ... before the run reserves memory: an 8B run over the small fixture said out-of-memory first.
+  out=$(timeout 120 "${mpirun[@]}" -np 2 "$upipe" train "${small[@]}" --init-from "$fixture" \
+    --model=llama3-8b --steps=1 2>&1); rc=$?
+  [ $rc -eq 2 ] && [ "$(echo "$out" | grep -c "another model than this run's: field 'head_dim'")" -eq 1 ] || { echo "$out"; fail "8B run over a small --init-from: exit $rc"; }
   ;;
 resume_rules)
   # --resume continues the recorded run: its settings, none typed again; a finished run is an
