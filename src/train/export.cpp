@@ -48,10 +48,14 @@ bool is_model_file(const std::string& n) {
          n == "config.json" || n == kGenerationConfig || is_tokenizer_file(n);
 }
 
-// `p` absolute, symlinks of its existing part resolved, without a trailing separator.
+// `p` absolute, symlinks of its existing part resolved, without a trailing separator. Where the
+// symlinks cannot be read (a parent without search permission), `p` absolute and normalised: an
+// empty path here would lie "within" every directory.
 fs::path resolved(const fs::path& p) {
   std::error_code ec;
-  fs::path a = fs::weakly_canonical(fs::absolute(p), ec).lexically_normal();
+  fs::path a = fs::weakly_canonical(fs::absolute(p), ec);
+  if (ec || a.empty()) a = fs::absolute(p, ec);
+  a = a.lexically_normal();
   while (!a.has_filename() && a.has_relative_path()) a = a.parent_path();
   return a;
 }
@@ -263,7 +267,8 @@ void export_hf(const CheckpointReader& reader, const std::string& out, DType dty
   const std::vector<std::string> replaced = check_out(reader, out, force);
   std::error_code ec;
   const bool created = !fs::exists(out, ec);
-  fs::create_directories(out);
+  if (fs::create_directories(out, ec); ec)
+    throw ConfigError(fmt::format("export: cannot create the directory {}: {}", out, ec.message()));
   try {
     std::vector<std::string> written;  // names, in the order they are put in place
     {

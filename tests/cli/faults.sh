@@ -323,6 +323,12 @@ PY
   job e 60 export "$tmp/ck/step_00000004" ""
   [ $rc -eq 2 ] || { cat "$tmp/e.out"; fail "export to \"\": exit $rc, want 2"; }
   once e "the output directory is empty"
+  # A folder that cannot be made (a symlink loop on its way) is bad input named as such, not a
+  # "fatal: filesystem error" with exit 1.
+  ln -s loop "$tmp/loop"
+  job y 60 export "$tmp/ck/step_00000004" "$tmp/loop/hf"
+  [ $rc -eq 2 ] || { cat "$tmp/y.out"; fail "export through a symlink loop: exit $rc, want 2"; }
+  once y "export: cannot create the directory $tmp/loop/hf: Too many levels of symbolic links"
   ;;
 tokenize_self)
   printf 'keep this text' > "$tmp/a.txt"
