@@ -83,7 +83,7 @@ class Render final : public TrainingObserver {
                  parse_progress_mode(c.metrics.progress, stdout_is_terminal())) {
     if (!c.metrics.path.empty()) {
       metrics_ = std::make_unique<MetricsWriter>(c.metrics.path, start.resumed ? start.step : -1,
-                                                 overwrite);
+                                                 overwrite, start.run_id);
       // Lines past the checkpoint are the steps run again: said, never dropped silently.
       if (metrics_->dropped_lines() > 0)
         std::printf(

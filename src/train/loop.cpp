@@ -108,6 +108,7 @@ TrainingLoop::TrainingLoop(Device& dev, Communicator& world, const ModelConfig& 
                  : c.metrics.val_sequences;
   }
   start_ = initialize(world, c, m, *trainer_, resume, overwrite_checkpoints, ckpt_run_);
+  start_.run_id = ckpt_run_.run_id;
   // MFU's denominator: the stated peak, or this machine's GEMM rate in the compute dtype,
   // measured now on every rank at once (as they run in training), best of 10; the ranks' best is
   // the one reference.
@@ -203,6 +204,7 @@ LoopEnd TrainingLoop::run(TrainingObserver& obs) {
     end.last_group_loss = r.group_loss;
     StepMetrics sm;
     sm.step = step;
+    sm.run_id = start_.run_id;
     sm.loss = r.loss;
     if (copy_task()) sm.copy_loss = r.group_loss;
     if (data_->packed()) sm.documents = r.documents;

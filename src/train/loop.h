@@ -32,6 +32,7 @@ struct RunStart {
   int64_t step = 0;  // steps already done (a checkpoint's), 0 for a new run
   bool resumed = false;
   std::string origin;  // "random init (seed 1)", "Hugging Face weights from DIR", a checkpoint
+  std::string run_id;  // the run's identity (a resumed run's is its checkpoint's)
 };
 
 // What the loop reports. Every rank gets every call (rank 0 renders).

@@ -43,6 +43,7 @@ std::string format_si(int64_t n) {
 std::string metrics_json(const StepMetrics& m) {
   nlohmann::ordered_json j;
   j["step"] = m.step;
+  if (!m.run_id.empty()) j["run"] = m.run_id;
   j["loss"] = number(m.loss);
   if (m.copy_loss) j["copy_loss"] = number(*m.copy_loss);
   if (m.val_loss) j["val_loss"] = number(*m.val_loss);
@@ -78,16 +79,25 @@ bool is_torn_step_line(const std::string& l) {
 // mid-write: no newline, the start of a step's object) is dropped; any other line that is not a
 // step's metrics means the file is not this run's metrics file (ConfigError: it is not replaced).
 // The lines of `path` up to `step`; `dropped` (when given) counts the step lines after it and
-// `last` is the highest step the file held.
+// `last` is the highest step the file held. A line of another run than `run_id` (its "run"
+// differs; lines without one, as older upipe wrote, are taken as this run's) is a ConfigError too.
 std::string lines_up_to(const std::string& path, int64_t step, int64_t* dropped = nullptr,
-                        int64_t* last = nullptr) {
+                        int64_t* last = nullptr, const std::string& run_id = "") {
   const ReadFile f(path, "metrics file");
   std::string kept, line, chunk(size_t(1) << 16, '\0');
   int64_t number = 0;
   auto keep = [&](const std::string& l, bool terminated) {
     ++number;
     if (is_step_line(l)) {
-      const int64_t s = nlohmann::json::parse(l)["step"].get<int64_t>();
+      const auto j = nlohmann::json::parse(l);
+      const int64_t s = j["step"].get<int64_t>();
+      if (!run_id.empty() && j.contains("run") && j["run"] != run_id)
+        throw ConfigError(fmt::format(
+            "{} '{}': line {} (step {}) is of another run ({}) than the one resumed ({}), so the "
+            "file is left as it is; choose another {}, or remove the file",
+            setting_ref("metrics.path"), path, number, s,
+            j["run"].is_string() ? j["run"].get<std::string>() : j["run"].dump(), run_id,
+            setting_ref("metrics.path")));
       if (last) *last = std::max(*last, s);
       if (s <= step)
         kept += l + "\n";
@@ -135,7 +145,8 @@ void check_metrics_file(const std::string& path, bool resume, bool overwrite) {
         setting_ref("metrics.path"), path, bytes, setting_ref("metrics.path")));
 }
 
-MetricsWriter::MetricsWriter(const std::string& path, int64_t resume_step, bool overwrite)
+MetricsWriter::MetricsWriter(const std::string& path, int64_t resume_step, bool overwrite,
+                             const std::string& run_id)
     : path_(path) {
   // A resumed run's file is checked line by line as its steps are kept (lines_up_to).
   if (resume_step < 0)
@@ -144,7 +155,7 @@ MetricsWriter::MetricsWriter(const std::string& path, int64_t resume_step, bool 
     check_replaceable(path, "metrics file");
   std::error_code ec;
   const bool keep = resume_step >= 0 && std::filesystem::exists(path, ec);
-  write_file_atomic(path, keep ? lines_up_to(path, resume_step, &dropped_, &last_) : "",
+  write_file_atomic(path, keep ? lines_up_to(path, resume_step, &dropped_, &last_, run_id) : "",
                     "metrics file");
   fd_ = ::open(path.c_str(), O_WRONLY | O_APPEND | O_NOFOLLOW | O_CLOEXEC);
   if (fd_ < 0)

@@ -16,6 +16,7 @@ namespace upipe {
 
 struct StepMetrics {
   int64_t step = 0;                            // 1-based number of the step just finished
+  std::string run_id;                          // the run's identity (its checkpoints'); "": none
   double loss = 0;                             // mean next-token loss of the step's global batch
   std::optional<double> copy_loss;             // copy task: mean loss over the copied half
   std::optional<double> val_loss;              // the held-out loss, on validation steps
@@ -33,8 +34,8 @@ struct StepMetrics {
   double eta_s = 0;                                 // estimated seconds to the last step
 };
 
-// One JSON object, no newline; keys in this order: step, loss, copy_loss, val_loss and documents
-// (only when set),
+// One JSON object, no newline; keys in this order: step, run (when run_id is set), loss,
+// copy_loss, val_loss and documents (only when set),
 // grad_norm, lr, tokens_per_s, mfu, peak_bytes, peak_by_tag, host_peak_bytes, host_peak_by_tag,
 // budget_bytes, step_s, eta_s.
 // A non-finite number is written as null.
@@ -49,10 +50,12 @@ void check_metrics_file(const std::string& path, bool resume, bool overwrite);
 // The JSONL metrics file. A new run starts it empty (check_metrics_file first); a resumed run
 // (resume_step >= 0) keeps the lines of steps <= resume_step (a run that died after logging steps
 // its last checkpoint does not hold would otherwise log them twice), drops the rest, and
-// appends. The file is replaced atomically at open.
+// appends; a line of another run than `run_id` (its "run" differs) is a ConfigError, the file
+// left as it is. The file is replaced atomically at open.
 class MetricsWriter {
  public:
-  explicit MetricsWriter(const std::string& path, int64_t resume_step = -1, bool overwrite = false);
+  explicit MetricsWriter(const std::string& path, int64_t resume_step = -1, bool overwrite = false,
+                         const std::string& run_id = "");
   ~MetricsWriter();
   MetricsWriter(const MetricsWriter&) = delete;
   MetricsWriter& operator=(const MetricsWriter&) = delete;

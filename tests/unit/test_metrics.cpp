@@ -63,6 +63,10 @@ TEST(Metrics, JsonKeysOrderAndValues) {
   EXPECT_EQ(std::next(c.begin(), 2).key(), "copy_loss");  // right after loss
   EXPECT_EQ(c["copy_loss"].get<double>(), 0.75);
   EXPECT_TRUE(c["loss"].is_null());  // NaN is not JSON
+  m.run_id = "0123abcd";
+  const auto r = nlohmann::ordered_json::parse(metrics_json(m));
+  EXPECT_EQ(std::next(r.begin(), 1).key(), "run");  // right after step
+  EXPECT_EQ(r["run"], "0123abcd");
 }
 
 TEST(Metrics, WriterFlushesEachStepAndTruncatesANewRunWithOverwrite) {
@@ -103,6 +107,38 @@ TEST(Metrics, ResumeKeepsTheCheckpointedStepsAndAppends) {
   MetricsWriter fresh(d.file("new.jsonl"), 10);
   fresh.write(sample_metrics(11));
   EXPECT_EQ(lines_of(d.file("new.jsonl")).size(), 1u);
+}
+
+// A resumed run keeps its own lines and those without a run id (older upipe), and refuses a file
+// with another run's line (a --metrics-path onto another run's file), leaving it as it was.
+TEST(Metrics, ResumeRefusesAnotherRunsLines) {
+  TempDir d;
+  const std::string p = d.file("m.jsonl");
+  auto line = [](int64_t step, const std::string& run) {
+    StepMetrics m = sample_metrics(step);
+    m.run_id = run;
+    return metrics_json(m) + "\n";
+  };
+  const std::string mine = line(1, "") + line(2, "aaaa") + line(3, "aaaa");
+  d.write("m.jsonl", mine);
+  {
+    MetricsWriter w(p, 2, false, "aaaa");
+    EXPECT_EQ(w.dropped_lines(), 1);
+  }
+  EXPECT_EQ(lines_of(p).size(), 2u);
+  const std::string other = line(1, "bbbb") + line(2, "bbbb");
+  d.write("o.jsonl", other);
+  try {
+    MetricsWriter w(d.file("o.jsonl"), 2, false, "aaaa");
+    ADD_FAILURE() << "another run's metrics file was taken";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("line 1 (step 1) is of another run (bbbb) than the one "
+                                         "resumed (aaaa)"),
+              std::string::npos)
+        << e.what();
+  }
+  std::ifstream f(d.file("o.jsonl"));
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(f), {}), other);
 }
 
 // What the run did not write is not replaced: an existing file on a fresh run (unless
