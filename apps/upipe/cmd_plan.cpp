@@ -13,6 +13,7 @@
 #include "apps/upipe/model_run.h"
 #include "apps/upipe/report.h"
 #include "apps/upipe/settings_cli.h"
+#include "attention/headwise.h"
 #include "attention/methods.h"
 #include "core/errors.h"
 #include "model/doc_lens.h"
@@ -36,13 +37,26 @@ double gib(int64_t b) {
   return double(b) / double(int64_t(1) << 30);
 }
 
-std::string knobs_text(const PlanRequest& r) {
+// The knobs a plan runs with, defaults resolved (U = 0 is the group's size, N = 0 fpdt's default):
+// "U=4 N=2 overlap"; "-" for a method without knobs.
+std::string knobs_text(const ModelConfig& m, const PlanRequest& r) {
   std::string s;
   auto add = [&](const std::string& x) { s += (s.empty() ? "" : " ") + x; };
   const MethodKnobs& k = r.decoder.knobs;
-  if (k.stage_heads > 0) add(fmt::format("U={}", k.stage_heads));
+  const MethodInfo& mi = method_info(k.method);
+  AttentionConfig a = to_attention_config(m);
+  a.seq_len = r.decoder.seq_len;
+  a.knobs = k;
+  const int cp = r.cp_size == 0 ? r.ranks : r.cp_size;
+  if (mi.takes_stage_heads) add(fmt::format("U={}", effective_stage_heads(mi, a, cp)));
   if (k.ulysses_degree > 0) add(fmt::format("u={}", k.ulysses_degree));
-  if (k.chunks > 0) add(fmt::format("N={}", k.chunks));
+  if (mi.takes_chunks) {
+    try {
+      add(fmt::format("N={}", fpdt_chunks(a, cp)));
+    } catch (const ConfigError&) {  // planned, so it cuts; said as given if not
+      if (k.chunks > 0) add(fmt::format("N={}", k.chunks));
+    }
+  }
   if (k.overlap) add("overlap");
   return s.empty() ? "-" : s;
 }
@@ -130,8 +144,7 @@ PlanRequest base_request(const Settings& set, const Options& o) {
   r.host_bytes = c.memory.host_bytes;
   r.backend = parse_backend_kind(c.device.backend);
   r.reserve_bytes = o.reserve_gib >= 0 ? int64_t(o.reserve_gib * double(int64_t(1) << 30))
-                    : o.reserve == "0" ? 0
-                                       : parse_bytes(o.reserve, "--reserve");
+                                        : parse_bytes(o.reserve, "--reserve", /*allow_zero=*/true);
   if (!o.doc_lens.empty()) {
     if (o.max_seq_len)
       throw ConfigError(
@@ -147,11 +160,12 @@ PlanRequest base_request(const Settings& set, const Options& o) {
 
 std::vector<Row> plan_rows(const ModelConfig& m, const PlanRequest& base, const Options& o) {
   std::vector<std::string> names;
+  const int cp = base.cp_size == 0 ? base.ranks : base.cp_size;
   if (base.decoder.knobs.method != kAllMethods)
     names.push_back(base.decoder.knobs.method);
   else
     for (const MethodInfo& mi : methods())
-      if (!mi.one_rank) names.emplace_back(mi.name);
+      if (!mi.one_rank || cp == 1) names.emplace_back(mi.name);
   std::vector<Row> rows;
   for (const std::string& name : names) {
     PlanRequest r = base;
@@ -194,19 +208,28 @@ int run(Process& proc, const Options& o, const SettingArgs& sa, const CLI::App& 
                                   setting_value("train.seq_len", base.decoder.seq_len),
                                   rows.front().refused));
   // The longest S needs some S to fit the host; at a given S the table says what limits.
-  if (o.max_seq_len && !any_host)
+  // What the host arena holds: the offloaded stash, fpdt's K/V chunks; named by its largest tag.
+  if (o.max_seq_len && !any_host) {
+    const Tag t = largest(least_host->host_at_peak);
     throw ConfigError(fmt::format(
-        "{} is too small for the offloaded stash: {} at least {} of host memory per rank at "
-        "S = {}; give more host memory or drop {}",
+        "{} is too small: {} at least {} of host memory per rank at S = {} (largest: {} {}); "
+        "give more host memory{}",
         setting_value("memory.host_memory", bytes_text(base.host_bytes)),
         rows.size() > 1 ? "every method needs" : rows.front().method + " needs",
-        format_bytes(least_host->host_peak), least_host->request.decoder.seq_len,
-        setting_ref("memory.offload_stash")));
+        format_bytes(least_host->host_peak), least_host->request.decoder.seq_len, tag_name(t),
+        format_bytes(least_host->host_at_peak[t]),
+        base.decoder.memory.offload_stash
+            ? fmt::format(" or drop {}", setting_ref("memory.offload_stash"))
+            : ""));
+  }
   if (o.max_seq_len) {
     bool fits = false;
     for (const Row& r : rows) fits = fits || (r.refused.empty() && r.plan.fits);
     if (!fits) {
-      const Plan& p = rows.front().plan;
+      // The first method planned (a refused one has no plan to speak of).
+      const Plan& p = std::find_if(rows.begin(), rows.end(), [](const Row& r) {
+                        return r.refused.empty();
+                      })->plan;
       throw ConfigError(fmt::format(
           "no method fits {} ranks of {} (reserve {}) even at S = {}: the device peak is {} "
           "(largest: {} {})",
@@ -261,15 +284,19 @@ int run(Process& proc, const Options& o, const SettingArgs& sa, const CLI::App& 
     return 0;
   }
   std::printf(
-      "%s on %d ranks (CP %d x DP %d), %s, %.4g GiB device (reserve %.4g GiB) and %.4g GiB "
-      "host per rank%s%s; one full training step planned for every rank, played once per rank "
-      "class (%.1f s)\n",
-      m.source.c_str(), base.ranks, c, base.ranks / c, dtype_name(base.decoder.memory.dtype),
-      gib(base.device_bytes), gib(base.reserve_bytes), gib(base.host_bytes),
+      "%s on %d rank%s (CP %d x DP %d), %s, %s device (reserve %s) and %s host per rank%s%s; one "
+      "full training step planned for every rank, played once per rank class (%.1f s)\n",
+      m.source.c_str(), base.ranks, base.ranks == 1 ? "" : "s", c, base.ranks / c,
+      dtype_name(base.decoder.memory.dtype), format_bytes(base.device_bytes).c_str(),
+      format_bytes(base.reserve_bytes).c_str(), format_bytes(base.host_bytes).c_str(),
       base.decoder.memory.offload_stash ? ", stash offloaded" : "",
       documents_said(set, base).c_str(), secs);
   // Sizes in the unit that shows them (a tiny preset's MiB would read 0.00 GiB).
-  std::printf("%-11s %-12s %12s %5s %13s %11s  %s\n", "method", "knobs",
+  int knobs_width = 12;  // "U=2 u=2 overlap" is wider
+  for (const Row& r : rows)
+    if (r.refused.empty())
+      knobs_width = std::max(knobs_width, int(knobs_text(m, r.plan.request).size()));
+  std::printf("%-11s %-*s %12s %5s %13s %11s  %s\n", "method", knobs_width, "knobs",
               o.max_seq_len ? "max S" : "S", "fits", "device peak", "host peak",
               "limit (its largest tag)");
   for (const Row& r : rows) {
@@ -279,8 +306,8 @@ int run(Process& proc, const Options& o, const SettingArgs& sa, const CLI::App& 
     }
     const Plan& p = r.plan;
     const Limit l = limit_of(p);
-    std::printf("%-11s %-12s %12lld %5s %13s %11s  %s (%s %s)\n", r.method.c_str(),
-                knobs_text(p.request).c_str(), (long long)p.request.decoder.seq_len,
+    std::printf("%-11s %-*s %12lld %5s %13s %11s  %s (%s %s)\n", r.method.c_str(), knobs_width,
+                knobs_text(m, p.request).c_str(), (long long)p.request.decoder.seq_len,
                 p.fits ? "yes" : "no", format_bytes(p.device_peak).c_str(),
                 format_bytes(p.host_peak).c_str(), l.arena.c_str(), tag_name(l.tag),
                 format_bytes(l.bytes).c_str());
@@ -321,8 +348,13 @@ Runner add_plan(CLI::App& cmd) {
   cmd.add_flag("--json", opt->json, "JSON output");
   cmd.footer(
       "--method all plans every method; a knob set to auto (--stage-heads auto, --chunks auto, "
-      "--ulysses-degree auto) is the fastest value that fits.");
-  auto sa = add_settings(cmd, kScopePlan);
+      "--ulysses-degree auto) is the fastest value that fits. Every other setting of `upipe "
+      "train` is taken too (a train command's flags plan as they are) and checked as train "
+      "checks it; those that do not change memory (--lr, --checkpoint-dir, ...) change nothing "
+      "here.");
+  // The settings train takes, validated as train does (the copy task's even S): the plan of a
+  // train command's flags, and the `run it` command it prints, runs.
+  auto sa = add_settings(cmd, kScopePlan, kScopeTrain);
   CLI::App* c = &cmd;
   return [opt, sa, c](Process& p) { return run(p, *opt, *sa, *c); };
 }

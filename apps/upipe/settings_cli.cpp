@@ -10,12 +10,13 @@
 
 namespace upipe::app {
 
-std::shared_ptr<SettingArgs> add_settings(CLI::App& cmd, uint32_t scope) {
+std::shared_ptr<SettingArgs> add_settings(CLI::App& cmd, uint32_t scope, uint32_t also) {
   auto out = std::make_shared<SettingArgs>();
-  out->scope = scope;
+  out->scope = scope | also;
   cmd.allow_extras();
   for (const SettingInfo& s : settings()) {
-    if (!(s.scopes & scope)) continue;
+    if (!(s.scopes & (scope | also))) continue;
+    const bool listed = (s.scopes & scope) != 0;
     // The visible option (flag, short flag) and, hidden, every other spelling of the setting.
     std::vector<std::string> names{s.short_flag.empty() ? s.flag : s.flag + "," + s.short_flag,
                                    "--" + s.key};
@@ -39,7 +40,7 @@ std::shared_ptr<SettingArgs> add_settings(CLI::App& cmd, uint32_t scope) {
                                     },
                                     doc)
                                  ->expected(1);
-      o->trigger_on_parse()->group(i == 0 ? "Settings" : "");
+      o->trigger_on_parse()->group(i == 0 && listed ? "Settings" : "");
     }
   }
   return out;

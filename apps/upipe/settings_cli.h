@@ -23,8 +23,9 @@ struct SettingArgs {
   std::vector<std::string> args;
 };
 
-// Lets `cmd` take the settings of `scope`; the returned object fills as CLI11 parses.
-std::shared_ptr<SettingArgs> add_settings(CLI::App& cmd, uint32_t scope);
+// Lets `cmd` take the settings of `scope`, listed in its --help, and those of `also`, taken (and
+// validated as `also` validates them) but not listed; the returned object fills as CLI11 parses.
+std::shared_ptr<SettingArgs> add_settings(CLI::App& cmd, uint32_t scope, uint32_t also = 0);
 
 struct Settings {
   RunConfig config;

@@ -488,7 +488,7 @@ Match find_flag(std::vector<Field>& fs, const std::string& name, uint32_t scopes
 
 }  // namespace
 
-int64_t parse_bytes(const std::string& s, std::string_view key) {
+int64_t parse_bytes(const std::string& s, std::string_view key, bool allow_zero) {
   const std::string example = "write e.g. 80G, 512M or 1048576";
   const std::string name(key);
   size_t i = 0;
@@ -513,6 +513,7 @@ int64_t parse_bytes(const std::string& s, std::string_view key) {
   else
     throw ConfigError(fmt::format("{}: unknown size unit in '{}'; use K, M, G or T", name, s));
   const double bytes = std::ldexp(v, shift);
+  if (allow_zero && bytes == 0) return 0;
   if (!(bytes >= 1))
     throw ConfigError(
         fmt::format("{}: '{}' is less than one byte; give a positive size, {}", name, s, example));

@@ -166,7 +166,8 @@ void make_paths_absolute(RunConfig& c, const std::function<bool(std::string_view
 
 // Range and consistency checks for the commands of `scopes`; the ConfigError names the setting
 // and what to change. kScopePlan admits what only the planner takes (the knob value auto, the
-// method "all"); the training data's rules (the copy task's even S) bind only with kScopeTrain.
+// method "all"); the training data's rules (the copy task's even S) bind only with kScopeTrain
+// (which upipe plan validates with too).
 void validate(const RunConfig& c, uint32_t scopes = kScopeTrain);
 
 // The run file at `path` ("" = all defaults) with `overrides` applied, then validated.
@@ -190,8 +191,9 @@ std::string closest_run_key(const std::string& name);
 // and the others by their flag.
 SettingSpeller setting_speller(const SettingSources& sources);
 
-// "80G", "512MiB", "1.5g", "4096" -> bytes in [1, kMaxMemoryBytes]; ConfigError naming `key`.
-int64_t parse_bytes(const std::string& s, std::string_view key);
+// "80G", "512MiB", "1.5g", "4096" -> bytes in [1, kMaxMemoryBytes] (or 0, "0G", with allow_zero);
+// ConfigError naming `key`.
+int64_t parse_bytes(const std::string& s, std::string_view key, bool allow_zero = false);
 // The shortest exact text parse_bytes reads back: "80G", "1536M", "4097".
 std::string bytes_text(int64_t bytes);
 

@@ -31,16 +31,24 @@ expect() {
 L8="--model llama3-8b --ranks 8"
 expect "does not fit 8 ranks of 10.00 GiB" $L8 --device-memory 10G --max-seq-len
 expect "does not fit 8 ranks of 10.00 GiB" $L8 --device-memory 10G --seq-len 65536
-expect "--seq-len 1001 is not allowed by any method" $L8 --device-memory 80G --method all --seq-len 1001
-expect "--seq-len (1001) must be divisible by 8" $L8 --device-memory 80G --seq-len 1001
-expect "too small for the offloaded stash" $L8 --device-memory 80G --host-memory 1G --offload-stash --max-seq-len
-expect "too small for the offloaded stash: upipe needs at least" $L8 --device-memory 80G --host-memory 1G --offload-stash --method upipe --max-seq-len
+expect "--seq-len 1001 is not allowed by any method" $L8 --device-memory 80G --method all --seq-len 1001 --data-kind random
+expect "--seq-len (1001) must be divisible by 8" $L8 --device-memory 80G --seq-len 1001 --data-kind random
+expect "--host-memory 1G is too small: every method needs at least" $L8 --device-memory 80G --host-memory 1G --offload-stash --max-seq-len --method all
+expect "is too small: upipe needs at least 4.00 GiB of host memory per rank at S = 65536 (largest: stash 4.00 GiB); give more host memory or drop --offload-stash" $L8 --device-memory 80G --host-memory 1G --offload-stash --method upipe --max-seq-len
+# fpdt's host bytes are its K/V chunks, not a stash nobody offloaded.
+expect "is too small: fpdt needs at least 16.00 MiB of host memory per rank at S = 65536 (largest: offload 16.00 MiB); give more host memory" --ranks 2 --device-memory 4G --host-memory 1K --method fpdt --max-seq-len
+# Nothing fits: said from a method that was planned (ulysses, first in the table, cannot split 32
+# heads over 6 ranks; it said "S = 0, peak 0 B").
+expect "no method fits 6 ranks of 24.00 GiB (reserve 2.00 GiB) even at S = 196608: the device peak is 43.18 GiB" --model llama3-8b --ranks 6 --device-memory 24G --dtype bf16 --max-seq-len --method all
 expect "no method fits 8 ranks of 20.00 GiB" $L8 --device-memory 20G --max-seq-len
 expect "give one of --seq-len and --max-seq-len" $L8 --device-memory 80G --seq-len 65536 --max-seq-len
 expect "give the device memory per rank to plan for, e.g. --device-memory 80G" $L8 --seq-len 65536
 expect "--reserve (90.00 GiB) must be less than --device-memory (80.00 GiB)" $L8 --device-memory 80G --reserve 90G --seq-len 65536
 expect "--stage-heads 12 must be a multiple" $L8 --device-memory 80G --method upipe --stage-heads 12 --seq-len 65536
-expect "--steps (train.steps) is not a setting of this command" $L8 --device-memory 80G --steps 5
+# A train command's settings plan as they are, checked as train checks them: the copy task's odd S
+# (plan printed a `run it` command train refused).
+expect "--seq-len (255) must be even for data.kind = \"copy\"" --ranks 1 --device-memory 8G --seq-len 255
+expect "unknown option '--stpes'; did you mean '--steps'?" $L8 --device-memory 80G --stpes 5
 
 # JSON: the fields; upipe's maximum fits and is a multiple of 64Ki tokens.
 out=$(timeout 300 "$upipe" plan $L8 --device-memory 80G --method upipe --stage-heads auto --max-seq-len --offload-stash --json)
@@ -84,6 +92,13 @@ expect_row "a plan past the host limit" '^upipe .* no .* host \(stash' $L8 --dev
 # Sizes in the table are in the unit that shows them: a tiny preset's peaks are MiB, not 0.00 GiB.
 expect_row "a tiny plan's sizes" '^ring .* yes +[0-9.]+ MiB +0 B +device \(ring [0-9.]+ MiB\)$' \
   --model tiny --ranks 2 --device-memory 1G --reserve 0 --method ring --seq-len 4096
+
+# Train's flags are taken (packed documents planned at their worst, said in the header) and the
+# command printed carries them; with one rank `local` is in --method all's table; --reserve 0G.
+expect_row "a train command's flags" '^  run it: mpirun -np 2 upipe train --seq-len=256 --micro-steps=2 --lr=0.001 --device-memory=4G --data-kind=files --data-path=/x.bin --documents=eos:0$' \
+  --ranks 2 --device-memory 4G --documents=eos:0 --data-kind=files --data-path=/x.bin --micro-steps=2 --seq-len 256 --lr 1e-3
+expect_row "local on one rank" '^local +- +256 +yes ' --ranks 1 --device-memory 4G --reserve 0G --method all --seq-len 256
+expect_row "knobs resolved" '^upipe-fpdt +U=4 N=4 +784 +yes ' --ranks 4 --device-memory 4G --method all --seq-len 784
 
 # A run file's plan prints the command with that file and only what differs from it (the knob
 # --stage-heads auto chose); the file's own settings are not repeated as flags.
