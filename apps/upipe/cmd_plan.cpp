@@ -144,7 +144,7 @@ PlanRequest base_request(const Settings& set, const Options& o) {
   r.host_bytes = c.memory.host_bytes;
   r.backend = parse_backend_kind(c.device.backend);
   r.reserve_bytes = o.reserve_gib >= 0 ? int64_t(o.reserve_gib * double(int64_t(1) << 30))
-                                        : parse_bytes(o.reserve, "--reserve", /*allow_zero=*/true);
+                                       : parse_bytes(o.reserve, "--reserve", /*allow_zero=*/true);
   if (!o.doc_lens.empty()) {
     if (o.max_seq_len)
       throw ConfigError(

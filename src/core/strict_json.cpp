@@ -12,7 +12,14 @@ namespace upipe {
 nlohmann::json parse_json_strict(std::string_view text, const std::string& source) {
   using json = nlohmann::json;
   std::vector<std::unordered_set<std::string>> open;  // the keys of each object being parsed
-  const json::parser_callback_t check = [&](int, json::parse_event_t event, json& parsed) {
+  const json::parser_callback_t check = [&](int depth, json::parse_event_t event, json& parsed) {
+    // `depth` counts the containers already open, so a new one is the depth + 1st.
+    if ((event == json::parse_event_t::object_start || event == json::parse_event_t::array_start) &&
+        depth >= kMaxJsonDepth)
+      throw ConfigError(
+          fmt::format("{}: nested more than {} deep (arrays or objects within each "
+                      "other); no file upipe reads nests so",
+                      source, kMaxJsonDepth));
     switch (event) {
       case json::parse_event_t::object_start:
         open.emplace_back();
@@ -38,8 +45,12 @@ nlohmann::json parse_json_strict(std::string_view text, const std::string& sourc
     std::string what = e.what();
     if (!what.empty() && what.front() == '[' && what.find("] ") != std::string::npos)
       what.erase(0, what.find("] ") + 2);
-    throw ConfigError(fmt::format("{}: not valid JSON: {}", source, what));
+    throw ConfigError(fmt::format("{}: not valid JSON: {}", source, excerpt(what, 300)));
   }
+}
+
+std::string json_excerpt(const nlohmann::json& v, size_t max) {
+  return excerpt(v.dump(), max);
 }
 
 }  // namespace upipe

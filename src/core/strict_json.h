@@ -10,9 +10,19 @@
 
 namespace upipe {
 
+// Arrays and objects nested deeper than this are refused: nlohmann::json's dump() recurses, so a
+// 200 KB file of brackets quoted in an error message overflowed the stack (a segfault, no error).
+// Every file upipe reads nests at most 4 deep.
+inline constexpr int kMaxJsonDepth = 64;
+
 // Parses `text`; ConfigError "SOURCE: duplicate key 'K' in one JSON object" for a repeated key,
-// "SOURCE: not valid JSON: ..." for anything else nlohmann::json refuses: a syntax error, and also
-// a number outside a double (1e999), which it throws as out_of_range rather than parse_error.
+// "SOURCE: nested more than 64 deep" past kMaxJsonDepth, "SOURCE: not valid JSON: ..." for
+// anything else nlohmann::json refuses: a syntax error, and also a number outside a double
+// (1e999), which it throws as out_of_range rather than parse_error. Its text is quoted as an
+// excerpt (a 50 MB token stays out of the message).
 nlohmann::json parse_json_strict(std::string_view text, const std::string& source);
+
+// A value of a parsed file for an error message: its JSON text, at most `max` bytes of it.
+std::string json_excerpt(const nlohmann::json& v, size_t max = 80);
 
 }  // namespace upipe

@@ -39,7 +39,8 @@ class Fields {
   int64_t integer(const char* key) const {
     if (!has(key)) fail(key, "is missing");
     const json& v = at(key);
-    if (!v.is_number_integer()) fail(key, fmt::format("must be an integer (got {})", v.dump()));
+    if (!v.is_number_integer())
+      fail(key, fmt::format("must be an integer (got {})", json_excerpt(v)));
     int64_t x = v.get<int64_t>();
     if (x <= 0) fail(key, fmt::format("must be positive (got {})", x));
     return x;
@@ -55,10 +56,10 @@ class Fields {
   double number(const char* key) const {
     if (!has(key)) fail(key, "is missing");
     const json& v = at(key);
-    if (!v.is_number()) fail(key, fmt::format("must be a number (got {})", v.dump()));
+    if (!v.is_number()) fail(key, fmt::format("must be a number (got {})", json_excerpt(v)));
     double x = v.get<double>();
     if (!(x > 0) || !std::isfinite(x))
-      fail(key, fmt::format("must be positive and finite (got {})", v.dump()));
+      fail(key, fmt::format("must be positive and finite (got {})", json_excerpt(v)));
     return x;
   }
   double number(const char* key, double dflt) const { return has(key) ? number(key) : dflt; }
@@ -66,14 +67,14 @@ class Fields {
   bool boolean(const char* key, bool dflt) const {
     if (!has(key)) return dflt;
     const json& v = at(key);
-    if (!v.is_boolean()) fail(key, fmt::format("must be true or false (got {})", v.dump()));
+    if (!v.is_boolean()) fail(key, fmt::format("must be true or false (got {})", json_excerpt(v)));
     return v.get<bool>();
   }
 
   std::string string(const char* key, const std::string& dflt) const {
     if (!has(key)) return dflt;
     const json& v = at(key);
-    if (!v.is_string()) fail(key, fmt::format("must be a string (got {})", v.dump()));
+    if (!v.is_string()) fail(key, fmt::format("must be a string (got {})", json_excerpt(v)));
     return v.get<std::string>();
   }
 
@@ -115,7 +116,7 @@ RopeParams parse_rope(const Fields& top, const std::string& source) {
   if (top.has("rope_parameters")) {
     const json& rp = top.at("rope_parameters");
     if (!rp.is_object())
-      top.fail("rope_parameters", fmt::format("must be an object (got {})", rp.dump()));
+      top.fail("rope_parameters", fmt::format("must be an object (got {})", json_excerpt(rp)));
     Fields f(rp, source, "rope_parameters.");
     rope.theta = f.number("rope_theta");
     rope.scaling = parse_rope_type(f);
@@ -128,7 +129,7 @@ RopeParams parse_rope(const Fields& top, const std::string& source) {
   if (top.has("rope_scaling")) {
     const json& rs = top.at("rope_scaling");
     if (!rs.is_object())
-      top.fail("rope_scaling", fmt::format("must be an object or null (got {})", rs.dump()));
+      top.fail("rope_scaling", fmt::format("must be an object or null (got {})", json_excerpt(rs)));
     rope.scaling = parse_rope_type(Fields(rs, source, "rope_scaling."));
   }
   return rope;
@@ -180,12 +181,13 @@ ModelConfig parse_json(const json& j, const std::string& source) {
   // transformers 5 may list each layer's attention type; only full causal attention runs here.
   if (f.has("layer_types")) {
     const json& lt = f.at("layer_types");
-    if (!lt.is_array()) f.fail("layer_types", fmt::format("must be an array (got {})", lt.dump()));
+    if (!lt.is_array())
+      f.fail("layer_types", fmt::format("must be an array (got {})", json_excerpt(lt)));
     for (size_t i = 0; i < lt.size(); ++i)
       if (lt[i] != "full_attention")
         f.fail("layer_types",
                fmt::format("[{}] = {} is not supported; upipe runs \"full_attention\"", i,
-                           lt[i].dump()));
+                           json_excerpt(lt[i])));
   }
   std::string act = f.string("hidden_act", "silu");
   if (act != "silu")
@@ -211,7 +213,7 @@ ModelConfig parse_json(const json& j, const std::string& source) {
     }
     if (!ok)
       f.fail(key,
-             fmt::format("= {} is not a token id, a list of them or null", excerpt(v.dump(), 60)));
+             fmt::format("= {} is not a token id, a list of them or null", json_excerpt(v, 60)));
     m.token_ids[key] = v.dump();
   }
   m.validate();
@@ -367,12 +369,13 @@ std::string first_model_difference(const ModelConfig& a, const std::string& a_na
   for (const auto& [key, va] : ja.items()) {
     const json vb = jb.contains(key) ? jb[key] : json();
     if (va != vb)
-      return fmt::format("field '{}': {} has {}, {} has {}", key, a_name, va.dump(), b_name,
-                         vb.dump());
+      return fmt::format("field '{}': {} has {}, {} has {}", key, a_name, json_excerpt(va), b_name,
+                         json_excerpt(vb));
   }
   for (const auto& [key, vb] : jb.items())
     if (!ja.contains(key))
-      return fmt::format("field '{}': {} has none, {} has {}", key, a_name, b_name, vb.dump());
+      return fmt::format("field '{}': {} has none, {} has {}", key, a_name, b_name,
+                         json_excerpt(vb));
   return "";
 }
 

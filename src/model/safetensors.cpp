@@ -92,7 +92,7 @@ SafetensorsTensor parse_entry(const std::string& file, const std::string& name, 
   for (const json& s : e["shape"]) {
     if (!s.is_number_unsigned() || s.get<uint64_t>() > uint64_t(INT64_MAX))
       fail(file, name,
-           fmt::format("shape {} holds a non-integer or negative dim", e["shape"].dump()));
+           fmt::format("shape {} holds a non-integer or negative dim", json_excerpt(e["shape"])));
     t.shape.push_back(s.get<int64_t>());
   }
   const json& off = e.contains("data_offsets") ? e["data_offsets"] : json();

@@ -167,7 +167,8 @@ std::string verified_meta_text(const fs::path& p) {
 
 void parse_meta(const json& j, const std::string& meta, Saved& s) {
   if (j.at("format").get<std::string>() != kFormat)
-    throw ConfigError(fmt::format("{}: format {} is not {}", meta, j.at("format").dump(), kFormat));
+    throw ConfigError(
+        fmt::format("{}: format {} is not {}", meta, json_excerpt(j.at("format")), kFormat));
   s.info.run_id = j.at("run_id").get<std::string>();
   s.info.step = j.at("step").get<int64_t>();
   s.info.world = j.at("world").get<int>();
@@ -180,7 +181,7 @@ void parse_meta(const json& j, const std::string& meta, Saved& s) {
   const json& c = j.at("checksum");
   if (c.at("algorithm").get<std::string>() != kChecksum)
     throw ConfigError(
-        fmt::format("{}: checksum {} is not {}", meta, c.at("algorithm").dump(), kChecksum));
+        fmt::format("{}: checksum {} is not {}", meta, json_excerpt(c.at("algorithm")), kChecksum));
   s.piece = c.at("piece_elements").get<int64_t>();
   for (const json& u : j.at("units")) s.units.push_back({u.at("numel"), u.at("shard")});
   for (const json& f : j.at("files")) {

@@ -20,6 +20,7 @@
 #include "core/fault_inject.h"
 #include "core/safe_fs.h"
 #include "core/setting_ref.h"
+#include "core/strict_json.h"
 
 namespace upipe {
 namespace {
@@ -66,10 +67,15 @@ std::string metrics_json(const StepMetrics& m) {
 
 namespace {
 
-// Whether a line is one step's metrics (metrics_json's object), or the start of one.
-bool is_step_line(const std::string& l) {
-  const auto j = nlohmann::json::parse(l, nullptr, false);
-  return j.is_object() && j.contains("step") && j["step"].is_number_integer();
+// The line as one step's metrics (metrics_json's object), or null when it is not one (parsed
+// strictly: a line nested deeper than any metrics line is not one).
+nlohmann::json step_object(const std::string& l) {
+  try {
+    nlohmann::json j = parse_json_strict(l, "metrics line");
+    if (j.is_object() && j.contains("step") && j["step"].is_number_integer()) return j;
+  } catch (const ConfigError&) {
+  }
+  return nullptr;
 }
 bool is_torn_step_line(const std::string& l) {
   return l.empty() || l.rfind("{\"step\":", 0) == 0;
@@ -88,16 +94,15 @@ std::string lines_up_to(const std::string& path, int64_t step, int64_t* dropped 
   int64_t number = 0;
   auto keep = [&](const std::string& l, bool terminated) {
     ++number;
-    if (is_step_line(l)) {
-      const auto j = nlohmann::json::parse(l);
+    if (const nlohmann::json j = step_object(l); !j.is_null()) {
       const int64_t s = j["step"].get<int64_t>();
       if (!run_id.empty() && j.contains("run") && j["run"] != run_id)
         throw ConfigError(fmt::format(
             "{} '{}': line {} (step {}) is of another run ({}) than the one resumed ({}), so the "
             "file is left as it is; choose another {}, or remove the file",
             setting_ref("metrics.path"), path, number, s,
-            j["run"].is_string() ? j["run"].get<std::string>() : j["run"].dump(), run_id,
-            setting_ref("metrics.path")));
+            j["run"].is_string() ? excerpt(j["run"].get<std::string>()) : json_excerpt(j["run"]),
+            run_id, setting_ref("metrics.path")));
       if (last) *last = std::max(*last, s);
       if (s <= step)
         kept += l + "\n";

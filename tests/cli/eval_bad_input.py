@@ -104,6 +104,16 @@ def build(root):
     d = model_dir(root, "huge_number", weights=False)
     prepend_to_config(d, '"initializer_range": 1e999, ')
     case("huge_number/config.json: not valid JSON", "eval", "--model", d, "--seq-len", "8")
+    # A value nested 200000 deep (a segfault, exit 139, no error line: quoting it recursed).
+    d = model_dir(root, "deep_json", weights=False)
+    prepend_to_config(d, '"x": ' + "[" * 200000 + "]" * 200000 + ", ")
+    case("deep_json/config.json: nested more than 64 deep", "eval", "--model", d, "--seq-len", "8")
+    # ... in a tensor's shape of a safetensors header.
+    deep = json.loads(json.dumps(header))
+    deep["model.norm.weight"]["shape"] = "@"
+    text = json.dumps(deep).replace('"@"', "[" * 200000 + "]" * 200000).encode()
+    weights_case("deep_shape", "deep_shape/model.safetensors header: nested more than 64 deep",
+                 raw=struct.pack("<Q", len(text)) + text + data)
     # Corrupt or truncated safetensors.
     full = open(os.path.join(FIXTURE, "model.safetensors"), "rb").read()
     weights_case("truncated", "truncated/model.safetensors", raw=full[:len(full) - 1000])

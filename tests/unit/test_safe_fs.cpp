@@ -188,5 +188,28 @@ TEST(StrictJson, RepeatedKeysAreErrors) {
                       {"x.json: not valid JSON", "number overflow"});
 }
 
+// Nesting past kMaxJsonDepth is refused as it is read (a value nested 200000 deep, quoted in an
+// error message by dump(), overflowed the stack: a segfault, no error line); a long token is
+// quoted as an excerpt.
+TEST(StrictJson, DeepNestingAndLongTokensAreBounded) {
+  auto nested = [](int depth) {
+    return "{\"a\": " + std::string(size_t(depth), '[') + std::string(size_t(depth), ']') + "}";
+  };
+  EXPECT_NO_THROW(parse_json_strict(nested(kMaxJsonDepth - 1), "x.json"));
+  expect_config_error([&] { parse_json_strict(nested(kMaxJsonDepth), "x.json"); },
+                      {"x.json: nested more than 64 deep"});
+  expect_config_error([&] { parse_json_strict(nested(200000), "config.json"); },
+                      {"config.json: nested more than 64 deep"});
+  try {
+    parse_json_strict("{\"" + std::string(1 << 20, 'y') + "\x01\": 1}", "h.safetensors");
+    ADD_FAILURE() << "a control byte in a key was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_LT(std::string(e.what()).size(), 600u);
+    EXPECT_NE(std::string(e.what()).find("more bytes)"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(json_excerpt(nlohmann::json(std::string(1000, 'z')), 10),
+            "\"zzzzzzzzz... (992 more bytes)");
+}
+
 }  // namespace
 }  // namespace upipe
