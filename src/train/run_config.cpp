@@ -208,8 +208,8 @@ std::vector<Field> fields(RunConfig& c) {
        ResumeRule::kFree, "steps between validation losses (forward only); 0 = none"},
       {"metrics.val_sequences", "--val-sequences", "", &c.metrics.val_sequences, kScopeTrain,
        ResumeRule::kFree,
-       "held-out sequences of S tokens per validation: the first non-overlapping windows of "
-       "data.val_path"},
+       "held-out sequences of S tokens per validation (at most 1000000): the first "
+       "non-overlapping windows of data.val_path"},
       {"metrics.peak_flops", "--peak-flops", "", &c.metrics.peak_flops, kScopeTrain,
        ResumeRule::kFree,
        "MFU's denominator, FLOP/s per rank (e.g. 989e12: an H200's dense bf16 peak); 0 = this "
@@ -761,8 +761,10 @@ void validate(const RunConfig& c, uint32_t scopes) {
   if (!(c.metrics.peak_flops >= 0) || !std::isfinite(c.metrics.peak_flops))
     bad("metrics.peak_flops",
         fmt::format("must be a finite number >= 0 (0 = measure), got {}", c.metrics.peak_flops));
-  if (c.metrics.val_sequences < 1)
-    bad("metrics.val_sequences", fmt::format("must be >= 1, got {}", c.metrics.val_sequences));
+  // Every validation runs them all (a typo of 2^63 would validate forever).
+  if (c.metrics.val_sequences < 1 || c.metrics.val_sequences > 1000000)
+    bad("metrics.val_sequences",
+        fmt::format("must be in [1, 1000000], got {}", c.metrics.val_sequences));
   if ((scopes & kScopeTrain) && c.metrics.val_interval > 0 && c.data.kind == "files" &&
       c.data.val_path.empty())
     bad("metrics.val_interval",

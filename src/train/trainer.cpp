@@ -96,18 +96,21 @@ double Trainer::evaluate(const std::function<Sequence(int64_t i)>& data, int64_t
   // with one fewer runs a last forward on sequence 0 that counts for nothing.
   const int64_t rounds = (n + dp_size_ - 1) / dp_size_;
   const int64_t mine_n = (n - dp_rank_ + dp_size_ - 1) / dp_size_;  // i = r dp + rank < n
-  std::vector<Sequence> seqs;
+  // One sequence held at a time, whatever n (--val-sequences 2^63 held them all: the kernel's OOM
+  // killer ended the run). With packed documents the predictions are counted in a first pass,
+  // reading each sequence twice, as the loss's scale needs them before the first forward.
+  auto index = [&](int64_t r) { return r < mine_n ? r * dp_size_ + dp_rank_ : 0; };
   double mine_predicted = 0;
-  for (int64_t r = 0; r < rounds; ++r) {
-    seqs.push_back(data(r < mine_n ? r * dp_size_ + dp_rank_ : 0));
-    if (r < mine_n) mine_predicted += double(predictions(seqs.back().documents, s));
-  }
+  if (opt_.packed)
+    for (int64_t r = 0; r < mine_n; ++r)
+      mine_predicted += double(predictions(data(index(r)).documents, s));
   const double predicted = opt_.packed ? dp_sum(mine_predicted) : double(n) * double(s - 1);
   double mine = 0;
   for (int64_t r = 0; r < rounds; ++r) {
+    const Sequence q = data(index(r));
     LossSpec spec{predicted > 0 ? 1.0 / predicted : 0.0, {}};
-    spec.documents = seqs[size_t(r)].documents;
-    const double loss = dec_->loss(seqs[size_t(r)].tokens, *zero_, spec).loss;
+    spec.documents = q.documents;
+    const double loss = dec_->loss(q.tokens, *zero_, spec).loss;
     if (r < mine_n) mine += loss;
   }
   return dp_sum(mine);

@@ -34,6 +34,8 @@ run_case() {
 }
 
 MPIRUN=("$@")
+# Validation sequences are bounded (2^63 held every sequence at once: the OOM killer ended the run).
+run_case "--val-sequences must be in [1, 1000000], got 9223372036854775807" train --val-sequences=9223372036854775807 --val-interval=1
 # A mistyped command or a missing one names the word and the commands there are (CLI11 said only
 # "A subcommand is required").
 run_case "upipe has no command 'trian'; did you mean 'train'?" trian
