@@ -8,6 +8,7 @@
 #include <charconv>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <random>
 #include <set>
@@ -165,14 +166,27 @@ std::string verified_meta_text(const fs::path& p) {
   return text;
 }
 
+// An integer of meta.json in [lo, hi]: never narrowed (a world of 2^32 + 2 read as 2) nor a float
+// truncated (a numel of 4.75).
+int64_t meta_int(const json& v, const char* key, int64_t lo, int64_t hi, const std::string& meta) {
+  if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(hi)) ||
+      v.get<int64_t>() < lo || v.get<int64_t>() > hi)
+    throw ConfigError(fmt::format("{}: {} = {} is not an integer in [{}, {}]; the checkpoint is "
+                                  "corrupt",
+                                  meta, key, json_excerpt(v), lo, hi));
+  return v.get<int64_t>();
+}
+
 void parse_meta(const json& j, const std::string& meta, Saved& s) {
+  constexpr int64_t kMaxInt = std::numeric_limits<int>::max();
+  constexpr int64_t kMaxI64 = std::numeric_limits<int64_t>::max();
   if (j.at("format").get<std::string>() != kFormat)
     throw ConfigError(
         fmt::format("{}: format {} is not {}", meta, json_excerpt(j.at("format")), kFormat));
   s.info.run_id = j.at("run_id").get<std::string>();
-  s.info.step = j.at("step").get<int64_t>();
-  s.info.world = j.at("world").get<int>();
-  s.info.cp_size = j.at("cp_size").get<int>();
+  s.info.step = meta_int(j.at("step"), "step", 0, kMaxI64, meta);
+  s.info.world = int(meta_int(j.at("world"), "world", 1, kMaxInt, meta));
+  s.info.cp_size = int(meta_int(j.at("cp_size"), "cp_size", 1, kMaxInt, meta));
   s.info.model_json = j.at("model").get<std::string>();
   s.info.run_toml = j.at("run").get<std::string>();
   // Informational (older checkpoints lack it): never a reason to refuse the checkpoint.
@@ -182,11 +196,13 @@ void parse_meta(const json& j, const std::string& meta, Saved& s) {
   if (c.at("algorithm").get<std::string>() != kChecksum)
     throw ConfigError(
         fmt::format("{}: checksum {} is not {}", meta, json_excerpt(c.at("algorithm")), kChecksum));
-  s.piece = c.at("piece_elements").get<int64_t>();
-  for (const json& u : j.at("units")) s.units.push_back({u.at("numel"), u.at("shard")});
+  s.piece = meta_int(c.at("piece_elements"), "piece_elements", 1, kMaxI64, meta);
+  for (const json& u : j.at("units"))
+    s.units.push_back({meta_int(u.at("numel"), "numel", 1, kMaxI64, meta),
+                       meta_int(u.at("shard"), "shard", 1, kMaxI64, meta)});
   for (const json& f : j.at("files")) {
     SavedFile sf;
-    sf.bytes = f.at("bytes").get<int64_t>();
+    sf.bytes = meta_int(f.at("bytes"), "bytes", 0, kMaxI64, meta);
     sf.header = parse_hex64(f.at("header_xxh3"), meta);
     for (const json& h : f.at("pieces_xxh3")) sf.piece.push_back(parse_hex64(h, meta));
     s.files.push_back(std::move(sf));
@@ -234,12 +250,31 @@ Saved read_saved(const std::string& path) {
   const std::string meta = (p / "meta.json").string();
   Saved s;
   s.info.path = path;
+  const std::string text = verified_meta_text(p);
   try {
-    parse_meta(parse_json_strict(verified_meta_text(p), meta), meta, s);
+    parse_meta(parse_json_strict(text, meta), meta, s);
   } catch (const json::exception& e) {
-    throw ConfigError(fmt::format("{}: malformed checkpoint metadata: {}", meta, e.what()));
+    std::string what = e.what();  // without nlohmann's id ("[json.exception.type_error.304] ")
+    if (!what.empty() && what.front() == '[' && what.find("] ") != std::string::npos)
+      what.erase(0, what.find("] ") + 2);
+    throw ConfigError(fmt::format("{}: malformed checkpoint metadata: {}", meta, what));
   }
   check_meta(meta, s);
+  // The step its directory is named by and DONE's are meta.json's: a checkpoint renamed to a
+  // later step would be resumed as the newest, every later resume going back to it.
+  int64_t named = 0;
+  bool tmp = false;
+  if (parse_step_name(p.filename().string(), &named, &tmp) && !tmp && named != s.info.step)
+    throw ConfigError(fmt::format(
+        "checkpoint {} holds step {} (meta.json), not the step its name says ({}): it was renamed "
+        "or is corrupt; give it back its name {} or remove it",
+        path, s.info.step, named, step_dir_name(s.info.step)));
+  const std::string done =
+      read_small_file((p / "DONE").string(), "checkpoint marker", kMaxSmallFileBytes);
+  if (!done.starts_with(fmt::format("step {}\n", s.info.step)))
+    throw ConfigError(fmt::format("{}: does not say step {} as meta.json does; the checkpoint is "
+                                  "corrupt",
+                                  (p / "DONE").string(), s.info.step));
   return s;
 }
 
@@ -475,19 +510,41 @@ json meta_json(const CheckpointRun& run, int64_t step, Zero3& z, int cp_size,
           {"files", files}};
 }
 
-// A temporary directory that holds no run id and no checkpoint file: a write that ended (a crash,
-// a full disk) before it marked the directory, which every write does first. Nobody's data.
+// A step directory that holds no run id and no checkpoint file: a write that ended (a crash, a
+// full disk) before it marked the directory, which every write does first. Nobody's data.
 bool unmarked_leftover(const Entry& e) {
-  if (!e.tmp || !e.run_id.empty()) return false;
+  if (!e.run_id.empty()) return false;
   std::error_code ec;
   for (const auto& f : fs::directory_iterator(e.path, ec))
     if (!f.path().filename().string().starts_with("run_id.tmp.")) return false;
   return !ec;
 }
 
+// A step directory some run wrote: it holds the run id every write puts there first, or a
+// checkpoint's meta.json (readable or not).
+bool marked(const Entry& e) {
+  std::error_code ec;
+  return fs::exists(e.path / "run_id", ec) || fs::exists(e.path / "meta.json", ec);
+}
+
+// A directory named like a checkpoint that no run wrote and that holds something (a user's
+// `ckpt/step_5/notes.txt`): never replaced or removed, whatever --overwrite says.
+bool not_a_checkpoint(const Entry& e) {
+  return !marked(e) && !unmarked_leftover(e);
+}
+
+std::string not_a_checkpoint_text(const Entry& e) {
+  return fmt::format(
+      "{} is not a checkpoint (no run id, no meta.json) and holds files, which no run replaces or "
+      "removes, --overwrite included; move it out of checkpoint.dir or choose another "
+      "checkpoint.dir",
+      e.path.string());
+}
+
 // Whether this run may replace the entry (its own, or another run's it was allowed to overwrite,
 // or an unmarked leftover).
 void check_ours(const CheckpointRun& run, const Entry& e) {
+  if (not_a_checkpoint(e)) throw ConfigError(not_a_checkpoint_text(e));
   if (e.run_id == run.run_id || run.overwrite_others || unmarked_leftover(e)) return;
   throw ConfigError(fmt::format(
       "{} belongs to another run ({}); this run ({}) does not replace it: choose another "
@@ -562,7 +619,8 @@ void prune(const CheckpointRun& run, int64_t step) {
     const bool mine = e.run_id == run.run_id;
     if (mine && e.complete)
       ours.push_back(std::move(e));
-    else if ((mine && e.step != step) || (!mine && run.overwrite_others) || unmarked_leftover(e))
+    else if ((mine && e.step != step) || (!mine && run.overwrite_others && marked(e)) ||
+             unmarked_leftover(e))
       fs::remove_all(e.path);
   }
   if (run.keep > 0)
@@ -616,8 +674,10 @@ CheckpointStart open_checkpoint_run(Communicator& world, const std::string& dir,
   cs.run.run_id = new_run_id(world);
   if (dir.empty()) return cs;
   on_rank0_everywhere(world, dir, [&] { check_writable_dir(cs.run); });
-  if (overwrite) return cs;
   const std::vector<Entry> entries = list_entries(dir);
+  for (const Entry& e : entries)
+    if (not_a_checkpoint(e)) throw ConfigError(not_a_checkpoint_text(e));
+  if (overwrite) return cs;
   if (!entries.empty())
     throw ConfigError(fmt::format(
         "checkpoint.dir = {} holds checkpoints of another run ({}, {} in all): continue it with "

@@ -379,6 +379,42 @@ leftover_tmp)
   [ $rc -eq 0 ] || { cat "$tmp/n.out"; fail "resume: exit $rc"; }
   once n "held steps up to 4; its 2 line(s) after step 2 are dropped"
   [ "$(wc -l < "$tmp/m.jsonl")" -eq 4 ] || fail "metrics lines: $(wc -l < "$tmp/m.jsonl"), want 4"
+  # A directory named like a checkpoint that no run wrote, holding a user's file: a fresh run,
+  # --overwrite or not, neither replaces nor removes it (--overwrite deleted it).
+  mkdir -p "$tmp/cu/step_5" && echo notes > "$tmp/cu/step_5/important.txt"
+  job u 60 train "${small[@]}" --steps=2 --checkpoint-dir="$tmp/cu" --overwrite
+  [ $rc -eq 2 ] || { cat "$tmp/u.out"; fail "--overwrite over a directory that is not a checkpoint: exit $rc, want 2"; }
+  once u "$tmp/cu/step_5 is not a checkpoint (no run id, no meta.json) and holds files"
+  [ "$(cat "$tmp/cu/step_5/important.txt")" = notes ] || fail "the user's file in step_5 is gone"
+  # A checkpoint renamed to a later step is refused, not resumed as the newest (each later resume
+  # went back to it, dropping the steps after).
+  mv "$tmp/ck/step_00000006" "$tmp/ck/step_00000009"
+  rm -r "$tmp/ck/step_00000008.tmp"
+  job s 60 train --checkpoint-dir="$tmp/ck" --resume --steps=10
+  [ $rc -eq 2 ] || { cat "$tmp/s.out"; fail "resume of a renamed checkpoint: exit $rc, want 2"; }
+  once s "holds step 6 (meta.json), not the step its name says (9)"
+  mv "$tmp/ck/step_00000009" "$tmp/ck/step_00000006"
+  # meta.json's integers are never narrowed: a world of 2^32 + 2 (DONE's checksum made to match,
+  # as anyone can) is refused, not read as 2.
+  python3 - "$tmp/ck/step_00000006" <<'PY'
+import ctypes, json, os, sys
+xxh = ctypes.CDLL("libxxhash.so.0")  # the library upipe links
+xxh.XXH3_64bits.restype = ctypes.c_uint64
+xxh.XXH3_64bits.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+d = sys.argv[1]
+m = json.load(open(os.path.join(d, "meta.json")))
+m["world"] = 2**32 + 2
+text = (json.dumps(m, indent=1) + "\n").encode()
+open(os.path.join(d, "meta.json"), "wb").write(text)
+open(os.path.join(d, "DONE"), "w").write("step 6\nmeta.json xxh3-64 %016x\n" % xxh.XXH3_64bits(text, len(text)))
+PY
+  if [ $? -eq 0 ]; then
+    job w 60 train --checkpoint-dir="$tmp/ck" --resume --steps=10
+    [ $rc -eq 2 ] || { cat "$tmp/w.out"; fail "resume of a world of 2^32 + 2: exit $rc, want 2"; }
+    once w "world = 4294967298 is not an integer in [1, 2147483647]"
+  else
+    fail "could not forge meta.json (python3 with libxxhash.so.0)"
+  fi
   ;;
 sigint_progress)
   # Ctrl-C to a plain mpirun while rank 0 prints a line every step: mpirun stops reading the
