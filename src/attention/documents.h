@@ -51,6 +51,9 @@ class Documents {
   // The document spans of a view whose rows are `rows` (global rows, ascending): one span per
   // piece of a document, rows numbered from 0 in view order.
   std::vector<DocSpan> spans(const RowPositions& rows) const;
+  // The same spans appended to `out`, and their number alone (no list built).
+  void append_spans(const RowPositions& rows, std::vector<DocSpan>& out) const;
+  int64_t span_count(const RowPositions& rows) const;
 
  private:
   std::vector<int64_t> starts_;  // count() + 1 prefix sums of the lengths
