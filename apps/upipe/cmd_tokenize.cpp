@@ -14,20 +14,21 @@ namespace {
 
 struct Options {
   std::string in, out;
+  bool force = false;
 };
 
 int run(Process& proc, const Options& opt) {
   if (!proc.root()) return 0;
   std::error_code ec;
   if (std::filesystem::is_directory(opt.in, ec)) {
-    const TokenizedDocuments r = tokenize_documents(opt.in, opt.out);
+    const TokenizedDocuments r = tokenize_documents(opt.in, opt.out, opt.force);
     std::printf(
         "%s: %lld documents, %lld tokens (bytes, vocabulary %lld) written to %s.bin + %s.idx\n",
         opt.in.c_str(), static_cast<long long>(r.documents), static_cast<long long>(r.tokens),
         static_cast<long long>(kByteVocab), r.prefix.c_str(), r.prefix.c_str());
     return 0;
   }
-  const int64_t n = tokenize_bytes(opt.in, opt.out);
+  const int64_t n = tokenize_bytes(opt.in, opt.out, opt.force);
   std::printf("%s: %lld tokens (bytes, vocabulary %lld) written to %s\n", opt.in.c_str(),
               static_cast<long long>(n), static_cast<long long>(kByteVocab), opt.out.c_str());
   return 0;
@@ -43,6 +44,7 @@ Runner add_tokenize(CLI::App& cmd) {
                  "llm.c .bin token file to write (uint16 ids); for a directory, the prefix of "
                  "OUT.bin + OUT.idx (a Megatron indexed dataset)")
       ->required();
+  cmd.add_flag("--force", opt->force, "replace OUT (OUT.bin, OUT.idx) when it exists");
   return [opt](Process& p) { return run(p, *opt); };
 }
 

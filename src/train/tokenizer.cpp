@@ -79,13 +79,30 @@ std::string byte_tokenizer_config_json(int64_t max_len) {
   return j.dump(2) + "\n";
 }
 
-int64_t tokenize_bytes(const std::string& in, const std::string& out) {
+namespace {
+
+// An output file that exists is someone's (a corpus from another tool, a text named .bin by
+// mistake): replaced only when the user says so. (A symlink, FIFO or directory there is refused
+// by the writer whatever the user says.)
+void check_new_output(const std::string& out, bool replace) {
+  std::error_code ec;
+  if (!replace && std::filesystem::is_regular_file(std::filesystem::symlink_status(out, ec)))
+    throw ConfigError(fmt::format(
+        "{} already exists; tokenize does not replace a file it was not told to: choose another "
+        "output, remove it, or pass --force to replace it",
+        out));
+}
+
+}  // namespace
+
+int64_t tokenize_bytes(const std::string& in, const std::string& out, bool replace) {
   const ReadFile src(in, "text file");
   if (same_file(in, out))
     throw ConfigError(
         fmt::format("the output {} is the input {}: writing it would destroy the "
                     "text; choose another output",
                     out, in));
+  check_new_output(out, replace);
   if (src.size() > INT32_MAX)
     throw ConfigError(fmt::format(
         "{} has more than {} bytes, the most one llm.c .bin file counts; split the text", in,
@@ -108,7 +125,8 @@ int64_t tokenize_bytes(const std::string& in, const std::string& out) {
   return src.size();
 }
 
-TokenizedDocuments tokenize_documents(const std::string& dir, const std::string& out) {
+TokenizedDocuments tokenize_documents(const std::string& dir, const std::string& out,
+                                      bool replace) {
   namespace fs = std::filesystem;
   TokenizedDocuments r;
   const fs::path o(out);
@@ -128,6 +146,7 @@ TokenizedDocuments tokenize_documents(const std::string& dir, const std::string&
         throw ConfigError(
             fmt::format("the output {}{} is one of the inputs in {}: choose an output outside it",
                         r.prefix, ext, dir));
+  for (const char* ext : {".bin", ".idx"}) check_new_output(r.prefix + ext, replace);
   IndexedDatasetWriter w(r.prefix);
   std::vector<char> bytes(static_cast<size_t>(kChunk));
   std::vector<int32_t> ids(static_cast<size_t>(kChunk));

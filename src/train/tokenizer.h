@@ -17,8 +17,8 @@ inline constexpr int64_t kByteVocab = 256;
 // returns the number of tokens. Throws ConfigError naming the file when `in` cannot be read or is
 // not a regular file, `out` is `in` (the same file under any name), a symlink or not a regular
 // file, or `in` has 2^31 bytes or more (the .bin header counts tokens in an int32; split the
-// text); Error when a write fails.
-int64_t tokenize_bytes(const std::string& in, const std::string& out);
+// text), or `out` exists and not `replace`; Error when a write fails.
+int64_t tokenize_bytes(const std::string& in, const std::string& out, bool replace = false);
 
 // tokenizer.json of the byte tokenizer: a BPE model without merges over GPT-2's byte-to-unicode
 // alphabet (id b = byte b), ByteLevel pre-tokenizer and decoder without regex splitting or a
@@ -31,11 +31,12 @@ std::string byte_tokenizer_config_json(int64_t max_len);
 // Every regular file of the directory `dir` (not recursive, sorted by name) as one document, in
 // that order, into PREFIX.bin + PREFIX.idx (PREFIX: `out` without a .bin / .idx extension),
 // written atomically. Throws ConfigError when `dir` holds no file, an input is one of the
-// outputs, or a file cannot be read; Error when a write fails.
+// outputs, an output exists and not `replace`, or a file cannot be read; Error when a write fails.
 struct TokenizedDocuments {
   std::string prefix;
   int64_t documents = 0, tokens = 0;
 };
-TokenizedDocuments tokenize_documents(const std::string& dir, const std::string& out);
+TokenizedDocuments tokenize_documents(const std::string& dir, const std::string& out,
+                                      bool replace = false);
 
 }  // namespace upipe

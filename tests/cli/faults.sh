@@ -339,6 +339,19 @@ tokenize_self)
   ln -s "$tmp/a.txt" "$tmp/link.bin"
   "$upipe" tokenize "$tmp/a.txt" "$tmp/link.bin" > /dev/null 2>&1 && fail "wrote through a symlink"
   [ "$(cat "$tmp/a.txt")" = "keep this text" ] || fail "the input was changed through the symlink"
+  # An existing output is someone's file (a corpus another tool wrote, a text named .bin): replaced
+  # only with --force, in both modes.
+  printf 'my notes' > "$tmp/notes.bin"
+  out=$("$upipe" tokenize "$tmp/a.txt" "$tmp/notes.bin" 2>&1); rc=$?
+  [ $rc -eq 2 ] && echo "$out" | grep -q "notes.bin already exists; tokenize does not replace" ||
+    fail "tokenize over an existing file: exit $rc: $out"
+  [ "$(cat "$tmp/notes.bin")" = "my notes" ] || fail "tokenize replaced an existing file"
+  "$upipe" tokenize "$tmp/a.txt" "$tmp/notes.bin" --force > /dev/null || fail "tokenize --force"
+  [ "$(stat -c %s "$tmp/notes.bin")" -eq $((1024 + 28)) ] || fail "--force did not write the tokens"
+  mkdir "$tmp/docs" && cp "$tmp/a.txt" "$tmp/docs/" && printf 'corpus' > "$tmp/corpus.idx"
+  out=$("$upipe" tokenize "$tmp/docs" "$tmp/corpus" 2>&1); rc=$?
+  [ $rc -eq 2 ] && echo "$out" | grep -q "corpus.idx already exists" || fail "tokenize DIR over an existing .idx: exit $rc: $out"
+  [ "$(cat "$tmp/corpus.idx")" = "corpus" ] && [ ! -e "$tmp/corpus.bin" ] || fail "tokenize DIR changed files when refused"
   ;;
 sizes)
   mkdir "$tmp/deep"
