@@ -69,9 +69,10 @@ RunStart initialize(Communicator& world, const RunConfig& c, const ModelConfig& 
     const std::string by = info.written_by.empty() || info.written_by == build_id()
                                ? ""
                                : fmt::format(", by upipe {}", info.written_by);
-    s.origin = fmt::format("{} (step {}, written on {} rank{}{}{})", ckpt, info.step, info.world,
-                           info.world == 1 ? "" : "s",
-                           info.world == world.size() ? "" : ", resharded", by);
+    // meta.json's text (its writer's version) is a file's: one line, control bytes escaped.
+    s.origin = one_line(fmt::format("{} (step {}, written on {} rank{}{}{})", ckpt, info.step,
+                                    info.world, info.world == 1 ? "" : "s",
+                                    info.world == world.size() ? "" : ", resharded", by));
   } else if (!c.model.init_from.empty()) {
     const SafetensorsReader reader = open_init_weights(c.model.init_from, m);
     tr.zero().init(&reader, uint64_t(c.train.seed));

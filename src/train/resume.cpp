@@ -55,7 +55,8 @@ std::vector<std::string> check_resume(const RecordedRun& rec, const RunConfig& n
         fmt::format("  {} -> {} ranks: the shards are re-cut (the same batch)", rec.world, world));
   bool schedule = false;
   for (const SettingChange& c : setting_changes(rec.config, now)) {
-    const std::string what = fmt::format("{} {} -> {}", flag_of(c.key), c.from, c.to);
+    // The recorded values come from a checkpoint's file: one line, control bytes escaped.
+    const std::string what = one_line(fmt::format("{} {} -> {}", flag_of(c.key), c.from, c.to));
     switch (c.rule) {
       case ResumeRule::kBreaks:
         add_break(what);
