@@ -123,6 +123,24 @@ RopeParams parse_rope(const Fields& top, const std::string& source) {
     if (top.has("rope_theta") && top.number("rope_theta") != rope.theta)
       top.fail("rope_theta", fmt::format("({}) contradicts rope_parameters.rope_theta ({})",
                                          top.number("rope_theta"), rope.theta));
+    // A rope_scaling beside it (a hand-edited file, or one tool writing the older form over the
+    // newer) must say the same, or which one the model was trained with is unknown.
+    if (top.has("rope_scaling") && !top.at("rope_scaling").is_null()) {
+      const json& rs = top.at("rope_scaling");
+      if (!rs.is_object())
+        top.fail("rope_scaling",
+                 fmt::format("must be an object or null (got {})", json_excerpt(rs)));
+      const RopeScaling other = parse_rope_type(Fields(rs, source, "rope_scaling."));
+      const RopeScaling& a = rope.scaling;
+      if (a.enabled != other.enabled ||
+          (a.enabled &&
+           (a.factor != other.factor || a.low_freq_factor != other.low_freq_factor ||
+            a.high_freq_factor != other.high_freq_factor ||
+            a.original_max_position != other.original_max_position)))
+        top.fail("rope_scaling",
+                 fmt::format("({}) contradicts rope_parameters ({}); keep one of them",
+                             json_excerpt(rs), json_excerpt(rp)));
+    }
     return rope;
   }
   rope.theta = top.number("rope_theta", 10000.0);  // transformers' default for both families

@@ -220,6 +220,23 @@ TEST(ModelConfig, RefusalsNameFileAndField) {
                {f, "'rope_parameters.rope_theta' is missing"});
   expect_error(with(R"(, "rope_parameters": {"rope_theta": 1e6})"),
                {f, "'rope_theta'", "contradicts"});
+  // A rope_scaling beside rope_parameters says the same or is refused (it was ignored).
+  const std::string llama3 = R"("factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                               "original_max_position_embeddings": 8192)";
+  expect_error(with(R"(, "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0},
+                       "rope_scaling": {"rope_type": "llama3", )" +
+                    llama3 + "}"),
+               {f, "'rope_scaling'", "contradicts rope_parameters", "keep one of them"});
+  EXPECT_TRUE(parse_model_config(
+                  llama_json(R"(, "rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5, )" +
+                             llama3 + R"(}, "rope_scaling": {"rope_type": "llama3", )" + llama3 +
+                             "}"),
+                  f)
+                  .rope.scaling.enabled);
+  EXPECT_FALSE(parse_model_config(llama_json(R"(, "rope_parameters": {"rope_type": "default",
+                                                 "rope_theta": 5e5}, "rope_scaling": null)"),
+                                  f)
+                   .rope.scaling.enabled);
   expect_error(with(R"(, "rope_scaling": {"rope_type": "llama3", "factor": 8.0,
                        "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})"),
                {f, "'rope_scaling.low_freq_factor' is missing"});
