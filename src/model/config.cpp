@@ -41,6 +41,9 @@ class Fields {
     const json& v = at(key);
     if (!v.is_number_integer())
       fail(key, fmt::format("must be an integer (got {})", json_excerpt(v)));
+    // Above 2^63 - 1 it would read as negative (2^64 - 1 said "got -1").
+    if (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX))
+      fail(key, fmt::format("is too large (got {})", v.get<uint64_t>()));
     int64_t x = v.get<int64_t>();
     if (x <= 0) fail(key, fmt::format("must be positive (got {})", x));
     return x;
@@ -184,11 +187,20 @@ ModelConfig parse_json(const json& j, const std::string& source) {
                           : int(m.hidden_size / std::max(1, m.num_attention_heads));
   m.head_dim = f.int32("head_dim", dflt_head_dim);
   m.rms_norm_eps = f.number("rms_norm_eps", 1e-6);
+  // The kernels take it as a float: it must stay positive and finite there (1e-300 became 0).
+  if (!(float(m.rms_norm_eps) > 0) || !std::isfinite(float(m.rms_norm_eps)))
+    f.fail("rms_norm_eps", fmt::format("= {:g} is outside what a float holds (positive, finite)",
+                                       m.rms_norm_eps));
   m.tie_word_embeddings = f.boolean("tie_word_embeddings", false);
   m.qk_norm = m.family == ModelFamily::kQwen3;
   m.max_position_embeddings =
       f.integer("max_position_embeddings", m.family == ModelFamily::kQwen3 ? 32768 : 2048);
   m.rope = parse_rope(f, source);
+  // Said as the file's field (the range check of the attention block names the flag).
+  if (m.rope.theta < kMinRopeTheta || m.rope.theta > kMaxRopeTheta)
+    f.fail(f.has("rope_parameters") ? "rope_parameters.rope_theta" : "rope_theta",
+           fmt::format("= {:g} is outside [{:g}, {:g}]", m.rope.theta, kMinRopeTheta,
+                       kMaxRopeTheta));
 
   if (f.boolean("attention_bias", false))
     f.fail("attention_bias", "= true is not supported; upipe's projections have no bias");

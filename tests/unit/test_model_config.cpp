@@ -220,6 +220,17 @@ TEST(ModelConfig, RefusalsNameFileAndField) {
                {f, "'rope_parameters.rope_theta' is missing"});
   expect_error(with(R"(, "rope_parameters": {"rope_theta": 1e6})"),
                {f, "'rope_theta'", "contradicts"});
+  // Values said as the file's fields: an integer past 2^63 - 1 (read as -1 before), a theta
+  // out of range (named the flag --rope-theta), an epsilon no float holds (became 0).
+  expect_error(with(R"(, "vocab_size": 18446744073709551615)"),
+               {f, "'vocab_size' is too large (got 18446744073709551615)"});
+  expect_error(with(R"(, "rope_theta": 0.5)"), {f, "'rope_theta' = 0.5 is outside [1, 1e+12]"});
+  expect_error(parse(R"({"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+                         "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 256,
+                         "rope_parameters": {"rope_type": "default", "rope_theta": 1e300}})"),
+               {f, "'rope_parameters.rope_theta' = 1e+300 is outside"});
+  expect_error(with(R"(, "rms_norm_eps": 1e-300)"),
+               {f, "'rms_norm_eps' = 1e-300 is outside what a float holds"});
   // A rope_scaling beside rope_parameters says the same or is refused (it was ignored).
   const std::string llama3 = R"("factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                "original_max_position_embeddings": 8192)";
