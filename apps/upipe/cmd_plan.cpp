@@ -4,12 +4,12 @@
 // mpirun rank 0 plans and prints, the others exit 0.
 #include <fmt/format.h>
 
-#include <algorithm>
 #include <malloc.h>
+#include <algorithm>
 
 #include <chrono>
-#include <limits>
 #include <cstdio>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "apps/upipe/commands.h"
@@ -18,6 +18,7 @@
 #include "apps/upipe/settings_cli.h"
 #include "attention/headwise.h"
 #include "attention/methods.h"
+#include "core/allocator.h"
 #include "core/errors.h"
 #include "model/doc_lens.h"
 #include "plan/planner.h"
@@ -148,6 +149,15 @@ PlanRequest base_request(const Settings& set, const Options& o) {
   r.backend = parse_backend_kind(c.device.backend);
   r.reserve_bytes = o.reserve_gib >= 0 ? int64_t(o.reserve_gib * double(int64_t(1) << 30))
                                        : parse_bytes(o.reserve, "--reserve", /*allow_zero=*/true);
+  // Past what the meta device counts per rank, a plan's answer would be the planner's limit, not
+  // the budget's.
+  for (const auto& [key, bytes] : {std::pair{"memory.device_memory", r.device_bytes},
+                                   std::pair{"memory.host_memory", r.host_bytes}})
+    if (bytes > MetaAllocator::reserved_bytes())
+      throw ConfigError(fmt::format(
+          "{} is more than the planner counts per rank ({}): plan at "
+          "most that",
+          setting_value(key, bytes_text(bytes)), format_bytes(MetaAllocator::reserved_bytes())));
   if (!o.doc_lens.empty()) {
     if (o.max_seq_len)
       throw ConfigError(

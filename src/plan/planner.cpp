@@ -311,7 +311,18 @@ Plan max_seq_len(const ModelConfig& m, const PlanRequest& r) {
   // complete plans at k1 < k2 granules give the line to extrapolate both budgets from. The guess
   // only saves plans; the answer is the bracket below, decided by plans alone.
   const int64_t k1 = 4, k2 = 8;
-  const Plan p1 = plan_step(m, at(k1)), p2 = plan_step(m, at(k2));
+  // A probe past what the meta device counts (a model of 1000 layers) is no line: the search
+  // starts from one granule instead (it threw, naming an S the user never gave).
+  auto probe = [&](int64_t k) {
+    try {
+      return plan_step(m, at(k));
+    } catch (const ConfigError&) {
+      Plan none;
+      none.complete = false;
+      return none;
+    }
+  };
+  const Plan p1 = probe(k1), p2 = probe(k2);
   int64_t guess = 1;
   if (p1.complete && p2.complete) {
     auto solve = [&](int64_t y1, int64_t y2, int64_t budget) {
