@@ -283,6 +283,7 @@ int run(Process& proc, const Options& o, const SettingArgs& sa, const CLI::App& 
                       {"ulysses_degree", p.request.decoder.knobs.ulysses_degree},
                       {"chunks", p.request.decoder.knobs.chunks},
                       {"overlap", p.request.decoder.knobs.overlap}}},
+                    {"knobs_text", knobs_text(m, p.request)},
                     {"seq_len", p.request.decoder.seq_len},
                     {"fits", p.fits},
                     {"device_peak_bytes", p.device_peak},
