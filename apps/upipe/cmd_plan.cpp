@@ -341,7 +341,14 @@ int run(Process& proc, const Options& o, const SettingArgs& sa, const CLI::App& 
     if (p.host_peak > 0)
       std::printf("  host peak %s (rank %d): %s\n", format_bytes(p.host_peak).c_str(),
                   p.worst_host_rank, Arena::describe(p.host_at_peak).c_str());
-    if (p.fits) std::printf("  run it: %s\n", train_command(set, o, p).c_str());
+    if (p.fits) {
+      std::printf("  run it: %s\n", train_command(set, o, p).c_str());
+      // --doc-lens is the planner's: a run's documents come from its data.
+      if (!o.doc_lens.empty())
+        std::printf(
+            "  (its documents come from the data: --data-kind=files --documents=eos:ID or index; "
+            "--doc-lens has no train flag)\n");
+    }
   }
   return 0;
 }
