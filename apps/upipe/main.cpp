@@ -20,6 +20,7 @@
 #include "core/check.h"
 #include "core/errors.h"
 #include "core/spelling.h"
+#include "core/stop_signal.h"
 #include "core/watchdog.h"
 
 namespace {
@@ -57,6 +58,9 @@ std::string missing_command(const CLI::App& cli, const std::vector<std::string>&
 
 int main(int argc, char** argv) {
   using namespace upipe;
+  // A stop signal before `upipe train` installs its handlers (MPI_Init alone takes 0.3 s) waits
+  // for them instead of killing the rank; other commands release it to its default action.
+  hold_stop_signals();
   MpiRuntime mpi(&argc, &argv);
   auto world = mpi.world();
   app::Process proc{*world};
@@ -158,6 +162,8 @@ int main(int argc, char** argv) {
         throw ConfigError(missing_command(cli, split));
       throw ConfigError(e.what());
     }
+    // Only training stops cleanly (it installs the handlers, releasing the signals then).
+    if (!train->parsed() && !(demo->parsed() && !demo_attn->parsed())) release_stop_signals();
     cpu_isa();  // the CPU kernels' path, once: UPIPE_CPU_ISA or the widest (ConfigError if absent)
     for (auto& [cmd, run] : runners)
       if (cmd->parsed() && run) return run(proc);

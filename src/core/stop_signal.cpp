@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include <fcntl.h>
+#include <pthread.h>
 
 #include "core/launcher.h"
 
@@ -41,6 +42,23 @@ void on_stop_signal(int sig) {
 
 }  // namespace
 
+namespace {
+void mask_stop_signals(int how) {
+  sigset_t set;
+  sigemptyset(&set);
+  for (int sig : kStopSignals) sigaddset(&set, sig);
+  pthread_sigmask(how, &set, nullptr);
+}
+}  // namespace
+
+void hold_stop_signals() {
+  mask_stop_signals(SIG_BLOCK);
+}
+
+void release_stop_signals() {
+  mask_stop_signals(SIG_UNBLOCK);
+}
+
 void install_stop_handlers() {
   struct sigaction sa;
   std::memset(&sa, 0, sizeof sa);
@@ -54,6 +72,7 @@ void install_stop_handlers() {
   // Output whose reader went away (a launcher's closed pipe) must not end a rank finishing its
   // step and checkpoint (SIGPIPE): the write fails instead.
   signal(SIGPIPE, SIG_IGN);
+  release_stop_signals();  // one that came while they were held is handled now
 }
 
 bool stop_requested() {

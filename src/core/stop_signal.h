@@ -13,8 +13,15 @@
 
 namespace upipe {
 
-// Installs the handlers. Only programs that poll stop_requested() should call it: elsewhere
-// Ctrl-C would be ignored. Safe to call more than once.
+// Blocks the stop signals in the calling thread (and the threads it starts later): called first
+// in main, so a stop requested while MPI_Init runs (0.3 s) waits for the handlers instead of
+// killing the rank. release_stop_signals() unblocks them (a command that does not stop cleanly
+// then gets the default action, a pending signal included).
+void hold_stop_signals();
+void release_stop_signals();
+
+// Installs the handlers, then releases the signals. Only programs that poll stop_requested()
+// should call it: elsewhere Ctrl-C would be ignored. Safe to call more than once.
 void install_stop_handlers();
 // True once one of the signals above arrived (async-signal-safe to read).
 bool stop_requested();
