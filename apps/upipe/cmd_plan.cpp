@@ -18,7 +18,6 @@
 #include "apps/upipe/settings_cli.h"
 #include "attention/headwise.h"
 #include "attention/methods.h"
-#include "core/allocator.h"
 #include "core/errors.h"
 #include "model/doc_lens.h"
 #include "plan/planner.h"
@@ -95,6 +94,7 @@ Limit limit_of(const Plan& p) {
   const bool host_limits = !p.limit_arena.empty() ? p.limit_arena == "host" : host > dev;
   const TagBytes& at = host_limits ? p.host_at_peak : p.device_at_peak;
   const Tag t = largest(at);
+  if (p.limit_arena == kPlannerRangeLimit) return {kPlannerRangeLimit, t, at[t]};
   return {host_limits ? "host" : "device", t, at[t]};
 }
 
@@ -149,15 +149,6 @@ PlanRequest base_request(const Settings& set, const Options& o) {
   r.backend = parse_backend_kind(c.device.backend);
   r.reserve_bytes = o.reserve_gib >= 0 ? int64_t(o.reserve_gib * double(int64_t(1) << 30))
                                        : parse_bytes(o.reserve, "--reserve", /*allow_zero=*/true);
-  // Past what the meta device counts per rank, a plan's answer would be the planner's limit, not
-  // the budget's.
-  for (const auto& [key, bytes] : {std::pair{"memory.device_memory", r.device_bytes},
-                                   std::pair{"memory.host_memory", r.host_bytes}})
-    if (bytes > MetaAllocator::reserved_bytes())
-      throw ConfigError(fmt::format(
-          "{} is more than the planner counts per rank ({}): plan at "
-          "most that",
-          setting_value(key, bytes_text(bytes)), format_bytes(MetaAllocator::reserved_bytes())));
   if (!o.doc_lens.empty()) {
     if (o.max_seq_len)
       throw ConfigError(

@@ -227,8 +227,13 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
     return 0;
   }
   // A metrics file the run may not replace is refused before anything starts (rank 0 writes it).
-  if (proc.root() && !cfg.metrics.path.empty())
-    check_metrics_file(cfg.metrics.path, opt.resume, opt.overwrite);
+  // (Resumed: its lines must be the run's, whose id the newest checkpoint carries.)
+  if (proc.root() && !cfg.metrics.path.empty()) {
+    const std::optional<std::string> ckpt =
+        opt.resume ? latest_checkpoint(cfg.checkpoint.dir) : std::nullopt;
+    check_metrics_file(cfg.metrics.path, opt.resume, opt.overwrite,
+                       ckpt ? read_checkpoint_info(*ckpt).run_id : "");
+  }
   Watchdog::start(cfg.comm.timeout);
   install_stop_handlers();
   const ModelConfig m = load_model_config(cfg.model.name);

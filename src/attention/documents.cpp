@@ -62,6 +62,8 @@ void for_each_piece(const Documents& d, const RowPositions& rows, Fn&& fn) {
     // One search per run; its next piece starts the next document (the planner's worst case,
     // a document per token, searched once per row before: 40% of a plan's time).
     for (int64_t doc = d.doc_of(g); left > 0; ++doc) {
+      UPIPE_CHECK(doc < d.count(), "rows past the sequence of {} (a run at {} of {} rows)",
+                  d.seq_len(), run.pos, run.rows);
       const int64_t n = std::min(left, d.start(doc) + d.length(doc) - g);
       fn(r, n, doc, g - d.start(doc));
       r += n, g += n, left -= n;
@@ -93,12 +95,12 @@ RowPositions Documents::positions_in_documents(const RowPositions& rows) const {
 
 std::vector<DocSpan> Documents::spans(const RowPositions& rows) const {
   std::vector<DocSpan> out;
+  out.reserve(size_t(span_count(rows)));
   append_spans(rows, out);
   return out;
 }
 
 void Documents::append_spans(const RowPositions& rows, std::vector<DocSpan>& out) const {
-  out.reserve(out.size() + size_t(span_count(rows)));
   for_each_piece(*this, rows, [&](int64_t r, int64_t n, int64_t doc, int64_t pos) {
     out.push_back({r, n, doc, pos});
   });

@@ -72,7 +72,9 @@ void* Arena::allocate(int64_t bytes, Tag tag) {
         "configuration with a smaller peak",
         name_, tag_name(tag), format_bytes(bytes), bytes, e.what(), format_bytes(current_),
         format_bytes(budget_), describe(cur_));
-    throw OutOfMemoryError(msg, name_, tag_name(tag), bytes, describe(cur_));
+    OutOfMemoryError oom(msg, name_, tag_name(tag), bytes, describe(cur_));
+    oom.backing = true;
+    throw oom;
   }
   live_[reinterpret_cast<uintptr_t>(p)] = std::max<int64_t>(bytes, 1);
   on_change(tag, bytes);

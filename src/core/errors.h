@@ -79,6 +79,7 @@ class OutOfMemoryError : public Error {
   std::string tag;
   int64_t request;
   std::string breakdown;  // "tag=bytes, ..." of live allocations at the failure
+  bool backing = false;   // within the budget, but the memory behind the arena ran out
 };
 
 }  // namespace upipe

@@ -40,13 +40,16 @@ nlohmann::json parse_json_strict(std::string_view text, const std::string& sourc
   try {
     return json::parse(text, check);
   } catch (const json::exception& e) {
-    // nlohmann's text leads with its exception's id ("[json.exception.parse_error.101] "), which
-    // says nothing to a user: the rest says where and what.
-    std::string what = e.what();
-    if (!what.empty() && what.front() == '[' && what.find("] ") != std::string::npos)
-      what.erase(0, what.find("] ") + 2);
-    throw ConfigError(fmt::format("{}: not valid JSON: {}", source, excerpt(what, 300)));
+    throw ConfigError(
+        fmt::format("{}: not valid JSON: {}", source, excerpt(json_error_text(e), 300)));
   }
+}
+
+std::string json_error_text(const std::exception& e) {
+  std::string what = e.what();
+  if (!what.empty() && what.front() == '[' && what.find("] ") != std::string::npos)
+    what.erase(0, what.find("] ") + 2);
+  return what;
 }
 
 std::string json_excerpt(const nlohmann::json& v, size_t max) {

@@ -22,6 +22,10 @@ inline constexpr int kMaxJsonDepth = 64;
 // excerpt (a 50 MB token stays out of the message).
 nlohmann::json parse_json_strict(std::string_view text, const std::string& source);
 
+// nlohmann::json's exception text without its id ("[json.exception.type_error.302] "), which
+// says nothing to a user.
+std::string json_error_text(const std::exception& e);
+
 // A value of a parsed file for an error message: its JSON text, at most `max` bytes of it.
 std::string json_excerpt(const nlohmann::json& v, size_t max = 80);
 

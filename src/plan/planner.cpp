@@ -167,7 +167,8 @@ Plan plan_step(const ModelConfig& m, const PlanRequest& r, bool stop_at_budget,
     p.fits = false;
     p.ranks.clear();
     p.failure = fmt::format("rank {}: {}", rank, e.what());
-    p.limit_arena = e.arena;
+    // Within the budget but past the meta device's range: the planner's limit, said as such.
+    p.limit_arena = e.backing ? std::string(kPlannerRangeLimit) : e.arena;
     p.limit_tag = e.tag;
     return p;
   };

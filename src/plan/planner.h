@@ -59,6 +59,10 @@ struct RankPlan {
   TagBytes device_at_peak, host_at_peak;
 };
 
+// Plan::limit_arena of a step stopped by the meta device's address range (16 TiB a rank, less
+// under `ulimit -v`) rather than a budget: the planner's limit, not the machine's.
+inline constexpr const char* kPlannerRangeLimit = "the planner's range";
+
 struct Plan {
   PlanRequest request;
   // false when the step stopped at the budget (plan_step with stop_at_budget): the plan then
@@ -74,7 +78,7 @@ struct Plan {
   std::string failure;                    // what did not fit, when !complete
   // What stops this plan, or (max_seq_len) one granule more: the arena whose budget it exceeds
   // ("device" or "host") and the tag of the request that did not fit; empty when nothing does.
-  std::string limit_arena, limit_tag;
+  std::string limit_arena, limit_tag;  // limit_arena: "device", "host" or kPlannerRangeLimit
   int rank_classes = 0;  // the ranks played: one per class (or every rank)
 };
 

@@ -1,12 +1,17 @@
 #include "train/checkpoint.h"
 
 #include <fmt/format.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
 #include <xxhash.h>
 
 #include <algorithm>
 #include <array>
 #include <charconv>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <limits>
 #include <map>
@@ -31,6 +36,7 @@ namespace {
 
 constexpr const char* kFormat = "upipe-zero3-checkpoint-2";
 constexpr const char* kChecksum = "xxh3-64";
+constexpr const char* kLockFile = ".upipe-lock";  // in checkpoint.dir: who writes there now
 const char* const kFields[] = {"master", "exp_avg", "exp_avg_sq"};
 constexpr int kNumFields = 3;
 // Bounds on what is read from a checkpoint directory before parsing it.
@@ -254,10 +260,8 @@ Saved read_saved(const std::string& path) {
   try {
     parse_meta(parse_json_strict(text, meta), meta, s);
   } catch (const json::exception& e) {
-    std::string what = e.what();  // without nlohmann's id ("[json.exception.type_error.304] ")
-    if (!what.empty() && what.front() == '[' && what.find("] ") != std::string::npos)
-      what.erase(0, what.find("] ") + 2);
-    throw ConfigError(fmt::format("{}: malformed checkpoint metadata: {}", meta, what));
+    throw ConfigError(
+        fmt::format("{}: malformed checkpoint metadata: {}", meta, json_error_text(e)));
   }
   check_meta(meta, s);
   // The step its directory is named by and DONE's are meta.json's: a checkpoint renamed to a
@@ -628,6 +632,45 @@ void prune(const CheckpointRun& run, int64_t step) {
       if (ours[i].step < step) fs::remove_all(ours[i].path);
 }
 
+// Rank 0: an exclusive lock on checkpoint.dir/.upipe-lock, held until the process ends, so two
+// jobs never write one directory at once (each pruned the other's checkpoints, or removed the
+// other's checkpoint being written, and a run resumed twice wrote its metrics twice). The file
+// says who holds it. A process takes a directory's lock once (a test resumes in-process).
+void lock_checkpoint_dir(const std::string& dir) {
+  static std::map<std::string, int> held;  // canonical directory -> the locked descriptor
+  std::error_code ec;
+  const std::string key = fs::weakly_canonical(fs::absolute(dir), ec).string();
+  if (held.count(key)) return;
+  const std::string path = (fs::path(dir) / kLockFile).string();
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+  if (fd < 0)
+    throw ConfigError(fmt::format("checkpoint.dir = {}: cannot open its lock file {}: {}", dir,
+                                  path, std::strerror(errno)));
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    char who[256] = {};
+    const ssize_t n = ::pread(fd, who, sizeof who - 1, 0);
+    ::close(fd);
+    std::string holder = n > 0 ? std::string(who, size_t(n)) : "";
+    while (!holder.empty() && holder.back() == '\n') holder.pop_back();
+    if (err == EWOULDBLOCK)
+      throw ConfigError(fmt::format(
+          "checkpoint.dir = {} is in use by another upipe job ({}): two jobs writing one "
+          "directory would remove each other's checkpoints; wait for it to end, or choose another "
+          "checkpoint.dir",
+          dir, holder.empty() ? "its lock file " + path : excerpt(holder)));
+    throw ConfigError(fmt::format("checkpoint.dir = {}: cannot lock {}: {}", dir, path,
+                                  std::strerror(err)));
+  }
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  const std::string who = fmt::format("pid {} on {}\n", ::getpid(), host);
+  if (::ftruncate(fd, 0) == 0 && ::pwrite(fd, who.data(), who.size(), 0) < 0) {
+    // The lock holds whatever the file says; its text only names the holder.
+  }
+  held[key] = fd;
+}
+
 }  // namespace
 
 CheckpointStart open_checkpoint_run(Communicator& world, const std::string& dir, bool resume,
@@ -641,6 +684,7 @@ CheckpointStart open_checkpoint_run(Communicator& world, const std::string& dir,
       throw ConfigError(
           "--overwrite is for a fresh run; --resume continues the run in "
           "checkpoint.dir");
+    on_rank0_everywhere(world, dir, [&] { lock_checkpoint_dir(dir); });  // before it is read
     std::set<std::string> runs;
     for (const Entry& e : list_entries(dir))
       if (e.complete) {
@@ -673,7 +717,10 @@ CheckpointStart open_checkpoint_run(Communicator& world, const std::string& dir,
   }
   cs.run.run_id = new_run_id(world);
   if (dir.empty()) return cs;
-  on_rank0_everywhere(world, dir, [&] { check_writable_dir(cs.run); });
+  on_rank0_everywhere(world, dir, [&] {
+    check_writable_dir(cs.run);
+    lock_checkpoint_dir(dir);
+  });
   const std::vector<Entry> entries = list_entries(dir);
   for (const Entry& e : entries)
     if (not_a_checkpoint(e)) throw ConfigError(not_a_checkpoint_text(e));

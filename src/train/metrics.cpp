@@ -134,12 +134,13 @@ std::string lines_up_to(const std::string& path, int64_t step, int64_t* dropped 
 
 }  // namespace
 
-void check_metrics_file(const std::string& path, bool resume, bool overwrite) {
+void check_metrics_file(const std::string& path, bool resume, bool overwrite,
+                        const std::string& run_id) {
   check_replaceable(path, "metrics file");
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) return;
   if (resume) {
-    lines_up_to(path, 0);  // every line a step's metrics
+    lines_up_to(path, 0, nullptr, nullptr, run_id);  // every line a step's metrics, the run's
     return;
   }
   const auto bytes = std::filesystem::file_size(path, ec);

@@ -43,9 +43,10 @@ std::string metrics_json(const StepMetrics& m);
 
 // Refuses (ConfigError, naming metrics.path) a metrics file the run may not replace: a symlink
 // or not a regular file; on a fresh run an existing non-empty file unless `overwrite` (the
-// user's --overwrite); on a resumed run a file with a line that is not a step's metrics (not
-// this run's file). An absent file is fine.
-void check_metrics_file(const std::string& path, bool resume, bool overwrite);
+// user's --overwrite); on a resumed run a file with a line that is not a step's metrics, or is
+// another run's than `run_id` (not this run's file). An absent file is fine.
+void check_metrics_file(const std::string& path, bool resume, bool overwrite,
+                        const std::string& run_id = "");
 
 // The JSONL metrics file. A new run starts it empty (check_metrics_file first); a resumed run
 // (resume_step >= 0) keeps the lines of steps <= resume_step (a run that died after logging steps

@@ -182,11 +182,13 @@ std::vector<Field> fields(RunConfig& c) {
        ResumeRule::kFree,
        "host memory per rank: the host arena's budget (the offloaded stash, fpdt's K/V)",
        {{"--host-gib", true}}},
-      {"data.kind", "--data-kind", "", &c.data.kind, kScopeTrain, ResumeRule::kBreaks,
+      // Planned too: packed documents add their mask (tag docs), planned at their worst.
+      {"data.kind", "--data-kind", "", &c.data.kind, kScopeTrain | kScopePlan, ResumeRule::kBreaks,
        "files, random or copy"},
-      {"data.path", "--data-path", "", &c.data.path, kScopeTrain, ResumeRule::kBreaks,
+      {"data.path", "--data-path", "", &c.data.path, kScopeTrain | kScopePlan, ResumeRule::kBreaks,
        "files: a .npy/.bin token file, a directory of them, or a glob"},
-      {"data.documents", "--documents", "", &c.data.documents, kScopeTrain, ResumeRule::kBreaks,
+      {"data.documents", "--documents", "", &c.data.documents, kScopeTrain | kScopePlan,
+       ResumeRule::kBreaks,
        "packed documents: none (one per sequence), eos:ID (a document ends after the id ID) or "
        "index (the documents of Megatron .bin/.idx datasets in data.path)"},
       {"data.val_path", "--val-path", "", &c.data.val_path, kScopeTrain, ResumeRule::kFree,

@@ -228,6 +228,24 @@ other_run)
   job cont 120 train "${small[@]}" --steps=5 --checkpoint-dir="$tmp/ck" --resume
   [ $rc -eq 0 ] || { cat "$tmp/cont.out"; fail "--resume of the new run: exit $rc"; }
   grep -q "^start: $tmp/ck/step_00000003 " "$tmp/cont.out" || fail "did not continue the new run"
+  # Two jobs on one directory at once: the second, fresh or resuming the same run (a requeued job
+  # whose old copy still runs), is refused naming the holder (each removed the other's files).
+  "${mpirun[@]}" -np 2 "$upipe" train "${small[@]}" --steps=1000000 --checkpoint-dir="$tmp/ck" \
+    --resume --checkpoint-interval=1000000 > "$tmp/hold.out" 2>&1 &
+  holder=$!
+  for _ in $(seq 100); do grep -q "^start:" "$tmp/hold.out" && break; sleep 0.2; done
+  job twice 60 train --checkpoint-dir="$tmp/ck" --resume --steps=2000000
+  [ $rc -eq 2 ] || { cat "$tmp/twice.out"; fail "a second --resume of a running job: exit $rc, want 2"; }
+  once twice "is in use by another upipe job (pid "
+  job both 60 train "${small[@]}" --steps=4 --checkpoint-dir="$tmp/ck" --overwrite
+  [ $rc -eq 2 ] || { cat "$tmp/both.out"; fail "--overwrite of a running job's directory: exit $rc, want 2"; }
+  once both "is in use by another upipe job"
+  kill -USR1 $holder
+  wait $holder || { cat "$tmp/hold.out"; fail "the holding job did not stop cleanly"; }
+  # Its lock ended with it: the directory resumes.
+  newest=$(ls "$tmp/ck" | grep -v tmp | sort | tail -1)
+  job after 120 train --checkpoint-dir="$tmp/ck" --resume --steps=$((10#${newest#step_} + 1))
+  [ $rc -eq 0 ] || { cat "$tmp/after.out"; fail "resume after the holder ended: exit $rc"; }
   ;;
 other_model)
   make_checkpoints "$tmp/ck"
