@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -672,6 +673,25 @@ void lock_checkpoint_dir(const std::string& dir) {
 }
 
 }  // namespace
+
+void check_checkpoint_room(Communicator& world, const std::string& dir, int64_t bytes) {
+  on_rank0_everywhere(world, dir, [&] {
+    struct statvfs st {};
+    if (::statvfs(dir.c_str(), &st) != 0) return;  // said by the first write, naming the file
+    if (st.f_flag & ST_RDONLY)
+      throw ConfigError(fmt::format(
+          "checkpoint.dir = {} is on a read-only file system: no checkpoint could be written; "
+          "choose another checkpoint.dir",
+          dir));
+    const double free_bytes = double(st.f_bavail) * double(st.f_frsize);
+    if (free_bytes < double(bytes))
+      throw ConfigError(fmt::format(
+          "checkpoint.dir = {} has {} free, and one checkpoint of this run takes {} (fp32 weights "
+          "and two AdamW moments): no checkpoint could be written; free space or choose another "
+          "checkpoint.dir",
+          dir, format_bytes(int64_t(free_bytes)), format_bytes(bytes)));
+  });
+}
 
 CheckpointStart open_checkpoint_run(Communicator& world, const std::string& dir, bool resume,
                                     bool overwrite, int keep) {

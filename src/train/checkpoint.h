@@ -73,6 +73,12 @@ struct CheckpointStart {
 CheckpointStart open_checkpoint_run(Communicator& world, const std::string& dir, bool resume,
                                     bool overwrite, int keep);
 
+// Collective: ConfigError on every rank when the checkpoint directory `dir` (existing) is on a
+// read-only file system or has less room than `bytes`, one checkpoint's size: a run that could
+// never checkpoint is refused at start, not after its steps (a full disk trained 120 steps and
+// lost them all).
+void check_checkpoint_room(Communicator& world, const std::string& dir, int64_t bytes);
+
 // Collective over z.world(): writes the checkpoint of `step` under run.dir (created if needed)
 // and prunes (see above). Returns its path. ConfigError when a directory of that step exists and
 // belongs to another run that run.overwrite_others does not allow to replace.

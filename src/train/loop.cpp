@@ -6,6 +6,7 @@
 #include <chrono>
 
 #include "core/build_info.h"
+#include "core/checked.h"
 #include "core/errors.h"
 #include "core/stop_signal.h"
 #include "core/watchdog.h"
@@ -110,6 +111,10 @@ TrainingLoop::TrainingLoop(Device& dev, Communicator& world, const ModelConfig& 
   }
   start_ = initialize(world, c, m, *trainer_, resume, overwrite_checkpoints, ckpt_run_);
   start_.run_id = ckpt_run_.run_id;
+  // One checkpoint: fp32 weights and two moments of every parameter (sharded; headers aside).
+  if (!c.checkpoint.dir.empty())
+    check_checkpoint_room(world, c.checkpoint.dir,
+                          checked_mul(parameter_count(m), int64_t(12), "checkpoint bytes"));
   // MFU's denominator: the stated peak, or this machine's GEMM rate in the compute dtype,
   // measured now on every rank at once (as they run in training), best of 10; the ranks' best is
   // the one reference.

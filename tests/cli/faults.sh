@@ -170,6 +170,17 @@ checkpoint_dir)
   job proc 60 train "${small[@]}" --steps=3 --checkpoint-dir=/proc/upipe_ck
   [ $rc -eq 2 ] || { cat "$tmp/proc.out"; fail "an uncreatable checkpoint.dir: exit $rc, want 2"; }
   once proc "checkpoint.dir = /proc/upipe_ck: "
+  # A disk without room for one checkpoint is refused at start (a full disk trained every step,
+  # then lost them all at the first checkpoint). Needs a small tmpfs (root, mount allowed).
+  mkdir "$tmp/small"
+  if mount -t tmpfs -o size=256k tmpfs "$tmp/small" 2> /dev/null; then
+    job full 60 train "${small[@]}" --steps=5 --checkpoint-dir="$tmp/small/ck"
+    umount "$tmp/small"
+    [ $rc -eq 2 ] || { cat "$tmp/full.out"; fail "a checkpoint.dir without room: exit $rc, want 2"; }
+    once full "free, and one checkpoint of this run takes 1.36 MiB"
+  else
+    echo "skipped: cannot mount a tmpfs here (the room check)"
+  fi
   ;;
 val_uneven)
   job v 60 train "${small[@]}" --steps=1 --cp-size=1 --val-interval=1 --val-sequences=3 --timeout=20
