@@ -50,7 +50,7 @@ std::string knobs_text(const ModelConfig& m, const PlanRequest& r) {
   AttentionConfig a = to_attention_config(m);
   a.seq_len = r.decoder.seq_len;
   a.knobs = k;
-  const int cp = r.cp_size == 0 ? r.ranks : r.cp_size;
+  const int cp = r.cp();
   if (mi.takes_stage_heads) add(fmt::format("U={}", effective_stage_heads(mi, a, cp)));
   if (k.ulysses_degree > 0) add(fmt::format("u={}", k.ulysses_degree));
   if (mi.takes_chunks) {
@@ -164,7 +164,7 @@ PlanRequest base_request(const Settings& set, const Options& o) {
 
 std::vector<Row> plan_rows(const ModelConfig& m, const PlanRequest& base, const Options& o) {
   std::vector<std::string> names;
-  const int cp = base.cp_size == 0 ? base.ranks : base.cp_size;
+  const int cp = base.cp();
   if (base.decoder.knobs.method != kAllMethods)
     names.push_back(base.decoder.knobs.method);
   else
@@ -249,7 +249,7 @@ int run(Process& proc, const Options& o, const SettingArgs& sa, const CLI::App& 
     }
   }
 
-  const int c = base.cp_size == 0 ? base.ranks : base.cp_size;
+  const int c = base.cp();
   if (o.json) {
     nlohmann::json j = {{"model", m.source},
                         {"ranks", base.ranks},

@@ -30,6 +30,7 @@ inline constexpr int64_t kSeqQuantum = 65536;
 struct PlanRequest {
   int ranks = 1;    // the world: DP x CP
   int cp_size = 0;  // C, ranks per sequence (0 = all ranks)
+  int cp() const { return cp_size == 0 ? ranks : cp_size; }  // C, the default resolved
   // S, the method and its knobs (kKnobAuto: the planner picks, see knob_candidates) and the
   // memory policy: what the trainer would run.
   DecoderOptions decoder;
@@ -79,7 +80,7 @@ struct Plan {
   // What stops this plan, or (max_seq_len) one granule more: the arena whose budget it exceeds
   // ("device" or "host") and the tag of the request that did not fit; empty when nothing does.
   std::string limit_arena, limit_tag;  // limit_arena: "device", "host" or kPlannerRangeLimit
-  int rank_classes = 0;  // the ranks played: one per class (or every rank)
+  int rank_classes = 0;                // the ranks played: one per class (or every rank)
 };
 
 // Ranks whose steps make the same allocations (sizes, tags, order; at most a kernel's workspace

@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "core/setting_ref.h"
+#include "core/spelling.h"
 #include "train/run_config.h"
 #include "train/run_options.h"
 #include "unit/expect_config_error.h"
@@ -550,6 +551,21 @@ TEST(RunConfig, PeakFlopsMustBeFiniteAndNonNegative) {
   expect_config_error([&] { validate(c, kScopeTrain); }, {"--peak-flops", "finite"});
   c.metrics.peak_flops = 989e12;
   validate(c, kScopeTrain);
+}
+
+// The one edit distance behind every "did you mean" (commands, settings, run-file keys).
+TEST(Spelling, EditDistanceAndNearestName) {
+  EXPECT_EQ(edit_distance("", ""), 0u);
+  EXPECT_EQ(edit_distance("train", "train"), 0u);
+  EXPECT_EQ(edit_distance("trian", "train"), 2u);  // a swap is two edits
+  EXPECT_EQ(edit_distance("kernl", "kernel"), 1u);
+  EXPECT_EQ(edit_distance("", "plan"), 4u);
+  const std::vector<std::string> commands{"demo", "bench", "train", "export", "plan"};
+  EXPECT_EQ(closest_name("trian", commands), "train");
+  EXPECT_EQ(closest_name("plna", commands), "plan");
+  EXPECT_EQ(closest_name("x", std::vector<std::string>{}), "");
+  EXPECT_EQ(closest_name("dem", std::vector<std::string>{"demo", "dem0"}),
+            "demo");  // first of equals
 }
 
 }  // namespace
