@@ -704,7 +704,12 @@ CheckpointStart open_checkpoint_run(Communicator& world, const std::string& dir,
       throw ConfigError(
           "--overwrite is for a fresh run; --resume continues the run in "
           "checkpoint.dir");
-    on_rank0_everywhere(world, dir, [&] { lock_checkpoint_dir(dir); });  // before it is read
+    on_rank0_everywhere(world, dir, [&] {
+      lock_checkpoint_dir(dir);  // before it is read
+      // Said now, not when the run reaches that step (prepare_tmp would refuse it there).
+      for (const Entry& e : list_entries(dir))
+        if (not_a_checkpoint(e)) throw ConfigError(not_a_checkpoint_text(e));
+    });
     std::set<std::string> runs;
     for (const Entry& e : list_entries(dir))
       if (e.complete) {

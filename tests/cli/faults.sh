@@ -428,6 +428,13 @@ leftover_tmp)
   [ $rc -eq 2 ] || { cat "$tmp/u.out"; fail "--overwrite over a directory that is not a checkpoint: exit $rc, want 2"; }
   once u "$tmp/cu/step_5 is not a checkpoint (no run id, no meta.json) and holds files"
   [ "$(cat "$tmp/cu/step_5/important.txt")" = notes ] || fail "the user's file in step_5 is gone"
+  # ... and a resumed run says so at its start, not when it reaches that step.
+  mkdir -p "$tmp/ck/step_00000007" && echo notes > "$tmp/ck/step_00000007/important.txt"
+  job ru 60 train --checkpoint-dir="$tmp/ck" --resume --steps=10
+  [ $rc -eq 2 ] || { cat "$tmp/ru.out"; fail "--resume beside a directory that is not a checkpoint: exit $rc, want 2"; }
+  once ru "$tmp/ck/step_00000007 is not a checkpoint"
+  grep -q "^step " "$tmp/ru.out" && fail "the resumed run trained before refusing"
+  rm -r "$tmp/ck/step_00000007"
   # A checkpoint renamed to a later step is refused, not resumed as the newest (each later resume
   # went back to it, dropping the steps after).
   mv "$tmp/ck/step_00000006" "$tmp/ck/step_00000009"
