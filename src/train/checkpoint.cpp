@@ -650,7 +650,7 @@ void lock_checkpoint_dir(const std::string& dir) {
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
     char who[256] = {};
-    const ssize_t n = ::pread(fd, who, sizeof who - 1, 0);
+    const ssize_t n = err == EWOULDBLOCK ? ::pread(fd, who, sizeof who - 1, 0) : 0;
     ::close(fd);
     std::string holder = n > 0 ? std::string(who, size_t(n)) : "";
     while (!holder.empty() && holder.back() == '\n') holder.pop_back();
@@ -660,8 +660,14 @@ void lock_checkpoint_dir(const std::string& dir) {
           "directory would remove each other's checkpoints; wait for it to end, or choose another "
           "checkpoint.dir",
           dir, holder.empty() ? "its lock file " + path : excerpt(holder)));
-    throw ConfigError(fmt::format("checkpoint.dir = {}: cannot lock {}: {}", dir, path,
-                                  std::strerror(err)));
+    // A file system without locks (Lustre mounted without flock, some FUSE ones): the run goes
+    // on, said once, unguarded against a second job.
+    std::fprintf(stderr,
+                 "upipe: warning: checkpoint.dir = %s cannot be locked (%s): a second job writing "
+                 "there at the same time would not be refused\n",
+                 dir.c_str(), std::strerror(err));
+    held[key] = -1;
+    return;
   }
   char host[256] = {};
   ::gethostname(host, sizeof host - 1);
