@@ -25,16 +25,25 @@
 
 namespace {
 
+// The chain of commands CLI11 parsed ("upipe bench comm") and the deepest of them.
+std::pair<std::string, const CLI::App*> parsed_chain(const CLI::App& cli) {
+  std::string name = "upipe";
+  const CLI::App* at = &cli;
+  while (!at->get_subcommands().empty()) {
+    at = at->get_subcommands().front();
+    name += " " + at->get_name();
+  }
+  return {name, at};
+}
+
 // What to say when a command needs a subcommand and got none: the deepest command parsed, the
 // word typed where its subcommand goes (unknown there) and the subcommands it has.
 std::string missing_command(const CLI::App& cli, const std::vector<std::string>& args) {
-  std::string chain = "upipe";
-  const CLI::App* at = &cli;
+  const auto [chain, at] = parsed_chain(cli);
   size_t next = 1;  // the first word after the chain of parsed commands
-  while (!at->get_subcommands().empty()) {
-    at = at->get_subcommands().front();
-    chain += " " + at->get_name();
-    while (next < args.size() && args[next] != at->get_name()) ++next;
+  for (const CLI::App* c = &cli; c != at;) {
+    c = c->get_subcommands().front();
+    while (next < args.size() && args[next] != c->get_name()) ++next;
     ++next;
   }
   std::vector<std::string> names;
@@ -144,11 +153,7 @@ int main(int argc, char** argv) {
       // CLI11's "The following argument was not expected: --json" names no command: say which
       // command refused what, and where its options are listed.
       if (dynamic_cast<const CLI::ExtrasError*>(&e) != nullptr) {
-        std::string name = "upipe";  // the parsed chain: upipe bench comm
-        for (const CLI::App* at = &cli; !at->get_subcommands().empty();) {
-          at = at->get_subcommands().front();
-          name += " " + at->get_name();
-        }
+        const std::string name = parsed_chain(cli).first;
         std::string extra = e.what();
         if (const size_t colon = extra.find(": "); colon != std::string::npos)
           extra.erase(0, colon + 2);

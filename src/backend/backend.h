@@ -142,6 +142,7 @@ struct RopeScaling {
   bool enabled = false;
   double factor = 1.0, low_freq_factor = 1.0, high_freq_factor = 4.0;
   int64_t original_max_position = 8192;
+  bool operator==(const RopeScaling&) const = default;
 };
 struct RopeParams {
   double theta = 10000.0;

@@ -112,6 +112,14 @@ RopeScaling parse_rope_type(const Fields& f) {
   f.fail(key, fmt::format("= \"{}\" is not supported; upipe runs \"default\" or \"llama3\"", type));
 }
 
+// The rope_scaling object of config.json (present and not null).
+RopeScaling rope_scaling(const Fields& top, const std::string& source) {
+  const json& rs = top.at("rope_scaling");
+  if (!rs.is_object())
+    top.fail("rope_scaling", fmt::format("must be an object or null (got {})", json_excerpt(rs)));
+  return parse_rope_type(Fields(rs, source, "rope_scaling."));
+}
+
 // Both forms found in the wild: rope_theta + rope_scaling (hub files, transformers 4) and
 // rope_parameters (written by transformers 5).
 RopeParams parse_rope(const Fields& top, const std::string& source) {
@@ -128,31 +136,14 @@ RopeParams parse_rope(const Fields& top, const std::string& source) {
                                          top.number("rope_theta"), rope.theta));
     // A rope_scaling beside it (a hand-edited file, or one tool writing the older form over the
     // newer) must say the same, or which one the model was trained with is unknown.
-    if (top.has("rope_scaling") && !top.at("rope_scaling").is_null()) {
-      const json& rs = top.at("rope_scaling");
-      if (!rs.is_object())
-        top.fail("rope_scaling",
-                 fmt::format("must be an object or null (got {})", json_excerpt(rs)));
-      const RopeScaling other = parse_rope_type(Fields(rs, source, "rope_scaling."));
-      const RopeScaling& a = rope.scaling;
-      if (a.enabled != other.enabled ||
-          (a.enabled &&
-           (a.factor != other.factor || a.low_freq_factor != other.low_freq_factor ||
-            a.high_freq_factor != other.high_freq_factor ||
-            a.original_max_position != other.original_max_position)))
-        top.fail("rope_scaling",
-                 fmt::format("({}) contradicts rope_parameters ({}); keep one of them",
-                             json_excerpt(rs), json_excerpt(rp)));
-    }
+    if (top.has("rope_scaling") && rope_scaling(top, source) != rope.scaling)
+      top.fail("rope_scaling",
+               fmt::format("({}) contradicts rope_parameters ({}); keep one of them",
+                           json_excerpt(top.at("rope_scaling")), json_excerpt(rp)));
     return rope;
   }
   rope.theta = top.number("rope_theta", 10000.0);  // transformers' default for both families
-  if (top.has("rope_scaling")) {
-    const json& rs = top.at("rope_scaling");
-    if (!rs.is_object())
-      top.fail("rope_scaling", fmt::format("must be an object or null (got {})", json_excerpt(rs)));
-    rope.scaling = parse_rope_type(Fields(rs, source, "rope_scaling."));
-  }
+  if (top.has("rope_scaling")) rope.scaling = rope_scaling(top, source);
   return rope;
 }
 
@@ -189,8 +180,8 @@ ModelConfig parse_json(const json& j, const std::string& source) {
   m.rms_norm_eps = f.number("rms_norm_eps", 1e-6);
   // The kernels take it as a float: it must stay positive and finite there (1e-300 became 0).
   if (!(float(m.rms_norm_eps) > 0) || !std::isfinite(float(m.rms_norm_eps)))
-    f.fail("rms_norm_eps", fmt::format("= {:g} is outside what a float holds (positive, finite)",
-                                       m.rms_norm_eps));
+    f.fail("rms_norm_eps",
+           fmt::format("= {:g} is outside what a float holds (positive, finite)", m.rms_norm_eps));
   m.tie_word_embeddings = f.boolean("tie_word_embeddings", false);
   m.qk_norm = m.family == ModelFamily::kQwen3;
   m.max_position_embeddings =
@@ -198,9 +189,9 @@ ModelConfig parse_json(const json& j, const std::string& source) {
   m.rope = parse_rope(f, source);
   // Said as the file's field (the range check of the attention block names the flag).
   if (m.rope.theta < kMinRopeTheta || m.rope.theta > kMaxRopeTheta)
-    f.fail(f.has("rope_parameters") ? "rope_parameters.rope_theta" : "rope_theta",
-           fmt::format("= {:g} is outside [{:g}, {:g}]", m.rope.theta, kMinRopeTheta,
-                       kMaxRopeTheta));
+    f.fail(
+        f.has("rope_parameters") ? "rope_parameters.rope_theta" : "rope_theta",
+        fmt::format("= {:g} is outside [{:g}, {:g}]", m.rope.theta, kMinRopeTheta, kMaxRopeTheta));
 
   if (f.boolean("attention_bias", false))
     f.fail("attention_bias", "= true is not supported; upipe's projections have no bias");

@@ -1,7 +1,7 @@
 #include "train/checkpoint.h"
 
-#include <fmt/format.h>
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <sys/file.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -9,8 +9,8 @@
 
 #include <algorithm>
 #include <array>
-#include <charconv>
 #include <cerrno>
+#include <charconv>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -178,9 +178,10 @@ std::string verified_meta_text(const fs::path& p) {
 int64_t meta_int(const json& v, const char* key, int64_t lo, int64_t hi, const std::string& meta) {
   if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(hi)) ||
       v.get<int64_t>() < lo || v.get<int64_t>() > hi)
-    throw ConfigError(fmt::format("{}: {} = {} is not an integer in [{}, {}]; the checkpoint is "
-                                  "corrupt",
-                                  meta, key, json_excerpt(v), lo, hi));
+    throw ConfigError(
+        fmt::format("{}: {} = {} is not an integer in [{}, {}]; the checkpoint is "
+                    "corrupt",
+                    meta, key, json_excerpt(v), lo, hi));
   return v.get<int64_t>();
 }
 
@@ -277,9 +278,10 @@ Saved read_saved(const std::string& path) {
   const std::string done =
       read_small_file((p / "DONE").string(), "checkpoint marker", kMaxSmallFileBytes);
   if (!done.starts_with(fmt::format("step {}\n", s.info.step)))
-    throw ConfigError(fmt::format("{}: does not say step {} as meta.json does; the checkpoint is "
-                                  "corrupt",
-                                  (p / "DONE").string(), s.info.step));
+    throw ConfigError(
+        fmt::format("{}: does not say step {} as meta.json does; the checkpoint is "
+                    "corrupt",
+                    (p / "DONE").string(), s.info.step));
   return s;
 }
 
@@ -680,6 +682,14 @@ void lock_checkpoint_dir(const std::string& dir) {
 
 }  // namespace
 
+// Rank 0, as a run opens checkpoint.dir: the directory's lock, then a directory no run wrote is
+// said now, not when the run reaches its step (prepare_tmp would refuse it there).
+void lock_and_scan(const std::string& dir) {
+  lock_checkpoint_dir(dir);
+  for (const Entry& e : list_entries(dir))
+    if (not_a_checkpoint(e)) throw ConfigError(not_a_checkpoint_text(e));
+}
+
 void check_checkpoint_room(Communicator& world, const std::string& dir, int64_t bytes) {
   on_rank0_everywhere(world, dir, [&] {
     struct statvfs st {};
@@ -710,12 +720,7 @@ CheckpointStart open_checkpoint_run(Communicator& world, const std::string& dir,
       throw ConfigError(
           "--overwrite is for a fresh run; --resume continues the run in "
           "checkpoint.dir");
-    on_rank0_everywhere(world, dir, [&] {
-      lock_checkpoint_dir(dir);  // before it is read
-      // Said now, not when the run reaches that step (prepare_tmp would refuse it there).
-      for (const Entry& e : list_entries(dir))
-        if (not_a_checkpoint(e)) throw ConfigError(not_a_checkpoint_text(e));
-    });
+    on_rank0_everywhere(world, dir, [&] { lock_and_scan(dir); });  // before it is read
     std::set<std::string> runs;
     for (const Entry& e : list_entries(dir))
       if (e.complete) {
@@ -750,12 +755,10 @@ CheckpointStart open_checkpoint_run(Communicator& world, const std::string& dir,
   if (dir.empty()) return cs;
   on_rank0_everywhere(world, dir, [&] {
     check_writable_dir(cs.run);
-    lock_checkpoint_dir(dir);
+    lock_and_scan(dir);
   });
-  const std::vector<Entry> entries = list_entries(dir);
-  for (const Entry& e : entries)
-    if (not_a_checkpoint(e)) throw ConfigError(not_a_checkpoint_text(e));
   if (overwrite) return cs;
+  const std::vector<Entry> entries = list_entries(dir);
   if (!entries.empty())
     throw ConfigError(fmt::format(
         "checkpoint.dir = {} holds checkpoints of another run ({}, {} in all): continue it with "
