@@ -9,10 +9,19 @@
 
 namespace upipe {
 
-nlohmann::json parse_json_strict(std::string_view text, const std::string& source) {
+nlohmann::json parse_json_strict(std::string_view text, const std::string& source,
+                                 int64_t max_values) {
   using json = nlohmann::json;
   std::vector<std::unordered_set<std::string>> open;  // the keys of each object being parsed
+  int64_t values = 0;
   const json::parser_callback_t check = [&](int depth, json::parse_event_t event, json& parsed) {
+    if ((event == json::parse_event_t::value || event == json::parse_event_t::object_start ||
+         event == json::parse_event_t::array_start) &&
+        ++values > max_values)
+      throw ConfigError(fmt::format(
+          "{}: more than {} values (numbers, strings, arrays, objects); no file upipe reads holds "
+          "so many",
+          source, max_values));
     // `depth` counts the containers already open, so a new one is the depth + 1st.
     if ((event == json::parse_event_t::object_start || event == json::parse_event_t::array_start) &&
         depth >= kMaxJsonDepth)

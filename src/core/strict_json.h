@@ -5,6 +5,7 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -15,12 +16,20 @@ namespace upipe {
 // Every file upipe reads nests at most 4 deep.
 inline constexpr int kMaxJsonDepth = 64;
 
+// Values (numbers, strings, arrays, objects) in one file past this are refused as they are read:
+// a parsed value costs nlohmann::json about 16 bytes and more in its arrays, so a 100 MB
+// safetensors header of one 45-million-dimension shape took 1.7 GB before any check could see
+// it. A real file holds far fewer (a safetensors header about ten a tensor).
+inline constexpr int64_t kMaxJsonValues = int64_t(1) << 23;
+
 // Parses `text`; ConfigError "SOURCE: duplicate key 'K' in one JSON object" for a repeated key,
-// "SOURCE: nested more than 64 deep" past kMaxJsonDepth, "SOURCE: not valid JSON: ..." for
+// "SOURCE: nested more than 64 deep" past kMaxJsonDepth, "SOURCE: more than N values" past
+// `max_values`, "SOURCE: not valid JSON: ..." for
 // anything else nlohmann::json refuses: a syntax error, and also a number outside a double
 // (1e999), which it throws as out_of_range rather than parse_error. Its text is quoted as an
 // excerpt (a 50 MB token stays out of the message).
-nlohmann::json parse_json_strict(std::string_view text, const std::string& source);
+nlohmann::json parse_json_strict(std::string_view text, const std::string& source,
+                                 int64_t max_values = kMaxJsonValues);
 
 // nlohmann::json's exception text without its id ("[json.exception.type_error.302] "), which
 // says nothing to a user.

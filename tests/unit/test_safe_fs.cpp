@@ -211,5 +211,28 @@ TEST(StrictJson, DeepNestingAndLongTokensAreBounded) {
             "\"zzzzzzzzz... (992 more bytes)");
 }
 
+// A file of many small values is refused as it is read, before nlohmann::json holds them all (a
+// safetensors header of one 45-million-dimension shape took 1.7 GB). Every value counts: numbers,
+// strings, keys' values, arrays and objects themselves.
+TEST(StrictJson, ValueCountIsBounded) {
+  // {"a": [1, 2, 3]} holds five values: the object, the array and its three numbers.
+  EXPECT_EQ(parse_json_strict(R"({"a": [1, 2, 3]})", "x.json", 5)["a"].size(), 3u);
+  expect_config_error([] { parse_json_strict(R"({"a": [1, 2, 3]})", "x.json", 4); },
+                      {"x.json: more than 4 values"});
+  expect_config_error([] { parse_json_strict(R"({"a": {}, "b": "s"})", "x.json", 2); },
+                      {"x.json: more than 2 values"});
+  // The default bound, kMaxJsonValues, against a shape of that many dimensions and one more.
+  auto shape = [](int64_t n) {
+    std::string s = R"({"t": {"dtype": "F32", "shape": [)";
+    s.reserve(size_t(n) * 2 + 64);
+    for (int64_t i = 0; i < n; ++i) s += i ? ",1" : "1";
+    return s + "]}}";
+  };
+  // The object, "t", its dtype, the array: four values besides the dimensions.
+  EXPECT_NO_THROW(parse_json_strict(shape(kMaxJsonValues - 4), "h.safetensors"));
+  expect_config_error([&] { parse_json_strict(shape(kMaxJsonValues - 3), "h.safetensors"); },
+                      {"h.safetensors: more than 8388608 values"});
+}
+
 }  // namespace
 }  // namespace upipe
