@@ -181,7 +181,7 @@ void AtomicFile::put(const void* src, int64_t n, int64_t offset) {
     const ssize_t w = offset < 0 ? ::write(fd_, p, chunk) : ::pwrite(fd_, p, chunk, off_t(offset));
     if (w < 0 && errno == EINTR) continue;
     if (w <= 0)
-      throw Error(fmt::format("{} {}: write failed: {}", what_, tmp_,
+      throw Error(fmt::format("{} {}: write failed: {}", what_, path_,
                               w < 0 ? std::strerror(errno) : "no bytes written"));
     p += w;
     n -= w;
@@ -191,10 +191,10 @@ void AtomicFile::put(const void* src, int64_t n, int64_t offset) {
 
 void AtomicFile::commit() {
   if (::fsync(fd_) != 0)
-    throw Error(fmt::format("{} {}: fsync failed: {}", what_, tmp_, std::strerror(errno)));
+    throw Error(fmt::format("{} {}: fsync failed: {}", what_, path_, std::strerror(errno)));
   const int fd = std::exchange(fd_, -1);
   if (::close(fd) != 0)
-    throw Error(fmt::format("{} {}: close failed: {}", what_, tmp_, std::strerror(errno)));
+    throw Error(fmt::format("{} {}: close failed: {}", what_, path_, std::strerror(errno)));
   check_replaceable(path_, what_);  // something may have appeared there meanwhile
   if (::rename(tmp_.c_str(), path_.c_str()) != 0)
     throw Error(

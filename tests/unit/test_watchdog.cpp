@@ -8,6 +8,7 @@
 #include <string>
 #include <thread>
 
+#include "comm/mpi/fail_job.h"
 #include "core/check.h"
 #include "core/stop_signal.h"
 #include "core/watchdog.h"
@@ -147,4 +148,17 @@ TEST(StopSignalDeathTest, ASecondSignalEndsTheProcess) {
 }
 
 }  // namespace
+// Ranks failing alike print one line: errors that differ only in the number of a rank's own file
+// (a full disk met by every rank writing its checkpoint file) are one cause; other text is kept.
+TEST(FailJob, CausesDifferingOnlyInARanksFileAreOne) {
+  const std::string r0 = "cannot write /ck/step_00000002.tmp/rank_00000.safetensors: No space left";
+  const std::string r7 = "cannot write /ck/step_00000002.tmp/rank_00007.safetensors: No space left";
+  EXPECT_EQ(cause_key(r0), cause_key(r7));
+  EXPECT_EQ(cause_key(r0), "cannot write /ck/step_00000002.tmp/rank_#.safetensors: No space left");
+  EXPECT_NE(cause_key(r0), cause_key("cannot write /ck/step_00000003.tmp/rank_00000.safetensors: "
+                                     "No space left"));
+  EXPECT_EQ(cause_key("rank_"), "rank_");
+  EXPECT_EQ(cause_key("frank_x rank_12"), "frank_x rank_#");
+}
+
 }  // namespace upipe

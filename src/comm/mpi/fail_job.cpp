@@ -65,6 +65,25 @@ bool lower_rank_has(const std::vector<Notice>& seen, int rank) {
 
 }  // namespace
 
+std::string cause_key(std::string_view what) {
+  static constexpr std::string_view kRankFile = "rank_";
+  std::string key;
+  key.reserve(what.size());
+  for (size_t i = 0; i < what.size();) {
+    if (what.substr(i, kRankFile.size()) == kRankFile) {
+      key += kRankFile;
+      i += kRankFile.size();
+      if (i < what.size() && what[i] >= '0' && what[i] <= '9') {
+        key += '#';
+        while (i < what.size() && what[i] >= '0' && what[i] <= '9') ++i;
+      }
+      continue;
+    }
+    key += what[i++];
+  }
+  return key;
+}
+
 void init_fail_comm() {
   MPI_Comm_dup(MPI_COMM_WORLD, &g_fail_comm);
 }
@@ -83,7 +102,7 @@ int MpiRuntime::fail_job(int exit_code, const std::string& cause, const std::str
   }
   std::vector<Notice> seen(static_cast<size_t>(size));
   Notice& mine = seen[size_t(rank)];
-  mine = {fnv1a(cause), exit_code, 1};
+  mine = {fnv1a(cause_key(cause)), exit_code, 1};
   std::vector<MPI_Request> sends;
   for (int r = 0; r < size; ++r) {
     if (r == rank) continue;
