@@ -159,10 +159,11 @@ uint64_t parse_hex64(const json& v, const std::string& meta) {
   return h;
 }
 
-// The text of meta.json, checked against the checksum DONE holds.
-std::string verified_meta_text(const fs::path& p) {
+// The text of meta.json, checked against the checksum DONE holds; DONE's text in *done_text.
+std::string verified_meta_text(const fs::path& p, std::string* done_text = nullptr) {
   const std::string done_path = (p / "DONE").string(), meta = (p / "meta.json").string();
   const std::string done = read_small_file(done_path, "checkpoint marker", kMaxSmallFileBytes);
+  if (done_text) *done_text = done;
   const std::string text = read_small_file(meta, "checkpoint metadata", kMaxMetaBytes);
   const std::string want =
       fmt::format("meta.json {} {}\n", kChecksum, hex64(xxh3(text.data(), int64_t(text.size()))));
@@ -258,7 +259,8 @@ Saved read_saved(const std::string& path) {
   const std::string meta = (p / "meta.json").string();
   Saved s;
   s.info.path = path;
-  const std::string text = verified_meta_text(p);
+  std::string done;
+  const std::string text = verified_meta_text(p, &done);
   try {
     parse_meta(parse_json_strict(text, meta), meta, s);
   } catch (const json::exception& e) {
@@ -275,8 +277,6 @@ Saved read_saved(const std::string& path) {
         "checkpoint {} holds step {} (meta.json), not the step its name says ({}): it was renamed "
         "or is corrupt; give it back its name {} or remove it",
         path, s.info.step, named, step_dir_name(s.info.step)));
-  const std::string done =
-      read_small_file((p / "DONE").string(), "checkpoint marker", kMaxSmallFileBytes);
   if (!done.starts_with(fmt::format("step {}\n", s.info.step)))
     throw ConfigError(
         fmt::format("{}: does not say step {} as meta.json does; the checkpoint is "
