@@ -13,6 +13,8 @@
 #          (ip link set ... down) mid-training: the job ends non-zero within timeout + 30 s, no
 #          process is left in either host, and after the link is restored the newest complete
 #          checkpoint resumes across the hosts
+#   daemon h2's OpenMPI daemon (orted) is killed mid-training: the job ends non-zero (mpirun's
+#          status, 205 with OpenMPI 4.1) and no process is left in either host
 # Without root or network namespaces the cases skip (exit 77, ctest's SKIP_RETURN_CODE) printing
 # why. Usage: multihost.sh UPIPE MPIRUN_BINARY CASE
 set -u
@@ -140,6 +142,44 @@ cut)
   grep "^start:" "$tmp/multi.out"
   grep -q "^start: $tmp/ck/$newest " "$tmp/multi.out" || fail "did not resume $newest"
   [ -f "$tmp/ck/step_$(printf %08d $((n + 2)))/DONE" ] || fail "no checkpoint after resuming"
+  ;;
+daemon)
+  # OpenMPI's daemon on h2 (orted, or prted under PRRTE) killed: its ranks lose their launcher.
+  "${across_hosts[@]}" "$upipe" train "${small[@]}" --method=usp --steps=100000 \
+    --metrics-path="$tmp/m.jsonl" --timeout=5 > "$tmp/multi.out" 2>&1 &
+  job=$!
+  for _ in $(seq 1200); do
+    [ -f "$tmp/m.jsonl" ] && [ "$(wc -l < "$tmp/m.jsonl")" -ge 5 ] && break
+    sleep 0.1
+  done
+  [ "$(wc -l < "$tmp/m.jsonl")" -ge 5 ] || fail "training across the hosts did not get going"
+  daemons=""
+  for p in $(ip netns pids "${hosts[1]}"); do
+    case $(ps -o comm= -p "$p" 2> /dev/null) in orted | prted) daemons="$daemons $p" ;; esac
+  done
+  [ -n "$daemons" ] || fail "no orted or prted in h2: $(ip netns pids "${hosts[1]}" | xargs -r ps -o comm= -p)"
+  t0=$(now)
+  kill -KILL $daemons
+  echo "killed h2's daemon ($daemons) after $(wc -l < "$tmp/m.jsonl") steps"
+  for _ in $(seq 1200); do kill -0 $job 2> /dev/null || break; sleep 0.1; done
+  if kill -0 $job 2> /dev/null; then fail "the job still runs 120 s after the daemon was killed"; fi
+  wait $job
+  rc=$?
+  took=$(secs "$t0" "$(now)")
+  echo "the job ended with status $rc $took s after the daemon was killed"
+  tail -5 "$tmp/multi.out"
+  [ $rc -ne 0 ] || fail "status 0 after a daemon was killed"
+  for _ in $(seq 100); do
+    left=""
+    for ns in "${hosts[@]}"; do
+      for p in $(ip netns pids "$ns"); do
+        case $(ps -o stat= -p "$p" 2> /dev/null) in "" | Z*) ;; *) left="$left $p" ;; esac
+      done
+    done
+    [ -z "$left" ] && break
+    sleep 0.1
+  done
+  [ -z "$left" ] || fail "processes left in the hosts 10 s after the job ended:$(ps -o pid=,cmd= -p ${left// /,})"
   ;;
 *) fail "unknown case" ;;
 esac
