@@ -228,12 +228,14 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
   }
   // A metrics file the run may not replace is refused before anything starts (rank 0 writes it).
   // (Resumed: its lines must be the run's, whose id the newest checkpoint carries.)
-  if (proc.root() && !cfg.metrics.path.empty()) {
-    const std::optional<std::string> ckpt =
-        opt.resume ? latest_checkpoint(cfg.checkpoint.dir) : std::nullopt;
-    check_metrics_file(cfg.metrics.path, opt.resume, opt.overwrite,
-                       ckpt ? read_checkpoint_info(*ckpt).run_id : "");
-  }
+  // Every rank raises what rank 0 finds, so the job ends cleanly with one line.
+  if (!cfg.metrics.path.empty())
+    on_rank0_everywhere(proc.world, [&] {
+      const std::optional<std::string> ckpt =
+          opt.resume ? latest_checkpoint(cfg.checkpoint.dir) : std::nullopt;
+      check_metrics_file(cfg.metrics.path, opt.resume, opt.overwrite,
+                         ckpt ? read_checkpoint_info(*ckpt).run_id : "");
+    });
   Watchdog::start(cfg.comm.timeout);
   install_stop_handlers();
   const ModelConfig m = load_model_config(cfg.model.name);

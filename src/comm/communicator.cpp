@@ -1,6 +1,7 @@
 #include "comm/communicator.h"
 
 #include "core/check.h"
+#include "core/errors.h"
 
 namespace upipe {
 
@@ -46,6 +47,22 @@ void Communicator::record_as(const Communicator& inner, CommOp op, const CommSta
               "the inner {} communicator recorded {} {} calls for one", inner.backend(),
               s.calls_of(op) - before.calls_of(op), comm_op_name(op));
   record(op, s.bytes_of(op) - before.bytes_of(op));
+}
+
+void on_rank0_everywhere(Communicator& world, const std::function<void()>& check) {
+  std::string err;
+  if (world.rank() == 0) try {
+      check();
+    } catch (const ConfigError& e) {
+      err = e.what();
+      if (err.empty()) err = "a check on rank 0 failed";
+    }
+  int64_t n = int64_t(err.size());
+  world.broadcast(&n, sizeof n, 0);
+  if (n == 0) return;
+  err.resize(size_t(n));
+  world.broadcast(err.data(), n, 0);
+  throw ConfigError(err);
 }
 
 }  // namespace upipe

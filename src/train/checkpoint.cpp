@@ -584,17 +584,14 @@ void prepare_tmp(const CheckpointRun& run, int64_t step) {
 // is thrown on every rank, so no rank is left waiting for the others.
 template <class Fn>
 void on_rank0_everywhere(Communicator& world, const std::string& dir, Fn&& fn) {
-  char err[1024] = {};
-  if (world.rank() == 0) try {
+  upipe::on_rank0_everywhere(world, [&] {
+    try {
       fn();
-    } catch (const ConfigError& e) {
-      std::snprintf(err, sizeof err, "%s", e.what());
     } catch (const fs::filesystem_error& e) {
-      std::snprintf(err, sizeof err, "checkpoint.dir = %s: %s (%s); choose another checkpoint.dir",
-                    dir.c_str(), e.code().message().c_str(), e.path1().c_str());
+      throw ConfigError(fmt::format("checkpoint.dir = {}: {} ({}); choose another checkpoint.dir",
+                                    dir, e.code().message(), e.path1().string()));
     }
-  world.broadcast(err, sizeof err, 0);
-  if (err[0] != '\0') throw ConfigError(err);
+  });
 }
 
 void prepare_tmp_everywhere(Communicator& world, const CheckpointRun& run, int64_t step) {

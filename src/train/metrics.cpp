@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -144,6 +145,15 @@ void check_metrics_file(const std::string& path, bool resume, bool overwrite,
     return;
   }
   const auto bytes = std::filesystem::file_size(path, ec);
+  if (!ec && bytes > 0 && overwrite) {
+    // --overwrite replaces a metrics file, never a file of something else that metrics.path names
+    // by mistake (a token file, notes): every line must be a step's metrics.
+    try {
+      lines_up_to(path, std::numeric_limits<int64_t>::max());
+    } catch (const ConfigError& e) {
+      throw ConfigError(fmt::format("{} (--overwrite replaces only a metrics file)", e.what()));
+    }
+  }
   if (!ec && bytes > 0 && !overwrite)
     throw ConfigError(fmt::format(
         "{} '{}' already exists ({} bytes) and a fresh run would replace it; choose another {}, "

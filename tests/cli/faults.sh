@@ -139,9 +139,21 @@ metrics_other)
   within "$t" 30 || fail "took $t s"
   once fresh "--metrics-path '$tmp/notes.txt' already exists (28 bytes)"
   [ "$(cat "$tmp/notes.txt")" = "notes the run did not write" ] || fail "the file was touched"
+  # Every rank refuses it alike: the job ends cleanly, no MPI_Abort.
+  grep -q MPI_ABORT "$tmp/fresh.out" && { cat "$tmp/fresh.out"; fail "the refusal aborted the job"; }
+  # --overwrite replaces a metrics file, never a file of something else (a token file emptied
+  # before the run failed on it).
   job over 60 train "${small[@]}" --steps=2 --metrics-path="$tmp/notes.txt" --overwrite
-  [ $rc -eq 0 ] || { cat "$tmp/over.out"; fail "--overwrite: exit $rc"; }
-  [ "$(wc -l < "$tmp/notes.txt")" -eq 2 ] || fail "--overwrite: $(cat "$tmp/notes.txt")"
+  [ $rc -eq 2 ] || { cat "$tmp/over.out"; fail "--overwrite of notes: exit $rc, want 2"; }
+  once over "(--overwrite replaces only a metrics file)"
+  [ "$(cat "$tmp/notes.txt")" = "notes the run did not write" ] || fail "--overwrite touched the notes"
+  head -c 4096 /dev/urandom > "$tmp/tokens.bin" && cp "$tmp/tokens.bin" "$tmp/tokens.keep"
+  job over 60 train "${small[@]}" --steps=2 --metrics-path="$tmp/tokens.bin" --overwrite
+  [ $rc -eq 2 ] && cmp -s "$tmp/tokens.bin" "$tmp/tokens.keep" || fail "--overwrite of a token file: exit $rc"
+  job m1 60 train "${small[@]}" --steps=1 --metrics-path="$tmp/own.jsonl"
+  job over 60 train "${small[@]}" --steps=2 --metrics-path="$tmp/own.jsonl" --overwrite
+  [ $rc -eq 0 ] || { cat "$tmp/over.out"; fail "--overwrite of a metrics file: exit $rc"; }
+  [ "$(wc -l < "$tmp/own.jsonl")" -eq 2 ] || fail "--overwrite: $(cat "$tmp/own.jsonl")"
   # --resume: the run's own metrics file keeps its steps; a foreign line makes it not the run's.
   job a 60 train "${small[@]}" --steps=2 --checkpoint-dir="$tmp/ck" --metrics-path="$tmp/m.jsonl"
   [ $rc -eq 0 ] || { cat "$tmp/a.out"; fail "the first run: exit $rc"; }
