@@ -140,17 +140,21 @@ def main():
     if not rows:
         sys.exit(f"plot_metrics: {args.metrics} holds no metrics lines")
     title = args.title or args.metrics
+    out = args.out
     try:
-        if args.svg:
-            raise ImportError("--svg")
-        plot_matplotlib(rows, args.out, title)
-        print(f"{args.out}: {len(rows)} steps")
-    except ImportError as e:
-        out = os.path.splitext(args.out)[0] + ".svg"
-        plot_svg(rows, out, title)
-        why = "as asked" if args.svg else f"matplotlib is not installed ({e})"
-        print(f"{out}: {len(rows)} steps, as SVG: {why}; for a PNG: "
-              "sudo apt-get install python3-matplotlib")
+        try:
+            if args.svg:
+                raise ImportError("--svg")
+            plot_matplotlib(rows, out, title)
+            print(f"{out}: {len(rows)} steps")
+        except ImportError as e:
+            out = os.path.splitext(args.out)[0] + ".svg"
+            plot_svg(rows, out, title)
+            why = "as asked" if args.svg else f"matplotlib is not installed ({e})"
+            print(f"{out}: {len(rows)} steps, as SVG: {why}; for a PNG: "
+                  "sudo apt-get install python3-matplotlib")
+    except OSError as e:  # a missing directory, no permission, a full disk
+        sys.exit(f"plot_metrics: cannot write {e.filename or out}: {e.strerror or e}")
 
 
 if __name__ == "__main__":

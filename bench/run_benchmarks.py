@@ -4,7 +4,10 @@
 Nothing on the results page is typed by hand: every number comes from a `upipe bench` run made
 by this script, whose command lines are printed next to the tables. Usage:
 
-    python3 bench/run_benchmarks.py [--build build] [--quick] [--only kernel,memory,speed,overlap,all,plan,comm,model,train,plan-model,plan-scale]
+    python3 bench/run_benchmarks.py [--build build] [--quick] [--only kernel,memory,speed,overlap,all,plan,comm,model,train,plan-model,plan-scale,documents] [--out docs/results.md]
+
+A run that fails leaves its cause (upipe's error line) in its table cell; the page is still written
+with what ran, and the script then names the sections with failures and exits 1.
 
 Sections
   kernel  `upipe bench kernel` on every CPU kernel path: attention forward/backward vs a oneDNN GEMM,
@@ -27,9 +30,12 @@ import datetime
 import json
 import os
 import platform
+import re
+import signal
 import subprocess
 import sys
 import tempfile
+import traceback
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MPI = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-x", "OMP_NUM_THREADS=1"]
@@ -38,20 +44,58 @@ TORCH_PYTHON = os.environ.get("TORCH_PYTHON", "/tmp/hf/bin/python")
 ALL_METHODS = ["ulysses", "upipe", "ring", "usp", "upipe-ring", "fpdt", "upipe-fpdt"]
 
 
-def run(args, ranks=None, env_extra=None):
+# Every run that failed, as (command, cause); main() reports the sections that added to it.
+FAILURES = []
+
+
+def failure_cause(p):
+    """Why a finished process failed, in one line: its last `upipe:` error line and its exit status,
+    else its exit status and the last line of its output that is not blank, JSON or one of mpirun's
+    banner rules."""
+    lines = [l.strip() for l in (p.stdout or "").splitlines() + (p.stderr or "").splitlines()]
+    lines = [l for l in lines if l and l.strip("-=") and not l.startswith("{")]
+    ours = [l for l in lines if l.startswith("upipe:")]
+    errors = [l for l in ours if l.startswith("upipe: error")]
+    if p.returncode >= 0:
+        status = "exit %d" % p.returncode
+    else:
+        try:
+            status = "killed by %s" % signal.Signals(-p.returncode).name
+        except ValueError:
+            status = "killed by signal %d" % -p.returncode
+    if errors or ours:
+        return "%s (%s)" % ((errors or ours)[-1], status)
+    return status + ("; last output: " + lines[-1] if lines else ", no output")
+
+
+def failed(shown, err, expected=None):
+    """Prints a failed run's cause and records it, unless err contains `expected` (a failure that
+    the caller reports as a finding, e.g. a kernel path this CPU lacks)."""
+    if expected and expected in err:
+        print("  not run: " + err, flush=True)
+    else:
+        print("  failed: " + err, flush=True)
+        FAILURES.append((shown, err))
+    return shown, None, err
+
+
+def run(args, ranks=None, env_extra=None, expected=None):
     """Runs one upipe command with --json; returns (command string, parsed JSON or None, error)."""
     env = dict(os.environ, OMP_NUM_THREADS="1", **(env_extra or {}))
     cmd = ([*MPI, "-np", str(ranks)] if ranks else []) + [UPIPE] + args + ["--json"]
     shown = " ".join(["%s=%s" % kv for kv in (env_extra or {}).items()] +
                      (["mpirun -np %d" % ranks] if ranks else []) + ["build/upipe"] + args)
     print("+ " + shown, flush=True)
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    except OSError as e:  # mpirun (or the binary) cannot be started
+        return failed(shown, "cannot run %s: %s" % (cmd[0], e.strerror), expected)
     if p.returncode != 0:
-        err = (p.stderr.strip().splitlines() or ["exit %d" % p.returncode])[0]
-        print("  failed: " + err, flush=True)
-        return shown, None, err
-    line = [l for l in p.stdout.splitlines() if l.startswith("{")][-1]
-    return shown, json.loads(line), None
+        return failed(shown, failure_cause(p), expected)
+    lines = [l for l in p.stdout.splitlines() if l.startswith("{")]
+    if not lines:
+        return failed(shown, "no JSON line in the output (exit 0)", expected)
+    return shown, json.loads(lines[-1]), None
 
 
 def mib(b):
@@ -68,6 +112,8 @@ def table(header, rows):
     return "\n".join(out)
 
 
+# upipe's error when UPIPE_CPU_ISA names a path this CPU does not have: a finding, not a failure.
+LACKS_ISA = "this CPU lacks"
 # The CPU kernels' paths (docs/kernels.md, "Dispatch"), each with oneDNN on the same ISA.
 KERNEL_PATHS = [("avx2", {"UPIPE_CPU_ISA": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}),
                 ("avx512", {"UPIPE_CPU_ISA": "avx512"}),
@@ -78,16 +124,21 @@ KERNEL_PATHS = [("avx2", {"UPIPE_CPU_ISA": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 def section_kernel(quick):
     """Attention kernels and memory-bound kernels on every path this CPU has."""
     s, iters = (4096, 2) if quick else (8192, 3)
-    rows, ops_rows, cmds, missing, cpu, rate = [], [], [], [], "?", {}
+    rows, ops_rows, ops_failed, cmds, missing, cpu, rate = [], [], [], [], [], "?", {}
+    ops_names = []
     for path, env in KERNEL_PATHS:
         for dt in ["fp32", "bf16"]:
             cmd, j, err = run(["bench", "kernel", "--seq-len", str(s), "--heads", "8", "--kv-heads", "2",
-                               "--head-dim", "64", "--dtype", dt, "--iters", str(iters)], env_extra=env)
-            if j is None:
+                               "--head-dim", "64", "--dtype", dt, "--iters", str(iters)], env_extra=env,
+                             expected=LACKS_ISA)
+            if j is None and LACKS_ISA in err:
                 if path not in missing:
                     missing.append(path)
                 break
             cmds.append(cmd)
+            if j is None:
+                rows.append([path, "", dt, "failed: " + err] + [""] * 6)
+                continue
             cpu = j["cpu"]
             # Each run's rates over its own GEMM's (timed in the same iterations), so the ratio does
             # not see the machine's drift between the two runs.
@@ -107,6 +158,8 @@ def section_kernel(quick):
         if j is not None:
             ops_rows.append([j["isa"]] + ["%.1f (%.2f×)" % (o["gb_per_s"], o["vs_copy"]) for o in j["ops"]])
             ops_names = [o["op"] for o in j["ops"]]
+        else:
+            ops_failed.append("%s: %s" % (path, err))
     text = ["## Attention kernel (one thread)",
             "CPU: %s. Causal flash attention, S=%d, H=8, K=2, d=64, on each of the CPU kernels' paths "
             "(`UPIPE_CPU_ISA`; the avx2 rows with oneDNN capped to AVX2 too). FLOPs: forward 2·S²·H·d, "
@@ -118,12 +171,15 @@ def section_kernel(quick):
         text += ["Paths this CPU lacks (not run): %s." % ", ".join(missing), ""]
     text += [table(["kernels", "oneDNN", "dtype", "fwd s", "bwd s", "fwd GFLOP/s", "bwd GFLOP/s",
                     "GEMM GFLOP/s", "fwd / bwd vs GEMM", "bf16 / fp32"], rows), ""]
-    if ops_rows:
+    if ops_rows or ops_failed:
         text += ["### Memory-bound kernels (one thread)",
                  "`upipe bench ops`: (4096, 4096) fp32 tensors (bf16 where converted), GB/s of the bytes each "
                  "op must read and write, and in brackets the ratio to a plain copy (memcpy) of the same "
-                 "tensors timed in the same iterations. Target: ≥ 0.70× the copy.", "",
-                 table(["kernels"] + ops_names, ops_rows), ""]
+                 "tensors timed in the same iterations. Target: ≥ 0.70× the copy.", ""]
+        if ops_rows:
+            text += [table(["kernels"] + ops_names, ops_rows), ""]
+        if ops_failed:
+            text += ["Failed: %s." % "; ".join(ops_failed), ""]
     text += ["Commands:", "```", *cmds, "```"]
     return "\n".join(text), None
 
@@ -510,15 +566,10 @@ def section_plan_scale(quick):
 
 def plot_plan_model(data, bars_path, curve_path):
     """A stacked per-tag bar chart at each method's maximum, and device peak vs S (Llama-3-8B)."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
     j = data.get(("llama3-8b", "bf16"))
     if not j:
         return False
+    plt = pyplot()
     methods = [m for m in j["methods"] if "peak_by_tag" in m]
     tags = sorted({t for m in methods for t in m["peak_by_tag"]},
                   key=lambda t: -max(m["peak_by_tag"].get(t, 0) for m in methods))
@@ -609,10 +660,11 @@ def run_torch(config, s, iters, attn, dtype="fp32"):
     p = subprocess.run([TORCH_PYTHON, script] + args, capture_output=True, text=True,
                        env=dict(os.environ, OMP_NUM_THREADS="1"))
     if p.returncode != 0:
-        err = (p.stderr.strip().splitlines() or ["exit %d" % p.returncode])[-1]
-        print("  failed: " + err, flush=True)
-        return shown, None, err
-    return shown, json.loads([l for l in p.stdout.splitlines() if l.startswith("{")][-1]), None
+        return failed(shown, failure_cause(p))
+    lines = [l for l in p.stdout.splitlines() if l.startswith("{")]
+    if not lines:
+        return failed(shown, "no JSON line in the output (exit 0)")
+    return shown, json.loads(lines[-1]), None
 
 
 # (label, ranks, dtype, knobs) of the upipe rows and (label, attention, dtype) of PyTorch's.
@@ -754,15 +806,27 @@ def section_train(quick):
                 print("+ " + shown, flush=True)
                 if os.path.exists(metrics):
                     os.remove(metrics)  # the last repetition's: a fresh run refuses an existing file
-                p = subprocess.run([*MPI, "-np", "2", UPIPE] + args, capture_output=True, text=True, env=env)
-                if p.returncode != 0:
-                    errors[method] = (p.stderr.strip().splitlines() or ["exit %d" % p.returncode])[0]
-                    print("  failed: " + errors[method], flush=True)
+                try:
+                    p = subprocess.run([*MPI, "-np", "2", UPIPE] + args, capture_output=True, text=True,
+                                       env=env)
+                    err = failure_cause(p) if p.returncode != 0 else None
+                except OSError as e:
+                    err = "cannot run %s: %s" % (MPI[0], e.strerror)
+                lines = []
+                if err is None:
+                    lines = [json.loads(l) for l in open(metrics) if l.startswith("{")]
+                    if not lines:
+                        err = "no steps in the metrics file (exit 0)"
+                if err is not None:
+                    errors[method] = err
+                    failed(shown, err)
                     continue
-                lines = [json.loads(l) for l in open(metrics)]
-                timed = lines[1:] or lines  # the first step warms up
-                med = lambda k: sorted(x[k] for x in timed)[len(timed) // 2]
-                r = {"tokens_per_s": med("tokens_per_s"), "step_s": med("step_s"), "mfu": med("mfu"),
+                # The median step by time (the upper one of an even count), every column from that
+                # same step: medians taken column by column could pair one step's tokens/s with
+                # another's time.
+                timed = sorted(lines[1:] or lines, key=lambda x: x["step_s"])  # the first step warms up
+                step = timed[len(timed) // 2]
+                r = {"tokens_per_s": step["tokens_per_s"], "step_s": step["step_s"], "mfu": step["mfu"],
                      "last": lines[-1]}
                 if method not in best or r["step_s"] < best[method]["step_s"]:
                     best[method] = r
@@ -780,8 +844,9 @@ def section_train(quick):
             "`upipe train` on 2 ranks (CP = 2), Llama decoder D=%d, F=%d, L=%d, H=%d, K=%d, d=%d, V=%d, "
             "S=%d random tokens per step, fp32, ZeRO-3, full activation checkpointing, %d steps; "
             "tokens/s per rank, step time and MFU (model FLOPs over this machine's measured GEMM rate, "
-            "docs/training.md) are the medians of the steps after the first, from the run's metrics file, "
-            "best of %d interleaved runs; the peak is the device arena's per-rank peak with its three "
+            "docs/training.md) are those of one step, the median by step time of the steps after the first "
+            "(the slower middle one of an even count), from the run's metrics file, best of %d interleaved "
+            "runs; the peak is the device arena's per-rank peak with its three "
             "largest tags. Both ranks share this machine's %d cores, whose speed drifts by tens of percent "
             "over minutes: differences smaller than that are noise." % (
                 m["hidden_size"], m["intermediate_size"], m["num_hidden_layers"], m["num_attention_heads"],
@@ -791,13 +856,40 @@ def section_train(quick):
     return "\n".join(text), None
 
 
-def plot_plan(series, path):
+def pyplot():
+    """matplotlib.pyplot on the Agg backend; raises ImportError without matplotlib (see plot_links)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def plot_links(section, img, images, draw):
+    """The markdown that follows a section: its images, drawn by draw() (False: nothing to plot).
+    Without matplotlib nothing is drawn, stderr says so, and the page says so too: an image an earlier
+    run left in img/ stays linked, marked as not redrawn from the numbers above; a missing one is a
+    line saying the plot needs matplotlib."""
     try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
+        if not draw():
+            return ""
+    except ImportError as e:
+        print("run_benchmarks: %s: plots not drawn, matplotlib is not installed (%s); for them: "
+              "sudo apt-get install python3-matplotlib" % (section, e), file=sys.stderr, flush=True)
+        out = ""
+        for alt, name in images:
+            if os.path.exists(os.path.join(img, name)):
+                out += ("\n\n![%s](img/%s)\n\n_This plot was not redrawn with the numbers above "
+                        "(matplotlib is not installed where they were produced): it is from an earlier run of "
+                        "this section and may not match them._" % (alt, name))
+            else:
+                out += ("\n\n_Plot (%s) not drawn: it needs matplotlib (sudo apt-get install "
+                        "python3-matplotlib), which is not installed where these numbers were produced._" % alt)
+        return out
+    return "".join("\n\n![%s](img/%s)" % (alt, name) for alt, name in images)
+
+
+def plot_plan(series, path):
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for method, pts in series.items():
         ax.plot([p[0] for p in pts], [p[1] / 2**30 for p in pts], marker="o", label=method)
@@ -814,12 +906,7 @@ def plot_plan(series, path):
 
 
 def plot_memory(data, path):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
+    plt = pyplot()
     tags = sorted({t for _, _, by in data for t in by if t not in ("act", "params", "grads")})
     fig, ax = plt.subplots(figsize=(7, 4.5))
     bottom = [0.0] * len(data)
@@ -853,6 +940,27 @@ def merge_sections(path, fresh):
     return out + [f for f in fresh if title(f) in new]
 
 
+SECTIONS = {"kernel": section_kernel, "memory": section_memory, "speed": section_speed,
+            "all": section_all, "plan": section_plan, "comm": section_comm,
+            "model": section_model, "train": section_train,
+            "plan-model": section_plan_model, "plan-scale": section_plan_scale,
+            "documents": section_documents, "overlap": section_overlap}
+
+
+def binary_commit():
+    """The commit `upipe --version` says the binary was built from ("1135517", "1135517 (modified)"),
+    or "unknown"."""
+    try:
+        first = subprocess.run([UPIPE, "--version"], capture_output=True, text=True,
+                               timeout=60).stdout.split("\n", 1)[0]
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    m = re.search(r"\(git ([0-9a-f]+)(, modified)?\)", first)
+    if not m:
+        return "unknown"
+    return m.group(1)[:7] + (" (modified)" if m.group(2) else "")
+
+
 def main():
     global UPIPE
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -860,14 +968,23 @@ def main():
     ap.add_argument("--quick", action="store_true", help="smaller sizes (minutes instead of tens of minutes)")
     ap.add_argument("--only", default="kernel,memory,speed,overlap,all,plan,comm,model,train,plan-model,plan-scale,"
                     "documents",
-                    help="sections to run; the page keeps the others from its previous version")
+                    help="sections to run, comma-separated (%s); the page keeps the others from its previous "
+                    "version" % ", ".join(SECTIONS))
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "results.md"))
     args = ap.parse_args()
+    only = [n.strip() for n in args.only.split(",") if n.strip()]
+    unknown = [n for n in only if n not in SECTIONS]
+    if unknown or not only:
+        what = ("unknown section%s %s" % ("s" if len(unknown) > 1 else "", ", ".join(map(repr, unknown)))
+                if unknown else "no section named")
+        ap.error("--only: %s; the sections are %s" % (what, ", ".join(SECTIONS)))
     UPIPE = os.path.join(args.build, "upipe")
+    if not (os.path.isfile(UPIPE) and os.access(UPIPE, os.X_OK)):
+        sys.exit("run_benchmarks: no executable upipe at %s (build it first, or pass --build DIR)" % UPIPE)
     img = os.path.join(os.path.dirname(args.out), "img")
     os.makedirs(img, exist_ok=True)
     commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
+                            text=True).stdout.strip() or binary_commit()
     cpu = "unknown CPU"
     try:
         cpu = [l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")][0]
@@ -875,31 +992,45 @@ def main():
         pass
     stamp = "_Generated by `bench/run_benchmarks.py%s --only %%s` on %s at commit %s (%s, %d cores)._" % (
         " --quick" if args.quick else "", datetime.date.today().isoformat(), commit, cpu, os.cpu_count())
-    sections = {"kernel": section_kernel, "memory": section_memory, "speed": section_speed,
-                "all": section_all, "plan": section_plan, "comm": section_comm,
-                "model": section_model, "train": section_train,
-                "plan-model": section_plan_model, "plan-scale": section_plan_scale,
-                "documents": section_documents, "overlap": section_overlap}
-    fresh = []
-    for name in args.only.split(","):
-        text, data = sections[name](args.quick)
+    fresh, failed_sections = [], []
+    for name in only:
+        before = len(FAILURES)
+        try:
+            text, data = SECTIONS[name](args.quick)
+        except Exception:  # a bug or an unexpected output: the page keeps this section's previous version
+            traceback.print_exc()
+            print("run_benchmarks: section %s crashed; the page keeps its previous version" % name,
+                  file=sys.stderr, flush=True)
+            failed_sections.append("%s (crashed)" % name)
+            continue
+        if len(FAILURES) > before:
+            failed_sections.append("%s (%d failed runs, first: %s)" % (name, len(FAILURES) - before,
+                                                                       FAILURES[before][1]))
         title, rest = text.split("\n", 1)
         text = title + "\n" + stamp % name + "\n\n" + rest
-        if name == "plan" and data and plot_plan(data, os.path.join(img, "plan.png")):
-            text += "\n\n![planned memory](img/plan.png)"
-        if name == "plan-model" and data and plot_plan_model(
-                data, os.path.join(img, "plan_model_tags.png"), os.path.join(img, "plan_model_peak.png")):
-            text += ("\n\n![per-tag peak at each method's maximum](img/plan_model_tags.png)"
-                     "\n\n![device peak vs sequence length](img/plan_model_peak.png)")
-        if name == "memory" and data and plot_memory(data, os.path.join(img, "memory_tags.png")):
-            text += "\n\n![memory by tag](img/memory_tags.png)"
+        if name == "plan" and data:
+            text += plot_links(name, img, [("planned memory", "plan.png")],
+                               lambda: plot_plan(data, os.path.join(img, "plan.png")))
+        if name == "plan-model" and data:
+            text += plot_links(name, img, [("per-tag peak at each method's maximum", "plan_model_tags.png"),
+                                           ("device peak vs sequence length", "plan_model_peak.png")],
+                               lambda: plot_plan_model(data, os.path.join(img, "plan_model_tags.png"),
+                                                       os.path.join(img, "plan_model_peak.png")))
+        if name == "memory" and data:
+            text += plot_links(name, img, [("memory by tag", "memory_tags.png")],
+                               lambda: plot_memory(data, os.path.join(img, "memory_tags.png")))
         fresh.append(text)
     head = PAGE_HEAD
-    # Merge before opening for writing: "w" truncates the page whose other sections are kept.
-    sections_text = merge_sections(args.out, fresh)
-    with open(args.out, "w") as f:
-        f.write("\n".join(head) + "\n" + "\n\n".join(sections_text) + "\n")
-    print("wrote " + args.out)
+    if fresh:
+        # Merge before opening for writing: "w" truncates the page whose other sections are kept.
+        sections_text = merge_sections(args.out, fresh)
+        with open(args.out, "w") as f:
+            f.write("\n".join(head) + "\n" + "\n\n".join(sections_text) + "\n")
+        print("wrote " + args.out)
+    if failed_sections:
+        print("run_benchmarks: failed: " + "; ".join(failed_sections), file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
