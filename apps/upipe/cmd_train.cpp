@@ -242,7 +242,7 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
   spell_model_fields(set, m);  // the heads are the model's fields, not settings of train
   Device dev(device_options(cfg));
   DeviceComm comm(dev, proc.world);
-  TrainingLoop loop(dev, comm, m, cfg, opt.resume, opt.overwrite);
+  TrainingLoop loop(dev, comm, m, cfg, opt.resume, opt.overwrite, opt.accept_changes);
   std::unique_ptr<Render> render;
   if (proc.root()) {
     print_startup(cfg, m, loop, toml);

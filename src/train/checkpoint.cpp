@@ -201,6 +201,8 @@ void parse_meta(const json& j, const std::string& meta, Saved& s) {
   // Informational (older checkpoints lack it): never a reason to refuse the checkpoint.
   if (const auto w = j.find("upipe"); w != j.end() && w->is_string())
     s.info.written_by = w->get<std::string>();
+  if (const auto d = j.find("data"); d != j.end() && d->is_string())
+    s.info.data = d->get<std::string>();
   const json& c = j.at("checksum");
   if (c.at("algorithm").get<std::string>() != kChecksum)
     throw ConfigError(
@@ -504,7 +506,7 @@ json meta_json(const CheckpointRun& run, int64_t step, Zero3& z, int cp_size,
                      {"header_xxh3", hex64(r[1])},
                      {"pieces_xxh3", pieces}});
   }
-  return {{"format", kFormat},
+  json meta = {{"format", kFormat},
           {"upipe", build_id()},
           {"run_id", run.run_id},
           {"step", step},
@@ -515,6 +517,8 @@ json meta_json(const CheckpointRun& run, int64_t step, Zero3& z, int cp_size,
           {"run", run_toml},
           {"checksum", {{"algorithm", kChecksum}, {"piece_elements", kCheckpointPiece}}},
           {"files", files}};
+  if (!run.data.empty()) meta["data"] = run.data;
+  return meta;
 }
 
 // A step directory that holds no run id and no checkpoint file: a write that ended (a crash, a
@@ -709,7 +713,7 @@ void check_checkpoint_room(Communicator& world, const std::string& dir, int64_t 
 CheckpointStart open_checkpoint_run(Communicator& world, const std::string& dir, bool resume,
                                     bool overwrite, int keep) {
   CheckpointStart cs;
-  cs.run = {dir, "", keep, overwrite};
+  cs.run = {dir, "", keep, overwrite, ""};
   if (resume) {
     if (dir.empty())
       throw ConfigError("--resume needs checkpoint.dir (the run's checkpoint directory)");

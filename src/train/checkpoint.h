@@ -49,6 +49,7 @@ struct CheckpointInfo {
   std::string model_json;  // the model's config.json text
   std::string run_toml;    // the run file's effective text
   std::string written_by;  // build_id() of the upipe that wrote it; "" if it does not say
+  std::string data;        // the training data's fingerprint (DataSource); "" if it does not say
 };
 
 // The checkpoints one run writes: where, its identity, how many it keeps, and whether it may
@@ -58,6 +59,7 @@ struct CheckpointRun {
   std::string run_id;  // written into every checkpoint; a resumed run keeps its checkpoint's
   int keep = 0;        // complete checkpoints kept, newest first; <= 0 keeps all
   bool overwrite_others = false;
+  std::string data{};  // the training data's fingerprint, recorded in every checkpoint ("": none)
 };
 
 // Where a run starts, decided on every rank alike.

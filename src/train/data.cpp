@@ -2,10 +2,12 @@
 
 #include <fmt/format.h>
 #include <glob.h>
+#include <xxhash.h>
 
 #include <algorithm>
 #include <charconv>
 #include <filesystem>
+#include <memory>
 
 #include "core/check.h"
 #include "core/checked.h"
@@ -163,9 +165,23 @@ DataSource::DataSource(const DataOptions& o) : opt_(o) {
         setting_value("train.seq_len", o.seq_len), setting_ref("train.seq_len")));
   if (o.check_vocab) {
     std::vector<int32_t> buf(static_cast<size_t>(kScanChunk));
+    const std::unique_ptr<XXH3_state_t, XXH_errorcode (*)(XXH3_state_t*)> h(XXH3_createState(),
+                                                                             XXH3_freeState);
+    UPIPE_CHECK(h && XXH3_64bits_reset(h.get()) == XXH_OK, "cannot start a hash of the data");
     for (const TokenFileInfo& f : files_)
-      for (int64_t b = 0; b < f.count; b += kScanChunk)
-        read_token_range(f, b, std::min(kScanChunk, f.count - b), o.vocab, buf.data());
+      for (int64_t b = 0; b < f.count; b += kScanChunk) {
+        const int64_t n = std::min(kScanChunk, f.count - b);
+        read_token_range(f, b, n, o.vocab, buf.data());
+        XXH3_64bits_update(h.get(), buf.data(), size_t(n) * sizeof(int32_t));
+      }
+    if (!doc_starts_.empty())
+      XXH3_64bits_update(h.get(), doc_starts_.data(), doc_starts_.size() * sizeof(int64_t));
+    fingerprint_ = fmt::format("{} tokens in {} file(s){}, xxh3 {:016x}", total_tokens(),
+                               files_.size(),
+                               doc_starts_.empty()
+                                   ? ""
+                                   : fmt::format(", {} documents", doc_starts_.size() - 1),
+                               XXH3_64bits_digest(h.get()));
   }
 }
 

@@ -94,6 +94,14 @@ class DataSource {
   const std::vector<TokenFileInfo>& files() const { return files_; }
   int64_t total_tokens() const { return starts_.empty() ? 0 : starts_.back(); }  // files
 
+  // files, read whole at construction (check_vocab): what the stream holds, for a resumed run
+  // to see that its data is the run's: "N tokens in F file(s)[, D documents], xxh3 HEX", the
+  // hash over every id (as int32, in stream order) and, with data.documents = "index", the
+  // documents' starts. The same ids in other files (another directory, .npy for .bin) give the
+  // same text; an id changed, a file added, a stale .idx do not. "" for random and copy data (a
+  // function of the settings) and without check_vocab.
+  const std::string& fingerprint() const { return fingerprint_; }
+
  private:
   // Stream ids [begin, begin + n) into out, across file boundaries.
   void read_stream(int64_t begin, int64_t n, int32_t* out) const;
@@ -103,6 +111,7 @@ class DataSource {
   std::vector<int64_t> starts_;  // files_.size() + 1 prefix sums of the files' id counts
   std::vector<int64_t>
       doc_starts_;  // index: stream positions of the documents' starts, and the end
+  std::string fingerprint_;
 };
 
 // The files a data.path names, in stream order: the file itself; a directory's *.npy and *.bin

@@ -48,7 +48,8 @@ std::shared_ptr<const Documents> documents_of(const std::vector<int64_t>& lens, 
 // The start of the run: the newest checkpoint (resume), Hugging Face weights, or random; and the
 // identity of the checkpoints this run writes (a resumed run keeps its checkpoint's).
 RunStart initialize(Communicator& world, const RunConfig& c, const ModelConfig& m, Trainer& tr,
-                    bool resume, bool overwrite, CheckpointRun& run) {
+                    const DataSource& data, bool resume, bool overwrite, bool accept_changes,
+                    CheckpointRun& run) {
   RunStart s;
   if (resume) {
     if (c.checkpoint.dir.empty())
@@ -61,8 +62,21 @@ RunStart initialize(Communicator& world, const RunConfig& c, const ModelConfig& 
   const CheckpointStart cs =
       open_checkpoint_run(world, c.checkpoint.dir, resume, overwrite, c.checkpoint.keep);
   run = cs.run;
+  run.data = data.fingerprint();
   if (cs.resume_from) {
     const std::string& ckpt = *cs.resume_from;
+    // The data the run read: the same stream, or the remaining steps read other sequences than
+    // the uninterrupted run's (a corpus edited in place, a file added to its directory, a stale
+    // .idx), which only --accept-changes allows. Checkpoints of older builds do not say.
+    const CheckpointInfo recorded = read_checkpoint_info(ckpt);
+    const bool data_changed = !recorded.data.empty() && !run.data.empty() &&
+                              recorded.data != run.data;
+    if (data_changed && !accept_changes)
+      throw ConfigError(fmt::format(
+          "--resume: the training data changed since {} was written (then: {}; now: {}), so the "
+          "remaining steps would read other sequences than the run's; restore {} as it was, or "
+          "add --accept-changes",
+          ckpt, one_line(recorded.data), run.data, setting_value("data.path", c.data.path)));
     const CheckpointInfo info = load_checkpoint(ckpt, tr.zero());
     s.step = info.step;
     s.resumed = true;
@@ -71,9 +85,10 @@ RunStart initialize(Communicator& world, const RunConfig& c, const ModelConfig& 
                                ? ""
                                : fmt::format(", by upipe {}", info.written_by);
     // meta.json's text (its writer's version) is a file's: one line, control bytes escaped.
-    s.origin = one_line(fmt::format("{} (step {}, written on {} rank{}{}{})", ckpt, info.step,
+    s.origin = one_line(fmt::format("{} (step {}, written on {} rank{}{}{}{})", ckpt, info.step,
                                     info.world, info.world == 1 ? "" : "s",
-                                    info.world == world.size() ? "" : ", resharded", by));
+                                    info.world == world.size() ? "" : ", resharded", by,
+                                    data_changed ? "; its data changed, accepted" : ""));
   } else if (!c.model.init_from.empty()) {
     const SafetensorsReader reader = open_init_weights(c.model.init_from, m);
     tr.zero().init(&reader, uint64_t(c.train.seed));
@@ -88,7 +103,8 @@ RunStart initialize(Communicator& world, const RunConfig& c, const ModelConfig& 
 }  // namespace
 
 TrainingLoop::TrainingLoop(Device& dev, Communicator& world, const ModelConfig& m,
-                           const RunConfig& c, bool resume, bool overwrite_checkpoints)
+                           const RunConfig& c, bool resume, bool overwrite_checkpoints,
+                           bool accept_changes)
     : dev_(dev), world_(world), m_(m), cfg_(c), toml_(to_toml(c)) {
   // A wrong --init-from is said before the trainer reserves memory (an 8B run over a small
   // model's folder said out-of-memory first).
@@ -109,7 +125,8 @@ TrainingLoop::TrainingLoop(Device& dev, Communicator& world, const ModelConfig& 
                  ? std::min(c.metrics.val_sequences, val_->total_tokens() / c.train.seq_len)
                  : c.metrics.val_sequences;
   }
-  start_ = initialize(world, c, m, *trainer_, resume, overwrite_checkpoints, ckpt_run_);
+  start_ = initialize(world, c, m, *trainer_, *data_, resume, overwrite_checkpoints,
+                      accept_changes, ckpt_run_);
   start_.run_id = ckpt_run_.run_id;
   // One checkpoint: fp32 weights and two moments of every parameter (sharded; headers aside).
   if (!c.checkpoint.dir.empty())

@@ -58,10 +58,11 @@ class TrainingLoop {
   // Builds the trainer (world = DP x CP) and the data, then the start: with `resume` the newest
   // complete checkpoint of checkpoint.dir (ConfigError when there is none), else model.init_from's
   // weights, else a random init from train.seed. A fresh run refuses a checkpoint.dir holding
-  // another run's checkpoints unless overwrite_checkpoints (train/checkpoint.h). Measures the GEMM
-  // rate MFU is relative to.
+  // another run's checkpoints unless overwrite_checkpoints (train/checkpoint.h). A resumed run
+  // whose training data is not the checkpoint's (DataSource::fingerprint) is refused unless
+  // accept_changes. Measures the GEMM rate MFU is relative to.
   TrainingLoop(Device& dev, Communicator& world, const ModelConfig& m, const RunConfig& c,
-               bool resume, bool overwrite_checkpoints = false);
+               bool resume, bool overwrite_checkpoints = false, bool accept_changes = false);
   ~TrainingLoop();
 
   Trainer& trainer() { return *trainer_; }
