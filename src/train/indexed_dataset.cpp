@@ -113,9 +113,14 @@ IndexedDataset read_indexed_dataset(const std::string& prefix) {
   const int64_t total = seq_start.back();
   ds.doc_starts.push_back(total);
   const ReadFile b(binp, "Megatron token data");
-  if (b.size() < checked_mul(total, int64_t(width), "token bytes"))
-    throw ConfigError(fmt::format("{}: {} bytes, the index {} says {} tokens of {} bytes", binp,
-                                  b.size(), idx, total, width));
+  // Exactly: a .bin longer than its index says is one written again beside a stale .idx, whose
+  // documents would cut it in the wrong places.
+  const int64_t want = checked_mul(total, int64_t(width), "token bytes");
+  if (b.size() != want)
+    throw ConfigError(fmt::format(
+        "{}: {} bytes, but the index {} says {} tokens of {} bytes ({} bytes): the two are not one "
+        "dataset (one was written again without the other); make them again together",
+        binp, b.size(), idx, total, width, want));
   ds.bin.path = binp;
   ds.bin.format = TokenFormat::kRaw;
   ds.bin.width = width;

@@ -104,6 +104,12 @@ TEST(MegatronIndex, MalformedIndexesAreRefused) {
                       {"not contiguous"});
   expect_config_error([&] { read_indexed_dataset(with(good, bin.substr(0, bin.size() - 4))); },
                       {"t.bin", "the index"});
+  // Longer than the index says (a .bin written again beside a stale .idx), or by one odd byte:
+  // not one dataset either.
+  expect_config_error([&] { read_indexed_dataset(with(good, bin + std::string(10000, '\0'))); },
+                      {"t.bin", "are not one dataset"});
+  expect_config_error([&] { read_indexed_dataset(with(good, bin + "x")); },
+                      {"t.bin", "are not one dataset"});
   // An inner document entry far past the sequences, the index still ascending up to it: refused
   // there (it was read as a sequence number, out of bounds, before the decrease after it).
   uint64_t n = 0, m = 0;
