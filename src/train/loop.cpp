@@ -212,7 +212,26 @@ LoopEnd TrainingLoop::run(TrainingObserver& obs) {
     dev_.mem().reset_peak();
     dev_.host().reset_peak();
     const double t0 = now_s();
-    const StepResult r = trainer_->step(step, data);
+    StepResult r;
+    try {
+      r = trainer_->step(step, data);
+    } catch (const StepDiverged& e) {
+      // The step that diverged has its metrics line (its non-finite numbers written as null),
+      // so a plot shows where the run went; then the run ends with the error.
+      StepMetrics sm;
+      sm.step = step + 1;
+      sm.run_id = start_.run_id;
+      sm.loss = e.result.loss;
+      if (copy_task()) sm.copy_loss = e.result.group_loss;
+      if (data_->packed()) sm.documents = e.result.documents;
+      sm.grad_norm = e.result.grad_norm;
+      sm.lr = e.result.lr;
+      sm.step_s = now_s() - t0;
+      sm.budget_bytes = cfg_.memory.device_bytes;
+      gather_peaks(sm);
+      obs.on_step(sm);
+      throw;
+    }
     const double dt = now_s() - t0;
     ++step;
     // The signal's number travels with the request (the largest, should several ranks get one),

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <limits>
 
 #include "core/checked.h"
 #include "core/errors.h"
@@ -105,6 +106,8 @@ double Trainer::evaluate(const std::function<Sequence(int64_t i)>& data, int64_t
     for (int64_t r = 0; r < mine_n; ++r)
       mine_predicted += double(predictions(data(index(r)).documents, s));
   const double predicted = opt_.packed ? dp_sum(mine_predicted) : double(n) * double(s - 1);
+  // Nothing predicted (every document one token): no loss, not a loss of 0.
+  if (predicted == 0) return std::numeric_limits<double>::quiet_NaN();
   double mine = 0;
   for (int64_t r = 0; r < rounds; ++r) {
     const Sequence q = data(index(r));
@@ -144,6 +147,14 @@ StepResult Trainer::step_views(int64_t t, const SequenceViewFn& data) {
       opt_.packed ? dp_sum(mine_predicted) : double(dp_size_) * opt_.micro_steps * double(s - 1);
   StepResult r;
   r.documents = opt_.packed ? int64_t(dp_sum(mine_docs)) : int64_t(dp_size_) * opt_.micro_steps;
+  // Every rank has the same sums: every rank refuses alike. (A loss of 0 looked like a perfect
+  // model.)
+  if (predicted == 0)
+    throw ConfigError(fmt::format(
+        "step {}: the step's {} documents are one token each, so it predicts nothing (a "
+        "document's last token has no next token); check {} (an end-of-text id that is every "
+        "token?) and the data",
+        t + 1, r.documents, setting_ref("data.documents")));
   double mine[3] = {0, 0, 0};  // scaled loss, group loss sum, group predictions
   zero_->zero_grads();
   for (const SequenceView& seq : seqs) {
@@ -168,15 +179,16 @@ StepResult Trainer::step_views(int64_t t, const SequenceViewFn& data) {
   }
   r.group_loss = group_count > 0 ? group_sum / group_count : 0.0;
   r.grad_norm = zero_->grad_norm();
+  r.lr = opt_.schedule.lr_at(t);
   if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm))
-    throw Error(
-        fmt::format("step {}: the loss ({}) or the gradient norm ({}) is not finite; "
-                    "lower {} or check the data",
-                    t + 1, r.loss, r.grad_norm, setting_ref("train.lr")));
+    throw StepDiverged(
+        render_setting_refs(fmt::format("step {}: the loss ({}) or the gradient norm ({}) is not "
+                                        "finite; lower {} or check the data",
+                                        t + 1, r.loss, r.grad_norm, setting_ref("train.lr"))),
+        r);
   const double clip = opt_.grad_clip > 0 && r.grad_norm > opt_.grad_clip
                           ? opt_.grad_clip / (r.grad_norm + 1e-6)
                           : 1.0;
-  r.lr = opt_.schedule.lr_at(t);
   zero_->step(opt_.optimizer, r.lr, clip, t + 1);
   return r;
 }

@@ -68,6 +68,14 @@ struct StepResult {
   int64_t documents = 0;        // in the global batch (DP x micro-steps sequences)
 };
 
+// A step whose loss or gradient norm is not finite: the optimizer did not step; `result` holds
+// the step's numbers (for its metrics line) and the message says what to do.
+class StepDiverged : public Error {
+ public:
+  StepDiverged(const std::string& what, const StepResult& r) : Error(what), result(r) {}
+  StepResult result;
+};
+
 class Trainer {
  public:
   // world: all ranks. Splits it into CP and DP groups, builds the decoder and ZeRO-3 state

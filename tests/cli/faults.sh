@@ -207,6 +207,31 @@ val_uneven)
   grep -q "warning: --val-path .* holds 8 sequence(s) of 64 tokens, fewer than --val-sequences 100: each validation uses 8" "$tmp/w.out" ||
     { cat "$tmp/w.out"; fail "no warning for a held-out file shorter than --val-sequences"; }
   ;;
+diverged)
+  # A step whose gradient norm is not finite ends the run (exit 1) with its metrics line written,
+  # the non-finite number as null; a step that predicts nothing (every document one token: an
+  # end-of-text id that is every token) is refused on every rank (exit 2), not a loss of 0.
+  job d 60 train "${small[@]}" --steps=5 --lr=1e30 --warmup-steps=0 --grad-clip=0 \
+    --metrics-path="$tmp/d.jsonl"
+  [ $rc -eq 1 ] || { cat "$tmp/d.out"; fail "a diverged run: exit $rc, want 1"; }
+  once d "the loss (" && grep -q "is not finite; lower --lr" "$tmp/d.out" || fail "no divergence line"
+  python3 - "$tmp/d.jsonl" << 'PY' || fail "the diverged step's metrics line"
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1])]
+print("metrics of the diverged run:", [(j["step"], j["grad_norm"]) for j in lines])
+sys.exit(0 if len(lines) == 2 and lines[1]["step"] == 2 and lines[1]["grad_norm"] is None else 1)
+PY
+  python3 - "$tmp/eos.npy" << 'PY'
+import sys
+h = "{'descr': '<i4', 'fortran_order': False, 'shape': (1000,), }"
+h += " " * (63 - (10 + len(h)) % 64) + "\n"  # the header padded to a multiple of 64 bytes
+open(sys.argv[1], "wb").write(b"\x93NUMPY\x01\x00" + len(h).to_bytes(2, "little") + h.encode()
+                              + (5).to_bytes(4, "little") * 1000)
+PY
+  job e 60 train "${small[@]}" --steps=2 --data-kind=files --data-path="$tmp/eos.npy" --documents=eos:5
+  [ $rc -eq 2 ] || { cat "$tmp/e.out"; fail "a step that predicts nothing: exit $rc, want 2"; }
+  once e "documents are one token each, so it predicts nothing"
+  ;;
 init_dtype)
   mkdir "$tmp/int"
   cp "$fixture/config.json" "$tmp/int/"
