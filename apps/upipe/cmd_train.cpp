@@ -10,6 +10,7 @@
 #include <cstdlib>
 
 #include "apps/upipe/commands.h"
+#include "apps/upipe/model_run.h"
 #include "apps/upipe/settings_cli.h"
 #include "attention/device_comm.h"
 #include "backend/cpu/cpu_isa.h"
@@ -238,7 +239,17 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
     });
   Watchdog::start(cfg.comm.timeout);
   install_stop_handlers();
-  const ModelConfig m = load_model_config(cfg.model.name);
+  if (!opt.resume) {
+    refuse_training_checkpoint(cfg.model.init_from, "--init-from");  // --model too when alone
+    refuse_training_checkpoint(cfg.model.name, "--model");
+  }
+  ModelConfig m = load_model_config(cfg.model.name);
+  // A preset names no special tokens; the --init-from folder's config.json does: they go into
+  // the checkpoints, so an export stops generation where the source model did.
+  if (m.token_ids.empty() && !cfg.model.init_from.empty()) try {
+      m.token_ids = load_model_config(cfg.model.init_from).token_ids;
+    } catch (const ConfigError&) {  // said by the weights' check, naming the folder
+    }
   spell_model_fields(set, m);  // the heads are the model's fields, not settings of train
   Device dev(device_options(cfg));
   DeviceComm comm(dev, proc.world);

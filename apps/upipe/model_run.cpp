@@ -42,15 +42,15 @@ ModelRun::ModelRun(Communicator& world, const ModelConfig& m, const RunConfig& c
   if (grads) g = allocate_params(dev, m, DType::kF32, Tag::kGrads);
 }
 
-void refuse_training_checkpoint(const std::string& path) {
+void refuse_training_checkpoint(const std::string& path, const char* flag) {
   std::error_code ec;
   if (!std::filesystem::is_directory(path, ec)) return;
   if (std::filesystem::exists(std::filesystem::path(path) / "meta.json", ec) ||
       latest_checkpoint(path))
     throw ConfigError(fmt::format(
         "{} is a training checkpoint, not a Hugging Face model; export it first: upipe export "
-        "{} OUT_DIR, then --model OUT_DIR",
-        path, path));
+        "{} OUT_DIR, then {} OUT_DIR",
+        path, path, flag));
 }
 
 int64_t max_over_ranks(Communicator& world, int64_t v) {

@@ -1,6 +1,7 @@
 // What `upipe eval` and `upipe bench model` share: the token sequence without a file, and one
 // rank's decoder with its parameters and gradients on its own device, built in the order that
-// finds bad input (config, strategy, weights) before any data moves.
+// finds bad input (config, strategy, weights) before any data moves. (train shares the refusal
+// of a training checkpoint given for a model.)
 #pragma once
 
 #include <memory>
@@ -38,7 +39,7 @@ struct ModelRun {
 };
 
 // A training checkpoint where a Hugging Face model is expected: ConfigError saying to export it.
-void refuse_training_checkpoint(const std::string& path);
+void refuse_training_checkpoint(const std::string& path, const char* flag = "--model");
 
 // The largest of the ranks' values (every rank gets it).
 int64_t max_over_ranks(Communicator& world, int64_t v);

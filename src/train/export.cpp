@@ -67,7 +67,7 @@ bool within(const fs::path& inner, const fs::path& outer) {
 }
 
 // The run's Hugging Face directories, from the run file the checkpoint records: init_from first,
-// each with the setting it came from.
+// each with the setting it came from (whether they still exist or not).
 std::vector<std::pair<std::string, std::string>> run_directories(const CheckpointReader& reader);
 
 // Everything export checks of `out` before it writes a byte (ConfigError, nothing changed): a
@@ -185,13 +185,12 @@ std::vector<std::pair<std::string, std::string>> run_directories(const Checkpoin
   std::vector<std::pair<std::string, std::string>> dirs;
   try {
     const RunConfig c = parse_run_toml(reader.info().run_toml, reader.info().path + "/meta.json");
-    std::error_code ec;
     // A preset's name is a name, not a directory here. Paths are absolute since runs record them
     // so; an older checkpoint's relative ones are taken from the working directory.
     const std::string model = is_model_preset(c.model.name) ? "" : c.model.name;
     for (const auto& [d, setting] :
          {std::pair{c.model.init_from, "--init-from"}, std::pair{model, "--model"}})
-      if (!d.empty() && fs::is_directory(d, ec)) dirs.emplace_back(d, setting);
+      if (!d.empty()) dirs.emplace_back(d, setting);
   } catch (const ConfigError&) {  // a run file of another version: no directories to look in
   }
   return dirs;
@@ -246,6 +245,15 @@ TokenizerPlan plan_tokenizer(const CheckpointReader& reader, const TokenizerChoi
       break;
   }
   for (const auto& [d, setting] : run_directories(reader)) {
+    // Gone (moved, another machine): its tokenizer is unknown here, and guessing another (the
+    // byte tokenizer, none) would export a model that reads other text than it was trained on.
+    std::error_code ec;
+    if (!fs::is_directory(d, ec))
+      throw ConfigError(fmt::format(
+          "export: the run's {} directory {} is not there any more, and its tokenizer files "
+          "would be copied from it; pass --tokenizer DIR (a directory with them), or --tokenizer "
+          "none or bytes",
+          setting, d));
     TokenizerPlan p = copy_plan(d, "the run's " + std::string(setting) + " directory");
     if (!p.files.empty()) return p;
   }

@@ -259,6 +259,28 @@ init)
   python3 -c "import json,sys; c=json.load(open(sys.argv[1])); assert (c['bos_token_id'], c['eos_token_id']) == (0, 1), c" \
     "$tmp/hfx/config.json" || fail "the exported config.json lacks the fixture's bos/eos ids"
   cmp "$tmp/fx/generation_config.json" "$tmp/hfx/generation_config.json" || fail "generation_config.json not carried"
+  # The run's --init-from folder gone (moved): its tokenizer is not guessed (the byte tokenizer
+  # was exported in its place); --tokenizer says where it is now.
+  mv "$tmp/fx" "$tmp/fx_moved"
+  out=$("${mpirun[@]}" -np 1 "$upipe" export "$tmp/ifx" "$tmp/hfgone" 2>&1); rc=$?
+  [ $rc -eq 2 ] && echo "$out" | grep -q "the run's --init-from directory $tmp/fx is not there any more" &&
+    [ ! -e "$tmp/hfgone" ] || { echo "$out"; fail "export with the --init-from folder gone: exit $rc"; }
+  "${mpirun[@]}" -np 1 "$upipe" export "$tmp/ifx" "$tmp/hfgone" --tokenizer "$tmp/fx_moved" > /dev/null ||
+    fail "export --tokenizer of the moved folder"
+  mv "$tmp/fx_moved" "$tmp/fx"
+  # A checkpoint given where a Hugging Face folder belongs says to export it first.
+  out=$("$upipe" train "${small[@]}" --init-from "$tmp/ifx" --steps=1 2>&1); rc=$?
+  [ $rc -eq 2 ] && echo "$out" | grep -q "is a training checkpoint, not a Hugging Face model; export it first: .*then --init-from OUT_DIR" ||
+    { echo "$out"; fail "train --init-from CHECKPOINT: exit $rc"; }
+  # A preset trained from a folder (--model tiny --init-from DIR) takes the folder's special
+  # token ids into its checkpoints and export (a preset names none).
+  "$upipe" train "${small[@]}" --model=tiny --steps=1 --checkpoint-dir="$tmp/t0" > /dev/null 2>&1 &&
+    "$upipe" export "$tmp/t0" "$tmp/tinyhf" > /dev/null || fail "a tiny folder"
+  python3 -c "import json,sys; p=sys.argv[1]; c=json.load(open(p)); c.update(bos_token_id=0, eos_token_id=[1, 2]); json.dump(c, open(p, 'w'))" "$tmp/tinyhf/config.json"
+  "$upipe" train "${small[@]}" --model=tiny --init-from "$tmp/tinyhf" --steps=1 --checkpoint-dir="$tmp/t1" > /dev/null 2>&1 &&
+    "$upipe" export "$tmp/t1" "$tmp/tinyhf2" > /dev/null || fail "tiny from its folder"
+  python3 -c "import json,sys; c=json.load(open(sys.argv[1])); assert (c['bos_token_id'], c['eos_token_id']) == (0, [1, 2]), c" \
+    "$tmp/tinyhf2/config.json" || fail "--model tiny --init-from DIR lost the folder's token ids"
   # --init-from alone fine-tunes that directory's model; --model DIR alone starts from random
   # weights and says that DIR's weights are not loaded.
   out=$(timeout 300 "${mpirun[@]}" -np 2 "$upipe" train "${small[@]}" --init-from "$tmp/fx" --steps=1 \
