@@ -8,6 +8,7 @@
 // ends the job through the watchdog, status 4.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <map>
 #include <string>
@@ -22,6 +23,7 @@
 #include "core/spelling.h"
 #include "core/stop_signal.h"
 #include "core/watchdog.h"
+#include "train/run_config.h"
 
 namespace {
 
@@ -132,10 +134,22 @@ int main(int argc, char** argv) {
 
   // `--key=` (an empty value, as `dir = ""` in a run file: no checkpoints, no metrics file) is
   // given to CLI11 as `--key ""`: it refuses the first spelling ("1 required missing").
+  // A switch setting followed by a truth value (`--offload-stash 1`, `--overlap false`) is given
+  // as `--offload-stash=1`: CLI11 took the value for train's run file or left it apart.
   std::vector<std::string> split;
   for (int i = 0; i < argc; ++i) {
     const std::string_view w = argv[i];
     const bool empty_value = w.size() > 3 && w.starts_with("--") && w.find('=') == w.size() - 1;
+    if (w.starts_with("--") && w.find('=') == std::string_view::npos && i + 1 < argc) {
+      const SettingInfo* s = find_setting(w);
+      const std::string_view next = argv[i + 1];
+      if (s && s->type == "bool" &&
+          (next == "true" || next == "false" || next == "1" || next == "0")) {
+        split.push_back(fmt::format("{}={}", w, next));
+        ++i;
+        continue;
+      }
+    }
     split.emplace_back(empty_value ? w.substr(0, w.size() - 1) : w);
     if (empty_value) split.emplace_back();
   }
@@ -157,6 +171,15 @@ int main(int argc, char** argv) {
         std::string extra = e.what();
         if (const size_t colon = extra.find(": "); colon != std::string::npos)
           extra.erase(0, colon + 2);
+        // CLI11 lists them last first ("bf16 --dtype"): in the order typed.
+        std::vector<std::string> words;
+        for (size_t at = 0; at <= extra.size();) {
+          const size_t sp = std::min(extra.find(' ', at), extra.size());
+          words.push_back(extra.substr(at, sp - at));
+          at = sp + 1;
+        }
+        extra.clear();
+        for (auto w = words.rbegin(); w != words.rend(); ++w) extra += (extra.empty() ? "" : " ") + *w;
         throw ConfigError(
             fmt::format("{} takes no {} ({} --help lists what it takes)", name, extra, name));
       }

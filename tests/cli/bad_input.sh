@@ -108,6 +108,12 @@ run_case "--timeout" bench comm --timeout nan
 run_case "--iters: '2000000' is not a whole number in [1, 1000000]" bench comm --iters 2000000
 run_case "--warmup: '-1' is not a whole number in [0, 1000000]" bench comm --warmup -1
 run_case "upipe presets takes no --json (upipe presets --help lists what it takes)" presets --json
+# What a command does not take is quoted in the order typed (CLI11 lists it last first).
+run_case "upipe bench ops takes no --dtype bf16 (" bench ops --dtype bf16
+# A switch takes `--flag value` too: the value is not train's run file nor a stray argument, so
+# the error is the next setting's.
+run_case "--steps must be positive, got 0" train --offload-stash 1 --steps 0
+run_case "--seed must be >= 0, got -1" check --overlap false --seed -1
 run_case "--accept-changes is for --resume" train --steps 2 --accept-changes --checkpoint-dir= --metrics-path=
 run_case "'2.7' is not a whole number of bytes" plan --model tiny --ranks 2 --device-memory 2.7 --seq-len 256
 fix=$(cd "$(dirname "$0")/../fixtures/hf" && pwd)
