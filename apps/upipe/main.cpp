@@ -85,7 +85,7 @@ int main(int argc, char** argv) {
   CLI::App* demo = cli.add_subcommand(
       "demo",
       "built-in demonstration: train the tiny model on the copy task (run-file overrides "
-      "such as --train.steps=500 apply)");
+      "such as --steps=500 apply)");
   CLI::App* demo_attn =
       demo->add_subcommand("attention", "UPipe and Ulysses checked against local, timed, planned");
   {
