@@ -206,6 +206,11 @@ Runner add_eval(CLI::App& cmd) {
                "--tokens (forward only)");
   cmd.add_flag("--json", opt->json, "print one JSON object (rank 0)");
   auto sa = add_settings(cmd, kScopeModel);
+  // eval asks for its input: the table's default S is train's, not eval's.
+  cmd.get_option("--seq-len")
+      ->description(
+          "tokens per sequence S (split over the CP group); eval has no default: give --tokens "
+          "FILE (its length) or --seq-len S (random tokens)");
   CLI::App* c = &cmd;
   return [opt, sa, c](Process& p) { return run(p, *opt, *sa, *c); };
 }

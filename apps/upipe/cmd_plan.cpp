@@ -373,6 +373,11 @@ Runner add_plan(CLI::App& cmd) {
   // The settings train takes, validated as train does (the copy task's even S): the plan of a
   // train command's flags, and the `run it` command it prints, runs.
   auto sa = add_settings(cmd, kScopePlan, kScopeTrain);
+  // plan asks for the memory it plans for: the table's default is train's (no budget).
+  cmd.get_option("--device-memory")
+      ->description(
+          "device memory per rank to plan for, e.g. 80G (plan has no default: an H100 or H200 "
+          "is not this machine)");
   CLI::App* c = &cmd;
   return [opt, sa, c](Process& p) { return run(p, *opt, *sa, *c); };
 }
