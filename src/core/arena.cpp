@@ -9,6 +9,16 @@
 #include "core/errors.h"
 
 namespace upipe {
+namespace {
+
+// Within the budget but beyond what backs it (the machine's memory, the GPU's): a lower budget
+// would only be refused sooner.
+constexpr const char* kBeyondMachine =
+    "this machine cannot hold it: choose a configuration with a smaller peak (a shorter "
+    "sequence, more ranks, bf16, --offload-stash; `upipe plan` finds one that fits) or a machine "
+    "with more memory";
+
+}  // namespace
 
 const char* tag_name(Tag t) {
   static const char* kNames[] = {"params", "grads",   "optim",     "gathered",    "act",
@@ -68,10 +78,9 @@ void* Arena::allocate(int64_t bytes, Tag tag) {
   } catch (const std::bad_alloc& e) {
     std::string msg = fmt::format(
         "out of memory in {} arena: tag '{}' requested {} ({} B) within the budget, but {} "
-        "({} of {} in use: {}); lower the memory budget to what this machine has or choose a "
-        "configuration with a smaller peak",
+        "({} of {} in use: {}); {}",
         name_, tag_name(tag), format_bytes(bytes), bytes, e.what(), format_bytes(current_),
-        format_bytes(budget_), describe(cur_));
+        format_bytes(budget_), describe(cur_), kBeyondMachine);
     OutOfMemoryError oom(msg, name_, tag_name(tag), bytes, describe(cur_));
     oom.backing = true;
     throw oom;
@@ -97,10 +106,8 @@ void Arena::check_fits(const TagBytes& need) const {
   try {
     backing_.check_can_back(bytes);
   } catch (const std::bad_alloc& e) {
-    throw OutOfMemoryError(fmt::format("{}, within the budget, but {}; lower the memory budget to "
-                                       "what this machine has or choose a configuration with a "
-                                       "smaller peak",
-                                       what, e.what()),
+    throw OutOfMemoryError(fmt::format("{}, within the budget, but {}; {}", what, e.what(),
+                                       kBeyondMachine),
                            name_, "planned", bytes, describe(cur_));
   }
 }

@@ -43,6 +43,11 @@ constexpr int kNumFields = 3;
 // Bounds on what is read from a checkpoint directory before parsing it.
 constexpr int64_t kMaxMetaBytes = int64_t(256) << 20;
 constexpr int64_t kMaxSmallFileBytes = 4096;  // DONE, the run-id marker
+// What to do about a corrupt checkpoint: --resume takes the newest, so the older one is reached
+// by moving this one away.
+constexpr const char* kOlderCheckpoint =
+    "use an older one (--resume takes the newest complete checkpoint: move this one out of its "
+    "directory to resume from the one before)";
 
 std::string step_dir_name(int64_t step) {
   return fmt::format("step_{:08d}", step);
@@ -169,8 +174,8 @@ std::string verified_meta_text(const fs::path& p, std::string* done_text = nullp
       fmt::format("meta.json {} {}\n", kChecksum, hex64(xxh3(text.data(), int64_t(text.size()))));
   if (done.find(want) == std::string::npos)
     throw ConfigError(fmt::format(
-        "{} does not match the checksum in {}: the checkpoint is corrupt; use another one", meta,
-        done_path));
+        "{} does not match the checksum in {}: the checkpoint is corrupt; {}", meta,
+        done_path, kOlderCheckpoint));
   return text;
 }
 
@@ -335,8 +340,8 @@ class RankFiles {
       if (xxh3(head.data(), int64_t(head.size())) != sf.header)
         throw ConfigError(
             fmt::format("checkpoint file {}: its header does not match the checksum "
-                        "in meta.json (the file is corrupt); use another checkpoint",
-                        f));
+                        "in meta.json (the file is corrupt); {}",
+                        f, kOlderCheckpoint));
     }
     files_.emplace_back(f);
     check_file_metadata(q);
@@ -380,8 +385,8 @@ class RankFiles {
     if (xxh3(buf_.data(), n * 4) != want)
       throw ConfigError(fmt::format(
           "checkpoint file {}: tensor {} elements [{}, {}) do not match their checksum in "
-          "meta.json (the file is corrupt); use another checkpoint",
-          file(q), tensor_key(unit, field), first, first + n));
+          "meta.json (the file is corrupt); {}",
+          file(q), tensor_key(unit, field), first, first + n, kOlderCheckpoint));
     cached_ = {q, tensor, p};
     return buf_.data();
   }
