@@ -40,6 +40,12 @@ std::vector<std::string> run_warnings(const RunConfig& c, const ModelConfig& m) 
         "decays",
         setting_value("train.warmup_steps", c.train.warmup_steps),
         setting_value("train.steps", c.train.steps), setting_value("train.lr", c.train.lr)));
+  if (!c.data.val_path.empty() && c.metrics.val_interval == 0)
+    w.push_back(fmt::format(
+        "{} is given but {}: the run never validates; give {} to measure the held-out loss",
+        setting_value("data.val_path", c.data.val_path),
+        setting_value("metrics.val_interval", c.metrics.val_interval),
+        setting_ref("metrics.val_interval")));
   return w;
 }
 
