@@ -111,8 +111,16 @@ std::vector<std::string> expand_token_paths(const std::string& path, std::string
     std::sort(out.begin(), out.end());
     return out;
   }
-  if (!fs::exists(path, ec))
+  if (!fs::exists(path, ec)) {
+    // A Megatron prefix (what `upipe tokenize DIR OUT` writes: OUT.bin + OUT.idx) is read with its
+    // documents only.
+    if (fs::exists(path + ".idx", ec) && fs::exists(path + ".bin", ec))
+      throw ConfigError(fmt::format(
+          "{}: '{}' names a Megatron dataset ({}.bin + {}.idx), which is read with its documents: "
+          "add {}",
+          setting_ref(key), path, path, path, setting_value("data.documents", "index")));
     throw ConfigError(fmt::format("{}: '{}' does not exist", setting_ref(key), path));
+  }
   return {path};
 }
 
@@ -154,7 +162,19 @@ DataSource::DataSource(const DataOptions& o) : opt_(o) {
     }
   } else {
     for (const std::string& p : expand_token_paths(o.path, o.path_key)) {
-      files_.push_back(inspect_token_file(p));
+      try {
+        files_.push_back(inspect_token_file(p));
+      } catch (const ConfigError& e) {
+        // A Megatron .bin (beside its .idx) has no llm.c header: say how it is read.
+        const std::filesystem::path bin(p);
+        std::error_code ec;
+        if (bin.extension() != ".bin" ||
+            !std::filesystem::exists(std::filesystem::path(bin).replace_extension(".idx"), ec))
+          throw;
+        throw ConfigError(fmt::format(
+            "{} ({} has a Megatron .idx beside it: read that dataset with {})", e.what(), p,
+            setting_value("data.documents", "index")));
+      }
       starts_.push_back(checked_add(starts_.back(), files_.back().count, "token count"));
     }
   }

@@ -152,6 +152,12 @@ packed)
       > "$tmp/corpus/doc$(printf %02d "$i").txt"
   done
   "$upipe" tokenize "$tmp/corpus" "$tmp/corpus_tok" | grep -q "30 documents" || fail "tokenize DIR"
+  # The prefix (or its .bin) without --documents=index says how it is read.
+  for p in "$tmp/corpus_tok" "$tmp/corpus_tok.bin"; do
+    out=$("$upipe" train "${small[@]}" --steps=1 --data-kind=files --data-path="$p" 2>&1); rc=$?
+    [ $rc -eq 2 ] && echo "$out" | grep -q "Megatron .*--documents index" ||
+      { echo "$out"; fail "--data-path $p without --documents=index: exit $rc"; }
+  done
   args=("${small[@]}" --data-kind=files --data-path="$tmp/corpus_tok" --documents=index --steps=6
         --method=ring --checkpoint-interval=3 --checkpoint-keep=3)
   timeout 300 "${mpirun[@]}" -np 2 "$upipe" train "${args[@]}" --checkpoint-dir="$tmp/a" \
