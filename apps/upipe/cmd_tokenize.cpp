@@ -26,6 +26,7 @@ int run(Process& proc, const Options& opt) {
         "%s: %lld documents, %lld tokens (bytes, vocabulary %lld) written to %s.bin + %s.idx\n",
         opt.in.c_str(), static_cast<long long>(r.documents), static_cast<long long>(r.tokens),
         static_cast<long long>(kByteVocab), r.prefix.c_str(), r.prefix.c_str());
+    if (!r.skipped.empty()) std::printf("left out: %s\n", left_out(r).c_str());
     return 0;
   }
   const int64_t n = tokenize_bytes(opt.in, opt.out, opt.force);

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <climits>
 #include <filesystem>
+#include <string_view>
 #include <vector>
 
 #include "core/errors.h"
@@ -125,6 +126,12 @@ int64_t tokenize_bytes(const std::string& in, const std::string& out, bool repla
   return src.size();
 }
 
+std::string left_out(const TokenizedDocuments& r) {
+  std::string s;
+  for (const std::string& x : r.skipped) s += (s.empty() ? "" : ", ") + x;
+  return s;
+}
+
 TokenizedDocuments tokenize_documents(const std::string& dir, const std::string& out,
                                       bool replace) {
   namespace fs = std::filesystem;
@@ -133,13 +140,59 @@ TokenizedDocuments tokenize_documents(const std::string& dir, const std::string&
   r.prefix = o.extension() == ".bin" || o.extension() == ".idx"
                  ? (o.parent_path() / o.stem()).string()
                  : out;
+  // The documents: the directory's regular files (symlinks followed), one level, without hidden
+  // files (.gitignore, editor swap files) and token datasets (an earlier tokenize's OUT.bin +
+  // OUT.idx); what is left out is counted and said.
   std::vector<std::string> files;
+  std::vector<std::string> hidden;
+  int64_t dirs = 0, other = 0;
   std::error_code ec;
-  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec))
-    if (e.is_regular_file()) files.push_back(e.path().string());
+  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    std::error_code ignored;
+    if (e.is_directory(ignored))
+      ++dirs;
+    else if (!e.is_regular_file(ignored))
+      ++other;
+    else if (name.starts_with("."))
+      hidden.push_back(name);
+    else
+      files.push_back(e.path().string());
+  }
   if (ec) throw ConfigError(fmt::format("cannot list the directory {}: {}", dir, ec.message()));
-  if (files.empty()) throw ConfigError(fmt::format("the directory {} holds no file", dir));
   std::sort(files.begin(), files.end());
+  std::sort(hidden.begin(), hidden.end());
+  // An earlier tokenize's output (an .idx with Megatron's magic, and its .bin): not a document.
+  std::vector<std::string> dataset_files;
+  for (const std::string& f : files) {
+    if (fs::path(f).extension() != ".idx") continue;
+    char magic[9] = {};
+    const ReadFile idx(f, "index file");
+    if (idx.size() >= 9) idx.read_at(magic, 9, 0);
+    if (std::string_view(magic, 9) != std::string_view("MMIDIDX\x00\x00", 9)) continue;
+    dataset_files.push_back(f);
+    dataset_files.push_back(fs::path(f).replace_extension(".bin").string());
+  }
+  const int64_t datasets = int64_t(dataset_files.size() / 2);
+  std::erase_if(files, [&](const std::string& f) {
+    return std::find(dataset_files.begin(), dataset_files.end(), f) != dataset_files.end();
+  });
+  if (dirs)
+    r.skipped.push_back(fmt::format("{} subdirector{} (one level is read)", dirs,
+                                    dirs == 1 ? "y" : "ies"));
+  if (!hidden.empty())
+    r.skipped.push_back(fmt::format("{} hidden file{} ({}{})", hidden.size(),
+                                    hidden.size() == 1 ? "" : "s", hidden.front(),
+                                    hidden.size() > 1 ? ", ..." : ""));
+  if (datasets)
+    r.skipped.push_back(fmt::format("{} token dataset{} (.bin + .idx)", datasets,
+                                    datasets == 1 ? "" : "s"));
+  if (other)
+    r.skipped.push_back(fmt::format("{} entr{} that {} not a regular file", other,
+                                    other == 1 ? "y" : "ies", other == 1 ? "is" : "are"));
+  if (files.empty())
+    throw ConfigError(fmt::format("the directory {} holds no file to read as a document{}", dir,
+                                  r.skipped.empty() ? "" : " (left out: " + left_out(r) + ")"));
   for (const std::string& f : files)
     for (const char* ext : {".bin", ".idx"})
       if (same_file(f, r.prefix + ext))

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace upipe {
 
@@ -35,8 +36,13 @@ std::string byte_tokenizer_config_json(int64_t max_len);
 struct TokenizedDocuments {
   std::string prefix;
   int64_t documents = 0, tokens = 0;
+  // What the directory held that is no document, said to the user: "2 subdirectories (not read:
+  // one level only)", "1 hidden file (.gitignore)", "a token dataset (out.bin + out.idx)".
+  std::vector<std::string> skipped;
 };
 TokenizedDocuments tokenize_documents(const std::string& dir, const std::string& out,
                                       bool replace = false);
+// r.skipped as one phrase: "2 subdirectories (one level is read), 1 hidden file (.x)".
+std::string left_out(const TokenizedDocuments& r);
 
 }  // namespace upipe

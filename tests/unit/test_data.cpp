@@ -283,6 +283,34 @@ TEST(Data, ByteTokenizerRoundTrips) {
 
 // The output is never the input (under any name), a symlink or a special file; the input is never
 // a FIFO (it would block) — and the input survives every refusal.
+// tokenize DIR reads the directory's visible regular files, one level; what it leaves out
+// (subdirectories, hidden files, an earlier tokenize's dataset, a FIFO) is counted and said.
+TEST(Data, TokenizeDirSaysWhatItLeavesOut) {
+  TempDir d, out;
+  const std::filesystem::path in = d.path() / "corpus";
+  std::filesystem::create_directories(in / "sub");
+  d.write("corpus/a.txt", "first");
+  d.write("corpus/b.txt", "second");
+  d.write("corpus/sub/c.txt", "not read");
+  d.write("corpus/.gitignore", "*.o");
+  ASSERT_EQ(::mkfifo((in / "fifo").c_str(), 0644), 0);
+  TokenizedDocuments r = tokenize_documents(in.string(), (in / "old").string());
+  EXPECT_EQ(r.documents, 2);
+  EXPECT_EQ(r.tokens, 11);
+  EXPECT_EQ(left_out(r),
+            "1 subdirectory (one level is read), 1 hidden file (.gitignore), 1 entry that is not "
+            "a regular file");
+  // Its output inside the directory is no document of the next run.
+  r = tokenize_documents(in.string(), out.file("new"));
+  EXPECT_EQ(r.documents, 2);
+  EXPECT_NE(left_out(r).find("1 token dataset (.bin + .idx)"), std::string::npos) << left_out(r);
+  TempDir empty;
+  std::filesystem::create_directories(empty.path() / "only" / "sub");
+  expect_config_error(
+      [&] { tokenize_documents((empty.path() / "only").string(), out.file("x")); },
+      {"holds no file to read as a document (left out: 1 subdirectory"});
+}
+
 TEST(Data, TokenizerNeverDestroysItsInput) {
   TempDir d;
   const std::string text = "keep this text";
