@@ -19,28 +19,57 @@ class Error : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// `text` on one line: control bytes (a newline in a damaged file's header, a tab in a path)
-// become C escapes (\n, \t, \xNN), so an error quoting untrusted bytes stays one line a log can
-// hold and a terminal prints as it is.
+// `text` on one line: control bytes (a newline in a damaged file's header, a tab in a path) and
+// bytes that are no valid UTF-8 (a damaged .npy header's) become C escapes (\n, \t, \xNN), so an
+// error quoting untrusted bytes stays one line of text a log can hold and a terminal prints as
+// it is. Valid UTF-8 stays (a path in any language), except the C1 controls U+0080..U+009F.
 inline std::string one_line(std::string_view text) {
   static const char kHex[] = "0123456789abcdef";
   std::string out;
   out.reserve(text.size());
-  for (const char c : text) {
-    const auto u = static_cast<unsigned char>(c);
+  auto escape = [&](unsigned char u) {
+    out += "\\x";
+    out += kHex[u >> 4];
+    out += kHex[u & 15];
+  };
+  for (size_t i = 0; i < text.size();) {
+    const auto u = static_cast<unsigned char>(text[i]);
+    if (u >= 0x80) {
+      // The length of the UTF-8 sequence this byte leads, and the least code point it may encode
+      // (shorter forms are overlong); 0 where it leads none.
+      const size_t n = u >= 0xc2 && u <= 0xdf ? 2 : u >= 0xe0 && u <= 0xef ? 3
+                       : u >= 0xf0 && u <= 0xf4 ? 4 : 0;
+      bool ok = n > 0 && i + n <= text.size();
+      uint32_t cp = n == 2 ? u & 0x1f : n == 3 ? u & 0x0f : u & 0x07;
+      for (size_t k = 1; ok && k < n; ++k) {
+        const auto c = static_cast<unsigned char>(text[i + k]);
+        ok = (c & 0xc0) == 0x80;
+        cp = (cp << 6) | (c & 0x3f);
+      }
+      const uint32_t least = n == 2 ? 0x80 : n == 3 ? 0x800 : 0x10000;
+      ok = ok && cp >= least && cp <= 0x10ffff && !(cp >= 0xd800 && cp <= 0xdfff) &&
+           !(cp >= 0x80 && cp <= 0x9f);
+      if (ok) {
+        out.append(text.substr(i, n));
+        i += n;
+      } else {
+        escape(u);
+        ++i;
+      }
+      continue;
+    }
     if (u >= 0x20 && u != 0x7f) {
-      out += c;
-    } else if (c == '\n') {
+      out += char(u);
+    } else if (u == '\n') {
       out += "\\n";
-    } else if (c == '\t') {
+    } else if (u == '\t') {
       out += "\\t";
-    } else if (c == '\r') {
+    } else if (u == '\r') {
       out += "\\r";
     } else {
-      out += "\\x";
-      out += kHex[u >> 4];
-      out += kHex[u & 15];
+      escape(u);
     }
+    ++i;
   }
   return out;
 }

@@ -137,6 +137,11 @@ std::string lines_up_to(const std::string& path, int64_t step, int64_t* dropped 
 
 void check_metrics_file(const std::string& path, bool resume, bool overwrite,
                         const std::string& run_id) {
+  if (path == "/dev/null")
+    throw ConfigError(fmt::format(
+        "{} /dev/null: the metrics file is made as a temporary file renamed over its path, which "
+        "would replace /dev/null; for no metrics file give an empty {}=",
+        setting_ref("metrics.path"), setting_ref("metrics.path")));
   check_replaceable(path, "metrics file");
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) return;

@@ -248,6 +248,16 @@ TEST(Errors, AConfigErrorIsOneLineWhateverItQuotes) {
                "/data/\u00e9t\u00e9.bin: missing");
   EXPECT_EQ(excerpt("abcdef", 6), "abcdef");
   EXPECT_EQ(excerpt("abcdefgh", 3), "abc... (5 more bytes)");
+  // Bytes that are no UTF-8 (a damaged .npy header's) are escaped, so stderr stays text: a stray
+  // continuation byte, a lead without its continuation, an overlong form, a surrogate, a lead
+  // cut off at the end, and C1 controls (U+009B is a terminal's CSI).
+  EXPECT_STREQ(ConfigError("shape (20\xf2" "0,)").what(), "shape (20\\xf20,)");
+  EXPECT_STREQ(ConfigError("dtype '\x92i4'").what(), "dtype '\\x92i4'");
+  EXPECT_STREQ(ConfigError("a\xc0\xaf" "b").what(), "a\\xc0\\xafb");
+  EXPECT_STREQ(ConfigError("a\xed\xa0\x80" "b").what(), "a\\xed\\xa0\\x80b");
+  EXPECT_STREQ(ConfigError("end\xe2\x82").what(), "end\\xe2\\x82");
+  EXPECT_STREQ(ConfigError("csi\xc2\x9b[2J").what(), "csi\\xc2\\x9b[2J");
+  EXPECT_STREQ(ConfigError("\u20ac \U0001F600 ok").what(), "\u20ac \U0001F600 ok");
 }
 
 TEST(Rng, CounterBasedIsShardIndependentAndNormal) {
