@@ -149,10 +149,12 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
   fs::path p = path;
   fs::path index;
   if (fs::is_directory(p, ec)) {
-    if (fs::is_regular_file(p / "model.safetensors.index.json", ec))
-      index = p / "model.safetensors.index.json";
-    else if (fs::is_regular_file(p / "model.safetensors", ec))
+    // The single file first, as transformers' from_pretrained looks (a folder holding both
+    // loads model.safetensors there, so here too).
+    if (fs::is_regular_file(p / "model.safetensors", ec))
       p /= "model.safetensors";
+    else if (fs::is_regular_file(p / "model.safetensors.index.json", ec))
+      index = p / "model.safetensors.index.json";
     else
       fail(path, "directory holds neither model.safetensors.index.json nor model.safetensors");
   } else if (p.extension() == ".json") {

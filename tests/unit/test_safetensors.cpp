@@ -272,6 +272,10 @@ TEST(Safetensors, ShardedIndex) {
     r.read("model.norm.weight", {2}, DType::kF32, n.data());
     EXPECT_EQ(n, (std::vector<float>{1, 2}));
   }
+  // A folder holding model.safetensors beside the index loads model.safetensors, as
+  // transformers' from_pretrained does (the two disagreed silently).
+  write_safetensors(dir.file("model.safetensors"), {{"only.this", DType::kF32, {1}, a.data()}});
+  EXPECT_EQ(SafetensorsReader(dir.path().string()).names(), (std::vector<std::string>{"only.this"}));
 
   dir.write("bad.safetensors.index.json",
             R"({"weight_map": {"lm_head.weight": "model-00002-of-00002.safetensors"}})");
