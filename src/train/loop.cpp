@@ -205,8 +205,13 @@ LoopEnd TrainingLoop::run(TrainingObserver& obs) {
                                      double(world_.size());
   const SequenceFn data = [this](int64_t s, int micro, int dp) { return sequence(s, micro, dp); };
   LoopEnd end;
-  double run_s = 0;
-  int64_t timed = 0, step = start;
+  double run_s = 0, val_total_s = 0;
+  int64_t timed = 0, validations = 0, step = start;
+  // The validations from step `s` (done) to the end: every val_interval-th step, and the last.
+  const int64_t every = val_ ? cfg_.metrics.val_interval : 0;
+  auto validations_after = [&](int64_t s) {
+    return every > 0 ? steps / every - s / every + (steps % every != 0 && s < steps ? 1 : 0) : 0;
+  };
   while (step < steps) {
     WatchdogContext ctx(fmt::format("step {}", step + 1));
     dev_.mem().reset_peak();
@@ -257,10 +262,18 @@ LoopEnd TrainingLoop::run(TrainingObserver& obs) {
     gather_peaks(sm);
     sm.budget_bytes = cfg_.memory.device_bytes;
     sm.step_s = dt;
-    sm.eta_s = double(steps - step) * (timed > 0 ? run_s / double(timed) : dt);
     const bool last = step == steps;
-    if (val_ && (step % cfg_.metrics.val_interval == 0 || last || stop != 0.0f))
+    if (val_ && (step % cfg_.metrics.val_interval == 0 || last || stop != 0.0f)) {
+      const double v0 = now_s();
       sm.val_loss = validate(step);
+      sm.val_s = now_s() - v0;
+      val_total_s += *sm.val_s;
+      ++validations;
+    }
+    sm.eta_s = double(steps - step) * (timed > 0 ? run_s / double(timed) : dt) +
+               (validations > 0 ? double(validations_after(step)) * val_total_s /
+                                      double(validations)
+                                : 0.0);
     obs.on_step(sm);
     if (stop != 0.0f && !last) {
       end.stopped = true;

@@ -49,6 +49,7 @@ std::string metrics_json(const StepMetrics& m) {
   j["loss"] = number(m.loss);
   if (m.copy_loss) j["copy_loss"] = number(*m.copy_loss);
   if (m.val_loss) j["val_loss"] = number(*m.val_loss);
+  if (m.val_s) j["val_s"] = number(*m.val_s);
   if (m.documents) j["documents"] = *m.documents;
   j["grad_norm"] = number(m.grad_norm);
   j["lr"] = number(m.lr);

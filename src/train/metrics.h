@@ -20,6 +20,7 @@ struct StepMetrics {
   double loss = 0;                             // mean next-token loss of the step's global batch
   std::optional<double> copy_loss;             // copy task: mean loss over the copied half
   std::optional<double> val_loss;              // the held-out loss, on validation steps
+  std::optional<double> val_s;                 // validation's wall time, on validation steps
   std::optional<int64_t> documents;            // packed data: documents in the global batch
   double grad_norm = 0;                        // global gradient norm before clipping
   double lr = 0;                               // learning rate the step used
@@ -35,7 +36,7 @@ struct StepMetrics {
 };
 
 // One JSON object, no newline; keys in this order: step, run (when run_id is set), loss,
-// copy_loss, val_loss and documents (only when set),
+// copy_loss, val_loss, val_s and documents (only when set),
 // grad_norm, lr, tokens_per_s, mfu, peak_bytes, peak_by_tag, host_peak_bytes, host_peak_by_tag,
 // budget_bytes, step_s, eta_s.
 // A non-finite number is written as null.

@@ -67,6 +67,13 @@ TEST(Metrics, JsonKeysOrderAndValues) {
   const auto r = nlohmann::ordered_json::parse(metrics_json(m));
   EXPECT_EQ(std::next(r.begin(), 1).key(), "run");  // right after step
   EXPECT_EQ(r["run"], "0123abcd");
+  // A validation step: its loss and its time, after the copy loss.
+  m.val_loss = 4.5;
+  m.val_s = 1.25;
+  const auto v = nlohmann::ordered_json::parse(metrics_json(m));
+  EXPECT_EQ(std::next(v.begin(), 4).key(), "val_loss");
+  EXPECT_EQ(std::next(v.begin(), 5).key(), "val_s");
+  EXPECT_EQ(v["val_s"].get<double>(), 1.25);
 }
 
 TEST(Metrics, WriterFlushesEachStepAndTruncatesANewRunWithOverwrite) {
