@@ -10,6 +10,7 @@
 #include "model/hf_names.h"
 #include "train/checkpoint.h"
 #include "train/export.h"
+#include "train/run_config.h"
 
 namespace upipe::app {
 namespace {
@@ -18,12 +19,15 @@ struct Options {
   std::string checkpoint, out;
   std::string dtype = "bf16";
   std::string tokenizer = "auto";
+  std::string max_shard_size = "5G";
   bool force = false;
 };
 
 int run(Process& proc, const Options& opt) {
   namespace fs = std::filesystem;
   const DType dt = parse_dtype(opt.dtype);
+  const int64_t max_shard =
+      opt.max_shard_size == "0" ? 0 : parse_bytes(opt.max_shard_size, "--max-shard-size");
   const TokenizerChoice tc = parse_tokenizer_choice(opt.tokenizer);
   std::string path = opt.checkpoint;
   if (!fs::exists(fs::path(path) / "meta.json")) {
@@ -38,9 +42,11 @@ int run(Process& proc, const Options& opt) {
   const CheckpointReader reader(path);  // every rank validates: errors are the same everywhere
   const TokenizerPlan tok = plan_tokenizer(reader, tc);
   if (!proc.root()) return 0;
-  export_hf(reader, opt.out, dt, opt.force, tok);
-  std::printf("exported %s (step %lld, %zu tensors, %s) to %s\n", path.c_str(),
+  const int shards = export_hf(reader, opt.out, dt, opt.force, tok, max_shard);
+  std::printf("exported %s (step %lld, %zu tensors, %s%s) to %s\n", path.c_str(),
               (long long)reader.info().step, hf_tensors(reader.model()).size(), opt.dtype.c_str(),
+              shards > 1 ? fmt::format(", {} shards of at most {}", shards, opt.max_shard_size).c_str()
+                         : "",
               opt.out.c_str());
   std::printf("%s\n", tok.note.c_str());
   return 0;
@@ -59,6 +65,11 @@ Runner add_export(CLI::App& cmd) {
          "--tokenizer", opt->tokenizer,
          "auto (the run's Hugging Face directory's tokenizer, else the byte tokenizer for a "
          "256-id vocabulary), none, bytes, or a directory to copy tokenizer files from")
+      ->capture_default_str();
+  cmd.add_option("--max-shard-size", opt->max_shard_size,
+                 "weights larger than this are written as shards with an index, as transformers' "
+                 "save_pretrained writes them (the Hugging Face Hub takes files up to 50 GB); 0 = "
+                 "one model.safetensors whatever its size")
       ->capture_default_str();
   cmd.add_flag("--force", opt->force,
                std::string("write into a non-empty directory: once the new files are written, "

@@ -1,6 +1,7 @@
 #include "train/export.h"
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include <stdlib.h>
 
@@ -11,6 +12,7 @@
 #include <string_view>
 #include <utility>
 
+#include "core/checked.h"
 #include "core/errors.h"
 #include "core/safe_fs.h"
 #include "model/config.h"
@@ -270,11 +272,34 @@ const char* hf_model_files_text() {
          "pytorch_model*.bin and its index, tf_model.h5, flax_model.msgpack, tokenizer files";
 }
 
-void export_hf(const CheckpointReader& reader, const std::string& out, DType dtype, bool force,
-               const TokenizerPlan& tok) {
+int64_t tensor_bytes(const SafetensorsWriteItem& t) {
+  int64_t n = int64_t(dtype_size(t.dtype));
+  for (int64_t d : t.shape) n = checked_mul(n, d, "tensor bytes");
+  return n;
+}
+
+std::vector<std::vector<size_t>> shard_tensors(const std::vector<SafetensorsWriteItem>& items,
+                                               int64_t max_shard_bytes) {
+  std::vector<std::vector<size_t>> shards(1);
+  int64_t in_shard = 0;
+  for (size_t i = 0; i < items.size(); ++i) {
+    const int64_t b = tensor_bytes(items[i]);
+    if (max_shard_bytes > 0 && !shards.back().empty() && in_shard + b > max_shard_bytes) {
+      shards.emplace_back();
+      in_shard = 0;
+    }
+    shards.back().push_back(i);
+    in_shard += b;
+  }
+  return shards;
+}
+
+int export_hf(const CheckpointReader& reader, const std::string& out, DType dtype, bool force,
+              const TokenizerPlan& tok, int64_t max_shard_bytes) {
   const std::vector<std::string> replaced = check_out(reader, out, force);
   std::error_code ec;
   const bool created = !fs::exists(out, ec);
+  int weight_files = 0;
   if (fs::create_directories(out, ec); ec)
     throw ConfigError(fmt::format("export: cannot create the directory {}: {}", out, ec.message()));
   try {
@@ -293,9 +318,35 @@ void export_hf(const CheckpointReader& reader, const std::string& out, DType dty
                            from_f32(f32.data(), dst, dtype, count);
                          }});
       // Every piece is checked against its checksum as it is read: a damaged checkpoint stops
-      // here, before anything in `out` is touched.
-      write_safetensors(stage.file("model.safetensors"), items, {{"format", "pt"}});
-      written.push_back("model.safetensors");
+      // here, before anything in `out` is touched. Shards as transformers' save_pretrained cuts
+      // them (tensors in order, a new shard where the next tensor would pass the bound, a
+      // larger tensor alone), with model.safetensors.index.json; one shard is model.safetensors.
+      const std::vector<std::vector<size_t>> shards = shard_tensors(items, max_shard_bytes);
+      weight_files = int(shards.size());
+      if (shards.size() == 1) {
+        write_safetensors(stage.file("model.safetensors"), items, {{"format", "pt"}});
+        written.push_back("model.safetensors");
+      } else {
+        nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
+        int64_t total = 0;
+        for (size_t k = 0; k < shards.size(); ++k) {
+          const std::string name =
+              fmt::format("model-{:05d}-of-{:05d}.safetensors", k + 1, shards.size());
+          std::vector<SafetensorsWriteItem> part;
+          for (size_t i : shards[k]) {
+            part.push_back(items[i]);
+            weight_map[items[i].name] = name;
+            total += tensor_bytes(items[i]);
+          }
+          write_safetensors(stage.file(name), part, {{"format", "pt"}});
+          written.push_back(name);
+        }
+        const nlohmann::ordered_json index = {{"metadata", {{"total_size", total}}},
+                                              {"weight_map", weight_map}};
+        write_file_atomic(stage.file("model.safetensors.index.json"), index.dump(2) + "\n",
+                          "model.safetensors.index.json");
+        written.push_back("model.safetensors.index.json");
+      }
       write_file_atomic(stage.file("config.json"),
                         model_config_json(m, dtype == DType::kBF16 ? "bfloat16" : "float32"),
                         "config.json");
@@ -330,6 +381,7 @@ void export_hf(const CheckpointReader& reader, const std::string& out, DType dty
     if (created) fs::remove(out, ec);  // only when empty again: a directory export made
     throw;
   }
+  return weight_files;
 }
 
 }  // namespace upipe

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "model/safetensors.h"
 #include "train/checkpoint.h"
 
 namespace upipe {
@@ -53,7 +54,16 @@ TokenizerPlan plan_tokenizer(const CheckpointReader& reader, const TokenizerChoi
 // and, with force, the other model files hf_model_files_text names removed (other files stay). A
 // failure before that leaves `out` as it was (a directory export created is removed); an
 // interrupted export's staging directory is removed by the next export into `out`.
-void export_hf(const CheckpointReader& reader, const std::string& out, DType dtype, bool force,
-               const TokenizerPlan& tok);
+// Weights larger than `max_shard_bytes` (0: no bound) are written as shards
+// model-0000K-of-0000N.safetensors with model.safetensors.index.json, cut as transformers'
+// save_pretrained cuts them (shard_tensors). Returns the number of weight files.
+int export_hf(const CheckpointReader& reader, const std::string& out, DType dtype, bool force,
+               const TokenizerPlan& tok, int64_t max_shard_bytes = 0);
+
+// The shards of `items` (indices, in order): a new shard where the next tensor would take the
+// current one past `max_shard_bytes`, a tensor larger than that alone; one shard when <= 0.
+std::vector<std::vector<size_t>> shard_tensors(const std::vector<SafetensorsWriteItem>& items,
+                                               int64_t max_shard_bytes);
+int64_t tensor_bytes(const SafetensorsWriteItem& t);
 
 }  // namespace upipe

@@ -11,6 +11,7 @@
 #include <set>
 
 #include "train/data.h"
+#include "train/export.h"
 #include "train/tokenizer.h"
 #include "unit/expect_config_error.h"
 #include "unit/temp_dir.h"
@@ -309,6 +310,22 @@ TEST(Data, TokenizeDirSaysWhatItLeavesOut) {
   expect_config_error(
       [&] { tokenize_documents((empty.path() / "only").string(), out.file("x")); },
       {"holds no file to read as a document (left out: 1 subdirectory"});
+}
+
+// Export's shards, cut as transformers' save_pretrained cuts them: tensors in order, a new shard
+// where the next would pass the bound, a tensor larger than the bound alone; no bound, one shard.
+TEST(Export, ShardsAreCutAsSavePretrainedCutsThem) {
+  auto item = [](int64_t elements) {
+    return SafetensorsWriteItem{"t", DType::kF32, {elements}, nullptr, nullptr};
+  };
+  const std::vector<SafetensorsWriteItem> items = {item(100), item(100), item(300), item(50),
+                                                   item(10)};
+  EXPECT_EQ(tensor_bytes(items[2]), 1200);
+  using Shards = std::vector<std::vector<size_t>>;
+  EXPECT_EQ(shard_tensors(items, 0), (Shards{{0, 1, 2, 3, 4}}));
+  EXPECT_EQ(shard_tensors(items, 800), (Shards{{0, 1}, {2}, {3, 4}}));  // 1200 B alone
+  EXPECT_EQ(shard_tensors(items, 1600), (Shards{{0, 1}, {2, 3, 4}}));
+  EXPECT_EQ(shard_tensors(items, 1 << 20), (Shards{{0, 1, 2, 3, 4}}));
 }
 
 TEST(Data, TokenizerNeverDestroysItsInput) {
