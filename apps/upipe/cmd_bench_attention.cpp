@@ -41,7 +41,7 @@ int plan(const Options& opt, const AttentionConfig& cfg, int64_t budget, Backend
   strat->set_documents(docs);
   BlockTensors t = make_block_tensors(dev, cfg, strat->layout().positions(0), 1);
   const BlockRun r = run_block(*strat, dev, t);
-  nlohmann::json j = config_json(cfg);
+  nlohmann::json j = config_json(cfg, opt.meta_ranks);
   j.update({{"ranks", opt.meta_ranks},
             {"device", "meta"},
             {"plans_for", backend_kind_name(target)},
@@ -54,9 +54,10 @@ int plan(const Options& opt, const AttentionConfig& cfg, int64_t budget, Backend
     print_json(j);
   } else {
     std::printf(
-        "%s planned for rank 0 of %d, S=%lld: peak %s, attention intermediates %s, "
+        "%s (%s) planned for rank 0 of %d, S=%lld: peak %s, attention intermediates %s, "
         "%lld collective calls sending %s\n",
-        cfg.knobs.method.c_str(), opt.meta_ranks, (long long)cfg.seq_len,
+        cfg.knobs.method.c_str(), knobs_text(cfg, opt.meta_ranks).c_str(), opt.meta_ranks,
+        (long long)cfg.seq_len,
         format_bytes(r.peak_bytes).c_str(), format_bytes(r.attn_peak_bytes).c_str(),
         (long long)comm.stats().total_calls(), format_bytes(comm.stats().total_bytes()).c_str());
   }
@@ -125,7 +126,7 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
   }
   if (!proc.root()) return 0;
   const double tps = double(cfg.seq_len) / (r.fwd + r.bwd);
-  nlohmann::json j = config_json(cfg);
+  nlohmann::json j = config_json(cfg, proc.world.size());
   j.update({{"ranks", proc.world.size()},
             {"backend", backend_kind_name(kind)},
             {"iters", opt.iters},
@@ -150,8 +151,9 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
     print_json(j);
     return 0;
   }
-  std::printf("%s on %d rank(s), S=%lld%s: forward %.3f s, backward %.3f s, %.0f tokens/s\n",
-              cfg.knobs.method.c_str(), proc.world.size(), (long long)cfg.seq_len,
+  std::printf("%s (%s) on %d rank(s), S=%lld%s: forward %.3f s, backward %.3f s, %.0f tokens/s\n",
+              cfg.knobs.method.c_str(), knobs_text(cfg, proc.world.size()).c_str(),
+              proc.world.size(), (long long)cfg.seq_len,
               docs ? fmt::format(", {} documents", docs->count()).c_str() : "", r.fwd, r.bwd, tps);
   std::printf("  peak %s, attention intermediates %s (formula %s)\n", format_bytes(r.peak).c_str(),
               format_bytes(r.attn).c_str(), format_bytes(r.formula).c_str());

@@ -35,7 +35,7 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
   if (const auto docs = documents_from(opt.doc_lens, cfg.seq_len)) co.doc_lens = docs->lengths();
   const CheckResult r = check_strategy(cfg, proc.world, co);
   if (proc.root()) {
-    nlohmann::json j = config_json(cfg);
+    nlohmann::json j = config_json(cfg, proc.world.size());
     j.update({{"ranks", r.ranks},
               {"documents", std::max<size_t>(1, co.doc_lens.size())},
               {"max_abs_err", r.max_abs_err},

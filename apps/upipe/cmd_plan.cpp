@@ -40,35 +40,12 @@ double gib(int64_t b) {
   return double(b) / double(int64_t(1) << 30);
 }
 
-// The knobs a plan runs with, defaults resolved (U = 0 is the group's size, N = 0 fpdt's default):
-// "U=4 N=2 overlap"; "-" for a method without knobs.
+// The knobs a plan runs with, defaults resolved (attention/methods.h knobs_text).
 std::string knobs_text(const ModelConfig& m, const PlanRequest& r) {
-  std::string s;
-  auto add = [&](const std::string& x) { s += (s.empty() ? "" : " ") + x; };
-  const MethodKnobs& k = r.decoder.knobs;
-  const MethodInfo& mi = method_info(k.method);
   AttentionConfig a = to_attention_config(m);
   a.seq_len = r.decoder.seq_len;
-  a.knobs = k;
-  const int cp = r.cp();
-  if (mi.takes_stage_heads) add(fmt::format("U={}", effective_stage_heads(mi, a, cp)));
-  if (k.ulysses_degree > 0) add(fmt::format("u={}", k.ulysses_degree));
-  if (mi.takes_chunks) {
-    try {
-      add(fmt::format("N={}", fpdt_chunks(a, cp)));
-    } catch (const ConfigError&) {  // planned, so it cuts; said as given if not
-      if (k.chunks > 0) add(fmt::format("N={}", k.chunks));
-    }
-  }
-  if (k.overlap) add("overlap");
-  return s.empty() ? "-" : s;
-}
-
-nlohmann::json tags_json(const TagBytes& b) {
-  nlohmann::json j = nlohmann::json::object();
-  for (int t = 0; t < kNumTags; ++t)
-    if (b.v[size_t(t)] != 0) j[tag_name(Tag(t))] = b.v[size_t(t)];
-  return j;
+  a.knobs = r.decoder.knobs;
+  return upipe::knobs_text(a, r.cp());
 }
 
 // What limits a plan: for the longest S, the arena one granule more exceeds; at a given S, the

@@ -5,11 +5,12 @@
 #include <cstdio>
 #include <string>
 
+#include "attention/methods.h"
 #include "backend/cpu/cpu_isa.h"
 
 namespace upipe::app {
 
-nlohmann::json config_json(const AttentionConfig& cfg) {
+nlohmann::json config_json(const AttentionConfig& cfg, int ranks) {
   return {{"method", cfg.knobs.method},
           {"seq_len", cfg.seq_len},
           {"heads", cfg.heads},
@@ -19,7 +20,8 @@ nlohmann::json config_json(const AttentionConfig& cfg) {
           {"stage_heads", cfg.knobs.stage_heads},
           {"ulysses_degree", cfg.knobs.ulysses_degree},
           {"chunks", cfg.knobs.chunks},
-          {"overlap", cfg.knobs.overlap}};
+          {"overlap", cfg.knobs.overlap},
+          {"knobs_text", knobs_text(cfg, ranks)}};
 }
 
 nlohmann::json tags_json(const TagBytes& b) {

@@ -11,7 +11,9 @@
 namespace upipe::app {
 
 // method, seq_len, heads, kv_heads, head_dim, dtype and the method's knobs.
-nlohmann::json config_json(const AttentionConfig& cfg);
+// The block's shape and knobs as given, and "knobs_text" as it runs on `ranks` ranks (defaults
+// resolved: "U=4 N=2").
+nlohmann::json config_json(const AttentionConfig& cfg, int ranks);
 // {tag: bytes} of the non-zero tags.
 nlohmann::json tags_json(const TagBytes& b);
 // {op: {calls, bytes}} of the ops that were called.

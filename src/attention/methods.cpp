@@ -214,6 +214,24 @@ int effective_stage_heads(const MethodInfo& m, const AttentionConfig& c, int ran
   return c.knobs.stage_heads > 0 ? c.knobs.stage_heads : stage_group(m, c.knobs, ranks);
 }
 
+std::string knobs_text(const AttentionConfig& c, int ranks) {
+  std::string s;
+  auto add = [&](const std::string& x) { s += (s.empty() ? "" : " ") + x; };
+  const MethodKnobs& k = c.knobs;
+  const MethodInfo& mi = method_info(k.method);
+  if (mi.takes_stage_heads) add(fmt::format("U={}", effective_stage_heads(mi, c, ranks)));
+  if (k.ulysses_degree > 0) add(fmt::format("u={}", k.ulysses_degree));
+  if (mi.takes_chunks) {
+    try {
+      add(fmt::format("N={}", fpdt_chunks(c, ranks)));
+    } catch (const ConfigError&) {
+      if (k.chunks > 0) add(fmt::format("N={}", k.chunks));
+    }
+  }
+  if (k.overlap) add("overlap");
+  return s.empty() ? "-" : s;
+}
+
 int64_t stages_per_layer(const MethodInfo& m, const AttentionConfig& c, int ranks) {
   const int u = std::max(1, effective_stage_heads(m, c, ranks));
   const int n = m.takes_chunks ? (c.knobs.chunks > 0 ? c.knobs.chunks : kFpdtDefaultChunks) : 1;

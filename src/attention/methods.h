@@ -61,6 +61,10 @@ std::vector<int> chunk_choices();
 
 // Query heads per stage the method runs with: H without a stage knob, U (0: the group) with.
 int effective_stage_heads(const MethodInfo& m, const AttentionConfig& cfg, int ranks);
+// The knobs cfg runs with on `ranks` ranks, defaults resolved, as plan, check and bench show them:
+// "U=4 N=2 overlap" (U = 0 is the group's size, N = 0 fpdt's choice); "-" for a method without
+// knobs. A chunk count the shape cannot take is said as given.
+std::string knobs_text(const AttentionConfig& cfg, int ranks);
 // Attention stages per layer: (H / U) x N (N: 1 without chunks, the default for 0).
 int64_t stages_per_layer(const MethodInfo& m, const AttentionConfig& cfg, int ranks);
 

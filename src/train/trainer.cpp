@@ -148,8 +148,8 @@ StepResult Trainer::step_views(int64_t t, const SequenceViewFn& data) {
   StepResult r;
   r.documents = opt_.packed ? int64_t(dp_sum(mine_docs)) : int64_t(dp_size_) * opt_.micro_steps;
   // Every rank has the same sums: every rank refuses alike. (A loss of 0 looked like a perfect
-  // model.)
-  if (predicted == 0)
+  // model.) The planner's meta device moves no data: its sums say nothing.
+  if (predicted == 0 && dev_.backend().kind() != BackendKind::kMeta)
     throw ConfigError(fmt::format(
         "step {}: the step's {} documents are one token each, so it predicts nothing (a "
         "document's last token has no next token); check {} (an end-of-text id that is every "
