@@ -51,18 +51,24 @@ void Communicator::record_as(const Communicator& inner, CommOp op, const CommSta
 
 void on_rank0_everywhere(Communicator& world, const std::function<void()>& check) {
   std::string err;
+  int64_t head[2] = {0, 0};  // the text's length; 1 for a ConfigError, 2 for any other failure
   if (world.rank() == 0) try {
       check();
     } catch (const ConfigError& e) {
       err = e.what();
-      if (err.empty()) err = "a check on rank 0 failed";
+      head[1] = 1;
+    } catch (const std::exception& e) {  // a failed read, bad_alloc: every rank ends alike too
+      err = e.what();
+      head[1] = 2;
     }
-  int64_t n = int64_t(err.size());
-  world.broadcast(&n, sizeof n, 0);
-  if (n == 0) return;
-  err.resize(size_t(n));
-  world.broadcast(err.data(), n, 0);
-  throw ConfigError(err);
+  if (head[1] != 0 && err.empty()) err = "a check on rank 0 failed";
+  head[0] = int64_t(err.size());
+  world.broadcast(head, sizeof head, 0);
+  if (head[1] == 0) return;
+  err.resize(size_t(head[0]));
+  world.broadcast(err.data(), head[0], 0);
+  if (head[1] == 1) throw ConfigError(err);
+  throw Error(err);
 }
 
 }  // namespace upipe

@@ -132,9 +132,10 @@ class Communicator {
   Communicator* parent_ = nullptr;  // the communicator split() made this group from
 };
 
-// Collective: rank 0 runs `check` (a look at a file only it reads or writes); a ConfigError it
-// throws is thrown on every rank with the same text, so every rank fails alike and the job ends
-// cleanly with one line instead of rank 0 alone failing while the others wait for it.
+// Collective: rank 0 runs `check` (a look at a file only it reads or writes); what it throws is
+// thrown on every rank with the same text (a ConfigError as one, anything else as an Error), so
+// every rank fails alike and the job ends cleanly with one line instead of rank 0 alone failing
+// while the others wait for it.
 void on_rank0_everywhere(Communicator& world, const std::function<void()>& check);
 
 }  // namespace upipe

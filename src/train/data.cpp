@@ -196,12 +196,12 @@ DataSource::DataSource(const DataOptions& o) : opt_(o) {
       }
     if (!doc_starts_.empty())
       XXH3_64bits_update(h.get(), doc_starts_.data(), doc_starts_.size() * sizeof(int64_t));
-    fingerprint_ = fmt::format("{} tokens in {} file(s){}, xxh3 {:016x}", total_tokens(),
-                               files_.size(),
+    content_hash_ = XXH3_64bits_digest(h.get());
+    fingerprint_ = fmt::format("{} tokens{}, xxh3 {:016x}", total_tokens(),
                                doc_starts_.empty()
                                    ? ""
                                    : fmt::format(", {} documents", doc_starts_.size() - 1),
-                               XXH3_64bits_digest(h.get()));
+                               content_hash_);
   }
 }
 

@@ -95,12 +95,14 @@ class DataSource {
   int64_t total_tokens() const { return starts_.empty() ? 0 : starts_.back(); }  // files
 
   // files, read whole at construction (check_vocab): what the stream holds, for a resumed run
-  // to see that its data is the run's: "N tokens in F file(s)[, D documents], xxh3 HEX", the
-  // hash over every id (as int32, in stream order) and, with data.documents = "index", the
-  // documents' starts. The same ids in other files (another directory, .npy for .bin) give the
-  // same text; an id changed, a file added, a stale .idx do not. "" for random and copy data (a
-  // function of the settings) and without check_vocab.
+  // to see that its data is the run's: "N tokens[, D documents], xxh3 HEX", the hash over every
+  // id (as int32, in stream order) and, with data.documents = "index", the documents' starts.
+  // The same ids in other files (split otherwise, .npy for .bin) give the same text; an id
+  // changed, a file added, a stale .idx do not. Checkpoints record it and compare it as text: its
+  // wording is a format. "" for random and copy data (a function of the settings) and without
+  // check_vocab.
   const std::string& fingerprint() const { return fingerprint_; }
+  uint64_t content_hash() const { return content_hash_; }  // the hash in fingerprint(); 0 if none
 
  private:
   // Stream ids [begin, begin + n) into out, across file boundaries.
@@ -112,6 +114,7 @@ class DataSource {
   std::vector<int64_t>
       doc_starts_;  // index: stream positions of the documents' starts, and the end
   std::string fingerprint_;
+  uint64_t content_hash_ = 0;
 };
 
 // The files a data.path names, in stream order: the file itself; a directory's *.npy and *.bin

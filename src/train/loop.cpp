@@ -45,6 +45,20 @@ std::shared_ptr<const Documents> documents_of(const std::vector<int64_t>& lens, 
   return lens.empty() ? nullptr : std::make_shared<const Documents>(lens, s);
 }
 
+// Collective: every rank read the same training data (hosts with their own copies of data.path
+// could differ); ConfigError on every rank naming the first that did not.
+void check_same_data(Communicator& world, const DataSource& data) {
+  std::vector<uint64_t> all(static_cast<size_t>(world.size()));
+  const uint64_t mine = data.content_hash();
+  world.all_gather(&mine, all.data(), sizeof mine);
+  for (size_t r = 1; r < all.size(); ++r)
+    if (all[r] != all[0])
+      throw ConfigError(fmt::format(
+          "rank {} read other training data than rank 0 from {} (xxh3 {:016x}, rank 0's "
+          "{:016x}): every host must see the same files",
+          r, setting_value("data.path", data.options().path), all[r], all[0]));
+}
+
 // The start of the run: the newest checkpoint (resume), Hugging Face weights, or random; and the
 // identity of the checkpoints this run writes (a resumed run keeps its checkpoint's).
 RunStart initialize(Communicator& world, const RunConfig& c, const ModelConfig& m, Trainer& tr,
@@ -125,6 +139,7 @@ TrainingLoop::TrainingLoop(Device& dev, Communicator& world, const ModelConfig& 
                  ? std::min(c.metrics.val_sequences, val_->total_tokens() / c.train.seq_len)
                  : c.metrics.val_sequences;
   }
+  check_same_data(world, *data_);
   start_ = initialize(world, c, m, *trainer_, *data_, resume, overwrite_checkpoints,
                       accept_changes, ckpt_run_);
   start_.run_id = ckpt_run_.run_id;

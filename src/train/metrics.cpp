@@ -11,7 +11,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -68,6 +67,9 @@ std::string metrics_json(const StepMetrics& m) {
 }
 
 namespace {
+
+// A metrics line is well under this (a step's numbers and its tags).
+constexpr int64_t kMaxMetricsLine = int64_t(1) << 16;
 
 // The line as one step's metrics (metrics_json's object), or null when it is not one (parsed
 // strictly: a line nested deeper than any metrics line is not one).
@@ -153,12 +155,18 @@ void check_metrics_file(const std::string& path, bool resume, bool overwrite,
   const auto bytes = std::filesystem::file_size(path, ec);
   if (!ec && bytes > 0 && overwrite) {
     // --overwrite replaces a metrics file, never a file of something else that metrics.path names
-    // by mistake (a token file, notes): every line must be a step's metrics.
-    try {
-      lines_up_to(path, std::numeric_limits<int64_t>::max());
-    } catch (const ConfigError& e) {
-      throw ConfigError(fmt::format("{} (--overwrite replaces only a metrics file)", e.what()));
-    }
+    // by mistake (a token file, notes): its first line must be a step's metrics (read up to
+    // kMaxMetricsLine bytes, whatever the file holds).
+    const ReadFile f(path, "metrics file");
+    std::string first(size_t(std::min(f.size(), kMaxMetricsLine)), '\0');
+    f.read_at(first.data(), int64_t(first.size()), 0);
+    const size_t nl = first.find('\n');
+    if (nl == std::string::npos || step_object(first.substr(0, nl)).is_null())
+      throw ConfigError(fmt::format(
+          "{} '{}': its first line is not a step's metrics (a JSON object with \"step\"), so the "
+          "file is not a metrics file and is left as it is (--overwrite replaces only a metrics "
+          "file); choose another {}",
+          setting_ref("metrics.path"), path, setting_ref("metrics.path")));
   }
   if (!ec && bytes > 0 && !overwrite)
     throw ConfigError(fmt::format(

@@ -187,18 +187,18 @@ TEST(Data, FingerprintIsTheStreamsContent) {
   DataOptions o = opts(DataKind::kFiles, 128, 97, 5);
   o.path = c.dir.path().string();
   const std::string fp = DataSource(o).fingerprint();
-  EXPECT_EQ(fp.rfind("1000 tokens in 3 file(s), xxh3 ", 0), 0u) << fp;
+  EXPECT_EQ(fp.rfind("1000 tokens, xxh3 ", 0), 0u) << fp;
   TempDir one;
   write_bin_tokens(one.file("all.bin"), c.stream, 2);
   o.path = one.file("all.bin");
-  EXPECT_EQ(DataSource(o).fingerprint().substr(fp.find(", xxh3")), fp.substr(fp.find(", xxh3")));
+  EXPECT_EQ(DataSource(o).fingerprint(), fp);
   std::vector<int32_t> edited = c.stream;
   edited[777] = (edited[777] + 1) % 97;
   write_bin_tokens(one.file("all.bin"), edited, 2);
   EXPECT_NE(DataSource(o).fingerprint().substr(fp.find(", xxh3")), fp.substr(fp.find(", xxh3")));
   write_bin_tokens(c.dir.file("d.bin"), std::vector<int32_t>{1, 2, 3}, 2);
   o.path = c.dir.path().string();
-  EXPECT_EQ(DataSource(o).fingerprint().rfind("1003 tokens in 4 file(s), xxh3 ", 0), 0u);
+  EXPECT_EQ(DataSource(o).fingerprint().rfind("1003 tokens, xxh3 ", 0), 0u);
   // Random and copy data are functions of the settings: no fingerprint.
   EXPECT_EQ(DataSource(opts(DataKind::kCopy, 64, 97, 5)).fingerprint(), "");
 }
