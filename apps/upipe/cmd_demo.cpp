@@ -98,10 +98,12 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
     big.kv_heads = 8;
     big.head_dim = 128;
     big.dtype = DType::kBF16;
+    big.fp32_residual = true;  // the default residual stream (--residual-dtype fp32), as bench's
     big.rope.theta = 500000.0;
     std::printf(
         "\nPlanned on the meta device (exact, nothing allocated): Llama-3-8B attention block\n"
-        "(H=32 K=8 d=128, bf16), 8 ranks, per-rank attention intermediates:\n");
+        "(H=32 K=8 d=128, bf16, fp32 residual stream), 8 ranks, per-rank attention "
+        "intermediates:\n");
     std::printf("%10s %14s %14s %8s\n", "S", "ulysses", "upipe U=8", "ratio");
     for (int64_t s : {int64_t(128) << 10, int64_t(512) << 10, int64_t(1) << 20, int64_t(4) << 20}) {
       big.seq_len = s;

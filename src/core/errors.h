@@ -22,7 +22,7 @@ class Error : public std::runtime_error {
 // `text` on one line: control bytes (a newline in a damaged file's header, a tab in a path) and
 // bytes that are no valid UTF-8 (a damaged .npy header's) become C escapes (\n, \t, \xNN), so an
 // error quoting untrusted bytes stays one line of text a log can hold and a terminal prints as
-// it is. Valid UTF-8 stays (a path in any language), except the C1 controls U+0080..U+009F.
+// it is. Valid UTF-8 stays (a path in any language), except the controls below.
 inline std::string one_line(std::string_view text) {
   static const char kHex[] = "0123456789abcdef";
   std::string out;
@@ -47,8 +47,13 @@ inline std::string one_line(std::string_view text) {
         cp = (cp << 6) | (c & 0x3f);
       }
       const uint32_t least = n == 2 ? 0x80 : n == 3 ? 0x800 : 0x10000;
+      // Valid, and not a control a line or a terminal acts on: C1 (U+0080..U+009F), the line and
+      // paragraph separators (U+2028, U+2029: splitlines() breaks there), the bidirectional
+      // embeddings, overrides and isolates (U+202A..U+202E, U+2066..U+2069: they reorder what a
+      // terminal shows).
       ok = ok && cp >= least && cp <= 0x10ffff && !(cp >= 0xd800 && cp <= 0xdfff) &&
-           !(cp >= 0x80 && cp <= 0x9f);
+           !(cp >= 0x80 && cp <= 0x9f) && !(cp >= 0x2028 && cp <= 0x202e) &&
+           !(cp >= 0x2066 && cp <= 0x2069);
       if (ok) {
         out.append(text.substr(i, n));
         i += n;

@@ -257,6 +257,8 @@ TEST(Errors, AConfigErrorIsOneLineWhateverItQuotes) {
   EXPECT_STREQ(ConfigError("a\xed\xa0\x80" "b").what(), "a\\xed\\xa0\\x80b");
   EXPECT_STREQ(ConfigError("end\xe2\x82").what(), "end\\xe2\\x82");
   EXPECT_STREQ(ConfigError("csi\xc2\x9b[2J").what(), "csi\\xc2\\x9b[2J");
+  // A line separator and a right-to-left override: text a harness or a terminal acts on.
+  EXPECT_STREQ(ConfigError("a\u2028b\u202e").what(), "a\\xe2\\x80\\xa8b\\xe2\\x80\\xae");
   EXPECT_STREQ(ConfigError("\u20ac \U0001F600 ok").what(), "\u20ac \U0001F600 ok");
 }
 
