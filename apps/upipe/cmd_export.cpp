@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "apps/upipe/commands.h"
+#include "core/arena.h"
 #include "core/errors.h"
 #include "model/hf_names.h"
 #include "train/checkpoint.h"
@@ -26,8 +27,7 @@ struct Options {
 int run(Process& proc, const Options& opt) {
   namespace fs = std::filesystem;
   const DType dt = parse_dtype(opt.dtype);
-  const int64_t max_shard =
-      opt.max_shard_size == "0" ? 0 : parse_bytes(opt.max_shard_size, "--max-shard-size");
+  const int64_t max_shard = parse_bytes(opt.max_shard_size, "--max-shard-size", true);
   const TokenizerChoice tc = parse_tokenizer_choice(opt.tokenizer);
   std::string path = opt.checkpoint;
   if (!fs::exists(fs::path(path) / "meta.json")) {
@@ -45,8 +45,9 @@ int run(Process& proc, const Options& opt) {
   const int shards = export_hf(reader, opt.out, dt, opt.force, tok, max_shard);
   std::printf("exported %s (step %lld, %zu tensors, %s%s) to %s\n", path.c_str(),
               (long long)reader.info().step, hf_tensors(reader.model()).size(), opt.dtype.c_str(),
-              shards > 1 ? fmt::format(", {} shards of at most {}", shards, opt.max_shard_size).c_str()
-                         : "",
+              shards > 1
+                  ? fmt::format(", {} shards, bound {}", shards, format_bytes(max_shard)).c_str()
+                  : "",
               opt.out.c_str());
   std::printf("%s\n", tok.note.c_str());
   return 0;
@@ -67,8 +68,9 @@ Runner add_export(CLI::App& cmd) {
          "256-id vocabulary), none, bytes, or a directory to copy tokenizer files from")
       ->capture_default_str();
   cmd.add_option("--max-shard-size", opt->max_shard_size,
-                 "weights larger than this are written as shards with an index, as transformers' "
-                 "save_pretrained writes them (the Hugging Face Hub takes files up to 50 GB); 0 = "
+                 "weights larger than this (binary units: 5G = 5 GiB) are written as shards with "
+                 "an index, as transformers' save_pretrained cuts them (a tensor larger than it "
+                 "alone in its shard; the Hugging Face Hub takes files up to 50 GB = 46.5 GiB); 0 = "
                  "one model.safetensors whatever its size")
       ->capture_default_str();
   cmd.add_flag("--force", opt->force,

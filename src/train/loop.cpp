@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 
 #include "core/build_info.h"
 #include "core/checked.h"
@@ -213,6 +214,21 @@ void TrainingLoop::gather_peaks(StepMetrics& m) {
   worst(dev_.host(), m.host_peak_bytes, m.host_peak_by_tag);
 }
 
+StepMetrics TrainingLoop::step_metrics(int64_t step, const StepResult& r, double seconds) {
+  StepMetrics sm;
+  sm.step = step;
+  sm.run_id = start_.run_id;
+  sm.loss = r.loss;
+  if (copy_task()) sm.copy_loss = r.group_loss;
+  if (data_->packed()) sm.documents = r.documents;
+  sm.grad_norm = r.grad_norm;
+  sm.lr = r.lr;
+  gather_peaks(sm);
+  sm.budget_bytes = cfg_.memory.device_bytes;
+  sm.step_s = seconds;
+  return sm;
+}
+
 LoopEnd TrainingLoop::run(TrainingObserver& obs) {
   const int64_t steps = cfg_.train.steps, start = start_.step;
   const double step_flops_per_rank = training_flops_per_sequence(m_, cfg_.train.seq_len) *
@@ -236,19 +252,12 @@ LoopEnd TrainingLoop::run(TrainingObserver& obs) {
     try {
       r = trainer_->step(step, data);
     } catch (const StepDiverged& e) {
-      // The step that diverged has its metrics line (its non-finite numbers written as null),
-      // so a plot shows where the run went; then the run ends with the error.
-      StepMetrics sm;
-      sm.step = step + 1;
-      sm.run_id = start_.run_id;
-      sm.loss = e.result.loss;
-      if (copy_task()) sm.copy_loss = e.result.group_loss;
-      if (data_->packed()) sm.documents = e.result.documents;
-      sm.grad_norm = e.result.grad_norm;
-      sm.lr = e.result.lr;
-      sm.step_s = now_s() - t0;
-      sm.budget_bytes = cfg_.memory.device_bytes;
-      gather_peaks(sm);
+      // The step that diverged has its metrics line (its non-finite numbers, and the speed and
+      // ETA it has none of, written as null), so a plot shows where the run went; then the run
+      // ends with the error.
+      constexpr double kNone = std::numeric_limits<double>::quiet_NaN();
+      StepMetrics sm = step_metrics(step + 1, e.result, now_s() - t0);
+      sm.tokens_per_s = sm.mfu = sm.eta_s = kNone;
       obs.on_step(sm);
       throw;
     }
@@ -264,19 +273,9 @@ LoopEnd TrainingLoop::run(TrainingObserver& obs) {
     }
     if (step == start + 1) end.first_group_loss = r.group_loss;
     end.last_group_loss = r.group_loss;
-    StepMetrics sm;
-    sm.step = step;
-    sm.run_id = start_.run_id;
-    sm.loss = r.loss;
-    if (copy_task()) sm.copy_loss = r.group_loss;
-    if (data_->packed()) sm.documents = r.documents;
-    sm.grad_norm = r.grad_norm;
-    sm.lr = r.lr;
+    StepMetrics sm = step_metrics(step, r, dt);
     sm.tokens_per_s = double(trainer_->tokens_per_rank_per_step()) / dt;
     sm.mfu = gemm_flops_ > 0 ? step_flops_per_rank / dt / gemm_flops_ : 0;
-    gather_peaks(sm);
-    sm.budget_bytes = cfg_.memory.device_bytes;
-    sm.step_s = dt;
     const bool last = step == steps;
     if (val_ && (step % cfg_.metrics.val_interval == 0 || last || stop != 0.0f)) {
       const double v0 = now_s();

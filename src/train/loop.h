@@ -89,6 +89,9 @@ class TrainingLoop {
   void checkpoint(int64_t step, TrainingObserver& obs);
   // The step's peaks over the ranks, with the worst rank's per-tag bytes, into m.
   void gather_peaks(StepMetrics& m);
+  // Collective (gather_peaks): the metrics of `step` (1-based) from its result and time; the
+  // speed, validation and ETA are the caller's.
+  StepMetrics step_metrics(int64_t step, const StepResult& r, double seconds);
 
   Device& dev_;
   Communicator& world_;

@@ -238,7 +238,7 @@ init)
   echo "$out" | grep -q -F "loss 6.184163" || fail "the exported weights do not give the fixture's loss 6.184163"
   # Sharded as save_pretrained shards (model-0000K-of-0000N.safetensors + the index): the same.
   "${mpirun[@]}" -np 1 "$upipe" export "$tmp/i" "$tmp/hfs" --dtype fp32 --max-shard-size 64K |
-    grep -q "shards of at most 64K" || fail "no sharded export"
+    grep -q "shards, bound 64.0 KiB" || fail "no sharded export"
   [ -f "$tmp/hfs/model.safetensors.index.json" ] && [ ! -e "$tmp/hfs/model.safetensors" ] &&
     ls "$tmp/hfs" | grep -q -E '^model-00001-of-0000[2-9]\.safetensors$' || { ls "$tmp/hfs"; fail "sharded export files"; }
   out=$("${mpirun[@]}" -np 2 "$upipe" eval --model "$tmp/hfs" --tokens "$fixture/tokens.npy" \
