@@ -245,11 +245,19 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
   }
   ModelConfig m = load_model_config(cfg.model.name);
   // A preset names no special tokens; the --init-from folder's config.json does: they go into
-  // the checkpoints, so an export stops generation where the source model did.
-  if (m.token_ids.empty() && !cfg.model.init_from.empty()) try {
+  // the checkpoints, so an export stops generation where the source model did. A resumed run
+  // keeps its checkpoint's (the folder may be gone by then).
+  if (m.token_ids.empty() && opt.resume) {
+    if (const std::optional<std::string> ckpt = latest_checkpoint(cfg.checkpoint.dir))
+      m.token_ids = parse_model_config(read_checkpoint_info(*ckpt).model_json,
+                                       *ckpt + "/meta.json (model)")
+                        .token_ids;
+  } else if (m.token_ids.empty() && !cfg.model.init_from.empty()) {
+    try {
       m.token_ids = load_model_config(cfg.model.init_from).token_ids;
     } catch (const ConfigError&) {  // said by the weights' check, naming the folder
     }
+  }
   spell_model_fields(set, m);  // the heads are the model's fields, not settings of train
   Device dev(device_options(cfg));
   DeviceComm comm(dev, proc.world);

@@ -8,7 +8,6 @@
 // ends the job through the watchdog, status 4.
 #include <fmt/format.h>
 
-#include <algorithm>
 #include <cstdio>
 #include <map>
 #include <string>
@@ -167,19 +166,15 @@ int main(int argc, char** argv) {
       // CLI11's "The following argument was not expected: --json" names no command: say which
       // command refused what, and where its options are listed.
       if (dynamic_cast<const CLI::ExtrasError*>(&e) != nullptr) {
-        const std::string name = parsed_chain(cli).first;
-        std::string extra = e.what();
-        if (const size_t colon = extra.find(": "); colon != std::string::npos)
-          extra.erase(0, colon + 2);
-        // CLI11 lists them last first ("bf16 --dtype"): in the order typed.
-        std::vector<std::string> words;
-        for (size_t at = 0; at <= extra.size();) {
-          const size_t sp = std::min(extra.find(' ', at), extra.size());
-          words.push_back(extra.substr(at, sp - at));
-          at = sp + 1;
+        const auto [name, at] = parsed_chain(cli);
+        // What it did not take, in the order typed (CLI11's message lists it last first).
+        std::string extra;
+        for (const std::string& w : at->remaining()) extra += (extra.empty() ? "" : " ") + w;
+        if (extra.empty()) {
+          extra = e.what();
+          if (const size_t colon = extra.find(": "); colon != std::string::npos)
+            extra.erase(0, colon + 2);
         }
-        extra.clear();
-        for (auto w = words.rbegin(); w != words.rend(); ++w) extra += (extra.empty() ? "" : " ") + *w;
         throw ConfigError(
             fmt::format("{} takes no {} ({} --help lists what it takes)", name, extra, name));
       }

@@ -14,6 +14,7 @@
 
 #include "core/checked.h"
 #include "core/errors.h"
+#include "core/join.h"
 #include "core/safe_fs.h"
 #include "model/config.h"
 #include "model/hf_names.h"
@@ -157,12 +158,6 @@ std::vector<std::string> tokenizer_files_in(const std::string& dir) {
   return v;
 }
 
-std::string joined(const std::vector<std::string>& v) {
-  std::string s;
-  for (const std::string& x : v) s += (s.empty() ? "" : ", ") + x;
-  return s;
-}
-
 // The tokenizer files of dir, and beside them its generation_config.json (the sampling defaults
 // and stop ids that go with that tokenizer); nothing when dir holds no tokenizer file.
 TokenizerPlan copy_plan(const std::string& dir, const std::string& why) {
@@ -172,7 +167,7 @@ TokenizerPlan copy_plan(const std::string& dir, const std::string& why) {
   std::error_code ec;
   if (!p.files.empty() && fs::is_regular_file(fs::path(dir) / kGenerationConfig, ec))
     p.files.emplace_back(kGenerationConfig);
-  p.note = fmt::format("tokenizer: copied from {} ({}): {}", dir, why, joined(p.files));
+  p.note = fmt::format("tokenizer: copied from {} ({}): {}", dir, why, join(p.files));
   return p;
 }
 
@@ -240,7 +235,7 @@ TokenizerPlan plan_tokenizer(const CheckpointReader& reader, const TokenizerChoi
       TokenizerPlan p = copy_plan(choice.dir, "--tokenizer");
       if (p.files.empty())
         throw ConfigError(fmt::format("--tokenizer {} holds no tokenizer files ({})", choice.dir,
-                                      joined(hf_tokenizer_files())));
+                                      join(hf_tokenizer_files())));
       return p;
     }
     case K::kAuto:

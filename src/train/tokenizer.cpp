@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/errors.h"
+#include "core/join.h"
 #include "core/safe_fs.h"
 #include "model/tokens.h"
 #include "train/indexed_dataset.h"
@@ -127,9 +128,7 @@ int64_t tokenize_bytes(const std::string& in, const std::string& out, bool repla
 }
 
 std::string left_out(const TokenizedDocuments& r) {
-  std::string s;
-  for (const std::string& x : r.skipped) s += (s.empty() ? "" : ", ") + x;
-  return s;
+  return join(r.skipped);
 }
 
 TokenizedDocuments tokenize_documents(const std::string& dir, const std::string& out,
@@ -164,6 +163,7 @@ TokenizedDocuments tokenize_documents(const std::string& dir, const std::string&
   std::sort(hidden.begin(), hidden.end());
   // An earlier tokenize's output (an .idx with Megatron's magic, and its .bin): not a document.
   std::vector<std::string> dataset_files;
+  int64_t datasets = 0, lone_indexes = 0;
   for (const std::string& f : files) {
     if (fs::path(f).extension() != ".idx") continue;
     char magic[9] = {};
@@ -171,9 +171,14 @@ TokenizedDocuments tokenize_documents(const std::string& dir, const std::string&
     if (idx.size() >= 9) idx.read_at(magic, 9, 0);
     if (std::string_view(magic, 9) != std::string_view("MMIDIDX\x00\x00", 9)) continue;
     dataset_files.push_back(f);
-    dataset_files.push_back(fs::path(f).replace_extension(".bin").string());
+    const std::string bin = fs::path(f).replace_extension(".bin").string();
+    if (std::find(files.begin(), files.end(), bin) != files.end()) {
+      dataset_files.push_back(bin);
+      ++datasets;
+    } else {
+      ++lone_indexes;
+    }
   }
-  const int64_t datasets = int64_t(dataset_files.size() / 2);
   std::erase_if(files, [&](const std::string& f) {
     return std::find(dataset_files.begin(), dataset_files.end(), f) != dataset_files.end();
   });
@@ -187,6 +192,8 @@ TokenizedDocuments tokenize_documents(const std::string& dir, const std::string&
   if (datasets)
     r.skipped.push_back(fmt::format("{} token dataset{} (.bin + .idx)", datasets,
                                     datasets == 1 ? "" : "s"));
+  if (lone_indexes)
+    r.skipped.push_back(fmt::format("{} Megatron .idx without its .bin", lone_indexes));
   if (other)
     r.skipped.push_back(fmt::format("{} entr{} that {} not a regular file", other,
                                     other == 1 ? "y" : "ies", other == 1 ? "is" : "are"));

@@ -36,8 +36,8 @@ std::string byte_tokenizer_config_json(int64_t max_len);
 struct TokenizedDocuments {
   std::string prefix;
   int64_t documents = 0, tokens = 0;
-  // What the directory held that is no document, said to the user: "2 subdirectories (not read:
-  // one level only)", "1 hidden file (.gitignore)", "a token dataset (out.bin + out.idx)".
+  // What the directory held that is no document, said to the user: "2 subdirectories (one level
+  // is read)", "1 hidden file (.gitignore)", "1 token dataset (.bin + .idx)".
   std::vector<std::string> skipped;
 };
 TokenizedDocuments tokenize_documents(const std::string& dir, const std::string& out,
