@@ -39,9 +39,20 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
     set.parallel.knobs = {method};
     return opt.shape.config(set);
   };
-  for (int64_t s : opt.seq_lens) config(s, "upipe");  // refuse bad input before any work
+  // Refuse bad input before any work, naming the flag it came from.
+  for (int64_t s : opt.seq_lens) try {
+      config(s, "upipe");
+    } catch (const ConfigError& e) {
+      throw ConfigError(fmt::format("--seq-lens {}: {}", s, e.what()));
+    }
 
   const int c = proc.world.size();
+  const int64_t check_s = (1024 + c - 1) / c * c;  // the check's S: 1024, or the next multiple of C
+  for (int64_t s : opt.seq_lens)
+    if (s % c != 0)
+      throw ConfigError(fmt::format(
+          "--seq-lens {} must be divisible by {} (the number of ranks); try --seq-lens {}", s, c,
+          (s / c + 1) * c));
   const bool root = proc.root();
   const std::vector<std::string> methods = c == 1 ? std::vector<std::string>{"local", "upipe"}
                                                   : std::vector<std::string>{"ulysses", "upipe"};
@@ -56,13 +67,14 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
   int failures = 0;
   for (const std::string& m : methods) {
     if (m == "local") continue;
-    const CheckResult r = check_strategy(config(1024, m), proc.world);
+    const CheckResult r = check_strategy(config(check_s, m), proc.world);
     failures += r.passed ? 0 : 1;
     if (root)
       std::printf(
-          "check %-8s vs local, S=1024: %s (max |err| y %.1e, dx %.1e, dWq %.1e; "
+          "check %-8s vs local, S=%lld: %s (max |err| y %.1e, dx %.1e, dWq %.1e; "
           "measured intermediates %s = formula %s)\n",
-          m.c_str(), r.passed ? "PASSED" : "FAILED", r.max_abs_err.at("y"), r.max_abs_err.at("dx"),
+          m.c_str(), (long long)check_s, r.passed ? "PASSED" : "FAILED", r.max_abs_err.at("y"),
+          r.max_abs_err.at("dx"),
           r.max_abs_err.at("dwq"), format_bytes(r.attn_peak_bytes).c_str(),
           format_bytes(r.attn_formula_bytes).c_str());
   }

@@ -55,10 +55,14 @@ void validate_usp(const AttentionConfig& c, int ranks) {
         setting_value("train.seq_len", (c.seq_len / lay.divisor() + 1) * lay.divisor())));
   if (!ulysses_degree_fits(m, c, ranks, u))
     throw ConfigError(fmt::format(
-        "{} ({}) must be divisible by {} ({}), and {} ({}) and it must divide one another; valid "
-        "degrees on {} ranks: {}",
-        setting_ref("attention.heads"), c.heads, setting_ref("parallel.ulysses_degree"), u,
-        setting_ref("attention.kv_heads"), c.kv_heads, ranks, valid_degrees(m, c, ranks)));
+        "{}: {}; valid degrees on {} ranks: {}",
+        setting_value("parallel.ulysses_degree", u),
+        c.heads % u != 0
+            ? fmt::format("{} ({}) is not divisible by it", setting_ref("attention.heads"), c.heads)
+            : fmt::format("{} ({}) and it do not divide one another (each Ulysses rank holds "
+                          "whole K/V heads, or one K/V head whole)",
+                          setting_ref("attention.kv_heads"), c.kv_heads),
+        ranks, valid_degrees(m, c, ranks)));
   if (plain_ring(m, u)) return;
   make_upipe_schedule(c, u, m.takes_stage_heads ? c.knobs.stage_heads : c.heads);  // checks U
 }

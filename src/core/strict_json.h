@@ -17,9 +17,8 @@ namespace upipe {
 inline constexpr int kMaxJsonDepth = 64;
 
 // Values (numbers, strings, arrays, objects) in one file past this are refused as they are read:
-// a parsed value costs nlohmann::json about 16 bytes and more in its arrays, so a 100 MB
-// safetensors header of one 45-million-dimension shape took 1.7 GB before any check could see
-// it. A real file holds far fewer (a safetensors header about ten a tensor).
+// a parsed value costs nlohmann::json about 16 bytes and more in its arrays (a 90 MB
+// safetensors header of one 45-million-dimension shape would take 1.7 GB before any check). A real file holds far fewer (a safetensors header about ten a tensor).
 inline constexpr int64_t kMaxJsonValues = int64_t(1) << 23;
 
 // Parses `text`; ConfigError "SOURCE: duplicate key 'K' in one JSON object" for a repeated key,

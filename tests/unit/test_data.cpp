@@ -282,8 +282,6 @@ TEST(Data, ByteTokenizerRoundTrips) {
                       {"cannot create token file", "x.bin"});
 }
 
-// The output is never the input (under any name), a symlink or a special file; the input is never
-// a FIFO (it would block) — and the input survives every refusal.
 // tokenize DIR reads the directory's visible regular files, one level; what it leaves out
 // (subdirectories, hidden files, an earlier tokenize's dataset, a FIFO) is counted and said.
 TEST(Data, TokenizeDirSaysWhatItLeavesOut) {
@@ -328,6 +326,8 @@ TEST(Export, ShardsAreCutAsSavePretrainedCutsThem) {
   EXPECT_EQ(shard_tensors(items, 1 << 20), (Shards{{0, 1, 2, 3, 4}}));
 }
 
+// The output is never the input (under any name), a symlink or a special file; the input is never
+// a FIFO (it would block) — and the input survives every refusal.
 TEST(Data, TokenizerNeverDestroysItsInput) {
   TempDir d;
   const std::string text = "keep this text";
