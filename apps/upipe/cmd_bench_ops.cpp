@@ -144,8 +144,9 @@ int run(Process& proc, const Options& opt) {
   std::printf("memory-bound kernels, (%lld, %lld) fp32 tensors, one thread, kernels %s\n",
               (long long)r, (long long)c, cpu_isa_name(cpu_isa()));
   for (const auto& j : jops)
-    std::printf("  %-20s %8.4f s  %6.2f GB/s  (%.2fx copy)\n", j["op"].get<std::string>().c_str(),
-                j["s"].get<double>(), j["gb_per_s"].get<double>(), j["vs_copy"].get<double>());
+    std::printf("  %-20s %9.1f us  %6.2f GB/s  (%.2fx copy)\n", j["op"].get<std::string>().c_str(),
+                j["s"].get<double>() * 1e6, j["gb_per_s"].get<double>(),
+                j["vs_copy"].get<double>());
   return 0;
 }
 

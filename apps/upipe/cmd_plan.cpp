@@ -19,6 +19,7 @@
 #include "attention/headwise.h"
 #include "attention/methods.h"
 #include "core/errors.h"
+#include "core/join.h"
 #include "model/doc_lens.h"
 #include "plan/planner.h"
 #include "train/run_options.h"
@@ -190,10 +191,15 @@ int run(Process& proc, const Options& o, const SettingArgs& sa, const CLI::App& 
       any_host = any_host || r.plan.host_peak <= base.host_bytes;
       if (!least_host || r.plan.host_peak < least_host->host_peak) least_host = &r.plan;
     }
-  if (!any)
+  if (!any) {
+    // Each method's own reason (the first one's suggestion alone could suit no other).
+    std::vector<std::string> why;
+    for (const Row& r : rows)
+      why.push_back(rows.size() == 1 ? r.refused : r.method + ": " + r.refused);
     throw ConfigError(fmt::format("{} is not allowed by any method: {}",
                                   setting_value("train.seq_len", base.decoder.seq_len),
-                                  rows.front().refused));
+                                  join(why, "; ")));
+  }
   // The longest S needs some S to fit the host; at a given S the table says what limits.
   // What the host arena holds: the offloaded stash, fpdt's K/V chunks; named by its largest tag.
   if (o.max_seq_len && !any_host) {

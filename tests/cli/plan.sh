@@ -31,7 +31,7 @@ expect() {
 L8="--model llama3-8b --ranks 8"
 expect "does not fit 8 ranks of 10.00 GiB" $L8 --device-memory 10G --max-seq-len
 expect "does not fit 8 ranks of 10.00 GiB" $L8 --device-memory 10G --seq-len 65536
-expect "--seq-len 1001 is not allowed by any method" $L8 --device-memory 80G --method all --seq-len 1001 --data-kind random
+expect "--seq-len 1001 is not allowed by any method: ulysses: " $L8 --device-memory 80G --method all --seq-len 1001 --data-kind random
 expect "--seq-len (1001) must be divisible by 8" $L8 --device-memory 80G --seq-len 1001 --data-kind random
 expect "--host-memory 1G is too small: every method needs at least" $L8 --device-memory 80G --host-memory 1G --offload-stash --max-seq-len --method all
 expect "is too small: upipe needs at least 4.00 GiB of host memory per rank at S = 65536 (largest: stash 4.00 GiB); give more host memory or drop --offload-stash" $L8 --device-memory 80G --host-memory 1G --offload-stash --method upipe --max-seq-len
