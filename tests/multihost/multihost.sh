@@ -78,6 +78,39 @@ echo "4 ranks over the namespaces: $placement"
 small=(--seq-len=64 --tile-tokens=64 --progress=lines --log-interval=1000
   --ulysses-degree=2)
 
+# wait_steps N: until the job's metrics file has N steps (at most 120 s).
+wait_steps() {
+  for _ in $(seq 1200); do
+    [ -f "$tmp/m.jsonl" ] && [ "$(wc -l < "$tmp/m.jsonl")" -ge "$1" ] && break
+    sleep 0.1
+  done
+  [ "$(wc -l < "$tmp/m.jsonl")" -ge "$1" ] || fail "training across the hosts did not get going"
+}
+# job_ends WHAT: waits for the job (at most 120 s) after WHAT happened at t0; sets rc and took.
+job_ends() {
+  for _ in $(seq 1200); do kill -0 $job 2> /dev/null || break; sleep 0.1; done
+  if kill -0 $job 2> /dev/null; then fail "the job still runs 120 s after $1"; fi
+  wait $job
+  rc=$?
+  took=$(secs "$t0" "$(now)")
+  echo "the job ended with status $rc $took s after $1"
+}
+# nothing_left: no live process in either host 10 s after the job ended.
+nothing_left() {
+  local left
+  for _ in $(seq 100); do
+    left=""
+    for ns in "${hosts[@]}"; do
+      for p in $(ip netns pids "$ns"); do
+        case $(ps -o stat= -p "$p" 2> /dev/null) in "" | Z*) ;; *) left="$left $p" ;; esac
+      done
+    done
+    [ -z "$left" ] && return 0
+    sleep 0.1
+  done
+  fail "processes left in the hosts 10 s after the job ended:$(ps -o pid=,cmd= -p ${left// /,})"
+}
+
 case $case_name in
 equal)
   for method in usp upipe-ring; do
@@ -105,34 +138,16 @@ cut)
     --checkpoint-dir="$tmp/ck" --checkpoint-interval=5 --checkpoint-keep=2 \
     --metrics-path="$tmp/m.jsonl" --timeout=$timeout_s > "$tmp/multi.out" 2>&1 &
   job=$!
-  for _ in $(seq 1200); do
-    [ -f "$tmp/m.jsonl" ] && [ "$(wc -l < "$tmp/m.jsonl")" -ge 12 ] && break
-    sleep 0.1
-  done
-  [ "$(wc -l < "$tmp/m.jsonl")" -ge 12 ] || fail "training across the hosts did not get going"
+  wait_steps 12
   t0=$(now)
   ip -n "${hosts[1]}" link set eth0 down
   echo "cut h2's link after $(wc -l < "$tmp/m.jsonl") steps"
-  for _ in $(seq 1200); do kill -0 $job 2> /dev/null || break; sleep 0.1; done
-  if kill -0 $job 2> /dev/null; then fail "the job still runs 120 s after the cut"; fi
-  wait $job
-  rc=$?
-  took=$(secs "$t0" "$(now)")
-  echo "the job ended with status $rc $took s after the cut (limit: comm.timeout + 30 = $((timeout_s + 30)) s)"
+  job_ends "the cut"
+  echo "(limit: comm.timeout + 30 = $((timeout_s + 30)) s)"
   grep -E "no progress for|launcher" "$tmp/multi.out" | head -4
   [ $rc -ne 0 ] || fail "status 0 after a cut link"
   awk -v t="$took" -v l=$((timeout_s + 30)) 'BEGIN { exit !(t <= l) }' || fail "took $took s"
-  for _ in $(seq 100); do
-    left=""
-    for ns in "${hosts[@]}"; do
-      for p in $(ip netns pids "$ns"); do
-        case $(ps -o stat= -p "$p" 2> /dev/null) in "" | Z*) ;; *) left="$left $p" ;; esac
-      done
-    done
-    [ -z "$left" ] && break
-    sleep 0.1
-  done
-  [ -z "$left" ] || fail "processes left in the hosts 10 s after the job ended:$(ps -o pid=,cmd= -p ${left// /,})"
+  nothing_left
   newest=$(ls "$tmp/ck" | grep -v tmp | sort | tail -1)
   [ -f "$tmp/ck/$newest/DONE" ] || fail "no complete checkpoint"
   n=$((10#${newest#step_}))
@@ -148,11 +163,7 @@ daemon)
   "${across_hosts[@]}" "$upipe" train "${small[@]}" --method=usp --steps=100000 \
     --metrics-path="$tmp/m.jsonl" --timeout=5 > "$tmp/multi.out" 2>&1 &
   job=$!
-  for _ in $(seq 1200); do
-    [ -f "$tmp/m.jsonl" ] && [ "$(wc -l < "$tmp/m.jsonl")" -ge 5 ] && break
-    sleep 0.1
-  done
-  [ "$(wc -l < "$tmp/m.jsonl")" -ge 5 ] || fail "training across the hosts did not get going"
+  wait_steps 5
   daemons=""
   for p in $(ip netns pids "${hosts[1]}"); do
     case $(ps -o comm= -p "$p" 2> /dev/null) in orted | prted) daemons="$daemons $p" ;; esac
@@ -161,25 +172,10 @@ daemon)
   t0=$(now)
   kill -KILL $daemons
   echo "killed h2's daemon ($daemons) after $(wc -l < "$tmp/m.jsonl") steps"
-  for _ in $(seq 1200); do kill -0 $job 2> /dev/null || break; sleep 0.1; done
-  if kill -0 $job 2> /dev/null; then fail "the job still runs 120 s after the daemon was killed"; fi
-  wait $job
-  rc=$?
-  took=$(secs "$t0" "$(now)")
-  echo "the job ended with status $rc $took s after the daemon was killed"
+  job_ends "the daemon was killed"
   tail -5 "$tmp/multi.out"
   [ $rc -ne 0 ] || fail "status 0 after a daemon was killed"
-  for _ in $(seq 100); do
-    left=""
-    for ns in "${hosts[@]}"; do
-      for p in $(ip netns pids "$ns"); do
-        case $(ps -o stat= -p "$p" 2> /dev/null) in "" | Z*) ;; *) left="$left $p" ;; esac
-      done
-    done
-    [ -z "$left" ] && break
-    sleep 0.1
-  done
-  [ -z "$left" ] || fail "processes left in the hosts 10 s after the job ended:$(ps -o pid=,cmd= -p ${left// /,})"
+  nothing_left
   ;;
 *) fail "unknown case" ;;
 esac
