@@ -44,7 +44,15 @@ std::vector<int64_t> parse_list(const std::string& s, int64_t seq_len, const std
 std::vector<int64_t> read_lengths(const std::string& spec, int64_t seq_len,
                                   const std::string& what) {
   if (is_list(spec)) return parse_list(spec, seq_len, what);
-  const TokenFileInfo f = inspect_token_file(spec);
+  TokenFileInfo f;
+  try {
+    f = inspect_token_file(spec);
+  } catch (const ConfigError& e) {
+    throw ConfigError(fmt::format(
+        "{}: a file of lengths is written as token files are (a 1-D .npy of integers, or an "
+        "llm.c .bin with its header; a raw .bin is neither): {}",
+        what, e.what()));
+  }
   if (f.count > seq_len)
     throw ConfigError(fmt::format("{}: {} holds {} lengths, more than a sequence of {} tokens has",
                                   what, spec, f.count, seq_len));

@@ -147,6 +147,8 @@ run_case "--doc-lens: 'x' is not a document length" check --seq-len 512 --doc-le
 run_case "--doc-lens: '' is not a document length" bench attention --seq-len 512 --doc-lens 500,,12
 run_case "--doc-lens: more than 4 lengths" check --seq-len 4 --doc-lens 1,1,1,1,1
 run_case "neither a .npy file" check --seq-len 512 --doc-lens "$fix/llama/config.json"
+printf '\010\000\000\000\010\000\000\000' > "$tmp/lens_raw.bin"  # raw int32: not a token file
+run_case "--doc-lens: a file of lengths is written as token files are" check --seq-len 16 --doc-lens "$tmp/lens_raw.bin"
 python3 -c "import struct,sys; h=b\"{'descr': '<i4', 'fortran_order': False, 'shape': (2,), }\"; h+=b' '*(63-10-len(h))+b'\\n'; open(sys.argv[1],'wb').write(b'\\x93NUMPY\\x01\\x00'+struct.pack('<H',len(h))+h+struct.pack('<2i',600,-88))" "$tmp/lens.npy"
 run_case "--doc-lens: a document length must lie in [1, 512]" eval --model "$fix/llama" --tokens "$fix/llama/tokens.npy" --doc-lens "$tmp/lens.npy"
 run_case "--doc-lens: $fix/llama/tokens.npy holds 512 lengths, more than a sequence of 100 tokens has" check --seq-len 100 --doc-lens "$fix/llama/tokens.npy"
