@@ -19,6 +19,15 @@ struct Options {
 
 int run(Process& proc, const Options& opt) {
   if (!proc.root()) return 0;
+  // OUT names a file (OUT.bin + OUT.idx for a directory): "" or "dir/" would write hidden
+  // ".bin" and ".idx".
+  const std::filesystem::path out(opt.out);
+  if (opt.out.empty() || out.filename().empty() || out.stem().empty() ||
+      out.filename() == "." || out.filename() == "..")
+    throw ConfigError(fmt::format(
+        "tokenize: the output '{}' names no file; give a path such as corpus (a directory's "
+        "documents go to corpus.bin + corpus.idx)",
+        opt.out));
   std::error_code ec;
   if (std::filesystem::is_directory(opt.in, ec)) {
     const TokenizedDocuments r = tokenize_documents(opt.in, opt.out, opt.force);

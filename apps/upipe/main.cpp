@@ -8,6 +8,7 @@
 // ends the job through the watchdog, status 4.
 #include <fmt/format.h>
 
+#include <cctype>
 #include <cstdio>
 #include <map>
 #include <string>
@@ -141,9 +142,12 @@ int main(int argc, char** argv) {
     const bool empty_value = w.size() > 3 && w.starts_with("--") && w.find('=') == w.size() - 1;
     if (w.starts_with("--") && w.find('=') == std::string_view::npos && i + 1 < argc) {
       const SettingInfo* s = find_setting(w);
-      const std::string_view next = argv[i + 1];
+      std::string next = argv[i + 1];
+      for (char& ch : next) ch = char(std::tolower(static_cast<unsigned char>(ch)));
+      // The truth values CLI11 takes in --flag=value.
       if (s && s->type == "bool" &&
-          (next == "true" || next == "false" || next == "1" || next == "0")) {
+          (next == "true" || next == "false" || next == "1" || next == "0" || next == "yes" ||
+           next == "no" || next == "on" || next == "off")) {
         split.push_back(fmt::format("{}={}", w, next));
         ++i;
         continue;

@@ -46,8 +46,8 @@ constexpr int64_t kMaxSmallFileBytes = 4096;  // DONE, the run-id marker
 // What to do about a corrupt checkpoint: --resume takes the newest, so the older one is reached
 // by moving this one away.
 constexpr const char* kOlderCheckpoint =
-    "use an older one (--resume takes the newest complete checkpoint: move this one out of its "
-    "directory to resume from the one before)";
+    "use an older one (to resume from the one before, move this one out of its directory: "
+    "--resume takes the newest complete checkpoint)";
 
 std::string step_dir_name(int64_t step) {
   return fmt::format("step_{:08d}", step);

@@ -55,9 +55,9 @@ void check_same_data(Communicator& world, const DataSource& data) {
   for (size_t r = 1; r < all.size(); ++r)
     if (all[r] != all[0])
       throw ConfigError(fmt::format(
-          "rank {} read other training data than rank 0 from {} (xxh3 {:016x}, rank 0's "
-          "{:016x}): every host must see the same files",
-          r, setting_value("data.path", data.options().path), all[r], all[0]));
+          "rank {} read other training data than rank 0 (xxh3 {:016x}, rank 0's {:016x}): every "
+          "host must see the same files under {}",
+          r, all[r], all[0], setting_ref("data.path")));
 }
 
 // The start of the run: the newest checkpoint (resume), Hugging Face weights, or random; and the

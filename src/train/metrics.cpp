@@ -160,8 +160,13 @@ void check_metrics_file(const std::string& path, bool resume, bool overwrite,
     const ReadFile f(path, "metrics file");
     std::string first(size_t(std::min(f.size(), kMaxMetricsLine)), '\0');
     f.read_at(first.data(), int64_t(first.size()), 0);
+    // A first line without its newline: the whole file a step's line (complete, or torn by a
+    // crash mid-write, as a resume takes it).
     const size_t nl = first.find('\n');
-    if (nl == std::string::npos || step_object(first.substr(0, nl)).is_null())
+    const bool whole = nl == std::string::npos && int64_t(first.size()) == f.size();
+    const std::string line = nl == std::string::npos ? first : first.substr(0, nl);
+    if ((nl == std::string::npos && !whole) ||
+        (step_object(line).is_null() && !(whole && is_torn_step_line(line))))
       throw ConfigError(fmt::format(
           "{} '{}': its first line is not a step's metrics (a JSON object with \"step\"), so the "
           "file is not a metrics file and is left as it is (--overwrite replaces only a metrics "
@@ -209,6 +214,12 @@ void MetricsWriter::write(const StepMetrics& m) {
   }
 }
 
+std::string format_rate(double per_s) {
+  // llround of a NaN or of more than int64 holds is undefined: a diverged step has no speed.
+  if (!std::isfinite(per_s) || per_s < 0 || per_s >= 9e18) return "--";
+  return format_count(int64_t(std::llround(per_s)));
+}
+
 std::string format_duration(double seconds) {
   if (!std::isfinite(seconds) || seconds < 0) return "--:--:--";
   const int64_t s = int64_t(std::llround(seconds));
@@ -231,8 +242,9 @@ std::string format_step_line(const StepMetrics& m, int64_t total_steps, int64_t 
   if (m.copy_loss) s += fmt::format(" | copy {:.4f}", *m.copy_loss);
   if (m.val_loss) s += fmt::format(" | val {:.4f}", *m.val_loss);
   if (m.documents) s += fmt::format(" | {} docs", *m.documents);
-  s += fmt::format(" | gnorm {:.2e} | lr {:.2e} | {} tok/s/rank | MFU {:.1f}%", m.grad_norm, m.lr,
-                   format_count(int64_t(std::llround(m.tokens_per_s))), 100 * m.mfu);
+  s += fmt::format(" | gnorm {:.2e} | lr {:.2e} | {} tok/s/rank | MFU {}", m.grad_norm, m.lr,
+                   format_rate(m.tokens_per_s),
+                   std::isfinite(m.mfu) ? fmt::format("{:.1f}%", 100 * m.mfu) : "--");
   s += fmt::format(" | peak {}", format_bytes(m.peak_bytes));
   if (m.budget_bytes > 0)
     s += fmt::format(" ({:.0f}% of {})", 100.0 * double(m.peak_bytes) / double(m.budget_bytes),
@@ -287,7 +299,9 @@ std::string ProgressDisplay::logged_line(const StepMetrics& m) {
 
 void ProgressDisplay::update(const StepMetrics& m) {
   // A validation's loss is shown when it is measured, whatever the interval.
-  const bool log = m.step % interval_ == 0 || m.step == total_ || m.val_loss.has_value();
+  // A diverged step is shown whatever the interval (the run ends after it).
+  const bool log = m.step % interval_ == 0 || m.step == total_ || m.val_loss.has_value() ||
+                   !std::isfinite(m.loss) || !std::isfinite(m.grad_norm);
   last_ = m;
   loss_sum_ += m.loss;
   copy_sum_ += m.copy_loss.value_or(0.0);
@@ -297,7 +311,7 @@ void ProgressDisplay::update(const StepMetrics& m) {
     if (log) std::fprintf(out_, "%s\n", logged_line(m).c_str());
     bar_ = fmt::format(
         "{} loss {:.4f} | {} tok/s/rank | ETA {}", format_progress_bar(m.step, total_), m.loss,
-        format_count(int64_t(std::llround(m.tokens_per_s))), format_duration(m.eta_s));
+        format_rate(m.tokens_per_s), format_duration(m.eta_s));
     std::fputs(bar_.c_str(), out_);
   } else if (log) {
     std::fprintf(out_, "%s\n", logged_line(m).c_str());

@@ -76,6 +76,8 @@ class MetricsWriter {
 
 // "1:02:03" (hours unbounded); "--:--:--" for a negative or non-finite time.
 std::string format_duration(double seconds);
+// A count per second, whole, with thousands separators; "--" when it is none (NaN, negative).
+std::string format_rate(double per_s);
 // "12,345,678".
 std::string format_count(int64_t n);
 // "step  12/100 | loss 5.1234 | copy 3.2100 | gnorm 1.23e+00 | lr 3.00e-04 |

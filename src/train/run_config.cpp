@@ -689,7 +689,10 @@ void make_paths_absolute(RunConfig& c, const std::function<bool(std::string_view
   auto absolute = [&](const char* key, std::string& v, bool must_exist) {
     if (v.empty() || !which(key) || (must_exist && !fs::exists(v, ec))) return;
     const fs::path a = fs::absolute(v, ec);
-    if (!ec) v = a.lexically_normal().string();
+    if (ec) return;
+    fs::path n = a.lexically_normal();
+    if (n.has_relative_path() && n.filename().empty()) n = n.parent_path();  // "dset/" is "dset"
+    v = n.string();
   };
   absolute("model.name", c.model.name, true);  // a preset's name stays a name
   absolute("model.init_from", c.model.init_from, false);

@@ -116,6 +116,7 @@ run_case "upipe bench ops takes no --dtype bf16 (" bench ops --dtype bf16
 # the error is the next setting's.
 run_case "--steps must be positive, got 0" train --offload-stash 1 --steps 0
 run_case "for no metrics file give an empty --metrics-path=" train --steps=1 --metrics-path=/dev/null
+run_case "tokenize: the output '' names no file" tokenize "$(dirname "$0")" ""
 run_case "--seed must be >= 0, got -1" check --overlap false --seed -1
 run_case "--accept-changes is for --resume" train --steps 2 --accept-changes --checkpoint-dir= --metrics-path=
 run_case "'2.7' is not a whole number of bytes" plan --model tiny --ranks 2 --device-memory 2.7 --seq-len 256

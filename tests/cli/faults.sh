@@ -150,6 +150,10 @@ metrics_other)
   head -c 4096 /dev/urandom > "$tmp/tokens.bin" && cp "$tmp/tokens.bin" "$tmp/tokens.keep"
   job over 60 train "${small[@]}" --steps=2 --metrics-path="$tmp/tokens.bin" --overwrite
   [ $rc -eq 2 ] && cmp -s "$tmp/tokens.bin" "$tmp/tokens.keep" || fail "--overwrite of a token file: exit $rc"
+  # A metrics file whose only line a crash tore (no newline) is a metrics file, as a resume takes it.
+  printf '{"step":1,"run":"c9b9' > "$tmp/torn.jsonl"
+  job torn 60 train "${small[@]}" --steps=1 --metrics-path="$tmp/torn.jsonl" --overwrite
+  [ $rc -eq 0 ] || { cat "$tmp/torn.out"; fail "--overwrite of a torn metrics line: exit $rc"; }
   job m1 60 train "${small[@]}" --steps=1 --metrics-path="$tmp/own.jsonl"
   job over 60 train "${small[@]}" --steps=2 --metrics-path="$tmp/own.jsonl" --overwrite
   [ $rc -eq 0 ] || { cat "$tmp/over.out"; fail "--overwrite of a metrics file: exit $rc"; }
@@ -219,6 +223,8 @@ diverged)
     --metrics-path="$tmp/d.jsonl"
   [ $rc -eq 1 ] || { cat "$tmp/d.out"; fail "a diverged run: exit $rc, want 1"; }
   once d "the loss (" && grep -q "is not finite; lower --lr" "$tmp/d.out" || fail "no divergence line"
+  # Its log line has no speed (it showed INT64_MIN tok/s: llround of a NaN).
+  grep -q -e "^step  *2/5 .* -- tok/s/rank | MFU -- " "$tmp/d.out" || { cat "$tmp/d.out"; fail "the diverged step's log line"; }
   python3 - "$tmp/d.jsonl" << 'PY' || fail "the diverged step's metrics line"
 import json, sys
 lines = [json.loads(l) for l in open(sys.argv[1])]
