@@ -37,10 +37,10 @@ struct Options {
   bool print_config = false;
 };
 
-// --resume: the run the newest checkpoint of checkpoint.dir records, with what was typed on top;
-// the changes are checked (train/resume.h) and reported by rank 0.
+// --resume: the run the newest checkpoint of checkpoint.dir records (its info in *recorded), with
+// what was typed on top; the changes are checked (train/resume.h) and reported by rank 0.
 Settings resumed_settings(const Process& proc, const Options& opt, const SettingArgs& sa,
-                          const CLI::App& cmd, const RunConfig& typed) {
+                          const CLI::App& cmd, const RunConfig& typed, CheckpointInfo* recorded) {
   if (typed.checkpoint.dir.empty())
     throw ConfigError(fmt::format("--resume needs {} (the run's checkpoint directory)",
                                   setting_ref("checkpoint.dir")));
@@ -48,7 +48,7 @@ Settings resumed_settings(const Process& proc, const Options& opt, const Setting
   if (!ckpt)
     throw ConfigError(fmt::format("--resume: no complete checkpoint in {}",
                                   setting_value("checkpoint.dir", typed.checkpoint.dir)));
-  const CheckpointInfo info = read_checkpoint_info(*ckpt);
+  const CheckpointInfo& info = *recorded = read_checkpoint_info(*ckpt);
   SettingSources ignored;  // older spellings in an older checkpoint are not the user's
   RecordedRun rec{parse_run_toml(info.run_toml, *ckpt + "/meta.json", &ignored), info.step,
                   info.world, info.cp_size, *ckpt};
@@ -217,8 +217,9 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
     throw ConfigError(
         "--accept-changes is for --resume (it lets a resumed run change what its remaining steps "
         "compute); a fresh run has nothing recorded to change");
+  CheckpointInfo recorded;  // a resumed run's newest checkpoint
   if (opt.resume)
-    set = resumed_settings(proc, opt, sa, cmd, set.config);
+    set = resumed_settings(proc, opt, sa, cmd, set.config, &recorded);
   else
     make_paths_absolute(set.config, [](std::string_view) { return true; });
   const RunConfig& cfg = set.config;
@@ -232,10 +233,7 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
   // Every rank raises what rank 0 finds, so the job ends cleanly with one line.
   if (!cfg.metrics.path.empty())
     on_rank0_everywhere(proc.world, [&] {
-      const std::optional<std::string> ckpt =
-          opt.resume ? latest_checkpoint(cfg.checkpoint.dir) : std::nullopt;
-      check_metrics_file(cfg.metrics.path, opt.resume, opt.overwrite,
-                         ckpt ? read_checkpoint_info(*ckpt).run_id : "");
+      check_metrics_file(cfg.metrics.path, opt.resume, opt.overwrite, recorded.run_id);
     });
   Watchdog::start(cfg.comm.timeout);
   install_stop_handlers();
@@ -248,10 +246,8 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
   // the checkpoints, so an export stops generation where the source model did. A resumed run
   // keeps its checkpoint's (the folder may be gone by then).
   if (m.token_ids.empty() && opt.resume) {
-    if (const std::optional<std::string> ckpt = latest_checkpoint(cfg.checkpoint.dir))
-      m.token_ids = parse_model_config(read_checkpoint_info(*ckpt).model_json,
-                                       *ckpt + "/meta.json (model)")
-                        .token_ids;
+    m.token_ids = parse_model_config(recorded.model_json, recorded.path + "/meta.json (model)")
+                      .token_ids;
   } else if (m.token_ids.empty() && !cfg.model.init_from.empty()) {
     try {
       m.token_ids = load_model_config(cfg.model.init_from).token_ids;

@@ -20,6 +20,7 @@
 #include "comm/mpi/mpi_comm.h"
 #include "core/check.h"
 #include "core/errors.h"
+#include "core/join.h"
 #include "core/spelling.h"
 #include "core/stop_signal.h"
 #include "core/watchdog.h"
@@ -172,8 +173,7 @@ int main(int argc, char** argv) {
       if (dynamic_cast<const CLI::ExtrasError*>(&e) != nullptr) {
         const auto [name, at] = parsed_chain(cli);
         // What it did not take, in the order typed (CLI11's message lists it last first).
-        std::string extra;
-        for (const std::string& w : at->remaining()) extra += (extra.empty() ? "" : " ") + w;
+        std::string extra = join(at->remaining(), " ");
         if (extra.empty()) {
           extra = e.what();
           if (const size_t colon = extra.find(": "); colon != std::string::npos)

@@ -160,13 +160,13 @@ void check_metrics_file(const std::string& path, bool resume, bool overwrite,
     const ReadFile f(path, "metrics file");
     std::string first(size_t(std::min(f.size(), kMaxMetricsLine)), '\0');
     f.read_at(first.data(), int64_t(first.size()), 0);
-    // A first line without its newline: the whole file a step's line (complete, or torn by a
-    // crash mid-write, as a resume takes it).
+    // A line without its newline is the whole file: a step's line, complete or torn by a crash
+    // mid-write (as a resume takes it); a first line longer than kMaxMetricsLine is none.
     const size_t nl = first.find('\n');
-    const bool whole = nl == std::string::npos && int64_t(first.size()) == f.size();
-    const std::string line = nl == std::string::npos ? first : first.substr(0, nl);
-    if ((nl == std::string::npos && !whole) ||
-        (step_object(line).is_null() && !(whole && is_torn_step_line(line))))
+    const bool last = nl == std::string::npos;
+    const std::string line = first.substr(0, nl);
+    if ((last && int64_t(first.size()) != f.size()) ||
+        (step_object(line).is_null() && !(last && is_torn_step_line(line))))
       throw ConfigError(fmt::format(
           "{} '{}': its first line is not a step's metrics (a JSON object with \"step\"), so the "
           "file is not a metrics file and is left as it is (--overwrite replaces only a metrics "

@@ -5,8 +5,8 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstring>
 #include <filesystem>
-#include <string_view>
 #include <vector>
 
 #include "core/errors.h"
@@ -169,7 +169,7 @@ TokenizedDocuments tokenize_documents(const std::string& dir, const std::string&
     char magic[9] = {};
     const ReadFile idx(f, "index file");
     if (idx.size() >= 9) idx.read_at(magic, 9, 0);
-    if (std::string_view(magic, 9) != std::string_view("MMIDIDX\x00\x00", 9)) continue;
+    if (std::memcmp(magic, kMegatronIdxMagic, sizeof magic) != 0) continue;
     dataset_files.push_back(f);
     const std::string bin = fs::path(f).replace_extension(".bin").string();
     if (std::find(files.begin(), files.end(), bin) != files.end()) {
