@@ -24,7 +24,6 @@
 #include "core/spelling.h"
 #include "core/stop_signal.h"
 #include "core/watchdog.h"
-#include "train/run_config.h"
 
 namespace {
 
@@ -64,6 +63,21 @@ std::string missing_command(const CLI::App& cli, const std::vector<std::string>&
                        chain, word, upipe::closest_name(word, names), list, chain);
   }
   return fmt::format("{} needs a command: {} ({} --help says what each does)", chain, list, chain);
+}
+
+// Is `flag` an option of `command` that takes no value (a switch: --resume, --json, a bool
+// setting such as --overlap)?
+bool is_switch(const CLI::App& command, std::string_view flag) {
+  const CLI::Option* o = command.get_option_no_throw(std::string(flag));
+  return o != nullptr && o->get_expected_max() == 0;
+}
+
+// The truth values CLI11 takes in --switch=value, in any case.
+bool is_truth_value(std::string_view word) {
+  std::string w(word);
+  for (char& ch : w) ch = char(std::tolower(static_cast<unsigned char>(ch)));
+  return w == "true" || w == "false" || w == "1" || w == "0" || w == "yes" || w == "no" ||
+         w == "on" || w == "off";
 }
 
 }  // namespace
@@ -135,24 +149,21 @@ int main(int argc, char** argv) {
 
   // `--key=` (an empty value, as `dir = ""` in a run file: no checkpoints, no metrics file) is
   // given to CLI11 as `--key ""`: it refuses the first spelling ("1 required missing").
-  // A switch setting followed by a truth value (`--offload-stash 1`, `--overlap false`) is given
-  // as `--offload-stash=1`: CLI11 took the value for train's run file or left it apart.
+  // A switch followed by a truth value (`--offload-stash 1`, `--overlap false`, `--resume yes`)
+  // is given as `--offload-stash=1`: CLI11 took the value for train's run file or left it apart.
   std::vector<std::string> split;
+  const CLI::App* command = &cli;  // the deepest command the words typed so far name
   for (int i = 0; i < argc; ++i) {
     const std::string_view w = argv[i];
     const bool empty_value = w.size() > 3 && w.starts_with("--") && w.find('=') == w.size() - 1;
-    if (w.starts_with("--") && w.find('=') == std::string_view::npos && i + 1 < argc) {
-      const SettingInfo* s = find_setting(w);
-      std::string next = argv[i + 1];
-      for (char& ch : next) ch = char(std::tolower(static_cast<unsigned char>(ch)));
-      // The truth values CLI11 takes in --flag=value.
-      if (s && s->type == "bool" &&
-          (next == "true" || next == "false" || next == "1" || next == "0" || next == "yes" ||
-           next == "no" || next == "on" || next == "off")) {
-        split.push_back(fmt::format("{}={}", w, next));
-        ++i;
-        continue;
-      }
+    if (i > 0 && !w.starts_with("-"))
+      for (const CLI::App* sub : command->get_subcommands([&](const CLI::App* a) { return a->get_name() == w; }))
+        command = sub;
+    if (w.starts_with("--") && w.find('=') == std::string_view::npos && i + 1 < argc &&
+        is_switch(*command, w) && is_truth_value(argv[i + 1])) {
+      split.push_back(fmt::format("{}={}", w, argv[i + 1]));
+      ++i;
+      continue;
     }
     split.emplace_back(empty_value ? w.substr(0, w.size() - 1) : w);
     if (empty_value) split.emplace_back();

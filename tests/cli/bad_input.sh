@@ -119,6 +119,9 @@ run_case "for no metrics file give an empty --metrics-path=" train --steps=1 --m
 run_case "tokenize: the output '' names no file" tokenize "$(dirname "$0")" ""
 run_case "--seed must be >= 0, got -1" check --overlap false --seed -1
 run_case "--accept-changes is for --resume" train --steps 2 --accept-changes --checkpoint-dir= --metrics-path=
+# Command switches that are no settings take a truth value after a space as well.
+run_case "--accept-changes is for --resume" train --steps 2 --accept-changes yes --checkpoint-dir= --metrics-path=
+run_case "--ranks is required" plan --json on --model tiny --seq-len 1024
 run_case "'2.7' is not a whole number of bytes" plan --model tiny --ranks 2 --device-memory 2.7 --seq-len 256
 fix=$(cd "$(dirname "$0")/../fixtures/hf" && pwd)
 run_case "config.json" eval --model /nonexistent --seq-len 8
@@ -135,6 +138,8 @@ run_case "IN is required" tokenize
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 mkfifo "$tmp/fifo"
+mkdir "$tmp/no-checkpoints"
+run_case "--resume: no complete checkpoint in --checkpoint-dir" train --resume true --checkpoint-dir "$tmp/no-checkpoints"
 run_case "run file $tmp/fifo is a FIFO, not a regular file" train "$tmp/fifo"
 run_case "token file $tmp/fifo is a FIFO" train --data-kind=files --data-path="$tmp/fifo" --steps=1
 run_case "text file $tmp/fifo is a FIFO" tokenize "$tmp/fifo" "$tmp/out.bin"
