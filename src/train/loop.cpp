@@ -88,10 +88,12 @@ RunStart initialize(Communicator& world, const RunConfig& c, const ModelConfig& 
                               recorded.data != run.data;
     if (data_changed && !accept_changes)
       throw ConfigError(fmt::format(
-          "--resume: the training data changed since {} was written (then: {}; now: {}), so the "
-          "remaining steps would read other sequences than the run's; restore {} as it was, or "
-          "add --accept-changes",
-          ckpt, one_line(recorded.data), run.data, setting_value("data.path", c.data.path)));
+          "--resume: the training data in {3} is not the data the run read when {0} was "
+          "written (then: {1}; now: {2}), so the remaining steps would read other sequences than "
+          "the run's; restore the run's data (or give where it lies now as {4}), or add "
+          "--accept-changes",
+          ckpt, one_line(recorded.data), run.data, setting_value("data.path", c.data.path),
+          setting_ref("data.path")));
     const CheckpointInfo info = load_checkpoint(ckpt, tr.zero());
     s.step = info.step;
     s.resumed = true;

@@ -73,6 +73,15 @@ std::vector<std::string> check_resume(const RecordedRun& rec, const RunConfig& n
       case ResumeRule::kFree:
         lines.push_back("  " + what);
         break;
+      case ResumeRule::kData:
+        // The data moved: the same data is the same run (the fingerprint is compared when the
+        // data is read); a checkpoint without a fingerprint cannot tell.
+        if (rec.data.empty())
+          add_break(what);
+        else
+          lines.push_back("  " + what + ": the data read there must be the run's (" +
+                          one_line(rec.data) + ")");
+        break;
     }
   }
   if (schedule)

@@ -23,6 +23,7 @@ struct RecordedRun {
   int world = 0;       // ranks it was written on
   int cp_size = 0;     // its CP group size
   std::string source;  // the checkpoint, for messages
+  std::string data;    // the fingerprint of the data it read ("": its build did not record one)
 };
 
 struct SettingChange {

@@ -185,7 +185,7 @@ std::vector<Field> fields(RunConfig& c) {
       // Planned too: packed documents add their mask (tag docs), planned at their worst.
       {"data.kind", "--data-kind", "", &c.data.kind, kScopeTrain | kScopePlan, ResumeRule::kBreaks,
        "files, random or copy"},
-      {"data.path", "--data-path", "", &c.data.path, kScopeTrain | kScopePlan, ResumeRule::kBreaks,
+      {"data.path", "--data-path", "", &c.data.path, kScopeTrain | kScopePlan, ResumeRule::kData,
        "files: a .npy/.bin token file, a directory of them, or a glob"},
       {"data.documents", "--documents", "", &c.data.documents, kScopeTrain | kScopePlan,
        ResumeRule::kBreaks,

@@ -114,6 +114,8 @@ enum class ResumeRule {
   kSchedule,    // the learning-rate schedule and the optimizer, from the next step on
   kArithmetic,  // the same computation in other arithmetic (method, dtypes, tiles): not bitwise
   kFree,        // how the run goes about it, not what it computes (memory, logging, checkpoints)
+  kData,        // where the data lies: free when the data read there is the checkpoint's (its
+                // fingerprint, checked as the run reads it); refused like kBreaks otherwise
 };
 
 // One setting of the table.

@@ -189,18 +189,28 @@ PY
   timeout 300 "${mpirun[@]}" -np 2 "$upipe" train "${small[@]}" --data-kind=files \
     --data-path="$tmp/corpus_tok" --documents=index --steps=2 --cp-size=1 > "$tmp/dp.out" 2>&1 ||
     { cat "$tmp/dp.out"; fail "packed DP 2 run failed"; }
+  # The data moved (the same bytes under another path): the same run, checked by its content.
+  mkdir -p "$tmp/moved" "$tmp/m" && cp "$tmp"/corpus_tok.bin "$tmp"/corpus_tok.idx "$tmp/moved/" &&
+    cp -r "$tmp/a/step_00000003" "$tmp/m/"
+  timeout 300 "${mpirun[@]}" -np 2 "$upipe" train --checkpoint-dir="$tmp/m" --resume \
+    --data-path="$tmp/moved/corpus_tok" > "$tmp/m.out" 2>&1 || { cat "$tmp/m.out"; fail "resume from moved data failed"; }
+  grep -q "corpus_tok: the data read there must be the run's" "$tmp/m.out" || { cat "$tmp/m.out"; fail "no moved-data line"; }
+  for f in rank_00000.safetensors rank_00001.safetensors; do
+    python3 "$(dirname "$0")/same_tensors.py" "$tmp/a/step_00000006/$f" "$tmp/m/step_00000006/$f" ||
+      fail "$f differs after resuming from the moved data"
+  done
   # The data changed under the checkpoint (a document edited, the corpus tokenized again): the
   # remaining steps would read other sequences, so --resume is refused unless accepted.
   echo "the cat sat on the mat again" > "$tmp/corpus/doc07.txt"
   "$upipe" tokenize --force "$tmp/corpus" "$tmp/corpus_tok" > /dev/null || fail "tokenize again"
   mkdir -p "$tmp/d" && cp -r "$tmp/a/step_00000003" "$tmp/d/"
   out=$(timeout 120 "${mpirun[@]}" -np 2 "$upipe" train --checkpoint-dir="$tmp/d" --resume 2>&1); rc=$?
-  [ $rc -eq 2 ] && [ "$(echo "$out" | grep -c 'the training data changed since')" -eq 1 ] ||
+  [ $rc -eq 2 ] && [ "$(echo "$out" | grep -c 'is not the data the run read when')" -eq 1 ] ||
     { echo "$out"; fail "resume onto changed data: exit $rc"; }
   timeout 300 "${mpirun[@]}" -np 2 "$upipe" train --checkpoint-dir="$tmp/d" --resume --accept-changes \
     > "$tmp/d.out" 2>&1 || { cat "$tmp/d.out"; fail "resume onto changed data, accepted, failed"; }
   grep -q "its data changed, accepted" "$tmp/d.out" || { cat "$tmp/d.out"; fail "no accepted data change"; }
-  echo "packed: resumed from step 3 to 6, rank files identical; changed data refused unless accepted"
+  echo "packed: resumed from step 3 to 6, rank files identical (moved data too); changed data refused unless accepted"
   ;;
 kill)
   disrupt KILL 50 k --checkpoint-dir="$tmp/k" --checkpoint-interval=20

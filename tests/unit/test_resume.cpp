@@ -81,6 +81,25 @@ TEST(Resume, ChangesOfWhatIsComputedAreRefusedUnlessAccepted) {
   expect_config_error([&] { check_resume(rec, dp2, 2, false); }, {"DP 1 -> 2"});
 }
 
+// A moved data path is the same run when the data read there is the checkpoint's: the loop
+// compares the fingerprints as it reads the data. A checkpoint that recorded none cannot tell.
+TEST(Resume, AMovedDataPathIsCheckedByTheDataItHolds) {
+  RecordedRun rec = recorded();
+  rec.config.data.kind = "files";
+  rec.config.data.path = "/old/corpus";
+  rec.data = "3000 tokens, xxh3 0123456789abcdef";
+  RunConfig now = rec.config;
+  now.data.path = "/new/corpus";
+  const std::string out = joined(check_resume(rec, now, 2, false));
+  EXPECT_NE(out.find("--data-path /old/corpus -> /new/corpus: the data read there must be the "
+                     "run's (3000 tokens, xxh3 0123456789abcdef)"),
+            std::string::npos)
+      << out;
+  rec.data.clear();
+  expect_config_error([&] { check_resume(rec, now, 2, false); },
+                      {"--data-path /old/corpus -> /new/corpus", "--accept-changes"});
+}
+
 TEST(Resume, NoStepLeftIsAnError) {
   const RecordedRun rec = recorded();
   RunConfig now = rec.config;
