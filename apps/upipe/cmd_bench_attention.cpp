@@ -49,17 +49,22 @@ int plan(const Options& opt, const AttentionConfig& cfg, int64_t budget, Backend
             {"peak_by_tag", tags_json(r.peak_by_tag)},
             {"attn_peak_bytes", r.attn_peak_bytes},
             {"attn_formula_bytes", strat->attn_formula_bytes()},
+            {"host_peak_bytes", r.host_peak_bytes},
+            {"host_formula_bytes", strat->host_formula_bytes()},
             {"comm", comm_json(comm.stats())}});
   if (opt.json) {
     print_json(j);
   } else {
     std::printf(
         "%s (%s) planned for rank 0 of %d, S=%lld: peak %s, attention intermediates %s, "
-        "%lld collective calls sending %s\n",
+        "%lld collective calls sending %s%s\n",
         cfg.knobs.method.c_str(), knobs_text(cfg, opt.meta_ranks).c_str(), opt.meta_ranks,
         (long long)cfg.seq_len,
         format_bytes(r.peak_bytes).c_str(), format_bytes(r.attn_peak_bytes).c_str(),
-        (long long)comm.stats().total_calls(), format_bytes(comm.stats().total_bytes()).c_str());
+        (long long)comm.stats().total_calls(), format_bytes(comm.stats().total_bytes()).c_str(),
+        r.host_peak_bytes > 0
+            ? fmt::format("; host memory {}", format_bytes(r.host_peak_bytes)).c_str()
+            : "");
   }
   return 0;
 }
@@ -69,12 +74,14 @@ int plan(const Options& opt, const AttentionConfig& cfg, int64_t budget, Backend
 struct Timing {
   double fwd = 1e30, bwd = 1e30;
   int64_t peak = 0, attn = 0, formula = 0;
+  int64_t host = 0, host_formula = 0;  // the host arena (fpdt's offloaded K/V chunks)
   TagBytes peak_by_tag;
+  CommStats comm;  // rank 0's collectives in the last timed forward + backward
   int64_t driver_warm = -1, driver_end = -1;  // GPU: cudaMemGetInfo's bytes in use
 };
 
-Timing time_block(Process& proc, AttentionStrategy& strat, Device& dev, const AttentionConfig& cfg,
-                  int iters) {
+Timing time_block(Process& proc, AttentionStrategy& strat, Device& dev, Communicator& comm,
+                  const AttentionConfig& cfg, int iters) {
   BlockTensors t = make_block_tensors(dev, cfg, strat.layout().positions(proc.rank()), 1);
   run_block(strat, dev, t);  // warm-up
   Timing r;
@@ -86,22 +93,26 @@ Timing time_block(Process& proc, AttentionStrategy& strat, Device& dev, const At
   BlockRun last;
   for (int i = 0; i < iters; ++i) {
     proc.world.barrier();
+    comm.reset_stats();
     last = run_block(strat, dev, t);
+    r.comm = comm.stats();  // before the timing's reduction (the same communicator on a CPU)
     // The slowest rank sets the pace.
     float times[2] = {float(last.fwd_s), float(last.bwd_s)};
     proc.world.all_reduce(times, 2, DType::kF32, ReduceOp::kMax);
     r.fwd = std::min(r.fwd, double(times[0]));
     r.bwd = std::min(r.bwd, double(times[1]));
   }
-  std::vector<int64_t> mine{last.peak_bytes, last.attn_peak_bytes},
-      all(size_t(2 * proc.world.size()));
-  proc.world.all_gather(mine.data(), all.data(), 2 * sizeof(int64_t));
+  std::vector<int64_t> mine{last.peak_bytes, last.attn_peak_bytes, last.host_peak_bytes},
+      all(size_t(3 * proc.world.size()));
+  proc.world.all_gather(mine.data(), all.data(), 3 * sizeof(int64_t));
   for (int j = 0; j < proc.world.size(); ++j) {
-    r.peak = std::max(r.peak, all[size_t(2 * j)]);
-    r.attn = std::max(r.attn, all[size_t(2 * j + 1)]);
+    r.peak = std::max(r.peak, all[size_t(3 * j)]);
+    r.attn = std::max(r.attn, all[size_t(3 * j + 1)]);
+    r.host = std::max(r.host, all[size_t(3 * j + 2)]);
   }
   r.peak_by_tag = last.peak_by_tag;
   r.formula = strat.attn_formula_bytes();
+  r.host_formula = strat.host_formula_bytes();
   if (gpu) r.driver_end = cuda_driver_used_bytes();
   return r;
 }
@@ -118,11 +129,11 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
   DeviceComm comm(dev, proc.world);
   auto strat = make_strategy({dev, comm, cfg});
   strat->set_documents(docs);
-  const Timing r = time_block(proc, *strat, dev, cfg, opt.iters);
+  const Timing r = time_block(proc, *strat, dev, comm.get(), cfg, opt.iters);
   std::optional<Timing> one;  // the same S as one document
   if (packed(docs) && !opt.no_one_document) {
     strat->set_documents(nullptr);
-    one = time_block(proc, *strat, dev, cfg, opt.iters);
+    one = time_block(proc, *strat, dev, comm.get(), cfg, opt.iters);
   }
   if (!proc.root()) return 0;
   const double tps = double(cfg.seq_len) / (r.fwd + r.bwd);
@@ -137,7 +148,10 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
             {"peak_bytes", r.peak},
             {"peak_by_tag", tags_json(r.peak_by_tag)},
             {"attn_peak_bytes", r.attn},
-            {"attn_formula_bytes", r.formula}});
+            {"attn_formula_bytes", r.formula},
+            {"host_peak_bytes", r.host},
+            {"host_formula_bytes", r.host_formula},
+            {"comm", comm_json(r.comm)}});
   if (kind == BackendKind::kCuda) {
     j["driver_used_bytes_after_warmup"] = r.driver_warm;
     j["driver_used_bytes_after_timed"] = r.driver_end;
@@ -157,6 +171,9 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
               docs ? fmt::format(", {} documents", docs->count()).c_str() : "", r.fwd, r.bwd, tps);
   std::printf("  peak %s, attention intermediates %s (formula %s)\n", format_bytes(r.peak).c_str(),
               format_bytes(r.attn).c_str(), format_bytes(r.formula).c_str());
+  if (r.host > 0 || r.host_formula > 0)
+    std::printf("  host memory (offloaded K/V chunks) %s (formula %s)\n",
+                format_bytes(r.host).c_str(), format_bytes(r.host_formula).c_str());
   if (one)
     std::printf("  one document of %lld: forward %.3f s, backward %.3f s; %.1fx faster packed\n",
                 (long long)cfg.seq_len, one->fwd, one->bwd,

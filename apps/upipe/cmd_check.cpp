@@ -46,6 +46,8 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
               {"peak_by_tag", tags_json(r.peak_by_tag)},
               {"attn_peak_bytes", r.attn_peak_bytes},
               {"attn_formula_bytes", r.attn_formula_bytes},
+              {"host_peak_bytes", r.host_peak_bytes},
+              {"host_formula_bytes", r.host_formula_bytes},
               {"comm", comm_json(r.comm)},
               {"backend", backend_kind_name(co.backend)},
               {"communicator", r.communicator},
@@ -66,6 +68,11 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
                   format_bytes(r.attn_peak_bytes).c_str(),
                   format_bytes(r.attn_formula_bytes).c_str(),
                   r.attn_peak_bytes == r.attn_formula_bytes ? " (equal)" : " (DIFFERENT)");
+      if (r.host_peak_bytes > 0 || r.host_formula_bytes > 0)
+        std::printf("  host memory (offloaded K/V chunks): measured %s, formula %s%s\n",
+                    format_bytes(r.host_peak_bytes).c_str(),
+                    format_bytes(r.host_formula_bytes).c_str(),
+                    r.host_peak_bytes == r.host_formula_bytes ? " (equal)" : " (DIFFERENT)");
       std::printf("  peak %s; forward %.3f s, backward %.3f s\n",
                   format_bytes(r.peak_bytes).c_str(), r.fwd_s, r.bwd_s);
     }

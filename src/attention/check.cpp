@@ -191,12 +191,15 @@ CheckResult check_strategy(const AttentionConfig& cfg, Communicator& world,
   res.bwd_s = run.bwd_s;
   res.peak_by_tag = run.peak_by_tag;
   res.attn_formula_bytes = strat->attn_formula_bytes();
+  res.host_formula_bytes = strat->host_formula_bytes();
   {  // max of the per-rank peaks
-    std::vector<int64_t> mine{run.peak_bytes, run.attn_peak_bytes}, all(size_t(2 * world.size()));
-    world.all_gather(mine.data(), all.data(), 2 * sizeof(int64_t));
+    std::vector<int64_t> mine{run.peak_bytes, run.attn_peak_bytes, run.host_peak_bytes},
+        all(size_t(3 * world.size()));
+    world.all_gather(mine.data(), all.data(), 3 * sizeof(int64_t));
     for (int j = 0; j < world.size(); ++j) {
-      res.peak_bytes = std::max(res.peak_bytes, all[size_t(2 * j)]);
-      res.attn_peak_bytes = std::max(res.attn_peak_bytes, all[size_t(2 * j + 1)]);
+      res.peak_bytes = std::max(res.peak_bytes, all[size_t(3 * j)]);
+      res.attn_peak_bytes = std::max(res.attn_peak_bytes, all[size_t(3 * j + 1)]);
+      res.host_peak_bytes = std::max(res.host_peak_bytes, all[size_t(3 * j + 2)]);
     }
   }
   const int n = tensor_count(cfg);

@@ -56,6 +56,8 @@ struct CheckResult {
   TagBytes peak_by_tag;         // of rank 0, at its peak
   int64_t attn_peak_bytes = 0;  // max over ranks
   int64_t attn_formula_bytes = 0;
+  int64_t host_peak_bytes = 0;  // max over ranks: the host arena (fpdt's offloaded K/V chunks)
+  int64_t host_formula_bytes = 0;
   CommStats comm;  // rank 0, one forward + backward
   std::optional<CommStats> comm_expected;
   double fwd_s = 0, bwd_s = 0;

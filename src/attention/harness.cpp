@@ -86,6 +86,7 @@ BlockRun run_block(AttentionStrategy& s, Device& dev, BlockTensors& t, bool accu
   const float beta = accumulate ? 1.0f : 0.0f;
   Arena& mem = dev.mem();
   mem.reset_peak();
+  dev.host().reset_peak();
   const int watch = mem.start_watch(kAttnIntermediateTags);
   BlockRun r;
   double t0 = now();
@@ -106,6 +107,7 @@ BlockRun run_block(AttentionStrategy& s, Device& dev, BlockTensors& t, bool accu
   r.peak_bytes = mem.peak();
   r.peak_by_tag = mem.at_peak_by_tag();
   r.attn_peak_bytes = mem.watch_peak(watch);
+  r.host_peak_bytes = dev.host().peak();
   mem.stop_watch(watch);
   return r;
 }

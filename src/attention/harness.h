@@ -29,10 +29,11 @@ struct BlockRun {
   int64_t peak_bytes = 0;       // device arena peak during forward + backward
   TagBytes peak_by_tag;         // per-tag bytes at that peak
   int64_t attn_peak_bytes = 0;  // peak of the attention-intermediate tags (docs/design.md)
+  int64_t host_peak_bytes = 0;  // host arena peak during forward + backward (fpdt's K/V chunks)
 };
 
 // One forward and one backward of `s` on t, overwriting (accumulate = false) or adding to
-// (true: beta = 1) y, dx and the gradients. The arena's peak is reset first. keep: through
+// (true: beta = 1) y, dx and the gradients. The arenas' peaks are reset first. keep: through
 // forward_stash and backward_stashed (a strategy that keeps recomputes nothing).
 BlockRun run_block(AttentionStrategy& s, Device& dev, BlockTensors& t, bool accumulate = false,
                    bool keep = false);

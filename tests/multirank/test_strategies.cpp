@@ -29,6 +29,7 @@ TEST_P(Strategies, MatchLocalWithExactMemoryAndCommunication) {
   for (const auto& [k, v] : r.max_abs_err)
     EXPECT_LE(v, r.tolerance.at(k)) << k << " on " << world().size() << " ranks";
   EXPECT_EQ(r.attn_peak_bytes, r.attn_formula_bytes);
+  EXPECT_EQ(r.host_peak_bytes, r.host_formula_bytes);  // fpdt's offloaded K/V; 0 for the others
   ASSERT_TRUE(r.comm_expected.has_value()) << "every strategy documents its communication";
   for (int op = 0; op < kNumCommOps; ++op) {
     if (CommOp(op) == CommOp::kAllGather || CommOp(op) == CommOp::kBroadcast)
