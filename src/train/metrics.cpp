@@ -1,6 +1,8 @@
 #include "train/metrics.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 
 #include <fmt/format.h>
 #include <unistd.h>
@@ -8,11 +10,13 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <utility>
 
 #include "core/arena.h"
 #include "core/checked.h"
@@ -180,6 +184,56 @@ void check_metrics_file(const std::string& path, bool resume, bool overwrite,
         setting_ref("metrics.path"), path, bytes, setting_ref("metrics.path")));
 }
 
+namespace {
+
+// flock(fd) without waiting. Returns false when another open file holds the lock; a file system
+// without locks (errno other than EWOULDBLOCK) is said once and taken as locked.
+bool lock_now(int fd, const std::string& path) {
+  if (::flock(fd, LOCK_EX | LOCK_NB) == 0) return true;
+  if (errno == EWOULDBLOCK) return false;
+  static bool said = false;
+  if (!std::exchange(said, true))
+    std::fprintf(stderr,
+                 "upipe: warning: metrics file %s cannot be locked (%s): a second run writing it "
+                 "at the same time would not be refused\n",
+                 path.c_str(), std::strerror(errno));
+  return true;
+}
+
+[[noreturn]] void metrics_file_in_use(const std::string& path) {
+  throw ConfigError(fmt::format(
+      "{} '{}' is being written by another upipe run: two runs writing one metrics file would "
+      "mix their lines; wait for it to end, or choose another {}",
+      setting_ref("metrics.path"), path, setting_ref("metrics.path")));
+}
+
+// Rank 0 before it reads or replaces the file: a lock on the file the path names now (created
+// empty when there is none), checked to be still the path's after the lock is taken (a run that
+// renamed its own file over it in between holds that one). Held until the new file is locked.
+int lock_metrics_path(const std::string& path) {
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0666);
+    if (fd < 0)
+      throw ConfigError(
+          fmt::format("cannot create metrics file {}: {}", path, std::strerror(errno)));
+    if (!lock_now(fd, path)) {
+      ::close(fd);
+      metrics_file_in_use(path);
+    }
+    struct stat held {}, now {};
+    if (::fstat(fd, &held) == 0 && ::lstat(path.c_str(), &now) == 0 && held.st_dev == now.st_dev &&
+        held.st_ino == now.st_ino)
+      return fd;
+    ::close(fd);  // replaced meanwhile: lock what the path names now
+  }
+  metrics_file_in_use(path);
+}
+
+}  // namespace
+
+// The file is locked (flock) for as long as the writer lives, so a second run naming it is
+// refused instead of writing between this run's lines: the lock is taken on the file the path
+// names before it is read, and on the replacement before it is renamed over the path.
 MetricsWriter::MetricsWriter(const std::string& path, int64_t resume_step, bool overwrite,
                              const std::string& run_id)
     : path_(path) {
@@ -188,13 +242,27 @@ MetricsWriter::MetricsWriter(const std::string& path, int64_t resume_step, bool 
     check_metrics_file(path, false, overwrite);
   else
     check_replaceable(path, "metrics file");
-  std::error_code ec;
-  const bool keep = resume_step >= 0 && std::filesystem::exists(path, ec);
-  write_file_atomic(path, keep ? lines_up_to(path, resume_step, &dropped_, &last_, run_id) : "",
-                    "metrics file");
-  fd_ = ::open(path.c_str(), O_WRONLY | O_APPEND | O_NOFOLLOW | O_CLOEXEC);
-  if (fd_ < 0)
-    throw ConfigError(fmt::format("metrics.path: cannot open {}: {}", path, std::strerror(errno)));
+  const int old = lock_metrics_path(path);
+  try {
+    // Again under the lock: the file may have grown between the check and the lock.
+    if (resume_step < 0) check_metrics_file(path, false, overwrite);
+    const std::string kept = resume_step >= 0
+                                 ? lines_up_to(path, resume_step, &dropped_, &last_, run_id)
+                                 : "";
+    AtomicFile f(path, "metrics file");
+    f.write(kept);
+    fd_ = ::open(f.temp_path().c_str(), O_WRONLY | O_APPEND | O_NOFOLLOW | O_CLOEXEC);
+    if (fd_ < 0)
+      throw ConfigError(
+          fmt::format("metrics.path: cannot open {}: {}", f.temp_path(), std::strerror(errno)));
+    lock_now(fd_, path);  // a fresh file no one else has opened
+    f.commit();
+  } catch (...) {
+    if (fd_ >= 0) ::close(std::exchange(fd_, -1));
+    ::close(old);
+    throw;
+  }
+  ::close(old);
 }
 
 MetricsWriter::~MetricsWriter() {

@@ -7,7 +7,8 @@
 #   metrics_dir     --metrics-path in a directory that does not exist (rank 0 alone opens it)
 #   metrics_other   a fresh run refuses an existing --metrics-path file (it survives) and replaces
 #                   it with --overwrite; --resume refuses a metrics file with a line that is not a
-#                   step's (not the run's file), keeps the run's own steps
+#                   step's (not the run's file), keeps the run's own steps; a second run naming
+#                   the file a running one writes is refused
 #   checkpoint_dir  a --checkpoint-dir that is a file, or cannot be created, is refused at the start
 #                   (exit 2, once, before any step), the file untouched
 #   val_uneven      validation of 3 held-out sequences on 2 DP replicas (one runs fewer) ends, with
@@ -175,6 +176,20 @@ metrics_other)
   job both 60 train "${small[@]}" --steps=3 --checkpoint-dir="$tmp/ck" --resume --overwrite
   [ $rc -eq 2 ] || { cat "$tmp/both.out"; fail "--resume --overwrite: exit $rc, want 2"; }
   once both "--overwrite is for a fresh run"
+  # A second run naming the metrics file a running one writes (another checkpoint.dir, or none)
+  # is refused, --overwrite or not, and the first run's lines stay its own.
+  timeout 120 "${mpirun[@]}" -np 2 "$upipe" train "${small[@]}" --steps=100000 --checkpoint-dir= \
+    --metrics-path="$tmp/busy.jsonl" > "$tmp/first.out" 2>&1 &
+  first=$!
+  for _ in $(seq 600); do [ -s "$tmp/busy.jsonl" ] && break; sleep 0.1; done
+  [ -s "$tmp/busy.jsonl" ] || { cat "$tmp/first.out"; fail "the first run wrote no metrics"; }
+  job second 60 train "${small[@]}" --steps=2 --checkpoint-dir= --metrics-path="$tmp/busy.jsonl" --overwrite
+  [ $rc -eq 2 ] || { cat "$tmp/second.out"; fail "a second run of one metrics file: exit $rc, want 2"; }
+  once second "is being written by another upipe run"
+  kill -TERM $first
+  wait $first
+  [ "$(python3 -c 'import json,sys; print(len({json.loads(l)["run"] for l in open(sys.argv[1])}))' "$tmp/busy.jsonl")" = 1 ] ||
+    fail "the metrics file has lines of two runs"
   ;;
 checkpoint_dir)
   echo "not a directory" > "$tmp/afile"

@@ -177,6 +177,35 @@ TEST(Metrics, WriterRefusesFilesThatAreNotTheRunsOwn) {
       check_metrics_file(d.write("c.jsonl", steps + "{\"step\": 3, \"lo"), true, false));
 }
 
+// Two runs naming one metrics file: the second is refused while the first writes it (its lines
+// would mix with the first's), whether it is fresh or resumed; the file is left as the first
+// writes it; once the first is done, the file is free again.
+TEST(Metrics, ASecondWriterOfOneFileIsRefused) {
+  TempDir d;
+  const std::string p = d.file("m.jsonl");
+  {
+    MetricsWriter first(p, -1, false, "aaaa");
+    StepMetrics m;
+    m.step = 1;
+    first.write(m);
+    for (const int64_t resume_step : {int64_t(-1), int64_t(1)}) {
+      try {
+        MetricsWriter second(p, resume_step, /*overwrite=*/true, "aaaa");
+        ADD_FAILURE() << "a second writer of one file was not refused";
+      } catch (const ConfigError& e) {
+        EXPECT_NE(std::string(e.what()).find("is being written by another upipe run"),
+                  std::string::npos)
+            << e.what();
+      }
+    }
+    m.step = 2;
+    first.write(m);  // still its file: the lines go where the path leads
+  }
+  EXPECT_EQ(lines_of(p).size(), 2u);
+  MetricsWriter resumed(p, 2, false, "aaaa");
+  EXPECT_EQ(resumed.last_step_held(), 2);
+}
+
 // MFU's reference rate is measured inside the run's device budget, which the plan does not count
 // it in: where 1024 x 1024 operands (12 MiB in fp32) do not fit, smaller ones are timed.
 TEST(Metrics, GemmRateIsMeasuredWithinTheBudget) {
