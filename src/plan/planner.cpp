@@ -111,8 +111,10 @@ std::vector<RankClass> every_rank(int ranks) {
 
 std::vector<RankClass> rank_classes(const ModelConfig& m, const PlanRequest& r) {
   check_request(r);
-  // With documents each rank's mask and placement are its own: no two ranks are assumed alike.
-  if (!r.doc_lens.empty() || r.worst_case_documents) return every_rank(r.ranks);
+  // With documents of given lengths each rank's mask and placement are its own: no two ranks are
+  // assumed alike. The worst case (every token a document of its own) cuts every rank's rows
+  // alike, so its classes are the layout's (tested against every rank).
+  if (!r.doc_lens.empty()) return every_rank(r.ranks);
   // The layout the trainer's strategy shards the sequence with: the same on every rank.
   Device dev(meta_device(0, 0, r.backend));
   FakeCommunicator world(0, r.ranks);

@@ -4,6 +4,7 @@
 // fit are refused in one line, and planning one rank per rank class gives exactly the plan of
 // every rank (every method and knob, 8 and 16 ranks, CP x DP splits, K < C, ZeRO-3 padding, usp
 // grids whose ranks hold different runs); documents the data decides are planned at their worst.
+#include <cstdlib>
 #include <gtest/gtest.h>
 
 #include <fmt/format.h>
@@ -345,13 +346,16 @@ TEST(Planner, RankClassesPlanExactlyLikeEveryRank) {
         r.decoder.memory.stash_dtype = qwen ? DType::kBF16 : DType::kF32;
         r.decoder.memory.residual_dtype = qwen ? DType::kBF16 : DType::kF32;
         r.decoder.memory.recompute = modes[(i + (qwen ? 1 : 0)) % std::size(modes)];
+        // Packed documents at their worst (every token a document), as train's plan has them.
+        r.worst_case_documents = i % 2 == 1;
         // Every value of every knob the method takes (every U, u and N the planner tries).
         for (const PlanRequest& q : knob_candidates(m, with_auto(r, true, true, true))) {
           const MethodKnobs& k = q.decoder.knobs;
           const std::string what =
-              fmt::format("{} {} on {} ranks (CP {}) U={} u={} N={} recompute {}", m.source,
+              fmt::format("{} {} on {} ranks (CP {}) U={} u={} N={} recompute {}{}", m.source,
                           mi.name, sh.ranks, sh.cp, k.stage_heads, k.ulysses_degree, k.chunks,
-                          recompute_name(r.decoder.memory.recompute));
+                          recompute_name(r.decoder.memory.recompute),
+                          r.worst_case_documents ? ", worst-case documents" : "");
           const int classes = compare_classes_with_every_rank(m, q, what);
           if (classes == 0) continue;
           ++compared;
@@ -372,14 +376,16 @@ TEST(Planner, RankClassesSplitWhereRunsDiffer) {
   ModelConfig m = odd_model(false);
   m.num_attention_heads = 12;
   m.num_key_value_heads = 3;
-  for (const int dp : {1, 2}) {
+  for (const int dp : {1, 2, -1}) {  // -1: DP 1 with worst-case documents
     PlanRequest r = tiny_request("usp", int64_t(1) << 40);
-    r.ranks = 6 * dp;
+    r.worst_case_documents = dp < 0;
+    r.ranks = 6 * std::abs(dp);
     r.cp_size = 6;
     r.decoder.knobs.ulysses_degree = 3;
     r.decoder.seq_len = 1152;
     r.decoder.memory.tile_tokens = 48;
-    const std::string what = fmt::format("usp u=3 on CP 6 x DP {}", dp);
+    const std::string what = fmt::format("usp u=3 on CP 6 x DP {}{}", std::abs(dp),
+                                         dp < 0 ? ", worst-case documents" : "");
     EXPECT_EQ(compare_classes_with_every_rank(m, r, what), 2) << what;
     std::vector<int> ends, middles;
     for (int w = 0; w < r.ranks; ++w) (w % 3 == 1 ? middles : ends).push_back(w);
