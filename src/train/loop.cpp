@@ -286,10 +286,16 @@ LoopEnd TrainingLoop::run(TrainingObserver& obs) {
       val_total_s += *sm.val_s;
       ++validations;
     }
-    sm.eta_s = double(steps - step) * (timed > 0 ? run_s / double(timed) : dt) +
-               (validations > 0 ? double(validations_after(step)) * val_total_s /
-                                      double(validations)
-                                : 0.0);
+    // A validation's time: the mean of those run; before the first, a forward of each held-out
+    // sequence a DP replica runs at a third of a training step's time per sequence (forward +
+    // backward, about three forwards).
+    const double step_mean = timed > 0 ? run_s / double(timed) : dt;
+    const double val_mean =
+        validations > 0
+            ? val_total_s / double(validations)
+            : step_mean / (3.0 * double(cfg_.train.micro_steps)) *
+                  double((val_n_ + trainer_->dp_size() - 1) / trainer_->dp_size());
+    sm.eta_s = double(steps - step) * step_mean + double(validations_after(step)) * val_mean;
     obs.on_step(sm);
     if (stop != 0.0f && !last) {
       end.stopped = true;
