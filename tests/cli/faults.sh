@@ -26,6 +26,8 @@
 #                   tokenizer, keeps files not the model's; forced, a damaged checkpoint or a
 #                   directory in a model file's place changes nothing; the checkpoint, its
 #                   directory and "" are refused as the folder
+#   data_differs    ranks whose --data-path names other bytes (hosts with their own copies): exit 2,
+#                   said once; the same bytes in two places train
 #   tokenize_self   `upipe tokenize a.txt a.txt` is refused and the text survives
 #   sizes           num_hidden_layers 2^30 -> exit 2; train.seq_len 2^40 and eval --seq-len 2^40 ->
 #                   exit 3 with the out-of-memory message, before any allocation
@@ -420,6 +422,26 @@ PY
   job y 60 export "$tmp/ck/step_00000004" "$tmp/loop/hf"
   [ $rc -eq 2 ] || { cat "$tmp/y.out"; fail "export through a symlink loop: exit $rc, want 2"; }
   once y "export: cannot create the directory $tmp/loop/hf: Too many levels of symbolic links"
+  ;;
+data_differs)
+  # Two hosts whose copies of the data differ: the same --data-path names other files on each
+  # rank (each started in its own working directory: the path is relative), fresh or resumed.
+  mkdir -p "$tmp/A" "$tmp/B"
+  python3 -c 'import sys; open(sys.argv[1], "wb").write(bytes(range(256)) * 20); open(sys.argv[2], "wb").write(bytes(reversed(range(256))) * 20)' \
+    "$tmp/A/d.txt" "$tmp/B/d.txt"
+  "$upipe" tokenize "$tmp/A/d.txt" "$tmp/A/d.bin" > /dev/null && "$upipe" tokenize "$tmp/B/d.txt" "$tmp/B/d.bin" > /dev/null ||
+    fail "tokenize"
+  args=(train "${small[@]}" --data-kind=files --data-path=d.bin --steps=2 --checkpoint-dir= --metrics-path=)
+  t0=$(now)
+  out=$(timeout 120 "${mpirun[@]}" -np 1 -wdir "$tmp/A" "$upipe" "${args[@]}" : -np 1 -wdir "$tmp/B" "$upipe" "${args[@]}" 2>&1); rc=$?
+  echo "$out" > "$tmp/differs.out"
+  echo "differs: exit $rc after $(secs "$t0" "$(now)") s"
+  [ $rc -eq 2 ] || { echo "$out"; fail "ranks reading other data: exit $rc, want 2"; }
+  once differs "rank 1 read other training data than rank 0"
+  # The same bytes in both places: the same data, the run trains.
+  cp "$tmp/A/d.bin" "$tmp/B/d.bin"
+  timeout 120 "${mpirun[@]}" -np 1 -wdir "$tmp/A" "$upipe" "${args[@]}" : -np 1 -wdir "$tmp/B" "$upipe" "${args[@]}" > "$tmp/same.out" 2>&1 ||
+    { cat "$tmp/same.out"; fail "ranks reading the same data in two places failed"; }
   ;;
 tokenize_self)
   printf 'keep this text' > "$tmp/a.txt"
