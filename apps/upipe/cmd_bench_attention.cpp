@@ -59,9 +59,9 @@ int plan(const Options& opt, const AttentionConfig& cfg, int64_t budget, Backend
         "%s (%s) planned for rank 0 of %d, S=%lld: peak %s, attention intermediates %s, "
         "%lld collective calls sending %s%s\n",
         cfg.knobs.method.c_str(), knobs_text(cfg, opt.meta_ranks).c_str(), opt.meta_ranks,
-        (long long)cfg.seq_len,
-        format_bytes(r.peak_bytes).c_str(), format_bytes(r.attn_peak_bytes).c_str(),
-        (long long)comm.stats().total_calls(), format_bytes(comm.stats().total_bytes()).c_str(),
+        (long long)cfg.seq_len, format_bytes(r.peak_bytes).c_str(),
+        format_bytes(r.attn_peak_bytes).c_str(), (long long)comm.stats().total_calls(),
+        format_bytes(comm.stats().total_bytes()).c_str(),
         r.host_peak_bytes > 0
             ? fmt::format("; host memory {}", format_bytes(r.host_peak_bytes)).c_str()
             : "");

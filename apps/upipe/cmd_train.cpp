@@ -50,8 +50,12 @@ Settings resumed_settings(const Process& proc, const Options& opt, const Setting
                                   setting_value("checkpoint.dir", typed.checkpoint.dir)));
   const CheckpointInfo& info = *recorded = read_checkpoint_info(*ckpt);
   SettingSources ignored;  // older spellings in an older checkpoint are not the user's
-  RecordedRun rec{parse_run_toml(info.run_toml, *ckpt + "/meta.json", &ignored), info.step,
-                  info.world, info.cp_size, *ckpt, info.data};
+  RecordedRun rec{parse_run_toml(info.run_toml, *ckpt + "/meta.json", &ignored),
+                  info.step,
+                  info.world,
+                  info.cp_size,
+                  *ckpt,
+                  info.data};
   // An older checkpoint recorded its paths as typed, relative to where that run started: taken
   // from here (as that build did), so they compare with what is typed now.
   make_paths_absolute(rec.config, [](std::string_view) { return true; });

@@ -157,7 +157,8 @@ int main(int argc, char** argv) {
     const std::string_view w = argv[i];
     const bool empty_value = w.size() > 3 && w.starts_with("--") && w.find('=') == w.size() - 1;
     if (i > 0 && !w.starts_with("-"))
-      for (const CLI::App* sub : command->get_subcommands([&](const CLI::App* a) { return a->get_name() == w; }))
+      for (const CLI::App* sub :
+           command->get_subcommands([&](const CLI::App* a) { return a->get_name() == w; }))
         command = sub;
     if (w.starts_with("--") && w.find('=') == std::string_view::npos && i + 1 < argc &&
         is_switch(*command, w) && is_truth_value(argv[i + 1])) {

@@ -291,10 +291,9 @@ LoopEnd TrainingLoop::run(TrainingObserver& obs) {
     // backward, about three forwards).
     const double step_mean = timed > 0 ? run_s / double(timed) : dt;
     const double val_mean =
-        validations > 0
-            ? val_total_s / double(validations)
-            : step_mean / (3.0 * double(cfg_.train.micro_steps)) *
-                  double((val_n_ + trainer_->dp_size() - 1) / trainer_->dp_size());
+        validations > 0 ? val_total_s / double(validations)
+                        : step_mean / (3.0 * double(cfg_.train.micro_steps)) *
+                              double((val_n_ + trainer_->dp_size() - 1) / trainer_->dp_size());
     sm.eta_s = double(steps - step) * step_mean + double(validations_after(step)) * val_mean;
     obs.on_step(sm);
     if (stop != 0.0f && !last) {

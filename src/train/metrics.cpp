@@ -220,7 +220,8 @@ int lock_metrics_path(const std::string& path) {
       ::close(fd);
       metrics_file_in_use(path);
     }
-    struct stat held {}, now {};
+    struct stat held {
+    }, now{};
     if (::fstat(fd, &held) == 0 && ::lstat(path.c_str(), &now) == 0 && held.st_dev == now.st_dev &&
         held.st_ino == now.st_ino)
       return fd;
@@ -246,9 +247,8 @@ MetricsWriter::MetricsWriter(const std::string& path, int64_t resume_step, bool 
   try {
     // Again under the lock: the file may have grown between the check and the lock.
     if (resume_step < 0) check_metrics_file(path, false, overwrite);
-    const std::string kept = resume_step >= 0
-                                 ? lines_up_to(path, resume_step, &dropped_, &last_, run_id)
-                                 : "";
+    const std::string kept =
+        resume_step >= 0 ? lines_up_to(path, resume_step, &dropped_, &last_, run_id) : "";
     AtomicFile f(path, "metrics file");
     f.write(kept);
     fd_ = ::open(f.temp_path().c_str(), O_WRONLY | O_APPEND | O_NOFOLLOW | O_CLOEXEC);

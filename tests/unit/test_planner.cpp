@@ -4,8 +4,8 @@
 // fit are refused in one line, and planning one rank per rank class gives exactly the plan of
 // every rank (every method and knob, 8 and 16 ranks, CP x DP splits, K < C, ZeRO-3 padding, usp
 // grids whose ranks hold different runs); documents the data decides are planned at their worst.
-#include <cstdlib>
 #include <gtest/gtest.h>
+#include <cstdlib>
 
 #include <fmt/format.h>
 
