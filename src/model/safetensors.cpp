@@ -234,18 +234,33 @@ std::unordered_map<std::string, SafetensorsTensor> SafetensorsReader::open_file(
     t.file = index;
     tensors.emplace(name, std::move(t));
   }
-  // No byte may belong to two tensors: sweep in offset order against the furthest end so far.
+  // The tensors fill the data section in offset order, each starting where the one before ended,
+  // as the format requires (the reference reader refuses anything else): no byte belongs to two
+  // tensors, none to no tensor (a header pointing a tensor at other bytes than its own).
   std::vector<const SafetensorsTensor*> by_offset;
-  for (const auto& [name, t] : tensors)
-    if (t.nbytes > 0) by_offset.push_back(&t);
-  std::sort(by_offset.begin(), by_offset.end(),
-            [](const auto* a, const auto* b) { return a->offset < b->offset; });
-  const SafetensorsTensor* furthest = nullptr;
+  for (const auto& [name, t] : tensors) by_offset.push_back(&t);
+  std::sort(by_offset.begin(), by_offset.end(), [](const auto* a, const auto* b) {
+    return std::pair(a->offset, a->nbytes) < std::pair(b->offset, b->nbytes);
+  });
+  const SafetensorsTensor* before = nullptr;
+  int64_t at = data_start;  // where the next tensor must start
   for (const SafetensorsTensor* t : by_offset) {
-    if (furthest && furthest->offset + furthest->nbytes > t->offset)
-      fail(file, t->name, fmt::format("data overlaps tensor '{}'", furthest->name));
-    if (!furthest || t->offset + t->nbytes > furthest->offset + furthest->nbytes) furthest = t;
+    if (t->offset < at)
+      fail(file, t->name, fmt::format("data overlaps tensor '{}'", before->name));
+    if (t->offset > at)
+      fail(file, t->name,
+           fmt::format("data_offsets start at {}, but {} ends at {}: bytes [{}, {}) of the data "
+                       "section belong to no tensor, which the format does not allow",
+                       t->offset - data_start,
+                       before ? fmt::format("tensor '{}'", before->name) : "nothing",
+                       at - data_start, at - data_start, t->offset - data_start));
+    at = t->offset + t->nbytes;
+    before = t;
   }
+  if (at != size)
+    fail(file, fmt::format("the tensors cover {} of the data section's {} bytes: the bytes after "
+                           "them belong to no tensor, which the format does not allow",
+                           at - data_start, data_bytes));
   return tensors;
 }
 
