@@ -82,8 +82,8 @@ def build(root):
                 f.write(raw)
         else:
             h = json.loads(json.dumps(header))
-            edit(h)
-            write_safetensors(st, h, data)
+            edited = edit(h)  # the data section too, when it returns one
+            write_safetensors(st, h, edited if isinstance(edited, bytes) else data)
         case(text, "eval", "--model", d, "--tokens", tokens, "--method", "ulysses")
 
     # A directory with weights but no config.json.
@@ -127,7 +127,21 @@ def build(root):
     # Tensors: wrong shape (same bytes), missing, overlapping offsets, unknown dtype.
     gate = "model.layers.0.mlp.gate_proj.weight"
     weights_case("wrong_shape", gate, lambda h: h[gate].update(shape=[64, 160]))
-    weights_case("missing", "model.norm.weight", lambda h: h.pop("model.norm.weight"))
+    def drop(h, name):  # the tensor and its bytes, the later tensors moved down
+        b, e = h.pop(name)["data_offsets"]
+        for k, v in h.items():
+            if k != "__metadata__" and v["data_offsets"][0] >= e:
+                v["data_offsets"] = [v["data_offsets"][0] - (e - b), v["data_offsets"][1] - (e - b)]
+        return data[:b] + data[e:]
+
+    def elsewhere(h, name):  # the tensor pointed at bytes appended after the data, its own left
+        b, e = h[name]["data_offsets"]
+        h[name]["data_offsets"] = [len(data), len(data) + e - b]
+        return data + bytes(e - b)
+
+    weights_case("missing", "model.norm.weight", lambda h: drop(h, "model.norm.weight"))
+    weights_case("elsewhere", "of the data section belong to no tensor",
+                 lambda h: elsewhere(h, "model.norm.weight"))
     weights_case("offsets", gate, lambda h: h[gate].update(
         data_offsets=[h[gate]["data_offsets"][0], h[gate]["data_offsets"][1] + 4]))
     weights_case("dtype", gate, lambda h: h[gate].update(dtype="Q7"))
