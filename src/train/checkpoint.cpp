@@ -124,6 +124,30 @@ std::vector<Entry> list_entries(const fs::path& dir) {
   return v;
 }
 
+// A step_N entry of dir that is a symbolic link or no directory: refused wherever checkpoints
+// are looked for. Skipped, a linked newest checkpoint left resume and export on an older one
+// without a word (and a run reaching that step failed there, after its compute).
+void refuse_odd_step_entries(const fs::path& dir) {
+  std::error_code ec, ignored;
+  if (!fs::is_directory(dir, ignored)) return;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    int64_t step = 0;
+    bool tmp = false;
+    if (!parse_step_name(e.path().filename().string(), &step, &tmp)) continue;
+    if (e.is_symlink(ignored))
+      throw ConfigError(fmt::format(
+          "{} is a symbolic link (to {}): checkpoints are read and written only as directories "
+          "of checkpoint.dir (a run prunes and replaces its step directories there); move the "
+          "directory itself there, or give the checkpoint by its own path",
+          e.path().string(), fs::read_symlink(e.path(), ignored).string()));
+    if (!e.is_directory(ignored))
+      throw ConfigError(fmt::format(
+          "{} is named as a checkpoint but is not a directory, which no run replaces: move it "
+          "out of checkpoint.dir",
+          e.path().string()));
+  }
+}
+
 std::string new_run_id(Communicator& world) {
   char id[33] = {};
   if (world.rank() == 0) {
@@ -692,6 +716,7 @@ void lock_checkpoint_dir(const std::string& dir) {
 // said now, not when the run reaches its step (prepare_tmp would refuse it there).
 void lock_and_scan(const std::string& dir) {
   lock_checkpoint_dir(dir);
+  refuse_odd_step_entries(dir);
   for (const Entry& e : list_entries(dir))
     if (not_a_checkpoint(e)) throw ConfigError(not_a_checkpoint_text(e));
 }
@@ -728,11 +753,13 @@ CheckpointStart open_checkpoint_run(Communicator& world, const std::string& dir,
           "checkpoint.dir");
     on_rank0_everywhere(world, dir, [&] { lock_and_scan(dir); });  // before it is read
     std::set<std::string> runs;
+    int64_t from = 0;  // the step continued from
     for (const Entry& e : list_entries(dir))
       if (e.complete) {
         runs.insert(e.run_id);
         cs.resume_from = e.path.string();
         cs.run.run_id = e.run_id;
+        from = e.step;
       }
     if (!cs.resume_from)
       throw ConfigError(
@@ -742,11 +769,22 @@ CheckpointStart open_checkpoint_run(Communicator& world, const std::string& dir,
           "--resume: checkpoint.dir = {} holds checkpoints of {} runs; which to continue is "
           "ambiguous: move the other run's step_* directories away",
           dir, runs.size()));
-    // Another run's checkpoint being written, or left incomplete: a run started over this one
-    // (--overwrite) that ended before its first complete checkpoint. Continuing the older run
-    // silently would not be what was last started.
-    for (const Entry& e : list_entries(dir))
-      if (e.tmp && !e.run_id.empty() && e.run_id != cs.run.run_id)
+    // Another run's checkpoint being written, or left incomplete (a temporary, or a directory an
+    // older build renamed before its DONE): a run started over this one (--overwrite) that ended
+    // before its first complete checkpoint. Continuing the older run silently would not be what
+    // was last started.
+    for (const Entry& e : list_entries(dir)) {
+      // A step directory that cannot be read (its meta.json missing or damaged) past the one
+      // continued: the run would train up to that step and fail to replace it there.
+      if (!e.tmp && e.run_id.empty() && e.step > from && marked(e))
+        throw ConfigError(fmt::format(
+            "--resume: checkpoint.dir = {} holds {}, a checkpoint that cannot be read (its "
+            "meta.json is missing or damaged), newer than {}, the newest complete one: the run "
+            "would stop at step {}, which it cannot replace; move {} out of checkpoint.dir to "
+            "continue from step {}",
+            dir, e.path.filename().string(), fs::path(*cs.resume_from).filename().string(),
+            e.step, e.path.string(), from));
+      if ((e.tmp || !e.complete) && !e.run_id.empty() && e.run_id != cs.run.run_id)
         throw ConfigError(fmt::format(
             "--resume: checkpoint.dir = {} holds {}, an incomplete checkpoint of another run "
             "(run {}) than its newest complete one ({}, run {}): a run started over it "
@@ -755,6 +793,7 @@ CheckpointStart open_checkpoint_run(Communicator& world, const std::string& dir,
             dir, e.path.filename().string(), e.run_id,
             fs::path(*cs.resume_from).filename().string(), cs.run.run_id, e.path.string(),
             cs.run.run_id));
+    }
     return cs;
   }
   cs.run.run_id = new_run_id(world);
@@ -764,7 +803,10 @@ CheckpointStart open_checkpoint_run(Communicator& world, const std::string& dir,
     lock_and_scan(dir);
   });
   if (overwrite) return cs;
-  const std::vector<Entry> entries = list_entries(dir);
+  std::vector<Entry> entries = list_entries(dir);
+  // An empty, unmarked step_N(.tmp) (a write that ended before it marked its directory) is
+  // nobody's data: replaced like the run's own.
+  std::erase_if(entries, [](const Entry& e) { return unmarked_leftover(e); });
   if (!entries.empty())
     throw ConfigError(fmt::format(
         "checkpoint.dir = {} holds checkpoints of another run ({}, {} in all): continue it with "
@@ -786,13 +828,15 @@ std::string save_checkpoint(const CheckpointRun& run, int64_t step, Zero3& z, in
   if (world.rank() == 0) {
     const std::string meta = meta_json(run, step, z, cp_size, run_toml, records).dump(1) + "\n";
     write_file_atomic((tmp / "meta.json").string(), meta, "checkpoint metadata");
-    fsync_directory(tmp.string());
-    fs::remove_all(final_dir);  // ours or allowed: prepare_tmp checked
-    fs::rename(tmp, final_dir);
-    write_file_atomic((final_dir / "DONE").string(),
+    // DONE before the rename, so a step_N directory is complete from the moment it has its name
+    // (a full disk at DONE left a renamed directory without it, which hid a newer run's start).
+    write_file_atomic((tmp / "DONE").string(),
                       fmt::format("step {}\nmeta.json {} {}\n", step, kChecksum,
                                   hex64(xxh3(meta.data(), int64_t(meta.size())))),
                       "checkpoint marker");
+    fsync_directory(tmp.string());
+    fs::remove_all(final_dir);  // ours or allowed: prepare_tmp checked
+    fs::rename(tmp, final_dir);
     fsync_directory(dir.string());
     prune(run, step);
   }
@@ -801,6 +845,7 @@ std::string save_checkpoint(const CheckpointRun& run, int64_t step, Zero3& z, in
 }
 
 std::optional<std::string> latest_checkpoint(const std::string& dir) {
+  refuse_odd_step_entries(dir);
   std::optional<std::string> latest;
   for (const Entry& e : list_entries(dir))
     if (e.complete) latest = e.path.string();

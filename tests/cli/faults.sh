@@ -31,8 +31,10 @@
 #   tokenize_self   `upipe tokenize a.txt a.txt` is refused and the text survives
 #   sizes           num_hidden_layers 2^30 -> exit 2; train.seq_len 2^40 and eval --seq-len 2^40 ->
 #                   exit 3 with the out-of-memory message, before any allocation
-#   leftover_tmp    an empty step_N.tmp (a write that never marked it) is replaced on resume;
-#                   another run's step_N.tmp makes --resume refuse, naming both ways on; metrics
+#   leftover_tmp    an empty step_N.tmp (a write that never marked it) is replaced on resume and
+#                   by a fresh run; another run's step_N.tmp (or renamed step_N without DONE)
+#                   makes --resume refuse, naming both ways on, as do an unreadable newer
+#                   checkpoint and a step directory that is a symlink (export too); metrics
 #                   lines past the resumed checkpoint are dropped and said so
 #   sigint_progress SIGINT to mpirun while rank 0 prints a line per step: a complete checkpoint
 #                   (rank 0 no longer blocks on the output mpirun stopped reading)
@@ -519,6 +521,36 @@ leftover_tmp)
   once ru "$tmp/ck/step_00000007 is not a checkpoint"
   grep -q "^step " "$tmp/ru.out" && fail "the resumed run trained before refusing"
   rm -r "$tmp/ck/step_00000007"
+  # Another run's renamed checkpoint without DONE (as an older build left it when the disk filled
+  # at DONE) is an incomplete checkpoint of another run too, not something to continue past.
+  cp -r "$tmp/ck/step_00000006" "$tmp/ck/step_00000007" && rm "$tmp/ck/step_00000007/DONE"
+  python3 -c 'import json,sys; p=sys.argv[1]; j=json.load(open(p)); j["run_id"]="f"*32; json.dump(j, open(p,"w"))' \
+    "$tmp/ck/step_00000007/meta.json"
+  job rn 60 train --checkpoint-dir="$tmp/ck" --resume --steps=10
+  [ $rc -eq 2 ] || { cat "$tmp/rn.out"; fail "resume beside another run's renamed incomplete checkpoint: exit $rc, want 2"; }
+  once rn "step_00000007, an incomplete checkpoint of another run (run ffffffffffffffffffffffffffffffff)"
+  # A newer checkpoint that cannot be read (meta.json gone): said at the start, not after the
+  # steps up to it were trained.
+  rm "$tmp/ck/step_00000007/meta.json"
+  job rd 60 train --checkpoint-dir="$tmp/ck" --resume --steps=10
+  [ $rc -eq 2 ] || { cat "$tmp/rd.out"; fail "resume beside an unreadable newer checkpoint: exit $rc, want 2"; }
+  once rd "step_00000007, a checkpoint that cannot be read (its meta.json is missing or damaged)"
+  grep -q "^step " "$tmp/rd.out" && fail "the resumed run trained before refusing"
+  rm -r "$tmp/ck/step_00000007"
+  # A step directory that is a symbolic link: refused by resume and export, never skipped for an
+  # older checkpoint.
+  cp -r "$tmp/ck/step_00000006" "$tmp/elsewhere" && ln -s "$tmp/elsewhere" "$tmp/ck/step_00000007"
+  job rl 60 train --checkpoint-dir="$tmp/ck" --resume --steps=10
+  [ $rc -eq 2 ] || { cat "$tmp/rl.out"; fail "resume beside a linked checkpoint: exit $rc, want 2"; }
+  once rl "step_00000007 is a symbolic link (to $tmp/elsewhere)"
+  out=$("$upipe" export "$tmp/ck" "$tmp/ex" 2>&1); rc=$?
+  [ $rc -eq 2 ] && echo "$out" | grep -q "step_00000007 is a symbolic link" || { echo "$out"; fail "export beside a linked checkpoint: exit $rc, want 2"; }
+  rm "$tmp/ck/step_00000007"
+  # A fresh run in a directory holding only an empty, unmarked temporary (a write killed before it
+  # marked it): nobody's data, the run starts.
+  mkdir -p "$tmp/ce/step_00000001.tmp"
+  job ce 60 train "${small[@]}" --steps=1 --checkpoint-dir="$tmp/ce"
+  [ $rc -eq 0 ] && [ -f "$tmp/ce/step_00000001/DONE" ] || { cat "$tmp/ce.out"; fail "fresh run over an empty unmarked temporary: exit $rc"; }
   # A checkpoint renamed to a later step is refused, not resumed as the newest (each later resume
   # went back to it, dropping the steps after).
   mv "$tmp/ck/step_00000006" "$tmp/ck/step_00000009"
