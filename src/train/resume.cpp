@@ -47,7 +47,21 @@ std::vector<std::string> check_resume(const RecordedRun& rec, const RunConfig& n
   const int dp_rec = dp_of(rec.world, rec.cp_size);
   const int cp_now = now.parallel.cp_size > 0 ? now.parallel.cp_size : world;
   const int dp_now = dp_of(world, cp_now);
-  if (dp_now != dp_rec)
+  // The data of a step is its global batch, sequences [step x G, (step + 1) x G) with G = DP x
+  // micro_steps (DataSource::global_index), whatever DP and micro_steps make G: another split of
+  // the same G reads the same sequences, its gradient summed in another order.
+  const int64_t g_rec = int64_t(dp_rec) * rec.config.train.micro_steps,
+                g_now = int64_t(dp_now) * now.train.micro_steps;
+  const bool same_batch_recut = g_rec == g_now && (dp_now != dp_rec ||
+                                                   rec.config.train.micro_steps !=
+                                                       now.train.micro_steps);
+  if (same_batch_recut)
+    lines.push_back(fmt::format(
+        "  DP {} x {} micro-steps -> DP {} x {} on {} ranks: the same global batch of {} "
+        "sequences a step, cut otherwise (the same data, summed in another order: not bitwise "
+        "the uninterrupted run)",
+        dp_rec, rec.config.train.micro_steps, dp_now, now.train.micro_steps, world, g_now));
+  else if (dp_now != dp_rec)
     add_break(fmt::format("DP {} -> {} on {} ranks (the global batch: {} x {} sequences a step)",
                           dp_rec, dp_now, world, dp_now, now.train.micro_steps));
   else if (world != rec.world)
@@ -55,6 +69,7 @@ std::vector<std::string> check_resume(const RecordedRun& rec, const RunConfig& n
         fmt::format("  {} -> {} ranks: the shards are re-cut (the same batch)", rec.world, world));
   bool schedule = false;
   for (const SettingChange& c : setting_changes(rec.config, now)) {
+    if (same_batch_recut && c.key == "train.micro_steps") continue;  // said above
     // The recorded values come from a checkpoint's file: one line, control bytes escaped.
     const std::string what = one_line(fmt::format("{} {} -> {}", flag_of(c.key), c.from, c.to));
     switch (c.rule) {

@@ -345,6 +345,24 @@ resume_rules)
   timeout 300 "${mpirun[@]}" -np 2 "$upipe" train --checkpoint-dir="$tmp/r" --resume --steps=6 \
     --seq-len=128 --accept-changes > "$tmp/r2.out" 2>&1 || { cat "$tmp/r2.out"; fail "accepted change failed"; }
   grep -q "accepted (--accept-changes): --seq-len 64 -> 128" "$tmp/r2.out" || { cat "$tmp/r2.out"; fail "no accepted line"; }
+  # The same global batch cut otherwise (DP 1 x 2 micro-steps -> DP 2 x 1) reads the same data:
+  # continued without --accept-changes, the losses those of the run never stopped (to rounding).
+  timeout 300 "${mpirun[@]}" -np 2 "$upipe" train "${small[@]}" --steps=4 --data-kind=random --micro-steps=2 \
+    --checkpoint-dir="$tmp/g" --checkpoint-interval=2 --metrics-path="$tmp/g.jsonl" > "$tmp/g0.out" 2>&1 ||
+    { cat "$tmp/g0.out"; fail "the DP 1 x 2 run failed"; }
+  rm -r "$tmp/g/step_00000004"
+  timeout 300 "${mpirun[@]}" -np 2 "$upipe" train --checkpoint-dir="$tmp/g" --resume --cp-size=1 --micro-steps=1 \
+    --metrics-path="$tmp/g2.jsonl" > "$tmp/g1.out" 2>&1 || { cat "$tmp/g1.out"; fail "DP 2 x 1 over DP 1 x 2 refused"; }
+  grep -q "DP 1 x 2 micro-steps -> DP 2 x 1 on 2 ranks: the same global batch of 2" "$tmp/g1.out" ||
+    { cat "$tmp/g1.out"; fail "no line for the batch cut otherwise"; }
+  python3 - "$tmp/g.jsonl" "$tmp/g2.jsonl" <<'PY' || fail "the recut batch's losses differ from the run never stopped"
+import json, sys
+a = {json.loads(l)["step"]: json.loads(l)["loss"] for l in open(sys.argv[1])}
+b = {json.loads(l)["step"]: json.loads(l)["loss"] for l in open(sys.argv[2])}
+for s in (3, 4):
+    print(f"step {s}: {a[s]!r} uninterrupted, {b[s]!r} recut")
+    assert abs(a[s] - b[s]) <= 1e-6 * abs(a[s]), s
+PY
   ;;
 hang)
   disrupt STOP 20 h --timeout=3

@@ -81,6 +81,24 @@ TEST(Resume, ChangesOfWhatIsComputedAreRefusedUnlessAccepted) {
   expect_config_error([&] { check_resume(rec, dp2, 2, false); }, {"DP 1 -> 2"});
 }
 
+// Another split of the same global batch (DP x micro_steps) reads the same sequences a step: said,
+// not refused. Another global batch is refused.
+TEST(Resume, TheSameGlobalBatchCutOtherwiseContinues) {
+  RecordedRun rec = recorded();  // 2 ranks, one CP group: DP 1
+  rec.config.train.micro_steps = 2;
+  RunConfig now = rec.config;
+  now.parallel.cp_size = 1;  // DP 2
+  now.train.micro_steps = 1;
+  const std::string out = joined(check_resume(rec, now, 2, false));
+  EXPECT_NE(out.find("DP 1 x 2 micro-steps -> DP 2 x 1 on 2 ranks: the same global batch of 2 "
+                     "sequences a step"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(out.find("--micro-steps"), std::string::npos) << out;
+  now.train.micro_steps = 2;  // DP 2 x 2: twice the batch
+  expect_config_error([&] { check_resume(rec, now, 2, false); }, {"DP 1 -> 2", "--accept-changes"});
+}
+
 // A moved data path is the same run when the data read there is the checkpoint's: the loop
 // compares the fingerprints as it reads the data. A checkpoint that recorded none cannot tell.
 TEST(Resume, AMovedDataPathIsCheckedByTheDataItHolds) {
