@@ -24,21 +24,46 @@ struct Options {
   bool force = false;
 };
 
+int export_one(Process& proc, const Options& opt, const std::string& path, DType dt,
+               const TokenizerChoice& tc, int64_t max_shard);
+
 int run(Process& proc, const Options& opt) {
   namespace fs = std::filesystem;
   const DType dt = parse_dtype(opt.dtype);
   const int64_t max_shard = parse_bytes(opt.max_shard_size, "--max-shard-size", true);
   const TokenizerChoice tc = parse_tokenizer_choice(opt.tokenizer);
-  std::string path = opt.checkpoint;
-  if (!fs::exists(fs::path(path) / "meta.json")) {
-    const auto latest = latest_checkpoint(path);
-    if (!latest)
-      throw ConfigError(
-          fmt::format("{} is neither a checkpoint (step_*/ with meta.json and DONE) "
-                      "nor a directory holding a complete one",
-                      path));
-    path = *latest;
+  const bool newest = !fs::exists(fs::path(opt.checkpoint) / "meta.json");  // of a checkpoint.dir
+  // The newest checkpoint of a directory a training run still writes may be pruned as it is read
+  // (--checkpoint-keep): then the newest is taken again (the output is staged, so a failed try
+  // leaves it as it was).
+  for (int attempt = 1;; ++attempt) {
+    std::string path = opt.checkpoint;
+    if (newest) {
+      const auto latest = latest_checkpoint(path);
+      if (!latest)
+        throw ConfigError(
+            fmt::format("{} is neither a checkpoint (step_*/ with meta.json and DONE) "
+                        "nor a directory holding a complete one",
+                        path));
+      path = *latest;
+    }
+    try {
+      return export_one(proc, opt, path, dt, tc, max_shard);
+    } catch (const Error&) {
+      // Pruned while read (being removed, or gone): a newer checkpoint has been completed.
+      if (!newest || latest_checkpoint(opt.checkpoint) == path) throw;
+      if (attempt == 3)
+        throw ConfigError(fmt::format(
+            "the newest checkpoint of {} was removed while it was read, {} times: a training run "
+            "writing it prunes its checkpoints (--checkpoint-keep); export a checkpoint it keeps "
+            "by its path, or export after the run ends",
+            opt.checkpoint, attempt));
+    }
   }
+}
+
+int export_one(Process& proc, const Options& opt, const std::string& path, DType dt,
+               const TokenizerChoice& tc, int64_t max_shard) {
   const CheckpointReader reader(path);  // every rank validates: errors are the same everywhere
   const TokenizerPlan tok = plan_tokenizer(reader, tc);
   if (!proc.root()) return 0;
