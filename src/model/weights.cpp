@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <set>
 #include <vector>
@@ -95,6 +96,36 @@ TagBytes full_model_floor(const ModelConfig& m, DType dtype, int64_t rows, DType
   return need;
 }
 
+namespace {
+
+// A tied model's file that also stores lm_head.weight (some tools save both): the same values
+// are the tied model; other values are another model, which transformers loads untied (the
+// stored head, with a warning) and which the tied model would silently replace.
+void check_stored_head(const SafetensorsReader& reader) {
+  const std::string head = "lm_head.weight", embed = "model.embed_tokens.weight";
+  reader.check_shape(head, reader.tensor(embed).shape);
+  const int64_t n = reader.tensor(embed).numel;
+  constexpr int64_t kChunk = int64_t(1) << 20;  // elements
+  std::vector<float> a, b;                      // host staging, one chunk each
+  for (int64_t c = 0; c < n; c += kChunk) {
+    const int64_t k = std::min(kChunk, n - c);
+    a.resize(size_t(k));
+    b.resize(size_t(k));
+    reader.read_range(head, c, k, DType::kF32, a.data());
+    reader.read_range(embed, c, k, DType::kF32, b.data());
+    for (int64_t i = 0; i < k; ++i)
+      if (std::memcmp(&a[size_t(i)], &b[size_t(i)], sizeof(float)) != 0)
+        throw ConfigError(fmt::format(
+            "{}: config.json ties the output head to the embedding (tie_word_embeddings), but "
+            "the file also holds an lm_head.weight that differs from {} (element {}: {} vs {}): "
+            "transformers loads such a model untied, with the stored head; set "
+            "\"tie_word_embeddings\": false in config.json to load it as that model",
+            reader.path(), embed, c + i, a[size_t(i)], b[size_t(i)]));
+  }
+}
+
+}  // namespace
+
 void check_weights(const SafetensorsReader& reader, const std::vector<HfTensorSpec>& specs,
                    bool tied) {
   std::set<std::string> used;
@@ -108,7 +139,10 @@ void check_weights(const SafetensorsReader& reader, const std::vector<HfTensorSp
   std::vector<std::string> unused;
   for (const std::string& n : reader.names())
     if (!used.count(n) && !allowed(n)) unused.push_back(n);
-  if (unused.empty()) return;
+  if (unused.empty()) {
+    if (tied && reader.contains("lm_head.weight")) check_stored_head(reader);
+    return;
+  }
   std::string some;
   for (size_t i = 0; i < std::min<size_t>(3, unused.size()); ++i)
     some += (i ? ", " : "") + unused[i];
