@@ -16,6 +16,7 @@
 #include "core/errors.h"
 #include "core/join.h"
 #include "core/safe_fs.h"
+#include "core/strict_json.h"
 #include "model/config.h"
 #include "model/hf_names.h"
 #include "model/safetensors.h"
@@ -160,7 +161,42 @@ std::vector<std::string> tokenizer_files_in(const std::string& dir) {
 
 // The tokenizer files of dir, and beside them its generation_config.json (the sampling defaults
 // and stop ids that go with that tokenizer); nothing when dir holds no tokenizer file.
-TokenizerPlan copy_plan(const std::string& dir, const std::string& why) {
+// A tokenizer.json whose ids reach past the model's vocabulary: text with those tokens would
+// index past the embedding (transformers' forward raises an IndexError there). Its ids are the
+// model's vocab (an object of token -> id, or Unigram's list of [token, score]) and the added
+// tokens'.
+void check_tokenizer_ids(const std::string& dir, int64_t vocab) {
+  const std::string path = (fs::path(dir) / "tokenizer.json").string();
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) return;
+  constexpr int64_t kMaxTokenizerJson = int64_t(512) << 20;
+  const nlohmann::json j =
+      parse_json_strict(read_small_file(path, "tokenizer file", kMaxTokenizerJson), path);
+  int64_t ids = 0;  // one past the largest id
+  auto id_of = [&](const nlohmann::json& v) {
+    if (v.is_number_integer()) ids = std::max(ids, v.get<int64_t>() + 1);
+  };
+  if (j.is_object() && j.contains("model") && j["model"].is_object() &&
+      j["model"].contains("vocab")) {
+    const nlohmann::json& v = j["model"]["vocab"];
+    if (v.is_object())
+      for (const auto& [token, id] : v.items()) id_of(id);
+    else if (v.is_array())
+      ids = std::max(ids, int64_t(v.size()));
+  }
+  if (j.is_object() && j.contains("added_tokens") && j["added_tokens"].is_array())
+    for (const nlohmann::json& t : j["added_tokens"])
+      if (t.is_object() && t.contains("id")) id_of(t["id"]);
+  if (ids > vocab)
+    throw ConfigError(fmt::format(
+        "{} has token ids up to {}, past the model's vocabulary of {} (vocab_size): text with "
+        "those tokens would index past its embedding; pass --tokenizer DIR with the model's "
+        "tokenizer, or --tokenizer none",
+        path, ids - 1, vocab));
+}
+
+TokenizerPlan copy_plan(const std::string& dir, const std::string& why, int64_t vocab) {
+  check_tokenizer_ids(dir, vocab);
   TokenizerPlan p;
   p.dir = dir;
   p.files = tokenizer_files_in(dir);
@@ -232,7 +268,7 @@ TokenizerPlan plan_tokenizer(const CheckpointReader& reader, const TokenizerChoi
       std::error_code ec;
       if (!fs::is_directory(choice.dir, ec))
         throw ConfigError(fmt::format("--tokenizer {} is not a directory", choice.dir));
-      TokenizerPlan p = copy_plan(choice.dir, "--tokenizer");
+      TokenizerPlan p = copy_plan(choice.dir, "--tokenizer", vocab);
       if (p.files.empty())
         throw ConfigError(fmt::format("--tokenizer {} holds no tokenizer files ({})", choice.dir,
                                       join(hf_tokenizer_files())));
@@ -251,7 +287,7 @@ TokenizerPlan plan_tokenizer(const CheckpointReader& reader, const TokenizerChoi
           "would be copied from it; pass --tokenizer DIR (a directory with them), or --tokenizer "
           "none or bytes",
           setting, d));
-    TokenizerPlan p = copy_plan(d, "the run's " + std::string(setting) + " directory");
+    TokenizerPlan p = copy_plan(d, "the run's " + std::string(setting) + " directory", vocab);
     if (!p.files.empty()) return p;
   }
   if (vocab == kByteVocab) return bytes_plan("the model's vocabulary is the 256 byte ids");

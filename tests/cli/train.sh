@@ -265,6 +265,13 @@ init)
   out=$("${mpirun[@]}" -np 1 "$upipe" export "$tmp/i" "$tmp/hf3" --tokenizer "$fixture" 2>&1); rc=$?
   [ $rc -eq 2 ] && echo "$out" | grep -q "holds no tokenizer files" && [ ! -e "$tmp/hf3" ] ||
     { echo "$out"; fail "--tokenizer of a folder without one: exit $rc"; }
+  # A tokenizer whose ids reach past the model's vocabulary (the fixture's 256) is refused: its
+  # tokens would index past the embedding.
+  mkdir "$tmp/tokbig" && python3 -c 'import json,sys; json.dump({"model": {"type": "WordLevel", "vocab": {f"t{i}": i for i in range(1000)}}, "added_tokens": [{"id": 1000, "content": "<x>"}]}, open(sys.argv[1], "w"))' \
+    "$tmp/tokbig/tokenizer.json"
+  out=$("${mpirun[@]}" -np 1 "$upipe" export "$tmp/i" "$tmp/hf4" --tokenizer "$tmp/tokbig" 2>&1); rc=$?
+  [ $rc -eq 2 ] && echo "$out" | grep -q "has token ids up to 1000, past the model's vocabulary of 256" && [ ! -e "$tmp/hf4" ] ||
+    { echo "$out"; fail "--tokenizer with more ids than the vocabulary: exit $rc"; }
   # The run's own --init-from folder is never an export's folder, even forced (a copy of the
   # fixture: a broken refusal must not damage the source tree).
   cp -r "$fixture" "$tmp/fx"
