@@ -69,4 +69,10 @@ void AttentionConfig::validate_shape() const {
                                   rope.theta));
 }
 
+std::string seq_len_choices(int64_t seq_len, int64_t multiple) {
+  const int64_t below = seq_len / multiple * multiple;
+  if (below <= 0) return setting_value("train.seq_len", multiple);
+  return fmt::format("{} or {}", setting_value("train.seq_len", below), below + multiple);
+}
+
 }  // namespace upipe

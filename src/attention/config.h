@@ -65,4 +65,9 @@ struct AttentionConfig {
   void validate_shape() const;
 };
 
+// What to try when train.seq_len (S) is no multiple of `multiple`: the multiples on both sides,
+// "--seq-len 32 or 34" (a length taken from a file, as eval's tokens, can only go down), or the
+// smallest one when S is below it.
+std::string seq_len_choices(int64_t seq_len, int64_t multiple);
+
 }  // namespace upipe

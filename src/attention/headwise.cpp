@@ -45,7 +45,7 @@ int fpdt_chunks(const AttentionConfig& cfg, int ranks) {
       throw ConfigError(fmt::format(
           "{} ({}) must be divisible by the number of ranks ({}), and by N x ranks for N "
           "chunks; try {}",
-          setting_ref("train.seq_len"), s, c, setting_value("train.seq_len", (s / nc + 1) * nc)));
+          setting_ref("train.seq_len"), s, c, seq_len_choices(s, nc)));
     return n;
   }
   if (cfg.knobs.chunks > s / c) {
@@ -63,7 +63,7 @@ int fpdt_chunks(const AttentionConfig& cfg, int ranks) {
         fmt::format("{} ({}) must be divisible by chunks x ranks ({} x {} = {}); try {}{}",
                     setting_ref("train.seq_len"), s, cfg.knobs.chunks, c, nc,
                     fits > 0 ? setting_value("parallel.chunks", fits) + " or " : "",
-                    setting_value("train.seq_len", (s / nc + 1) * nc)));
+                    seq_len_choices(s, nc)));
   }
   return cfg.knobs.chunks;
 }

@@ -14,12 +14,12 @@ namespace upipe {
 namespace {
 
 void need_divisible(const AttentionConfig& c, int64_t by, const char* why) {
-  // The suggestion is even too: the copy task (two equal halves) takes it as well.
-  const int64_t step = std::lcm(by, int64_t(2));
+  // The suggestions are even too: the copy task (two equal halves) takes them as well. Both
+  // neighbours: a length from a file (eval's tokens) can only go down.
   if (c.seq_len % by != 0)
     throw ConfigError(fmt::format("{} ({}) must be divisible by {} ({}); try {}",
                                   setting_ref("train.seq_len"), c.seq_len, by, why,
-                                  setting_value("train.seq_len", (c.seq_len / step + 1) * step)));
+                                  seq_len_choices(c.seq_len, std::lcm(by, int64_t(2)))));
 }
 
 std::unique_ptr<AttentionStrategy> make_local(const StrategyContext& ctx) {

@@ -52,7 +52,7 @@ void validate_usp(const AttentionConfig& c, int ranks) {
     throw ConfigError(fmt::format(
         "{} ({}) must be divisible by {} ({} layout of {} groups of {} ranks); try {}",
         setting_ref("train.seq_len"), c.seq_len, lay.divisor(), lay.name(), ranks / u, u,
-        setting_value("train.seq_len", (c.seq_len / lay.divisor() + 1) * lay.divisor())));
+        seq_len_choices(c.seq_len, lay.divisor())));
   if (!ulysses_degree_fits(m, c, ranks, u))
     throw ConfigError(fmt::format(
         "{}: {}; valid degrees on {} ranks: {}",
