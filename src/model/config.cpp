@@ -39,6 +39,16 @@ class Fields {
   int64_t integer(const char* key) const {
     if (!has(key)) fail(key, "is missing");
     const json& v = at(key);
+    // A whole number written as a float (64.0, as some tools write every number) is that
+    // integer, as transformers takes it.
+    if (v.is_number_float()) {
+      const double d = v.get<double>();
+      if (!std::isfinite(d) || d != std::floor(d) || std::fabs(d) > 9.0e15)
+        fail(key, fmt::format("must be an integer (got {})", json_excerpt(v)));
+      const int64_t x = int64_t(d);
+      if (x <= 0) fail(key, fmt::format("must be positive (got {})", json_excerpt(v)));
+      return x;
+    }
     if (!v.is_number_integer())
       fail(key, fmt::format("must be an integer (got {})", json_excerpt(v)));
     // Above 2^63 - 1 it would read as negative (2^64 - 1 said "got -1").
@@ -129,7 +139,8 @@ RopeParams parse_rope(const Fields& top, const std::string& source) {
     if (!rp.is_object())
       top.fail("rope_parameters", fmt::format("must be an object (got {})", json_excerpt(rp)));
     Fields f(rp, source, "rope_parameters.");
-    rope.theta = f.number("rope_theta");
+    // Without its own rope_theta, the top-level one or transformers' default (as it reads it).
+    rope.theta = f.number("rope_theta", top.number("rope_theta", 10000.0));
     rope.scaling = parse_rope_type(f);
     if (top.has("rope_theta") && top.number("rope_theta") != rope.theta)
       top.fail("rope_theta", fmt::format("({}) contradicts rope_parameters.rope_theta ({})",
@@ -211,7 +222,7 @@ ModelConfig parse_json(const json& j, const std::string& source) {
                            json_excerpt(lt[i])));
   }
   std::string act = f.string("hidden_act", "silu");
-  if (act != "silu")
+  if (act != "silu" && act != "swish")  // transformers' ACT2FN: swish is SiLU
     f.fail("hidden_act",
            fmt::format("= \"{}\" is not supported; upipe's MLP is SwiGLU (\"silu\")", act));
   // torch_dtype (transformers 4) was renamed dtype (transformers 5).
