@@ -38,9 +38,12 @@ struct Options {
 };
 
 // --resume: the run the newest checkpoint of checkpoint.dir records (its info in *recorded), with
-// what was typed on top; the changes are checked (train/resume.h) and reported by rank 0.
+// what was typed on top; the changes are checked (train/resume.h) and their report is *report
+// (printed by rank 0 once the checkpoint has loaded: above a corrupt checkpoint's error it read
+// as if the run had continued).
 Settings resumed_settings(const Process& proc, const Options& opt, const SettingArgs& sa,
-                          const CLI::App& cmd, const RunConfig& typed, CheckpointInfo* recorded) {
+                          const CLI::App& cmd, const RunConfig& typed, CheckpointInfo* recorded,
+                          std::vector<std::string>* report) {
   if (typed.checkpoint.dir.empty())
     throw ConfigError(fmt::format("--resume needs {} (the run's checkpoint directory)",
                                   setting_ref("checkpoint.dir")));
@@ -63,10 +66,7 @@ Settings resumed_settings(const Process& proc, const Options& opt, const Setting
   make_paths_absolute(now.config, [&](std::string_view k) {
     return now.sources.spelled.count(std::string(k)) != 0;  // typed now: as the fresh run did
   });
-  const std::vector<std::string> lines =
-      check_resume(rec, now.config, proc.world.size(), opt.accept_changes);
-  if (proc.root())
-    for (const std::string& l : lines) std::printf("%s\n", l.c_str());
+  *report = check_resume(rec, now.config, proc.world.size(), opt.accept_changes);
   return now;
 }
 
@@ -221,9 +221,10 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
     throw ConfigError(
         "--accept-changes is for --resume (it lets a resumed run change what its remaining steps "
         "compute); a fresh run has nothing recorded to change");
-  CheckpointInfo recorded;  // a resumed run's newest checkpoint
+  CheckpointInfo recorded;                // a resumed run's newest checkpoint
+  std::vector<std::string> resume_report;  // what the resume continues and changes
   if (opt.resume)
-    set = resumed_settings(proc, opt, sa, cmd, set.config, &recorded);
+    set = resumed_settings(proc, opt, sa, cmd, set.config, &recorded, &resume_report);
   else
     make_paths_absolute(set.config, [](std::string_view) { return true; });
   const RunConfig& cfg = set.config;
@@ -264,6 +265,7 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
   TrainingLoop loop(dev, comm, m, cfg, opt.resume, opt.overwrite, opt.accept_changes);
   std::unique_ptr<Render> render;
   if (proc.root()) {
+    for (const std::string& l : resume_report) std::printf("%s\n", l.c_str());
     print_startup(cfg, m, loop, toml);
     render = std::make_unique<Render>(cfg, loop.start(), opt.overwrite);
   }
