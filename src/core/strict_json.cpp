@@ -8,6 +8,25 @@
 #include "core/errors.h"
 
 namespace upipe {
+namespace {
+
+// Python's json module writes a float NaN or infinity as NaN / Infinity, which are no JSON: said
+// so when the parser stopped on one (its "last read" ends in the start of such a literal).
+std::string non_json_number_hint(const std::exception& e) {
+  const std::string what = e.what();
+  const size_t at = what.rfind("last read: '");
+  if (what.find("invalid literal") == std::string::npos || at == std::string::npos) return "";
+  std::string last = what.substr(at + 12);
+  if (!last.empty() && last.back() == '\'') last.pop_back();
+  const size_t start = last.find_last_of(":,[ \t\n");
+  const std::string token = start == std::string::npos ? last : last.substr(start + 1);
+  if (token.starts_with("N") || token.starts_with("I") || token.starts_with("-I"))
+    return " (NaN and Infinity, which Python's json writes for such floats, are not JSON: write a "
+           "number or null there)";
+  return "";
+}
+
+}  // namespace
 
 nlohmann::json parse_json_strict(std::string_view text, const std::string& source,
                                  int64_t max_values) {
@@ -49,8 +68,8 @@ nlohmann::json parse_json_strict(std::string_view text, const std::string& sourc
   try {
     return json::parse(text, check);
   } catch (const json::exception& e) {
-    throw ConfigError(
-        fmt::format("{}: not valid JSON: {}", source, excerpt(json_error_text(e), 300)));
+    throw ConfigError(fmt::format("{}: not valid JSON: {}{}", source,
+                                  excerpt(json_error_text(e), 300), non_json_number_hint(e)));
   }
 }
 

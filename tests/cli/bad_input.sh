@@ -104,7 +104,7 @@ run_case "--iters" bench attention --iters 0
 run_case "--iters" bench kernel --iters nan
 run_case "--seq-lens" demo attention --seq-lens 1024 -1
 run_case "--ulysses-degree 2: --kv-heads (3) and it do not divide one another" check --method usp --heads 6 --kv-heads 3 --ulysses-degree 2
-run_case "--seq-lens 511 must be divisible by 2 (the number of ranks); try --seq-lens 510 or 512" demo attention --seq-lens 511
+run_case "--seq-lens 511 must be divisible by 2 (the number of ranks); try --seq-lens 512" demo attention --seq-lens 511
 run_case "--timeout" check --timeout -1
 run_case "--timeout" bench comm --timeout nan
 run_case "--iters: '2000000' is not a whole number in [1, 1000000]" bench comm --iters 2000000

@@ -189,6 +189,15 @@ TEST(StrictJson, RepeatedKeysAreErrors) {
   // too.
   expect_config_error([] { parse_json_strict(R"({"a": 1e999})", "x.json"); },
                       {"x.json: not valid JSON", "number overflow"});
+  // Python's json writes a float NaN or infinity as NaN / Infinity: said as such.
+  for (const char* text : {R"({"a": 1, "foo": NaN})", R"({"x": [Infinity]})", R"({"x":-Infinity})"})
+    expect_config_error([&] { parse_json_strict(text, "config.json"); },
+                        {"config.json: not valid JSON", "NaN and Infinity, which Python's json writes"});
+  try {
+    parse_json_strict(R"({"a": nope})", "x.json");
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()).find("NaN"), std::string::npos) << e.what();
+  }
 }
 
 // Nesting past kMaxJsonDepth is refused as it is read (a value nested 200000 deep, quoted in an
