@@ -15,7 +15,10 @@ namespace {
 std::string non_json_number_hint(const std::exception& e) {
   const std::string what = e.what();
   const size_t at = what.rfind("last read: '");
-  if (what.find("invalid literal") == std::string::npos || at == std::string::npos) return "";
+  if ((what.find("invalid literal") == std::string::npos &&
+       what.find("invalid number") == std::string::npos) ||
+      at == std::string::npos)
+    return "";
   std::string last = what.substr(at + 12);
   if (!last.empty() && last.back() == '\'') last.pop_back();
   const size_t start = last.find_last_of(":,[ \t\n");
