@@ -122,6 +122,7 @@ PlanRequest base_request(const Settings& set, const Options& o) {
   r.ranks = o.ranks;
   r.cp_size = c.parallel.cp_size;
   r.decoder = decoder_options(c, c.train.seq_len);
+  r.micro_steps = c.train.micro_steps;
   r.device_bytes = c.memory.device_bytes;
   r.host_bytes = c.memory.host_bytes;
   r.backend = parse_backend_kind(c.device.backend);

@@ -24,6 +24,7 @@ TrainOptions train_options(const PlanRequest& r) {
   TrainOptions o;
   o.cp_size = r.cp_size;
   o.decoder = r.decoder;
+  o.micro_steps = std::min(r.micro_steps, 2);  // see PlanRequest::micro_steps
   o.packed = !r.doc_lens.empty() || r.worst_case_documents;
   return o;
 }
@@ -37,6 +38,9 @@ int cp_of(const PlanRequest& r) {
 void check_request(const PlanRequest& r) {
   if (r.ranks < 1)
     throw ConfigError(fmt::format("{} must be >= 1 (got {})", setting_ref("plan.ranks"), r.ranks));
+  if (r.micro_steps < 1)
+    throw ConfigError(fmt::format("{} must be >= 1 (got {})", setting_ref("train.micro_steps"),
+                                  r.micro_steps));
   if (r.cp_size < 0 || (r.cp_size > 0 && r.ranks % r.cp_size != 0))
     throw ConfigError(fmt::format("{} ({}) must divide {} ({})", setting_ref("parallel.cp_size"),
                                   r.cp_size, setting_ref("plan.ranks"), r.ranks));

@@ -34,6 +34,10 @@ struct PlanRequest {
   // S, the method and its knobs (kKnobAuto: the planner picks, see knob_candidates) and the
   // memory policy: what the trainer would run.
   DecoderOptions decoder;
+  // Sequences per DP rank per step (train.micro_steps). From the second on, a micro-step starts
+  // with the previous one's last gradient reduce-scatter in flight; every later one is the
+  // second's allocations again, so at most two are played.
+  int micro_steps = 1;
   int64_t device_bytes = int64_t(80) << 30;  // per rank
   int64_t host_bytes = int64_t(256) << 30;   // per rank
   int64_t reserve_bytes = kDefaultReserveBytes;

@@ -144,6 +144,13 @@ void Zero3::release(int unit) {
 
 const ParamViews& Zero3::grads(int unit) {
   Unit& x = units_.at(size_t(unit));
+  // The unit's gradient of the previous micro-step still being reduce-scattered (a tied head
+  // takes the embedding's gradient at the next micro-step's head, before any grads_done): that
+  // reduction completes first, and the unit's gradient starts again.
+  if (x.reduce) {
+    complete_reduce(unit);
+    std::erase(reducing_, unit);
+  }
   if (x.full_grad.data() == nullptr) {
     const ZeroUnitLayout& l = layout(unit);
     x.full_grad = Tensor(dev_.mem(), Tag::kGrads, DType::kF32, 1, l.shard * world_.size());
