@@ -4,11 +4,13 @@
 // mpirun rank 0 plans and prints, the others exit 0.
 #include <fmt/format.h>
 
+#include <glob.h>
 #include <malloc.h>
 #include <algorithm>
 
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <limits>
 #include <nlohmann/json.hpp>
 
@@ -20,8 +22,10 @@
 #include "attention/methods.h"
 #include "core/errors.h"
 #include "core/join.h"
+#include "core/setting_ref.h"
 #include "model/doc_lens.h"
 #include "plan/planner.h"
+#include "train/loop.h"
 #include "train/run_options.h"
 
 namespace upipe::app {
@@ -166,12 +170,61 @@ std::vector<Row> plan_rows(const ModelConfig& m, const PlanRequest& base, const 
   return rows;
 }
 
+// Whether a data path (a file, a directory, a glob, a Megatron prefix) names something here.
+bool data_here(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (path.find_first_of("*?[") != std::string::npos) {
+    glob_t g{};
+    const bool any = ::glob(path.c_str(), 0, nullptr, &g) == 0 && g.gl_pathc > 0;
+    ::globfree(&g);
+    return any;
+  }
+  return fs::exists(path, ec) || fs::exists(path + ".bin", ec) || fs::exists(path + ".idx", ec);
+}
+
+// The longest S that fits can be longer than the data holds: said beside the run it prints.
+std::string data_note(const RunDataSize& d, int64_t s) {
+  std::string note;
+  if (d.tokens >= 0 && d.tokens < s)
+    note = fmt::format("{} holds {} tokens, fewer than S = {}: train needs a {} of at most {}",
+                       setting_ref("data.path"), d.tokens, s, setting_ref("train.seq_len"),
+                       d.tokens);
+  if (d.val_tokens >= 0 && d.val_tokens < s)
+    note += fmt::format("{}{} holds {} tokens, fewer than S = {}", note.empty() ? "" : "; ",
+                        setting_ref("data.val_path"), d.val_tokens, s);
+  return render_setting_refs(note);
+}
+
 int run(Process& proc, const Options& o, const SettingArgs& sa, const CLI::App& cmd) {
   const Settings set = resolve_settings(proc, sa, cmd, o.run_file);
   // Every rank checks the request alike (a bad input ends every rank the same way); rank 0 plans.
   const ModelConfig m = load_model_config(set.config.model.name);
   spell_model_fields(set, m);
   const PlanRequest base = base_request(set, o);
+  // The run's data as train opens it (its files, indexes and held-out data; S against what they
+  // hold), so the run a plan prints starts. With --max-seq-len the files alone: S is found below.
+  // Data that is not on this machine (a plan made away from the cluster's file system) is said
+  // and not checked.
+  RunConfig data_cfg = set.config;
+  if (o.max_seq_len) data_cfg.train.seq_len = 2;
+  RunDataSize data;
+  const bool files = data_cfg.data.kind == "files";
+  if (files && !data_here(data_cfg.data.path)) {
+    if (proc.root())
+      std::fprintf(stderr, "upipe: warning: %s is not on this machine: the plan does not check it\n",
+                   render_setting_refs(setting_value("data.path", data_cfg.data.path)).c_str());
+  } else {
+    if (!data_cfg.data.val_path.empty() && !data_here(data_cfg.data.val_path)) {
+      if (proc.root())
+        std::fprintf(stderr,
+                     "upipe: warning: %s is not on this machine: the plan does not check it\n",
+                     render_setting_refs(setting_value("data.val_path", data_cfg.data.val_path))
+                         .c_str());
+      data_cfg.metrics.val_interval = 0;
+    }
+    data = check_run_data(data_cfg, m, base.ranks / base.cp());
+  }
   if (!proc.root()) return 0;
   check_model_fits(m, base);
   // The planner's host lists (a packed run's mask spans, a document per token at their worst:
@@ -273,6 +326,8 @@ int run(Process& proc, const Options& o, const SettingArgs& sa, const CLI::App& 
                       {"tag", tag_name(limit_of(p).tag)},
                       {"bytes", limit_of(p).bytes}}},
                     {"train_command", train_command(set, o, p)}});
+      if (const std::string note = data_note(data, p.request.decoder.seq_len); !note.empty())
+        ms.back()["data_note"] = note;
     }
     j["methods"] = ms;
     print_json(j);
@@ -318,6 +373,8 @@ int run(Process& proc, const Options& o, const SettingArgs& sa, const CLI::App& 
                   p.worst_host_rank, Arena::describe(p.host_at_peak).c_str());
     if (p.fits) {
       std::printf("  run it: %s\n", train_command(set, o, p).c_str());
+      if (const std::string note = data_note(data, p.request.decoder.seq_len); !note.empty())
+        std::printf("  note: %s\n", note.c_str());
       // --doc-lens is the planner's: a run's documents come from its data.
       if (!o.doc_lens.empty())
         std::printf(

@@ -41,6 +41,19 @@ DataOptions data_options(const RunConfig& c, const ModelConfig& m, int dp_size) 
   return o;
 }
 
+// The held-out data of validation: data.val_path's files, or the run's task from another seed.
+DataOptions val_options(const RunConfig& c, const ModelConfig& m, int dp_size) {
+  DataOptions v = data_options(c, m, dp_size);
+  if (!c.data.val_path.empty()) {
+    v.kind = DataKind::kFiles;
+    v.path = c.data.val_path;
+    v.path_key = "data.val_path";
+  } else {
+    v.seed += kHeldOutSeed;  // the same task, sequences the training never sees
+  }
+  return v;
+}
+
 // The documents `lens` of a sequence of s tokens (empty: one).
 std::shared_ptr<const Documents> documents_of(const std::vector<int64_t>& lens, int64_t s) {
   return lens.empty() ? nullptr : std::make_shared<const Documents>(lens, s);
@@ -129,14 +142,7 @@ TrainingLoop::TrainingLoop(Device& dev, Communicator& world, const ModelConfig& 
   trainer_ = std::make_unique<Trainer>(dev, world, m, train_options(c));
   data_ = std::make_unique<DataSource>(data_options(c, m, trainer_->dp_size()));
   if (c.metrics.val_interval > 0) {
-    DataOptions v = data_options(c, m, trainer_->dp_size());
-    if (!c.data.val_path.empty()) {
-      v.kind = DataKind::kFiles;
-      v.path = c.data.val_path;
-      v.path_key = "data.val_path";
-    } else {
-      v.seed += kHeldOutSeed;  // the same task, sequences the training never sees
-    }
+    const DataOptions v = val_options(c, m, trainer_->dp_size());
     val_ = std::make_unique<DataSource>(v);
     val_n_ = v.kind == DataKind::kFiles
                  ? std::min(c.metrics.val_sequences, val_->total_tokens() / c.train.seq_len)
@@ -307,6 +313,21 @@ LoopEnd TrainingLoop::run(TrainingObserver& obs) {
   if (step > start) checkpoint(step, obs);
   end.last_step = step;
   return end;
+}
+
+RunDataSize check_run_data(const RunConfig& c, const ModelConfig& m, int dp_size) {
+  RunDataSize out;
+  DataOptions d = data_options(c, m, dp_size);
+  d.check_vocab = false;
+  const DataSource data(d);
+  if (d.kind == DataKind::kFiles) out.tokens = data.total_tokens();
+  if (c.metrics.val_interval > 0) {
+    DataOptions v = val_options(c, m, dp_size);
+    v.check_vocab = false;
+    const DataSource val(v);
+    if (v.kind == DataKind::kFiles) out.val_tokens = val.total_tokens();
+  }
+  return out;
 }
 
 }  // namespace upipe

@@ -108,4 +108,14 @@ class TrainingLoop {
   int64_t gemm_reference_n_ = 0;
 };
 
+// What a run's data holds, opened as the loop opens it but without reading every token: the
+// token files with their headers and indexes, and the held-out data of validation. ConfigError
+// as the loop's (a missing file, a Megatron .bin without its .idx, an end-of-text id outside the
+// vocabulary, fewer tokens than train.seq_len). For the planner, so the run it prints starts.
+struct RunDataSize {
+  int64_t tokens = -1, val_tokens = -1;  // of the files; -1: a task's (unbounded) or none
+};
+RunDataSize check_run_data(const RunConfig& c, const ModelConfig& m, int dp_size);
+
 }  // namespace upipe
+

@@ -97,6 +97,19 @@ expect_row "a tiny plan's sizes" '^ring .* yes +[0-9.]+ MiB +0 B +device \(ring 
 # command printed carries them; with one rank `local` is in --method all's table; --reserve 0G.
 expect_row "a train command's flags" '^  run it: mpirun -np 2 upipe train --seq-len=256 --micro-steps=2 --lr=0.001 --device-memory=4G --data-kind=files --data-path=/x.bin --documents=eos:0$' \
   --ranks 2 --device-memory 4G --documents=eos:0 --data-kind=files --data-path=/x.bin --micro-steps=2 --seq-len 256 --lr 1e-3
+# The data as train opens it: too short for S is train's error; not on this machine, a warning and
+# the plan; with --max-seq-len a longer S than the data holds is noted beside its command.
+data=$(mktemp -d)
+printf 'abcdefghij%.0s' $(seq 100) > "$data/t.txt" && "$upipe" tokenize "$data/t.txt" "$data/t.bin" > /dev/null
+expect "--data-path '$data/t.bin' holds 1000 tokens in 1 file(s), fewer than --seq-len 2048" \
+  --ranks 2 --device-memory 4G --data-kind=files --data-path="$data/t.bin" --seq-len 2048
+expect "--val-path '$data/t.bin' holds 1000 tokens in 1 file(s), fewer than --seq-len 2048" \
+  --ranks 2 --device-memory 4G --val-interval 10 --val-path="$data/t.bin" --seq-len 2048
+expect_row "data not on this machine" '^upipe: warning: --data-path /elsewhere/x.bin is not on this machine' \
+  --ranks 2 --device-memory 4G --data-kind=files --data-path=/elsewhere/x.bin --seq-len 256
+expect_row "a longest S past the data" '^  note: --data-path holds 1000 tokens, fewer than S = [0-9]+: train needs a --seq-len of at most 1000$' \
+  --ranks 2 --device-memory 4G --method upipe --data-kind=files --data-path="$data/t.bin" --max-seq-len
+rm -r "$data"
 expect_row "local on one rank" '^local +- +256 +yes ' --ranks 1 --device-memory 4G --reserve 0G --method all --seq-len 256
 expect_row "knobs resolved" '^upipe-fpdt +U=4 N=4 +784 +yes ' --ranks 4 --device-memory 4G --method all --seq-len 784
 
