@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <charconv>
 #include <climits>
+#include <regex>
 
 #include "core/errors.h"
 #include "model/tokens.h"
@@ -56,11 +57,17 @@ std::vector<int64_t> read_lengths(const std::string& spec, int64_t seq_len,
   if (f.count > seq_len)
     throw ConfigError(fmt::format("{}: {} holds {} lengths, more than a sequence of {} tokens has",
                                   what, spec, f.count, seq_len));
-  // Lengths are read as ids in [0, seq_len]; parse_doc_lens refuses a 0.
+  // Lengths are read as ids in [0, seq_len]; parse_doc_lens refuses a 0. The token reader's
+  // "token X at index I is outside the vocabulary" is said as the length it is.
   std::vector<int32_t> ids(static_cast<size_t>(f.count));
   try {
     read_token_range(f, 0, f.count, std::min<int64_t>(seq_len + 1, INT32_MAX), ids.data());
   } catch (const ConfigError& e) {
+    static const std::regex outside("token (-?[0-9]+) at index ([0-9]+) is outside");
+    std::cmatch mt;
+    if (std::regex_search(e.what(), mt, outside))
+      throw ConfigError(fmt::format("{}: {}: document {} has length {}; a length must lie in [1, {}]",
+                                    what, spec, mt[2].str(), mt[1].str(), seq_len));
     throw ConfigError(
         fmt::format("{}: a document length must lie in [1, {}]: {}", what, seq_len, e.what()));
   }

@@ -156,7 +156,7 @@ run_case "neither a .npy file" check --seq-len 512 --doc-lens "$fix/llama/config
 printf '\010\000\000\000\010\000\000\000' > "$tmp/lens_raw.bin"  # raw int32: not a token file
 run_case "--doc-lens: a file of lengths is written as token files are" check --seq-len 16 --doc-lens "$tmp/lens_raw.bin"
 python3 -c "import struct,sys; h=b\"{'descr': '<i4', 'fortran_order': False, 'shape': (2,), }\"; h+=b' '*(63-10-len(h))+b'\\n'; open(sys.argv[1],'wb').write(b'\\x93NUMPY\\x01\\x00'+struct.pack('<H',len(h))+h+struct.pack('<2i',600,-88))" "$tmp/lens.npy"
-run_case "--doc-lens: a document length must lie in [1, 512]" eval --model "$fix/llama" --tokens "$fix/llama/tokens.npy" --doc-lens "$tmp/lens.npy"
+run_case "--doc-lens: $tmp/lens.npy: document 0 has length 600; a length must lie in [1, 512]" eval --model "$fix/llama" --tokens "$fix/llama/tokens.npy" --doc-lens "$tmp/lens.npy"
 run_case "--doc-lens: $fix/llama/tokens.npy holds 512 lengths, more than a sequence of 100 tokens has" check --seq-len 100 --doc-lens "$fix/llama/tokens.npy"
 run_case "token file $tmp/fifo is a FIFO" plan --ranks 2 --device-memory 80G --seq-len 512 --doc-lens "$tmp/fifo"
 run_case "drop --max-seq-len" plan --ranks 2 --device-memory 80G --max-seq-len --doc-lens 1,2
