@@ -24,6 +24,7 @@
 #include "core/join.h"
 #include "core/setting_ref.h"
 #include "model/doc_lens.h"
+#include "model/weights.h"
 #include "plan/planner.h"
 #include "train/loop.h"
 #include "train/run_options.h"
@@ -88,7 +89,10 @@ std::string train_command(const Settings& set, const Options& o, const Plan& p) 
   c.train.seq_len = p.request.decoder.seq_len;
   // With a run file: the file, and the flags for what differs from it (typed or chosen here).
   const RunConfig base = o.run_file.empty() ? RunConfig{} : read_run_file(o.run_file);
-  const std::string flags = to_flags(c, kScopeTrain, base);
+  std::string flags = to_flags(c, kScopeTrain, base);
+  // With --init-from, a model left out is the folder's: the default preset, typed, is said.
+  if (o.run_file.empty() && !c.model.init_from.empty() && c.model.name == base.model.name)
+    flags = fmt::format("--model={}{}{}", c.model.name, flags.empty() ? "" : " ", flags);
   return fmt::format("mpirun -np {} upipe train{}{}{}{}", o.ranks, o.run_file.empty() ? "" : " ",
                      o.run_file, flags.empty() ? "" : " ", flags);
 }
@@ -202,6 +206,15 @@ int run(Process& proc, const Options& o, const SettingArgs& sa, const CLI::App& 
   const ModelConfig m = load_model_config(set.config.model.name);
   spell_model_fields(set, m);
   const PlanRequest base = base_request(set, o);
+  // The --init-from folder as train checks it (the same model as the run's, weights present):
+  // the plan of `--model tiny --init-from QWEN_DIR` planned tiny, a run train refuses.
+  if (const std::string& init = set.config.model.init_from; !init.empty()) {
+    if (data_here(init))
+      check_init_weights(init, m);
+    else if (proc.root())
+      std::fprintf(stderr, "upipe: warning: %s is not on this machine: the plan does not check it\n",
+                   render_setting_refs(setting_value("model.init_from", init)).c_str());
+  }
   // The run's data as train opens it (its files, indexes and held-out data; S against what they
   // hold), so the run a plan prints starts. With --max-seq-len the files alone: S is found below.
   // Data that is not on this machine (a plan made away from the cluster's file system) is said

@@ -110,6 +110,13 @@ expect_row "data not on this machine" '^upipe: warning: --data-path /elsewhere/x
 expect_row "a longest S past the data" '^  note: --data-path holds 1000 tokens, fewer than S = [0-9]+: train needs a --seq-len of at most 1000$' \
   --ranks 2 --device-memory 4G --method upipe --data-kind=files --data-path="$data/t.bin" --max-seq-len
 rm -r "$data"
+# --init-from as train checks it: another model than the run's is refused; a folder not on this
+# machine is a warning, and the command keeps the typed preset (left out, the folder's model).
+fixq=$(cd "$(dirname "$0")/../fixtures/hf/qwen3" && pwd)
+expect "--init-from $fixq is another model than this run's: field 'architectures'" \
+  --ranks 2 --device-memory 4G --seq-len 256 --model tiny --init-from "$fixq"
+expect_row "init-from elsewhere" '^  run it: mpirun -np 2 upipe train --model=tiny --init-from=/elsewhere/m --seq-len=256 --device-memory=4G$' \
+  --ranks 2 --device-memory 4G --seq-len 256 --model tiny --init-from /elsewhere/m
 expect_row "local on one rank" '^local +- +256 +yes ' --ranks 1 --device-memory 4G --reserve 0G --method all --seq-len 256
 expect_row "knobs resolved" '^upipe-fpdt +U=4 N=4 +784 +yes ' --ranks 4 --device-memory 4G --method all --seq-len 784
 
