@@ -3,7 +3,9 @@
 // taken) as a consolidated Hugging Face folder, with its tokenizer, that transformers loads
 // (train/export.h). Runs on one process; under mpirun rank 0 does the
 // work. A non-empty OUTDIR is refused unless --force.
+#include <chrono>
 #include <filesystem>
+#include <thread>
 
 #include "apps/upipe/commands.h"
 #include "core/arena.h"
@@ -27,6 +29,16 @@ struct Options {
 int export_one(Process& proc, const Options& opt, const std::string& path, DType dt,
                const TokenizerChoice& tc, int64_t max_shard);
 
+// Whether the directory `path` is gone, or goes within a second.
+bool gone_soon(const std::string& path) {
+  for (int i = 0; i < 20; ++i) {
+    std::error_code ec;
+    if (!std::filesystem::exists(path, ec)) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return false;
+}
+
 int run(Process& proc, const Options& opt) {
   namespace fs = std::filesystem;
   const DType dt = parse_dtype(opt.dtype);
@@ -39,6 +51,7 @@ int run(Process& proc, const Options& opt) {
   for (int attempt = 1;; ++attempt) {
     std::string path = opt.checkpoint;
     if (newest) {
+      refuse_odd_step_entries(path);
       const auto latest = latest_checkpoint(path);
       if (!latest)
         throw ConfigError(
@@ -49,15 +62,16 @@ int run(Process& proc, const Options& opt) {
     }
     try {
       return export_one(proc, opt, path, dt, tc, max_shard);
-    } catch (const Error&) {
-      // Pruned while read (being removed, or gone): a newer checkpoint has been completed.
-      if (!newest || latest_checkpoint(opt.checkpoint) == path) throw;
+    } catch (const Error& e) {
+      // Pruned while read: a newer checkpoint is complete and this one is removed whole within
+      // moments (the training removes it after its newer one). Any other error is the error.
+      if (!newest || !gone_soon(path)) throw;
       if (attempt == 3)
         throw ConfigError(fmt::format(
-            "the newest checkpoint of {} was removed while it was read, {} times: a training run "
-            "writing it prunes its checkpoints (--checkpoint-keep); export a checkpoint it keeps "
-            "by its path, or export after the run ends",
-            opt.checkpoint, attempt));
+            "the newest checkpoint of {} was removed while it was read, {} times (the last: {}): "
+            "a training run writing it prunes its checkpoints (--checkpoint-keep); export a "
+            "checkpoint it keeps by its path, or export after the run ends",
+            opt.checkpoint, attempt, e.what()));
     }
   }
 }

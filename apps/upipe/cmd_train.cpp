@@ -47,6 +47,7 @@ Settings resumed_settings(const Process& proc, const Options& opt, const Setting
   if (typed.checkpoint.dir.empty())
     throw ConfigError(fmt::format("--resume needs {} (the run's checkpoint directory)",
                                   setting_ref("checkpoint.dir")));
+  refuse_odd_step_entries(typed.checkpoint.dir);
   const std::optional<std::string> ckpt = latest_checkpoint(typed.checkpoint.dir);
   if (!ckpt)
     throw ConfigError(fmt::format("--resume: no complete checkpoint in {}",

@@ -127,7 +127,9 @@ std::vector<Entry> list_entries(const fs::path& dir) {
 // A step_N entry of dir that is a symbolic link or no directory: refused wherever checkpoints
 // are looked for. Skipped, a linked newest checkpoint left resume and export on an older one
 // without a word (and a run reaching that step failed there, after its compute).
-void refuse_odd_step_entries(const fs::path& dir) {
+}  // namespace
+
+void refuse_odd_step_entries(const std::string& dir) {
   std::error_code ec, ignored;
   if (!fs::is_directory(dir, ignored)) return;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
@@ -138,7 +140,7 @@ void refuse_odd_step_entries(const fs::path& dir) {
       throw ConfigError(fmt::format(
           "{} is a symbolic link (to {}): checkpoints are read and written only as directories "
           "of checkpoint.dir (a run prunes and replaces its step directories there); move the "
-          "directory itself there, or give the checkpoint by its own path",
+          "directory itself there (export also takes a checkpoint by its own path)",
           e.path().string(), fs::read_symlink(e.path(), ignored).string()));
     if (!e.is_directory(ignored))
       throw ConfigError(fmt::format(
@@ -147,6 +149,8 @@ void refuse_odd_step_entries(const fs::path& dir) {
           e.path().string()));
   }
 }
+
+namespace {
 
 std::string new_run_id(Communicator& world) {
   char id[33] = {};
@@ -741,7 +745,8 @@ void check_checkpoint_room(Communicator& world, const std::string& dir, int64_t 
 }
 
 CheckpointStart open_checkpoint_run(Communicator& world, const std::string& dir, bool resume,
-                                    bool overwrite, int keep) {
+                                    bool overwrite, int keep,
+                                    const std::function<bool(int64_t)>& writes_step) {
   CheckpointStart cs;
   cs.run = {dir, "", keep, overwrite, ""};
   if (resume) {
@@ -776,7 +781,8 @@ CheckpointStart open_checkpoint_run(Communicator& world, const std::string& dir,
     for (const Entry& e : list_entries(dir)) {
       // A step directory that cannot be read (its meta.json missing or damaged) past the one
       // continued: the run would train up to that step and fail to replace it there.
-      if (!e.tmp && e.run_id.empty() && e.step > from && marked(e))
+      if (!e.tmp && e.run_id.empty() && e.step > from && marked(e) &&
+          (!writes_step || writes_step(e.step)))
         throw ConfigError(fmt::format(
             "--resume: checkpoint.dir = {} holds {}, a checkpoint that cannot be read (its "
             "meta.json is missing or damaged), newer than {}, the newest complete one: the run "
@@ -845,7 +851,6 @@ std::string save_checkpoint(const CheckpointRun& run, int64_t step, Zero3& z, in
 }
 
 std::optional<std::string> latest_checkpoint(const std::string& dir) {
-  refuse_odd_step_entries(dir);
   std::optional<std::string> latest;
   for (const Entry& e : list_entries(dir))
     if (e.complete) latest = e.path.string();

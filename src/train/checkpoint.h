@@ -28,6 +28,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -72,8 +73,15 @@ struct CheckpointStart {
 // (ConfigError without dir or checkpoint, or when dir holds checkpoints of several runs). Fresh:
 // a new run identity from rank 0; ConfigError when dir holds any checkpoint (complete or not) of
 // another run, unless overwrite.
+// writes_step (resume): whether the resumed run will write a checkpoint at that step (a newer
+// step directory it cannot read is refused at the start only then); null: every step.
 CheckpointStart open_checkpoint_run(Communicator& world, const std::string& dir, bool resume,
-                                    bool overwrite, int keep);
+                                    bool overwrite, int keep,
+                                    const std::function<bool(int64_t)>& writes_step = nullptr);
+
+// ConfigError when an entry of the checkpoint directory `dir` named step_N is a symbolic link or
+// no directory (resume and export would otherwise skip it for an older checkpoint).
+void refuse_odd_step_entries(const std::string& dir);
 
 // Collective: ConfigError on every rank when the checkpoint directory `dir` (existing) is on a
 // read-only file system or has less room than `bytes`, one checkpoint's size: a run that could

@@ -161,6 +161,11 @@ def build(root):
                  "to the embedding (tie_word_embeddings), but the file also holds an lm_head.weight that "
                  "differs from model.embed_tokens.weight (element 0:", lambda h: with_head(h, True))
     weights_case("tied_same_head", None, lambda h: with_head(h, False))
+    # A model folder with a file named like a checkpoint step is no checkpoint directory: loads.
+    d = model_dir(root, "step_named_file")
+    with open(os.path.join(d, "step_1"), "w") as f:
+        f.write("notes\n")
+    case(None, "eval", "--model", d, "--tokens", tokens, "--method", "ulysses")
     # The config disagrees with the checkpoint: the tensors have the wrong shapes for it.
     d = model_dir(root, "wider", lambda c: c.update(intermediate_size=192))
     case("tensor 'model.layers.0.mlp.gate_proj.weight': has shape [160, 64], expected [192, 64]", "eval",

@@ -529,14 +529,14 @@ leftover_tmp)
   job rn 60 train --checkpoint-dir="$tmp/ck" --resume --steps=10
   [ $rc -eq 2 ] || { cat "$tmp/rn.out"; fail "resume beside another run's renamed incomplete checkpoint: exit $rc, want 2"; }
   once rn "step_00000007, an incomplete checkpoint of another run (run ffffffffffffffffffffffffffffffff)"
-  # A newer checkpoint that cannot be read (meta.json gone): said at the start, not after the
-  # steps up to it were trained.
-  rm "$tmp/ck/step_00000007/meta.json"
+  # A newer checkpoint that cannot be read (meta.json gone) at a step the run writes (every 2nd):
+  # said at the start, not after the steps up to it were trained.
+  rm "$tmp/ck/step_00000007/meta.json" && mv "$tmp/ck/step_00000007" "$tmp/ck/step_00000008"
   job rd 60 train --checkpoint-dir="$tmp/ck" --resume --steps=10
   [ $rc -eq 2 ] || { cat "$tmp/rd.out"; fail "resume beside an unreadable newer checkpoint: exit $rc, want 2"; }
-  once rd "step_00000007, a checkpoint that cannot be read (its meta.json is missing or damaged)"
+  once rd "step_00000008, a checkpoint that cannot be read (its meta.json is missing or damaged)"
   grep -q "^step " "$tmp/rd.out" && fail "the resumed run trained before refusing"
-  rm -r "$tmp/ck/step_00000007"
+  rm -r "$tmp/ck/step_00000008"
   # A step directory that is a symbolic link: refused by resume and export, never skipped for an
   # older checkpoint.
   cp -r "$tmp/ck/step_00000006" "$tmp/elsewhere" && ln -s "$tmp/elsewhere" "$tmp/ck/step_00000007"
