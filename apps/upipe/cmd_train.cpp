@@ -84,12 +84,12 @@ std::vector<std::pair<std::string, std::string>> knobs(const RunConfig& c) {
 // Rank 0's rendering of the loop: the metrics file and the progress display.
 class Render final : public TrainingObserver {
  public:
-  Render(const RunConfig& c, const RunStart& start, bool overwrite)
+  Render(const RunConfig& c, const RunStart& start, bool overwrite, MetricsLock lock)
       : display_(stdout, c.train.steps, c.metrics.log_interval,
                  parse_progress_mode(c.metrics.progress, stdout_is_terminal())) {
     if (!c.metrics.path.empty()) {
       metrics_ = std::make_unique<MetricsWriter>(c.metrics.path, start.resumed ? start.step : -1,
-                                                 overwrite, start.run_id);
+                                                 overwrite, start.run_id, std::move(lock));
       // Lines past the checkpoint are the steps run again: said, never dropped silently.
       if (metrics_->dropped_lines() > 0)
         std::printf(
@@ -237,9 +237,13 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
   // A metrics file the run may not replace is refused before anything starts (rank 0 writes it).
   // (Resumed: its lines must be the run's, whose id the newest checkpoint carries.)
   // Every rank raises what rank 0 finds, so the job ends cleanly with one line.
+  // Its lock too: a second run writing it (another checkpoint.dir, or none) is refused now, on
+  // every rank, not when rank 0 opens the file after the start.
+  MetricsLock metrics_lock;
   if (!cfg.metrics.path.empty())
     on_rank0_everywhere(proc.world, [&] {
       check_metrics_file(cfg.metrics.path, opt.resume, opt.overwrite, recorded.run_id);
+      metrics_lock = MetricsLock(cfg.metrics.path);
     });
   Watchdog::start(cfg.comm.timeout);
   install_stop_handlers();
@@ -268,7 +272,7 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
   if (proc.root()) {
     for (const std::string& l : resume_report) std::printf("%s\n", l.c_str());
     print_startup(cfg, m, loop, toml);
-    render = std::make_unique<Render>(cfg, loop.start(), opt.overwrite);
+    render = std::make_unique<Render>(cfg, loop.start(), opt.overwrite, std::move(metrics_lock));
   }
   TrainingObserver quiet;
   const LoopEnd end = loop.run(render ? *render : quiet);

@@ -207,12 +207,20 @@ bool lock_now(int fd, const std::string& path) {
       setting_ref("metrics.path"), path, setting_ref("metrics.path")));
 }
 
-// Rank 0 before it reads or replaces the file: a lock on the file the path names now (created
-// empty when there is none), checked to be still the path's after the lock is taken (a run that
-// renamed its own file over it in between holds that one). Held until the new file is locked.
-int lock_metrics_path(const std::string& path) {
+}  // namespace
+
+// The lock on the file the path names now (created empty when there is none: with O_EXCL first,
+// so a file that was there is never taken as this one's), checked to be still the path's after
+// it is taken (a run that renamed its own file over it in between holds that one). Opened for
+// writing: NFS and CIFS emulate flock with a POSIX lock, whose exclusive form needs it.
+MetricsLock::MetricsLock(const std::string& path) {
   for (int attempt = 0; attempt < 3; ++attempt) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0666);
+    bool created = true;
+    int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+    if (fd < 0 && errno == EEXIST) {
+      created = false;
+      fd = ::open(path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+    }
     if (fd < 0)
       throw ConfigError(
           fmt::format("cannot create metrics file {}: {}", path, std::strerror(errno)));
@@ -223,27 +231,54 @@ int lock_metrics_path(const std::string& path) {
     struct stat held {
     }, now{};
     if (::fstat(fd, &held) == 0 && ::lstat(path.c_str(), &now) == 0 && held.st_dev == now.st_dev &&
-        held.st_ino == now.st_ino)
-      return fd;
+        held.st_ino == now.st_ino) {
+      fd_ = fd;
+      if (created) created_ = path;
+      return;
+    }
     ::close(fd);  // replaced meanwhile: lock what the path names now
   }
   metrics_file_in_use(path);
 }
 
-}  // namespace
+MetricsLock::~MetricsLock() {
+  if (fd_ < 0) return;
+  struct stat st {
+  };
+  if (!created_.empty() && ::fstat(fd_, &st) == 0 && st.st_size == 0) {
+    struct stat now {
+    };
+    if (::lstat(created_.c_str(), &now) == 0 && now.st_dev == st.st_dev && now.st_ino == st.st_ino)
+      ::unlink(created_.c_str());
+  }
+  ::close(fd_);
+}
+
+MetricsLock::MetricsLock(MetricsLock&& o) noexcept
+    : fd_(std::exchange(o.fd_, -1)), created_(std::move(o.created_)) {}
+
+MetricsLock& MetricsLock::operator=(MetricsLock&& o) noexcept {
+  if (this != &o) {
+    MetricsLock gone(std::move(*this));
+    fd_ = std::exchange(o.fd_, -1);
+    created_ = std::move(o.created_);
+  }
+  return *this;
+}
 
 // The file is locked (flock) for as long as the writer lives, so a second run naming it is
 // refused instead of writing between this run's lines: the lock is taken on the file the path
-// names before it is read, and on the replacement before it is renamed over the path.
+// names before it is read (at the run's start: MetricsLock), and on the replacement before it
+// is renamed over the path.
 MetricsWriter::MetricsWriter(const std::string& path, int64_t resume_step, bool overwrite,
-                             const std::string& run_id)
+                             const std::string& run_id, MetricsLock lock)
     : path_(path) {
   // A resumed run's file is checked line by line as its steps are kept (lines_up_to).
   if (resume_step < 0)
     check_metrics_file(path, false, overwrite);
   else
     check_replaceable(path, "metrics file");
-  const int old = lock_metrics_path(path);
+  if (!lock.held()) lock = MetricsLock(path);
   try {
     // Again under the lock: the file may have grown between the check and the lock.
     if (resume_step < 0) check_metrics_file(path, false, overwrite);
@@ -257,12 +292,11 @@ MetricsWriter::MetricsWriter(const std::string& path, int64_t resume_step, bool 
           fmt::format("metrics.path: cannot open {}: {}", f.temp_path(), std::strerror(errno)));
     lock_now(fd_, path);  // a fresh file no one else has opened
     f.commit();
+    lock.adopted();  // replaced by the writer's file: nothing of it to remove
   } catch (...) {
     if (fd_ >= 0) ::close(std::exchange(fd_, -1));
-    ::close(old);
     throw;
   }
-  ::close(old);
 }
 
 MetricsWriter::~MetricsWriter() {

@@ -49,6 +49,26 @@ std::string metrics_json(const StepMetrics& m);
 void check_metrics_file(const std::string& path, bool resume, bool overwrite,
                         const std::string& run_id = "");
 
+// Rank 0, before a run starts: the metrics file the path names, locked (flock; created empty when
+// there is none) so that a second run naming it is refused at its start, on every rank alike
+// (ConfigError naming the holder). Handed to the MetricsWriter, which keeps the file it writes
+// locked in turn. A file this lock created and nothing wrote is removed when the lock goes
+// unused (the run failed before it wrote its metrics).
+class MetricsLock {
+ public:
+  MetricsLock() = default;
+  explicit MetricsLock(const std::string& path);
+  ~MetricsLock();
+  MetricsLock(MetricsLock&& o) noexcept;
+  MetricsLock& operator=(MetricsLock&& o) noexcept;
+  bool held() const { return fd_ >= 0; }
+  void adopted() { created_.clear(); }  // its file is the writer's now: kept, empty or not
+
+ private:
+  int fd_ = -1;
+  std::string created_;  // the path, when this lock created the file
+};
+
 // The JSONL metrics file. A new run starts it empty (check_metrics_file first); a resumed run
 // (resume_step >= 0) keeps the lines of steps <= resume_step (a run that died after logging steps
 // its last checkpoint does not hold would otherwise log them twice), drops the rest, and
@@ -56,8 +76,9 @@ void check_metrics_file(const std::string& path, bool resume, bool overwrite,
 // left as it is. The file is replaced atomically at open.
 class MetricsWriter {
  public:
+  // `lock`: the file locked at the run's start (taken here when not held).
   explicit MetricsWriter(const std::string& path, int64_t resume_step = -1, bool overwrite = false,
-                         const std::string& run_id = "");
+                         const std::string& run_id = "", MetricsLock lock = {});
   ~MetricsWriter();
   MetricsWriter(const MetricsWriter&) = delete;
   MetricsWriter& operator=(const MetricsWriter&) = delete;

@@ -190,10 +190,15 @@ metrics_other)
   job second 60 train "${small[@]}" --steps=2 --checkpoint-dir= --metrics-path="$tmp/busy.jsonl" --overwrite
   [ $rc -eq 2 ] || { cat "$tmp/second.out"; fail "a second run of one metrics file: exit $rc, want 2"; }
   once second "is being written by another upipe run"
+  grep -q -e "^start:" -e "MPI_ABORT" "$tmp/second.out" && { cat "$tmp/second.out"; fail "the second run was refused after its start"; }
   kill -TERM $first
   wait $first
   [ "$(python3 -c 'import json,sys; print(len({json.loads(l)["run"] for l in open(sys.argv[1])}))' "$tmp/busy.jsonl")" = 1 ] ||
     fail "the metrics file has lines of two runs"
+  # A run that fails at its start (its data missing) leaves no metrics file it created.
+  job nodata 60 train "${small[@]}" --steps=2 --checkpoint-dir= --data-kind=files --data-path="$tmp/none.bin" \
+    --metrics-path="$tmp/fresh.jsonl"
+  [ $rc -eq 2 ] && [ ! -e "$tmp/fresh.jsonl" ] || { cat "$tmp/nodata.out"; fail "a failed start: exit $rc, or its empty metrics file left"; }
   ;;
 checkpoint_dir)
   echo "not a directory" > "$tmp/afile"
