@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <cctype>
 #include <unordered_set>
 #include <vector>
 
@@ -10,22 +11,23 @@
 namespace upipe {
 namespace {
 
-// Python's json module writes a float NaN or infinity as NaN / Infinity, which are no JSON: said
-// so when the parser stopped on one (its "last read" ends in the start of such a literal).
-std::string non_json_number_hint(const std::exception& e) {
-  const std::string what = e.what();
-  const size_t at = what.rfind("last read: '");
-  if ((what.find("invalid literal") == std::string::npos &&
-       what.find("invalid number") == std::string::npos) ||
-      at == std::string::npos)
-    return "";
-  std::string last = what.substr(at + 12);
-  if (!last.empty() && last.back() == '\'') last.pop_back();
-  const size_t start = last.find_last_of(":,[ \t\n");
-  const std::string token = start == std::string::npos ? last : last.substr(start + 1);
-  if (token.starts_with("N") || token.starts_with("I") || token.starts_with("-I"))
-    return " (NaN and Infinity, which Python's json writes for such floats, are not JSON: write a "
-           "number or null there)";
+// Python's words where JSON has none: json.dump writes a float NaN or infinity as NaN / Infinity,
+// and a Python literal pasted in (None, True, False) is no JSON either. Said when the parser
+// stopped inside one (the word at the error's byte).
+std::string python_word_hint(std::string_view text, const std::exception& e) {
+  const auto* pe = dynamic_cast<const nlohmann::json::parse_error*>(&e);
+  if (pe == nullptr || pe->byte == 0 || pe->byte > text.size()) return "";
+  size_t start = pe->byte - 1;
+  auto wordy = [](char c) { return std::isalpha(static_cast<unsigned char>(c)) || c == '-'; };
+  while (start > 0 && wordy(text[start - 1])) --start;
+  const std::string_view at = text.substr(start);
+  for (const char* w : {"NaN", "Infinity", "-Infinity"})
+    if (at.starts_with(w))
+      return " (NaN and Infinity, which Python's json writes for such floats, are not JSON: write "
+             "a number or null there)";
+  for (const char* w : {"None", "True", "False"})
+    if (at.starts_with(w))
+      return " (None, True and False are Python's: JSON writes null, true and false)";
   return "";
 }
 
@@ -72,7 +74,7 @@ nlohmann::json parse_json_strict(std::string_view text, const std::string& sourc
     return json::parse(text, check);
   } catch (const json::exception& e) {
     throw ConfigError(fmt::format("{}: not valid JSON: {}{}", source,
-                                  excerpt(json_error_text(e), 300), non_json_number_hint(e)));
+                                  excerpt(json_error_text(e), 300), python_word_hint(text, e)));
   }
 }
 

@@ -193,10 +193,15 @@ TEST(StrictJson, RepeatedKeysAreErrors) {
   for (const char* text : {R"({"a": 1, "foo": NaN})", R"({"x": [Infinity]})", R"({"x":-Infinity})"})
     expect_config_error([&] { parse_json_strict(text, "config.json"); },
                         {"config.json: not valid JSON", "NaN and Infinity, which Python's json writes"});
-  try {
-    parse_json_strict(R"({"a": nope})", "x.json");
-  } catch (const ConfigError& e) {
-    EXPECT_EQ(std::string(e.what()).find("NaN"), std::string::npos) << e.what();
+  expect_config_error([] { parse_json_strict(R"({"pad_token_id": None})", "config.json"); },
+                      {"not valid JSON", "None, True and False are Python's"});
+  for (const char* text : {R"({"a": nope})", R"({"a": Nothing})", R"({"a": Inf})"}) {
+    try {
+      parse_json_strict(text, "x.json");
+      ADD_FAILURE() << text;
+    } catch (const ConfigError& e) {
+      EXPECT_EQ(std::string(e.what()).find("Python"), std::string::npos) << e.what();
+    }
   }
 }
 
