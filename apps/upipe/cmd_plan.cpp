@@ -187,13 +187,19 @@ bool data_here(const std::string& path) {
   return fs::exists(path, ec) || fs::exists(path + ".bin", ec) || fs::exists(path + ".idx", ec);
 }
 
+// A path the plan would check, not on this machine (a plan made away from the cluster's files).
+void say_not_here(const char* key, const std::string& path) {
+  std::fprintf(stderr, "upipe: warning: %s is not on this machine: the plan does not check it\n",
+               render_setting_refs(setting_value(key, path)).c_str());
+}
+
 // The longest S that fits can be longer than the data holds: said beside the run it prints.
 std::string data_note(const RunDataSize& d, int64_t s) {
   std::string note;
   if (d.tokens >= 0 && d.tokens < s)
-    note = fmt::format("{} holds {} tokens, fewer than S = {}: train needs a {} of at most {}",
-                       setting_ref("data.path"), d.tokens, s, setting_ref("train.seq_len"),
-                       d.tokens);
+    note =
+        fmt::format("{} holds {} tokens, fewer than S = {}: train needs a {} of at most {}",
+                    setting_ref("data.path"), d.tokens, s, setting_ref("train.seq_len"), d.tokens);
   if (d.val_tokens >= 0 && d.val_tokens < s)
     note += fmt::format("{}{} holds {} tokens, fewer than S = {}", note.empty() ? "" : "; ",
                         setting_ref("data.val_path"), d.val_tokens, s);
@@ -212,8 +218,7 @@ int run(Process& proc, const Options& o, const SettingArgs& sa, const CLI::App& 
     if (data_here(init))
       check_init_weights(init, m);
     else if (proc.root())
-      std::fprintf(stderr, "upipe: warning: %s is not on this machine: the plan does not check it\n",
-                   render_setting_refs(setting_value("model.init_from", init)).c_str());
+      say_not_here("model.init_from", init);
   }
   // The run's data as train opens it (its files, indexes and held-out data; S against what they
   // hold), so the run a plan prints starts. With --max-seq-len the files alone: S is found below.
@@ -224,16 +229,10 @@ int run(Process& proc, const Options& o, const SettingArgs& sa, const CLI::App& 
   RunDataSize data;
   const bool files = data_cfg.data.kind == "files";
   if (files && !data_here(data_cfg.data.path)) {
-    if (proc.root())
-      std::fprintf(stderr, "upipe: warning: %s is not on this machine: the plan does not check it\n",
-                   render_setting_refs(setting_value("data.path", data_cfg.data.path)).c_str());
+    if (proc.root()) say_not_here("data.path", data_cfg.data.path);
   } else {
     if (!data_cfg.data.val_path.empty() && !data_here(data_cfg.data.val_path)) {
-      if (proc.root())
-        std::fprintf(stderr,
-                     "upipe: warning: %s is not on this machine: the plan does not check it\n",
-                     render_setting_refs(setting_value("data.val_path", data_cfg.data.val_path))
-                         .c_str());
+      if (proc.root()) say_not_here("data.val_path", data_cfg.data.val_path);
       data_cfg.metrics.val_interval = 0;
     }
     data = check_run_data(data_cfg, m, base.ranks / base.cp());

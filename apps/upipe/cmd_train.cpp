@@ -222,7 +222,7 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
     throw ConfigError(
         "--accept-changes is for --resume (it lets a resumed run change what its remaining steps "
         "compute); a fresh run has nothing recorded to change");
-  CheckpointInfo recorded;                // a resumed run's newest checkpoint
+  CheckpointInfo recorded;                 // a resumed run's newest checkpoint
   std::vector<std::string> resume_report;  // what the resume continues and changes
   if (opt.resume)
     set = resumed_settings(proc, opt, sa, cmd, set.config, &recorded, &resume_report);

@@ -59,11 +59,10 @@ int fpdt_chunks(const AttentionConfig& cfg, int ranks) {
   const int64_t nc = int64_t(cfg.knobs.chunks) * c;
   if (s % nc != 0) {
     const int fits = largest_dividing(cfg.knobs.chunks);
-    throw ConfigError(
-        fmt::format("{} ({}) must be divisible by chunks x ranks ({} x {} = {}); try {}{}",
-                    setting_ref("train.seq_len"), s, cfg.knobs.chunks, c, nc,
-                    fits > 0 ? setting_value("parallel.chunks", fits) + " or " : "",
-                    seq_len_choices(s, nc)));
+    throw ConfigError(fmt::format(
+        "{} ({}) must be divisible by chunks x ranks ({} x {} = {}); try {}{}",
+        setting_ref("train.seq_len"), s, cfg.knobs.chunks, c, nc,
+        fits > 0 ? setting_value("parallel.chunks", fits) + " or " : "", seq_len_choices(s, nc)));
   }
   return cfg.knobs.chunks;
 }

@@ -66,8 +66,9 @@ std::vector<int64_t> read_lengths(const std::string& spec, int64_t seq_len,
     static const std::regex outside("token (-?[0-9]+) at index ([0-9]+) is outside");
     std::cmatch mt;
     if (std::regex_search(e.what(), mt, outside))
-      throw ConfigError(fmt::format("{}: {}: document {} has length {}; a length must lie in [1, {}]",
-                                    what, spec, mt[2].str(), mt[1].str(), seq_len));
+      throw ConfigError(
+          fmt::format("{}: {}: document {} has length {}; a length must lie in [1, {}]", what, spec,
+                      mt[2].str(), mt[1].str(), seq_len));
     throw ConfigError(
         fmt::format("{}: a document length must lie in [1, {}]: {}", what, seq_len, e.what()));
   }

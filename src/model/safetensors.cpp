@@ -245,8 +245,7 @@ std::unordered_map<std::string, SafetensorsTensor> SafetensorsReader::open_file(
   const SafetensorsTensor* before = nullptr;
   int64_t at = data_start;  // where the next tensor must start
   for (const SafetensorsTensor* t : by_offset) {
-    if (t->offset < at)
-      fail(file, t->name, fmt::format("data overlaps tensor '{}'", before->name));
+    if (t->offset < at) fail(file, t->name, fmt::format("data overlaps tensor '{}'", before->name));
     if (t->offset > at)
       fail(file, t->name,
            fmt::format("data_offsets start at {}, but {} ends at {}: bytes [{}, {}) of the data "

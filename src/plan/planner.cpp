@@ -39,8 +39,8 @@ void check_request(const PlanRequest& r) {
   if (r.ranks < 1)
     throw ConfigError(fmt::format("{} must be >= 1 (got {})", setting_ref("plan.ranks"), r.ranks));
   if (r.micro_steps < 1)
-    throw ConfigError(fmt::format("{} must be >= 1 (got {})", setting_ref("train.micro_steps"),
-                                  r.micro_steps));
+    throw ConfigError(
+        fmt::format("{} must be >= 1 (got {})", setting_ref("train.micro_steps"), r.micro_steps));
   if (r.cp_size < 0 || (r.cp_size > 0 && r.ranks % r.cp_size != 0))
     throw ConfigError(fmt::format("{} ({}) must divide {} ({})", setting_ref("parallel.cp_size"),
                                   r.cp_size, setting_ref("plan.ranks"), r.ranks));

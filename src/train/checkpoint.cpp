@@ -788,8 +788,8 @@ CheckpointStart open_checkpoint_run(Communicator& world, const std::string& dir,
             "meta.json is missing or damaged), newer than {}, the newest complete one: the run "
             "would stop at step {}, which it cannot replace; move {} out of checkpoint.dir to "
             "continue from step {}",
-            dir, e.path.filename().string(), fs::path(*cs.resume_from).filename().string(),
-            e.step, e.path.string(), from));
+            dir, e.path.filename().string(), fs::path(*cs.resume_from).filename().string(), e.step,
+            e.path.string(), from));
       if ((e.tmp || !e.complete) && !e.run_id.empty() && e.run_id != cs.run.run_id)
         throw ConfigError(fmt::format(
             "--resume: checkpoint.dir = {} holds {}, an incomplete checkpoint of another run "

@@ -87,13 +87,12 @@ RunStart initialize(Communicator& world, const RunConfig& c, const ModelConfig& 
       throw ConfigError(fmt::format("--resume: no complete checkpoint in {}",
                                     setting_value("checkpoint.dir", c.checkpoint.dir)));
   }
-  const CheckpointStart cs =
-      open_checkpoint_run(world, c.checkpoint.dir, resume, overwrite, c.checkpoint.keep,
-                          [&](int64_t step) {  // the steps the loop checkpoints
-                            return step == c.train.steps ||
-                                   (c.checkpoint.interval > 0 && step < c.train.steps &&
-                                    step % c.checkpoint.interval == 0);
-                          });
+  const CheckpointStart cs = open_checkpoint_run(
+      world, c.checkpoint.dir, resume, overwrite, c.checkpoint.keep,
+      [&](int64_t step) {  // the steps the loop checkpoints
+        return step == c.train.steps || (c.checkpoint.interval > 0 && step < c.train.steps &&
+                                         step % c.checkpoint.interval == 0);
+      });
   run = cs.run;
   run.data = data.fingerprint();
   if (cs.resume_from) {

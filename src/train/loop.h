@@ -118,4 +118,3 @@ struct RunDataSize {
 RunDataSize check_run_data(const RunConfig& c, const ModelConfig& m, int dp_size);
 
 }  // namespace upipe
-

@@ -243,11 +243,9 @@ MetricsLock::MetricsLock(const std::string& path) {
 
 MetricsLock::~MetricsLock() {
   if (fd_ < 0) return;
-  struct stat st {
-  };
+  struct stat st {};
   if (!created_.empty() && ::fstat(fd_, &st) == 0 && st.st_size == 0) {
-    struct stat now {
-    };
+    struct stat now {};
     if (::lstat(created_.c_str(), &now) == 0 && now.st_dev == st.st_dev && now.st_ino == st.st_ino)
       ::unlink(created_.c_str());
   }

@@ -52,9 +52,8 @@ std::vector<std::string> check_resume(const RecordedRun& rec, const RunConfig& n
   // the same G reads the same sequences, its gradient summed in another order.
   const int64_t g_rec = int64_t(dp_rec) * rec.config.train.micro_steps,
                 g_now = int64_t(dp_now) * now.train.micro_steps;
-  const bool same_batch_recut = g_rec == g_now && (dp_now != dp_rec ||
-                                                   rec.config.train.micro_steps !=
-                                                       now.train.micro_steps);
+  const bool same_batch_recut =
+      g_rec == g_now && (dp_now != dp_rec || rec.config.train.micro_steps != now.train.micro_steps);
   if (same_batch_recut)
     lines.push_back(fmt::format(
         "  DP {} x {} micro-steps -> DP {} x {} on {} ranks: the same global batch of {} "

@@ -220,17 +220,19 @@ TEST(ModelConfig, RefusalsNameFileAndField) {
   EXPECT_EQ(parse_model_config(llama_json(R"(, "rope_parameters": {"rope_type": "default"})"), f)
                 .rope.theta,
             500000.0);
-  EXPECT_EQ(parse_model_config(R"({"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+  EXPECT_EQ(
+      parse_model_config(R"({"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
                                    "num_hidden_layers": 2, "num_attention_heads": 4,
                                    "vocab_size": 256, "rope_parameters": {"rope_type": "default"}})",
-                               f)
-                .rope.theta,
-            10000.0);
+                         f)
+          .rope.theta,
+      10000.0);
   // What transformers reads alike: swish is SiLU; a whole number written as a float.
   EXPECT_NO_THROW(parse_model_config(llama_json(R"(, "hidden_act": "swish")"), f));
   EXPECT_EQ(parse_model_config(llama_json(R"(, "num_hidden_layers": 4.0)"), f).num_hidden_layers,
             4);
-  expect_error(with(R"(, "num_hidden_layers": 4.5)"), {f, "'num_hidden_layers' must be an integer (got 4.5)"});
+  expect_error(with(R"(, "num_hidden_layers": 4.5)"),
+               {f, "'num_hidden_layers' must be an integer (got 4.5)"});
   expect_error(with(R"(, "rope_parameters": {"rope_theta": 1e6})"),
                {f, "'rope_theta'", "contradicts"});
   // Values said as the file's fields: an integer past 2^63 - 1 (read as -1 before), a theta

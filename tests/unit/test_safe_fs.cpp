@@ -191,8 +191,9 @@ TEST(StrictJson, RepeatedKeysAreErrors) {
                       {"x.json: not valid JSON", "number overflow"});
   // Python's json writes a float NaN or infinity as NaN / Infinity: said as such.
   for (const char* text : {R"({"a": 1, "foo": NaN})", R"({"x": [Infinity]})", R"({"x":-Infinity})"})
-    expect_config_error([&] { parse_json_strict(text, "config.json"); },
-                        {"config.json: not valid JSON", "NaN and Infinity, which Python's json writes"});
+    expect_config_error(
+        [&] { parse_json_strict(text, "config.json"); },
+        {"config.json: not valid JSON", "NaN and Infinity, which Python's json writes"});
   expect_config_error([] { parse_json_strict(R"({"pad_token_id": None})", "config.json"); },
                       {"not valid JSON", "None, True and False are Python's"});
   for (const char* text : {R"({"a": nope})", R"({"a": Nothing})", R"({"a": Inf})"}) {

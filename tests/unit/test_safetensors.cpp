@@ -333,19 +333,20 @@ TEST(Safetensors, CorruptFilesNameFileAndTensor) {
                {"overlap.safetensors", "tensor 'v'", "overlaps tensor 'u'"});
   // The tensors fill the data section in order, as the reference reader requires: a header that
   // points a tensor at other bytes (its own left to no tensor) or leaves bytes at the end.
-  expect_error(open_bytes("hole.safetensors",
-                          st_bytes(R"({"u":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},
+  expect_error(
+      open_bytes("hole.safetensors",
+                 st_bytes(R"({"u":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},
                               "v":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})",
-                                   f32x4)),
-               {"hole.safetensors", "tensor 'v'", "data_offsets start at 8, but tensor 'u' ends at 4"});
-  expect_error(open_bytes("start.safetensors",
-                          st_bytes(R"({"v":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})",
-                                   f32x4)),
-               {"start.safetensors", "tensor 'v'", "but nothing ends at 0"});
-  expect_error(open_bytes("tail.safetensors",
-                          st_bytes(R"({"v":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})",
-                                   f32x4)),
-               {"tail.safetensors", "the tensors cover 8 of the data section's 16 bytes"});
+                          f32x4)),
+      {"hole.safetensors", "tensor 'v'", "data_offsets start at 8, but tensor 'u' ends at 4"});
+  expect_error(
+      open_bytes("start.safetensors",
+                 st_bytes(R"({"v":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})", f32x4)),
+      {"start.safetensors", "tensor 'v'", "but nothing ends at 0"});
+  expect_error(
+      open_bytes("tail.safetensors",
+                 st_bytes(R"({"v":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", f32x4)),
+      {"tail.safetensors", "the tensors cover 8 of the data section's 16 bytes"});
   expect_error(
       open_bytes("rev.safetensors",
                  st_bytes(R"({"w":{"dtype":"F32","shape":[0],"data_offsets":[8,4]}})", f32x4)),
