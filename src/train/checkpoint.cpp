@@ -124,11 +124,11 @@ std::vector<Entry> list_entries(const fs::path& dir) {
   return v;
 }
 
-// A step_N entry of dir that is a symbolic link or no directory: refused wherever checkpoints
-// are looked for. Skipped, a linked newest checkpoint left resume and export on an older one
-// without a word (and a run reaching that step failed there, after its compute).
 }  // namespace
 
+// A step_N entry of dir that is a symbolic link or no directory (list_entries skips them): refused
+// where checkpoints are looked for. Skipped, a linked newest checkpoint left resume and export on
+// an older one without a word (and a run reaching that step failed there, after its compute).
 void refuse_odd_step_entries(const std::string& dir) {
   std::error_code ec, ignored;
   if (!fs::is_directory(dir, ignored)) return;

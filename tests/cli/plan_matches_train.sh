@@ -58,6 +58,12 @@ case_ ring_tile100 2 '[parallel]\nmethod = "ring"\n[train]\nseq_len = 512\n[memo
 case_ ulysses_bf16_offload 2 '[parallel]\nmethod = "ulysses"\n[train]\nseq_len = 512\n[memory]\ndtype = "bf16"\ntile_tokens = 128\noffload_stash = true\nstash_dtype = "bf16"'
 case_ fpdt_block 2 '[parallel]\nmethod = "fpdt"\nchunks = 2\n[train]\nseq_len = 512\n[memory]\nrecompute = "block"\ntile_tokens = 48'
 case_ upipe_none_bf16res 2 '[parallel]\nmethod = "upipe"\n[train]\nseq_len = 256\n[memory]\ndtype = "bf16"\nresidual_dtype = "bf16"\nrecompute = "none"\ntile_tokens = 64'
+# Two micro-steps of a model whose LM head sets the peak at the second (the embedding's gradient
+# still being reduce-scattered from the first): the plan played one micro-step and fell short.
+mkdir -p "$tmp/v512"
+printf '%s\n' '{"model_type": "llama", "hidden_size": 64, "intermediate_size": 160, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "num_hidden_layers": 1, "vocab_size": 512, "rms_norm_eps": 1e-06, "tie_word_embeddings": false}' \
+  > "$tmp/v512/config.json"
+case_ micro2_v512 1 "[model]\nname = \"$tmp/v512\"\nrandom_weights = true\n[train]\nseq_len = 256\nmicro_steps = 2"
 case_ qwen3_usp 2 '[model]\nname = "tiny-qwen3"\n[parallel]\nmethod = "usp"\nulysses_degree = 1\n[train]\nseq_len = 512'
 case_ cp2_dp2_upipe_fpdt 4 '[parallel]\ncp_size = 2\nmethod = "upipe-fpdt"\n[train]\nseq_len = 512\nmicro_steps = 2\n[memory]\noffload_stash = true'
 case_ upipe_overlap_qwen3 2 '[model]\nname = "tiny-qwen3"\n[parallel]\nmethod = "upipe"\noverlap = true\n[train]\nseq_len = 512\n[memory]\nrecompute = "none"'
