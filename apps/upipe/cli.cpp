@@ -58,6 +58,17 @@ CLI::Validator number_in(double lo, double hi) {
       "NUMBER in " + range);
 }
 
+CLI::Option* add_doc_lens_option(CLI::App& cmd, std::string& spec, const std::string& help) {
+  return cmd.add_option("--doc-lens", spec, help)
+      ->check(CLI::Validator(
+          [](std::string& s) -> std::string {
+            if (!s.empty()) return {};
+            return "is empty; give the documents' lengths (a,b,c) or a .npy/.bin file of them, "
+                   "or leave --doc-lens out for one document";
+          },
+          "LENS|FILE"));
+}
+
 void add_shape_options(CLI::App& cmd, ShapeOptions& o, bool full) {
   cmd.add_option("--heads,-H", o.heads, "query heads H")
       ->capture_default_str()

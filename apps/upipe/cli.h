@@ -44,6 +44,10 @@ CLI::Validator integer_in(T lo, T hi);
 // A validator accepting only a finite decimal number in [lo, hi].
 CLI::Validator number_in(double lo, double hi);
 
+// --doc-lens (packed documents: lengths a,b,c or a .npy/.bin file of them) with the command's
+// own help; an empty value is refused at parse time (it would read as no documents).
+CLI::Option* add_doc_lens_option(CLI::App& cmd, std::string& spec, const std::string& help);
+
 // Per-process state every command gets.
 struct Process {
   Communicator& world;

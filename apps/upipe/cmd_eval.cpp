@@ -194,7 +194,7 @@ Runner add_eval(CLI::App& cmd) {
   cmd.add_option("--tokens", opt->tokens,
                  "token ids: a 1-D .npy (int32/int64/uint16/uint32) or an llm.c .bin; with "
                  "--seq-len, its first S (without: --seq-len random ids)");
-  cmd.add_option("--doc-lens", opt->doc_lens,
+  add_doc_lens_option(cmd, opt->doc_lens,
                  "the sequence as packed documents: lengths a,b,c summing to its length, or a "
                  ".npy/.bin file of them; each document is attended to and predicted alone");
   cmd.add_option("--save-grads", opt->save_grads,

@@ -47,11 +47,10 @@ Settings resumed_settings(const Process& proc, const Options& opt, const Setting
   if (typed.checkpoint.dir.empty())
     throw ConfigError(fmt::format("--resume needs {} (the run's checkpoint directory)",
                                   setting_ref("checkpoint.dir")));
-  refuse_odd_step_entries(typed.checkpoint.dir);
-  const std::optional<std::string> ckpt = latest_checkpoint(typed.checkpoint.dir);
-  if (!ckpt)
-    throw ConfigError(fmt::format("--resume: no complete checkpoint in {}",
-                                  setting_value("checkpoint.dir", typed.checkpoint.dir)));
+  // Every rank reads the one checkpoint rank 0 does (hosts that see other directories would
+  // each continue their own).
+  const std::optional<std::string> ckpt =
+      newest_checkpoint_everywhere(proc.world, typed.checkpoint.dir);
   const CheckpointInfo& info = *recorded = read_checkpoint_info(*ckpt);
   SettingSources ignored;  // older spellings in an older checkpoint are not the user's
   RecordedRun rec{parse_run_toml(info.run_toml, *ckpt + "/meta.json", &ignored),
@@ -280,8 +279,7 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
     render->finish();
     print_end(cfg, m, loop, end);
   }
-  Watchdog::stop();
-  return 0;
+  return 0;  // the watchdog stays: MPI_Finalize runs under it (a host gone after the work)
 }
 
 }  // namespace

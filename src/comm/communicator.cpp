@@ -1,5 +1,9 @@
 #include "comm/communicator.h"
 
+#include <array>
+#include <utility>
+#include <vector>
+
 #include "core/check.h"
 #include "core/errors.h"
 
@@ -49,26 +53,66 @@ void Communicator::record_as(const Communicator& inner, CommOp op, const CommSta
   record(op, s.bytes_of(op) - before.bytes_of(op));
 }
 
-void on_rank0_everywhere(Communicator& world, const std::function<void()>& check) {
-  std::string err;
-  int64_t head[2] = {0, 0};  // the text's length; 1 for a ConfigError, 2 for any other failure
-  if (world.rank() == 0) try {
-      check();
-    } catch (const ConfigError& e) {
-      err = e.what();
-      head[1] = 1;
-    } catch (const std::exception& e) {  // a failed read, bad_alloc: every rank ends alike too
-      err = e.what();
-      head[1] = 2;
-    }
-  if (head[1] != 0 && err.empty()) err = "a check on rank 0 failed";
-  head[0] = int64_t(err.size());
-  world.broadcast(head, sizeof head, 0);
+namespace {
+
+// Runs `check`, returning its failure: {text, 1} for a ConfigError, {text, 2} for any other, and
+// {"", 0} when it passed.
+std::pair<std::string, int64_t> failure_of(const std::function<void()>& check) {
+  try {
+    check();
+    return {"", 0};
+  } catch (const ConfigError& e) {
+    return {e.what(), 1};
+  } catch (const std::exception& e) {  // a failed read, bad_alloc: every rank ends alike too
+    return {e.what(), 2};
+  }
+}
+
+// Collective: throws on every rank the failure `root` broadcasts (none when kind is 0 there).
+void throw_from(Communicator& world, int root, std::string err, int64_t kind) {
+  if (world.rank() == root && kind != 0 && err.empty())
+    err = fmt::format("a check on rank {} failed", root);
+  int64_t head[2] = {int64_t(err.size()), kind};  // the text's length, its kind
+  world.broadcast(head, sizeof head, root);
   if (head[1] == 0) return;
   err.resize(size_t(head[0]));
-  world.broadcast(err.data(), head[0], 0);
+  world.broadcast(err.data(), head[0], root);
   if (head[1] == 1) throw ConfigError(err);
   throw Error(err);
+}
+
+}  // namespace
+
+std::string broadcast_string(Communicator& world, std::string s, int root) {
+  int64_t n = int64_t(s.size());
+  world.broadcast(&n, sizeof n, root);
+  s.resize(size_t(n));
+  world.broadcast(s.data(), n, root);
+  return s;
+}
+
+std::vector<std::string> host_names(Communicator& world) {
+  constexpr size_t kMax = 256;
+  std::array<char, kMax> mine{};
+  host_name().copy(mine.data(), kMax - 1);
+  std::vector<char> all(kMax * size_t(world.size()));
+  world.all_gather(mine.data(), all.data(), int64_t(kMax));
+  std::vector<std::string> names;
+  for (size_t r = 0; r < size_t(world.size()); ++r) names.emplace_back(all.data() + r * kMax);
+  return names;
+}
+
+void on_rank0_everywhere(Communicator& world, const std::function<void()>& check) {
+  auto [err, kind] = world.rank() == 0 ? failure_of(check) : std::pair<std::string, int64_t>{};
+  throw_from(world, 0, std::move(err), kind);
+}
+
+void on_every_rank_everywhere(Communicator& world, const std::function<void()>& check) {
+  auto [err, kind] = failure_of(check);
+  std::vector<int64_t> kinds(size_t(world.size()));
+  world.all_gather(&kind, kinds.data(), sizeof kind);
+  for (int r = 0; r < world.size(); ++r)
+    if (kinds[size_t(r)] != 0) return throw_from(world, r, std::move(err), kind);
 }
 
 }  // namespace upipe

@@ -15,6 +15,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/dtype.h"
 
@@ -137,5 +138,15 @@ class Communicator {
 // every rank fails alike and the job ends cleanly with one line instead of rank 0 alone failing
 // while the others wait for it.
 void on_rank0_everywhere(Communicator& world, const std::function<void()>& check);
+
+// Collective: root's `s` on every rank.
+std::string broadcast_string(Communicator& world, std::string s, int root);
+
+// Collective: the host name of every rank, indexed by rank (messages that name where a rank runs).
+std::vector<std::string> host_names(Communicator& world);
+
+// Collective: every rank runs `check` (a look at what this rank's host sees); the failure of the
+// lowest rank that failed is thrown on every rank with its text, as on_rank0_everywhere does.
+void on_every_rank_everywhere(Communicator& world, const std::function<void()>& check);
 
 }  // namespace upipe

@@ -9,17 +9,6 @@
 #include "core/errors.h"
 
 namespace upipe {
-namespace {
-
-// Within the budget but beyond what backs it (the machine's memory, the GPU's): a lower budget
-// would only be refused sooner.
-constexpr const char* kBeyondMachine =
-    "this machine cannot hold it: choose a configuration with a smaller peak (a shorter "
-    "sequence, more ranks, bf16, --offload-stash; `upipe plan` finds one that fits) or a machine "
-    "with more memory";
-
-}  // namespace
-
 const char* tag_name(Tag t) {
   static const char* kNames[] = {"params", "grads",   "optim",     "gathered",    "act",
                                  "qkv",    "a2a",     "attn_out",  "kv_resident", "attn_grad",
@@ -62,14 +51,23 @@ std::string Arena::describe(const TagBytes& b) {
   return s.empty() ? "nothing" : s;
 }
 
+// Within the budget but beyond what backs it (the machine's memory, the GPU's): a lower budget
+// would only be refused sooner.
+std::string Arena::beyond_machine() const {
+  return fmt::format(
+      "this machine cannot hold it: choose a configuration with a smaller peak ({}) or a machine "
+      "with more memory",
+      advice_);
+}
+
 void* Arena::allocate(int64_t bytes, Tag tag) {
   UPIPE_CHECK(bytes >= 0, "negative allocation of {} bytes", bytes);
   if (bytes > budget_ - current_) {
     std::string msg = fmt::format(
         "out of memory in {} arena: tag '{}' requested {} ({} B) with {} of {} in use ({}); "
-        "raise the memory budget or choose a configuration with a smaller peak",
+        "raise the memory budget or choose a configuration with a smaller peak ({})",
         name_, tag_name(tag), format_bytes(bytes), bytes, format_bytes(current_),
-        format_bytes(budget_), describe(cur_));
+        format_bytes(budget_), describe(cur_), advice_);
     throw OutOfMemoryError(msg, name_, tag_name(tag), bytes, describe(cur_));
   }
   void* p = nullptr;
@@ -80,7 +78,7 @@ void* Arena::allocate(int64_t bytes, Tag tag) {
         "out of memory in {} arena: tag '{}' requested {} ({} B) within the budget, but {} "
         "({} of {} in use: {}); {}",
         name_, tag_name(tag), format_bytes(bytes), bytes, e.what(), format_bytes(current_),
-        format_bytes(budget_), describe(cur_), kBeyondMachine);
+        format_bytes(budget_), describe(cur_), beyond_machine());
     OutOfMemoryError oom(msg, name_, tag_name(tag), bytes, describe(cur_));
     oom.backing = true;
     throw oom;
@@ -100,14 +98,14 @@ void Arena::check_fits(const TagBytes& need) const {
   if (bytes > budget_ - current_)
     throw OutOfMemoryError(
         fmt::format("{}, over the budget of {} ({} in use); raise the memory budget or choose a "
-                    "configuration with a smaller peak",
-                    what, format_bytes(budget_), format_bytes(current_)),
+                    "configuration with a smaller peak ({})",
+                    what, format_bytes(budget_), format_bytes(current_), advice_),
         name_, "planned", bytes, describe(cur_));
   try {
     backing_.check_can_back(bytes);
   } catch (const std::bad_alloc& e) {
     throw OutOfMemoryError(fmt::format("{}, within the budget, but {}; {}", what, e.what(),
-                                       kBeyondMachine),
+                                       beyond_machine()),
                            name_, "planned", bytes, describe(cur_));
   }
 }

@@ -43,6 +43,9 @@ class Arena {
   const std::string& name() const { return name_; }
   int64_t budget() const { return budget_; }
   void set_budget(int64_t b) { budget_ = b; }
+  // What an out-of-memory error tells the user to change (by default a training run's knobs);
+  // a command with other knobs (bench kernel) names its own.
+  void set_advice(std::string advice) { advice_ = std::move(advice); }
   bool backed() const { return backing_.backed(); }
   Allocator& backing() { return backing_; }
 
@@ -70,9 +73,12 @@ class Arena {
   };
   static constexpr int kMaxWatches = 4;
   void on_change(Tag tag, int64_t delta);
+  std::string beyond_machine() const;
 
   std::string name_;
   int64_t budget_;
+  std::string advice_ =
+      "a shorter sequence, more ranks, bf16, --offload-stash; `upipe plan` finds one that fits";
   Allocator& backing_;
   int64_t current_ = 0, peak_ = 0;
   TagBytes cur_, at_peak_, tag_peak_;

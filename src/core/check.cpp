@@ -1,5 +1,7 @@
 #include "core/check.h"
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
 
@@ -14,6 +16,14 @@ void set_log_rank(int rank) {
 }
 int log_rank() {
   return g_rank;
+}
+const std::string& host_name() {
+  static const std::string name = [] {
+    char h[256] = {};
+    return ::gethostname(h, sizeof h - 1) == 0 && h[0] != '\0' ? std::string(h)
+                                                               : std::string("unknown host");
+  }();
+  return name;
 }
 void set_fatal_handler(FatalHandler h) {
   g_handler = h;

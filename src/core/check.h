@@ -12,6 +12,8 @@ namespace upipe {
 // Rank shown in fatal messages and logs; -1 until a communicator sets it.
 void set_log_rank(int rank);
 int log_rank();
+// This machine's host name (gethostname, read once), for messages that name where a rank runs.
+const std::string& host_name();
 
 // Called by fatal(); must not return. Default: std::abort().
 using FatalHandler = void (*)(int exit_code);

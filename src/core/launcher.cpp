@@ -54,7 +54,7 @@ bool started_by_launcher() {
   return g_launcher > 1;
 }
 
-void guard_launcher() {
+void guard_launcher(int grace_s) {
   const pid_t launcher = g_launcher;
   if (launcher <= 1) return;
   char msg[256], err[64];
@@ -62,13 +62,13 @@ void guard_launcher() {
       std::snprintf(msg, sizeof msg,
                     "upipe: rank %d: the job's launcher (pid %d) did not end the job %d s "
                     "after this rank did (a host unreachable?); killing it\n",
-                    log_rank(), int(launcher), kLauncherGraceSeconds);
+                    log_rank(), int(launcher), grace_s);
   std::snprintf(err, sizeof err, "/proc/%d/fd/2", int(launcher));
   if (::fork() != 0) return;  // this process goes on ending itself (a failed fork: no guard)
   ::setsid();                 // out of the rank's process group, which the launcher may kill
   // Nothing of the rank held open: its output pipes and MPI's sockets close with the rank.
   ::syscall(SYS_close_range, 0u, ~0u, 0u);
-  if (!still_there(launcher, kLauncherGraceSeconds * 1000L)) ::_exit(0);
+  if (!still_there(launcher, grace_s * 1000L)) ::_exit(0);
   // On the launcher's own stderr (the user's terminal or log): the rank's output went through
   // the launcher, which no longer forwards it.
   const int fd = ::open(err, O_WRONLY | O_APPEND | O_NONBLOCK | O_CLOEXEC);

@@ -15,6 +15,9 @@ namespace upipe {
 
 // mpirun's normal abort takes about 2 s (2T - 2 s with odls_base_sigkill_timeout = T, <= 10).
 inline constexpr int kLauncherGraceSeconds = 20;
+// After a normal end: mpirun exits within a second or two once its ranks have; a loaded machine
+// (many ranks under a sanitizer) is given much longer.
+inline constexpr int kLauncherEndGraceSeconds = 60;
 
 // Makes the kernel end this process with SIGKILL the moment its parent exits, and ends it at once
 // when the parent is already gone. Call first thing, before MPI_Init.
@@ -25,9 +28,10 @@ void end_with_launcher();
 bool started_by_launcher();
 
 // Forks a detached guard (async-signal-safe calls only, so any thread may call it just before
-// the process ends): if the launcher still runs kLauncherGraceSeconds later, the guard prints why
-// on the launcher's stderr and kills it (SIGKILL: mpirun exits 137); it exits as soon as the
-// launcher is gone.
-void guard_launcher();
+// the process ends): if the launcher still runs grace_s seconds later, the guard prints why on
+// the launcher's stderr and kills it (SIGKILL: mpirun exits 137); it exits as soon as the
+// launcher is gone. A rank that ends normally leaves one too, with kLauncherEndGraceSeconds:
+// mpirun waits for every host's daemon even after all ranks ended, forever for a host gone.
+void guard_launcher(int grace_s = kLauncherGraceSeconds);
 
 }  // namespace upipe

@@ -129,8 +129,9 @@ std::string Watchdog::message(double idle_s) {
   else
     where = context.empty() ? std::string("an operation") : context;
   return fmt::format(
-      "upipe: rank {}: no progress for {:g} s in {} — a rank is stuck or dead; ending the job",
-      log_rank(), idle_s, where);
+      "upipe: rank {} (host {}): no progress for {:g} s in {} — a rank is stuck or dead; ending "
+      "the job",
+      log_rank(), host_name(), idle_s, where);
 }
 
 namespace {

@@ -22,10 +22,12 @@
 
 #include "backend/tensor_ops.h"
 #include "core/build_info.h"
+#include "core/check.h"
 #include "core/checked.h"
 #include "core/errors.h"
 #include "core/fault_inject.h"
 #include "core/safe_fs.h"
+#include "core/setting_ref.h"
 #include "core/strict_json.h"
 #include "model/safetensors.h"
 
@@ -520,6 +522,39 @@ std::vector<uint64_t> write_rank_file(const fs::path& tmp, const CheckpointRun& 
   return file_record(path, hasher);
 }
 
+// Rank 0, before it marks a checkpoint complete: every rank's file is in the directory it renames,
+// of the size and header that rank wrote (a host that sees another directory under
+// checkpoint.dir wrote its file there, and the checkpoint would miss it).
+void check_rank_files(const fs::path& tmp, const std::vector<uint64_t>& records, int world) {
+  const size_t per_rank = records.size() / size_t(world);
+  for (int q = 0; q < world; ++q) {
+    const uint64_t* r = records.data() + size_t(q) * per_rank;
+    const std::string path = (tmp / rank_file(q)).string();
+    std::error_code ec;
+    const bool there = fs::is_regular_file(path, ec);
+    const uint64_t bytes = there ? uint64_t(fs::file_size(path, ec)) : 0;
+    bool same = there && !ec && bytes == r[0];
+    if (same) {
+      const ReadFile rf(path, "checkpoint file");
+      uint64_t n = 0;
+      rf.read_at(&n, 8, 0);
+      same = r[0] >= 8 && n <= r[0] - 8;
+      if (same) {
+        std::string head(size_t(8 + n), '\0');
+        rf.read_at(head.data(), int64_t(head.size()), 0);
+        same = xxh3(head.data(), int64_t(head.size())) == r[1];
+      }
+    }
+    if (!same)
+      throw ConfigError(fmt::format(
+          "checkpoint {}: rank {} wrote its file {} ({} B), which rank 0 {}: every host must see "
+          "one {} (a shared file system); the checkpoint is not marked complete",
+          tmp.string(), q, rank_file(q), r[0],
+          there ? fmt::format("finds with other contents ({} B)", bytes) : "does not find there",
+          setting_ref("checkpoint.dir")));
+  }
+}
+
 json meta_json(const CheckpointRun& run, int64_t step, Zero3& z, int cp_size,
                const std::string& run_toml, const std::vector<uint64_t>& records) {
   const int world = z.world().size();
@@ -744,6 +779,79 @@ void check_checkpoint_room(Communicator& world, const std::string& dir, int64_t 
   });
 }
 
+void check_one_checkpoint_dir(Communicator& world, const std::string& dir) {
+  if (world.size() == 1) return;
+  // Rank 0's probe: a name and text no other directory holds by chance, and its host.
+  uint64_t token = 0;
+  on_rank0_everywhere(world, dir, [&] {
+    token = std::random_device{}() | (uint64_t(std::random_device{}()) << 32);
+    write_file_atomic((fs::path(dir) / fmt::format(".upipe-view-{}", hex64(token))).string(),
+                      hex64(token) + "\n", "checkpoint directory probe");
+  });
+  world.broadcast(&token, sizeof token, 0);
+  const std::string host0 = host_names(world)[0];
+  std::error_code ec;
+  const std::string where0 = broadcast_string(world, fs::absolute(dir, ec).string(), 0);
+  const fs::path probe = fs::path(dir) / fmt::format(".upipe-view-{}", hex64(token));
+  auto check = [&] {
+    if (world.rank() == 0) return;
+    std::error_code ec;
+    const bool seen = fs::is_regular_file(probe, ec) &&
+                      read_small_file(probe.string(), "checkpoint directory probe", 64) ==
+                          hex64(token) + "\n";
+    if (seen) return;
+    const std::string mine = fs::absolute(dir, ec).string();
+    throw ConfigError(fmt::format(
+        "rank {} (host {}) does not see the file {} that rank 0 (host {}) wrote in {}{}: every "
+        "rank writes its part of each checkpoint there, so every host must see that one "
+        "directory (a shared file system); give a {} that every host mounts",
+        world.rank(), host_name(), probe.filename().string(), host0,
+        setting_value("checkpoint.dir", where0),
+        mine == where0 ? std::string() : fmt::format(" (rank {} reads the path as {})", world.rank(), mine),
+        setting_ref("checkpoint.dir")));
+  };
+  try {
+    on_every_rank_everywhere(world, check);
+  } catch (...) {
+    std::error_code ec;
+    if (world.rank() == 0) fs::remove(probe, ec);
+    throw;
+  }
+  on_rank0_everywhere(world, dir, [&] { fs::remove(probe); });
+}
+
+std::string newest_checkpoint_everywhere(Communicator& world, const std::string& dir) {
+  check_one_checkpoint_dir(world, dir);
+  std::optional<std::string> mine;
+  on_every_rank_everywhere(world, [&] {
+    refuse_odd_step_entries(dir);
+    mine = latest_checkpoint(dir);
+  });
+  // Each rank's newest complete step (-1: none), checked against rank 0's: a file system that
+  // shows hosts other listings (an NFS cache, a copy) would load other weights on some ranks.
+  int64_t step = -1;
+  bool tmp = false;
+  if (mine) parse_step_name(fs::path(*mine).filename().string(), &step, &tmp);
+  std::vector<int64_t> steps(size_t(world.size()));
+  world.all_gather(&step, steps.data(), sizeof step);
+  if (steps[0] < 0)
+    throw ConfigError(fmt::format("--resume: no complete checkpoint in {}",
+                                  setting_value("checkpoint.dir", dir)));
+  auto named = [](int64_t s) {
+    return s < 0 ? std::string("none") : step_dir_name(s);
+  };
+  const std::vector<std::string> hosts = host_names(world);
+  for (int r = 1; r < world.size(); ++r)
+    if (steps[size_t(r)] != steps[0])
+      throw ConfigError(fmt::format(
+          "--resume: rank {} (host {}) finds {} the newest complete checkpoint in {}, rank 0 "
+          "(host {}) finds {}: every rank must load one checkpoint, so every host must see the "
+          "same {} (a shared file system, its writes visible everywhere)",
+          r, hosts[size_t(r)], named(steps[size_t(r)]), setting_value("checkpoint.dir", dir),
+          hosts[0], named(steps[0]), setting_ref("checkpoint.dir")));
+  return *mine;
+}
+
 CheckpointStart open_checkpoint_run(Communicator& world, const std::string& dir, bool resume,
                                     bool overwrite, int keep,
                                     const std::function<bool(int64_t)>& writes_step) {
@@ -757,6 +865,7 @@ CheckpointStart open_checkpoint_run(Communicator& world, const std::string& dir,
           "--overwrite is for a fresh run; --resume continues the run in "
           "checkpoint.dir");
     on_rank0_everywhere(world, dir, [&] { lock_and_scan(dir); });  // before it is read
+    newest_checkpoint_everywhere(world, dir);  // one directory, one newest step on every rank
     std::set<std::string> runs;
     int64_t from = 0;  // the step continued from
     for (const Entry& e : list_entries(dir))
@@ -808,6 +917,7 @@ CheckpointStart open_checkpoint_run(Communicator& world, const std::string& dir,
     check_writable_dir(cs.run);
     lock_and_scan(dir);
   });
+  check_one_checkpoint_dir(world, dir);  // now, not at the first checkpoint steps later
   if (overwrite) return cs;
   std::vector<Entry> entries = list_entries(dir);
   // An empty, unmarked step_N(.tmp) (a write that ended before it marked its directory) is
@@ -831,7 +941,8 @@ std::string save_checkpoint(const CheckpointRun& run, int64_t step, Zero3& z, in
   fault_point("checkpoint");
   std::vector<uint64_t> records(mine.size() * size_t(world.size()));
   world.all_gather(mine.data(), records.data(), int64_t(mine.size() * sizeof(uint64_t)));
-  if (world.rank() == 0) {
+  on_rank0_everywhere(world, run.dir, [&] {
+    check_rank_files(tmp, records, world.size());
     const std::string meta = meta_json(run, step, z, cp_size, run_toml, records).dump(1) + "\n";
     write_file_atomic((tmp / "meta.json").string(), meta, "checkpoint metadata");
     // DONE before the rename, so a step_N directory is complete from the moment it has its name
@@ -845,8 +956,7 @@ std::string save_checkpoint(const CheckpointRun& run, int64_t step, Zero3& z, in
     fs::rename(tmp, final_dir);
     fsync_directory(dir.string());
     prune(run, step);
-  }
-  world.barrier();
+  });
   return final_dir.string();
 }
 

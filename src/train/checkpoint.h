@@ -79,6 +79,18 @@ CheckpointStart open_checkpoint_run(Communicator& world, const std::string& dir,
                                     bool overwrite, int keep,
                                     const std::function<bool(int64_t)>& writes_step = nullptr);
 
+// Collective: every rank sees the checkpoint directory `dir` (existing) as rank 0 does, one
+// directory on a file system every host mounts (each rank writes its own file of each checkpoint
+// there): rank 0 writes a probe file, every rank reads it. ConfigError on every rank naming the
+// first rank that does not, and its host; nothing to check on one rank.
+void check_one_checkpoint_dir(Communicator& world, const std::string& dir);
+
+// Collective, for --resume: the newest complete checkpoint under `dir`, the same on every rank
+// (check_one_checkpoint_dir, then every rank's own listing against rank 0's). ConfigError on every
+// rank when there is none, a step_N entry is odd (refuse_odd_step_entries), or a rank finds
+// another newest step than rank 0 (naming both and their hosts).
+std::string newest_checkpoint_everywhere(Communicator& world, const std::string& dir);
+
 // ConfigError when an entry of the checkpoint directory `dir` named step_N is a symbolic link or
 // no directory (resume and export would otherwise skip it for an older checkpoint).
 void refuse_odd_step_entries(const std::string& dir);

@@ -59,18 +59,22 @@ std::shared_ptr<const Documents> documents_of(const std::vector<int64_t>& lens, 
   return lens.empty() ? nullptr : std::make_shared<const Documents>(lens, s);
 }
 
-// Collective: every rank read the same training data (hosts with their own copies of data.path
-// could differ); ConfigError on every rank naming the first that did not.
-void check_same_data(Communicator& world, const DataSource& data) {
+// Collective: every rank read the same data (hosts with their own copies of data.path or
+// data.val_path could differ); ConfigError on every rank naming the first that did not. `what`:
+// "training" or "validation"; `key`: the setting that names the files.
+void check_same_data(Communicator& world, const DataSource& data, const char* what,
+                     const char* key) {
   std::vector<uint64_t> all(static_cast<size_t>(world.size()));
   const uint64_t mine = data.content_hash();
   world.all_gather(&mine, all.data(), sizeof mine);
   for (size_t r = 1; r < all.size(); ++r)
-    if (all[r] != all[0])
+    if (all[r] != all[0]) {
+      const std::vector<std::string> hosts = host_names(world);
       throw ConfigError(fmt::format(
-          "rank {} read other training data than rank 0 (xxh3 {:016x}, rank 0's {:016x}): every "
-          "host must see the same files under {}",
-          r, all[r], all[0], setting_ref("data.path")));
+          "rank {} (host {}) read other {} data than rank 0 (host {}; xxh3 {:016x}, rank 0's "
+          "{:016x}): every host must see the same files under {}",
+          r, hosts[r], what, hosts[0], all[r], all[0], setting_ref(key)));
+    }
 }
 
 // The start of the run: the newest checkpoint (resume), Hugging Face weights, or random; and the
@@ -83,9 +87,6 @@ RunStart initialize(Communicator& world, const RunConfig& c, const ModelConfig& 
     if (c.checkpoint.dir.empty())
       throw ConfigError(fmt::format("--resume needs {} (the run's checkpoint directory)",
                                     setting_ref("checkpoint.dir")));
-    if (!latest_checkpoint(c.checkpoint.dir))
-      throw ConfigError(fmt::format("--resume: no complete checkpoint in {}",
-                                    setting_value("checkpoint.dir", c.checkpoint.dir)));
   }
   const CheckpointStart cs = open_checkpoint_run(
       world, c.checkpoint.dir, resume, overwrite, c.checkpoint.keep,
@@ -152,7 +153,8 @@ TrainingLoop::TrainingLoop(Device& dev, Communicator& world, const ModelConfig& 
                  ? std::min(c.metrics.val_sequences, val_->total_tokens() / c.train.seq_len)
                  : c.metrics.val_sequences;
   }
-  check_same_data(world, *data_);
+  check_same_data(world, *data_, "training", "data.path");
+  if (val_) check_same_data(world, *val_, "validation", "data.val_path");
   start_ = initialize(world, c, m, *trainer_, *data_, resume, overwrite_checkpoints,
                       accept_changes, ckpt_run_);
   start_.run_id = ckpt_run_.run_id;

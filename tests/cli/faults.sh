@@ -444,11 +444,53 @@ data_differs)
   echo "$out" > "$tmp/differs.out"
   echo "differs: exit $rc after $(secs "$t0" "$(now)") s"
   [ $rc -eq 2 ] || { echo "$out"; fail "ranks reading other data: exit $rc, want 2"; }
-  once differs "rank 1 read other training data than rank 0"
+  once differs "rank 1 (host $(hostname)) read other training data than rank 0"
   # The same bytes in both places: the same data, the run trains.
   cp "$tmp/A/d.bin" "$tmp/B/d.bin"
   timeout 120 "${mpirun[@]}" -np 1 -wdir "$tmp/A" "$upipe" "${args[@]}" : -np 1 -wdir "$tmp/B" "$upipe" "${args[@]}" > "$tmp/same.out" 2>&1 ||
     { cat "$tmp/same.out"; fail "ranks reading the same data in two places failed"; }
+  # two: the command on both ranks, each in its own directory; its output in $tmp/$1.out, rc.
+  two() {
+    local name=$1
+    shift
+    timeout 120 "${mpirun[@]}" -np 1 -wdir "$tmp/A" "$upipe" "$@" : -np 1 -wdir "$tmp/B" "$upipe" "$@" > "$tmp/$name.out" 2>&1; rc=$?
+  }
+  # The held-out data differs (the training data is the same): refused as well.
+  "$upipe" tokenize "$tmp/A/d.txt" "$tmp/A/v.bin" > /dev/null && "$upipe" tokenize "$tmp/B/d.txt" "$tmp/B/v.bin" > /dev/null ||
+    fail "tokenize"
+  two val "${args[@]}" --val-path=v.bin --val-interval=1
+  [ $rc -eq 2 ] || { cat "$tmp/val.out"; fail "ranks reading other held-out data: exit $rc, want 2"; }
+  once val "rank 1 (host $(hostname)) read other validation data than rank 0"
+  # A checkpoint.dir each host sees as its own directory: refused at the start (before, the first
+  # checkpoint failed steps later, or a leftover there let the run mark one complete without
+  # half its files), fresh or resumed.
+  two fresh "${args[@]}" --checkpoint-dir=ck --checkpoint-interval=1
+  [ $rc -eq 2 ] || { cat "$tmp/fresh.out"; fail "a checkpoint.dir each rank sees apart: exit $rc, want 2"; }
+  once fresh "rank 1 (host $(hostname)) does not see the file .upipe-view-"
+  once fresh "wrote in --checkpoint-dir $tmp/A/ck (rank 1 reads the path as $tmp/B/ck)"
+  grep -q "^step 1" "$tmp/fresh.out" && fail "a step ran before the checkpoint.dir was refused"
+  [ -z "$(ls -A "$tmp/A/ck" | grep -v '^.upipe-lock$')" ] || fail "the probe stayed: $(ls -A "$tmp/A/ck")"
+  # Resumed over copies: host B's older copy would have loaded step 1 beside A's step 2.
+  "${mpirun[@]}" -np 2 -wdir "$tmp/A" "$upipe" "${args[@]}" --checkpoint-dir=ck --checkpoint-interval=1 > "$tmp/ck.out" 2>&1 ||
+    { cat "$tmp/ck.out"; fail "the run to resume"; }
+  cp -a "$tmp/A/ck" "$tmp/B/ck" && rm -r "$tmp/B/ck/step_00000002"
+  two resumed "${args[@]}" --checkpoint-dir=ck --resume --steps=3
+  [ $rc -eq 2 ] || { cat "$tmp/resumed.out"; fail "resume over copies of checkpoint.dir: exit $rc, want 2"; }
+  once resumed "rank 1 (host $(hostname)) does not see the file .upipe-view-"
+  # One directory whose newest step one rank cannot see (a mount over it in that rank's own mount
+  # namespace, as a file system showing hosts other listings): each rank would load its own.
+  mkdir "$tmp/empty"
+  if unshare -m --propagation private true 2> /dev/null; then
+    ck=$tmp/A/ck
+    out=$(timeout 120 "${mpirun[@]}" -np 1 "$upipe" "${args[@]}" --data-path="$tmp/A/d.bin" --checkpoint-dir="$ck" --resume --steps=3 : \
+      -np 1 unshare -m --propagation private sh -c 'mount --bind "$1" "$2/step_00000002" && shift 2 && exec "$@"' sh "$tmp/empty" "$ck" \
+      "$upipe" "${args[@]}" --data-path="$tmp/A/d.bin" --checkpoint-dir="$ck" --resume --steps=3 2>&1); rc=$?
+    echo "$out" > "$tmp/hidden.out"
+    [ $rc -eq 2 ] || { echo "$out"; fail "ranks seeing other newest checkpoints: exit $rc, want 2"; }
+    once hidden "rank 1 (host $(hostname)) finds step_00000001 the newest complete checkpoint in --checkpoint-dir $ck, rank 0 (host $(hostname)) finds step_00000002"
+  else
+    echo "no mount namespaces here (unshare -m): the case of one directory listed apart is not run"
+  fi
   ;;
 tokenize_self)
   printf 'keep this text' > "$tmp/a.txt"

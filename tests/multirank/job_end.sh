@@ -68,7 +68,7 @@ stop | sleep | kill)
   kill) want='' ;;
   esac
   if [ -n "$want" ]; then
-    grep -E "^upipe: rank [0-9]: $want" "$out" || fail "no watchdog message matching '$want'"
+    grep -E "^upipe: rank [0-9] \(host [^)]*\): $want" "$out" || fail "no watchdog message matching '$want'"
   fi
   no_leftovers
   ;;

@@ -56,9 +56,9 @@ TEST_F(WatchdogTest, FiresInAStuckOperationNamingRankOpAndContext) {
   std::this_thread::sleep_for(milliseconds(1200));
   ASSERT_GE(fired(), 1);
   std::lock_guard lock(g_mu);
-  EXPECT_EQ(g_message,
-            "upipe: rank 1: no progress for 0.4 s in all_to_all (step 12, attention forward) — a "
-            "rank is stuck or dead; ending the job");
+  EXPECT_EQ(g_message, "upipe: rank 1 (host " + host_name() +
+                           "): no progress for 0.4 s in all_to_all (step 12, attention forward) "
+                           "— a rank is stuck or dead; ending the job");
 }
 
 TEST_F(WatchdogTest, FiresInAStepOutsideAnyOperation) {

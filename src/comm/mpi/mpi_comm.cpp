@@ -1,5 +1,6 @@
 #include "comm/mpi/mpi_comm.h"
 
+#include <algorithm>
 #include <climits>
 #include <vector>
 
@@ -19,6 +20,9 @@ std::string MpiRuntime::library_version() {
   return eol == std::string::npos ? v : v.substr(0, eol);
 }
 namespace {
+
+// The least time MPI_Finalize is given under the watchdog (see ~MpiRuntime).
+constexpr double kFinalizeTimeoutS = 60;
 
 void mpi_check(int rc, const char* call, const char* file, int line) {
   if (rc == MPI_SUCCESS) return;
@@ -155,7 +159,20 @@ MpiRuntime::~MpiRuntime() {
   MPI_Op_free(&g_bf16_max);
   free_fail_comm();
   set_fatal_handler(nullptr);
-  MPI_Finalize();
+  // MPI_Finalize waits for every host's daemon: a host that stopped or dropped off the network
+  // after the work was done would hold it forever. Under the watchdog (where a command started
+  // it), at least kFinalizeTimeoutS: ranks reach it at different times (rank 0 writes the last
+  // report while the others wait here).
+  if (Watchdog::timeout_s() > 0)
+    Watchdog::start(std::max(Watchdog::timeout_s(), kFinalizeTimeoutS));
+  {
+    WatchdogOp op("MPI_Finalize, after the command's work");
+    MPI_Finalize();
+  }
+  Watchdog::stop();
+  // A launcher still there long after its ranks ended (mpirun waiting for a host gone after the
+  // job ended) is ended by the guard; a normal one exits within seconds.
+  guard_launcher(kLauncherEndGraceSeconds);
 }
 
 std::unique_ptr<Communicator> MpiRuntime::world() {
