@@ -15,6 +15,9 @@
 #          checkpoint resumes across the hosts
 #   daemon h2's OpenMPI daemon (orted) is killed mid-training: the job ends non-zero (mpirun's
 #          status, 205 with OpenMPI 4.1) and no process is left in either host
+#   after_cut, after_stop  h2 is lost after the work is done (its link cut once the run is done;
+#          its daemon stopped mid-training): the run trains and checkpoints every step, then the
+#          job ends non-zero within 120 s and no process is left in either host
 # Without root or network namespaces the cases skip (exit 77, ctest's SKIP_RETURN_CODE) printing
 # why. Usage: multihost.sh UPIPE MPIRUN_BINARY CASE
 set -u
@@ -175,6 +178,38 @@ daemon)
   job_ends "the daemon was killed"
   tail -5 "$tmp/multi.out"
   [ $rc -ne 0 ] || fail "status 0 after a daemon was killed"
+  nothing_left
+  ;;
+after_cut | after_stop)
+  # A host lost after the work is done (its link cut once the run has said it is done; its daemon
+  # stopped mid-training, which training does not need): mpirun and MPI_Finalize wait for that
+  # host's daemon forever. Finalize runs under the watchdog (at least 60 s) and every rank leaves
+  # a launcher guard (60 s after a normal end), so the job ends and nothing is left.
+  "${across_hosts[@]}" "$upipe" train "${small[@]}" --method=usp --steps=6 \
+    --checkpoint-dir="$tmp/ck" --metrics-path="$tmp/m.jsonl" --timeout=5 > "$tmp/multi.out" 2>&1 &
+  job=$!
+  if [ "$case_name" = after_cut ]; then
+    for _ in $(seq 1200); do grep -q "^upipe train: done" "$tmp/multi.out" && break; sleep 0.1; done
+    grep -q "^upipe train: done" "$tmp/multi.out" || fail "the run did not finish"
+    t0=$(now)
+    ip -n "${hosts[1]}" link set eth0 down
+    what="h2's link was cut after the run was done"
+  else
+    wait_steps 2
+    daemons=""
+    for p in $(ip netns pids "${hosts[1]}"); do
+      case $(ps -o comm= -p "$p" 2> /dev/null) in orted | prted) daemons="$daemons $p" ;; esac
+    done
+    [ -n "$daemons" ] || fail "no orted or prted in h2"
+    t0=$(now)
+    kill -STOP $daemons
+    what="h2's daemon was stopped"
+  fi
+  job_ends "$what"
+  grep -E "no progress for|launcher|^upipe train: done" "$tmp/multi.out" | head -4
+  [ $rc -ne 0 ] || fail "status 0 with a host gone before the job ended"
+  [ "$(wc -l < "$tmp/m.jsonl")" -eq 6 ] || fail "the run did not train its 6 steps"
+  [ -f "$tmp/ck/step_00000006/DONE" ] || fail "no final checkpoint"
   nothing_left
   ;;
 *) fail "unknown case" ;;
