@@ -44,7 +44,8 @@ int run(Process& proc, const Options& opt) {
   const DType dt = parse_dtype(opt.dtype);
   const int64_t max_shard = parse_bytes(opt.max_shard_size, "--max-shard-size", true);
   const TokenizerChoice tc = parse_tokenizer_choice(opt.tokenizer);
-  const bool newest = !fs::exists(fs::path(opt.checkpoint) / "meta.json");  // of a checkpoint.dir
+  std::error_code ec;  // a meta.json that is there in any form (a link loop): a checkpoint
+  const bool newest = !fs::exists(fs::symlink_status(fs::path(opt.checkpoint) / "meta.json", ec));
   // The newest checkpoint of a directory a training run still writes may be pruned as it is read
   // (--checkpoint-keep): then the newest is taken again (the output is staged, so a failed try
   // leaves it as it was).

@@ -10,6 +10,7 @@
 
 #include <cctype>
 #include <cstdio>
+#include <filesystem>
 #include <map>
 #include <string>
 #include <string_view>
@@ -215,6 +216,12 @@ int main(int argc, char** argv) {
   } catch (const OutOfMemoryError& e) {
     return MpiRuntime::fail_job(3, e.what(),
                                 fmt::format("upipe: [rank {}] {}", proc.rank(), e.what()));
+  } catch (const std::filesystem::filesystem_error& e) {
+    // A path the user gave that cannot be used (a symlink loop, no permission) where no reader
+    // named it first: said as bad input, with the path, not as an internal failure.
+    const std::string what =
+        fmt::format("{}: {}", e.path1().empty() ? "a path" : e.path1().string(), e.code().message());
+    return MpiRuntime::fail_job(2, what, fmt::format("upipe: error [rank {}]: {}", proc.rank(), what));
   } catch (const std::exception& e) {
     return MpiRuntime::fail_job(1, e.what(),
                                 fmt::format("upipe: [rank {}] fatal: {}", proc.rank(), e.what()));

@@ -151,9 +151,12 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
   if (fs::is_directory(p, ec)) {
     // The single file first, as transformers' from_pretrained looks (a folder holding both
     // loads model.safetensors there, so here too).
-    if (fs::is_regular_file(p / "model.safetensors", ec))
+    // A name that is there in any form (a dangling link, a link loop): its reader says what is
+    // wrong with it, instead of "neither".
+    auto there = [&ec](const fs::path& f) { return fs::exists(fs::symlink_status(f, ec)); };
+    if (there(p / "model.safetensors"))
       p /= "model.safetensors";
-    else if (fs::is_regular_file(p / "model.safetensors.index.json", ec))
+    else if (there(p / "model.safetensors.index.json"))
       index = p / "model.safetensors.index.json";
     else
       fail(path, "directory holds neither model.safetensors.index.json nor model.safetensors");

@@ -21,9 +21,13 @@ namespace upipe {
 
 bool has_checkpoint(const std::string& dir) {
   namespace fs = std::filesystem;
-  return !dir.empty() && fs::is_directory(dir) &&
-         (fs::exists(fs::path(dir) / "model.safetensors") ||
-          fs::exists(fs::path(dir) / "model.safetensors.index.json"));
+  std::error_code ec;
+  // A name that is there, whatever it is (a symlink loop, a dangling link): its reader says what
+  // is wrong with it.
+  auto there = [&ec](const fs::path& p) { return fs::exists(fs::symlink_status(p, ec)); };
+  return !dir.empty() && fs::is_directory(dir, ec) &&
+         (there(fs::path(dir) / "model.safetensors") ||
+          there(fs::path(dir) / "model.safetensors.index.json"));
 }
 
 namespace {

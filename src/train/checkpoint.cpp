@@ -224,6 +224,9 @@ int64_t meta_int(const json& v, const char* key, int64_t lo, int64_t hi, const s
 void parse_meta(const json& j, const std::string& meta, Saved& s) {
   constexpr int64_t kMaxInt = std::numeric_limits<int>::max();
   constexpr int64_t kMaxI64 = std::numeric_limits<int64_t>::max();
+  // A unit's elements (far beyond any model: 2^50 fp32 values are 4 PiB), so that the shard
+  // arithmetic on them cannot overflow.
+  constexpr int64_t kMaxUnitElements = int64_t(1) << 50;
   if (j.at("format").get<std::string>() != kFormat)
     throw ConfigError(
         fmt::format("{}: format {} is not {}", meta, json_excerpt(j.at("format")), kFormat));
@@ -244,8 +247,8 @@ void parse_meta(const json& j, const std::string& meta, Saved& s) {
         fmt::format("{}: checksum {} is not {}", meta, json_excerpt(c.at("algorithm")), kChecksum));
   s.piece = meta_int(c.at("piece_elements"), "piece_elements", 1, kMaxI64, meta);
   for (const json& u : j.at("units"))
-    s.units.push_back({meta_int(u.at("numel"), "numel", 1, kMaxI64, meta),
-                       meta_int(u.at("shard"), "shard", 1, kMaxI64, meta)});
+    s.units.push_back({meta_int(u.at("numel"), "numel", 1, kMaxUnitElements, meta),
+                       meta_int(u.at("shard"), "shard", 1, kMaxUnitElements, meta)});
   for (const json& f : j.at("files")) {
     SavedFile sf;
     sf.bytes = meta_int(f.at("bytes"), "bytes", 0, kMaxI64, meta);

@@ -172,9 +172,18 @@ void check_tokenizer_ids(const std::string& dir, int64_t vocab) {
   constexpr int64_t kMaxTokenizerJson = int64_t(512) << 20;
   const nlohmann::json j =
       parse_json_strict(read_small_file(path, "tokenizer file", kMaxTokenizerJson), path);
-  int64_t ids = 0;  // one past the largest id
+  uint64_t largest = 0;  // the largest id
   auto id_of = [&](const nlohmann::json& v) {
-    if (v.is_number_integer()) ids = std::max(ids, v.get<int64_t>() + 1);
+    // Ids are whole numbers in [0, vocab): a negative, fractional or non-number id is as unusable
+    // (transformers indexes the embedding with it) as one past the vocabulary.
+    if (v.is_number_unsigned()) {
+      largest = std::max(largest, v.get<uint64_t>());
+      return;
+    }
+    throw ConfigError(fmt::format(
+        "{} has the token id {}, which is no id (a whole number from 0 to the vocabulary's {}); "
+        "pass --tokenizer DIR with the model's tokenizer, or --tokenizer none",
+        path, excerpt(v.dump()), vocab - 1));
   };
   if (j.is_object() && j.contains("model") && j["model"].is_object() &&
       j["model"].contains("vocab")) {
@@ -182,17 +191,17 @@ void check_tokenizer_ids(const std::string& dir, int64_t vocab) {
     if (v.is_object())
       for (const auto& [token, id] : v.items()) id_of(id);
     else if (v.is_array())
-      ids = std::max(ids, int64_t(v.size()));
+      largest = std::max(largest, uint64_t(v.size()) - (v.empty() ? 0 : 1));
   }
   if (j.is_object() && j.contains("added_tokens") && j["added_tokens"].is_array())
     for (const nlohmann::json& t : j["added_tokens"])
       if (t.is_object() && t.contains("id")) id_of(t["id"]);
-  if (ids > vocab)
+  if (largest >= uint64_t(vocab))
     throw ConfigError(fmt::format(
         "{} has token ids up to {}, past the model's vocabulary of {} (vocab_size): text with "
         "those tokens would index past its embedding; pass --tokenizer DIR with the model's "
         "tokenizer, or --tokenizer none",
-        path, ids - 1, vocab));
+        path, largest, vocab));
 }
 
 TokenizerPlan copy_plan(const std::string& dir, const std::string& why, int64_t vocab) {

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 #include <limits>
+#include <map>
 #include <sstream>
 #include <variant>
 
@@ -360,6 +361,11 @@ void set_from_text(const Field& f, const std::string& text, const std::string& w
           else
             throw ConfigError(fmt::format("{}: '{}' is not true or false", where, text));
         } else if constexpr (std::is_same_v<T, std::string*>) {
+          // A NUL (TOML's \u0000) would end a path early: another file than the one written.
+          if (text.find('\0') != std::string::npos)
+            throw ConfigError(fmt::format("{}: '{}' holds a NUL character, which no path or name "
+                                          "may hold",
+                                          where, excerpt(text.substr(0, text.find('\0')))));
           *v = text;
         } else if constexpr (std::is_same_v<T, DType*>) {
           if (text != "fp32" && text != "bf16")
@@ -610,6 +616,7 @@ RunConfig parse_run_toml(std::string_view text, const std::string& source,
   }
   RunConfig c;
   std::vector<Field> fs = fields(c);
+  std::map<std::string, std::string> set_by;  // key -> where the file set it, as spelled there
   for (const auto& [section, node] : root) {
     const std::string sec(section.str());
     const std::string at = fmt::format("{}:{}: ", source, node.source().begin.line);
@@ -624,6 +631,13 @@ RunConfig parse_run_toml(std::string_view text, const std::string& source,
       const std::string vat = fmt::format("{}:{}: ", source, value.source().begin.line);
       const Match m = full.find('-') == std::string::npos ? find_field(fs, full) : Match{};
       if (!m.field || (m.alias && m.alias->name[0] == '-')) unknown_key(vat, full);
+      // An older spelling beside the new one (or two older ones): which applies would be the
+      // order toml++ walks the sections in, not the file's.
+      const std::string here = fmt::format("{} (line {})", full, value.source().begin.line);
+      if (const auto [it, fresh] = set_by.emplace(m.field->key, here); !fresh)
+        throw ConfigError(fmt::format(
+            "{}{} and {} both set {} (an older spelling beside the new one): keep one", vat,
+            full, it->second, m.field->key));
       set_from_toml(*m.field, value, vat, full, m.alias && m.alias->gib);
       if (sources) {
         sources->spelled[m.field->key] = fmt::format("{} in {}", full, source);

@@ -178,6 +178,22 @@ cp "$fix/../megatron/split.bin" "$tmp/far.bin"
 run_case "$tmp/far.idx: document index entry 1 is 1099511627776, past the" train --data-kind=files --data-path="$tmp/far" --documents=index --steps=1
 python3 -c "import struct,sys; h=b\"{'descr': '<i4', 'fortran_order': False, 'shape': (2,), }\"; h+=b' '*(63-10-len(h))+b'\\n'; open(sys.argv[1],'wb').write(b'\\x93NUMPY\\x01\\x00'+struct.pack('<H',len(h))+h+struct.pack('<2i',512,0))" "$tmp/zero.npy"
 run_case "--doc-lens: document 1 has length 0; a length must lie in [1, 512]" check --seq-len 512 --doc-lens "$tmp/zero.npy"
+# From a sanitizer fuzz of the readers of users' files:
+# a run file setting one setting under two spellings applied them in toml++'s section order.
+printf '[train]\nsteps = 1\ndtype = "bf16"\n[memory]\ndtype = "fp32"\n' > "$tmp/twice.toml"
+run_case "both set memory.dtype (an older spelling beside the new one): keep one" train "$tmp/twice.toml"
+# A NUL escape in a path cut it short: another file than the one written was read.
+printf '[data]\nkind = "files"\npath = "%s/lens.npy\\u0000junk"\n' "$tmp" > "$tmp/nul.toml"
+run_case "nul.toml:3: data.path: '$tmp/lens.npy' holds a NUL character" train "$tmp/nul.toml"
+# A weights file that is a symlink loop: named with the loop, not "neither ... nor" or a fatal
+# filesystem error (exit 1).
+mkdir "$tmp/loop" && cp "$fix/llama/config.json" "$tmp/loop/" && ln -s model.safetensors "$tmp/loop/model.safetensors"
+run_case "cannot open safetensors file $tmp/loop/model.safetensors: Too many levels of symbolic links" eval --model "$tmp/loop" --tokens "$fix/llama/tokens.npy" --loss-only
+mkdir "$tmp/ckloop" && ln -s meta.json "$tmp/ckloop/meta.json" && printf 'step 1\n' > "$tmp/ckloop/DONE"
+run_case "cannot open checkpoint metadata $tmp/ckloop/meta.json: Too many levels of symbolic links" export "$tmp/ckloop" "$tmp/ckloop-out"
+# config.json's special token ids past the vocabulary were copied into every export.
+mkdir "$tmp/eos" && python3 -c 'import json,sys; c=json.load(open(sys.argv[1])); c["eos_token_id"]=[2, c["vocab_size"]]; json.dump(c, open(sys.argv[2], "w"))' "$fix/llama/config.json" "$tmp/eos/config.json"
+run_case "'eos_token_id' = [2,256] names token 256, past the vocabulary (vocab_size 256)" plan --ranks 2 --device-memory 80G --model "$tmp/eos" --seq-len 64
 
 if [ "$failures" -ne 0 ]; then
   echo "$failures case(s) failed"

@@ -286,6 +286,13 @@ PY
   out=$("${mpirun[@]}" -np 1 "$upipe" export "$tmp/i" "$tmp/hf4" --tokenizer "$tmp/tokbig" 2>&1); rc=$?
   [ $rc -eq 2 ] && echo "$out" | grep -q "has token ids up to 1000, past the model's vocabulary of 256" && [ ! -e "$tmp/hf4" ] ||
     { echo "$out"; fail "--tokenizer with more ids than the vocabulary: exit $rc"; }
+  # Ids that are no ids: negative (and 2^63 - 1, whose + 1 overflowed), or fractional.
+  for bad in '-7' '9223372036854775807' '1.5'; do
+    echo "{\"model\": {\"vocab\": {\"a\": 0, \"b\": $bad}}}" > "$tmp/tokbig/tokenizer.json"
+    out=$("${mpirun[@]}" -np 1 "$upipe" export "$tmp/i" "$tmp/hf4" --tokenizer "$tmp/tokbig" 2>&1); rc=$?
+    [ $rc -eq 2 ] && echo "$out" | grep -q -e "has the token id $bad, which is no id" -e "has token ids up to $bad, past" &&
+      [ ! -e "$tmp/hf4" ] || { echo "$out"; fail "--tokenizer with the id $bad: exit $rc"; }
+  done
   # The run's own --init-from folder is never an export's folder, even forced (a copy of the
   # fixture: a broken refusal must not damage the source tree).
   cp -r "$fixture" "$tmp/fx"
