@@ -12,6 +12,7 @@
 #include "apps/upipe/report.h"
 #include "apps/upipe/settings_cli.h"
 #include "attention/check.h"
+#include "attention/methods.h"
 #include "core/watchdog.h"
 #include "model/doc_lens.h"
 
@@ -57,7 +58,9 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
     if (opt.json) {
       print_json(j);
     } else {
-      std::printf("%s on %d rank(s)%s: %s\n", r.method.c_str(), r.ranks,
+      const std::string knobs = knobs_text(cfg, r.ranks);  // "U=4 overlap"; "-" for none
+      std::printf("%s%s on %d rank(s)%s: %s\n", r.method.c_str(),
+                  knobs == "-" ? "" : (" (" + knobs + ")").c_str(), r.ranks,
                   co.doc_lens.size() > 1
                       ? fmt::format(", {} documents vs each alone", co.doc_lens.size()).c_str()
                       : "",

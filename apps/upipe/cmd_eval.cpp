@@ -113,6 +113,14 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
     throw ConfigError(fmt::format("{} has {} tokens, fewer than one window of {}", opt.tokens,
                                   file.count, setting_value("train.seq_len", seq_len)));
   if (n < 2) throw ConfigError("the sequence needs at least 2 tokens");
+  // As train says it: positions past the model's context were never trained.
+  if (const int64_t s = opt.windows ? seq_len : n;
+      proc.root() && m.max_position_embeddings > 0 && s > m.max_position_embeddings)
+    std::fprintf(stderr,
+                 "upipe: warning: a sequence of %lld tokens is longer than the model's context "
+                 "(max_position_embeddings = %lld in %s): RoPE positions past it were never "
+                 "trained, so the loss there says little about the model\n",
+                 (long long)s, (long long)m.max_position_embeddings, m.source.c_str());
   LossSpec spec;  // the mean over the predictions inside the documents
   if (!opt.windows) spec.documents = documents_from(opt.doc_lens, n);
   const bool forward_only = opt.loss_only || opt.windows;

@@ -101,7 +101,9 @@ Runner add_export(CLI::App& cmd) {
                  "a checkpoint directory (step_NNNNNNNN) or checkpoint.dir (its newest)")
       ->required();
   cmd.add_option("out", opt->out, "output directory (config.json + model.safetensors)")->required();
-  cmd.add_option("--dtype", opt->dtype, "stored dtype: bf16 or fp32")->capture_default_str();
+  cmd.add_option("--dtype", opt->dtype, "stored dtype: bf16 or fp32")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"bf16", "fp32"}));
   cmd.add_option(
          "--tokenizer", opt->tokenizer,
          "auto (the run's Hugging Face directory's tokenizer, else the byte tokenizer for a "

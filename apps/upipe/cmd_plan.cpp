@@ -337,7 +337,9 @@ int run(Process& proc, const Options& o, const SettingArgs& sa, const CLI::App& 
                      {{"arena", limit_of(p).arena},
                       {"tag", tag_name(limit_of(p).tag)},
                       {"bytes", limit_of(p).bytes}}},
-                    {"train_command", train_command(set, o, p)}});
+                    // The command of a plan that fits; none for one that does not.
+                    {"train_command",
+                     p.fits ? nlohmann::json(train_command(set, o, p)) : nlohmann::json(nullptr)}});
       if (const std::string note = data_note(data, p.request.decoder.seq_len); !note.empty())
         ms.back()["data_note"] = note;
     }

@@ -44,6 +44,14 @@ int run(Process& proc, const Options& o) {
                   s.type.c_str(), s.default_value.c_str(), commands_of(s.scopes).c_str(),
                   s.doc.c_str());
   }
+  // The defaults above are every command's; the demo is a training run that starts from its own.
+  std::string demo;
+  for (const std::string& a : demo_settings()) demo += (demo.empty() ? "" : " ") + a;
+  std::printf(o.markdown ? "\n`upipe demo` starts from its own values of these: `%s`, then what is "
+                           "typed.\n"
+                         : "\nupipe demo starts from its own values of these: %s, then what is "
+                           "typed.\n",
+              demo.c_str());
   return 0;
 }
 

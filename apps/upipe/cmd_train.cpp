@@ -13,6 +13,7 @@
 #include "apps/upipe/model_run.h"
 #include "apps/upipe/settings_cli.h"
 #include "attention/device_comm.h"
+#include "attention/methods.h"
 #include "backend/cpu/cpu_isa.h"
 #include "core/errors.h"
 #include "core/setting_ref.h"
@@ -70,16 +71,6 @@ Settings resumed_settings(const Process& proc, const Options& opt, const Setting
   return now;
 }
 
-std::vector<std::pair<std::string, std::string>> knobs(const RunConfig& c) {
-  std::vector<std::pair<std::string, std::string>> k;
-  const MethodKnobs& p = c.parallel.knobs;
-  if (p.stage_heads) k.push_back({"stage_heads", std::to_string(p.stage_heads)});
-  if (p.ulysses_degree) k.push_back({"ulysses_degree", std::to_string(p.ulysses_degree)});
-  if (p.chunks) k.push_back({"chunks", std::to_string(p.chunks)});
-  if (p.overlap) k.push_back({"overlap", "true"});
-  return k;
-}
-
 // Rank 0's rendering of the loop: the metrics file and the progress display.
 class Render final : public TrainingObserver {
  public:
@@ -121,7 +112,11 @@ void print_startup(const RunConfig& cfg, const ModelConfig& m, TrainingLoop& loo
   si.dp = loop.trainer().dp_size();
   si.cp = loop.trainer().cp_size();
   si.method = cfg.parallel.knobs.method;
-  si.knobs = knobs(cfg);
+  // The knobs it runs with, defaults resolved ("U=4 overlap"), as plan and check show them.
+  AttentionConfig ac = to_attention_config(m);
+  ac.knobs = cfg.parallel.knobs;
+  ac.seq_len = cfg.train.seq_len;
+  if (const std::string t = knobs_text(ac, si.cp); t != "-") si.knobs.push_back({t, ""});
   si.dtype = dtype_name(cfg.memory.policy.dtype);
   si.budget_bytes = cfg.memory.device_bytes;
   si.seq_len = cfg.train.seq_len;
@@ -196,7 +191,9 @@ void print_end(const RunConfig& cfg, const ModelConfig& m, const TrainingLoop& l
       end.first_group_loss, (long long)loop.start().step + 1, end.last_group_loss,
       (long long)end.last_step, log_v,
       end.last_group_loss < 0.5 * log_v
-          ? "attention learned to copy across the ranks' boundaries"
+          ? (loop.trainer().cp_size() > 1 ? "attention learned to copy across the ranks' boundaries"
+                                          : "attention learned to copy (on one rank per sequence: "
+                                            "no boundary between ranks to cross)")
           : "it has not learned to copy yet (more steps, or a higher train.lr)");
 }
 
@@ -282,11 +279,32 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
   return 0;  // the watchdog stays: MPI_Finalize runs under it (a host gone after the work)
 }
 
+// The switches of train and demo (a demo run is a training run: stopped, it continues with
+// --resume as any run does).
+void add_run_switches(CLI::App& cmd, Options& opt) {
+  cmd.add_flag("--resume", opt.resume,
+               "continue the run the newest complete checkpoint in checkpoint.dir records (its "
+               "settings, overridden by what is given here)");
+  cmd.add_flag("--accept-changes", opt.accept_changes,
+               "with --resume: allow settings that change what the remaining steps compute on "
+               "(model, data, sequence length, batch)");
+  cmd.add_flag("--overwrite,--overwrite-checkpoints", opt.overwrite,
+               "a fresh run may replace what another run left: its checkpoints in checkpoint.dir "
+               "(deleted after this run's first complete checkpoint) and an existing "
+               "metrics.path file (emptied at the start)");
+  cmd.add_flag("--print-config", opt.print_config, "print the effective run file and exit");
+}
+
 }  // namespace
+
+const std::vector<std::string>& demo_settings() {
+  return kDemoSettings;
+}
 
 Runner add_demo_train(CLI::App& cmd) {
   auto opt = std::make_shared<Options>();
-  auto sa = add_settings(cmd, kScopeTrain);
+  add_run_switches(cmd, *opt);
+  auto sa = add_settings(cmd, kScopeTrain, 0, kDemoSettings);  // its help shows the demo's values
   CLI::App* c = &cmd;
   return [opt, sa, c](Process& p) { return run(p, *opt, *sa, *c, kDemoSettings); };
 }
@@ -296,17 +314,7 @@ Runner add_train(CLI::App& cmd) {
   cmd.add_option(
       "run_file", opt->run_file,
       "TOML run file (docs/training.md); every setting has a default, so it is optional");
-  cmd.add_flag("--resume", opt->resume,
-               "continue the run the newest complete checkpoint in checkpoint.dir records (its "
-               "settings, overridden by what is given here)");
-  cmd.add_flag("--accept-changes", opt->accept_changes,
-               "with --resume: allow settings that change what the remaining steps compute on "
-               "(model, data, sequence length, batch)");
-  cmd.add_flag("--overwrite,--overwrite-checkpoints", opt->overwrite,
-               "a fresh run may replace what another run left: its checkpoints in checkpoint.dir "
-               "(deleted after this run's first complete checkpoint) and an existing "
-               "metrics.path file (emptied at the start)");
-  cmd.add_flag("--print-config", opt->print_config, "print the effective run file and exit");
+  add_run_switches(cmd, *opt);
   cmd.footer("e.g. upipe train --model=tiny --steps=50 --method=upipe");
   auto sa = add_settings(cmd, kScopeTrain);
   CLI::App* c = &cmd;

@@ -24,6 +24,8 @@ Runner add_eval(CLI::App& app);
 Runner add_train(CLI::App& app);
 // `upipe demo`: upipe train on the copy task with the demo's settings (cmd_train.cpp).
 Runner add_demo_train(CLI::App& app);
+// The demo's own defaults over the settings' ("--flag=value" each).
+const std::vector<std::string>& demo_settings();
 Runner add_export(CLI::App& app);
 Runner add_tokenize(CLI::App& app);
 // `upipe plan`: a training step's memory on every rank, planned on the meta device (cmd_plan.cpp).

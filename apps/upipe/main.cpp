@@ -29,6 +29,18 @@
 namespace {
 
 // The chain of commands CLI11 parsed ("upipe bench comm") and the deepest of them.
+// The listed option of `cmd` nearest to what was typed (`--tokeniser`, `--rank=8`); "" if none.
+std::string nearest_option(const CLI::App& cmd, const std::string& typed) {
+  std::vector<std::string> known;
+  for (const CLI::Option* o : cmd.get_options())
+    if (!o->get_group().empty())  // not the hidden older spellings
+      for (const std::string& n : o->get_lnames()) known.push_back("--" + n);
+  const std::string name = typed.substr(0, typed.find('='));
+  const std::string near = upipe::closest_name(name, known);
+  // Only a near one: --json is not a misspelt --lr.
+  return upipe::edit_distance(name, near) <= std::max<size_t>(2, name.size() / 3) ? near : "";
+}
+
 std::pair<std::string, const CLI::App*> parsed_chain(const CLI::App& cli) {
   std::string name = "upipe";
   const CLI::App* at = &cli;
@@ -170,6 +182,11 @@ int main(int argc, char** argv) {
     split.emplace_back(empty_value ? w.substr(0, w.size() - 1) : w);
     if (empty_value) split.emplace_back();
   }
+  // `upipe help [COMMAND...]` is `upipe [COMMAND...] --help`, as git and cargo take it.
+  if (split.size() >= 2 && split[1] == "help") {
+    split.erase(split.begin() + 1);
+    split.emplace_back("--help");
+  }
   std::vector<char*> args;
   for (std::string& w : split) args.push_back(w.data());
 
@@ -192,14 +209,34 @@ int main(int argc, char** argv) {
           if (const size_t colon = extra.find(": "); colon != std::string::npos)
             extra.erase(0, colon + 2);
         }
-        throw ConfigError(
-            fmt::format("{} takes no {} ({} --help lists what it takes)", name, extra, name));
+        std::string hint;  // the option nearest the first one it did not know
+        for (const std::string& w : at->remaining())
+          if (w.starts_with("--")) {
+            if (const std::string near = nearest_option(*at, w); !near.empty())
+              hint = fmt::format("; did you mean '{}'?", near);
+            break;
+          }
+        throw ConfigError(fmt::format("{} takes no {}{} ({} --help lists what it takes)", name,
+                                      extra, hint, name));
       }
       // CLI11's "A subcommand is required" for `upipe trian`, `upipe --foo` or a bare `upipe
       // bench`: name the word it did not know and the commands there are.
       if (dynamic_cast<const CLI::RequiredError*>(&e) != nullptr &&
           std::string_view(e.what()).find("subcommand") != std::string_view::npos)
         throw ConfigError(missing_command(cli, split));
+      // "--ranks is required" for `plan --rank 8`: CLI11 checks what is required before it
+      // refuses what it does not know, so the misspelt word is said first.
+      if (dynamic_cast<const CLI::RequiredError*>(&e) != nullptr) {
+        const auto [name, at] = parsed_chain(cli);
+        for (const std::string& w : at->remaining()) {
+          if (!w.starts_with("-")) continue;
+          const std::string typed = w.substr(0, w.find('='));
+          const std::string near = nearest_option(*at, typed);
+          throw ConfigError(
+              fmt::format("unknown option '{}'{} ({} --help lists what it takes)", typed,
+                          near.empty() ? "" : fmt::format("; did you mean '{}'?", near), name));
+        }
+      }
       throw ConfigError(e.what());
     }
     // Only training stops cleanly (it installs the handlers, releasing the signals then).

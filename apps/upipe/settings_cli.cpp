@@ -6,12 +6,21 @@
 #include <map>
 #include <set>
 
+#include "attention/methods.h"
 #include "core/errors.h"
 
 namespace upipe::app {
 
-std::shared_ptr<SettingArgs> add_settings(CLI::App& cmd, uint32_t scope, uint32_t also) {
+std::shared_ptr<SettingArgs> add_settings(CLI::App& cmd, uint32_t scope, uint32_t also,
+                                          const std::vector<std::string>& preset) {
   auto out = std::make_shared<SettingArgs>();
+  // The default shown for a setting: the preset's value where it sets one.
+  auto shown_default = [&preset](const SettingInfo& s) {
+    for (const std::string& p : preset)
+      for (const std::string& name : {s.flag, "--" + s.key})
+        if (p.starts_with(name + "=")) return p.substr(name.size() + 1);
+    return s.default_value;
+  };
   out->scope = scope | also;
   cmd.allow_extras();
   for (const SettingInfo& s : settings()) {
@@ -23,7 +32,7 @@ std::shared_ptr<SettingArgs> add_settings(CLI::App& cmd, uint32_t scope, uint32_
     for (const std::string& a : s.aliases) names.push_back(a[0] == '-' ? a : "--" + a);
     for (size_t i = 0; i < names.size(); ++i) {
       const std::string used = names[i].substr(0, names[i].find(','));
-      const std::string doc = i == 0 ? fmt::format("{} (default {})", s.doc, s.default_value) : "";
+      const std::string doc = i == 0 ? fmt::format("{} (default {})", s.doc, shown_default(s)) : "";
       CLI::Option* o = s.type == "bool"
                            ? cmd.add_flag(
                                  names[i],
@@ -70,6 +79,19 @@ Settings resolve_settings(const Process& proc, const SettingArgs& args, const CL
   }
   apply_overrides(s.config, preset, scope, &s.sources);
   apply_overrides(s.config, args.args, scope, &s.sources);
+  // A recorded run given another method now (train --resume --method=M --accept-changes): the
+  // recorded knobs M does not take are dropped, not refused as if typed (knobs typed now stay,
+  // and are checked).
+  if (base && s.given("parallel.method") &&
+      s.config.parallel.knobs.method != base->parallel.knobs.method) {
+    MethodKnobs& now = s.config.parallel.knobs;
+    MethodKnobs k = knobs_for(now, method_info(now.method));
+    if (s.given("parallel.stage_heads")) k.stage_heads = now.stage_heads;
+    if (s.given("parallel.ulysses_degree")) k.ulysses_degree = now.ulysses_degree;
+    if (s.given("parallel.chunks")) k.chunks = now.chunks;
+    if (s.given("parallel.overlap")) k.overlap = now.overlap;
+    now = k;
+  }
   // A fresh run from a Hugging Face directory's weights is that directory's model unless a model
   // is named (`train --init-from DIR` alone fine-tunes DIR).
   if (!base && !s.config.model.init_from.empty() && !s.sources.spelled.count("model.name"))

@@ -25,7 +25,10 @@ struct SettingArgs {
 
 // Lets `cmd` take the settings of `scope`, listed in its --help, and those of `also`, taken (and
 // validated as `also` validates them) but not listed; the returned object fills as CLI11 parses.
-std::shared_ptr<SettingArgs> add_settings(CLI::App& cmd, uint32_t scope, uint32_t also = 0);
+// `preset`: the command's own defaults ("--flag=value", as resolve_settings takes them), shown
+// in its --help in place of the settings' defaults.
+std::shared_ptr<SettingArgs> add_settings(CLI::App& cmd, uint32_t scope, uint32_t also = 0,
+                                          const std::vector<std::string>& preset = {});
 
 struct Settings {
   RunConfig config;

@@ -74,6 +74,7 @@ class Arena {
   static constexpr int kMaxWatches = 4;
   void on_change(Tag tag, int64_t delta);
   std::string beyond_machine() const;
+  std::string budget_flag() const;
 
   std::string name_;
   int64_t budget_;

@@ -147,8 +147,8 @@ TokenFileInfo inspect_token_file(const std::string& path) {
     return inspect_bin(path, f, size);
   throw ConfigError(fmt::format(
       "{} is neither a .npy file (no \\x93NUMPY magic) nor an llm.c .bin token file (magic {} "
-      "or {})",
-      path, kBinMagicU16, kBinMagicU32));
+      "or {}); to train on a text file, make its tokens first: upipe tokenize {} OUT.bin",
+      path, kBinMagicU16, kBinMagicU32, path));
 }
 
 void read_token_range(const TokenFileInfo& info, int64_t begin, int64_t n, int64_t vocab,

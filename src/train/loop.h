@@ -66,6 +66,7 @@ class TrainingLoop {
   ~TrainingLoop();
 
   Trainer& trainer() { return *trainer_; }
+  const Trainer& trainer() const { return *trainer_; }
   const DataSource& data() const { return *data_; }
   const RunStart& start() const { return start_; }
   bool copy_task() const { return data_->options().kind == DataKind::kCopy; }

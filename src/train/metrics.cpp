@@ -440,7 +440,8 @@ std::string format_startup_table(const StartupInfo& s) {
   if (!s.knobs.empty()) {
     method += " (";
     for (size_t i = 0; i < s.knobs.size(); ++i)
-      method += fmt::format("{}{} {}", i ? ", " : "", s.knobs[i].first, s.knobs[i].second);
+      method += fmt::format("{}{}{}{}", i ? ", " : "", s.knobs[i].first,
+                            s.knobs[i].second.empty() ? "" : " ", s.knobs[i].second);
     method += ")";
   }
   int64_t per_step = 0;

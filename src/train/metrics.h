@@ -146,7 +146,8 @@ struct StartupInfo {
   int64_t parameters = 0;
   int dp = 1, cp = 1;  // ranks = dp * cp
   std::string method;
-  std::vector<std::pair<std::string, std::string>> knobs;  // {"stage_heads", "4"}, ...
+  std::vector<std::pair<std::string, std::string>>
+      knobs;  // {"stage_heads", "4"}, or {"U=4 overlap", ""}
   std::string dtype;
   int64_t budget_bytes = 0;  // per rank
   int64_t seq_len = 0;

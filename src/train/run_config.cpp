@@ -485,6 +485,12 @@ Match find_flag(std::vector<Field>& fs, const std::string& name, uint32_t scopes
       const size_t d = edit_distance(bare, flag.substr(flag.find_first_not_of('-')));
       if (d < best_d) best_d = d, best = flag;
     }
+    // A suggestion only where it is near (--json is not a misspelt --lr).
+    if (best_d > std::max<size_t>(2, bare.size() / 3))
+      throw ConfigError(fmt::format(
+          "unknown option '{}' (`upipe settings` lists the settings, --help a command's own "
+          "options)",
+          name));
     throw ConfigError(fmt::format("unknown option '{}'; did you mean '{}'?", name, best));
   }
   if (!(m.field->scopes & scopes))

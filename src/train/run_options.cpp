@@ -35,11 +35,15 @@ std::vector<std::string> run_warnings(const RunConfig& c, const ModelConfig& m) 
         "train shorter sequences",
         setting_value("train.seq_len", c.train.seq_len), m.max_position_embeddings, m.source));
   if (c.train.warmup_steps >= c.train.steps)
-    w.push_back(fmt::format(
-        "{} is not shorter than the run ({}): the learning rate never reaches {} and never "
-        "decays",
-        setting_value("train.warmup_steps", c.train.warmup_steps),
-        setting_value("train.steps", c.train.steps), setting_value("train.lr", c.train.lr)));
+    w.push_back(
+        fmt::format("{} is {} the run ({}): the learning rate {} {} and never decays",
+                    setting_value("train.warmup_steps", c.train.warmup_steps),
+                    c.train.warmup_steps > c.train.steps ? "longer than" : "as long as",
+                    setting_value("train.steps", c.train.steps),
+                    c.train.warmup_steps > c.train.steps ? "never reaches" : "reaches",
+                    c.train.warmup_steps > c.train.steps
+                        ? setting_value("train.lr", c.train.lr)
+                        : setting_value("train.lr", c.train.lr) + " only at the last step"));
   if (!c.data.val_path.empty() && c.metrics.val_interval == 0)
     w.push_back(fmt::format(
         "{} is given but {}: the run never validates; give {} to measure the held-out loss",

@@ -373,6 +373,13 @@ resume_rules)
   timeout 300 "${mpirun[@]}" -np 2 "$upipe" train --checkpoint-dir="$tmp/r" --resume --steps=6 \
     --seq-len=128 --accept-changes > "$tmp/r2.out" 2>&1 || { cat "$tmp/r2.out"; fail "accepted change failed"; }
   grep -q "accepted (--accept-changes): --seq-len 64 -> 128" "$tmp/r2.out" || { cat "$tmp/r2.out"; fail "no accepted line"; }
+  # Another method: the recorded run's knobs it does not take are dropped and reported (they were
+  # refused as if typed: "--overlap is a knob of upipe ...; leave it false").
+  timeout 300 "${mpirun[@]}" -np 2 "$upipe" train "${small[@]}" --steps=2 --method=upipe-ring --overlap \
+    --checkpoint-dir="$tmp/k" > "$tmp/k0.out" 2>&1 || { cat "$tmp/k0.out"; fail "the upipe-ring --overlap run failed"; }
+  timeout 300 "${mpirun[@]}" -np 2 "$upipe" train --checkpoint-dir="$tmp/k" --resume --steps=3 --method=fpdt \
+    --accept-changes > "$tmp/k1.out" 2>&1 || { cat "$tmp/k1.out"; fail "resuming with another method failed"; }
+  grep -q -e "--overlap true -> false" "$tmp/k1.out" || { cat "$tmp/k1.out"; fail "the dropped knob was not reported"; }
   # The same global batch cut otherwise (DP 1 x 2 micro-steps -> DP 2 x 1) reads the same data:
   # continued without --accept-changes, the losses those of the run never stopped (to rounding).
   timeout 300 "${mpirun[@]}" -np 2 "$upipe" train "${small[@]}" --steps=4 --data-kind=random --micro-steps=2 \

@@ -536,10 +536,17 @@ TEST(RunConfig, WarningsForContextAndWarmup) {
                                            "(max_position_embeddings = 4096"),
             std::string::npos)
       << w[0];
-  EXPECT_NE(render_setting_refs(w[1]).find("--warmup-steps 11 is not shorter than the run "
-                                           "(--steps 11)"),
+  EXPECT_NE(render_setting_refs(w[1]).find("--warmup-steps 11 is as long as the run (--steps 11): "
+                                           "the learning rate reaches --lr 0.0003 only at the "
+                                           "last step and never decays"),
             std::string::npos)
       << w[1];
+  c.train.warmup_steps = 12;
+  EXPECT_NE(render_setting_refs(run_warnings(c, m)[1])
+                .find("--warmup-steps 12 is longer than the run (--steps 11): the learning rate "
+                      "never reaches --lr 0.0003 and never decays"),
+            std::string::npos);
+  c.train.warmup_steps = 11;
   m.max_position_embeddings = 0;  // a config without the field: nothing to compare with
   EXPECT_EQ(run_warnings(c, m).size(), 1u);
 }
