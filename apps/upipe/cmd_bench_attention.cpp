@@ -192,7 +192,8 @@ Runner add_bench_attention(CLI::App& cmd) {
   cmd.add_option("--meta-ranks", opt->meta_ranks,
                  "plan on the meta device as rank 0 of this many ranks (no data, no timing)")
       ->check(integer_in<int>(0, kMaxRanks));
-  add_doc_lens_option(cmd, opt->doc_lens,
+  add_doc_lens_option(
+      cmd, opt->doc_lens,
       "packed documents: lengths a,b,c summing to --seq-len, or a .npy/.bin file of them; "
       "the one-document time of the same S is reported beside");
   cmd.add_flag("--no-one-document", opt->no_one_document,

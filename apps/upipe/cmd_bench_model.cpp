@@ -140,7 +140,8 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
     if (executed[2] > 0)
       std::printf("  (%lld attention calls with document masks are not in the executed count)\n",
                   (long long)executed[2]);
-    std::printf("  peak %s per rank (max)\n", format_bytes(peak).c_str());
+    std::printf("  peak %s per rank (max); rank 0's at its peak: %s\n", format_bytes(peak).c_str(),
+                Arena::describe(dev.mem().at_peak_by_tag()).c_str());
   }
   return 0;
 }

@@ -88,7 +88,8 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
 Runner add_check(CLI::App& cmd) {
   auto opt = std::make_shared<Options>();
   add_shape_options(cmd, opt->shape, true);
-  add_doc_lens_option(cmd, opt->doc_lens,
+  add_doc_lens_option(
+      cmd, opt->doc_lens,
       "packed documents: lengths a,b,c summing to --seq-len, or a .npy/.bin file of them; "
       "compared with each document alone through local");
   cmd.add_flag("--json", opt->json, "print one JSON object (rank 0)");

@@ -203,8 +203,8 @@ Runner add_eval(CLI::App& cmd) {
                  "token ids: a 1-D .npy (int32/int64/uint16/uint32) or an llm.c .bin; with "
                  "--seq-len, its first S (without: --seq-len random ids)");
   add_doc_lens_option(cmd, opt->doc_lens,
-                 "the sequence as packed documents: lengths a,b,c summing to its length, or a "
-                 ".npy/.bin file of them; each document is attended to and predicted alone");
+                      "the sequence as packed documents: lengths a,b,c summing to its length, or a "
+                      ".npy/.bin file of them; each document is attended to and predicted alone");
   cmd.add_option("--save-grads", opt->save_grads,
                  "write the fp32 gradients (summed over ranks) as FILE.safetensors");
   cmd.add_flag("--loss-only", opt->loss_only,

@@ -415,9 +415,10 @@ Runner add_plan(CLI::App& cmd) {
       ->check(number_in(0, 1048576))
       ->group("");
   cmd.add_flag("--max-seq-len", opt->max_seq_len, "find the longest S that fits");
-  add_doc_lens_option(cmd, opt->doc_lens,
-                 "every sequence as packed documents: lengths a,b,c summing to --seq-len, or a "
-                 ".npy/.bin file of them (the documents' mask, tag docs, in every rank's plan)");
+  add_doc_lens_option(
+      cmd, opt->doc_lens,
+      "every sequence as packed documents: lengths a,b,c summing to --seq-len, or a "
+      ".npy/.bin file of them (the documents' mask, tag docs, in every rank's plan)");
   cmd.add_flag("--json", opt->json, "JSON output");
   cmd.footer(
       "--method all plans every method; a knob set to auto (--stage-heads auto, --chunks auto, "

@@ -28,7 +28,6 @@
 
 namespace {
 
-// The chain of commands CLI11 parsed ("upipe bench comm") and the deepest of them.
 // The listed option of `cmd` nearest to what was typed (`--tokeniser`, `--rank=8`); "" if none.
 std::string nearest_option(const CLI::App& cmd, const std::string& typed) {
   std::vector<std::string> known;
@@ -37,10 +36,10 @@ std::string nearest_option(const CLI::App& cmd, const std::string& typed) {
       for (const std::string& n : o->get_lnames()) known.push_back("--" + n);
   const std::string name = typed.substr(0, typed.find('='));
   const std::string near = upipe::closest_name(name, known);
-  // Only a near one: --json is not a misspelt --lr.
-  return upipe::edit_distance(name, near) <= std::max<size_t>(2, name.size() / 3) ? near : "";
+  return !near.empty() && upipe::near_enough(name, near) ? near : "";
 }
 
+// The chain of commands CLI11 parsed ("upipe bench comm") and the deepest of them.
 std::pair<std::string, const CLI::App*> parsed_chain(const CLI::App& cli) {
   std::string name = "upipe";
   const CLI::App* at = &cli;
@@ -256,9 +255,10 @@ int main(int argc, char** argv) {
   } catch (const std::filesystem::filesystem_error& e) {
     // A path the user gave that cannot be used (a symlink loop, no permission) where no reader
     // named it first: said as bad input, with the path, not as an internal failure.
-    const std::string what =
-        fmt::format("{}: {}", e.path1().empty() ? "a path" : e.path1().string(), e.code().message());
-    return MpiRuntime::fail_job(2, what, fmt::format("upipe: error [rank {}]: {}", proc.rank(), what));
+    const std::string what = fmt::format(
+        "{}: {}", e.path1().empty() ? "a path" : e.path1().string(), e.code().message());
+    return MpiRuntime::fail_job(2, what,
+                                fmt::format("upipe: error [rank {}]: {}", proc.rank(), what));
   } catch (const std::exception& e) {
     return MpiRuntime::fail_job(1, e.what(),
                                 fmt::format("upipe: [rank {}] fatal: {}", proc.rank(), e.what()));

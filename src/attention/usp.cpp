@@ -50,9 +50,9 @@ void validate_usp(const AttentionConfig& c, int ranks) {
   const SeqLayout lay = usp_layout(c, ranks);
   if (c.seq_len % lay.divisor() != 0)
     throw ConfigError(
-        fmt::format("{} ({}) must be divisible by {} ({} layout of {} groups of {} ranks); try {}",
+        fmt::format("{} ({}) must be divisible by {} ({} layout of {} group{} of {} ranks); try {}",
                     setting_ref("train.seq_len"), c.seq_len, lay.divisor(), lay.name(), ranks / u,
-                    u, seq_len_choices(c.seq_len, lay.divisor())));
+                    ranks / u == 1 ? "" : "s", u, seq_len_choices(c.seq_len, lay.divisor())));
   if (!ulysses_degree_fits(m, c, ranks, u))
     throw ConfigError(fmt::format(
         "{}: {}; valid degrees on {} ranks: {}",

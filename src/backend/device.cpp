@@ -4,6 +4,7 @@
 #include <exception>
 
 #include "core/check.h"
+#include "core/setting_ref.h"
 
 namespace upipe {
 
@@ -12,7 +13,12 @@ Device::Device(const DeviceOptions& opt)
       mem_backing_(backend_->make_device_allocator()),
       host_backing_(backend_->make_host_allocator()),
       mem_(std::make_unique<Arena>("device", opt.device_budget, *mem_backing_)),
-      host_(std::make_unique<Arena>("host", opt.host_budget, *host_backing_)) {}
+      host_(std::make_unique<Arena>("host", opt.host_budget, *host_backing_)) {
+  // The budgets are settings (memory.device_memory, memory.host_memory): an out-of-memory error
+  // names them.
+  mem_->set_budget_setting(setting_ref("memory.device_memory"));
+  host_->set_budget_setting(setting_ref("memory.host_memory"));
+}
 
 Device::~Device() {
   // A failing sync here must not terminate the unwinding that destroys this device. While an

@@ -51,13 +51,6 @@ std::string Arena::describe(const TagBytes& b) {
   return s.empty() ? "nothing" : s;
 }
 
-// The setting that sets this arena's budget, as the commands take it.
-std::string Arena::budget_flag() const {
-  if (name_ == "device") return " (--device-memory)";
-  if (name_ == "host") return " (--host-memory)";
-  return "";
-}
-
 // Within the budget but beyond what backs it (the machine's memory, the GPU's): a lower budget
 // would only be refused sooner.
 std::string Arena::beyond_machine() const {
@@ -74,7 +67,7 @@ void* Arena::allocate(int64_t bytes, Tag tag) {
         "out of memory in {} arena: tag '{}' requested {} ({} B) with {} of {} in use ({}); "
         "raise the memory budget{} or choose a configuration with a smaller peak ({})",
         name_, tag_name(tag), format_bytes(bytes), bytes, format_bytes(current_),
-        format_bytes(budget_), describe(cur_), budget_flag(), advice_);
+        format_bytes(budget_), describe(cur_), budget_hint(), advice_);
     throw OutOfMemoryError(msg, name_, tag_name(tag), bytes, describe(cur_));
   }
   void* p = nullptr;
@@ -106,14 +99,14 @@ void Arena::check_fits(const TagBytes& need) const {
     throw OutOfMemoryError(
         fmt::format("{}, over the budget of {} ({} in use); raise the memory budget{} or choose a "
                     "configuration with a smaller peak ({})",
-                    what, format_bytes(budget_), format_bytes(current_), budget_flag(), advice_),
+                    what, format_bytes(budget_), format_bytes(current_), budget_hint(), advice_),
         name_, "planned", bytes, describe(cur_));
   try {
     backing_.check_can_back(bytes);
   } catch (const std::bad_alloc& e) {
-    throw OutOfMemoryError(fmt::format("{}, within the budget, but {}; {}", what, e.what(),
-                                       beyond_machine()),
-                           name_, "planned", bytes, describe(cur_));
+    throw OutOfMemoryError(
+        fmt::format("{}, within the budget, but {}; {}", what, e.what(), beyond_machine()), name_,
+        "planned", bytes, describe(cur_));
   }
 }
 

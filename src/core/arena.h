@@ -46,6 +46,8 @@ class Arena {
   // What an out-of-memory error tells the user to change (by default a training run's knobs);
   // a command with other knobs (bench kernel) names its own.
   void set_advice(std::string advice) { advice_ = std::move(advice); }
+  // The setting that sets the budget, named beside "raise the memory budget" ("--device-memory").
+  void set_budget_setting(std::string flag) { budget_setting_ = std::move(flag); }
   bool backed() const { return backing_.backed(); }
   Allocator& backing() { return backing_; }
 
@@ -74,12 +76,15 @@ class Arena {
   static constexpr int kMaxWatches = 4;
   void on_change(Tag tag, int64_t delta);
   std::string beyond_machine() const;
-  std::string budget_flag() const;
+  std::string budget_hint() const {
+    return budget_setting_.empty() ? "" : " (" + budget_setting_ + ")";
+  }
 
   std::string name_;
   int64_t budget_;
   std::string advice_ =
       "a shorter sequence, more ranks, bf16, --offload-stash; `upipe plan` finds one that fits";
+  std::string budget_setting_;
   Allocator& backing_;
   int64_t current_ = 0, peak_ = 0;
   TagBytes cur_, at_peak_, tag_peak_;

@@ -104,7 +104,7 @@ class OutOfMemoryError : public Error {
  public:
   OutOfMemoryError(const std::string& what, std::string arena, std::string tag, int64_t request,
                    std::string breakdown)
-      : Error(what),
+      : Error(render_setting_refs(what)),  // the budget's setting as the user gave it
         arena(std::move(arena)),
         tag(std::move(tag)),
         request(request),

@@ -10,6 +10,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 
 #include "core/check.h"
@@ -75,6 +76,23 @@ void guard_launcher(int grace_s) {
   if (fd >= 0 && n > 0 && ::write(fd, msg, size_t(n)) < 0) ::_exit(1);
   ::kill(launcher, SIGKILL);  // SIGTERM during its abort can crash mpirun 4.1 (status 139)
   ::_exit(0);
+}
+
+void guard_launcher_after_end() {
+  const pid_t launcher = g_launcher;
+  if (launcher <= 1) return;
+  char path[64], name[32] = {};
+  std::snprintf(path, sizeof path, "/proc/%d/comm", int(launcher));
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return;
+  const ssize_t n = ::read(fd, name, sizeof name - 1);
+  ::close(fd);
+  if (n <= 0) return;
+  if (name[n - 1] == '\n') name[n - 1] = '\0';
+  static const char* const kLaunchers[] = {"mpirun",  "mpiexec", "orterun",
+                                           "prterun", "orted",   "prted"};
+  for (const char* l : kLaunchers)
+    if (std::strcmp(name, l) == 0) return guard_launcher(kLauncherEndGraceSeconds);
 }
 
 }  // namespace upipe

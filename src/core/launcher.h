@@ -30,8 +30,13 @@ bool started_by_launcher();
 // Forks a detached guard (async-signal-safe calls only, so any thread may call it just before
 // the process ends): if the launcher still runs grace_s seconds later, the guard prints why on
 // the launcher's stderr and kills it (SIGKILL: mpirun exits 137); it exits as soon as the
-// launcher is gone. A rank that ends normally leaves one too, with kLauncherEndGraceSeconds:
-// mpirun waits for every host's daemon even after all ranks ended, forever for a host gone.
+// launcher is gone.
 void guard_launcher(int grace_s = kLauncherGraceSeconds);
+
+// After a normal end: mpirun waits for every host's daemon even after all ranks ended, forever
+// for a host gone, so the guard above with kLauncherEndGraceSeconds, but only where the parent
+// is OpenMPI's launcher or daemon itself (mpirun, mpiexec, orterun, prterun, orted, prted): a
+// wrapper between them (a profiler writing its report, a script going on after upipe) is left.
+void guard_launcher_after_end();
 
 }  // namespace upipe

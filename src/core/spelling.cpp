@@ -29,4 +29,12 @@ std::string closest_name(std::string_view name, std::span<const std::string> can
   return best;
 }
 
+size_t near_limit(std::string_view typed) {
+  return std::max<size_t>(2, typed.size() / 3);
+}
+
+bool near_enough(std::string_view typed, std::string_view candidate) {
+  return edit_distance(typed, candidate) <= near_limit(typed);
+}
+
 }  // namespace upipe

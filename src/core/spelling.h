@@ -14,4 +14,10 @@ size_t edit_distance(std::string_view a, std::string_view b);
 // The candidate nearest to `name` by edit distance (the first of equals); "" when there is none.
 std::string closest_name(std::string_view name, std::span<const std::string> candidates);
 
+// The most edits a suggestion for what was typed may be away: max(2, a third of its length)
+// (`--froce` is a misspelt `--force`; `--json` is no misspelt `--lr`).
+size_t near_limit(std::string_view typed);
+// Whether `candidate` is within near_limit(typed) edits of what was typed.
+bool near_enough(std::string_view typed, std::string_view candidate);
+
 }  // namespace upipe

@@ -246,12 +246,14 @@ ModelConfig parse_json(const json& j, const std::string& source) {
     if (!ok)
       f.fail(key,
              fmt::format("= {} is not a token id, a list of them or null", json_excerpt(v, 60)));
-    // An id past the embedding would be copied into every export, where generation stops on it
-    // (negative ids, which some configs use for "none", pass).
-    for (const json& x : v.is_array() ? v : json::array({v}))
-      if (x.is_number_unsigned() && x.get<uint64_t>() >= uint64_t(m.vocab_size))
-        f.fail(key, fmt::format("= {} names token {}, past the vocabulary (vocab_size {})",
-                                json_excerpt(v, 60), x.get<uint64_t>(), m.vocab_size));
+    // A bos / eos id past the embedding would be copied into every export, where generation
+    // starts or stops on it (negative ids, which some configs use for "none", pass; a pad id is
+    // never generated, and some published configs set it to vocab_size).
+    if (std::string_view(key) != "pad_token_id" && m.vocab_size >= 1)
+      for (const json& x : v.is_array() ? v : json::array({v}))
+        if (x.is_number_unsigned() && x.get<uint64_t>() >= uint64_t(m.vocab_size))
+          f.fail(key, fmt::format("= {} names token {}, past the vocabulary (vocab_size {})",
+                                  json_excerpt(v, 60), x.get<uint64_t>(), m.vocab_size));
     m.token_ids[key] = v.dump();
   }
   m.validate();

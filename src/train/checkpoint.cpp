@@ -11,6 +11,7 @@
 #include <array>
 #include <cerrno>
 #include <charconv>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -18,6 +19,7 @@
 #include <map>
 #include <random>
 #include <set>
+#include <thread>
 #include <tuple>
 
 #include "backend/tensor_ops.h"
@@ -29,6 +31,7 @@
 #include "core/safe_fs.h"
 #include "core/setting_ref.h"
 #include "core/strict_json.h"
+#include "core/watchdog.h"
 #include "model/safetensors.h"
 
 namespace upipe {
@@ -541,7 +544,7 @@ void check_rank_files(const fs::path& tmp, const std::vector<uint64_t>& records,
       const ReadFile rf(path, "checkpoint file");
       uint64_t n = 0;
       rf.read_at(&n, 8, 0);
-      same = r[0] >= 8 && n <= r[0] - 8;
+      same = r[0] >= 8 && n <= r[0] - 8 && n <= uint64_t(kMaxMetaBytes);  // a header's bound
       if (same) {
         std::string head(size_t(8 + n), '\0');
         rf.read_at(head.data(), int64_t(head.size()), 0);
@@ -743,9 +746,7 @@ void lock_checkpoint_dir(const std::string& dir) {
     held[key] = -1;
     return;
   }
-  char host[256] = {};
-  ::gethostname(host, sizeof host - 1);
-  const std::string who = fmt::format("pid {} on {}\n", ::getpid(), host);
+  const std::string who = fmt::format("pid {} on {}\n", ::getpid(), host_name());
   if (::ftruncate(fd, 0) == 0 && ::pwrite(fd, who.data(), who.size(), 0) < 0) {
     // The lock holds whatever the file says; its text only names the holder.
   }
@@ -782,48 +783,79 @@ void check_checkpoint_room(Communicator& world, const std::string& dir, int64_t 
   });
 }
 
+namespace {
+
+// The file rank 0 writes in checkpoint.dir for the other ranks to find: a name and text no other
+// directory holds by chance.
+struct ViewProbe {
+  fs::path path;
+  std::string text;
+};
+ViewProbe view_probe(const std::string& dir, uint64_t token) {
+  return {fs::path(dir) / fmt::format(".upipe-view-{}", hex64(token)), hex64(token) + "\n"};
+}
+
+// Whether this rank reads rank 0's probe. A shared file system that caches metadata (FUSE
+// mounts of object stores) may show a new file late: it is looked for up to 5 s.
+bool sees(const ViewProbe& p) {
+  auto there = [&p] {
+    std::error_code ec;
+    return fs::is_regular_file(p.path, ec) &&
+           read_small_file(p.path.string(), "checkpoint directory probe", 64) == p.text;
+  };
+  for (int i = 0; i < 50; ++i) {
+    if (there()) return true;
+    watchdog_beat();
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return there();
+}
+
+}  // namespace
+
 void check_one_checkpoint_dir(Communicator& world, const std::string& dir) {
   if (world.size() == 1) return;
-  // Rank 0's probe: a name and text no other directory holds by chance, and its host.
   uint64_t token = 0;
   on_rank0_everywhere(world, dir, [&] {
     token = std::random_device{}() | (uint64_t(std::random_device{}()) << 32);
-    write_file_atomic((fs::path(dir) / fmt::format(".upipe-view-{}", hex64(token))).string(),
-                      hex64(token) + "\n", "checkpoint directory probe");
+    const ViewProbe p = view_probe(dir, token);
+    write_file_atomic(p.path.string(), p.text, "checkpoint directory probe");
   });
   world.broadcast(&token, sizeof token, 0);
+  const ViewProbe probe = view_probe(dir, token);
   const std::string host0 = host_names(world)[0];
   std::error_code ec;
-  const std::string where0 = broadcast_string(world, fs::absolute(dir, ec).string(), 0);
-  const fs::path probe = fs::path(dir) / fmt::format(".upipe-view-{}", hex64(token));
+  const std::string mine = fs::absolute(dir, ec).string();  // as this rank resolves the path
+  const std::string where0 = broadcast_string(world, mine, 0);
   auto check = [&] {
-    if (world.rank() == 0) return;
-    std::error_code ec;
-    const bool seen = fs::is_regular_file(probe, ec) &&
-                      read_small_file(probe.string(), "checkpoint directory probe", 64) ==
-                          hex64(token) + "\n";
-    if (seen) return;
-    const std::string mine = fs::absolute(dir, ec).string();
+    if (world.rank() == 0 || sees(probe)) return;
     throw ConfigError(fmt::format(
         "rank {} (host {}) does not see the file {} that rank 0 (host {}) wrote in {}{}: every "
         "rank writes its part of each checkpoint there, so every host must see that one "
         "directory (a shared file system); give a {} that every host mounts",
-        world.rank(), host_name(), probe.filename().string(), host0,
+        world.rank(), host_name(), probe.path.filename().string(), host0,
         setting_value("checkpoint.dir", where0),
-        mine == where0 ? std::string() : fmt::format(" (rank {} reads the path as {})", world.rank(), mine),
+        mine == where0 ? std::string()
+                       : fmt::format(" (rank {} reads the path as {})", world.rank(), mine),
         setting_ref("checkpoint.dir")));
   };
   try {
     on_every_rank_everywhere(world, check);
   } catch (...) {
-    std::error_code ec;
-    if (world.rank() == 0) fs::remove(probe, ec);
+    if (world.rank() == 0) fs::remove(probe.path, ec);
     throw;
   }
-  on_rank0_everywhere(world, dir, [&] { fs::remove(probe); });
+  on_rank0_everywhere(world, dir, [&] { fs::remove(probe.path); });
 }
 
 std::string newest_checkpoint_everywhere(Communicator& world, const std::string& dir) {
+  // No directory: said as on one rank, before a probe is written there.
+  on_rank0_everywhere(world, dir, [&] {
+    std::error_code ec;
+    if (!fs::is_directory(dir, ec))
+      throw ConfigError(fmt::format("--resume: no complete checkpoint in {} (no such directory)",
+                                    setting_value("checkpoint.dir", dir)));
+  });
   check_one_checkpoint_dir(world, dir);
   std::optional<std::string> mine;
   on_every_rank_everywhere(world, [&] {
@@ -840,9 +872,7 @@ std::string newest_checkpoint_everywhere(Communicator& world, const std::string&
   if (steps[0] < 0)
     throw ConfigError(fmt::format("--resume: no complete checkpoint in {}",
                                   setting_value("checkpoint.dir", dir)));
-  auto named = [](int64_t s) {
-    return s < 0 ? std::string("none") : step_dir_name(s);
-  };
+  auto named = [](int64_t s) { return s < 0 ? std::string("none") : step_dir_name(s); };
   const std::vector<std::string> hosts = host_names(world);
   for (int r = 1; r < world.size(); ++r)
     if (steps[size_t(r)] != steps[0])

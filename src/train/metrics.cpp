@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <utility>
@@ -80,7 +81,11 @@ constexpr int64_t kMaxMetricsLine = int64_t(1) << 16;
 nlohmann::json step_object(const std::string& l) {
   try {
     nlohmann::json j = parse_json_strict(l, "metrics line");
-    if (j.is_object() && j.contains("step") && j["step"].is_number_integer()) return j;
+    // A step is a whole number from 1 (2^64 - 1 read as int64 was step -1, kept on resume).
+    if (j.is_object() && j.contains("step") && j["step"].is_number_unsigned() &&
+        j["step"].get<uint64_t>() >= 1 &&
+        j["step"].get<uint64_t>() <= uint64_t(std::numeric_limits<int64_t>::max()))
+      return j;
   } catch (const ConfigError&) {
   }
   return nullptr;

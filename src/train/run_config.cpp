@@ -363,9 +363,10 @@ void set_from_text(const Field& f, const std::string& text, const std::string& w
         } else if constexpr (std::is_same_v<T, std::string*>) {
           // A NUL (TOML's \u0000) would end a path early: another file than the one written.
           if (text.find('\0') != std::string::npos)
-            throw ConfigError(fmt::format("{}: '{}' holds a NUL character, which no path or name "
-                                          "may hold",
-                                          where, excerpt(text.substr(0, text.find('\0')))));
+            throw ConfigError(
+                fmt::format("{}: '{}' holds a NUL character, which no path or name "
+                            "may hold",
+                            where, excerpt(text.substr(0, text.find('\0')))));
           *v = text;
         } else if constexpr (std::is_same_v<T, DType*>) {
           if (text != "fp32" && text != "bf16")
@@ -486,7 +487,7 @@ Match find_flag(std::vector<Field>& fs, const std::string& name, uint32_t scopes
       if (d < best_d) best_d = d, best = flag;
     }
     // A suggestion only where it is near (--json is not a misspelt --lr).
-    if (best_d > std::max<size_t>(2, bare.size() / 3))
+    if (best_d > near_limit(bare))
       throw ConfigError(fmt::format(
           "unknown option '{}' (`upipe settings` lists the settings, --help a command's own "
           "options)",
@@ -641,9 +642,9 @@ RunConfig parse_run_toml(std::string_view text, const std::string& source,
       // order toml++ walks the sections in, not the file's.
       const std::string here = fmt::format("{} (line {})", full, value.source().begin.line);
       if (const auto [it, fresh] = set_by.emplace(m.field->key, here); !fresh)
-        throw ConfigError(fmt::format(
-            "{}{} and {} both set {} (an older spelling beside the new one): keep one", vat,
-            full, it->second, m.field->key));
+        throw ConfigError(
+            fmt::format("{}{} and {} both set {} (an older spelling beside the new one): keep one",
+                        vat, full, it->second, m.field->key));
       set_from_toml(*m.field, value, vat, full, m.alias && m.alias->gib);
       if (sources) {
         sources->spelled[m.field->key] = fmt::format("{} in {}", full, source);

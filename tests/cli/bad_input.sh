@@ -194,6 +194,17 @@ run_case "cannot open checkpoint metadata $tmp/ckloop/meta.json: Too many levels
 # config.json's special token ids past the vocabulary were copied into every export.
 mkdir "$tmp/eos" && python3 -c 'import json,sys; c=json.load(open(sys.argv[1])); c["eos_token_id"]=[2, c["vocab_size"]]; json.dump(c, open(sys.argv[2], "w"))' "$fix/llama/config.json" "$tmp/eos/config.json"
 run_case "'eos_token_id' = [2,256] names token 256, past the vocabulary (vocab_size 256)" plan --ranks 2 --device-memory 80G --model "$tmp/eos" --seq-len 64
+# From a newcomer pass over the docs: a misspelt required flag is named as such (CLI11 said
+# "--ranks is required"); a suggestion only when near (train --json got "did you mean '--lr'");
+# a command's own options are suggested too; an empty --doc-lens is no silent "one document".
+run_case "unknown option '--rank'; did you mean '--ranks'?" plan --rank 8 --device-memory 80G
+run_case "unknown option '--json' (\`upipe settings\` lists the settings" train --json
+run_case "upipe export takes no --tokeniser none; did you mean '--tokenizer'?" export "$tmp/ck" "$tmp/out" --tokeniser none
+run_case "--dtype: fp16 not in {bf16,fp32}" export "$tmp/ck" "$tmp/out" --dtype fp16
+run_case "--doc-lens: is empty; give the documents' lengths" check --seq-len 16 --doc-lens ""
+run_case "--resume: no complete checkpoint in --checkpoint-dir $tmp/no-such-dir (no such directory)" train --resume --checkpoint-dir "$tmp/no-such-dir"
+printf 'hello\n' > "$tmp/text.txt"
+run_case "to train on a text file, make its tokens first: upipe tokenize $tmp/text.txt OUT.bin" train --data-kind=files --data-path="$tmp/text.txt" --steps=1
 
 if [ "$failures" -ne 0 ]; then
   echo "$failures case(s) failed"

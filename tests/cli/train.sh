@@ -398,6 +398,17 @@ for s in (3, 4):
     print(f"step {s}: {a[s]!r} uninterrupted, {b[s]!r} recut")
     assert abs(a[s] - b[s]) <= 1e-6 * abs(a[s]), s
 PY
+  # A stopped demo is continued as its stop line says (--resume; --overwrite to start afresh):
+  # demo took neither ("unknown option '--resume'").
+  timeout 300 "${mpirun[@]}" -np 2 "$upipe" demo --steps=2 --checkpoint-dir="$tmp/d" > "$tmp/d0.out" 2>&1 ||
+    { cat "$tmp/d0.out"; fail "the demo run failed"; }
+  timeout 300 "${mpirun[@]}" -np 2 "$upipe" demo --checkpoint-dir="$tmp/d" --resume --steps=3 \
+    --metrics-path="$tmp/d.jsonl" > "$tmp/d1.out" 2>&1 || { cat "$tmp/d1.out"; fail "demo --resume failed"; }
+  grep -q "continues from step 2" "$tmp/d1.out" && [ "$(last "$tmp/d.jsonl" step)" = 3 ] ||
+    { cat "$tmp/d1.out"; fail "demo --resume did not continue the demo's run"; }
+  grep -q '^seq_len = 128' "$tmp/d1.out" || { cat "$tmp/d1.out"; fail "the resumed demo lost its own settings"; }
+  timeout 300 "${mpirun[@]}" -np 2 "$upipe" demo --checkpoint-dir="$tmp/d" --steps=1 --overwrite > "$tmp/d2.out" 2>&1 ||
+    { cat "$tmp/d2.out"; fail "demo --overwrite failed"; }
   ;;
 hang)
   disrupt STOP 20 h --timeout=3

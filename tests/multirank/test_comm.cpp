@@ -2,13 +2,19 @@
 // predictable, and the call/byte counters checked against the fake (meta) backend replaying
 // the same calls. Non-blocking collectives are checked against their blocking forms and with
 // two in flight at once; split() is checked against MPI_Comm_split's ordering.
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cstring>
 #include <numeric>
+#include <stdexcept>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "comm/fake/fake_comm.h"
+#include "core/check.h"
+#include "core/errors.h"
 #include "multirank/comm_checks.h"
 #include "multirank/mpi_test_main.h"
 
@@ -134,6 +140,51 @@ TEST(Comm, LargeMessageUsesUnitDatatype) {
   w.iall_to_all(send.data(), recv.data(), bytes)->wait();
   for (int j = 0; j < w.size(); ++j)
     EXPECT_EQ(recv[size_t(j) * size_t(bytes) + size_t(bytes) - 1], uint8_t(10 * j + w.rank()));
+}
+
+// What one rank (or some) found is raised on every rank alike: the lowest failing rank's text and
+// kind (ConfigError or Error), whichever ranks failed; nothing when none did.
+TEST(Comm, EveryRankChecksAndTheLowestFailureIsRaisedEverywhere) {
+  Communicator& w = world();
+  const int n = w.size();
+  EXPECT_NO_THROW(on_every_rank_everywhere(w, [] {}));
+  for (int first = 0; first < n; ++first) {
+    // Ranks first and above fail, each with its own text; rank `first`'s reaches every rank.
+    try {
+      on_every_rank_everywhere(w, [&] {
+        if (w.rank() >= first) throw ConfigError(fmt::format("rank {} refuses", w.rank()));
+      });
+      ADD_FAILURE() << "no error on rank " << w.rank() << " (first failing " << first << ")";
+    } catch (const ConfigError& e) {
+      EXPECT_EQ(std::string(e.what()), fmt::format("rank {} refuses", first));
+    }
+  }
+  // Another failure than a ConfigError is raised as an Error (not a ConfigError) everywhere.
+  bool config = false, error = false;
+  try {
+    on_every_rank_everywhere(w, [&] {
+      if (w.rank() == n - 1) throw std::runtime_error("disk gone");
+    });
+  } catch (const ConfigError&) {
+    config = true;
+  } catch (const Error& e) {
+    error = std::string(e.what()) == "disk gone";
+  }
+  EXPECT_FALSE(config);
+  EXPECT_TRUE(error);
+}
+
+TEST(Comm, BroadcastStringAndHostNames) {
+  Communicator& w = world();
+  for (int root = 0; root < w.size(); ++root) {
+    const std::string mine = w.rank() == root ? std::string(300, char('a' + root % 26)) : "x";
+    EXPECT_EQ(broadcast_string(w, mine, root), std::string(300, char('a' + root % 26)));
+    EXPECT_EQ(broadcast_string(w, w.rank() == root ? "" : "y", root), "");
+  }
+  const std::vector<std::string> hosts = host_names(w);
+  ASSERT_EQ(int(hosts.size()), w.size());
+  EXPECT_EQ(hosts[size_t(w.rank())], host_name());
+  for (const std::string& h : hosts) EXPECT_FALSE(h.empty());
 }
 
 }  // namespace

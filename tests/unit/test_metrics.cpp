@@ -148,6 +148,25 @@ TEST(Metrics, ResumeRefusesAnotherRunsLines) {
   EXPECT_EQ(std::string(std::istreambuf_iterator<char>(f), {}), other);
 }
 
+// A step is a whole number from 1: 2^64 - 1 (read as int64 it was step -1, kept on every resume),
+// 0 and -1 make the line no step's metrics, so the file is not taken.
+TEST(Metrics, ResumeRefusesStepsOutOfRange) {
+  TempDir d;
+  const std::string good = metrics_json(sample_metrics(1)) + "\n";
+  for (const char* step : {"18446744073709551615", "0", "-1", "2.5"}) {
+    std::string bad = metrics_json(sample_metrics(2));
+    bad.replace(bad.find("\"step\":2"), 8, std::string("\"step\":") + step);
+    d.write("m.jsonl", good + bad + "\n");
+    try {
+      MetricsWriter w(d.file("m.jsonl"), 1, false, "");
+      ADD_FAILURE() << "a metrics line with step " << step << " was taken";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("line 2 is not a step's metrics"), std::string::npos)
+          << step << ": " << e.what();
+    }
+  }
+}
+
 // What the run did not write is not replaced: an existing file on a fresh run (unless
 // overwrite), a file with a line that is not a step's metrics on a resumed run.
 TEST(Metrics, WriterRefusesFilesThatAreNotTheRunsOwn) {

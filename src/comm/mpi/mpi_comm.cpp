@@ -159,12 +159,17 @@ MpiRuntime::~MpiRuntime() {
   MPI_Op_free(&g_bf16_max);
   free_fail_comm();
   set_fatal_handler(nullptr);
-  // MPI_Finalize waits for every host's daemon: a host that stopped or dropped off the network
-  // after the work was done would hold it forever. Under the watchdog (where a command started
-  // it), at least kFinalizeTimeoutS: ranks reach it at different times (rank 0 writes the last
-  // report while the others wait here).
-  if (Watchdog::timeout_s() > 0)
-    Watchdog::start(std::max(Watchdog::timeout_s(), kFinalizeTimeoutS));
+  // Every rank has finished the command (rank 0's last writes, eval's gradients, a plan on the
+  // meta device, take as long as they take: unwatched, as the command's own tail always was).
+  MPI_Barrier(MPI_COMM_WORLD);
+  // MPI_Finalize then waits for every host's daemon: a host that stopped or dropped off the
+  // network after the work was done would hold it forever. Under the watchdog (where a command
+  // started it), at least kFinalizeTimeoutS.
+  try {
+    if (Watchdog::timeout_s() > 0)
+      Watchdog::start(std::max(Watchdog::timeout_s(), kFinalizeTimeoutS));
+  } catch (const std::exception&) {  // no thread for it: finalize unwatched, as before
+  }
   {
     WatchdogOp op("MPI_Finalize, after the command's work");
     MPI_Finalize();
@@ -172,7 +177,7 @@ MpiRuntime::~MpiRuntime() {
   Watchdog::stop();
   // A launcher still there long after its ranks ended (mpirun waiting for a host gone after the
   // job ended) is ended by the guard; a normal one exits within seconds.
-  guard_launcher(kLauncherEndGraceSeconds);
+  guard_launcher_after_end();
 }
 
 std::unique_ptr<Communicator> MpiRuntime::world() {
