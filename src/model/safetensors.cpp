@@ -151,9 +151,11 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
   if (fs::is_directory(p, ec)) {
     // The single file first, as transformers' from_pretrained looks (a folder holding both
     // loads model.safetensors there, so here too).
-    // A name that is there in any form (a dangling link, a link loop): its reader says what is
-    // wrong with it, instead of "neither".
-    auto there = [&ec](const fs::path& f) { return fs::exists(fs::symlink_status(f, ec)); };
+    // A name that is there, a symlink loop included: its reader names the loop, instead of
+    // "neither".
+    auto there = [&ec](const fs::path& f) {
+      return fs::exists(f, ec) || ec == std::errc::too_many_symbolic_link_levels;
+    };
     if (there(p / "model.safetensors"))
       p /= "model.safetensors";
     else if (there(p / "model.safetensors.index.json"))

@@ -22,9 +22,11 @@ namespace upipe {
 bool has_checkpoint(const std::string& dir) {
   namespace fs = std::filesystem;
   std::error_code ec;
-  // A name that is there, whatever it is (a symlink loop, a dangling link): its reader says what
-  // is wrong with it.
-  auto there = [&ec](const fs::path& p) { return fs::exists(fs::symlink_status(p, ec)); };
+  // A name that is there, a symlink loop included (its reader names the loop); a dangling link
+  // is not (weights_dir says what it points at).
+  auto there = [&ec](const fs::path& p) {
+    return fs::exists(p, ec) || ec == std::errc::too_many_symbolic_link_levels;
+  };
   return !dir.empty() && fs::is_directory(dir, ec) &&
          (there(fs::path(dir) / "model.safetensors") ||
           there(fs::path(dir) / "model.safetensors.index.json"));

@@ -124,7 +124,7 @@ expect_row "knobs resolved" '^upipe-fpdt +U=4 N=4 +784 +yes ' --ranks 4 --device
 # --stage-heads auto chose); the file's own settings are not repeated as flags.
 run=$(mktemp --suffix=.toml)
 trap 'rm -f "$run"' EXIT
-printf '[model]\nname = "llama3-8b"\n[train]\nseq_len = 1048576\nsteps = 7\n[memory]\ndevice_memory = "80G"\n' > "$run"
+printf '[model]\nname = "llama3-8b"\n[train]\nseq_len = 65536\nsteps = 7\n[memory]\ndevice_memory = "80G"\n' > "$run"
 out=$(timeout 120 "$upipe" plan "$run" --ranks 8 --stage-heads auto --json 2>&1)
 cmd=$(printf '%s' "$out" | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["methods"][0]["train_command"])' 2>&1)
 case "$cmd" in
