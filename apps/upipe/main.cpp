@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "apps/upipe/commands.h"
+#include "apps/upipe/settings_cli.h"
 #include "backend/cpu/cpu_isa.h"
 #include "comm/mpi/mpi_comm.h"
 #include "core/check.h"
@@ -30,12 +31,8 @@ namespace {
 
 // The listed option of `cmd` nearest to what was typed (`--tokeniser`, `--rank=8`); "" if none.
 std::string nearest_option(const CLI::App& cmd, const std::string& typed) {
-  std::vector<std::string> known;
-  for (const CLI::Option* o : cmd.get_options())
-    if (!o->get_group().empty())  // not the hidden older spellings
-      for (const std::string& n : o->get_lnames()) known.push_back("--" + n);
   const std::string name = typed.substr(0, typed.find('='));
-  const std::string near = upipe::closest_name(name, known);
+  const std::string near = upipe::closest_name(name, upipe::app::listed_options(cmd));
   return !near.empty() && upipe::near_enough(name, near) ? near : "";
 }
 

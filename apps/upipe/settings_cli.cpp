@@ -55,6 +55,14 @@ std::shared_ptr<SettingArgs> add_settings(CLI::App& cmd, uint32_t scope, uint32_
   return out;
 }
 
+std::vector<std::string> listed_options(const CLI::App& cmd) {
+  std::vector<std::string> names;
+  for (const CLI::Option* o : cmd.get_options())
+    if (!o->get_group().empty())  // not the hidden older spellings
+      for (const std::string& n : o->get_lnames()) names.push_back("--" + n);
+  return names;
+}
+
 Settings resolve_settings(const Process& proc, const SettingArgs& args, const CLI::App& cmd,
                           const std::string& run_file, const std::vector<std::string>& preset,
                           const RunConfig* base, bool validated) {
@@ -63,11 +71,7 @@ Settings resolve_settings(const Process& proc, const SettingArgs& args, const CL
   // What CLI11 did not know is refused first: a mistyped flag's value may have been taken for
   // the run file.
   RunConfig scratch;
-  std::vector<std::string> own;  // the command's flags that are not settings, for the hint
-  for (const CLI::Option* o : cmd.get_options())
-    if (!o->get_group().empty())  // not the hidden older spellings
-      for (const std::string& n : o->get_lnames()) own.push_back("--" + n);
-  apply_overrides(scratch, cmd.remaining(), scope, nullptr, own);
+  apply_overrides(scratch, cmd.remaining(), scope, nullptr, listed_options(cmd));
   if (base) s.config = *base;
   if (!run_file.empty()) {
     // The run file's settings over the base's: parsed alone, then applied where it sets them.

@@ -30,6 +30,10 @@ struct SettingArgs {
 std::shared_ptr<SettingArgs> add_settings(CLI::App& cmd, uint32_t scope, uint32_t also = 0,
                                           const std::vector<std::string>& preset = {});
 
+// The options `cmd` lists in its --help ("--steps", "--json", ...; not the hidden older
+// spellings): what a misspelt option is compared with.
+std::vector<std::string> listed_options(const CLI::App& cmd);
+
 struct Settings {
   RunConfig config;
   SettingSources sources;

@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <limits>
 #include <map>
+#include <optional>
 #include <random>
 #include <set>
 #include <thread>
@@ -486,14 +487,24 @@ class PieceHasher {
   std::vector<uint64_t> out_;
 };
 
+// The checksum of a rank file's safetensors header (its 8-byte length and the JSON); none when
+// the length does not fit the file or a header's bound.
+std::optional<uint64_t> header_xxh3(const ReadFile& rf) {
+  uint64_t n = 0;
+  if (rf.size() < 8) return std::nullopt;
+  rf.read_at(&n, 8, 0);
+  if (n > uint64_t(rf.size() - 8) || n > uint64_t(kMaxMetaBytes)) return std::nullopt;
+  std::string head(size_t(8 + n), '\0');
+  rf.read_at(head.data(), int64_t(head.size()), 0);
+  return xxh3(head.data(), int64_t(head.size()));
+}
+
 // What rank 0 needs of every rank's file: its size, header checksum and piece checksums.
 std::vector<uint64_t> file_record(const std::string& path, const PieceHasher& h) {
   const ReadFile rf(path, "checkpoint file");
-  uint64_t n = 0;
-  rf.read_at(&n, 8, 0);
-  std::string head(size_t(8 + n), '\0');
-  rf.read_at(head.data(), int64_t(head.size()), 0);
-  std::vector<uint64_t> r = {uint64_t(rf.size()), xxh3(head.data(), int64_t(head.size()))};
+  const std::optional<uint64_t> head = header_xxh3(rf);
+  UPIPE_CHECK(head.has_value(), "{}: the header this rank just wrote does not fit its file", path);
+  std::vector<uint64_t> r = {uint64_t(rf.size()), *head};
   r.insert(r.end(), h.hashes().begin(), h.hashes().end());
   return r;
 }
@@ -539,18 +550,8 @@ void check_rank_files(const fs::path& tmp, const std::vector<uint64_t>& records,
     std::error_code ec;
     const bool there = fs::is_regular_file(path, ec);
     const uint64_t bytes = there ? uint64_t(fs::file_size(path, ec)) : 0;
-    bool same = there && !ec && bytes == r[0];
-    if (same) {
-      const ReadFile rf(path, "checkpoint file");
-      uint64_t n = 0;
-      rf.read_at(&n, 8, 0);
-      same = r[0] >= 8 && n <= r[0] - 8 && n <= uint64_t(kMaxMetaBytes);  // a header's bound
-      if (same) {
-        std::string head(size_t(8 + n), '\0');
-        rf.read_at(head.data(), int64_t(head.size()), 0);
-        same = xxh3(head.data(), int64_t(head.size())) == r[1];
-      }
-    }
+    const bool same = there && !ec && bytes == r[0] &&
+                      header_xxh3(ReadFile(path, "checkpoint file")) == std::optional(r[1]);
     if (!same)
       throw ConfigError(fmt::format(
           "checkpoint {}: rank {} wrote its file {} ({} B), which rank 0 {}: every host must see "
