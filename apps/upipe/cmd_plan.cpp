@@ -35,6 +35,7 @@ namespace {
 struct Options {
   std::string run_file;
   int ranks = 0;
+  int ranks_per_host = 0;  // 0: every rank on one host
   std::string reserve = bytes_text(kDefaultReserveBytes);
   double reserve_gib = -1;  // the older spelling --reserve-gib (GiB); < 0: not given
   bool max_seq_len = false;
@@ -93,8 +94,29 @@ std::string train_command(const Settings& set, const Options& o, const Plan& p) 
   // With --init-from, a model left out is the folder's: the default preset, typed, is said.
   if (o.run_file.empty() && !c.model.init_from.empty() && c.model.name == base.model.name)
     flags = fmt::format("--model={}{}{}", c.model.name, flags.empty() ? "" : " ", flags);
-  return fmt::format("mpirun -np {} upipe train{}{}{}{}", o.ranks, o.run_file.empty() ? "" : " ",
-                     o.run_file, flags.empty() ? "" : " ", flags);
+  // Hosts given: ranks placed as planned, that many to a host in rank order.
+  const std::string place = o.ranks_per_host > 0 && o.ranks_per_host < o.ranks
+                                ? fmt::format(" --npernode {}", o.ranks_per_host)
+                                : "";
+  return fmt::format("mpirun -np {}{} upipe train{}{}{}{}", o.ranks, place,
+                     o.run_file.empty() ? "" : " ", o.run_file, flags.empty() ? "" : " ", flags);
+}
+
+// How many hosts the plan's widest all-to-all group spans (methods.h all_to_all_hosts; 1 without
+// --ranks-per-host).
+int all_to_all_hosts(const Plan& p) {
+  const PlanRequest& r = p.request;
+  return all_to_all_hosts(method_info(r.decoder.knobs.method), r.decoder.knobs, r.cp(),
+                          hosts_in_order(r.ranks, r.ranks_per_host));
+}
+
+// Said where the plan's all-to-alls cross the hosts --ranks-per-host makes ("" where they do not).
+std::string across_hosts_note(const ModelConfig& m, const Plan& p) {
+  const PlanRequest& r = p.request;
+  AttentionConfig a = to_attention_config(m);
+  a.knobs = r.decoder.knobs;
+  return render_setting_refs(
+      upipe::across_hosts_note(a, r.cp(), hosts_in_order(r.ranks, r.ranks_per_host)));
 }
 
 struct Row {
@@ -128,6 +150,7 @@ PlanRequest base_request(const Settings& set, const Options& o) {
         fmt::format("give one of {} and --max-seq-len", setting_ref("train.seq_len")));
   PlanRequest r;
   r.ranks = o.ranks;
+  r.ranks_per_host = o.ranks_per_host;
   r.cp_size = c.parallel.cp_size;
   r.decoder = decoder_options(c, c.train.seq_len);
   r.micro_steps = c.train.micro_steps;
@@ -338,8 +361,11 @@ int run(Process& proc, const Options& o, const SettingArgs& sa, const CLI::App& 
                       {"tag", tag_name(limit_of(p).tag)},
                       {"bytes", limit_of(p).bytes}}},
                     // The command of a plan that fits; none for one that does not.
+                    {"all_to_all_hosts", all_to_all_hosts(p)},
                     {"train_command",
                      p.fits ? nlohmann::json(train_command(set, o, p)) : nlohmann::json(nullptr)}});
+      if (const std::string note = across_hosts_note(m, p); !note.empty())
+        ms.back()["hosts_note"] = note;
       if (const std::string note = data_note(data, p.request.decoder.seq_len); !note.empty())
         ms.back()["data_note"] = note;
     }
@@ -385,6 +411,8 @@ int run(Process& proc, const Options& o, const SettingArgs& sa, const CLI::App& 
     if (p.host_peak > 0)
       std::printf("  host peak %s (rank %d): %s\n", format_bytes(p.host_peak).c_str(),
                   p.worst_host_rank, Arena::describe(p.host_at_peak).c_str());
+    if (const std::string note = across_hosts_note(m, p); !note.empty())
+      std::printf("  note: %s\n", note.c_str());
     if (p.fits) {
       std::printf("  run it: %s\n", train_command(set, o, p).c_str());
       if (const std::string note = data_note(data, p.request.decoder.seq_len); !note.empty())
@@ -407,6 +435,11 @@ Runner add_plan(CLI::App& cmd) {
                  "a training run file (docs/training.md): plan exactly that run");
   cmd.add_option("--ranks", opt->ranks, "ranks (GPUs) of the job")
       ->required()
+      ->check(integer_in<int>(1, kMaxRanks));
+  cmd.add_option("--ranks-per-host", opt->ranks_per_host,
+                 "ranks (GPUs) on each host, placed in rank order (mpirun --npernode): an auto "
+                 "--ulysses-degree keeps the all-to-alls within a host, and the plan says where "
+                 "they cross hosts; default: every rank on one host")
       ->check(integer_in<int>(1, kMaxRanks));
   cmd.add_option("--reserve", opt->reserve,
                  "device memory the engine does not see (CUDA context, NCCL, allocator slack)")

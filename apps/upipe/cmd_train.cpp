@@ -6,6 +6,7 @@
 // the user's guide.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 
@@ -67,7 +68,15 @@ Settings resumed_settings(const Process& proc, const Options& opt, const Setting
   make_paths_absolute(now.config, [&](std::string_view k) {
     return now.sources.spelled.count(std::string(k)) != 0;  // typed now: as the fresh run did
   });
-  *report = check_resume(rec, now.config, proc.world.size(), opt.accept_changes);
+  try {
+    *report = check_resume(rec, now.config, proc.world.size(), opt.accept_changes);
+  } catch (const ConfigError& e) {
+    // --print-config shows the run file a resume would continue even where the resume itself
+    // would be refused (a finished run, a change it does not accept): said, not run.
+    if (!opt.print_config) throw;
+    if (proc.root())
+      std::fprintf(stderr, "note: as given, --resume would be refused: %s\n", e.what());
+  }
   return now;
 }
 
@@ -172,6 +181,21 @@ void print_startup(const RunConfig& cfg, const ModelConfig& m, TrainingLoop& loo
   std::fflush(stdout);
 }
 
+// Said where the method's all-to-alls cross hosts (the ranks' host names, by rank), with the
+// Ulysses degree that keeps them within one; "" where they stay within a host.
+std::string across_hosts_note(const RunConfig& cfg, const ModelConfig& m, TrainingLoop& loop,
+                              const std::vector<std::string>& hosts) {
+  std::vector<int> host_of;
+  for (const std::string& h : hosts)
+    host_of.push_back(int(std::find(hosts.begin(), hosts.end(), h) - hosts.begin()));
+  AttentionConfig ac = to_attention_config(m);
+  ac.knobs = cfg.parallel.knobs;
+  ac.seq_len = cfg.train.seq_len;
+  const std::string note = upipe::across_hosts_note(ac, loop.trainer().cp_size(), host_of);
+  return note.empty() ? note
+                      : render_setting_refs(note + " (upipe plan --ranks-per-host plans it)");
+}
+
 void print_end(const RunConfig& cfg, const ModelConfig& m, const TrainingLoop& loop,
                const LoopEnd& end) {
   if (end.stopped)
@@ -264,10 +288,12 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
   Device dev(device_options(cfg));
   DeviceComm comm(dev, proc.world);
   TrainingLoop loop(dev, comm, m, cfg, opt.resume, opt.overwrite, opt.accept_changes);
+  const std::string hosts_note = across_hosts_note(cfg, m, loop, host_names(proc.world));
   std::unique_ptr<Render> render;
   if (proc.root()) {
     for (const std::string& l : resume_report) std::printf("%s\n", l.c_str());
     print_startup(cfg, m, loop, toml);
+    if (!hosts_note.empty()) std::printf("warning: %s\n", hosts_note.c_str());
     render = std::make_unique<Render>(cfg, loop.start(), opt.overwrite, std::move(metrics_lock));
   }
   TrainingObserver quiet;

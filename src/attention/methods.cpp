@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <numeric>
 
 #include "attention/headwise.h"
@@ -77,12 +78,14 @@ const std::vector<MethodInfo> kMethods = {
      .make = make_local},
     {.name = "ulysses",
      .summary = "DeepSpeed-Ulysses: all-to-all to head-sharded, attention on H/C heads",
+     .all_to_all = true,
      .seq_divisor = ranks_of,
      .make = make_headwise},
     {.name = "upipe",
      .summary = "UPipe: Ulysses in stages of U query heads, buffers reused, GQA KV sets resident",
      .takes_stage_heads = true,
      .takes_overlap = true,
+     .all_to_all = true,
      .seq_divisor = ranks_of,
      .make = make_headwise},
     {.name = "ring",
@@ -92,6 +95,7 @@ const std::vector<MethodInfo> kMethods = {
     {.name = "usp",
      .summary = "Ulysses inside groups of u ranks, ring across the C/u groups",
      .takes_ulysses_degree = true,
+     .all_to_all = true,
      .seq_divisor = usp_divisor,
      .make = make_usp},
     {.name = "upipe-ring",
@@ -99,11 +103,13 @@ const std::vector<MethodInfo> kMethods = {
      .takes_stage_heads = true,
      .takes_overlap = true,
      .takes_ulysses_degree = true,
+     .all_to_all = true,
      .seq_divisor = usp_divisor,
      .make = make_usp},
     {.name = "fpdt",
      .summary = "Ulysses over N sequence chunks, K/V offloaded to the host arena",
      .takes_chunks = true,
+     .all_to_all = true,
      .seq_divisor = chunk_ranks,
      .make = make_headwise},
     {.name = "upipe-fpdt",
@@ -111,6 +117,7 @@ const std::vector<MethodInfo> kMethods = {
      .takes_stage_heads = true,
      .takes_overlap = true,
      .takes_chunks = true,
+     .all_to_all = true,
      .seq_divisor = chunk_ranks,
      .make = make_headwise},
 };
@@ -196,6 +203,51 @@ std::vector<int> ulysses_degrees(const MethodInfo& m, const AttentionConfig& c, 
 
 int stage_group(const MethodInfo& m, const MethodKnobs& k, int ranks) {
   return m.takes_ulysses_degree && k.ulysses_degree > 0 ? k.ulysses_degree : ranks;
+}
+
+int all_to_all_hosts(const MethodInfo& m, const MethodKnobs& k, int cp,
+                     const std::vector<int>& host_of) {
+  const int world = int(host_of.size());
+  if (!m.all_to_all || cp < 1 || world % cp != 0) return 0;
+  const int g = stage_group(m, k, cp);
+  if (g < 1 || cp % g != 0) return 0;
+  int most = 1;
+  for (int first = 0; first < world; first += g) {
+    std::vector<int> hosts(host_of.begin() + first, host_of.begin() + first + g);
+    std::sort(hosts.begin(), hosts.end());
+    most = std::max(most, int(std::unique(hosts.begin(), hosts.end()) - hosts.begin()));
+  }
+  return most;
+}
+
+std::string across_hosts_note(const AttentionConfig& cfg, int cp, const std::vector<int>& host_of) {
+  const MethodInfo& info = method_info(cfg.knobs.method);
+  const int n = all_to_all_hosts(info, cfg.knobs, cp, host_of);
+  if (n <= 1) return "";
+  std::string within;
+  for (const char* name : {"upipe-ring", "usp"}) {
+    const MethodInfo& other = method_info(name);
+    MethodKnobs k;
+    k.method = name;
+    for (int u : ulysses_degrees(other, cfg, cp)) {
+      k.ulysses_degree = u;
+      if (u > 1 && all_to_all_hosts(other, k, cp, host_of) == 1)
+        within =
+            fmt::format("; {} {} keeps them within a host", setting_value("parallel.method", name),
+                        setting_value("parallel.ulysses_degree", u));
+    }
+    if (!within.empty()) break;
+  }
+  return fmt::format(
+      "{}'s all-to-alls span {} hosts ({} ranks a group): every layer's all-to-alls cross the "
+      "network{}",
+      info.name, n, stage_group(info, cfg.knobs, cp), within);
+}
+
+std::vector<int> hosts_in_order(int ranks, int per_host) {
+  std::vector<int> out(size_t(std::max(ranks, 0)));
+  for (int r = 0; r < ranks; ++r) out[size_t(r)] = per_host > 0 ? r / per_host : 0;
+  return out;
 }
 
 std::vector<int> stage_head_choices(const AttentionConfig& c, int group) {

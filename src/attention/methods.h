@@ -23,6 +23,7 @@ struct MethodInfo {
   bool takes_ulysses_degree = false;  // u
   bool takes_chunks = false;          // N
   bool one_rank = false;              // runs on one rank only (local)
+  bool all_to_all = false;            // its attention runs all-to-alls over the stage group
   // What the sequence length must be divisible by on `ranks` ranks with cfg's knobs.
   int64_t (*seq_divisor)(const AttentionConfig& cfg, int ranks) = nullptr;
   // Validates cfg on ctx.comm.size() ranks (ConfigError saying what to change) and builds it.
@@ -54,6 +55,19 @@ std::vector<int> ulysses_degrees(const MethodInfo& m, const AttentionConfig& cfg
 // The rank group whose all-to-all the head stages span: u for methods with a Ulysses degree
 // (u = 0 meaning all ranks), else all ranks. U must be a multiple of it.
 int stage_group(const MethodInfo& m, const MethodKnobs& k, int ranks);
+// The most hosts one all-to-all group of the method spans (1: every all-to-all stays within a
+// host; 0: the method runs none). The world's ranks form CP groups of `cp` consecutive ranks (the
+// trainer's split), each cut into stage groups of consecutive ranks (stage_group); host_of[r] is
+// rank r's host, any id.
+int all_to_all_hosts(const MethodInfo& m, const MethodKnobs& k, int cp,
+                     const std::vector<int>& host_of);
+// Said where cfg's method runs all-to-alls across hosts on the CP groups of `cp` ranks ("" where
+// they stay within a host): how many hosts, and the largest Ulysses degree (upipe-ring, else usp)
+// that keeps them within one. Setting references unrendered (setting_ref.h).
+std::string across_hosts_note(const AttentionConfig& cfg, int cp, const std::vector<int>& host_of);
+// The host ids of `ranks` ranks placed `per_host` to a host in rank order (mpirun --npernode, or
+// a hostfile's slots filled in order); per_host = 0: one host.
+std::vector<int> hosts_in_order(int ranks, int per_host);
 // The stage sizes U a group of `group` ranks can run: multiples of it dividing H, largest first.
 std::vector<int> stage_head_choices(const AttentionConfig& cfg, int group);
 // The sequence chunk counts N the planner tries for fpdt methods.

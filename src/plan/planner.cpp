@@ -41,6 +41,9 @@ void check_request(const PlanRequest& r) {
   if (r.micro_steps < 1)
     throw ConfigError(
         fmt::format("{} must be >= 1 (got {})", setting_ref("train.micro_steps"), r.micro_steps));
+  if (r.ranks_per_host < 0)
+    throw ConfigError(fmt::format("{} must be >= 0 (got {})", setting_ref("plan.ranks_per_host"),
+                                  r.ranks_per_host));
   if (r.cp_size < 0 || (r.cp_size > 0 && r.ranks % r.cp_size != 0))
     throw ConfigError(fmt::format("{} ({}) must divide {} ({})", setting_ref("parallel.cp_size"),
                                   r.cp_size, setting_ref("plan.ranks"), r.ranks));
@@ -255,6 +258,15 @@ std::vector<PlanRequest> knob_candidates(const ModelConfig& m, const PlanRequest
   if (k.ulysses_degree == kKnobAuto) {
     ds = ulysses_degrees(info, shape, cp);
     std::reverse(ds.begin(), ds.end());  // largest first: more all-to-all, less ring
+    // An all-to-all across hosts runs at the network's speed: a u within a host first.
+    const std::vector<int> hosts = hosts_in_order(r.ranks, r.ranks_per_host);
+    std::vector<int> within;
+    for (int d : ds) {
+      MethodKnobs kd = k;
+      kd.ulysses_degree = d;
+      if (all_to_all_hosts(info, kd, cp, hosts) <= 1) within.push_back(d);
+    }
+    if (!within.empty()) ds = within;
     ds = or_default(ds);
   }
   const std::vector<int> ns = k.chunks == kKnobAuto ? chunk_choices() : std::vector<int>{k.chunks};

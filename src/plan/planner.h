@@ -31,6 +31,9 @@ struct PlanRequest {
   int ranks = 1;    // the world: DP x CP
   int cp_size = 0;  // C, ranks per sequence (0 = all ranks)
   int cp() const { return cp_size == 0 ? ranks : cp_size; }  // C, the default resolved
+  // Ranks on each host, placed in rank order (0: every rank on one host): an auto Ulysses degree
+  // keeps the all-to-alls within a host where some u does (knob_candidates).
+  int ranks_per_host = 0;
   // S, the method and its knobs (kKnobAuto: the planner picks, see knob_candidates) and the
   // memory policy: what the trainer would run.
   DecoderOptions decoder;
@@ -129,8 +132,9 @@ int64_t seq_granularity(const ModelConfig& m, const PlanRequest& r);
 
 // The requests to try for r's `auto` knobs (kKnobAuto), fastest first: fewest attention stages
 // per layer (H/U x N: the largest U, the fewest FPDT chunks), then the largest Ulysses degree u of
-// usp / upipe-ring. The values are the method table's (attention/methods.h). A request without
-// auto knobs is its own only candidate.
+// usp / upipe-ring, of those whose all-to-alls stay within a host when r.ranks_per_host says the
+// hosts (all of them when none does). The values are the method table's (attention/methods.h). A
+// request without auto knobs is its own only candidate.
 std::vector<PlanRequest> knob_candidates(const ModelConfig& m, const PlanRequest& r);
 
 // The fastest candidate (knob_candidates order) that fits at r.seq_len, as a complete plan; or,

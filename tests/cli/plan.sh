@@ -119,6 +119,16 @@ expect_row "init-from elsewhere" '^  run it: mpirun -np 2 upipe train --model=ti
   --ranks 2 --device-memory 4G --seq-len 256 --model tiny --init-from /elsewhere/m
 expect_row "local on one rank" '^local +- +256 +yes ' --ranks 1 --device-memory 4G --reserve 0G --method all --seq-len 256
 expect_row "knobs resolved" '^upipe-fpdt +U=4 N=4 +784 +yes ' --ranks 4 --device-memory 4G --method all --seq-len 784
+# --ranks-per-host: an auto Ulysses degree stays within a host, the command places the ranks so,
+# and a method whose all-to-alls cross hosts is said with the degree that would not.
+expect_row "auto u within a host" '^usp +u=8 +65536 +yes ' --model llama3-8b --ranks 16 --ranks-per-host 8 \
+  --device-memory 80G --seq-len 65536 --method usp --ulysses-degree auto
+expect_row "auto u on one host" '^usp +u=16 +65536 +yes ' --model llama3-8b --ranks 16 \
+  --device-memory 80G --seq-len 65536 --method usp --ulysses-degree auto
+expect_row "placed as planned" '^  run it: mpirun -np 16 --npernode 8 upipe train ' --model llama3-8b --ranks 16 \
+  --ranks-per-host 8 --device-memory 80G --seq-len 65536 --method usp --ulysses-degree auto
+expect_row "across hosts said" "^  note: upipe's all-to-alls span 2 hosts \\(16 ranks a group\\): every layer's all-to-alls cross the network; --method upipe-ring --ulysses-degree 8 keeps them within a host$" \
+  --model llama3-8b --ranks 16 --ranks-per-host 8 --device-memory 80G --seq-len 65536 --method upipe
 
 # A run file's plan prints the command with that file and only what differs from it (the knob
 # --stage-heads auto chose); the file's own settings are not repeated as flags.

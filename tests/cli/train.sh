@@ -354,12 +354,18 @@ PY
   ;;
 resume_rules)
   # --resume continues the recorded run: its settings, none typed again; a finished run is an
-  # error; a changed sequence length is refused unless accepted; a longer run is reported.
+  # error (--print-config still prints it); a changed sequence length is refused unless accepted;
+  # a longer run is reported.
   timeout 300 "${mpirun[@]}" -np 2 "$upipe" train "${small[@]}" --steps=3 --data-kind=random \
     --lr=1e-3 --checkpoint-dir="$tmp/r" > "$tmp/r0.out" 2>&1 || { cat "$tmp/r0.out"; fail "first run failed"; }
   out=$(timeout 120 "${mpirun[@]}" -np 2 "$upipe" train --checkpoint-dir="$tmp/r" --resume 2>&1); rc=$?
   [ $rc -eq 2 ] && [ "$(echo "$out" | grep -c 'has done 3 steps, and --steps 3 leaves none')" -eq 1 ] ||
     { echo "$out"; fail "resuming a finished run: exit $rc"; }
+  # --print-config of it still prints the recorded run file (exit 0), the refusal a note on stderr.
+  out=$(timeout 120 "${mpirun[@]}" -np 2 "$upipe" train --checkpoint-dir="$tmp/r" --resume --print-config 2> "$tmp/pc.err"); rc=$?
+  [ $rc -eq 0 ] && echo "$out" | grep -q '^lr = 0.001 ' && echo "$out" | grep -q '^steps = 3 ' &&
+    [ "$(grep -c 'note: as given, --resume would be refused: .*leaves none' "$tmp/pc.err")" -eq 1 ] ||
+    { echo "$out"; cat "$tmp/pc.err"; fail "--print-config of a finished run: exit $rc"; }
   out=$(timeout 120 "${mpirun[@]}" -np 2 "$upipe" train --checkpoint-dir="$tmp/r" --resume --steps=5 --seq-len=128 2>&1); rc=$?
   [ $rc -eq 2 ] && echo "$out" | grep -q -e '--seq-len 64 -> 128 would change what the remaining steps' ||
     { echo "$out"; fail "a changed --seq-len: exit $rc"; }

@@ -8,7 +8,8 @@
 # all 4 ranks spans both hosts and a usp / upipe-ring grid of Ulysses degree 2 keeps each Ulysses
 # group inside a host, its ring across them.
 #   equal  usp and upipe-ring train 4 steps; every step's loss and gradient norm equal the same run
-#          on one host (plain mpirun -np 4) exactly
+#          on one host (plain mpirun -np 4) exactly; upipe too, whose all-to-alls over the 4 ranks
+#          cross the hosts: its start warns so, naming the Ulysses degree that keeps them within one
 #   cut    training with checkpoints every 5 steps and comm.timeout = 5; h2's link is cut
 #          (ip link set ... down) mid-training: the job ends non-zero within timeout + 30 s, no
 #          process is left in either host, and after the link is restored the newest complete
@@ -116,8 +117,11 @@ nothing_left() {
 
 case $case_name in
 equal)
-  for method in usp upipe-ring; do
+  # upipe's all-to-alls over all 4 ranks cross the hosts: a warning naming the Ulysses degree
+  # that keeps them within one (never on one host, nor for u = 2 within each host).
+  for method in usp upipe-ring upipe; do
     args=(train "${small[@]}" --steps=4 --method=$method)
+    [ $method = upipe ] && args=(train "${small[@]/--ulysses-degree=2/}" --steps=4 --method=$method)
     rm -f "$tmp/one.jsonl" "$tmp/multi.jsonl"  # the last method's: a fresh run refuses them
     timeout 120 "$mpirun_bin" --allow-run-as-root --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 \
       -np 4 "$upipe" "${args[@]}" --metrics-path="$tmp/one.jsonl" > "$tmp/one.out" 2>&1 ||
@@ -126,6 +130,13 @@ equal)
     timeout 120 "${across_hosts[@]}" "$upipe" "${args[@]}" --metrics-path="$tmp/multi.jsonl" > "$tmp/multi.out" 2>&1 ||
       fail "$method across the hosts failed"
     echo "$method across 2 hosts: $(secs "$t0" "$(now)") s"
+    warn="warning: upipe's all-to-alls span 2 hosts (4 ranks a group): every layer's all-to-alls cross the network; --method upipe-ring --ulysses-degree 2 keeps them within a host"
+    grep -q "all-to-alls span" "$tmp/one.out" && fail "$method on one host: a hosts warning"
+    if [ $method = upipe ]; then
+      grep -qF "$warn" "$tmp/multi.out" || { cat "$tmp/multi.out"; fail "upipe across hosts: no warning"; }
+    else
+      grep -q "all-to-alls span" "$tmp/multi.out" && fail "$method (u = 2 within a host): a hosts warning"
+    fi
     python3 - "$tmp/one.jsonl" "$tmp/multi.jsonl" "$method" << 'PY' || fail "$method: the losses differ"
 import json, sys
 one, multi = ([(j["loss"], j["grad_norm"]) for j in map(json.loads, open(p))] for p in sys.argv[1:3])

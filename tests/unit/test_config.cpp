@@ -11,6 +11,7 @@
 #include "backend/device.h"
 #include "comm/fake/fake_comm.h"
 #include "core/errors.h"
+#include "core/setting_ref.h"
 
 namespace upipe {
 namespace {
@@ -115,6 +116,50 @@ TEST(Config, FpdtChunksAreFoundQuicklyAtAnySize) {
   EXPECT_EQ(fpdt_chunks(c, 8), 4);
   c.seq_len = 8 * 3;
   EXPECT_EQ(fpdt_chunks(c, 8), 3);
+}
+
+}  // namespace
+}  // namespace upipe
+
+namespace upipe {
+namespace {
+
+// Where a method's all-to-alls run: its stage groups of consecutive ranks inside CP groups of
+// consecutive ranks, against the hosts the ranks run on.
+TEST(Config, AllToAllHostsFollowTheStageGroups) {
+  AttentionConfig c = base();  // H = 8, K = 2
+  auto hosts = [](const MethodKnobs& k, int cp, const std::vector<int>& host_of) {
+    return all_to_all_hosts(method_info(k.method), k, cp, host_of);
+  };
+  MethodKnobs k;
+  k.method = "upipe";
+  EXPECT_EQ(hosts_in_order(6, 4), (std::vector<int>{0, 0, 0, 0, 1, 1}));
+  EXPECT_EQ(hosts_in_order(3, 0), (std::vector<int>{0, 0, 0}));
+  EXPECT_EQ(hosts(k, 8, hosts_in_order(8, 4)), 2);  // the CP group spans both hosts
+  EXPECT_EQ(hosts(k, 4, hosts_in_order(8, 4)), 1);  // DP 2 x CP 4: a CP group a host
+  EXPECT_EQ(hosts(k, 8, hosts_in_order(8, 2)), 4);
+  EXPECT_EQ(hosts(k, 8, std::vector<int>{5, 5, 5, 5, 5, 5, 5, 9}), 2);  // any host ids
+  k.method = "usp";
+  k.ulysses_degree = 4;
+  EXPECT_EQ(hosts(k, 8, hosts_in_order(8, 4)), 1);
+  EXPECT_EQ(hosts(k, 8, hosts_in_order(8, 2)), 2);
+  EXPECT_EQ(hosts(k, 8, std::vector<int>{0, 0, 0, 1, 1, 1, 1, 1}), 2);  // 3 + 5: cut at rank 3
+  k.ulysses_degree = 0;                                                 // all ranks
+  EXPECT_EQ(hosts(k, 8, hosts_in_order(8, 4)), 2);
+  k = MethodKnobs{};
+  k.method = "ring";  // send/recv only
+  EXPECT_EQ(hosts(k, 8, hosts_in_order(8, 1)), 0);
+  // The note: how many hosts, the group, and the largest u that keeps them within a host.
+  c.knobs.method = "ulysses";
+  EXPECT_EQ(across_hosts_note(c, 8, hosts_in_order(8, 8)), "");
+  const std::string note = render_setting_refs(across_hosts_note(c, 8, hosts_in_order(8, 4)));
+  EXPECT_EQ(note,
+            "ulysses's all-to-alls span 2 hosts (8 ranks a group): every layer's all-to-alls "
+            "cross the network; --method upipe-ring --ulysses-degree 4 keeps them within a host");
+  // One rank a host: no u > 1 stays within one, so none is suggested.
+  EXPECT_EQ(render_setting_refs(across_hosts_note(c, 2, hosts_in_order(2, 1))),
+            "ulysses's all-to-alls span 2 hosts (2 ranks a group): every layer's all-to-alls "
+            "cross the network");
 }
 
 }  // namespace

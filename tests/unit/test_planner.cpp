@@ -228,6 +228,34 @@ TEST(Planner, AutoUlyssesDegree) {
   EXPECT_EQ(knob_candidates(m, with_auto(r, true, true, true)).size(), 1u);
 }
 
+TEST(Planner, AutoUlyssesDegreeKeepsTheAllToAllsWithinAHost) {
+  // tiny (H = 4, K = 2) on C = 4 ranks, 2 to a host: u = 4 spans both hosts, so auto tries
+  // u in {2, 1}; with every rank on one host (0) or 4 to a host, u = 4 comes first again.
+  const ModelConfig m = load_model_config("tiny");
+  PlanRequest r = tiny_request("usp", int64_t(1) << 40);
+  r.decoder.seq_len = 16 * kSeqQuantum;
+  auto degrees = [&](int per_host) {
+    PlanRequest q = with_auto(r, false, false, true);
+    q.ranks_per_host = per_host;
+    std::vector<int> out;
+    for (const PlanRequest& c : knob_candidates(m, q))
+      out.push_back(c.decoder.knobs.ulysses_degree);
+    return out;
+  };
+  EXPECT_EQ(degrees(2), (std::vector<int>{2, 1}));
+  EXPECT_EQ(degrees(1), (std::vector<int>{1}));
+  EXPECT_EQ(degrees(0), (std::vector<int>{4, 2, 1}));
+  EXPECT_EQ(degrees(4), (std::vector<int>{4, 2, 1}));
+  // 3 to a host: no u > 1 stays within a host (groups of 2 cut at rank 3), u = 1 does.
+  EXPECT_EQ(degrees(3), (std::vector<int>{1}));
+  // The hosts say where the plan runs, not what it holds: the same peak as on one host.
+  PlanRequest q = r;
+  q.decoder.knobs.ulysses_degree = 2;
+  const Plan one = plan_step(m, q);
+  q.ranks_per_host = 2;
+  EXPECT_EQ(plan_step(m, q).device_peak, one.device_peak);
+}
+
 TEST(Planner, ImpossibleInputsAreOneLine) {
   const ModelConfig m = load_model_config("llama3-8b");
   PlanRequest r;
