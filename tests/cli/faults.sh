@@ -488,8 +488,25 @@ data_differs)
     echo "$out" > "$tmp/hidden.out"
     [ $rc -eq 2 ] || { echo "$out"; fail "ranks seeing other newest checkpoints: exit $rc, want 2"; }
     once hidden "rank 1 (host $(hostname)) finds step_00000001 the newest complete checkpoint in --checkpoint-dir $ck, rank 0 (host $(hostname)) finds step_00000002"
+    # A directory whose new files one rank keeps to itself (an overlay over it in that rank's mount
+    # namespace: it reads what rank 0 writes, the start's probe passes, but rank 0 never sees
+    # rank 1's file): rank 0 refuses to mark the checkpoint complete.
+    ck=$tmp/ov/ck
+    mkdir -p "$ck" "$tmp/ov/upper" "$tmp/ov/work"
+    if unshare -m --propagation private sh -c 'mount -t overlay overlay -o "lowerdir=$1,upperdir=$2,workdir=$3" "$1"' sh "$ck" "$tmp/ov/upper" "$tmp/ov/work" 2> /dev/null; then
+      out=$(timeout 120 "${mpirun[@]}" -np 1 "$upipe" "${args[@]}" --data-path="$tmp/A/d.bin" --checkpoint-dir="$ck" : \
+        -np 1 unshare -m --propagation private sh -c 'mount -t overlay overlay -o "lowerdir=$1,upperdir=$2,workdir=$3" "$1" && shift 3 && exec "$@"' sh "$ck" "$tmp/ov/upper" "$tmp/ov/work" \
+        "$upipe" "${args[@]}" --data-path="$tmp/A/d.bin" --checkpoint-dir="$ck" 2>&1); rc=$?
+      echo "$out" > "$tmp/apart.out"
+      [ $rc -eq 2 ] || { echo "$out"; fail "a rank file rank 0 does not see: exit $rc, want 2"; }
+      once apart "checkpoint $ck/step_00000002.tmp: rank 1 wrote its file rank_00001.safetensors ("
+      once apart "which rank 0 does not find there: every host must see one --checkpoint-dir (a shared file system); the checkpoint is not marked complete"
+      [ -z "$(ls "$ck" | grep -v '\.tmp$')" ] || fail "a checkpoint without rank 1's file was marked complete: $(ls "$ck")"
+    else
+      echo "no overlay mounts here: the case of a rank file rank 0 does not see is not run"
+    fi
   else
-    echo "no mount namespaces here (unshare -m): the case of one directory listed apart is not run"
+    echo "no mount namespaces here (unshare -m): the cases of one directory listed apart are not run"
   fi
   ;;
 tokenize_self)
