@@ -101,6 +101,21 @@ class Render final : public TrainingObserver {
   void on_step(const StepMetrics& m) override {
     if (metrics_) metrics_->write(m);
     display_.update(m);
+    if (!std::isfinite(m.tokens_per_s) || !std::isfinite(m.mfu)) return;  // a diverged step
+    ++steps_;
+    train_s_ += m.step_s;
+    tokens_ += m.tokens_per_s * m.step_s;
+    mfu_s_ += m.mfu * m.step_s;
+    peak_ = std::max(peak_, m.peak_bytes);
+  }
+  // The steps this process ran, over all of them (a log line's tokens/s is its step's): "" when
+  // none ran.
+  std::string summary() const {
+    if (steps_ == 0 || !(train_s_ > 0)) return "";
+    return fmt::format("{} step{} in {}: {} tok/s/rank and MFU {:.1f}% over them, device peak {}",
+                       format_count(steps_), steps_ == 1 ? "" : "s", format_duration(train_s_),
+                       format_rate(tokens_ / train_s_), 100 * mfu_s_ / train_s_,
+                       format_bytes(peak_));
   }
   void on_checkpoint(int64_t, const std::string& path) override {
     display_.print("checkpoint written: " + path);
@@ -110,6 +125,8 @@ class Render final : public TrainingObserver {
  private:
   std::unique_ptr<MetricsWriter> metrics_;
   ProgressDisplay display_;
+  int64_t steps_ = 0, peak_ = 0;
+  double train_s_ = 0, tokens_ = 0, mfu_s_ = 0;  // seconds, tokens per rank, MFU x seconds
 };
 
 void print_startup(const RunConfig& cfg, const ModelConfig& m, TrainingLoop& loop,
@@ -301,6 +318,8 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
   if (render) {
     render->finish();
     print_end(cfg, m, loop, end);
+    if (const std::string sum = render->summary(); !sum.empty())
+      std::printf("this run: %s\n", sum.c_str());
   }
   return 0;  // the watchdog stays: MPI_Finalize runs under it (a host gone after the work)
 }

@@ -12,6 +12,7 @@
 
 #include "core/check.h"
 #include "core/launcher.h"
+#include "core/setting_ref.h"
 
 namespace upipe {
 
@@ -129,9 +130,9 @@ std::string Watchdog::message(double idle_s) {
   else
     where = context.empty() ? std::string("an operation") : context;
   return fmt::format(
-      "upipe: rank {} (host {}): no progress for {:g} s in {} — a rank is stuck or dead; ending "
-      "the job",
-      log_rank(), host_name(), idle_s, where);
+      "upipe: rank {} (host {}): no progress for {:g} s in {} — a rank is stuck, dead or "
+      "unreachable (a link or step that slow needs a larger {}); ending the job",
+      log_rank(), host_name(), idle_s, where, render_setting_refs(setting_ref("comm.timeout")));
 }
 
 namespace {

@@ -72,6 +72,9 @@ learns)
   echo "copy loss: step 1 $first, step 600 $final (log 256 = 5.545)"
   python3 -c "import sys; f,l=float(sys.argv[1]),float(sys.argv[2]); sys.exit(0 if f > 5.0 and l < 0.5 else 1)" \
     "$first" "$final" || fail "copy loss $first -> $final, want > 5.0 -> < 0.5"
+  # The end says what the whole run did (a log line's tokens/s is its step's).
+  grep -qE '^this run: 600 steps in [0-9:]+: [0-9,]+ tok/s/rank and MFU [0-9.]+% over them, device peak [0-9.]+ [KM]iB$' "$tmp/out" ||
+    fail "no summary of the run: $(grep '^this run' "$tmp/out")"
   ;;
 resume)
   args=("${small[@]}" --steps=300 --checkpoint-keep=2)

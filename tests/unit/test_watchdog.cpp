@@ -58,7 +58,8 @@ TEST_F(WatchdogTest, FiresInAStuckOperationNamingRankOpAndContext) {
   std::lock_guard lock(g_mu);
   EXPECT_EQ(g_message, "upipe: rank 1 (host " + host_name() +
                            "): no progress for 0.4 s in all_to_all (step 12, attention forward) "
-                           "— a rank is stuck or dead; ending the job");
+                           "— a rank is stuck, dead or unreachable (a link or step that slow "
+                           "needs a larger --timeout); ending the job");
 }
 
 TEST_F(WatchdogTest, FiresInAStepOutsideAnyOperation) {
