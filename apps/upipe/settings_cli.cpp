@@ -11,6 +11,22 @@
 
 namespace upipe::app {
 
+namespace {
+
+// A true/false setting's value as a flag: --overlap, --overlap=true, --overlap=false (1 and 0, as
+// a run file's settings take them); anything else is refused at parse (CLI11 would have read
+// "2" as true, "-1" as false and thrown std::stoll's error at "maybe").
+CLI::Validator bool_value() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        if (s == "true" || s == "false" || s == "1" || s == "0") return {};
+        return fmt::format("'{}' is not true or false", s);
+      },
+      "");
+}
+
+}  // namespace
+
 std::shared_ptr<SettingArgs> add_settings(CLI::App& cmd, uint32_t scope, uint32_t also,
                                           const std::vector<std::string>& preset) {
   auto out = std::make_shared<SettingArgs>();
@@ -35,11 +51,12 @@ std::shared_ptr<SettingArgs> add_settings(CLI::App& cmd, uint32_t scope, uint32_
       const std::string doc = i == 0 ? fmt::format("{} (default {})", s.doc, shown_default(s)) : "";
       CLI::Option* o = s.type == "bool"
                            ? cmd.add_flag(
-                                 names[i],
-                                 [out, used](int64_t n) {
-                                   out->args.push_back(used + (n > 0 ? "=true" : "=false"));
-                                 },
-                                 doc)
+                                    names[i],
+                                    [out, used](int64_t n) {
+                                      out->args.push_back(used + (n > 0 ? "=true" : "=false"));
+                                    },
+                                    doc)
+                                 ->check(bool_value())
                            : cmd.add_option(
                                     names[i],
                                     [out, used](const CLI::results_t& r) {

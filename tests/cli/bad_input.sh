@@ -43,6 +43,12 @@ run_case "upipe needs a command: demo, bench"
 run_case "upipe takes no option --foo before its command" --foo
 run_case "upipe bench has no command 'kernl'; did you mean 'kernel'?" bench kernl
 run_case "upipe bench needs a command: kernel, attention, comm, ops, model" bench
+# A true/false setting given another value (std::stoll's "fatal: stoll", exit 1, at 'maybe'; '2'
+# read as true and '-1' as false).
+run_case "--overlap: 'maybe' is not true or false" check --overlap=maybe
+run_case "--overlap: '-1' is not true or false" check --overlap=-1
+run_case "--offload-stash: '2' is not true or false" plan --ranks 2 --device-memory 1G --offload-stash=2
+run_case "--random-weights: 'yes' is not true or false" eval --random-weights=yes
 # Non-finite or out-of-range RoPE theta (a NaN reference used to print PASSED).
 run_case "--rope-theta" check --rope-theta nan
 run_case "--rope-theta" check --rope-theta -1
