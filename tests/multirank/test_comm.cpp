@@ -3,6 +3,7 @@
 // the same calls. Non-blocking collectives are checked against their blocking forms and with
 // two in flight at once; split() is checked against MPI_Comm_split's ordering.
 #include <fmt/format.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <cstring>
@@ -140,6 +141,36 @@ TEST(Comm, LargeMessageUsesUnitDatatype) {
   w.iall_to_all(send.data(), recv.data(), bytes)->wait();
   for (int j = 0; j < w.size(); ++j)
     EXPECT_EQ(recv[size_t(j) * size_t(bytes) + size_t(bytes) - 1], uint8_t(10 * j + w.rank()));
+}
+
+// all_to_allv whose displacements pass 2^31 bytes (a head stage's blocks at S/C = 696320 rows:
+// an int byte displacement ended the job). The buffers are reserved, not touched: only the
+// blocks sent and received become memory.
+TEST(Comm, AllToAllvDisplacementsPastTwoGiB) {
+  Communicator& w = world();
+  const size_t n = size_t(w.size());
+  const int64_t stride = (int64_t(1) << 31) + (int64_t(1) << 20), block = 4096;
+  const size_t span = size_t(stride) * n;
+  auto reserve = [span] {
+    void* p = mmap(nullptr, span, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    UPIPE_CHECK(p != MAP_FAILED, "mmap of {} bytes failed", span);
+    return static_cast<uint8_t*>(p);
+  };
+  uint8_t* send = reserve();
+  uint8_t* recv = reserve();
+  std::vector<int64_t> bytes(n, block), displs(n);
+  for (size_t j = 0; j < n; ++j) {
+    displs[j] = int64_t(j) * stride;
+    std::memset(send + displs[j], int(10 * w.rank() + int(j)), size_t(block));
+  }
+  w.all_to_allv(send, bytes.data(), displs.data(), recv, bytes.data(), displs.data());
+  for (size_t j = 0; j < n; ++j) {
+    EXPECT_EQ(recv[displs[j]], uint8_t(10 * int(j) + w.rank())) << j;
+    EXPECT_EQ(recv[displs[j] + block - 1], uint8_t(10 * int(j) + w.rank())) << j;
+  }
+  munmap(send, span);
+  munmap(recv, span);
 }
 
 // What one rank (or some) found is raised on every rank alike: the lowest failing rank's text and

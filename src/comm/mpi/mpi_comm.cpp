@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <numeric>
 #include <vector>
 
 #include "comm/mpi/fail_job.h"
@@ -210,19 +211,33 @@ void MpiCommunicator::all_to_all(const void* send, void* recv, int64_t bytes_per
 void MpiCommunicator::all_to_allv(const void* send, const int64_t* send_bytes,
                                   const int64_t* send_displs, void* recv, const int64_t* recv_bytes,
                                   const int64_t* recv_displs) {
+  // MPI counts and displacements are ints in units of the datatype: a unit of bytes that divides
+  // them all (the largest power of two up to 1 MiB) keeps multi-GiB buffers in range (a head
+  // stage's blocks at S/C = 696320 rows put the last displacement past 2^31 bytes).
+  int64_t g = 0;
+  for (int i = 0; i < size_; ++i)
+    for (const int64_t v : {send_bytes[i], send_displs[i], recv_bytes[i], recv_displs[i]})
+      g = std::gcd(g, v);
+  const int64_t unit = g == 0 ? 1 : std::gcd(g, int64_t(1) << 20);
   std::vector<int> sc(static_cast<size_t>(size_)), sd(sc.size()), rc(sc.size()), rd(sc.size());
   int64_t sent = 0;
   for (int i = 0; i < size_; ++i) {
-    sc[i] = to_int(send_bytes[i], "all_to_allv send bytes");
-    sd[i] = to_int(send_displs[i], "all_to_allv send displacement");
-    rc[i] = to_int(recv_bytes[i], "all_to_allv recv bytes");
-    rd[i] = to_int(recv_displs[i], "all_to_allv recv displacement");
+    sc[i] = to_int(send_bytes[i] / unit, "all_to_allv send count");
+    sd[i] = to_int(send_displs[i] / unit, "all_to_allv send displacement");
+    rc[i] = to_int(recv_bytes[i] / unit, "all_to_allv recv count");
+    rd[i] = to_int(recv_displs[i] / unit, "all_to_allv recv displacement");
     if (i != rank_) sent += send_bytes[i];
   }
   record(CommOp::kAllToAllV, sent);
   WatchdogOp scope(comm_op_name(CommOp::kAllToAllV));
-  MPI_CHECK(MPI_Alltoallv(send, sc.data(), sd.data(), MPI_BYTE, recv, rc.data(), rd.data(),
-                          MPI_BYTE, comm_));
+  MPI_Datatype type = MPI_BYTE;
+  if (unit > 1) {
+    MPI_CHECK(MPI_Type_contiguous(int(unit), MPI_BYTE, &type));
+    MPI_CHECK(MPI_Type_commit(&type));
+  }
+  MPI_CHECK(
+      MPI_Alltoallv(send, sc.data(), sd.data(), type, recv, rc.data(), rd.data(), type, comm_));
+  if (unit > 1) MPI_CHECK(MPI_Type_free(&type));
 }
 
 void MpiCommunicator::all_gather(const void* send, void* recv, int64_t bytes_per_rank) {
