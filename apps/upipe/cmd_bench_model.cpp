@@ -51,8 +51,8 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
   const ModelConfig m = load_model_config(cfg.model.name);
   spell_model_fields(set, m);
   const int64_t seq_len = cfg.train.seq_len;
+  ModelRun run(proc.world, m, cfg, seq_len);  // sizes no budget holds are refused here first
   const std::vector<int32_t> tokens = random_tokens(m, seq_len, uint64_t(cfg.train.seed));
-  ModelRun run(proc.world, m, cfg, seq_len);
   Device& dev = run.dev;
   const GemmRate gemm = measure_job_gemm_rate(proc.world, dev, cfg.memory.policy.dtype, 1024, 5);
   dev.mem().reset_peak();

@@ -78,7 +78,8 @@ Limit limit_of(const Plan& p) {
   const bool host_limits = !p.limit_arena.empty() ? p.limit_arena == "host" : host > dev;
   const TagBytes& at = host_limits ? p.host_at_peak : p.device_at_peak;
   const Tag t = largest(at);
-  if (p.limit_arena == kPlannerRangeLimit) return {kPlannerRangeLimit, t, at[t]};
+  if (p.limit_arena == kPlannerRangeLimit || p.limit_arena == kSeqLenRangeLimit)
+    return {p.limit_arena, t, at[t]};
   return {host_limits ? "host" : "device", t, at[t]};
 }
 
@@ -235,6 +236,9 @@ int run(Process& proc, const Options& o, const SettingArgs& sa, const CLI::App& 
   const ModelConfig m = load_model_config(set.config.model.name);
   spell_model_fields(set, m);
   const PlanRequest base = base_request(set, o);
+  // The request itself first (C dividing the ranks, the reserve below the budget, the model
+  // state fitting): the data's check below takes DP = ranks / C.
+  check_model_fits(m, base);
   // The --init-from folder as train checks it (the same model as the run's, weights present):
   // the plan of `--model tiny --init-from QWEN_DIR` planned tiny, a run train refuses.
   if (const std::string& init = set.config.model.init_from; !init.empty()) {
@@ -261,7 +265,6 @@ int run(Process& proc, const Options& o, const SettingArgs& sa, const CLI::App& 
     data = check_run_data(data_cfg, m, base.ranks / base.cp());
   }
   if (!proc.root()) return 0;
-  check_model_fits(m, base);
   // The planner's host lists (a packed run's mask spans, a document per token at their worst:
   // 32 MiB a view at S = 1M) are built and freed again every layer of every rank played: from
   // the heap, reused, instead of a fresh mapping each whose pages the kernel zeroes (70% of a
@@ -396,11 +399,14 @@ int run(Process& proc, const Options& o, const SettingArgs& sa, const CLI::App& 
     }
     const Plan& p = r.plan;
     const Limit l = limit_of(p);
-    std::printf("%-11s %-*s %12lld %5s %13s %11s  %s (%s %s)\n", r.method.c_str(), knobs_width,
+    const std::string limit =
+        l.arena == kSeqLenRangeLimit
+            ? fmt::format("{} ({})", l.arena, kMaxSeqLen)
+            : fmt::format("{} ({} {})", l.arena, tag_name(l.tag), format_bytes(l.bytes));
+    std::printf("%-11s %-*s %12lld %5s %13s %11s  %s\n", r.method.c_str(), knobs_width,
                 knobs_text(m, p.request).c_str(), (long long)p.request.decoder.seq_len,
                 p.fits ? "yes" : "no", format_bytes(p.device_peak).c_str(),
-                format_bytes(p.host_peak).c_str(), l.arena.c_str(), tag_name(l.tag),
-                format_bytes(l.bytes).c_str());
+                format_bytes(p.host_peak).c_str(), limit.c_str());
   }
   for (const Row& r : rows) {
     if (!r.refused.empty()) continue;

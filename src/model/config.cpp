@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -184,10 +185,16 @@ ModelConfig parse_json(const json& j, const std::string& source) {
   m.num_key_value_heads = f.int32("num_key_value_heads", m.num_attention_heads);
   m.vocab_size = f.integer("vocab_size");
   // transformers' defaults: Qwen3Config has head_dim = 128; LlamaConfig uses hidden / heads.
-  int dflt_head_dim = m.family == ModelFamily::kQwen3
-                          ? 128
-                          : int(m.hidden_size / std::max(1, m.num_attention_heads));
-  m.head_dim = f.int32("head_dim", dflt_head_dim);
+  // (In 64 bits: hidden_size 2^32 over one head narrowed to a head_dim of 0, named as a field the
+  // file did not have.)
+  const int64_t derived = m.hidden_size / std::max(1, m.num_attention_heads);
+  if (m.family != ModelFamily::kQwen3 && !f.has("head_dim") && m.hidden_size > 0 &&
+      m.num_attention_heads > 0 && (derived < 2 || derived > 1024 || derived % 2 != 0))
+    f.fail("head_dim",
+           fmt::format("is absent, and hidden_size / num_attention_heads ({} / {} = {}) is not an "
+                       "even head dimension in [2, 1024]; give head_dim",
+                       m.hidden_size, m.num_attention_heads, derived));
+  m.head_dim = f.int32("head_dim", m.family == ModelFamily::kQwen3 ? 128 : int(derived));
   m.rms_norm_eps = f.number("rms_norm_eps", 1e-6);
   // The kernels take it as a float: it must stay positive and finite there (1e-300 became 0).
   if (!(float(m.rms_norm_eps) > 0) || !std::isfinite(float(m.rms_norm_eps)))
@@ -341,7 +348,9 @@ void ModelConfig::validate() const {
          fmt::format("must be in [1, {}] (got {})", kMaxLayers, num_hidden_layers));
   if (num_attention_heads <= 0) fail("num_attention_heads", "must be positive");
   if (num_key_value_heads <= 0) fail("num_key_value_heads", "must be positive");
-  if (vocab_size <= 0) fail("vocab_size", "must be positive");
+  // Token ids are int32 everywhere (files, kernels, the loss).
+  if (vocab_size <= 0 || vocab_size > INT32_MAX)
+    fail("vocab_size", fmt::format("must be in [1, {}] (got {})", INT32_MAX, vocab_size));
   if (num_attention_heads % num_key_value_heads != 0)
     fail("num_key_value_heads", fmt::format("({}) must divide num_attention_heads ({})",
                                             num_key_value_heads, num_attention_heads));

@@ -16,6 +16,7 @@
 #include "core/check.h"
 #include "core/checked.h"
 #include "core/errors.h"
+#include "train/run_config.h"
 #include "train/trainer.h"
 
 namespace upipe {
@@ -321,6 +322,7 @@ Plan plan_auto(const ModelConfig& m, const PlanRequest& r) {
 Plan max_seq_len(const ModelConfig& m, const PlanRequest& r) {
   const PlanRequest frugal = knob_candidates(m, r).back();
   const int64_t g = seq_granularity(m, frugal);
+  const int64_t k_max = kMaxSeqLen / g;  // the longest S train takes: the search stops there
   auto at = [&](int64_t k) {
     PlanRequest q = frugal;
     q.decoder.seq_len = checked_mul(k, g, "seq-len");
@@ -352,12 +354,13 @@ Plan max_seq_len(const ModelConfig& m, const PlanRequest& r) {
     const double k =
         std::min(solve(p1.device_peak, p2.device_peak, r.device_bytes - r.reserve_bytes),
                  solve(p1.host_peak, p2.host_peak, r.host_bytes));
-    guess = int64_t(std::clamp(k, 1.0, 1e12));
+    guess = int64_t(std::clamp(k, 1.0, double(std::max<int64_t>(k_max, 1))));
   }
   // The largest k whose plan with knobs q fits: bracket lo (fits, or 0) < hi (does not) around
   // the guess by growing steps, then bisect.
   auto largest = [&](const PlanRequest& q, int64_t guess) {
     auto ok = [&](int64_t k) {
+      if (k > k_max) return false;
       PlanRequest x = q;
       x.decoder.seq_len = at(k).decoder.seq_len;
       return plan_step(m, x, true).fits;
@@ -396,6 +399,11 @@ Plan max_seq_len(const ModelConfig& m, const PlanRequest& r) {
     Plan p = plan_auto(m, best);
     const int64_t further = largest(p.request, k);
     if (further <= k) {
+      if (k == k_max) {  // one granule more is past what train takes, whatever fits
+        p.limit_arena = kSeqLenRangeLimit;
+        p.limit_tag.clear();
+        return p;
+      }
       // What one granule more would exceed.
       PlanRequest next = p.request;
       next.decoder.seq_len = at(k + 1).decoder.seq_len;

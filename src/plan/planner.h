@@ -70,6 +70,9 @@ struct RankPlan {
 // Plan::limit_arena of a step stopped by the meta device's address range (16 TiB a rank, less
 // under `ulimit -v`) rather than a budget: the planner's limit, not the machine's.
 inline constexpr const char* kPlannerRangeLimit = "the planner's range";
+// Plan::limit_arena of a longest S that fits with room to spare: one granule more is past the
+// longest train.seq_len upipe takes (kMaxSeqLen).
+inline constexpr const char* kSeqLenRangeLimit = "the longest --seq-len";
 
 struct Plan {
   PlanRequest request;
@@ -86,7 +89,7 @@ struct Plan {
   std::string failure;                    // what did not fit, when !complete
   // What stops this plan, or (max_seq_len) one granule more: the arena whose budget it exceeds
   // ("device" or "host") and the tag of the request that did not fit; empty when nothing does.
-  std::string limit_arena, limit_tag;  // limit_arena: "device", "host" or kPlannerRangeLimit
+  std::string limit_arena, limit_tag;  // "device", "host", kPlannerRangeLimit, kSeqLenRangeLimit
   int rank_classes = 0;                // the ranks played: one per class (or every rank)
 };
 

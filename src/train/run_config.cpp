@@ -736,20 +736,23 @@ void validate(const RunConfig& c, uint32_t scopes) {
     bad("train.seq_len", fmt::format("must be in [2, {}], got {}", kMaxSeqLen, t.seq_len));
   if (t.micro_steps < 1)
     bad("train.micro_steps", fmt::format("must be >= 1, got {}", t.micro_steps));
-  if (!std::isfinite(t.lr) || t.lr < 0)
-    bad("train.lr", fmt::format("must be a finite number >= 0, got {}", t.lr));
+  if (!std::isfinite(float(t.lr)) || t.lr < 0)
+    bad("train.lr", fmt::format("must be a number >= 0 that a float holds, got {}", t.lr));
   if (!(t.min_lr_ratio >= 0 && t.min_lr_ratio <= 1))
     bad("train.min_lr_ratio", fmt::format("must be in [0, 1], got {}", t.min_lr_ratio));
   if (t.warmup_steps < 0)
     bad("train.warmup_steps", fmt::format("must be >= 0, got {}", t.warmup_steps));
-  if (!std::isfinite(t.weight_decay) || t.weight_decay < 0)
-    bad("train.weight_decay", fmt::format("must be a finite number >= 0, got {}", t.weight_decay));
+  if (!std::isfinite(float(t.weight_decay)) || t.weight_decay < 0)
+    bad("train.weight_decay",
+        fmt::format("must be a number >= 0 that a float holds, got {}", t.weight_decay));
   if (!(t.beta1 >= 0 && t.beta1 < 1))
     bad("train.beta1", fmt::format("must be in [0, 1), got {}", t.beta1));
   if (!(t.beta2 >= 0 && t.beta2 < 1))
     bad("train.beta2", fmt::format("must be in [0, 1), got {}", t.beta2));
-  if (!(t.eps > 0) || !std::isfinite(t.eps))
-    bad("train.eps", fmt::format("must be a finite number > 0, got {}", t.eps));
+  // The optimizer's kernels take it as a float: 1e-46 became 0 there (and a NaN step).
+  if (!(float(t.eps) > 0) || !std::isfinite(float(t.eps)))
+    bad("train.eps",
+        fmt::format("must be a number > 0 that a float holds (>= 1.4e-45), got {}", t.eps));
   if (!std::isfinite(t.grad_clip) || t.grad_clip < 0)
     bad("train.grad_clip", fmt::format("must be >= 0 (0 = no clipping), got {}", t.grad_clip));
   if (t.seed < 0) bad("train.seed", fmt::format("must be >= 0, got {}", t.seed));

@@ -94,9 +94,11 @@ class Trainer {
   // Tokens each rank processes per step: micro_steps * S / cp_size.
   int64_t tokens_per_rank_per_step() const;
 
-  // Runs step t (counted from 0; AdamW's bias correction uses t + 1).
+  // Runs step t (counted from 0; AdamW's bias correction uses t + 1). One micro-step's sequence
+  // is held at a time: with packed documents each is read twice (the loss's scale needs the
+  // batch's predictions before the first forward).
   StepResult step(int64_t t, const SequenceFn& data);
-  // The same step on sequences the caller owns.
+  // The same step on sequences the caller owns; a view is used until `data`'s next call.
   StepResult step_views(int64_t t, const SequenceViewFn& data);
   // The mean next-token loss over sequences 0..n-1 of `data` (held-out data), forward only:
   // sequence i goes to DP rank i % DP (any n: a replica with one sequence fewer runs one

@@ -49,6 +49,9 @@ run_case "--overlap: 'maybe' is not true or false" check --overlap=maybe
 run_case "--overlap: '-1' is not true or false" check --overlap=-1
 run_case "--offload-stash: '2' is not true or false" plan --ranks 2 --device-memory 1G --offload-stash=2
 run_case "--random-weights: 'yes' is not true or false" eval --random-weights=yes
+# Optimizer numbers a float does not hold (eps 1e-46 became 0 in the kernel: a NaN step).
+run_case "--eps must be a number > 0 that a float holds (>= 1.4e-45), got 1e-46" train --eps=1e-46
+run_case "--lr must be a number >= 0 that a float holds, got 1e+300" train --lr=1e300
 # Non-finite or out-of-range RoPE theta (a NaN reference used to print PASSED).
 run_case "--rope-theta" check --rope-theta nan
 run_case "--rope-theta" check --rope-theta -1

@@ -119,6 +119,12 @@ expect_row "init-from elsewhere" '^  run it: mpirun -np 2 upipe train --model=ti
   --ranks 2 --device-memory 4G --seq-len 256 --model tiny --init-from /elsewhere/m
 expect_row "local on one rank" '^local +- +256 +yes ' --ranks 1 --device-memory 4G --reserve 0G --method all --seq-len 256
 expect_row "knobs resolved" '^upipe-fpdt +U=4 N=4 +784 +yes ' --ranks 4 --device-memory 4G --method all --seq-len 784
+# The longest S stops at the longest --seq-len train takes (it answered 1633533689856, which
+# plan and train refuse).
+expect_row "longest S within train's range" '^ring +- +1099511627776 +yes .* the longest --seq-len \(1099511627776\)$' \
+  --model tiny --ranks 65536 --device-memory 80G --max-seq-len --method ring
+# The request before the data (DP = ranks / C was 0: "DP size (0) ... must be >= 1").
+expect "--cp-size (65536) must divide --ranks (2)" --ranks 2 --cp-size 65536 --device-memory 80G
 # --ranks-per-host: an auto Ulysses degree stays within a host, the command places the ranks so,
 # and a method whose all-to-alls cross hosts is said with the degree that would not.
 expect_row "auto u within a host" '^usp +u=8 +65536 +yes ' --model llama3-8b --ranks 16 --ranks-per-host 8 \

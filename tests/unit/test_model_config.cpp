@@ -282,6 +282,15 @@ TEST(ModelConfig, RefusalsNameFileAndField) {
   expect_error(with(R"(, "num_key_value_heads": 5)"),
                {f, "'num_key_value_heads' (5) must divide num_attention_heads (32)"});
   expect_error(with(R"(, "head_dim": 65)"), {f, "'head_dim' must be even"});
+  // head_dim left out: hidden_size / heads in 64 bits (2^32 over one head narrowed to 0, named
+  // as a field the file did not have).
+  expect_error(parse(R"({"model_type": "llama", "hidden_size": 4294967296, "intermediate_size": 8,
+                         "num_hidden_layers": 1, "num_attention_heads": 1, "vocab_size": 8})"),
+               {f, "'head_dim' is absent, and hidden_size / num_attention_heads (4294967296 / 1 = "
+                   "4294967296) is not an even head dimension in [2, 1024]; give head_dim"});
+  // Token ids are int32: a vocabulary past 2^31 - 1 (a division by zero drawing random tokens).
+  expect_error(with(R"(, "vocab_size": 2147483648)"),
+               {f, "'vocab_size' must be in [1, 2147483647] (got 2147483648)"});
   expect_error(with(R"(, "rms_norm_eps": -1)"), {f, "'rms_norm_eps' must be positive"});
   expect_error(with(R"(, "tie_word_embeddings": "no")"), {f, "'tie_word_embeddings'"});
   expect_error(parse(R"({"model_type": "llama", "intermediate_size": 1})"),
