@@ -45,7 +45,7 @@ template CLI::Validator integer_in<int64_t>(int64_t, int64_t);
 template CLI::Validator integer_in<uint64_t>(uint64_t, uint64_t);
 
 CLI::Validator number_in(double lo, double hi) {
-  const std::string range = fmt::format("[{:g}, {:g}]", lo, hi);
+  const std::string range = fmt::format("[{:.12g}, {:.12g}]", lo, hi);
   return CLI::Validator(
       [lo, hi, range](std::string& s) -> std::string {
         double v = 0;
@@ -56,6 +56,16 @@ CLI::Validator number_in(double lo, double hi) {
         return fmt::format("'{}' is not a finite number in {}; give one in that range", s, range);
       },
       "NUMBER in " + range);
+}
+
+CLI::Validator named(CLI::Validator v, const std::string& name) {
+  const std::string description = v.get_description();
+  return CLI::Validator(
+      [v, name](std::string& s) mutable -> std::string {
+        const std::string e = v(s);
+        return e.empty() ? e : name + ": " + e;
+      },
+      description);
 }
 
 CLI::Option* add_doc_lens_option(CLI::App& cmd, std::string& spec, const std::string& help) {

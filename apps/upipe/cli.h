@@ -43,6 +43,9 @@ template <class T>
 CLI::Validator integer_in(T lo, T hi);
 // A validator accepting only a finite decimal number in [lo, hi].
 CLI::Validator number_in(double lo, double hi);
+// v with its messages naming `name`: for a hidden option (an older spelling), whose errors CLI11
+// names "" (": '-1' is not ...").
+CLI::Validator named(CLI::Validator v, const std::string& name);
 
 // --doc-lens (packed documents: lengths a,b,c or a .npy/.bin file of them) with the command's
 // own help; an empty value is refused at parse time (it would read as no documents).

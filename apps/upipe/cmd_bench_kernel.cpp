@@ -91,6 +91,7 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
   // One rank holds every row of S here: a training run's knobs (more ranks, --offload-stash)
   // would not change this command's peak.
   mem.set_advice("a shorter --seq-len, fewer --heads / --kv-heads, or --dtype bf16");
+  mem.set_budget_setting("");  // its budget is no setting of this command
   const int64_t s = c.seq_len, d = c.head_dim, qc = c.heads * d, kc = c.kv_heads * d;
   const DType t = c.dtype, f32 = DType::kF32;
   Tensor q(mem, Tag::kQkv, t, s, qc), k(mem, Tag::kQkv, t, s, kc), v(mem, Tag::kQkv, t, s, kc);

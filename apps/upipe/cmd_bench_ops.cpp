@@ -109,6 +109,8 @@ std::vector<Op> make_ops(Device& dev, Tensors& t, double elems) {
 
 int run(Process& proc, const Options& opt) {
   Device dev;
+  dev.mem().set_advice("fewer --rows or --cols");  // the only sizes this command takes
+  dev.mem().set_budget_setting("");
   const int64_t r = opt.rows, c = opt.cols;
   Tensors t(dev, r, c);
   const Tensor &x = t.x, &y = t.y, &g = t.g, &m = t.m, &x16 = t.x16, &back = t.back, &w = t.w;

@@ -451,7 +451,7 @@ Runner add_plan(CLI::App& cmd) {
                  "device memory the engine does not see (CUDA context, NCCL, allocator slack)")
       ->capture_default_str();
   cmd.add_option("--reserve-gib", opt->reserve_gib, "older spelling of --reserve, in GiB")
-      ->check(number_in(0, 1048576))
+      ->check(named(number_in(0, 1048576), "--reserve-gib"))
       ->group("");
   cmd.add_flag("--max-seq-len", opt->max_seq_len, "find the longest S that fits");
   add_doc_lens_option(

@@ -233,7 +233,10 @@ int main(int argc, char** argv) {
                           near.empty() ? "" : fmt::format("; did you mean '{}'?", near), name));
         }
       }
-      throw ConfigError(e.what());
+      // A hidden option's error is named "" by CLI11 (": msg"); its validator names it (named).
+      std::string what = e.what();
+      if (what.starts_with(": ")) what.erase(0, 2);
+      throw ConfigError(what);
     }
     // Only training stops cleanly (it installs the handlers, releasing the signals then).
     if (!train->parsed() && !(demo->parsed() && !demo_attn->parsed())) release_stop_signals();

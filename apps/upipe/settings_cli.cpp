@@ -49,23 +49,23 @@ std::shared_ptr<SettingArgs> add_settings(CLI::App& cmd, uint32_t scope, uint32_
     for (size_t i = 0; i < names.size(); ++i) {
       const std::string used = names[i].substr(0, names[i].find(','));
       const std::string doc = i == 0 ? fmt::format("{} (default {})", s.doc, shown_default(s)) : "";
-      CLI::Option* o = s.type == "bool"
-                           ? cmd.add_flag(
-                                    names[i],
-                                    [out, used](int64_t n) {
-                                      out->args.push_back(used + (n > 0 ? "=true" : "=false"));
-                                    },
-                                    doc)
-                                 ->check(bool_value())
-                           : cmd.add_option(
-                                    names[i],
-                                    [out, used](const CLI::results_t& r) {
-                                      for (const std::string& v : r)
-                                        out->args.push_back(used + "=" + v);
-                                      return true;
-                                    },
-                                    doc)
-                                 ->expected(1);
+      CLI::Option* o =
+          s.type == "bool"
+              ? cmd.add_flag(
+                       names[i],
+                       [out, used](int64_t n) {
+                         out->args.push_back(used + (n > 0 ? "=true" : "=false"));
+                       },
+                       doc)
+                    ->check(i == 0 && listed ? bool_value() : named(bool_value(), used))
+              : cmd.add_option(
+                       names[i],
+                       [out, used](const CLI::results_t& r) {
+                         for (const std::string& v : r) out->args.push_back(used + "=" + v);
+                         return true;
+                       },
+                       doc)
+                    ->expected(1);
       o->trigger_on_parse()->group(i == 0 && listed ? "Settings" : "");
     }
   }

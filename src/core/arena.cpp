@@ -51,6 +51,14 @@ std::string Arena::describe(const TagBytes& b) {
   return s.empty() ? "nothing" : s;
 }
 
+std::string Arena::over_budget_advice() const {
+  const std::string smaller =
+      fmt::format("choose a configuration with a smaller peak ({})", advice_);
+  return budget_setting_.empty()
+             ? smaller
+             : fmt::format("raise the memory budget ({}) or {}", budget_setting_, smaller);
+}
+
 // Within the budget but beyond what backs it (the machine's memory, the GPU's): a lower budget
 // would only be refused sooner.
 std::string Arena::beyond_machine() const {
@@ -64,10 +72,9 @@ void* Arena::allocate(int64_t bytes, Tag tag) {
   UPIPE_CHECK(bytes >= 0, "negative allocation of {} bytes", bytes);
   if (bytes > budget_ - current_) {
     std::string msg = fmt::format(
-        "out of memory in {} arena: tag '{}' requested {} ({} B) with {} of {} in use ({}); "
-        "raise the memory budget{} or choose a configuration with a smaller peak ({})",
+        "out of memory in {} arena: tag '{}' requested {} ({} B) with {} of {} in use ({}); {}",
         name_, tag_name(tag), format_bytes(bytes), bytes, format_bytes(current_),
-        format_bytes(budget_), describe(cur_), budget_hint(), advice_);
+        format_bytes(budget_), describe(cur_), over_budget_advice());
     throw OutOfMemoryError(msg, name_, tag_name(tag), bytes, describe(cur_));
   }
   void* p = nullptr;
@@ -97,9 +104,8 @@ void Arena::check_fits(const TagBytes& need) const {
       name_, format_bytes(bytes), bytes, describe(need));
   if (bytes > budget_ - current_)
     throw OutOfMemoryError(
-        fmt::format("{}, over the budget of {} ({} in use); raise the memory budget{} or choose a "
-                    "configuration with a smaller peak ({})",
-                    what, format_bytes(budget_), format_bytes(current_), budget_hint(), advice_),
+        fmt::format("{}, over the budget of {} ({} in use); {}", what, format_bytes(budget_),
+                    format_bytes(current_), over_budget_advice()),
         name_, "planned", bytes, describe(cur_));
   try {
     backing_.check_can_back(bytes);

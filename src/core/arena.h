@@ -46,7 +46,8 @@ class Arena {
   // What an out-of-memory error tells the user to change (by default a training run's knobs);
   // a command with other knobs (bench kernel) names its own.
   void set_advice(std::string advice) { advice_ = std::move(advice); }
-  // The setting that sets the budget, named beside "raise the memory budget" ("--device-memory").
+  // The setting that sets the budget, named beside "raise the memory budget" ("--device-memory");
+  // "" for a command whose budget no setting changes (the advice alone is said).
   void set_budget_setting(std::string flag) { budget_setting_ = std::move(flag); }
   bool backed() const { return backing_.backed(); }
   Allocator& backing() { return backing_; }
@@ -76,9 +77,9 @@ class Arena {
   static constexpr int kMaxWatches = 4;
   void on_change(Tag tag, int64_t delta);
   std::string beyond_machine() const;
-  std::string budget_hint() const {
-    return budget_setting_.empty() ? "" : " (" + budget_setting_ + ")";
-  }
+  // What to change for a request over the budget: the budget's setting where the command has
+  // one, and the advice.
+  std::string over_budget_advice() const;
 
   std::string name_;
   int64_t budget_;
