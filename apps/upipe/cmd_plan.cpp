@@ -257,6 +257,7 @@ int run(Process& proc, const Options& o, const SettingArgs& sa, const CLI::App& 
   const bool files = data_cfg.data.kind == "files";
   if (files && !data_here(data_cfg.data.path)) {
     if (proc.root()) say_not_here("data.path", data_cfg.data.path);
+    check_run_data(data_cfg, m, base.ranks / base.cp(), /*open_files=*/false);
   } else {
     if (!data_cfg.data.val_path.empty() && !data_here(data_cfg.data.val_path)) {
       if (proc.root()) say_not_here("data.val_path", data_cfg.data.val_path);

@@ -124,7 +124,7 @@ std::vector<std::string> expand_token_paths(const std::string& path, std::string
   return {path};
 }
 
-DataSource::DataSource(const DataOptions& o) : opt_(o) {
+void check_data_options(const DataOptions& o) {
   if (o.seq_len < 2)
     throw ConfigError(
         fmt::format("{} must be >= 2, got {}", setting_ref("train.seq_len"), o.seq_len));
@@ -146,6 +146,11 @@ DataSource::DataSource(const DataOptions& o) : opt_(o) {
   if (o.documents.kind == DK::kEos && o.documents.eos >= o.vocab)
     throw ConfigError(fmt::format("{}: the end-of-text id {} is outside the vocabulary [0, {})",
                                   setting_ref("data.documents"), o.documents.eos, o.vocab));
+}
+
+DataSource::DataSource(const DataOptions& o) : opt_(o) {
+  check_data_options(o);
+  using DK = DocumentsMode::Kind;
   if (o.kind != DataKind::kFiles) return;
   if (o.path.empty())
     throw ConfigError(

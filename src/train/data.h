@@ -59,6 +59,10 @@ struct DataOptions {
   bool check_vocab = true;
 };
 
+// What DataSource refuses before it opens a file (sizes, the task's S, the documents mode and its
+// end-of-text id against the vocabulary): ConfigError naming the setting.
+void check_data_options(const DataOptions& o);
+
 class DataSource {
  public:
   // Validates the options (ConfigError naming data.* / train.* keys); for files, resolves the

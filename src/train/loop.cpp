@@ -321,10 +321,14 @@ LoopEnd TrainingLoop::run(TrainingObserver& obs) {
   return end;
 }
 
-RunDataSize check_run_data(const RunConfig& c, const ModelConfig& m, int dp_size) {
+RunDataSize check_run_data(const RunConfig& c, const ModelConfig& m, int dp_size, bool open_files) {
   RunDataSize out;
   DataOptions d = data_options(c, m, dp_size);
   d.check_vocab = false;
+  if (!open_files) {
+    check_data_options(d);
+    return out;
+  }
   const DataSource data(d);
   if (d.kind == DataKind::kFiles) out.tokens = data.total_tokens();
   if (c.metrics.val_interval > 0) {

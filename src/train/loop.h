@@ -113,9 +113,11 @@ class TrainingLoop {
 // token files with their headers and indexes, and the held-out data of validation. ConfigError
 // as the loop's (a missing file, a Megatron .bin without its .idx, an end-of-text id outside the
 // vocabulary, fewer tokens than train.seq_len). For the planner, so the run it prints starts.
+// Without open_files (data not on this machine) only what needs no file (check_data_options).
 struct RunDataSize {
   int64_t tokens = -1, val_tokens = -1;  // of the files; -1: a task's (unbounded) or none
 };
-RunDataSize check_run_data(const RunConfig& c, const ModelConfig& m, int dp_size);
+RunDataSize check_run_data(const RunConfig& c, const ModelConfig& m, int dp_size,
+                           bool open_files = true);
 
 }  // namespace upipe

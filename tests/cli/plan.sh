@@ -107,6 +107,15 @@ expect "--val-path '$data/t.bin' holds 1000 tokens in 1 file(s), fewer than --se
   --ranks 2 --device-memory 4G --val-interval 10 --val-path="$data/t.bin" --seq-len 2048
 expect_row "data not on this machine" '^upipe: warning: --data-path /elsewhere/x.bin is not on this machine' \
   --ranks 2 --device-memory 4G --data-kind=files --data-path=/elsewhere/x.bin --seq-len 256
+# Away from the data, what needs no file is still checked as train checks it (an end-of-text id
+# past the vocabulary printed a run command train refuses).
+out=$(timeout 60 "$upipe" plan --ranks 2 --device-memory 4G --seq-len 256 --data-kind=files \
+  --data-path=/elsewhere/x.bin --documents=eos:256 2>&1); rc=$?
+if [ $rc -eq 2 ] && printf '%s\n' "$out" | grep -q -F "upipe: error: --documents: the end-of-text id 256 is outside the vocabulary [0, 256)"; then
+  echo "ok: eos id checked away from the data"
+else
+  fail "eos id away from the data (exit $rc)"; printf '%s\n' "$out" | head -5
+fi
 expect_row "a longest S past the data" '^  note: --data-path holds 1000 tokens, fewer than S = [0-9]+: train needs a --seq-len of at most 1000$' \
   --ranks 2 --device-memory 4G --method upipe --data-kind=files --data-path="$data/t.bin" --max-seq-len
 rm -r "$data"
