@@ -58,6 +58,30 @@ CLI::Validator number_in(double lo, double hi) {
       "NUMBER in " + range);
 }
 
+bool is_truth_value(std::string_view word) {
+  std::string w(word);
+  for (char& ch : w) ch = char(std::tolower(static_cast<unsigned char>(ch)));
+  return w == "true" || w == "false" || w == "1" || w == "0" || w == "yes" || w == "no" ||
+         w == "on" || w == "off";
+}
+
+void check_switch_values(CLI::App& app) {
+  const CLI::Validator truth(
+      [](std::string& s) -> std::string {
+        if (is_truth_value(s)) return {};
+        return fmt::format("'{}' is not true or false (or 1, 0, yes, no, on, off)", s);
+      },
+      "");
+  for (CLI::Option* o : app.get_options()) {
+    if (o->get_expected_max() != 0 || o->get_lnames().empty()) continue;
+    const std::string& name = o->get_lnames().front();
+    if (name == "help" || name == "help-all" || name == "version") continue;
+    // A hidden option's errors are named "" by CLI11.
+    o->check(o->get_group().empty() ? named(truth, "--" + name) : truth);
+  }
+  for (CLI::App* sub : app.get_subcommands({})) check_switch_values(*sub);
+}
+
 CLI::Validator named(CLI::Validator v, const std::string& name) {
   const std::string description = v.get_description();
   return CLI::Validator(

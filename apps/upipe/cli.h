@@ -43,6 +43,13 @@ template <class T>
 CLI::Validator integer_in(T lo, T hi);
 // A validator accepting only a finite decimal number in [lo, hi].
 CLI::Validator number_in(double lo, double hi);
+// The truth values a switch takes in --switch=value or --switch value, in any case: true, false,
+// 1, 0, yes, no, on, off (as CLI11 converts them).
+bool is_truth_value(std::string_view word);
+// Every switch (an option that takes no value: a bool setting, --json, --resume) of `app` and its
+// commands refuses any other value at parse, naming the switch (CLI11 read "2" as true, "-1" as
+// false and threw std::stoll's error, exit 1, at "maybe").
+void check_switch_values(CLI::App& app);
 // v with its messages naming `name`: for a hidden option (an older spelling), whose errors CLI11
 // names "" (": '-1' is not ...").
 CLI::Validator named(CLI::Validator v, const std::string& name);

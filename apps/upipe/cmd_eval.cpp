@@ -4,7 +4,9 @@
 // parameter's fp32 gradient (summed over the ranks) under its Hugging Face name. --doc-lens packs
 // the sequence as documents (each attended to and predicted alone; attention/documents.h).
 #include <cmath>
+#include <functional>
 #include <nlohmann/json.hpp>
+#include <span>
 
 #include "apps/upipe/commands.h"
 #include "apps/upipe/model_run.h"
@@ -34,16 +36,17 @@ struct Options {
 // --loss-only / --windows: the forward alone (no gradient buffers, nothing stashed) on one
 // sequence, or on every non-overlapping window of S tokens of the file; the mean loss over them
 // and its perplexity.
+// The mean loss over n windows of s tokens, forward only; window(i) gives window i's tokens (a
+// view used until the next call).
 int run_loss(Process& proc, const Options& opt, const RunConfig& cfg, const ModelConfig& m,
-             ModelRun& run, const std::vector<int32_t>& all, int64_t s, const LossSpec& spec) {
-  const int64_t n = int64_t(all.size()) / s;
+             ModelRun& run, int64_t n, int64_t s,
+             const std::function<std::span<const int32_t>(int64_t)>& window, const LossSpec& spec) {
   run.dev.mem().reset_peak();
   const ParamMap no_grads;
   FullParams p(m, run.w, no_grads);
   double sum = 0, fwd = 0;
   for (int64_t i = 0; i < n; ++i) {
-    const std::span<const int32_t> window(all.data() + i * s, size_t(s));
-    sum += run.dec->loss(window, p, spec).loss;  // each window's mean over its predictions
+    sum += run.dec->loss(window(i), p, spec).loss;  // each window's mean over its predictions
     fwd += run.dec->forward_seconds();
   }
   const double loss = sum / double(n);
@@ -126,6 +129,18 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
   const bool forward_only = opt.loss_only || opt.windows;
   ModelRun run(proc.world, m, cfg, opt.windows ? seq_len : n, !forward_only);
   std::vector<int32_t> tokens;
+  if (opt.windows) {
+    // One window held at a time (the whole file was read into memory: a corpus of billions of
+    // tokens into tens of GB).
+    tokens.resize(size_t(seq_len));
+    return run_loss(
+        proc, opt, cfg, m, run, n / seq_len, seq_len,
+        [&](int64_t i) {
+          read_token_range(file, i * seq_len, seq_len, m.vocab_size, tokens.data());
+          return std::span<const int32_t>(tokens);
+        },
+        spec);
+  }
   if (!opt.tokens.empty()) {
     tokens.resize(size_t(n));
     read_token_range(file, 0, n, m.vocab_size, tokens.data());
@@ -133,7 +148,8 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
     tokens = random_tokens(m, n, uint64_t(cfg.train.seed));
   }
   if (forward_only)
-    return run_loss(proc, opt, cfg, m, run, tokens, opt.windows ? seq_len : n, spec);
+    return run_loss(
+        proc, opt, cfg, m, run, 1, n, [&](int64_t) { return std::span(tokens); }, spec);
   Device& dev = run.dev;
   const ParamMap &w = run.w, &g = run.g;
   dev.mem().reset_peak();

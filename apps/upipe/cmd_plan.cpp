@@ -83,6 +83,15 @@ Limit limit_of(const Plan& p) {
   return {host_limits ? "host" : "device", t, at[t]};
 }
 
+// What limits the plan, in --json: the arena and its largest tag; past the longest S train takes,
+// that S (no arena's tag limits it).
+nlohmann::json limit_json(const Plan& p) {
+  const Limit l = limit_of(p);
+  if (l.arena == kSeqLenRangeLimit)
+    return {{"arena", nullptr}, {"tag", nullptr}, {"bytes", nullptr}, {"seq_len_max", kMaxSeqLen}};
+  return {{"arena", l.arena}, {"tag", tag_name(l.tag)}, {"bytes", l.bytes}};
+}
+
 // The `upipe train` command that runs a plan's answer: the settings given to the plan, with the
 // method, knobs and S the plan chose.
 std::string train_command(const Settings& set, const Options& o, const Plan& p) {
@@ -249,8 +258,8 @@ int run(Process& proc, const Options& o, const SettingArgs& sa, const CLI::App& 
   }
   // The run's data as train opens it (its files, indexes and held-out data; S against what they
   // hold), so the run a plan prints starts. With --max-seq-len the files alone: S is found below.
-  // Data that is not on this machine (a plan made away from the cluster's file system) is said
-  // and not checked.
+  // Data that is not on this machine (a plan made away from the cluster's file system) is said,
+  // and only what needs no file is checked.
   RunConfig data_cfg = set.config;
   if (o.max_seq_len) data_cfg.train.seq_len = 2;
   RunDataSize data;
@@ -360,12 +369,9 @@ int run(Process& proc, const Options& o, const SettingArgs& sa, const CLI::App& 
                     {"worst_rank", p.worst_rank},
                     {"rank_classes", p.rank_classes},
                     {"limiting_tag", tag_name(p.limiting_tag)},
-                    {"limit",
-                     {{"arena", limit_of(p).arena},
-                      {"tag", tag_name(limit_of(p).tag)},
-                      {"bytes", limit_of(p).bytes}}},
-                    // The command of a plan that fits; none for one that does not.
+                    {"limit", limit_json(p)},
                     {"all_to_all_hosts", all_to_all_hosts(p)},
+                    // The command of a plan that fits; none for one that does not.
                     {"train_command",
                      p.fits ? nlohmann::json(train_command(set, o, p)) : nlohmann::json(nullptr)}});
       if (const std::string note = across_hosts_note(m, p); !note.empty())
@@ -402,7 +408,8 @@ int run(Process& proc, const Options& o, const SettingArgs& sa, const CLI::App& 
     const Limit l = limit_of(p);
     const std::string limit =
         l.arena == kSeqLenRangeLimit
-            ? fmt::format("{} ({})", l.arena, kMaxSeqLen)
+            ? render_setting_refs(
+                  fmt::format("the longest {} ({})", setting_ref("train.seq_len"), kMaxSeqLen))
             : fmt::format("{} ({} {})", l.arena, tag_name(l.tag), format_bytes(l.bytes));
     std::printf("%-11s %-*s %12lld %5s %13s %11s  %s\n", r.method.c_str(), knobs_width,
                 knobs_text(m, p.request).c_str(), (long long)p.request.decoder.seq_len,

@@ -81,14 +81,6 @@ bool is_switch(const CLI::App& command, std::string_view flag) {
   return o != nullptr && o->get_expected_max() == 0;
 }
 
-// The truth values CLI11 takes in --switch=value, in any case.
-bool is_truth_value(std::string_view word) {
-  std::string w(word);
-  for (char& ch : w) ch = char(std::tolower(static_cast<unsigned char>(ch)));
-  return w == "true" || w == "false" || w == "1" || w == "0" || w == "yes" || w == "no" ||
-         w == "on" || w == "off";
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -155,6 +147,7 @@ int main(int argc, char** argv) {
   CLI::App* presets =
       cli.add_subcommand("presets", "the built-in models (--model NAME): shapes and sizes");
   runners[presets] = app::add_presets(*presets);
+  app::check_switch_values(cli);
 
   // `--key=` (an empty value, as `dir = ""` in a run file: no checkpoints, no metrics file) is
   // given to CLI11 as `--key ""`: it refuses the first spelling ("1 required missing").
@@ -170,7 +163,7 @@ int main(int argc, char** argv) {
            command->get_subcommands([&](const CLI::App* a) { return a->get_name() == w; }))
         command = sub;
     if (w.starts_with("--") && w.find('=') == std::string_view::npos && i + 1 < argc &&
-        is_switch(*command, w) && is_truth_value(argv[i + 1])) {
+        is_switch(*command, w) && app::is_truth_value(argv[i + 1])) {
       split.push_back(fmt::format("{}={}", w, argv[i + 1]));
       ++i;
       continue;

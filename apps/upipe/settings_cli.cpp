@@ -11,22 +11,6 @@
 
 namespace upipe::app {
 
-namespace {
-
-// A true/false setting's value as a flag: --overlap, --overlap=true, --overlap=false (1 and 0, as
-// a run file's settings take them); anything else is refused at parse (CLI11 would have read
-// "2" as true, "-1" as false and thrown std::stoll's error at "maybe").
-CLI::Validator bool_value() {
-  return CLI::Validator(
-      [](std::string& s) -> std::string {
-        if (s == "true" || s == "false" || s == "1" || s == "0") return {};
-        return fmt::format("'{}' is not true or false", s);
-      },
-      "");
-}
-
-}  // namespace
-
 std::shared_ptr<SettingArgs> add_settings(CLI::App& cmd, uint32_t scope, uint32_t also,
                                           const std::vector<std::string>& preset) {
   auto out = std::make_shared<SettingArgs>();
@@ -49,23 +33,22 @@ std::shared_ptr<SettingArgs> add_settings(CLI::App& cmd, uint32_t scope, uint32_
     for (size_t i = 0; i < names.size(); ++i) {
       const std::string used = names[i].substr(0, names[i].find(','));
       const std::string doc = i == 0 ? fmt::format("{} (default {})", s.doc, shown_default(s)) : "";
-      CLI::Option* o =
-          s.type == "bool"
-              ? cmd.add_flag(
-                       names[i],
-                       [out, used](int64_t n) {
-                         out->args.push_back(used + (n > 0 ? "=true" : "=false"));
-                       },
-                       doc)
-                    ->check(i == 0 && listed ? bool_value() : named(bool_value(), used))
-              : cmd.add_option(
-                       names[i],
-                       [out, used](const CLI::results_t& r) {
-                         for (const std::string& v : r) out->args.push_back(used + "=" + v);
-                         return true;
-                       },
-                       doc)
-                    ->expected(1);
+      CLI::Option* o = s.type == "bool"
+                           ? cmd.add_flag(
+                                 names[i],
+                                 [out, used](int64_t n) {
+                                   out->args.push_back(used + (n > 0 ? "=true" : "=false"));
+                                 },
+                                 doc)
+                           : cmd.add_option(
+                                    names[i],
+                                    [out, used](const CLI::results_t& r) {
+                                      for (const std::string& v : r)
+                                        out->args.push_back(used + "=" + v);
+                                      return true;
+                                    },
+                                    doc)
+                                 ->expected(1);
       o->trigger_on_parse()->group(i == 0 && listed ? "Settings" : "");
     }
   }

@@ -189,11 +189,11 @@ ModelConfig parse_json(const json& j, const std::string& source) {
   // file did not have.)
   const int64_t derived = m.hidden_size / std::max(1, m.num_attention_heads);
   if (m.family != ModelFamily::kQwen3 && !f.has("head_dim") && m.hidden_size > 0 &&
-      m.num_attention_heads > 0 && (derived < 2 || derived > 1024 || derived % 2 != 0))
+      m.num_attention_heads > 0 && (derived < 2 || derived > kMaxHeadDim || derived % 2 != 0))
     f.fail("head_dim",
            fmt::format("is absent, and hidden_size / num_attention_heads ({} / {} = {}) is not an "
-                       "even head dimension in [2, 1024]; give head_dim",
-                       m.hidden_size, m.num_attention_heads, derived));
+                       "even head dimension in [2, {}]; give head_dim",
+                       m.hidden_size, m.num_attention_heads, derived, kMaxHeadDim));
   m.head_dim = f.int32("head_dim", m.family == ModelFamily::kQwen3 ? 128 : int(derived));
   m.rms_norm_eps = f.number("rms_norm_eps", 1e-6);
   // The kernels take it as a float: it must stay positive and finite there (1e-300 became 0).
@@ -354,8 +354,8 @@ void ModelConfig::validate() const {
   if (num_attention_heads % num_key_value_heads != 0)
     fail("num_key_value_heads", fmt::format("({}) must divide num_attention_heads ({})",
                                             num_key_value_heads, num_attention_heads));
-  if (head_dim <= 0 || head_dim % 2 != 0 || head_dim > 1024)
-    fail("head_dim", fmt::format("must be even and in [2, 1024] (got {})", head_dim));
+  if (head_dim <= 0 || head_dim % 2 != 0 || head_dim > kMaxHeadDim)
+    fail("head_dim", fmt::format("must be even and in [2, {}] (got {})", kMaxHeadDim, head_dim));
   if (!(rms_norm_eps > 0) || !std::isfinite(rms_norm_eps))
     fail("rms_norm_eps", fmt::format("must be positive and finite (got {})", rms_norm_eps));
   if (!(rope.theta > 0) || !std::isfinite(rope.theta))

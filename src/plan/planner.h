@@ -71,8 +71,8 @@ struct RankPlan {
 // under `ulimit -v`) rather than a budget: the planner's limit, not the machine's.
 inline constexpr const char* kPlannerRangeLimit = "the planner's range";
 // Plan::limit_arena of a longest S that fits with room to spare: one granule more is past the
-// longest train.seq_len upipe takes (kMaxSeqLen).
-inline constexpr const char* kSeqLenRangeLimit = "the longest --seq-len";
+// longest train.seq_len upipe takes (kMaxSeqLen); no arena, no tag.
+inline constexpr const char* kSeqLenRangeLimit = "seq_len";
 
 struct Plan {
   PlanRequest request;

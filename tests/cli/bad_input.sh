@@ -43,12 +43,15 @@ run_case "upipe needs a command: demo, bench"
 run_case "upipe takes no option --foo before its command" --foo
 run_case "upipe bench has no command 'kernl'; did you mean 'kernel'?" bench kernl
 run_case "upipe bench needs a command: kernel, attention, comm, ops, model" bench
-# A true/false setting given another value (std::stoll's "fatal: stoll", exit 1, at 'maybe'; '2'
-# read as true and '-1' as false).
+# A true/false setting given another value than a truth value (std::stoll's "fatal: stoll",
+# exit 1, at 'maybe'; '2' read as true and '-1' as false).
 run_case "--overlap: 'maybe' is not true or false" check --overlap=maybe
 run_case "--overlap: '-1' is not true or false" check --overlap=-1
 run_case "--offload-stash: '2' is not true or false" plan --ranks 2 --device-memory 1G --offload-stash=2
-run_case "--random-weights: 'yes' is not true or false" eval --random-weights=yes
+run_case "--random-weights: 'sure' is not true or false (or 1, 0, yes, no, on, off)" eval --random-weights=sure
+# So do the command switches (--json=2 printed JSON, --json=-1 the table).
+run_case "--json: '2' is not true or false" plan --ranks 2 --device-memory 4G --json=2
+run_case "--resume: 'maybe' is not true or false" train --resume=maybe
 # Optimizer numbers a float does not hold (eps 1e-46 became 0 in the kernel: a NaN step).
 run_case "--eps must be a number > 0 that a float holds (>= 1.4e-45), got 1e-46" train --eps=1e-46
 run_case "--lr must be a number >= 0 that a float holds, got 1e+300" train --lr=1e300

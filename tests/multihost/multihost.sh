@@ -130,10 +130,10 @@ equal)
     timeout 120 "${across_hosts[@]}" "$upipe" "${args[@]}" --metrics-path="$tmp/multi.jsonl" > "$tmp/multi.out" 2>&1 ||
       fail "$method across the hosts failed"
     echo "$method across 2 hosts: $(secs "$t0" "$(now)") s"
-    warn="warning: upipe's all-to-alls span 2 hosts (4 ranks a group): every layer's all-to-alls cross the network; --method upipe-ring --ulysses-degree 2 keeps them within a host"
+    warn="warning: upipe's all-to-alls span 2 hosts (4 ranks a group): every layer's all-to-alls cross the network; --method upipe-ring --ulysses-degree 2 keeps them within a host (upipe plan --ranks-per-host plans it)"
     grep -q "all-to-alls span" "$tmp/one.out" && fail "$method on one host: a hosts warning"
     if [ $method = upipe ]; then
-      grep -qF "$warn" "$tmp/multi.out" || { cat "$tmp/multi.out"; fail "upipe across hosts: no warning"; }
+      grep -qxF "$warn" "$tmp/multi.out" || { cat "$tmp/multi.out"; fail "upipe across hosts: no warning"; }
     else
       grep -q "all-to-alls span" "$tmp/multi.out" && fail "$method (u = 2 within a host): a hosts warning"
     fi

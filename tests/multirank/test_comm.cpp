@@ -144,13 +144,14 @@ TEST(Comm, LargeMessageUsesUnitDatatype) {
 }
 
 // all_to_allv whose displacements pass 2^31 bytes (a head stage's blocks at S/C = 696320 rows:
-// an int byte displacement ended the job). The buffers are reserved, not touched: only the
-// blocks sent and received become memory.
+// an int byte displacement ended the job), one rank included; every rank sends nothing to the
+// next one. The buffers are reserved, not touched: only the blocks sent and received become
+// memory.
 TEST(Comm, AllToAllvDisplacementsPastTwoGiB) {
   Communicator& w = world();
-  const size_t n = size_t(w.size());
+  const int n = w.size(), r = w.rank();
   const int64_t stride = (int64_t(1) << 31) + (int64_t(1) << 20), block = 4096;
-  const size_t span = size_t(stride) * n;
+  const size_t span = size_t(stride) * size_t(n + 1);
   auto reserve = [span] {
     void* p = mmap(nullptr, span, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -159,15 +160,20 @@ TEST(Comm, AllToAllvDisplacementsPastTwoGiB) {
   };
   uint8_t* send = reserve();
   uint8_t* recv = reserve();
-  std::vector<int64_t> bytes(n, block), displs(n);
-  for (size_t j = 0; j < n; ++j) {
-    displs[j] = int64_t(j) * stride;
-    std::memset(send + displs[j], int(10 * w.rank() + int(j)), size_t(block));
+  const size_t un = static_cast<size_t>(n);
+  std::vector<int64_t> sb(un), rb(un), displs(un);
+  for (int j = 0; j < n; ++j) {
+    displs[size_t(j)] = int64_t(j + 1) * stride;
+    sb[size_t(j)] = n > 1 && j == (r + 1) % n ? 0 : block;
+    rb[size_t(j)] = n > 1 && r == (j + 1) % n ? 0 : block;
+    std::memset(send + displs[size_t(j)], 10 * r + j, size_t(block));
   }
-  w.all_to_allv(send, bytes.data(), displs.data(), recv, bytes.data(), displs.data());
-  for (size_t j = 0; j < n; ++j) {
-    EXPECT_EQ(recv[displs[j]], uint8_t(10 * int(j) + w.rank())) << j;
-    EXPECT_EQ(recv[displs[j] + block - 1], uint8_t(10 * int(j) + w.rank())) << j;
+  w.all_to_allv(send, sb.data(), displs.data(), recv, rb.data(), displs.data());
+  for (int j = 0; j < n; ++j) {
+    const uint8_t* got = recv + displs[size_t(j)];
+    const uint8_t want = rb[size_t(j)] > 0 ? uint8_t(10 * j + r) : 0;  // untouched: zero
+    EXPECT_EQ(got[0], want) << j;
+    EXPECT_EQ(got[block - 1], want) << j;
   }
   munmap(send, span);
   munmap(recv, span);

@@ -118,12 +118,6 @@ TEST(Config, FpdtChunksAreFoundQuicklyAtAnySize) {
   EXPECT_EQ(fpdt_chunks(c, 8), 3);
 }
 
-}  // namespace
-}  // namespace upipe
-
-namespace upipe {
-namespace {
-
 // Where a method's all-to-alls run: its stage groups of consecutive ranks inside CP groups of
 // consecutive ranks, against the hosts the ranks run on.
 TEST(Config, AllToAllHostsFollowTheStageGroups) {

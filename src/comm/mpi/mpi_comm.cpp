@@ -42,28 +42,20 @@ void abort_handler(int code) {
   MPI_Abort(MPI_COMM_WORLD, code);
 }
 
-// A count of `bytes` as (count, datatype) with count fitting an int: large messages use a
-// contiguous unit type so multi-GiB transfers work.
-struct ByteCount {
-  int count = 0;
+// A contiguous datatype of `unit` bytes (MPI_BYTE for 1), freed with its holder unless released
+// (to a request that still uses it).
+struct ByteUnit {
   MPI_Datatype type = MPI_BYTE;
   bool owned = false;
-  explicit ByteCount(int64_t bytes) {
-    if (bytes <= INT_MAX) {
-      count = int(bytes);
-      return;
-    }
-    int64_t unit = 1 << 20;
-    while (unit > 1 && bytes % unit != 0) unit >>= 1;
-    UPIPE_CHECK(bytes / unit <= INT_MAX, "message of {} bytes is too large to send", bytes);
+  explicit ByteUnit(int64_t unit) {
+    if (unit <= 1) return;
     MPI_CHECK(MPI_Type_contiguous(int(unit), MPI_BYTE, &type));
     MPI_CHECK(MPI_Type_commit(&type));
     owned = true;
-    count = int(bytes / unit);
   }
-  ByteCount(const ByteCount&) = delete;
-  ByteCount& operator=(const ByteCount&) = delete;
-  ~ByteCount() {
+  ByteUnit(const ByteUnit&) = delete;
+  ByteUnit& operator=(const ByteUnit&) = delete;
+  ~ByteUnit() {
     if (owned) MPI_CHECK(MPI_Type_free(&type));
   }
   // Hands the datatype's ownership to the caller (MPI_DATATYPE_NULL when none was made).
@@ -72,6 +64,26 @@ struct ByteCount {
     owned = false;
     return type;
   }
+};
+
+// The unit of bytes for MPI int counts: 1 where `largest` fits an int, else the largest power of
+// two up to 1 MiB dividing `all` (the gcd of the counts), so multi-GiB transfers work.
+int64_t byte_unit(int64_t largest, int64_t all) {
+  if (largest <= INT_MAX) return 1;
+  return all == 0 ? 1 : std::gcd(all, int64_t(1) << 20);
+}
+
+// A count of `bytes` as (count, datatype) with count fitting an int.
+struct ByteCount {
+  ByteUnit unit;
+  int count = 0;
+  MPI_Datatype type = MPI_BYTE;
+  explicit ByteCount(int64_t bytes) : unit(byte_unit(bytes, bytes)), type(unit.type) {
+    const int64_t u = byte_unit(bytes, bytes);
+    UPIPE_CHECK(bytes / u <= INT_MAX, "message of {} bytes is too large to send", bytes);
+    count = int(bytes / u);
+  }
+  MPI_Datatype release() { return unit.release(); }
 };
 
 int to_int(int64_t v, const char* what) {
@@ -211,14 +223,15 @@ void MpiCommunicator::all_to_all(const void* send, void* recv, int64_t bytes_per
 void MpiCommunicator::all_to_allv(const void* send, const int64_t* send_bytes,
                                   const int64_t* send_displs, void* recv, const int64_t* recv_bytes,
                                   const int64_t* recv_displs) {
-  // MPI counts and displacements are ints in units of the datatype: a unit of bytes that divides
-  // them all (the largest power of two up to 1 MiB) keeps multi-GiB buffers in range (a head
-  // stage's blocks at S/C = 696320 rows put the last displacement past 2^31 bytes).
-  int64_t g = 0;
+  // MPI counts and displacements are ints in units of the datatype: past 2^31 bytes, a unit
+  // dividing them all (a head stage's blocks at S/C = 696320 rows put the last displacement there).
+  int64_t largest = 0, all = 0;
   for (int i = 0; i < size_; ++i)
-    for (const int64_t v : {send_bytes[i], send_displs[i], recv_bytes[i], recv_displs[i]})
-      g = std::gcd(g, v);
-  const int64_t unit = g == 0 ? 1 : std::gcd(g, int64_t(1) << 20);
+    for (const int64_t v : {send_bytes[i], send_displs[i], recv_bytes[i], recv_displs[i]}) {
+      largest = std::max(largest, v);
+      all = std::gcd(all, v);
+    }
+  const int64_t unit = byte_unit(largest, all);
   std::vector<int> sc(static_cast<size_t>(size_)), sd(sc.size()), rc(sc.size()), rd(sc.size());
   int64_t sent = 0;
   for (int i = 0; i < size_; ++i) {
@@ -230,14 +243,9 @@ void MpiCommunicator::all_to_allv(const void* send, const int64_t* send_bytes,
   }
   record(CommOp::kAllToAllV, sent);
   WatchdogOp scope(comm_op_name(CommOp::kAllToAllV));
-  MPI_Datatype type = MPI_BYTE;
-  if (unit > 1) {
-    MPI_CHECK(MPI_Type_contiguous(int(unit), MPI_BYTE, &type));
-    MPI_CHECK(MPI_Type_commit(&type));
-  }
-  MPI_CHECK(
-      MPI_Alltoallv(send, sc.data(), sd.data(), type, recv, rc.data(), rd.data(), type, comm_));
-  if (unit > 1) MPI_CHECK(MPI_Type_free(&type));
+  const ByteUnit type(unit);
+  MPI_CHECK(MPI_Alltoallv(send, sc.data(), sd.data(), type.type, recv, rc.data(), rd.data(),
+                          type.type, comm_));
 }
 
 void MpiCommunicator::all_gather(const void* send, void* recv, int64_t bytes_per_rank) {
