@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <unordered_map>
 
 #include "apps/upipe/commands.h"
 #include "apps/upipe/model_run.h"
@@ -202,9 +203,9 @@ void print_startup(const RunConfig& cfg, const ModelConfig& m, TrainingLoop& loo
 // Ulysses degree that keeps them within one; "" where they stay within a host.
 std::string across_hosts_note(const RunConfig& cfg, const ModelConfig& m, TrainingLoop& loop,
                               const std::vector<std::string>& hosts) {
+  std::unordered_map<std::string, int> id;  // hosts numbered as met (linear in the ranks)
   std::vector<int> host_of;
-  for (const std::string& h : hosts)
-    host_of.push_back(int(std::find(hosts.begin(), hosts.end(), h) - hosts.begin()));
+  for (const std::string& h : hosts) host_of.push_back(id.emplace(h, int(id.size())).first->second);
   AttentionConfig ac = to_attention_config(m);
   ac.knobs = cfg.parallel.knobs;
   ac.seq_len = cfg.train.seq_len;

@@ -45,9 +45,10 @@ void abort_handler(int code) {
 // A contiguous datatype of `unit` bytes (MPI_BYTE for 1), freed with its holder unless released
 // (to a request that still uses it).
 struct ByteUnit {
+  int64_t bytes = 1;
   MPI_Datatype type = MPI_BYTE;
   bool owned = false;
-  explicit ByteUnit(int64_t unit) {
+  explicit ByteUnit(int64_t unit) : bytes(std::max<int64_t>(unit, 1)) {
     if (unit <= 1) return;
     MPI_CHECK(MPI_Type_contiguous(int(unit), MPI_BYTE, &type));
     MPI_CHECK(MPI_Type_commit(&type));
@@ -76,12 +77,11 @@ int64_t byte_unit(int64_t largest, int64_t all) {
 // A count of `bytes` as (count, datatype) with count fitting an int.
 struct ByteCount {
   ByteUnit unit;
+  const MPI_Datatype& type = unit.type;
   int count = 0;
-  MPI_Datatype type = MPI_BYTE;
-  explicit ByteCount(int64_t bytes) : unit(byte_unit(bytes, bytes)), type(unit.type) {
-    const int64_t u = byte_unit(bytes, bytes);
-    UPIPE_CHECK(bytes / u <= INT_MAX, "message of {} bytes is too large to send", bytes);
-    count = int(bytes / u);
+  explicit ByteCount(int64_t bytes) : unit(byte_unit(bytes, bytes)) {
+    UPIPE_CHECK(bytes / unit.bytes <= INT_MAX, "message of {} bytes is too large to send", bytes);
+    count = int(bytes / unit.bytes);
   }
   MPI_Datatype release() { return unit.release(); }
 };
