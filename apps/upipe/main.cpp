@@ -26,6 +26,7 @@
 #include "core/spelling.h"
 #include "core/stop_signal.h"
 #include "core/watchdog.h"
+#include "train/run_config.h"
 
 namespace {
 
@@ -153,7 +154,10 @@ int main(int argc, char** argv) {
   // given to CLI11 as `--key ""`: it refuses the first spelling ("1 required missing").
   // A switch followed by a truth value (`--offload-stash 1`, `--overlap false`, `--resume yes`)
   // is given as `--offload-stash=1`: CLI11 took the value for train's run file or left it apart.
+  // A switch with nothing after its '=' (`--overlap=`, `--json=`) is refused: CLI11 reads an
+  // empty value as the switch on, which `--overlap=$UNSET_VAR` did not say.
   std::vector<std::string> split;
+  std::string empty_switch;        // the first switch typed `--name=`
   const CLI::App* command = &cli;  // the deepest command the words typed so far name
   for (int i = 0; i < argc; ++i) {
     const std::string_view w = argv[i];
@@ -162,6 +166,8 @@ int main(int argc, char** argv) {
       for (const CLI::App* sub :
            command->get_subcommands([&](const CLI::App* a) { return a->get_name() == w; }))
         command = sub;
+    if (empty_value && empty_switch.empty() && is_switch(*command, w.substr(0, w.size() - 1)))
+      empty_switch = w.substr(0, w.size() - 1);
     if (w.starts_with("--") && w.find('=') == std::string_view::npos && i + 1 < argc &&
         is_switch(*command, w) && app::is_truth_value(argv[i + 1])) {
       split.push_back(fmt::format("{}={}", w, argv[i + 1]));
@@ -180,6 +186,7 @@ int main(int argc, char** argv) {
   for (std::string& w : split) args.push_back(w.data());
 
   try {
+    if (!empty_switch.empty()) throw ConfigError(empty_switch_message(empty_switch));
     try {
       cli.parse(int(args.size()), args.data());
     } catch (const CLI::ParseError& e) {

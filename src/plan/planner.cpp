@@ -119,19 +119,22 @@ std::vector<RankClass> every_rank(int ranks) {
 
 std::vector<RankClass> rank_classes(const ModelConfig& m, const PlanRequest& r) {
   check_request(r);
-  // With documents of given lengths each rank's mask and placement are its own: no two ranks are
-  // assumed alike. The worst case (every token a document of its own) cuts every rank's rows
-  // alike, so its classes are the layout's (tested against every rank).
-  if (!r.doc_lens.empty()) return every_rank(r.ranks);
   // The layout the trainer's strategy shards the sequence with: the same on every rank.
   Device dev(meta_device(0, 0, r.backend));
   FakeCommunicator world(0, r.ranks);
   const Trainer tr(dev, world, m, train_options(r));
   const SeqLayout layout = tr.decoder().strategy().layout();
-  std::map<std::vector<int64_t>, size_t> index;  // run lengths -> class
+  // With documents of given lengths each CP rank's mask and placement are its own: no two CP
+  // ranks are assumed alike, but the DP replicas of one CP rank play the same documents (the plan
+  // gives every replica the same sequence). The worst case (every token a document of its own)
+  // cuts every rank's rows alike, so its classes are the layout's. Both tested against every rank.
+  const bool own_documents = !r.doc_lens.empty();
+  std::map<std::vector<int64_t>, size_t> index;  // run lengths, or the CP rank -> class
   std::vector<RankClass> out;
   for (int w = 0; w < r.ranks; ++w) {
-    const auto [it, fresh] = index.emplace(run_lengths(layout, w % tr.cp_size()), out.size());
+    const int c = w % tr.cp_size();
+    const auto [it, fresh] =
+        index.emplace(own_documents ? std::vector<int64_t>{c} : run_lengths(layout, c), out.size());
     if (fresh) out.push_back({w, {}});
     out[it->second].ranks.push_back(w);
   }
@@ -167,6 +170,16 @@ Plan plan_step(const ModelConfig& m, const PlanRequest& r, bool stop_at_budget,
   // A step stopped by the budget does not fit. One that fills the meta device's whole range (no
   // budget of its own) is past what any device holds: said as such, never a plan of 0 bytes.
   auto stopped = [&](int rank, const OutOfMemoryError& e) {
+    // The model's state alone past the range: no shorter sequence fits, more ranks (ZeRO-3
+    // shards it over all) do.
+    const int64_t state = model_state_bytes(m, r);
+    if (!stop_at_budget && state >= MetaAllocator::reserved_bytes())
+      throw ConfigError(fmt::format(
+          "{} does not fit any device on {} ranks: its fp32 weights, gradients and AdamW moments "
+          "alone take {} per rank (ZeRO-3 over {} ranks), past the {} the planner counts per "
+          "rank; plan more ranks or a smaller model",
+          m.source, r.ranks, format_bytes(state), r.ranks,
+          format_bytes(MetaAllocator::reserved_bytes())));
     if (!stop_at_budget)
       throw ConfigError(fmt::format(
           "{} needs more than {} on rank {}, the most the planner counts per rank; no device "

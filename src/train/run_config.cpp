@@ -227,7 +227,8 @@ std::vector<Field> fields(RunConfig& c) {
        &c.comm.timeout,
        kRunning,
        ResumeRule::kFree,
-       "seconds a collective or step may make no progress before the job is ended; 0 = never",
+       "seconds a collective or step may make no progress before the job is ended (at least 0.1); "
+       "0 = never",
        {{"comm.timeout_s"}}},
   };
 }
@@ -503,14 +504,27 @@ Match find_flag(std::vector<Field>& fs, const std::string& name, uint32_t scopes
 
 }  // namespace
 
+std::string empty_switch_message(std::string_view flag) {
+  return fmt::format(
+      "{}= has no value: write {} alone (on), or {}=VALUE with true/false (1, 0, yes, no, on, "
+      "off)",
+      flag, flag, flag);
+}
+
 int64_t parse_bytes(const std::string& s, std::string_view key, bool allow_zero) {
   const std::string example = "write e.g. 80G, 512M or 1048576";
   const std::string name(key);
   size_t i = 0;
   while (i < s.size() && (std::isdigit(static_cast<unsigned char>(s[i])) || s[i] == '.')) ++i;
+  const std::string_view number(s.data(), i);
+  const bool whole = number.find('.') == std::string_view::npos;
+  // A whole number is read exactly (a double rounds past 2^53 bytes); a fraction through a double.
+  uint64_t n = 0;
   double v = 0;
-  const auto [end, ec] = std::from_chars(s.data(), s.data() + i, v);
-  if (i == 0 || ec != std::errc() || end != s.data() + i)
+  const auto [end, ec] = whole ? std::from_chars(number.data(), number.data() + i, n)
+                               : std::from_chars(number.data(), number.data() + i, v);
+  const bool too_many_digits = whole && ec == std::errc::result_out_of_range;
+  if (i == 0 || (ec != std::errc() && !too_many_digits) || end != number.data() + i)
     throw ConfigError(fmt::format("{}: cannot read '{}' as a byte size; {}", name, s, example));
   std::string unit = s.substr(i);
   for (char& ch : unit) ch = char(std::tolower(static_cast<unsigned char>(ch)));
@@ -527,14 +541,19 @@ int64_t parse_bytes(const std::string& s, std::string_view key, bool allow_zero)
     shift = 40;
   else
     throw ConfigError(fmt::format("{}: unknown size unit in '{}'; use K, M, G or T", name, s));
+  const std::string too_large =
+      fmt::format("{}: '{}' is more than 1048576T (1 EiB); give a smaller size", name, s);
+  const std::string too_small =
+      fmt::format("{}: '{}' is less than one byte; give a positive size, {}", name, s, example);
+  if (whole) {
+    if (too_many_digits || n > (uint64_t(kMaxMemoryBytes) >> shift)) throw ConfigError(too_large);
+    if (n == 0 && !allow_zero) throw ConfigError(too_small);
+    return int64_t(n << shift);
+  }
   const double bytes = std::ldexp(v, shift);
   if (allow_zero && bytes == 0) return 0;
-  if (!(bytes >= 1))
-    throw ConfigError(
-        fmt::format("{}: '{}' is less than one byte; give a positive size, {}", name, s, example));
-  if (bytes > double(kMaxMemoryBytes))
-    throw ConfigError(
-        fmt::format("{}: '{}' is more than 1048576T (1 EiB); give a smaller size", name, s));
+  if (!(bytes >= 1)) throw ConfigError(too_small);
+  if (bytes > double(kMaxMemoryBytes)) throw ConfigError(too_large);
   // A fraction of a unit is what it says (1.5G, floored to whole bytes); a fraction of a byte is
   // a unit left out (2.7 read as 2 B before).
   if (shift == 0 && bytes != std::floor(bytes))
@@ -685,6 +704,9 @@ void apply_overrides(RunConfig& c, std::span<const std::string> args, uint32_t s
       value = "true";
       if (i + 1 < args.size() && one_of(args[i + 1], {"true", "false", "1", "0"}))
         value = args[++i];
+      // `--name=` (given here as `--name ""`): an empty value, not the switch on.
+      else if (i + 1 < args.size() && args[i + 1].empty())
+        throw ConfigError(empty_switch_message(name));
     } else if (i + 1 < args.size()) {
       value = args[++i];
     } else {
@@ -802,10 +824,12 @@ void validate(const RunConfig& c, uint32_t scopes) {
   if (!one_of(c.metrics.progress, {"auto", "bar", "lines"}))
     bad("metrics.progress",
         fmt::format("'{}' is unknown; choose auto, bar or lines", c.metrics.progress));
-  if (!(c.comm.timeout >= 0) || !std::isfinite(c.comm.timeout) || c.comm.timeout > 1e7)
+  // Below a tenth of a second the watchdog would end a job between two polls of a healthy
+  // collective (and poll in a busy loop): 0 turns it off instead.
+  if (!(c.comm.timeout == 0 || (c.comm.timeout >= kMinTimeoutS && c.comm.timeout <= 1e7)))
     bad("comm.timeout",
-        fmt::format("must be a number of seconds in [0, 1e7] (0 = no watchdog), got {}",
-                    c.comm.timeout));
+        fmt::format("must be 0 (no watchdog) or a number of seconds in [{}, 1e7], got {}",
+                    kMinTimeoutS, c.comm.timeout));
 }
 
 RunConfig read_run_file(const std::string& path, SettingSources* sources) {

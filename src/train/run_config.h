@@ -41,6 +41,7 @@ enum SettingScope : uint32_t {
 
 inline constexpr int64_t kMaxSeqLen = int64_t(1) << 40;
 inline constexpr int64_t kMaxMemoryBytes = int64_t(1) << 60;  // 1 EiB
+inline constexpr double kMinTimeoutS = 0.1;  // comm.timeout: 0 (off) or at least this
 
 struct RunConfig {
   struct Model {
@@ -196,6 +197,8 @@ SettingSpeller setting_speller(const SettingSources& sources);
 // "80G", "512MiB", "1.5g", "4096" -> bytes in [1, kMaxMemoryBytes] (or 0, "0G", with allow_zero);
 // ConfigError naming `key`.
 int64_t parse_bytes(const std::string& s, std::string_view key, bool allow_zero = false);
+// The refusal of a switch typed with an empty value (`--overlap=`): CLI11 read it as on.
+std::string empty_switch_message(std::string_view flag);
 // The shortest exact text parse_bytes reads back: "80G", "1536M", "4097".
 std::string bytes_text(int64_t bytes);
 

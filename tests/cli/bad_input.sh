@@ -52,6 +52,12 @@ run_case "--random-weights: 'sure' is not true or false (or 1, 0, yes, no, on, o
 # So do the command switches (--json=2 printed JSON, --json=-1 the table).
 run_case "--json: '2' is not true or false" plan --ranks 2 --device-memory 4G --json=2
 run_case "--resume: 'maybe' is not true or false" train --resume=maybe
+# A switch with an empty value (`--overlap=$UNSET`) was read as on, or as an unexpected ''.
+run_case "--overlap= has no value: write --overlap alone (on), or --overlap=VALUE" check --overlap=
+run_case "--offload-stash= has no value" train --offload-stash= --steps=1
+run_case "--json= has no value" plan --ranks 2 --device-memory 4G --json=
+# A timeout below a tenth of a second fired at once (1e-320 polled in a busy loop).
+run_case "--timeout must be 0 (no watchdog) or a number of seconds in [0.1, 1e7], got 1e-320" check --timeout 1e-320
 # Optimizer numbers a float does not hold (eps 1e-46 became 0 in the kernel: a NaN step).
 run_case "--eps must be a number > 0 that a float holds (>= 1.4e-45), got 1e-46" train --eps=1e-46
 run_case "--lr must be a number >= 0 that a float holds, got 1e+300" train --lr=1e300

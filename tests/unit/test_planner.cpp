@@ -283,6 +283,22 @@ TEST(Planner, ImpossibleInputsAreOneLine) {
       [&] { plan_step(m, r); },
       {"--seq-len 268435456 needs more than 16384.00 GiB on rank 0", "plan a shorter --seq-len"});
   EXPECT_FALSE(plan_step(m, r, /*stop_at_budget=*/true).fits);
+  // A model whose state alone is past the range: no shorter S helps, more ranks do (it said
+  // "plan a shorter --seq-len").
+  ModelConfig big = m;
+  big.vocab_size = (int64_t(1) << 31) - 1;
+  big.hidden_size = 65536;
+  big.tie_word_embeddings = false;
+  r.ranks = 1;
+  r.decoder.seq_len = 4096;
+  r.device_bytes = int64_t(1) << 60;  // 1 EiB: check_model_fits passes
+  const std::string state = format_bytes(model_state_bytes(big, r));
+  expect_config_error([&] { plan_step(big, r); },
+                      {"does not fit any device on 1 ranks: its fp32 weights, gradients and AdamW "
+                       "moments alone take " +
+                       state +
+                       " per rank (ZeRO-3 over 1 ranks), past the 16384.00 GiB the "
+                       "planner counts per rank; plan more ranks or a smaller model"});
 }
 
 // A model whose shapes can split rank classes: K = 4 KV heads (replicated on 8 and 16 ranks), 16
@@ -393,6 +409,28 @@ TEST(Planner, RankClassesPlanExactlyLikeEveryRank) {
   }
   RecordProperty("compared", compared);
   EXPECT_GT(compared, 200);
+}
+
+// Given document lengths: one class per CP rank, its DP replicas in it (they play the same
+// documents), each class's plan the every-rank plan, budgets at and just below the peaks too.
+TEST(Planner, DocLensClassesAreTheCpRanks) {
+  const ModelConfig m = odd_model(false);
+  for (const char* method : {"upipe", "ring", "usp", "fpdt", "ulysses"}) {
+    PlanRequest r = tiny_request(method, int64_t(1) << 40);
+    r.ranks = 8;
+    r.cp_size = 4;
+    r.decoder.seq_len = 2048;
+    r.decoder.memory.tile_tokens = 48;
+    r.doc_lens = {700, 24, 1000, 300, 24};  // boundaries inside different ranks' rows
+    const std::string what = fmt::format("{} on CP 4 x DP 2 with --doc-lens", method);
+    EXPECT_EQ(compare_classes_with_every_rank(m, r, what), 4) << what;
+    const std::vector<RankClass> c = rank_classes(m, r);
+    ASSERT_EQ(c.size(), 4u) << what;
+    for (int k = 0; k < 4; ++k) {
+      EXPECT_EQ(c[size_t(k)].first, k) << what;
+      EXPECT_EQ(c[size_t(k)].ranks, (std::vector<int>{k, k + 4})) << what;
+    }
+  }
 }
 
 TEST(Planner, RankClassesSplitWhereRunsDiffer) {

@@ -325,7 +325,10 @@ TEST(RunConfig, ValidationNamesTheSetting) {
       {"--checkpoint-keep=0", ">= 1"},
       {"--log-interval=0", ">= 1"},
       {"--progress=fancy", "choose auto, bar or lines"},
-      {"--timeout=-1", "[0, 1e7]"},
+      {"--timeout=-1", "0 (no watchdog) or a number of seconds in [0.1, 1e7]"},
+      {"--timeout=1e-320", "[0.1, 1e7]"},  // the watchdog fired at once, polling in a busy loop
+      {"--timeout=0.05", "[0.1, 1e7]"},
+      {"--timeout=1e8", "[0.1, 1e7]"},
       {"--residual-dtype=bf16", "needs --dtype bf16"},
   };
   for (const Case& k : cases) {
@@ -428,6 +431,28 @@ TEST(RunConfig, SizesReadAndPrint) {
   expect_config_error([] { parse_bytes("1.5b", "x"); }, {"not a whole number of bytes"});
   EXPECT_EQ(parse_bytes("0.3K", "x"), 307);
   EXPECT_EQ(parse_bytes("79.1G", "x"), int64_t(std::floor(79.1 * double(int64_t(1) << 30))));
+  // Whole numbers are exact past 2^53 (a double read 2^60 - 1 as 2^60), up to 1 EiB.
+  EXPECT_EQ(parse_bytes("1152921504606846975", "x"), (int64_t(1) << 60) - 1);
+  EXPECT_EQ(parse_bytes("9007199254740993", "x"), (int64_t(1) << 53) + 1);
+  EXPECT_EQ(parse_bytes("1048576T", "x"), int64_t(1) << 60);
+  EXPECT_EQ(parse_bytes("0", "x", true), 0);
+  for (const char* big : {"1152921504606846977", "1048577T", "99999999999999999999999", "1.1e9"})
+    expect_config_error([&] { parse_bytes(big, "x"); },
+                        {std::string(big).find('e') == std::string::npos ? "more than 1048576T"
+                                                                         : "unknown size unit"});
+  expect_config_error([] { parse_bytes("0", "x"); }, {"less than one byte"});
+  expect_config_error([] { parse_bytes("1..5G", "x"); }, {"cannot read"});
+}
+
+// A bool setting typed `--name=` reaches the settings as `--name ""`: refused, not read as on.
+TEST(RunConfig, EmptySwitchValueIsRefused) {
+  expect_config_error(
+      [] {
+        load_run_config("", args({"--offload-stash", ""}));
+      },
+      {"--offload-stash= has no value: write --offload-stash alone (on)"});
+  EXPECT_TRUE(load_run_config("", args({"--offload-stash"})).memory.policy.offload_stash);
+  EXPECT_FALSE(load_run_config("", args({"--offload-stash", "0"})).memory.policy.offload_stash);
 }
 
 // A run records its paths absolute (its checkpoint resumes and exports from anywhere): relative
