@@ -6,6 +6,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstring>
 #include <numeric>
 #include <stdexcept>
@@ -14,7 +15,9 @@
 #include <vector>
 
 #include "comm/fake/fake_comm.h"
+#include "comm/mpi/mpi_comm.h"
 #include "core/check.h"
+#include "core/dtype.h"
 #include "core/errors.h"
 #include "multirank/comm_checks.h"
 #include "multirank/mpi_test_main.h"
@@ -177,6 +180,102 @@ TEST(Comm, AllToAllvDisplacementsPastTwoGiB) {
   }
   munmap(send, span);
   munmap(recv, span);
+}
+
+// Reductions and all-gathers past MPI's int counts run in pieces (a ZeRO-3 shard past 2^31
+// elements ended the job in a CHECK). The limit lowered to 3 runs the pieces on small buffers:
+// every result equals the one-call result bitwise and the predicted values, blocking and not,
+// with a count the limit divides (6: two pieces), one it does not (7: 3 + 3 + 1) and one piece.
+TEST(Comm, ReductionsAndGathersPastTheIntCountsRunInPieces) {
+  Communicator& w = world();
+  const int n = w.size(), r = w.rank();
+  struct Limit {
+    explicit Limit(int64_t k) { set_mpi_piece_limit_for_testing(k); }
+    ~Limit() { set_mpi_piece_limit_for_testing(INT_MAX); }
+  };
+  // Element i of rank q: (q + 1) * (i % 5); sums up to 36 * 4 and maxima are exact in bf16.
+  auto value = [](int q, int64_t i) { return float((q + 1) * int(i % 5)); };
+  auto encode = [](const std::vector<float>& v, DType t) {
+    std::vector<uint8_t> out(v.size() * size_t(dtype_size(t)));
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (t == DType::kF32) {
+        std::memcpy(out.data() + 4 * i, &v[i], 4);
+      } else {
+        const uint16_t h = f32_to_bf16(v[i]);
+        std::memcpy(out.data() + 2 * i, &h, 2);
+      }
+    }
+    return out;
+  };
+  for (const int64_t per : {int64_t(7), int64_t(6), int64_t(2)}) {
+    const size_t up = size_t(per), un = size_t(n);
+    std::vector<float> mine(un * up), block(up);
+    for (size_t i = 0; i < mine.size(); ++i) mine[i] = value(r, int64_t(i));
+    for (size_t k = 0; k < up; ++k) block[k] = value(r, int64_t(k));
+    // The one-call results, then the pieces.
+    struct Results {
+      std::vector<uint8_t> scatter, iscatter, reduce, ireduce;
+    };
+    std::vector<int32_t> gather_one(un * up), gather_pieces(un * up, -1), igather(un * up, -2);
+    std::vector<int32_t> gsend(up);
+    for (size_t k = 0; k < up; ++k) gsend[k] = int32_t(r * 1000 + int(k));
+    for (DType t : {DType::kF32, DType::kBF16})
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax}) {
+        const std::string what = fmt::format("{} elements per rank, {} {}", per, dtype_name(t),
+                                             op == ReduceOp::kSum ? "sum" : "max");
+        const std::vector<uint8_t> send = encode(mine, t);
+        auto run = [&] {
+          Results x;
+          x.scatter.assign(up * size_t(dtype_size(t)), 0xAA);
+          x.iscatter.assign(x.scatter.size(), 0x55);
+          x.reduce = encode(block, t);
+          x.ireduce = x.reduce;
+          w.reduce_scatter(send.data(), x.scatter.data(), per, t, op);
+          w.ireduce_scatter(send.data(), x.iscatter.data(), per, t, op)->wait();
+          w.all_reduce(x.reduce.data(), per, t, op);
+          w.iall_reduce(x.ireduce.data(), per, t, op)->wait();
+          return x;
+        };
+        const Results one = run();
+        Results pieces;
+        {
+          const Limit limit(3);
+          pieces = run();
+        }
+        EXPECT_EQ(pieces.scatter, one.scatter) << what;
+        EXPECT_EQ(pieces.iscatter, one.scatter) << what;
+        EXPECT_EQ(pieces.reduce, one.reduce) << what;
+        EXPECT_EQ(pieces.ireduce, one.reduce) << what;
+        // The predicted values: element i of the sum over ranks is n(n+1)/2 (i % 5), of the
+        // maximum n (i % 5).
+        const float ranks_sum = float(n * (n + 1) / 2);
+        const std::vector<float> want_scatter = [&] {
+          std::vector<float> v(up);
+          for (size_t k = 0; k < up; ++k) {
+            const float base = float((int64_t(r) * per + int64_t(k)) % 5);
+            v[k] = op == ReduceOp::kSum ? ranks_sum * base : float(n) * base;
+          }
+          return v;
+        }();
+        std::vector<float> want_reduce(up);
+        for (size_t k = 0; k < up; ++k)
+          want_reduce[k] = (op == ReduceOp::kSum ? ranks_sum : float(n)) * float(int64_t(k) % 5);
+        EXPECT_EQ(pieces.scatter, encode(want_scatter, t)) << what;
+        EXPECT_EQ(pieces.reduce, encode(want_reduce, t)) << what;
+      }
+    w.all_gather(gsend.data(), gather_one.data(), per * 4);
+    {
+      // 4 * per bytes: 28 are 7 units of 4 (> 3: pieces); 24 are 3 of 8 and 8 one (one call).
+      const Limit limit(3);
+      w.all_gather(gsend.data(), gather_pieces.data(), per * 4);
+      w.iall_gather(gsend.data(), igather.data(), per * 4)->wait();
+    }
+    EXPECT_EQ(gather_pieces, gather_one) << per;
+    EXPECT_EQ(igather, gather_one) << per;
+    for (int q = 0; q < n; ++q)
+      for (size_t k = 0; k < up; ++k)
+        EXPECT_EQ(igather[size_t(q) * up + k], q * 1000 + int(k)) << per << " " << q << " " << k;
+  }
 }
 
 // What one rank (or some) found is raised on every rank alike: the lowest failing rank's text and

@@ -67,24 +67,38 @@ struct ByteUnit {
   }
 };
 
-// The unit of bytes for MPI int counts: 1 where `largest` fits an int, else the largest power of
+// The most elements (a reduction) or datatype units (a transfer of bytes) one MPI call carries:
+// MPI counts are ints. Reductions and all-gathers past it run in pieces of at most this many
+// (a ZeRO-3 unit's shard past 2^31 elements ended the job in a CHECK). Tests lower it
+// (set_mpi_piece_limit_for_testing) to run the pieces on small buffers.
+int64_t g_max_count = INT_MAX;
+
+// The unit of bytes for MPI int counts: 1 where `largest` fits a count, else the largest power of
 // two up to 1 MiB dividing `all` (the gcd of the counts), so multi-GiB transfers work.
 int64_t byte_unit(int64_t largest, int64_t all) {
-  if (largest <= INT_MAX) return 1;
+  if (largest <= g_max_count) return 1;
   return all == 0 ? 1 : std::gcd(all, int64_t(1) << 20);
 }
 
-// A count of `bytes` as (count, datatype) with count fitting an int.
+// A count of `bytes` as (count, datatype) with count fitting an int, where it does (fits()).
 struct ByteCount {
   ByteUnit unit;
   const MPI_Datatype& type = unit.type;
   int count = 0;
-  explicit ByteCount(int64_t bytes) : unit(byte_unit(bytes, bytes)) {
-    UPIPE_CHECK(bytes / unit.bytes <= INT_MAX, "message of {} bytes is too large to send", bytes);
-    count = int(bytes / unit.bytes);
+  explicit ByteCount(int64_t bytes, bool may_not_fit = false) : unit(byte_unit(bytes, bytes)) {
+    const bool fits = bytes / unit.bytes <= g_max_count;
+    UPIPE_CHECK(fits || may_not_fit, "message of {} bytes is too large to send", bytes);
+    count = fits ? int(bytes / unit.bytes) : -1;
   }
+  bool fits() const { return count >= 0; }
   MPI_Datatype release() { return unit.release(); }
 };
+
+// Calls f(a, k) for the pieces [a, a + k) of n, each at most g_max_count long.
+template <class F>
+void for_each_piece(int64_t n, F&& f) {
+  for (int64_t a = 0; a < n; a += g_max_count) f(a, int(std::min(g_max_count, n - a)));
+}
 
 int to_int(int64_t v, const char* what) {
   UPIPE_CHECK(v >= 0 && v <= INT_MAX, "{} = {} does not fit an MPI int count", what, v);
@@ -111,8 +125,10 @@ std::pair<MPI_Datatype, MPI_Op> reduce_type(DType t, ReduceOp op) {
   return {MPI_UINT16_T, op == ReduceOp::kSum ? g_bf16_sum : g_bf16_max};
 }
 
-// Up to two requests and the large-message datatypes they use; the datatypes are freed only
-// once the requests complete.
+}  // namespace
+
+// The requests of one call (one, two for a send/recv pair, one per piece past the int counts)
+// and the datatypes they use; the datatypes are freed only once the requests complete.
 class MpiWork final : public Work {
  public:
   explicit MpiWork(CommOp op) : op_(op) {}
@@ -120,38 +136,37 @@ class MpiWork final : public Work {
   MpiWork& operator=(const MpiWork&) = delete;
   ~MpiWork() override { wait(); }
   void wait() override {
-    if (n_ > 0) {
+    if (!reqs_.empty()) {
       WatchdogOp scope(comm_op_name(op_));
-      MPI_CHECK(MPI_Waitall(n_, reqs_, MPI_STATUSES_IGNORE));
+      MPI_CHECK(MPI_Waitall(int(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE));
     }
-    n_ = 0;
-    for (MPI_Datatype& t : types_)
-      if (t != MPI_DATATYPE_NULL) MPI_CHECK(MPI_Type_free(&t));
+    reqs_.clear();
+    for (MPI_Datatype& t : types_) MPI_CHECK(MPI_Type_free(&t));
+    types_.clear();
   }
-  MPI_Request* add() {
-    UPIPE_CHECK(n_ < kMaxRequests, "MpiWork holds at most {} requests", kMaxRequests);
-    return &reqs_[n_++];
-  }
-  void keep(ByteCount& c) {
-    for (MPI_Datatype& t : types_)
-      if (t == MPI_DATATYPE_NULL) {
-        t = c.release();
-        return;
-      }
-    UPIPE_CHECK(false, "MpiWork keeps at most {} datatypes", kMaxRequests);
+  // A slot for the next request (written by the MPI_I* call it is given to).
+  MPI_Request* add() { return &reqs_.emplace_back(MPI_REQUEST_NULL); }
+  void keep(ByteCount& c) { keep(c.release()); }
+  void keep(MPI_Datatype t) {
+    if (t != MPI_DATATYPE_NULL) types_.push_back(t);
   }
 
  private:
-  static constexpr int kMaxRequests = 2;
-  MPI_Request reqs_[kMaxRequests];
-  MPI_Datatype types_[kMaxRequests] = {MPI_DATATYPE_NULL, MPI_DATATYPE_NULL};
-  int n_ = 0;
+  std::vector<MPI_Request> reqs_;
+  std::vector<MPI_Datatype> types_;
   CommOp op_;  // names the wait for the watchdog
 };
+
+namespace {
 
 constexpr int kP2pTag = 17;
 
 }  // namespace
+
+void set_mpi_piece_limit_for_testing(int64_t max_count) {
+  UPIPE_CHECK(max_count >= 1 && max_count <= INT_MAX, "piece limit {} not in [1, 2^31)", max_count);
+  g_max_count = max_count;
+}
 
 MpiRuntime::MpiRuntime(int* argc, char*** argv) {
   end_with_launcher();  // first: the launcher that started this rank is alive now
@@ -251,14 +266,66 @@ void MpiCommunicator::all_to_allv(const void* send, const int64_t* send_bytes,
 void MpiCommunicator::all_gather(const void* send, void* recv, int64_t bytes_per_rank) {
   record(CommOp::kAllGather, bytes_per_rank * (size_ - 1));
   WatchdogOp scope(comm_op_name(CommOp::kAllGather));
-  ByteCount c(bytes_per_rank);
-  MPI_CHECK(MPI_Allgather(send, c.count, c.type, recv, c.count, c.type, comm_));
+  ByteCount c(bytes_per_rank, /*may_not_fit=*/true);
+  if (c.fits()) {
+    MPI_CHECK(MPI_Allgather(send, c.count, c.type, recv, c.count, c.type, comm_));
+    return;
+  }
+  MpiWork w(CommOp::kAllGather);
+  gather_pieces(send, recv, bytes_per_rank, w);
+  w.wait();
+}
+
+// Past the int counts: piece [a, a + k) of every rank's block, received at a in each block by a
+// datatype of k bytes whose extent is the block.
+void MpiCommunicator::gather_pieces(const void* send, void* recv, int64_t bytes_per_rank,
+                                    MpiWork& w) {
+  for_each_piece(bytes_per_rank, [&](int64_t a, int k) {
+    MPI_Datatype piece = MPI_DATATYPE_NULL, strided = MPI_DATATYPE_NULL;
+    MPI_CHECK(MPI_Type_contiguous(k, MPI_BYTE, &piece));
+    MPI_CHECK(MPI_Type_create_resized(piece, 0, MPI_Aint(bytes_per_rank), &strided));
+    MPI_CHECK(MPI_Type_free(&piece));
+    MPI_CHECK(MPI_Type_commit(&strided));
+    w.keep(strided);
+    MPI_CHECK(MPI_Iallgather(static_cast<const char*>(send) + a, k, MPI_BYTE,
+                             static_cast<char*>(recv) + a, 1, strided, comm_, w.add()));
+  });
+}
+
+// Past the int counts: each rank's block reduced to it in pieces (a reduction's builtin operation
+// takes no strided datatype, so no piece can be one reduce-scatter).
+void MpiCommunicator::reduce_scatter_pieces(const void* send, void* recv, int64_t count, DType t,
+                                            ReduceOp op, MpiWork& w) {
+  const auto [type, mop] = reduce_type(t, op);
+  const int64_t es = dtype_size(t);
+  for (int root = 0; root < size_; ++root)
+    for_each_piece(count, [&](int64_t a, int k) {
+      const char* from = static_cast<const char*>(send) + (int64_t(root) * count + a) * es;
+      void* to = root == rank_ ? static_cast<char*>(recv) + a * es : nullptr;
+      MPI_CHECK(MPI_Ireduce(from, to, k, type, mop, root, comm_, w.add()));
+    });
+}
+
+void MpiCommunicator::all_reduce_pieces(void* buf, int64_t count, DType t, ReduceOp op,
+                                        MpiWork& w) {
+  const auto [type, mop] = reduce_type(t, op);
+  const int64_t es = dtype_size(t);
+  for_each_piece(count, [&](int64_t a, int k) {
+    MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, static_cast<char*>(buf) + a * es, k, type, mop, comm_,
+                             w.add()));
+  });
 }
 
 void MpiCommunicator::reduce_scatter(const void* send, void* recv, int64_t count, DType t,
                                      ReduceOp op) {
   record(CommOp::kReduceScatter, count * dtype_size(t) * (size_ - 1));
   WatchdogOp scope(comm_op_name(CommOp::kReduceScatter));
+  if (count > g_max_count) {
+    MpiWork w(CommOp::kReduceScatter);
+    reduce_scatter_pieces(send, recv, count, t, op, w);
+    w.wait();
+    return;
+  }
   auto [type, mop] = reduce_type(t, op);
   MPI_CHECK(MPI_Reduce_scatter_block(send, recv, to_int(count, "reduce_scatter count"), type, mop,
                                      comm_));
@@ -268,6 +335,12 @@ void MpiCommunicator::all_reduce(void* buf, int64_t count, DType t, ReduceOp op)
   const int64_t bytes = count * dtype_size(t);
   record(CommOp::kAllReduce, size_ > 1 ? 2 * bytes * (size_ - 1) / size_ : 0);
   WatchdogOp scope(comm_op_name(CommOp::kAllReduce));
+  if (count > g_max_count) {
+    MpiWork w(CommOp::kAllReduce);
+    all_reduce_pieces(buf, count, t, op, w);
+    w.wait();
+    return;
+  }
   auto [type, mop] = reduce_type(t, op);
   MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, to_int(count, "all_reduce count"), type, mop, comm_));
 }
@@ -306,7 +379,11 @@ std::unique_ptr<Work> MpiCommunicator::iall_gather(const void* send, void* recv,
   record(CommOp::kAllGather, bytes_per_rank * (size_ - 1));
   WatchdogOp scope(comm_op_name(CommOp::kAllGather));
   auto w = std::make_unique<MpiWork>(CommOp::kAllGather);
-  ByteCount c(bytes_per_rank);
+  ByteCount c(bytes_per_rank, /*may_not_fit=*/true);
+  if (!c.fits()) {
+    gather_pieces(send, recv, bytes_per_rank, *w);
+    return w;
+  }
   MPI_CHECK(MPI_Iallgather(send, c.count, c.type, recv, c.count, c.type, comm_, w->add()));
   w->keep(c);
   return w;
@@ -316,8 +393,12 @@ std::unique_ptr<Work> MpiCommunicator::ireduce_scatter(const void* send, void* r
                                                        DType t, ReduceOp op) {
   record(CommOp::kReduceScatter, count * dtype_size(t) * (size_ - 1));
   WatchdogOp scope(comm_op_name(CommOp::kReduceScatter));
-  auto [type, mop] = reduce_type(t, op);
   auto w = std::make_unique<MpiWork>(CommOp::kReduceScatter);
+  if (count > g_max_count) {
+    reduce_scatter_pieces(send, recv, count, t, op, *w);
+    return w;
+  }
+  auto [type, mop] = reduce_type(t, op);
   MPI_CHECK(MPI_Ireduce_scatter_block(send, recv, to_int(count, "reduce_scatter count"), type, mop,
                                       comm_, w->add()));
   return w;
@@ -327,8 +408,12 @@ std::unique_ptr<Work> MpiCommunicator::iall_reduce(void* buf, int64_t count, DTy
   const int64_t bytes = count * dtype_size(t);
   record(CommOp::kAllReduce, size_ > 1 ? 2 * bytes * (size_ - 1) / size_ : 0);
   WatchdogOp scope(comm_op_name(CommOp::kAllReduce));
-  auto [type, mop] = reduce_type(t, op);
   auto w = std::make_unique<MpiWork>(CommOp::kAllReduce);
+  if (count > g_max_count) {
+    all_reduce_pieces(buf, count, t, op, *w);
+    return w;
+  }
+  auto [type, mop] = reduce_type(t, op);
   MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf, to_int(count, "all_reduce count"), type, mop, comm_,
                            w->add()));
   return w;

@@ -2,7 +2,9 @@
 // fatal handler (MPI_Abort, so a failure on one rank ends the job instead of hanging the
 // others) and hands out the world communicator. Every MPI return code is checked. Blocking
 // collectives call MPI's blocking forms; the i* forms call MPI_I* and return a Work that owns
-// the request(s) and any large-message datatype until they complete. Every call and every
+// the request(s) and any large-message datatype until they complete. MPI counts are ints: byte
+// transfers past them go in a larger unit datatype; reductions and all-gathers past them in
+// pieces (a reduce-scatter as one reduce per rank's block and piece). Every call and every
 // Work::wait runs inside a WatchdogOp naming its collective (core/watchdog.h), so a started
 // watchdog ends the job when one of them makes no progress.
 #pragma once
@@ -41,6 +43,12 @@ class MpiRuntime {
 
 inline constexpr double kFailAgreeSeconds = 2.0;
 
+// Tests only: reductions and all-gathers of more than `max_count` elements (bytes: units) run in
+// pieces of at most that many, as past 2^31 - 1 (the default and the most an MPI int count holds).
+void set_mpi_piece_limit_for_testing(int64_t max_count);
+
+class MpiWork;
+
 class MpiCommunicator final : public Communicator {
  public:
   explicit MpiCommunicator(MPI_Comm comm, bool owned);
@@ -69,6 +77,11 @@ class MpiCommunicator final : public Communicator {
   MPI_Comm handle() const { return comm_; }
 
  private:
+  void gather_pieces(const void* send, void* recv, int64_t bytes_per_rank, MpiWork& w);
+  void reduce_scatter_pieces(const void* send, void* recv, int64_t count, DType t, ReduceOp op,
+                             MpiWork& w);
+  void all_reduce_pieces(void* buf, int64_t count, DType t, ReduceOp op, MpiWork& w);
+
   MPI_Comm comm_;
   bool owned_;
   int rank_ = 0, size_ = 1;
