@@ -4,7 +4,8 @@
 #   fixture_loss_bin  the same tokens as an llm.c .bin give the same loss
 #   tokenize_then_eval `upipe tokenize` (one process) writes a .bin that eval reads
 #   loss_only         --loss-only (the forward alone) gives the same loss; --windows the mean
-#                     loss and perplexity over every S-token window; a training checkpoint as
+#                     loss and perplexity over every S-token window (the mean of the windows'
+#                     losses, each window evaluated as a file of its own); a training checkpoint as
 #                     --model is refused with the export command
 #   save_grads_FIX    --save-grads: every tensor of the fixture's fp64 gradients, same names and
 #                     shapes, within the fp32 rule, and the norms of --json (check_grads.py)
@@ -50,6 +51,32 @@ loss_only)
     --method upipe --windows --seq-len 128
   eval_expect "perplexity" --model "$fix/llama" --tokens "$fix/llama/tokens.npy" --method upipe \
     --windows --seq-len 128
+  # The windows' loss is the mean of the four windows' losses, each evaluated as a file of its own.
+  /usr/bin/python3 - "$here" "$fix/llama/tokens.npy" "$tmp" <<'PY' || fail "cutting the windows"
+import struct, sys
+sys.path.insert(0, sys.argv[1])
+from npy_to_bin import read_npy
+ids = read_npy(sys.argv[2])
+for w in range(4):
+    part = ids[128 * w:128 * (w + 1)]
+    with open(f"{sys.argv[3]}/w{w}.bin", "wb") as f:
+        f.write(struct.pack("<256i", *([20240520, 1, len(part)] + [0] * 253)))
+        f.write(struct.pack(f"<{len(part)}H", *part))
+PY
+  for f in "$fix/llama/tokens.npy" "$tmp"/w0.bin "$tmp"/w1.bin "$tmp"/w2.bin "$tmp"/w3.bin; do
+    windows=; [ "$f" = "$fix/llama/tokens.npy" ] && windows=--windows
+    timeout 120 "${mpirun[@]}" -np 2 "$upipe" eval --model "$fix/llama" --tokens "$f" --method upipe \
+      $windows --seq-len 128 --json > "$tmp/$(basename "$f").json" || fail "eval of $f failed"
+  done
+  /usr/bin/python3 - "$tmp" <<'PY' || fail "the windows' loss is not the mean of the windows"
+import json, sys
+d = sys.argv[1]
+whole = json.load(open(f"{d}/tokens.npy.json"))
+parts = [json.load(open(f"{d}/w{w}.bin.json"))["loss"] for w in range(4)]
+mean = sum(parts) / 4
+print(f"--windows loss {whole['loss']!r}, windows {parts}, their mean {mean!r}")
+assert whole["windows"] == 4 and abs(whole["loss"] - mean) <= 1e-12 * abs(mean), (whole, mean)
+PY
   mkdir -p "$tmp/ck/step_00000001" && echo '{}' > "$tmp/ck/step_00000001/meta.json" && touch "$tmp/ck/step_00000001/DONE"
   out=$(timeout 120 "${mpirun[@]}" -np 2 "$upipe" eval --model "$tmp/ck" --seq-len 64 2>&1); rc=$?
   [ $rc -eq 2 ] && echo "$out" | grep -q "is a training checkpoint, not a Hugging Face model; export it first" ||
