@@ -132,6 +132,12 @@ std::vector<Entry> list_entries(const fs::path& dir) {
 
 }  // namespace
 
+bool is_step_dir_name(const std::string& name) {
+  int64_t step = 0;
+  bool tmp = false;
+  return parse_step_name(name, &step, &tmp);
+}
+
 // A step_N entry of dir that is a symbolic link or no directory (list_entries skips them): refused
 // where checkpoints are looked for. Skipped, a linked newest checkpoint left resume and export on
 // an older one without a word (and a run reaching that step failed there, after its compute).

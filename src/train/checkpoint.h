@@ -91,6 +91,10 @@ void check_one_checkpoint_dir(Communicator& world, const std::string& dir);
 // another newest step than rank 0 (naming both and their hosts).
 std::string newest_checkpoint_everywhere(Communicator& world, const std::string& dir);
 
+// Whether `name` is a checkpoint's directory name in checkpoint.dir: step_<1 to 18 digits>, or
+// the same with .tmp (being written); a run prunes and replaces such directories.
+bool is_step_dir_name(const std::string& name);
+
 // ConfigError when an entry of the checkpoint directory `dir` named step_N is a symbolic link or
 // no directory (resume and export would otherwise skip it for an older checkpoint).
 void refuse_odd_step_entries(const std::string& dir);

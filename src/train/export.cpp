@@ -89,6 +89,20 @@ std::vector<std::string> check_out(const CheckpointReader& reader, const std::st
     throw ConfigError(fmt::format(
         "export: {} is the run's checkpoint directory (it holds {}); choose another directory", out,
         step.filename().string()));
+  // Inside a step directory of this checkpoint directory (another checkpoint, one being written,
+  // or a step to come) or inside any other checkpoint: a run's pruning removes it with that
+  // checkpoint, the exported model with it (or a run refuses to write that step over it).
+  const fs::path out_path = resolved(out);
+  for (fs::path a = out_path; a.has_relative_path(); a = a.parent_path()) {
+    std::error_code ec;
+    const bool checkpoint = fs::exists(a / "meta.json", ec) || fs::exists(a / "run_id", ec);
+    if (is_step_dir_name(a.filename().string()) &&
+        (checkpoint || a.parent_path() == step.parent_path()))
+      throw ConfigError(fmt::format(
+          "export: {} is inside {}, a checkpoint's directory, which a run prunes and replaces; "
+          "choose a directory outside the step_* directories",
+          out, a.string()));
+  }
   for (const auto& [dir, setting] : run_directories(reader))
     if (resolved(out) == resolved(dir))
       throw ConfigError(fmt::format(

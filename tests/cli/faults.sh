@@ -412,6 +412,15 @@ PY
     [ $rc -eq 2 ] || { cat "$tmp/s.out"; fail "export into $o: exit $rc, want 2"; }
     once s "choose another directory"
   done
+  # Nor a folder inside a step directory of it (a step to come, one being written) or inside any
+  # other checkpoint: a run's pruning removed the exported model with that checkpoint.
+  mkdir -p "$tmp/other" && cp -r "$tmp/ck/step_00000004" "$tmp/other/"
+  for o in "$tmp/ck/step_00000099/hf" "$tmp/ck/step_00000099.tmp/hf" "$tmp/other/step_00000004/hf"; do
+    job s 60 export "$tmp/ck/step_00000004/" "$o"
+    [ $rc -eq 2 ] || { cat "$tmp/s.out"; fail "export into $o: exit $rc, want 2"; }
+    once s "a checkpoint's directory, which a run prunes and replaces"
+    [ ! -e "$o" ] || fail "a refused export made $o"
+  done
   (cd "$tmp/ck" && find . -type f -exec sha256sum {} + | sort) > "$tmp/ck_after"
   cmp -s "$tmp/ck_before" "$tmp/ck_after" || fail "an export changed the checkpoint"
   # An interrupted export's staging directory does not make a folder non-empty and goes with the
