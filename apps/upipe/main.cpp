@@ -155,7 +155,9 @@ int main(int argc, char** argv) {
   // A switch followed by a truth value (`--offload-stash 1`, `--overlap false`, `--resume yes`)
   // is given as `--offload-stash=1`: CLI11 took the value for train's run file or left it apart.
   // A switch with nothing after its '=' (`--overlap=`, `--json=`) is refused: CLI11 reads an
-  // empty value as the switch on, which `--overlap=$UNSET_VAR` did not say.
+  // empty value as the switch on, which `--overlap=$UNSET_VAR` did not say. Refused before
+  // CLI11 parses, so `--overlap= --help` is this error too (intended: the line is wrong either
+  // way).
   std::vector<std::string> split;
   std::string empty_switch;        // the first switch typed `--name=`
   const CLI::App* command = &cli;  // the deepest command the words typed so far name

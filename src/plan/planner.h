@@ -100,8 +100,9 @@ struct Plan {
 // its CP rank's rows in the strategy's sequence layout (SeqLayout::positions) could size or count
 // an allocation; the rest (positions, head indices, shard offsets, peers, the DP rank) only
 // selects views, values and peers. docs/planner.md ("Rank classes") goes through each place.
-// Ranks with the same run lengths form a class; with documents (doc_lens) every rank is its own
-// class. Classes come in order of their first rank, ranks ascend within one.
+// Ranks with the same run lengths form a class; with documents (doc_lens) each CP rank is a class
+// with its DP replicas (every replica plays the same documents). Classes come in order of their
+// first rank, ranks ascend within one.
 struct RankClass {
   int first = 0;
   std::vector<int> ranks;

@@ -614,9 +614,12 @@ bool unmarked_leftover(const Entry& e) {
 
 // A step directory some run wrote: it holds the run id every write puts there first, or a
 // checkpoint's meta.json (readable or not).
-bool marked(const Entry& e) {
+bool marked(const fs::path& dir) {
   std::error_code ec;
-  return fs::exists(e.path / "run_id", ec) || fs::exists(e.path / "meta.json", ec);
+  return fs::exists(dir / "run_id", ec) || fs::exists(dir / "meta.json", ec);
+}
+bool marked(const Entry& e) {
+  return marked(e.path);
 }
 
 // A directory named like a checkpoint that no run wrote and that holds something (a user's
@@ -1079,6 +1082,10 @@ void CheckpointReader::read_range(int tensor_index, int64_t first, int64_t count
               numel);
   const int64_t a = l.offsets[i] + first;
   impl_->files.read(int(u), 0, a, a + count, dst);
+}
+
+bool is_checkpoint_step_dir(const fs::path& dir) {
+  return is_step_dir_name(dir.filename().string()) && marked(dir);
 }
 
 }  // namespace upipe

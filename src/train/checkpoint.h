@@ -28,6 +28,7 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -94,6 +95,8 @@ std::string newest_checkpoint_everywhere(Communicator& world, const std::string&
 // Whether `name` is a checkpoint's directory name in checkpoint.dir: step_<1 to 18 digits>, or
 // the same with .tmp (being written); a run prunes and replaces such directories.
 bool is_step_dir_name(const std::string& name);
+// Whether `dir` is such a directory that some run wrote (it holds a run id or a meta.json).
+bool is_checkpoint_step_dir(const std::filesystem::path& dir);
 
 // ConfigError when an entry of the checkpoint directory `dir` named step_N is a symbolic link or
 // no directory (resume and export would otherwise skip it for an older checkpoint).

@@ -82,29 +82,26 @@ std::vector<std::string> check_out(const CheckpointReader& reader, const std::st
                                    bool force) {
   if (out.empty()) throw ConfigError("export: the output directory is empty (\"\")");
   const fs::path step = resolved(reader.info().path);  // ck/step_4/ is ck/step_4
+  const fs::path out_path = resolved(out);
   if (within(out, step))
     throw ConfigError(fmt::format(
         "export: {} is the checkpoint being exported or inside it; choose another directory", out));
-  if (resolved(out) == step.parent_path())
+  if (out_path == step.parent_path())
     throw ConfigError(fmt::format(
         "export: {} is the run's checkpoint directory (it holds {}); choose another directory", out,
         step.filename().string()));
   // Inside a step directory of this checkpoint directory (another checkpoint, one being written,
   // or a step to come) or inside any other checkpoint: a run's pruning removes it with that
   // checkpoint, the exported model with it (or a run refuses to write that step over it).
-  const fs::path out_path = resolved(out);
-  for (fs::path a = out_path; a.has_relative_path(); a = a.parent_path()) {
-    std::error_code ec;
-    const bool checkpoint = fs::exists(a / "meta.json", ec) || fs::exists(a / "run_id", ec);
-    if (is_step_dir_name(a.filename().string()) &&
-        (checkpoint || a.parent_path() == step.parent_path()))
+  for (fs::path a = out_path; a.has_relative_path(); a = a.parent_path())
+    if (is_checkpoint_step_dir(a) ||
+        (a.parent_path() == step.parent_path() && is_step_dir_name(a.filename().string())))
       throw ConfigError(fmt::format(
           "export: {} is inside {}, a checkpoint's directory, which a run prunes and replaces; "
           "choose a directory outside the step_* directories",
           out, a.string()));
-  }
   for (const auto& [dir, setting] : run_directories(reader))
-    if (resolved(out) == resolved(dir))
+    if (out_path == resolved(dir))
       throw ConfigError(fmt::format(
           "export: {} is the run's {} directory, which the run reads; choose another directory",
           out, setting));

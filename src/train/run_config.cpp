@@ -541,19 +541,23 @@ int64_t parse_bytes(const std::string& s, std::string_view key, bool allow_zero)
     shift = 40;
   else
     throw ConfigError(fmt::format("{}: unknown size unit in '{}'; use K, M, G or T", name, s));
-  const std::string too_large =
-      fmt::format("{}: '{}' is more than 1048576T (1 EiB); give a smaller size", name, s);
-  const std::string too_small =
-      fmt::format("{}: '{}' is less than one byte; give a positive size, {}", name, s, example);
+  auto too_large = [&] {
+    return ConfigError(
+        fmt::format("{}: '{}' is more than 1048576T (1 EiB); give a smaller size", name, s));
+  };
+  auto too_small = [&] {
+    return ConfigError(
+        fmt::format("{}: '{}' is less than one byte; give a positive size, {}", name, s, example));
+  };
   if (whole) {
-    if (too_many_digits || n > (uint64_t(kMaxMemoryBytes) >> shift)) throw ConfigError(too_large);
-    if (n == 0 && !allow_zero) throw ConfigError(too_small);
+    if (too_many_digits || n > (uint64_t(kMaxMemoryBytes) >> shift)) throw too_large();
+    if (n == 0 && !allow_zero) throw too_small();
     return int64_t(n << shift);
   }
   const double bytes = std::ldexp(v, shift);
   if (allow_zero && bytes == 0) return 0;
-  if (!(bytes >= 1)) throw ConfigError(too_small);
-  if (bytes > double(kMaxMemoryBytes)) throw ConfigError(too_large);
+  if (!(bytes >= 1)) throw too_small();
+  if (bytes > double(kMaxMemoryBytes)) throw too_large();
   // A fraction of a unit is what it says (1.5G, floored to whole bytes); a fraction of a byte is
   // a unit left out (2.7 read as 2 B before).
   if (shift == 0 && bytes != std::floor(bytes))

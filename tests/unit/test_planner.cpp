@@ -415,22 +415,38 @@ TEST(Planner, RankClassesPlanExactlyLikeEveryRank) {
 // documents), each class's plan the every-rank plan, budgets at and just below the peaks too.
 TEST(Planner, DocLensClassesAreTheCpRanks) {
   const ModelConfig m = odd_model(false);
-  for (const char* method : {"upipe", "ring", "usp", "fpdt", "ulysses"}) {
-    PlanRequest r = tiny_request(method, int64_t(1) << 40);
+  int methods_compared = 0, multi_rank = 0;
+  for (const MethodInfo& mi : methods()) {
+    if (mi.one_rank) continue;
+    ++multi_rank;
+    PlanRequest r = tiny_request(std::string(mi.name), int64_t(1) << 40);
     r.ranks = 8;
     r.cp_size = 4;
     r.decoder.seq_len = 2048;
     r.decoder.memory.tile_tokens = 48;
     r.doc_lens = {700, 24, 1000, 300, 24};  // boundaries inside different ranks' rows
-    const std::string what = fmt::format("{} on CP 4 x DP 2 with --doc-lens", method);
-    EXPECT_EQ(compare_classes_with_every_rank(m, r, what), 4) << what;
-    const std::vector<RankClass> c = rank_classes(m, r);
-    ASSERT_EQ(c.size(), 4u) << what;
-    for (int k = 0; k < 4; ++k) {
-      EXPECT_EQ(c[size_t(k)].first, k) << what;
-      EXPECT_EQ(c[size_t(k)].ranks, (std::vector<int>{k, k + 4})) << what;
+    // The first knob values the method takes (every U, u and N alike: the DP replicas of a CP
+    // rank see the same rows whatever they are).
+    for (const PlanRequest& q : knob_candidates(m, with_auto(r, true, true, true))) {
+      const MethodKnobs& k = q.decoder.knobs;
+      const std::string what = fmt::format("{} U={} u={} N={} on CP 4 x DP 2 with --doc-lens",
+                                           mi.name, k.stage_heads, k.ulysses_degree, k.chunks);
+      const int classes = compare_classes_with_every_rank(m, q, what);
+      if (classes == 0) continue;  // refused: the next knob values
+      EXPECT_EQ(classes, 4) << what;
+      const std::vector<RankClass> c = rank_classes(m, q);
+      ASSERT_EQ(c.size(), 4u) << what;
+      for (int cp = 0; cp < 4; ++cp) {
+        EXPECT_EQ(c[size_t(cp)].first, cp) << what;
+        EXPECT_EQ(c[size_t(cp)].ranks, (std::vector<int>{cp, cp + 4})) << what;
+      }
+      ++methods_compared;
+      break;
     }
   }
+  RecordProperty("methods", methods_compared);
+  EXPECT_GE(multi_rank, 7);  // ulysses, ring, usp, fpdt, upipe, upipe-ring, upipe-fpdt at least
+  EXPECT_EQ(methods_compared, multi_rank) << "every multi-rank method plans these documents";
 }
 
 TEST(Planner, RankClassesSplitWhereRunsDiffer) {

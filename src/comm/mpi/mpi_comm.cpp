@@ -101,7 +101,7 @@ void for_each_piece(int64_t n, F&& f) {
 }
 
 int to_int(int64_t v, const char* what) {
-  UPIPE_CHECK(v >= 0 && v <= INT_MAX, "{} = {} does not fit an MPI int count", what, v);
+  UPIPE_CHECK(v >= 0 && v <= g_max_count, "{} = {} does not fit an MPI int count", what, v);
   return int(v);
 }
 
@@ -125,10 +125,8 @@ std::pair<MPI_Datatype, MPI_Op> reduce_type(DType t, ReduceOp op) {
   return {MPI_UINT16_T, op == ReduceOp::kSum ? g_bf16_sum : g_bf16_max};
 }
 
-}  // namespace
-
-// The requests of one call (one, two for a send/recv pair, one per piece past the int counts)
-// and the datatypes they use; the datatypes are freed only once the requests complete.
+// Up to two requests and the large-message datatypes they use; the datatypes are freed only
+// once the requests complete.
 class MpiWork final : public Work {
  public:
   explicit MpiWork(CommOp op) : op_(op) {}
@@ -136,28 +134,73 @@ class MpiWork final : public Work {
   MpiWork& operator=(const MpiWork&) = delete;
   ~MpiWork() override { wait(); }
   void wait() override {
-    if (!reqs_.empty()) {
+    if (n_ > 0) {
       WatchdogOp scope(comm_op_name(op_));
-      MPI_CHECK(MPI_Waitall(int(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE));
+      MPI_CHECK(MPI_Waitall(n_, reqs_, MPI_STATUSES_IGNORE));
     }
-    reqs_.clear();
-    for (MPI_Datatype& t : types_) MPI_CHECK(MPI_Type_free(&t));
-    types_.clear();
+    n_ = 0;
+    for (MPI_Datatype& t : types_)
+      if (t != MPI_DATATYPE_NULL) MPI_CHECK(MPI_Type_free(&t));
   }
-  // A slot for the next request (written by the MPI_I* call it is given to).
-  MPI_Request* add() { return &reqs_.emplace_back(MPI_REQUEST_NULL); }
-  void keep(ByteCount& c) { keep(c.release()); }
-  void keep(MPI_Datatype t) {
-    if (t != MPI_DATATYPE_NULL) types_.push_back(t);
+  MPI_Request* add() {
+    UPIPE_CHECK(n_ < kMaxRequests, "MpiWork holds at most {} requests", kMaxRequests);
+    return &reqs_[n_++];
+  }
+  void keep(ByteCount& c) {
+    for (MPI_Datatype& t : types_)
+      if (t == MPI_DATATYPE_NULL) {
+        t = c.release();
+        return;
+      }
+    UPIPE_CHECK(false, "MpiWork keeps at most {} datatypes", kMaxRequests);
   }
 
  private:
-  std::vector<MPI_Request> reqs_;
-  std::vector<MPI_Datatype> types_;
+  static constexpr int kMaxRequests = 2;
+  MPI_Request reqs_[kMaxRequests];
+  MPI_Datatype types_[kMaxRequests] = {MPI_DATATYPE_NULL, MPI_DATATYPE_NULL};
+  int n_ = 0;
   CommOp op_;  // names the wait for the watchdog
 };
 
-namespace {
+// Past the int counts, one blocking call per piece (at most one piece's MPI scratch alive; the
+// non-blocking forms run these too and return done: no piece then overlaps other work).
+// all_gather: piece [a, a + k) of every rank's block, received at a in each block by a datatype
+// of k bytes whose extent is the block.
+void gather_pieces(MPI_Comm comm, const void* send, void* recv, int64_t bytes_per_rank) {
+  for_each_piece(bytes_per_rank, [&](int64_t a, int k) {
+    MPI_Datatype piece = MPI_DATATYPE_NULL, strided = MPI_DATATYPE_NULL;
+    MPI_CHECK(MPI_Type_contiguous(k, MPI_BYTE, &piece));
+    MPI_CHECK(MPI_Type_create_resized(piece, 0, MPI_Aint(bytes_per_rank), &strided));
+    MPI_CHECK(MPI_Type_free(&piece));
+    MPI_CHECK(MPI_Type_commit(&strided));
+    MPI_CHECK(MPI_Allgather(static_cast<const char*>(send) + a, k, MPI_BYTE,
+                            static_cast<char*>(recv) + a, 1, strided, comm));
+    MPI_CHECK(MPI_Type_free(&strided));
+  });
+}
+
+// reduce_scatter: each rank's block reduced to it, piece by piece (a builtin reduction takes no
+// strided datatype, so no piece can be one reduce-scatter).
+void reduce_scatter_pieces(MPI_Comm comm, int rank, int size, const void* send, void* recv,
+                           int64_t count, DType t, ReduceOp op) {
+  const auto [type, mop] = reduce_type(t, op);
+  const int64_t es = dtype_size(t);
+  for (int root = 0; root < size; ++root)
+    for_each_piece(count, [&](int64_t a, int k) {
+      const char* from = static_cast<const char*>(send) + (int64_t(root) * count + a) * es;
+      void* to = root == rank ? static_cast<char*>(recv) + a * es : nullptr;
+      MPI_CHECK(MPI_Reduce(from, to, k, type, mop, root, comm));
+    });
+}
+
+void all_reduce_pieces(MPI_Comm comm, void* buf, int64_t count, DType t, ReduceOp op) {
+  const auto [type, mop] = reduce_type(t, op);
+  const int64_t es = dtype_size(t);
+  for_each_piece(count, [&](int64_t a, int k) {
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, static_cast<char*>(buf) + a * es, k, type, mop, comm));
+  });
+}
 
 constexpr int kP2pTag = 17;
 
@@ -271,49 +314,7 @@ void MpiCommunicator::all_gather(const void* send, void* recv, int64_t bytes_per
     MPI_CHECK(MPI_Allgather(send, c.count, c.type, recv, c.count, c.type, comm_));
     return;
   }
-  MpiWork w(CommOp::kAllGather);
-  gather_pieces(send, recv, bytes_per_rank, w);
-  w.wait();
-}
-
-// Past the int counts: piece [a, a + k) of every rank's block, received at a in each block by a
-// datatype of k bytes whose extent is the block.
-void MpiCommunicator::gather_pieces(const void* send, void* recv, int64_t bytes_per_rank,
-                                    MpiWork& w) {
-  for_each_piece(bytes_per_rank, [&](int64_t a, int k) {
-    MPI_Datatype piece = MPI_DATATYPE_NULL, strided = MPI_DATATYPE_NULL;
-    MPI_CHECK(MPI_Type_contiguous(k, MPI_BYTE, &piece));
-    MPI_CHECK(MPI_Type_create_resized(piece, 0, MPI_Aint(bytes_per_rank), &strided));
-    MPI_CHECK(MPI_Type_free(&piece));
-    MPI_CHECK(MPI_Type_commit(&strided));
-    w.keep(strided);
-    MPI_CHECK(MPI_Iallgather(static_cast<const char*>(send) + a, k, MPI_BYTE,
-                             static_cast<char*>(recv) + a, 1, strided, comm_, w.add()));
-  });
-}
-
-// Past the int counts: each rank's block reduced to it in pieces (a reduction's builtin operation
-// takes no strided datatype, so no piece can be one reduce-scatter).
-void MpiCommunicator::reduce_scatter_pieces(const void* send, void* recv, int64_t count, DType t,
-                                            ReduceOp op, MpiWork& w) {
-  const auto [type, mop] = reduce_type(t, op);
-  const int64_t es = dtype_size(t);
-  for (int root = 0; root < size_; ++root)
-    for_each_piece(count, [&](int64_t a, int k) {
-      const char* from = static_cast<const char*>(send) + (int64_t(root) * count + a) * es;
-      void* to = root == rank_ ? static_cast<char*>(recv) + a * es : nullptr;
-      MPI_CHECK(MPI_Ireduce(from, to, k, type, mop, root, comm_, w.add()));
-    });
-}
-
-void MpiCommunicator::all_reduce_pieces(void* buf, int64_t count, DType t, ReduceOp op,
-                                        MpiWork& w) {
-  const auto [type, mop] = reduce_type(t, op);
-  const int64_t es = dtype_size(t);
-  for_each_piece(count, [&](int64_t a, int k) {
-    MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, static_cast<char*>(buf) + a * es, k, type, mop, comm_,
-                             w.add()));
-  });
+  gather_pieces(comm_, send, recv, bytes_per_rank);
 }
 
 void MpiCommunicator::reduce_scatter(const void* send, void* recv, int64_t count, DType t,
@@ -321,9 +322,7 @@ void MpiCommunicator::reduce_scatter(const void* send, void* recv, int64_t count
   record(CommOp::kReduceScatter, count * dtype_size(t) * (size_ - 1));
   WatchdogOp scope(comm_op_name(CommOp::kReduceScatter));
   if (count > g_max_count) {
-    MpiWork w(CommOp::kReduceScatter);
-    reduce_scatter_pieces(send, recv, count, t, op, w);
-    w.wait();
+    reduce_scatter_pieces(comm_, rank_, size_, send, recv, count, t, op);
     return;
   }
   auto [type, mop] = reduce_type(t, op);
@@ -336,9 +335,7 @@ void MpiCommunicator::all_reduce(void* buf, int64_t count, DType t, ReduceOp op)
   record(CommOp::kAllReduce, size_ > 1 ? 2 * bytes * (size_ - 1) / size_ : 0);
   WatchdogOp scope(comm_op_name(CommOp::kAllReduce));
   if (count > g_max_count) {
-    MpiWork w(CommOp::kAllReduce);
-    all_reduce_pieces(buf, count, t, op, w);
-    w.wait();
+    all_reduce_pieces(comm_, buf, count, t, op);
     return;
   }
   auto [type, mop] = reduce_type(t, op);
@@ -381,7 +378,7 @@ std::unique_ptr<Work> MpiCommunicator::iall_gather(const void* send, void* recv,
   auto w = std::make_unique<MpiWork>(CommOp::kAllGather);
   ByteCount c(bytes_per_rank, /*may_not_fit=*/true);
   if (!c.fits()) {
-    gather_pieces(send, recv, bytes_per_rank, *w);
+    gather_pieces(comm_, send, recv, bytes_per_rank);
     return w;
   }
   MPI_CHECK(MPI_Iallgather(send, c.count, c.type, recv, c.count, c.type, comm_, w->add()));
@@ -395,7 +392,7 @@ std::unique_ptr<Work> MpiCommunicator::ireduce_scatter(const void* send, void* r
   WatchdogOp scope(comm_op_name(CommOp::kReduceScatter));
   auto w = std::make_unique<MpiWork>(CommOp::kReduceScatter);
   if (count > g_max_count) {
-    reduce_scatter_pieces(send, recv, count, t, op, *w);
+    reduce_scatter_pieces(comm_, rank_, size_, send, recv, count, t, op);
     return w;
   }
   auto [type, mop] = reduce_type(t, op);
@@ -410,7 +407,7 @@ std::unique_ptr<Work> MpiCommunicator::iall_reduce(void* buf, int64_t count, DTy
   WatchdogOp scope(comm_op_name(CommOp::kAllReduce));
   auto w = std::make_unique<MpiWork>(CommOp::kAllReduce);
   if (count > g_max_count) {
-    all_reduce_pieces(buf, count, t, op, *w);
+    all_reduce_pieces(comm_, buf, count, t, op);
     return w;
   }
   auto [type, mop] = reduce_type(t, op);

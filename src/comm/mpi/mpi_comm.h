@@ -4,7 +4,8 @@
 // collectives call MPI's blocking forms; the i* forms call MPI_I* and return a Work that owns
 // the request(s) and any large-message datatype until they complete. MPI counts are ints: byte
 // transfers past them go in a larger unit datatype; reductions and all-gathers past them in
-// pieces (a reduce-scatter as one reduce per rank's block and piece). Every call and every
+// pieces, one blocking call each (a reduce-scatter as one reduce per rank's block and piece),
+// also from the non-blocking forms, which then return done. Every call and every
 // Work::wait runs inside a WatchdogOp naming its collective (core/watchdog.h), so a started
 // watchdog ends the job when one of them makes no progress.
 #pragma once
@@ -43,11 +44,11 @@ class MpiRuntime {
 
 inline constexpr double kFailAgreeSeconds = 2.0;
 
-// Tests only: reductions and all-gathers of more than `max_count` elements (bytes: units) run in
-// pieces of at most that many, as past 2^31 - 1 (the default and the most an MPI int count holds).
+// Tests only: the most one MPI call's count may be (2^31 - 1 by default, the most an int holds).
+// Reductions of more elements run in pieces of at most that many; an all-gather of more units
+// (bytes, or a larger unit where one divides them) in pieces of at most that many bytes; any
+// other call past it fails its check.
 void set_mpi_piece_limit_for_testing(int64_t max_count);
-
-class MpiWork;
 
 class MpiCommunicator final : public Communicator {
  public:
@@ -77,11 +78,6 @@ class MpiCommunicator final : public Communicator {
   MPI_Comm handle() const { return comm_; }
 
  private:
-  void gather_pieces(const void* send, void* recv, int64_t bytes_per_rank, MpiWork& w);
-  void reduce_scatter_pieces(const void* send, void* recv, int64_t count, DType t, ReduceOp op,
-                             MpiWork& w);
-  void all_reduce_pieces(void* buf, int64_t count, DType t, ReduceOp op, MpiWork& w);
-
   MPI_Comm comm_;
   bool owned_;
   int rank_ = 0, size_ = 1;
