@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <climits>
 #include <numeric>
+#include <utility>
 #include <vector>
 
 #include "comm/mpi/fail_job.h"
@@ -184,7 +185,10 @@ void gather_pieces(MPI_Comm comm, const void* send, void* recv, int64_t bytes_pe
 // strided datatype, so no piece can be one reduce-scatter).
 void reduce_scatter_pieces(MPI_Comm comm, int rank, int size, const void* send, void* recv,
                            int64_t count, DType t, ReduceOp op) {
-  const auto [type, mop] = reduce_type(t, op);
+  // Named, not a structured binding: clang 14 does not capture bindings in a lambda.
+  const std::pair<MPI_Datatype, MPI_Op> type_op = reduce_type(t, op);
+  const MPI_Datatype type = type_op.first;
+  const MPI_Op mop = type_op.second;
   const int64_t es = dtype_size(t);
   for (int root = 0; root < size; ++root)
     for_each_piece(count, [&](int64_t a, int k) {
@@ -195,7 +199,9 @@ void reduce_scatter_pieces(MPI_Comm comm, int rank, int size, const void* send, 
 }
 
 void all_reduce_pieces(MPI_Comm comm, void* buf, int64_t count, DType t, ReduceOp op) {
-  const auto [type, mop] = reduce_type(t, op);
+  const std::pair<MPI_Datatype, MPI_Op> type_op = reduce_type(t, op);
+  const MPI_Datatype type = type_op.first;
+  const MPI_Op mop = type_op.second;
   const int64_t es = dtype_size(t);
   for_each_piece(count, [&](int64_t a, int k) {
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, static_cast<char*>(buf) + a * es, k, type, mop, comm));
