@@ -34,10 +34,9 @@ struct Options {
 };
 
 // --loss-only / --windows: the forward alone (no gradient buffers, nothing stashed) on one
-// sequence, or on every non-overlapping window of S tokens of the file; the mean loss over them
-// and its perplexity.
-// The mean loss over n windows of s tokens, forward only; window(i) gives window i's tokens (a
-// view used until the next call).
+// sequence, or on every non-overlapping window of S tokens of the file: the mean loss over the n
+// windows of s tokens and its perplexity; window(i) gives window i's tokens (a view used until the
+// next call).
 int run_loss(Process& proc, const Options& opt, const RunConfig& cfg, const ModelConfig& m,
              ModelRun& run, int64_t n, int64_t s,
              const std::function<std::span<const int32_t>(int64_t)>& window, const LossSpec& spec) {

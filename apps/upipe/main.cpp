@@ -26,7 +26,6 @@
 #include "core/spelling.h"
 #include "core/stop_signal.h"
 #include "core/watchdog.h"
-#include "train/run_config.h"
 
 namespace {
 
@@ -188,7 +187,11 @@ int main(int argc, char** argv) {
   for (std::string& w : split) args.push_back(w.data());
 
   try {
-    if (!empty_switch.empty()) throw ConfigError(empty_switch_message(empty_switch));
+    if (!empty_switch.empty())
+      throw ConfigError(fmt::format(
+          "{}= has no value: write {} alone (on), or {}=VALUE with true/false (1, 0, yes, no, "
+          "on, off)",
+          empty_switch, empty_switch, empty_switch));
     try {
       cli.parse(int(args.size()), args.data());
     } catch (const CLI::ParseError& e) {

@@ -504,13 +504,6 @@ Match find_flag(std::vector<Field>& fs, const std::string& name, uint32_t scopes
 
 }  // namespace
 
-std::string empty_switch_message(std::string_view flag) {
-  return fmt::format(
-      "{}= has no value: write {} alone (on), or {}=VALUE with true/false (1, 0, yes, no, on, "
-      "off)",
-      flag, flag, flag);
-}
-
 int64_t parse_bytes(const std::string& s, std::string_view key, bool allow_zero) {
   const std::string example = "write e.g. 80G, 512M or 1048576";
   const std::string name(key);
@@ -708,9 +701,6 @@ void apply_overrides(RunConfig& c, std::span<const std::string> args, uint32_t s
       value = "true";
       if (i + 1 < args.size() && one_of(args[i + 1], {"true", "false", "1", "0"}))
         value = args[++i];
-      // `--name=` (given here as `--name ""`): an empty value, not the switch on.
-      else if (i + 1 < args.size() && args[i + 1].empty())
-        throw ConfigError(empty_switch_message(name));
     } else if (i + 1 < args.size()) {
       value = args[++i];
     } else {

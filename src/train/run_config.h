@@ -197,8 +197,6 @@ SettingSpeller setting_speller(const SettingSources& sources);
 // "80G", "512MiB", "1.5g", "4096" -> bytes in [1, kMaxMemoryBytes] (or 0, "0G", with allow_zero);
 // ConfigError naming `key`.
 int64_t parse_bytes(const std::string& s, std::string_view key, bool allow_zero = false);
-// The refusal of a switch typed with an empty value (`--overlap=`): CLI11 read it as on.
-std::string empty_switch_message(std::string_view flag);
 // The shortest exact text parse_bytes reads back: "80G", "1536M", "4097".
 std::string bytes_text(int64_t bytes);
 

@@ -72,6 +72,19 @@ print("ok: --json upipe max S", m["seq_len"], m["limiting_tag"])
   fail "upipe plan --json (exit $rc)"
 fi
 
+# --doc-lens plays one rank per CP rank: CP 4 x DP 2 plays 4 (it played all 8).
+out=$(timeout 120 "$upipe" plan --model tiny --ranks 8 --cp-size 4 --device-memory 8G --method ring \
+  --seq-len 2048 --doc-lens 700,24,1000,300,24 --json 2>&1)
+classes=$(printf '%s' "$out" | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["methods"][0]["rank_classes"])' 2>&1)
+[ "$classes" = 4 ] && echo "ok: --doc-lens on CP 4 x DP 2 plays 4 ranks" ||
+  { fail "--doc-lens rank classes: $classes"; printf '%s\n' "$out" | head -5; }
+# A model whose state alone is past what the planner counts: more ranks, not a shorter S.
+huge=$(mktemp -d)
+printf '%s' '{"model_type":"llama","hidden_size":65536,"intermediate_size":131072,"num_hidden_layers":2,"num_attention_heads":512,"num_key_value_heads":8,"vocab_size":2147483647,"max_position_embeddings":8192,"rms_norm_eps":1e-5,"rope_theta":500000.0,"tie_word_embeddings":false}' > "$huge/config.json"
+expect "does not fit any device on 1 ranks: its fp32 weights, gradients and AdamW moments alone take 4195332.00 GiB per rank (ZeRO-3 over 1 ranks), past the 16384.00 GiB the planner counts per rank; plan more ranks or a smaller model" \
+  --model "$huge/config.json" --ranks 1 --seq-len 4096 --device-memory 1048576T --method upipe
+rm -rf "$huge"
+
 # expect_row WHAT REGEX ARGS...: `upipe plan ARGS` exits 0 with a table row matching REGEX.
 expect_row() {
   local what=$1 regex=$2

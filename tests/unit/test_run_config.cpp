@@ -444,17 +444,6 @@ TEST(RunConfig, SizesReadAndPrint) {
   expect_config_error([] { parse_bytes("1..5G", "x"); }, {"cannot read"});
 }
 
-// A bool setting typed `--name=` reaches the settings as `--name ""`: refused, not read as on.
-TEST(RunConfig, EmptySwitchValueIsRefused) {
-  expect_config_error(
-      [] {
-        load_run_config("", args({"--offload-stash", ""}));
-      },
-      {"--offload-stash= has no value: write --offload-stash alone (on)"});
-  EXPECT_TRUE(load_run_config("", args({"--offload-stash"})).memory.policy.offload_stash);
-  EXPECT_FALSE(load_run_config("", args({"--offload-stash", "0"})).memory.policy.offload_stash);
-}
-
 // A run records its paths absolute (its checkpoint resumes and exports from anywhere): relative
 // ones are taken from the working directory, normalised; a preset's name, an empty path and the
 // settings `which` leaves out stay as they are. A trailing slash goes (a resume typed `dset/` for
