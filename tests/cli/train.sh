@@ -49,17 +49,21 @@ disrupt() {
   shift 3
   "${mpirun[@]}" -np 2 "$upipe" train "${small[@]}" --steps=100000 \
     --metrics-path="$tmp/$name.jsonl" "$@" > "$tmp/$name.out" 2>&1 &
-  local job=$! victim start
+  local job=$! victim start ranks
   wait_lines "$tmp/$name.jsonl" "$steps"
-  victim=$(pgrep -f "upipe train.*$tmp/$name.jsonl" | tail -1)
+  # A rank, never mpirun (whose command line holds the same words): the rank's starts with the
+  # binary. (The highest pid of both was mpirun once the pids wrapped past 32768: mpirun was
+  # stopped, the ranks trained on and the job ran into the test's limit.)
+  ranks="^$upipe train .*$tmp/$name.jsonl"
+  victim=$(pgrep -f "$ranks" | tail -1)
   start=$(date +%s)
   kill -"$sig" "$victim"
   wait $job; rc=$?
   took=$(( $(date +%s) - start ))
   echo "rank $victim got SIG$sig: the job ended with status $rc after ${took} s"
   # A rank's launcher guard (core/launcher.h) exits the moment mpirun is gone: allow it a second.
-  for _ in $(seq 10); do pgrep -f "upipe train.*$tmp/$name.jsonl" > /dev/null || break; sleep 0.1; done
-  pgrep -f "upipe train.*$tmp/$name.jsonl" && fail "rank processes left behind"
+  for _ in $(seq 10); do pgrep -f "$ranks" > /dev/null || break; sleep 0.1; done
+  pgrep -f "$ranks" && fail "rank processes left behind"
 }
 
 case $case_name in
