@@ -341,6 +341,28 @@ bool read_int(const std::string& text, int64_t& v) {
   return !text.empty() && ec == std::errc() && end == e;
 }
 
+// "'128K' is not an integer", with the digits meant where the text is a whole number and a
+// K/M/G suffix (as sequence lengths are spoken of): "; write it in digits: 128K is 131072 (x
+// 1024) or 128000 (x 1000)". Both: "128K tokens" means 131072 to some, 128000 to others.
+std::string not_an_integer(const std::string& where, const std::string& text) {
+  std::string msg = fmt::format("{}: '{}' is not an integer", where, text);
+  const std::string_view kSuffixes = "kKmMgG";
+  const size_t at = text.empty() ? std::string::npos : kSuffixes.find(text.back());
+  int64_t n = 0;
+  if (at == std::string::npos || text.size() > 10 ||
+      !read_int(text.substr(0, text.size() - 1), n) || n < 0)
+    return msg;
+  const int power = int(at / 2) + 1;  // K: 1, M: 2, G: 3
+  int64_t bin = n, dec = n;
+  for (int i = 0; i < power; ++i) {
+    bin *= 1024;  // at most 999999999 x 1024^3 < 2^63
+    dec *= 1000;
+  }
+  const char* times = power == 1 ? "" : power == 2 ? "^2" : "^3";
+  return msg + fmt::format("; write it in digits: {} is {} (x 1024{}) or {} (x 1000{})", text, bin,
+                           times, dec, times);
+}
+
 // Sets `f` from text (a flag's value, or a TOML string for the types written as strings);
 // `where` names the place in messages ("--seq-len", "run.toml:3: parallel.method").
 void set_from_text(const Field& f, const std::string& text, const std::string& where, bool gib) {
@@ -391,8 +413,7 @@ void set_from_text(const Field& f, const std::string& text, const std::string& w
                 fmt::format("{}: '{}' is not a whole number >= 0 or auto", where, text));
         } else {
           int64_t i = 0;
-          if (!read_int(text, i))
-            throw ConfigError(fmt::format("{}: '{}' is not an integer", where, text));
+          if (!read_int(text, i)) throw ConfigError(not_an_integer(where, text));
           set_int(v, i, where + ": ", f.key);
         }
       },

@@ -256,6 +256,20 @@ TEST(RunConfig, FlagErrorsNameTheFlag) {
                       {"--train.steps", "'12x'"});
   expect_config_error([&] { apply_overrides(c, args({"--steps="})); },
                       {"--steps", "is not an integer"});
+  // A sequence length as it is spoken of: the digits it may mean.
+  expect_config_error(
+      [&] { apply_overrides(c, args({"--seq-len=128K"})); },
+      {"--seq-len: '128K' is not an integer; write it in digits: 128K is 131072 (x 1024) or "
+       "128000 (x 1000)"});
+  expect_config_error(
+      [&] {
+        apply_overrides(c, args({"--seq-len", "1M"}));
+      },
+      {"1M is 1048576 (x 1024^2) or 1000000 (x 1000^2)"});
+  expect_config_error([&] { apply_overrides(c, args({"--steps=2g"})); },
+                      {"2g is 2147483648 (x 1024^3) or 2000000000 (x 1000^3)"});
+  expect_config_error([&] { apply_overrides(c, args({"--steps=-1K"})); },
+                      {"'-1K' is not an integer"});
   expect_config_error([&] { apply_overrides(c, args({"--lr=fast"})); },
                       {"--lr", "not a finite number"});
   expect_config_error([&] { apply_overrides(c, args({"--lr=nan"})); },
