@@ -13,6 +13,8 @@
 #include <filesystem>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <utility>
 
 #include "apps/upipe/commands.h"
 #include "apps/upipe/model_run.h"
@@ -207,6 +209,131 @@ std::vector<Row> plan_rows(const ModelConfig& m, const PlanRequest& base, const 
   return rows;
 }
 
+// A plan that does not fit, planned again with the settings that lower a step's memory: each
+// alone, or (where none alone fits) the fewest of them together.
+struct Remedy {
+  std::string flags;  // what changes, as train's flags ("--offload-stash=true")
+  std::string costs;  // what the change costs ("the stash in host memory")
+  bool exact = true;  // whether the run computes the same bits
+  Plan plan;
+  std::string command;  // the train command that runs it
+};
+
+struct RemedyStep {
+  const char* costs;
+  bool exact;
+  // Applies the change to c for `mi`'s row; false where it changes nothing (already so).
+  bool (*apply)(RunConfig& c, const MethodInfo& mi);
+};
+
+// Cheapest first: exact ones, then those that round.
+const RemedyStep kRemedySteps[] = {
+    {"the knobs the planner picks to fit", true,
+     [](RunConfig& c, const MethodInfo& mi) {
+       MethodKnobs& k = c.parallel.knobs;
+       bool changed = false;
+       for (auto [takes, knob] :
+            {std::pair{mi.takes_stage_heads, &k.stage_heads}, std::pair{mi.takes_chunks, &k.chunks},
+             std::pair{mi.takes_ulysses_degree, &k.ulysses_degree}})
+         if (takes && *knob != kKnobAuto) {
+           *knob = kKnobAuto;
+           changed = true;
+         }
+       return changed;
+     }},
+    {"no stage overlap", true,
+     [](RunConfig& c, const MethodInfo&) {
+       return std::exchange(c.parallel.knobs.overlap, false);
+     }},
+    {"backward recomputes each layer", true,
+     [](RunConfig& c, const MethodInfo&) {
+       return std::exchange(c.memory.policy.recompute, Recompute::kLayer) != Recompute::kLayer;
+     }},
+    {"the stash in host memory", true,
+     [](RunConfig& c, const MethodInfo&) {
+       return !std::exchange(c.memory.policy.offload_stash, true);
+     }},
+    {"a bf16 stash: gradients move by about one bf16 rounding", false,
+     [](RunConfig& c, const MethodInfo&) {
+       return std::exchange(c.memory.policy.stash_dtype, DType::kBF16) != DType::kBF16;
+     }},
+    {"bf16 compute, fp32 master weights", false,
+     [](RunConfig& c, const MethodInfo&) {
+       return std::exchange(c.memory.policy.dtype, DType::kBF16) != DType::kBF16;
+     }},
+};
+
+std::vector<Remedy> remedies(const Settings& set, const Options& o, const ModelConfig& m,
+                             const PlanRequest& base, const Plan& failed) {
+  const MethodInfo& mi = method_info(failed.request.decoder.knobs.method);
+  // Against the row as planned, so a flag says what the remedy changes.
+  RunConfig before = set.config;
+  before.parallel.knobs = failed.request.decoder.knobs;
+  const std::string knobs_before = knobs_text(m, failed.request);
+  // The steps that change something here, and the plan with a set of them (nullopt: refused, a
+  // knob no value of fits).
+  std::vector<const RemedyStep*> steps;
+  for (const RemedyStep& st : kRemedySteps) {
+    RunConfig c = before;
+    if (st.apply(c, mi)) steps.push_back(&st);
+  }
+  auto plan_with = [&](const std::vector<size_t>& taken) -> std::optional<Remedy> {
+    RunConfig c = before;
+    Remedy out;
+    std::vector<std::string> costs;
+    for (size_t i : taken) {
+      steps[i]->apply(c, mi);
+      costs.emplace_back(steps[i]->costs);
+      out.exact = out.exact && steps[i]->exact;
+    }
+    out.costs = join(costs, "; ");
+    PlanRequest r = base;
+    r.decoder = decoder_options(c, base.decoder.seq_len);
+    r.decoder.knobs = knobs_for(c.parallel.knobs, mi);
+    try {
+      out.plan = plan_auto(m, r);
+    } catch (const ConfigError&) {
+      return std::nullopt;
+    }
+    // The knobs as chosen; named only where they differ from the row's.
+    c.parallel.knobs = knobs_text(m, out.plan.request) == knobs_before
+                           ? before.parallel.knobs
+                           : out.plan.request.decoder.knobs;
+    out.flags = to_flags(c, kScopeTrain, before);
+    if (out.plan.fits) {
+      Settings with = set;
+      with.config = c;
+      out.command = train_command(with, o, out.plan);
+    }
+    return out;
+  };
+  std::vector<Remedy> alone;
+  for (size_t i = 0; i < steps.size(); ++i)
+    if (std::optional<Remedy> r = plan_with({i}); r && r->plan.fits) alone.push_back(*r);
+  if (!alone.empty() || steps.size() < 2) return alone;
+  // Together: the shortest run of steps in order that fits, then without each earlier one it
+  // does not need.
+  std::vector<size_t> taken;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    taken.push_back(i);
+    std::optional<Remedy> r = plan_with(taken);
+    if (!r || !r->plan.fits) continue;
+    for (size_t j = 0; j + 1 < taken.size();) {
+      std::vector<size_t> fewer;
+      for (size_t k = 0; k < taken.size(); ++k)
+        if (k != j) fewer.push_back(taken[k]);
+      if (std::optional<Remedy> f = plan_with(fewer); f && f->plan.fits) {
+        taken = fewer;
+        r = f;
+      } else {
+        ++j;
+      }
+    }
+    return {*r};
+  }
+  return {};
+}
+
 // Whether a data path (a file, a directory, a glob, a Megatron prefix) names something here.
 bool data_here(const std::string& path) {
   namespace fs = std::filesystem;
@@ -283,6 +410,12 @@ int run(Process& proc, const Options& o, const SettingArgs& sa, const CLI::App& 
   mallopt(M_TRIM_THRESHOLD, std::numeric_limits<int>::max());
   const auto t0 = std::chrono::steady_clock::now();
   const std::vector<Row> rows = plan_rows(m, base, o);
+  // At a given S, what makes a plan that does not fit fit.
+  std::vector<std::vector<Remedy>> fixes(rows.size());
+  if (!o.max_seq_len)
+    for (size_t i = 0; i < rows.size(); ++i)
+      if (rows[i].refused.empty() && !rows[i].plan.fits)
+        fixes[i] = remedies(set, o, m, base, rows[i].plan);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   bool any = false, any_host = false;
@@ -378,6 +511,18 @@ int run(Process& proc, const Options& o, const SettingArgs& sa, const CLI::App& 
         ms.back()["hosts_note"] = note;
       if (const std::string note = data_note(data, p.request.decoder.seq_len); !note.empty())
         ms.back()["data_note"] = note;
+      if (!p.fits && !o.max_seq_len) {
+        nlohmann::json fits_with = nlohmann::json::array();
+        for (const Remedy& f : fixes[size_t(&r - rows.data())])
+          fits_with.push_back({{"flags", f.flags},
+                               {"costs", f.costs},
+                               {"exact", f.exact},
+                               {"knobs_text", knobs_text(m, f.plan.request)},
+                               {"device_peak_bytes", f.plan.device_peak},
+                               {"host_peak_bytes", f.plan.host_peak},
+                               {"train_command", f.command}});
+        ms.back()["fits_with"] = fits_with;
+      }
     }
     j["methods"] = ms;
     print_json(j);
@@ -436,6 +581,25 @@ int run(Process& proc, const Options& o, const SettingArgs& sa, const CLI::App& 
         std::printf(
             "  (its documents come from the data: --data-kind=files --documents=eos:ID or index; "
             "--doc-lens has no train flag)\n");
+    } else if (!o.max_seq_len) {
+      const std::vector<Remedy>& fs = fixes[size_t(&r - rows.data())];
+      if (fs.empty())
+        std::printf(
+            "  no setting that lowers memory makes it fit at this S, alone or together (the "
+            "knobs auto, no overlap, layer recompute, the stash offloaded and in bf16, bf16 "
+            "compute): --max-seq-len finds the longest S that fits; more ranks split the "
+            "sequence further\n");
+      else
+        std::printf("  it fits with%s:\n", fs.size() > 1 ? " any of these" : "");
+      for (const Remedy& f : fs) {
+        const std::string knobs = knobs_text(m, f.plan.request);
+        std::printf(
+            "    %s: %sdevice peak %s%s (%s%s)\n", f.flags.c_str(),
+            knobs == "-" ? "" : (knobs + ", ").c_str(), format_bytes(f.plan.device_peak).c_str(),
+            f.plan.host_peak > 0 ? (", host peak " + format_bytes(f.plan.host_peak)).c_str() : "",
+            f.exact ? "exact: " : "", f.costs.c_str());
+      }
+      if (!fs.empty()) std::printf("  run it: %s\n", fs.front().command.c_str());
     }
   }
   return 0;

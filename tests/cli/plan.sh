@@ -170,6 +170,43 @@ case "$cmd" in
   *) fail "run file plan command: $cmd" ;;
 esac
 
+# A plan that does not fit says what makes it fit: each memory setting alone (cheapest first), or
+# the fewest together; each of them planned again as typed fits with the very peaks said, and its
+# command is that plan's. Nothing at all: said, with what is left to try.
+expect_row "fits with, alone" '^    --offload-stash=true: U=8, device peak 32\.11 GiB, host peak 64\.00 GiB \(exact: the stash in host memory\)$' \
+  $L8 --device-memory 80G --seq-len 1048576
+expect_row "fits with, together" '^    --dtype=bf16 --stash-dtype=bf16 --offload-stash=true: device peak [0-9.]+ GiB, host peak 128\.00 GiB \(the stash in host memory; a bf16 stash' \
+  $L8 --device-memory 80G --seq-len 4194304 --method ulysses
+expect_row "fits with nothing" '^  no setting that lowers memory makes it fit at this S, alone or together .*--max-seq-len finds the longest S that fits' \
+  $L8 --device-memory 80G --seq-len 33554432 --method upipe
+for args in "--seq-len 1048576 --method all" "--seq-len 4194304 --method ulysses" \
+  "--seq-len 4194304 --method upipe-fpdt" "--seq-len 2097152 --method upipe --overlap --recompute block"; do
+  out=$(timeout 120 "$upipe" plan $L8 --device-memory 80G $args --json 2>&1)
+  checked=$(printf '%s' "$out" | /usr/bin/python3 -c '
+import json, subprocess, sys
+upipe, base = sys.argv[1], sys.argv[2].split()
+i = base.index("--method")
+base = base[:i] + base[i + 2:]  # each row planned again alone
+n = 0
+for m in json.load(sys.stdin)["methods"]:
+    if m.get("error") or m["fits"]:
+        continue
+    assert m["fits_with"], m["method"] + ": a plan that does not fit names nothing that fits"
+    for f in m["fits_with"]:
+        cmd = [upipe, "plan"] + base + ["--method", m["method"]] + f["flags"].split() + ["--json"]
+        again = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)["methods"][0]
+        assert again["fits"], (cmd, "does not fit")
+        for k in ("device_peak_bytes", "host_peak_bytes", "knobs_text"):
+            assert again[k] == f[k], (cmd, k, again[k], f[k])
+        assert again["train_command"] == f["train_command"], (cmd, again["train_command"], f["train_command"])
+        n += 1
+print(n)' "$upipe" "$L8 --device-memory 80G $args" 2>&1)
+  case "$checked" in
+    [1-9]*) echo "ok: $args: each of $checked settings that fit, planned as typed, fits with the peaks said" ;;
+    *) fail "$args: fits_with planned again: $checked" ;;
+  esac
+done
+
 # Under mpirun rank 0 plans and prints once; every rank exits 0.
 out=$(timeout 120 "${MPIRUN[@]}" -np 2 "$upipe" plan $L8 --device-memory 80G --method ulysses --seq-len 1048576 2>&1)
 rc=$?
