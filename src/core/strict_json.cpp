@@ -58,9 +58,10 @@ nlohmann::json parse_json_strict(std::string_view text, const std::string& sourc
         open.emplace_back();
         break;
       case json::parse_event_t::key:
+        // The key quoted as an excerpt: a key can be as long as the file.
         if (!open.back().insert(parsed.get<std::string>()).second)
           throw ConfigError(fmt::format("{}: duplicate key '{}' in one JSON object", source,
-                                        parsed.get<std::string>()));
+                                        excerpt(parsed.get<std::string>())));
         break;
       case json::parse_event_t::object_end:
         open.pop_back();

@@ -171,6 +171,17 @@ TEST(StrictJson, RepeatedKeysAreErrors) {
   expect_config_error(
       [] { parse_json_strict(R"({"t": {"dtype": "F32", "dtype": "I64"}})", "h.safetensors"); },
       {"duplicate key 'dtype'"});
+  // A key as long as the file is quoted as an excerpt: the message stays under 2000 characters.
+  {
+    const std::string k(3000, 'k');
+    try {
+      parse_json_strict("{\"" + k + "\": 1, \"" + k + "\": 2}", "config.json");
+      ADD_FAILURE() << "a repeated key of 3000 characters was not refused";
+    } catch (const ConfigError& e) {
+      EXPECT_LT(std::string(e.what()).size(), 2000u);
+      EXPECT_NE(std::string(e.what()).find("duplicate key 'kkk"), std::string::npos) << e.what();
+    }
+  }
   // The same key in sibling objects is fine.
   EXPECT_NO_THROW(parse_json_strict(R"([{"a": 1}, {"a": 2}])", "x.json"));
   expect_config_error([] { parse_json_strict("{", "x.json"); },
