@@ -341,17 +341,16 @@ bool read_int(const std::string& text, int64_t& v) {
   return !text.empty() && ec == std::errc() && end == e;
 }
 
-// "'128K' is not an integer", with the digits meant where the text is a whole number and a
-// K/M/G suffix (as sequence lengths are spoken of): "; write it in digits: 128K is 131072 (x
-// 1024) or 128000 (x 1000)". Both: "128K tokens" means 131072 to some, 128000 to others.
-std::string not_an_integer(const std::string& where, const std::string& text) {
-  std::string msg = fmt::format("{}: '{}' is not an integer", where, text);
+// Where a whole number was written with a K/M/G suffix (as sequence lengths are spoken of), the
+// digits it may mean: "; write it in digits: 128K is 131072 (x 1024) or 128000 (x 1000)" (both:
+// "128K tokens" is 131072 to some, 128000 to others); else "".
+std::string digits_hint(const std::string& text) {
   const std::string_view kSuffixes = "kKmMgG";
   const size_t at = text.empty() ? std::string::npos : kSuffixes.find(text.back());
   int64_t n = 0;
   if (at == std::string::npos || text.size() > 10 ||
       !read_int(text.substr(0, text.size() - 1), n) || n < 0)
-    return msg;
+    return "";
   const int power = int(at / 2) + 1;  // K: 1, M: 2, G: 3
   int64_t bin = n, dec = n;
   for (int i = 0; i < power; ++i) {
@@ -359,8 +358,8 @@ std::string not_an_integer(const std::string& where, const std::string& text) {
     dec *= 1000;
   }
   const char* times = power == 1 ? "" : power == 2 ? "^2" : "^3";
-  return msg + fmt::format("; write it in digits: {} is {} (x 1024{}) or {} (x 1000{})", text, bin,
-                           times, dec, times);
+  return fmt::format("; write it in digits: {} is {} (x 1024{}) or {} (x 1000{})", text, bin, times,
+                     dec, times);
 }
 
 // Sets `f` from text (a flag's value, or a TOML string for the types written as strings);
@@ -413,7 +412,9 @@ void set_from_text(const Field& f, const std::string& text, const std::string& w
                 fmt::format("{}: '{}' is not a whole number >= 0 or auto", where, text));
         } else {
           int64_t i = 0;
-          if (!read_int(text, i)) throw ConfigError(not_an_integer(where, text));
+          if (!read_int(text, i))
+            throw ConfigError(
+                fmt::format("{}: '{}' is not an integer{}", where, text, digits_hint(text)));
           set_int(v, i, where + ": ", f.key);
         }
       },
@@ -447,6 +448,9 @@ void set_from_toml(const Field& f, const toml::node& n, const std::string& where
         } else if constexpr (std::is_same_v<T, int*> || std::is_same_v<T, int64_t*>) {
           if (auto i = n.value_exact<int64_t>())
             set_int(v, *i, where, name.c_str());
+          else if (auto s = n.value_exact<std::string>(); s && !digits_hint(*s).empty())
+            throw ConfigError(fmt::format("{}{} must be an integer, got the TOML string \"{}\"{}",
+                                          where, name, *s, digits_hint(*s)));  // "128K"
           else
             wrong("an integer");
         } else if constexpr (std::is_same_v<T, BytesRef>) {

@@ -165,6 +165,10 @@ timeout_s = 2.5
 TEST(RunConfig, TomlErrorsNameFileLineAndKey) {
   expect_config_error([] { parse_run_toml("[train]\nsteps = \"abc\"\n", "run.toml"); },
                       {"run.toml:2:", "train.steps must be an integer", "string"});
+  expect_config_error(
+      [] { parse_run_toml("[train]\nseq_len = \"128K\"\n", "run.toml"); },
+      {"run.toml:2: train.seq_len must be an integer, got the TOML string \"128K\"; write it in "
+       "digits: 128K is 131072 (x 1024) or 128000 (x 1000)"});
   expect_config_error([] { parse_run_toml("[train]\nlr = \"fast\"\n", "run.toml"); },
                       {"run.toml:2:", "train.lr must be a number"});
   expect_config_error([] { parse_run_toml("[train]\nsteps = 1.5\n", "r.toml"); },
