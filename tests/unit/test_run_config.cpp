@@ -389,6 +389,7 @@ TEST(RunConfig, ErrorsSpellSettingsAsGiven) {
 }
 
 TEST(RunConfig, FileThenOverridesThenValidation) {
+  const SpellerGuard guard;  // load_run_config installs the file's speller
   TempDir d;
   const std::string p =
       d.write("run.toml", "[train]\nsteps = 10\nlr = 1e-3\n[data]\nkind = \"random\"\n");
