@@ -49,8 +49,9 @@ std::string shape_str(const std::vector<int64_t>& s) {
 [[noreturn]] void fail(const std::string& file, const std::string& msg) {
   throw ConfigError(fmt::format("{}: {}", file, msg));
 }
+// Names and dtypes come from the file: quoted as excerpts (a name can be as long as the header).
 [[noreturn]] void fail(const std::string& file, const std::string& tensor, const std::string& msg) {
-  throw ConfigError(fmt::format("{}: tensor '{}': {}", file, tensor, msg));
+  throw ConfigError(fmt::format("{}: tensor '{}': {}", file, excerpt(tensor), msg));
 }
 
 // Reads exactly n bytes at `offset`; false on end of file.
@@ -87,7 +88,7 @@ SafetensorsTensor parse_entry(const std::string& file, const std::string& name, 
   t.name = name;
   t.dtype = e["dtype"].get<std::string>();
   int64_t esize = stored_dtype_size(t.dtype);
-  if (esize == 0) fail(file, name, fmt::format("unknown dtype '{}'", t.dtype));
+  if (esize == 0) fail(file, name, fmt::format("unknown dtype '{}'", excerpt(t.dtype)));
   if (!e.contains("shape") || !e["shape"].is_array()) fail(file, name, "no 'shape' array");
   for (const json& s : e["shape"]) {
     if (!s.is_number_unsigned() || s.get<uint64_t>() > uint64_t(INT64_MAX))
@@ -230,7 +231,8 @@ std::unordered_map<std::string, SafetensorsTensor> SafetensorsReader::open_file(
     if (name == "__metadata__") {
       if (!e.is_object()) fail(file, "\"__metadata__\" is not an object");
       for (const auto& [k, v] : e.items()) {
-        if (!v.is_string()) fail(file, fmt::format("\"__metadata__\".{} is not a string", k));
+        if (!v.is_string())
+          fail(file, fmt::format("\"__metadata__\".{} is not a string", excerpt(k)));
         (*metadata)[k] = v.get<std::string>();
       }
       continue;
@@ -250,13 +252,14 @@ std::unordered_map<std::string, SafetensorsTensor> SafetensorsReader::open_file(
   const SafetensorsTensor* before = nullptr;
   int64_t at = data_start;  // where the next tensor must start
   for (const SafetensorsTensor* t : by_offset) {
-    if (t->offset < at) fail(file, t->name, fmt::format("data overlaps tensor '{}'", before->name));
+    if (t->offset < at)
+      fail(file, t->name, fmt::format("data overlaps tensor '{}'", excerpt(before->name)));
     if (t->offset > at)
       fail(file, t->name,
            fmt::format("data_offsets start at {}, but {} ends at {}: bytes [{}, {}) of the data "
                        "section belong to no tensor, which the format does not allow",
                        t->offset - data_start,
-                       before ? fmt::format("tensor '{}'", before->name) : "nothing",
+                       before ? fmt::format("tensor '{}'", excerpt(before->name)) : "nothing",
                        at - data_start, at - data_start, t->offset - data_start));
     at = t->offset + t->nbytes;
     before = t;

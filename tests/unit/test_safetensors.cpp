@@ -363,6 +363,23 @@ TEST(Safetensors, CorruptFilesNameFileAndTensor) {
                {"noff.safetensors", "tensor 'w'", "data_offsets"});
   expect_error(open_bytes("meta.safetensors", st_bytes(R"({"__metadata__":{"step":7}})")),
                {"meta.safetensors", "\"__metadata__\".step is not a string"});
+  // Names, dtypes and metadata keys of the file are quoted as excerpts: each of 3000 characters
+  // made a refusal of over 3000 (past the 2000 a message may have).
+  const std::string l(3000, 'n');
+  for (const std::string& header :
+       {R"({")" + l + R"(":5})",
+        R"({"w":{"dtype":")" + l + R"(","shape":[4],"data_offsets":[0,16]}})",
+        R"({"__metadata__":{")" + l + R"(":7}})",
+        R"({")" + l + R"(":{"dtype":"F32","shape":[3],"data_offsets":[0,12]},
+            "v":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})"}) {
+    try {
+      SafetensorsReader r(dir.write("names.safetensors", st_bytes(header, f32x4)));
+      ADD_FAILURE() << "not refused";
+    } catch (const ConfigError& e) {
+      EXPECT_LT(std::string(e.what()).size(), 2000u) << e.what();
+      EXPECT_NE(std::string(e.what()).find("names.safetensors"), std::string::npos) << e.what();
+    }
+  }
   expect_error([&] { SafetensorsReader r(dir.file("absent.safetensors")); },
                {"absent.safetensors", "cannot open"});
   TempDir empty_dir;
