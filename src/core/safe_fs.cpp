@@ -116,6 +116,12 @@ std::string read_small_file(const std::string& path, const std::string& what, in
 
 std::string confined_path(const std::string& dir, const std::string& name,
                           const std::string& source) {
+  // Past this no name is a file's (PATH_MAX is 4096); bounds every message quoting the path.
+  constexpr size_t kMaxName = 1024;
+  if (name.size() > kMaxName)
+    throw ConfigError(fmt::format(
+        "{}: the path '{}' has {} characters, more than the {} a name of a file inside {} may have",
+        source, excerpt(name), name.size(), kMaxName, dir));
   const fs::path p(name);
   bool escapes = name.empty() || name.find('\0') != std::string::npos || p.is_absolute() ||
                  p.has_root_name() || p.has_root_directory();
@@ -125,7 +131,7 @@ std::string confined_path(const std::string& dir, const std::string& name,
     throw ConfigError(fmt::format(
         "{}: the path '{}' is not a relative name inside {}; files it names must stay in that "
         "directory",
-        source, name, dir));
+        source, excerpt(name), dir));
   return (fs::path(dir) / p).string();
 }
 

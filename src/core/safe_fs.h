@@ -50,7 +50,7 @@ class ReadFile {
 std::string read_small_file(const std::string& path, const std::string& what, int64_t max_bytes);
 
 // `name` from the untrusted file `source` as a path inside `dir`; ConfigError when it is empty,
-// absolute or has a ".." component.
+// absolute, has a ".." component or more than 1024 characters.
 std::string confined_path(const std::string& dir, const std::string& name,
                           const std::string& source);
 

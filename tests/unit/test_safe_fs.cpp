@@ -79,6 +79,21 @@ TEST(SafeFs, ConfinedPathsStayInTheirDirectory) {
   for (const std::string bad : {"../x.safetensors", "/etc/passwd", "a/../../b", "", ".."})
     expect_config_error([&] { confined_path("/m", bad, "index.json"); },
                         {"index.json", "not a relative name inside /m"});
+  // Names from the file are quoted as excerpts; a name past 1024 characters (a file's name it is
+  // not: "./" 1500 times then a shard's name opened, and was quoted whole) is refused.
+  for (const std::string bad : {"/" + std::string(3000, 'a'), std::string(3000, 'a'), [] {
+                                  std::string dots;
+                                  for (int i = 0; i < 1500; ++i) dots += "./";
+                                  return dots + "model.safetensors";
+                                }()}) {
+    try {
+      confined_path("/m", bad, "index.json");
+      ADD_FAILURE() << "a name of " << bad.size() << " characters was not refused";
+    } catch (const ConfigError& e) {
+      EXPECT_LT(std::string(e.what()).size(), 2000u) << e.what();
+      EXPECT_NE(std::string(e.what()).find("index.json: the path"), std::string::npos) << e.what();
+    }
+  }
 }
 
 TEST(SafeFs, WritersRefuseSymlinksAndSpecialFiles) {
