@@ -120,7 +120,8 @@ RopeScaling parse_rope_type(const Fields& f) {
   std::string type = f.string(key, "default");
   if (type == "default") return RopeScaling{};
   if (type == "llama3") return parse_llama3_scaling(f);
-  f.fail(key, fmt::format("= \"{}\" is not supported; upipe runs \"default\" or \"llama3\"", type));
+  f.fail(key, fmt::format("= \"{}\" is not supported; upipe runs \"default\" or \"llama3\"",
+                          excerpt(type)));
 }
 
 // The rope_scaling object of config.json (present and not null).
@@ -176,7 +177,8 @@ ModelConfig parse_json(const json& j, const std::string& source) {
     f.fail("model_type", "is missing; upipe reads \"llama\" or \"qwen3\"");
   else
     f.fail("model_type",
-           fmt::format("= \"{}\" is not supported; upipe reads \"llama\" or \"qwen3\"", type));
+           fmt::format("= \"{}\" is not supported; upipe reads \"llama\" or \"qwen3\"",
+                       excerpt(type)));
 
   m.hidden_size = f.integer("hidden_size");
   m.intermediate_size = f.integer("intermediate_size");
@@ -230,8 +232,8 @@ ModelConfig parse_json(const json& j, const std::string& source) {
   }
   std::string act = f.string("hidden_act", "silu");
   if (act != "silu" && act != "swish")  // transformers' ACT2FN: swish is SiLU
-    f.fail("hidden_act",
-           fmt::format("= \"{}\" is not supported; upipe's MLP is SwiGLU (\"silu\")", act));
+    f.fail("hidden_act", fmt::format("= \"{}\" is not supported; upipe's MLP is SwiGLU (\"silu\")",
+                                     excerpt(act)));
   // torch_dtype (transformers 4) was renamed dtype (transformers 5).
   const char* dtype_key = f.has("dtype") ? "dtype" : "torch_dtype";
   m.torch_dtype = f.string(dtype_key, "");
@@ -239,7 +241,7 @@ ModelConfig parse_json(const json& j, const std::string& source) {
       m.torch_dtype != "float16")
     f.fail(dtype_key, fmt::format("= \"{}\" is not supported; upipe reads float32, bfloat16 or "
                                   "float16 checkpoints",
-                                  m.torch_dtype));
+                                  excerpt(m.torch_dtype)));
   // Special token ids: an integer, a list of integers (Llama 3.1's several eos ids) or null.
   for (const char* key : kTokenIdFields) {
     if (!f.present(key)) continue;

@@ -268,6 +268,20 @@ TEST(ModelConfig, RefusalsNameFileAndField) {
                {f, "'rope_scaling.low_freq_factor' is missing"});
   expect_error(with(R"(, "rope_scaling": "llama3")"), {f, "'rope_scaling' must be an object"});
   expect_error(with(R"(, "hidden_act": "gelu")"), {f, "'hidden_act'", "gelu", "silu"});
+  // The file's strings are quoted as excerpts: one of 3000 characters made a refusal of over 3000
+  // (past the 2000 a message may have).
+  const std::string l(3000, 'm');
+  for (const std::string extra :
+       {", \"model_type\": \"" + l + "\"", ", \"hidden_act\": \"" + l + "\"",
+        ", \"torch_dtype\": \"" + l + "\"", ", \"rope_scaling\": {\"rope_type\": \"" + l + "\"}"}) {
+    try {
+      parse_model_config(llama_json(extra), f);
+      ADD_FAILURE() << "not refused: " << extra.substr(0, 30);
+    } catch (const ConfigError& e) {
+      EXPECT_LT(std::string(e.what()).size(), 2000u) << e.what();
+      EXPECT_NE(std::string(e.what()).find("is not supported"), std::string::npos) << e.what();
+    }
+  }
   expect_error(with(R"(, "attention_bias": true)"), {f, "'attention_bias' = true"});
   expect_error(with(R"(, "mlp_bias": true)"), {f, "'mlp_bias' = true"});
   expect_error(with(R"(, "use_sliding_window": true)"), {f, "'use_sliding_window'"});
