@@ -322,8 +322,8 @@ std::string alias_note(const Field& f, std::string_view used, bool in_file) {
 }
 
 [[noreturn]] void unknown_key(const std::string& where, const std::string& key) {
-  throw ConfigError(
-      fmt::format("{}unknown key '{}'; did you mean '{}'?", where, key, closest_run_key(key)));
+  throw ConfigError(fmt::format("{}unknown key '{}'; did you mean '{}'?", where, excerpt(key),
+                                closest_run_key(key)));
 }
 
 template <class Int>
@@ -624,7 +624,10 @@ const SettingInfo* find_setting(std::string_view name) {
   return nullptr;
 }
 
-std::string closest_run_key(const std::string& key) {
+std::string closest_run_key(const std::string& name) {
+  // Keys have about 30 characters: a longer name is compared by its start (the edit distance to
+  // every key of a 2 MB name from a run file took minutes).
+  const std::string key = name.substr(0, 64);
   // Names other tools give these settings.
   static const std::pair<const char*, const char*> kSynonyms[] = {
       {"learning_rate", "train.lr"},       {"max_steps", "train.steps"},
@@ -673,7 +676,7 @@ RunConfig parse_run_toml(std::string_view text, const std::string& source,
       throw ConfigError(fmt::format(
           "{}'{}' is not a [section]; keys are written inside sections, e.g. [train] steps = 100 "
           "(did you mean '{}'?)",
-          at, sec, closest_run_key(sec)));
+          at, excerpt(sec), closest_run_key(sec)));
     for (const auto& [key, value] : *t) {
       const std::string full = sec + "." + std::string(key.str());
       const std::string vat = fmt::format("{}:{}: ", source, value.source().begin.line);

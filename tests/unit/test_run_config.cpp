@@ -6,6 +6,7 @@
 // docs/training.md documenting every setting.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -192,6 +193,22 @@ TEST(RunConfig, TomlErrorsNameFileLineAndKey) {
   expect_config_error([] { parse_run_toml("steps = 10\n", "r.toml"); },
                       {"r.toml:1:", "'steps' is not a [section]", "'train.steps'"});
   expect_config_error([] { parse_run_toml("[train]\nsteps = \n", "bad.toml"); }, {"bad.toml:2:"});
+  // A key or section of the file is quoted as an excerpt (one of 3000 characters made a message of
+  // over 3000), and a long one is compared with the keys by its start: a key of 2 MB took minutes
+  // (the edit distance to every key) before it was refused.
+  for (const std::string text :
+       {"[train]\n" + std::string(3000, 'k') + " = 1\n", std::string(3000, 's') + " = 1\n",
+        "[train]\n" + std::string(2 << 20, 'k') + " = 1\n"}) {
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      parse_run_toml(text, "r.toml");
+      ADD_FAILURE() << "not refused";
+    } catch (const ConfigError& e) {
+      EXPECT_LT(std::string(e.what()).size(), 2000u) << e.what();
+      EXPECT_NE(std::string(e.what()).find("r.toml:"), std::string::npos) << e.what();
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  }
 }
 
 TEST(RunConfig, Int64KeysTakeLargeValues) {
