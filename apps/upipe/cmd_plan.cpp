@@ -253,6 +253,12 @@ const RemedyStep kRemedySteps[] = {
      [](RunConfig& c, const MethodInfo&) {
        return !std::exchange(c.memory.policy.offload_stash, true);
      }},
+    {"MLP and LM-head tiles of a quarter the rows: their sums group otherwise", false,
+     [](RunConfig& c, const MethodInfo&) {
+       int64_t& t = c.memory.policy.tile_tokens;
+       const int64_t smaller = std::max<int64_t>(std::min<int64_t>(t, 64), t / 4);
+       return std::exchange(t, smaller) != smaller;
+     }},
     {"a bf16 stash: gradients move by about one bf16 rounding", false,
      [](RunConfig& c, const MethodInfo&) {
        return std::exchange(c.memory.policy.stash_dtype, DType::kBF16) != DType::kBF16;
@@ -586,9 +592,9 @@ int run(Process& proc, const Options& o, const SettingArgs& sa, const CLI::App& 
       if (fs.empty())
         std::printf(
             "  no setting that lowers memory makes it fit at this S, alone or together (the "
-            "knobs auto, no overlap, layer recompute, the stash offloaded and in bf16, bf16 "
-            "compute): --max-seq-len finds the longest S that fits; more ranks split the "
-            "sequence further\n");
+            "knobs auto, no overlap, layer recompute, the stash offloaded, smaller tiles, a bf16 "
+            "stash, bf16 compute): --max-seq-len finds the longest S that fits; more ranks "
+            "split the sequence further\n");
       else
         std::printf("  it fits with%s:\n", fs.size() > 1 ? " any of these" : "");
       for (const Remedy& f : fs) {

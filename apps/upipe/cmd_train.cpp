@@ -304,6 +304,13 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
   }
   spell_model_fields(set, m);  // the heads are the model's fields, not settings of train
   Device dev(device_options(cfg));
+  // A run that does not fit: the plan of this very run, which says what does (upipe plan).
+  RunConfig budget_given;
+  budget_given.memory.device_bytes = cfg.memory.device_bytes + 1;  // the budget always written
+  dev.mem().set_advice(fmt::format(
+      "a shorter sequence, more ranks, bf16, --offload-stash; `upipe plan --ranks {} {} "
+      "--reserve 0` says what fits",
+      proc.world.size(), to_flags(cfg, kScopePlan, budget_given)));
   DeviceComm comm(dev, proc.world);
   TrainingLoop loop(dev, comm, m, cfg, opt.resume, opt.overwrite, opt.accept_changes);
   const std::string hosts_note = across_hosts_note(cfg, m, loop, host_names(proc.world));

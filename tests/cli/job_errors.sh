@@ -48,7 +48,17 @@ out_of_memory)
   # A command without a budget setting names only what it takes (bench kernel said "raise the
   # memory budget (--device-memory)", which it refuses).
   expect 3 "in use \(nothing\); choose a configuration with a smaller peak \(a shorter --seq-len, fewer --heads / --kv-heads, or --dtype bf16\)$" \
-    1 1 bench kernel --seq-len 1099511627776 ;;
+    1 1 bench kernel --seq-len 1099511627776
+  # train names the plan of the very run: that command runs, plans the run's peak (the arena's
+  # budget is the run's whole device memory: no reserve) and says it does not fit.
+  expect 3 "says what fits\)$" 1 2 train --steps=1 --seq-len=2048 --device-memory=3M \
+    --method=ring --progress=lines
+  plan=$(timeout 60 "${mpirun[@]}" -np 2 "$upipe" train --steps=1 --seq-len=2048 --device-memory=3M \
+    --method=ring --progress=lines 2>&1 | sed -n 's/.*; `upipe plan \(.*\)` says what fits)$/\1/p' | head -1)
+  [ "$plan" = "--ranks 2 --method=ring --seq-len=2048 --device-memory=3M --reserve 0" ] ||
+    { echo "FAIL: train's plan command: '$plan'"; exit 1; }
+  expect 0 "^ring +- +2048 +no " 1 1 plan $plan
+  echo "PASS $case_name (its plan)" ;;
 beyond_machine_memory)  # 2^34 tokens x 512 columns: 32 TiB, within a 1 EiB budget
   expect 3 "out of memory in device arena: tag '.*this machine has" any 2 check --method upipe \
     --seq-len 17179869184 --device-memory 1048576T ;;
