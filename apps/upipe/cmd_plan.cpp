@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <optional>
 #include <utility>
 
@@ -317,8 +318,11 @@ std::vector<Remedy> remedies(const Settings& set, const Options& o, const ModelC
   for (size_t i = 0; i < steps.size(); ++i)
     if (std::optional<Remedy> r = plan_with({i}); r && r->plan.fits) alone.push_back(*r);
   if (!alone.empty() || steps.size() < 2) return alone;
-  // Together: the shortest run of steps in order that fits, then without each earlier one it
-  // does not need.
+  // Together: none where all of them do not fit; else the shortest run of steps in order that
+  // fits, then without each earlier one it does not need.
+  std::vector<size_t> every(steps.size());
+  std::iota(every.begin(), every.end(), size_t(0));
+  if (std::optional<Remedy> r = plan_with(every); !r || !r->plan.fits) return {};
   std::vector<size_t> taken;
   for (size_t i = 0; i < steps.size(); ++i) {
     taken.push_back(i);
