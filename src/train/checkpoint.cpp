@@ -200,7 +200,8 @@ uint64_t parse_hex64(const json& v, const std::string& meta) {
   uint64_t h = 0;
   const auto r = std::from_chars(s.data(), s.data() + s.size(), h, 16);
   if (s.size() != 16 || r.ec != std::errc() || r.ptr != s.data() + s.size())
-    throw ConfigError(fmt::format("{}: '{}' is not a 16-digit hexadecimal checksum", meta, s));
+    throw ConfigError(
+        fmt::format("{}: '{}' is not a 16-digit hexadecimal checksum", meta, excerpt(s)));
   return h;
 }
 

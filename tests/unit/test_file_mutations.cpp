@@ -8,13 +8,16 @@
 // the reader's own contract: ids inside the vocabulary, tensors inside their file, documents
 // ascending inside their .bin, a model the engine can size. The checkpoint's checksummed chain
 // is held to more (loaded values equal to the original's) in multirank/test_checkpoint.cpp.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <xxhash.h>
 
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
+#include <nlohmann/json.hpp>
 
 #include "backend/device.h"
 #include "backend/tensor_ops.h"
@@ -25,6 +28,7 @@
 #include "model/safetensors.h"
 #include "model/tokens.h"
 #include "model/weights.h"
+#include "train/checkpoint.h"
 #include "train/indexed_dataset.h"
 #include "train/metrics.h"
 #include "train/run_config.h"
@@ -394,6 +398,41 @@ TEST(FileMutations, MetricsFileOfAResumedRun) {
       each_mutant(good, p, 70, 300, 0, [&] { check_metrics_file(p, /*resume=*/true, false); });
   EXPECT_GT(t.refused, 0);
   std::printf("metrics.jsonl: %d refused, %d read\n", t.refused, t.read);
+}
+
+// A checkpoint's meta.json crafted with the DONE that matches it, as --resume reads it: a
+// checksum of 3000 characters (not 16 hex digits) was quoted whole, a message of over 3000.
+TEST(FileMutations, CheckpointMetaQuotesExcerpts) {
+  TempDir d;
+  const std::string dir = d.file("step_00000002");
+  fs::create_directory(dir);
+  nlohmann::json meta = {
+      {"format", "upipe-zero3-checkpoint-2"},
+      {"run_id", "r1"},
+      {"step", 2},
+      {"world", 1},
+      {"cp_size", 1},
+      {"units", {{{"numel", 4}, {"shard", 4}}}},
+      {"model", slurp(kSrc + "/tests/fixtures/hf/llama/config.json")},
+      {"run", slurp(kSrc + "/examples/copy-task.toml")},
+      {"checksum", {{"algorithm", "xxh3-64"}, {"piece_elements", 4}}},
+      {"files",
+       {{{"bytes", 100},
+         {"header_xxh3", std::string(3000, 'z')},
+         {"pieces_xxh3", {"0000000000000001", "0000000000000002", "0000000000000003"}}}}}};
+  const std::string text = meta.dump(1) + "\n";
+  std::ofstream(dir + "/meta.json", std::ios::binary) << text;
+  std::ofstream(dir + "/DONE", std::ios::binary)
+      << fmt::format("step 2\nmeta.json xxh3-64 {:016x}\n", XXH3_64bits(text.data(), text.size()));
+  try {
+    read_checkpoint_info(dir);
+    ADD_FAILURE() << "a checksum of 3000 characters was not refused";
+  } catch (const ConfigError& e) {
+    EXPECT_LT(std::string(e.what()).size(), 2000u) << e.what();
+    EXPECT_NE(std::string(e.what()).find("is not a 16-digit hexadecimal checksum"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace
