@@ -13,7 +13,7 @@ export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 
 .PHONY: deps deps-sanitize configure build demo test bench clean format configure-sanitize build-sanitize \
-	test-sanitize test-sanitize-unit
+	test-sanitize test-sanitize-unit fuzz
 
 deps:
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -67,6 +67,17 @@ test-sanitize: build-sanitize
 
 test-sanitize-unit: build-sanitize
 	cd $(SANITIZE_BUILD) && ctest --output-on-failure -j $(JOBS) -L unit
+
+# libFuzzer harnesses over the readers of users' files (tools/fuzz, docs/training.md), built with
+# clang in $(FUZZ_BUILD) (-DUPIPE_FUZZ=ON: ASan, UBSan and coverage), their seed corpora written
+# to $(FUZZ_BUILD)/corpus/. Never part of `make test` or CI: run each fuzzer by hand.
+FUZZ_BUILD ?= build-fuzz
+
+fuzz: deps-sanitize
+	cmake -S . -B $(FUZZ_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DUPIPE_FUZZ=ON \
+	  -DCMAKE_CXX_COMPILER=$(SANITIZE_CXX)
+	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target upipe_fuzzers
+	$(PYTHON) tools/fuzz/seeds.py $(FUZZ_BUILD)/corpus
 
 # Benchmarks (never part of `make test`): regenerates docs/results.md and docs/img/.
 bench: build
