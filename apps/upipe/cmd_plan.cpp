@@ -161,15 +161,8 @@ PlanRequest base_request(const Settings& set, const Options& o) {
   if (o.max_seq_len && set.given("train.seq_len"))
     throw ConfigError(
         fmt::format("give one of {} and --max-seq-len", setting_ref("train.seq_len")));
-  PlanRequest r;
-  r.ranks = o.ranks;
+  PlanRequest r = plan_request(c, o.ranks);
   r.ranks_per_host = o.ranks_per_host;
-  r.cp_size = c.parallel.cp_size;
-  r.decoder = decoder_options(c, c.train.seq_len);
-  r.micro_steps = c.train.micro_steps;
-  r.device_bytes = c.memory.device_bytes;
-  r.host_bytes = c.memory.host_bytes;
-  r.backend = parse_backend_kind(c.device.backend);
   r.reserve_bytes = o.reserve_gib >= 0 ? int64_t(o.reserve_gib * double(int64_t(1) << 30))
                                        : parse_bytes(o.reserve, "--reserve", /*allow_zero=*/true);
   if (!o.doc_lens.empty()) {
@@ -177,10 +170,7 @@ PlanRequest base_request(const Settings& set, const Options& o) {
       throw ConfigError(
           "--doc-lens gives the documents of one sequence length: drop --max-seq-len");
     r.doc_lens = documents_from(o.doc_lens, r.decoder.seq_len)->lengths();
-  } else {
-    // A run that packs the data's documents: each window's are its own, so the plan takes the
-    // most a sequence can hold (the train command's run then fits whatever the data holds).
-    r.worst_case_documents = c.data.documents != "none";
+    r.worst_case_documents = false;  // the documents given, not the data's at their worst
   }
   return r;
 }

@@ -22,6 +22,7 @@
 #include "core/stop_signal.h"
 #include "core/watchdog.h"
 #include "model/weights.h"
+#include "plan/planner.h"
 #include "train/checkpoint.h"
 #include "train/loop.h"
 #include "train/metrics.h"
@@ -130,8 +131,49 @@ class Render final : public TrainingObserver {
   double train_s_ = 0, tokens_ = 0, mfu_s_ = 0;  // seconds, tokens per rank, MFU x seconds
 };
 
+// The plan of this very run (`upipe plan` with its world and the settings that change memory; no
+// reserve: its budget is all its arena has), which says what fits where the run does not.
+std::string plan_command(const RunConfig& cfg, int world) {
+  RunConfig budget_given;
+  budget_given.memory.device_bytes = cfg.memory.device_bytes + 1;  // the budget always written
+  return fmt::format("upipe plan --ranks {} {} --reserve 0", world,
+                     to_flags(cfg, kScopePlan, budget_given));
+}
+
+// The run's step, planned before any weight or checkpoint is read (src/plan: the engine's own
+// step on the meta device, so the very bytes each rank's step allocates): a run that does not
+// fit its budget ends now, with the out-of-memory error its first step would end in after the
+// weights had loaded. A run of packed documents is planned at their worst (a document per token),
+// a bound its data may stay far below: over the budget it is said, not refused. Every rank plans
+// alike (the plan is a function of the settings), so every rank ends alike.
+Plan plan_run(const RunConfig& cfg, const ModelConfig& m, int world, bool root,
+              const std::string& plan_cmd) {
+  PlanRequest r = plan_request(cfg, world);
+  r.reserve_bytes = 0;  // the budget is all the arena has
+  Plan p = plan_step(m, r, /*stop_at_budget=*/true);
+  if (p.fits || (p.limit_arena != "device" && p.limit_arena != "host")) return p;
+  const bool device = p.limit_arena == "device";
+  const std::string what = fmt::format(
+      "out of memory in {} arena, found before anything is loaded (the run's step played on the "
+      "meta device): rank {}'s step requests {} ({} B) for tag '{}' with {} in use, over {}; "
+      "raise {} or choose a configuration with a smaller peak: `{}` says what fits",
+      p.limit_arena, p.limit_rank, format_bytes(p.limit_request), p.limit_request, p.limit_tag,
+      p.limit_breakdown,
+      setting_value(device ? "memory.device_memory" : "memory.host_memory",
+                    bytes_text(device ? r.device_bytes : r.host_bytes)),
+      setting_ref(device ? "memory.device_memory" : "memory.host_memory"), plan_cmd);
+  if (!r.worst_case_documents)
+    throw OutOfMemoryError(what, p.limit_arena, p.limit_tag, p.limit_request, p.limit_breakdown);
+  if (root)
+    std::fprintf(stderr,
+                 "upipe: warning: %s (with packed documents planned at their worst, one "
+                 "per token: sequences of fewer documents need less)\n",
+                 what.c_str());
+  return p;
+}
+
 void print_startup(const RunConfig& cfg, const ModelConfig& m, TrainingLoop& loop,
-                   const std::string& toml) {
+                   const std::string& toml, const Plan& planned) {
   std::printf("# upipe train: effective run file\n%s\n", toml.c_str());
   StartupInfo si;
   si.model = m.source;
@@ -170,6 +212,21 @@ void print_startup(const RunConfig& cfg, const ModelConfig& m, TrainingLoop& loo
         "(a busy machine lowers it; %s states a peak)\n",
         loop.start().origin.c_str(), smaller.c_str(), loop.gemm_flops() / 1e9, peak.c_str());
   }
+  if (planned.fits)
+    std::printf(
+        "plan: a step peaks at %s (%lld B) of device memory per rank (rank %d; budget %s) and "
+        "%s%s; "
+        "the step lines' peak is measured\n",
+        format_bytes(planned.device_peak).c_str(), (long long)planned.device_peak,
+        planned.worst_rank, format_bytes(cfg.memory.device_bytes).c_str(),
+        planned.host_peak == 0
+            ? "no host memory"
+            : fmt::format("{} ({} B) of host memory (budget {})", format_bytes(planned.host_peak),
+                          planned.host_peak, format_bytes(cfg.memory.host_bytes))
+                  .c_str(),
+        planned.request.worst_case_documents
+            ? ", at most (the documents planned at their worst, one per token)"
+            : "");
   for (const std::string& w : run_warnings(cfg, m))
     std::printf("warning: %s\n", render_setting_refs(w).c_str());
   // A model directory's weights are the architecture's source only; starting from them is
@@ -304,20 +361,21 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
   }
   spell_model_fields(set, m);  // the heads are the model's fields, not settings of train
   Device dev(device_options(cfg));
-  // A run that does not fit: the plan of this very run, which says what does (upipe plan).
-  RunConfig budget_given;
-  budget_given.memory.device_bytes = cfg.memory.device_bytes + 1;  // the budget always written
+  const std::string plan_cmd = plan_command(cfg, proc.world.size());
   dev.mem().set_advice(fmt::format(
-      "a shorter sequence, more ranks, bf16, --offload-stash; `upipe plan --ranks {} {} "
-      "--reserve 0` says what fits",
-      proc.world.size(), to_flags(cfg, kScopePlan, budget_given)));
+      "a shorter sequence, more ranks, bf16, --offload-stash; `{}` says what fits", plan_cmd));
   DeviceComm comm(dev, proc.world);
-  TrainingLoop loop(dev, comm, m, cfg, opt.resume, opt.overwrite, opt.accept_changes);
+  // Planned once the inputs are checked (bad input is said first) and the trainer built (the
+  // bytes every step needs at least, checked against the budget and the machine: the planner's
+  // host lists grow with S), before any weight loads.
+  Plan planned;
+  TrainingLoop loop(dev, comm, m, cfg, opt.resume, opt.overwrite, opt.accept_changes,
+                    [&] { planned = plan_run(cfg, m, proc.world.size(), proc.root(), plan_cmd); });
   const std::string hosts_note = across_hosts_note(cfg, m, loop, host_names(proc.world));
   std::unique_ptr<Render> render;
   if (proc.root()) {
     for (const std::string& l : resume_report) std::printf("%s\n", l.c_str());
-    print_startup(cfg, m, loop, toml);
+    print_startup(cfg, m, loop, toml, planned);
     if (!hosts_note.empty()) std::printf("warning: %s\n", hosts_note.c_str());
     render = std::make_unique<Render>(cfg, loop.start(), opt.overwrite, std::move(metrics_lock));
   }

@@ -17,9 +17,23 @@
 #include "core/checked.h"
 #include "core/errors.h"
 #include "train/run_config.h"
+#include "train/run_options.h"
 #include "train/trainer.h"
 
 namespace upipe {
+
+PlanRequest plan_request(const RunConfig& c, int ranks) {
+  PlanRequest r;
+  r.ranks = ranks;
+  r.cp_size = c.parallel.cp_size;
+  r.decoder = decoder_options(c, c.train.seq_len);
+  r.micro_steps = c.train.micro_steps;
+  r.device_bytes = c.memory.device_bytes;
+  r.host_bytes = c.memory.host_bytes;
+  r.backend = parse_backend_kind(c.device.backend);
+  r.worst_case_documents = c.data.documents != "none";
+  return r;
+}
 
 TrainOptions train_options(const PlanRequest& r) {
   TrainOptions o;
@@ -193,6 +207,9 @@ Plan plan_step(const ModelConfig& m, const PlanRequest& r, bool stop_at_budget,
     // Within the budget but past the meta device's range: the planner's limit, said as such.
     p.limit_arena = e.backing ? std::string(kPlannerRangeLimit) : e.arena;
     p.limit_tag = e.tag;
+    p.limit_rank = rank;
+    p.limit_request = e.request;
+    p.limit_breakdown = e.breakdown;
     return p;
   };
   std::vector<RankClass> classes;

@@ -16,6 +16,7 @@
 
 #include "core/arena.h"
 #include "model/config.h"
+#include "train/run_config.h"
 #include "train/trainer.h"
 
 namespace upipe {
@@ -56,6 +57,12 @@ struct PlanRequest {
   bool worst_case_documents = false;
 };
 
+// The request of a training run's settings on `ranks` ranks: its method, knobs, S, memory policy,
+// micro-steps, budgets and backend; a run that packs its data's documents (data.documents) is
+// planned at their worst. The reserve is the default (upipe plan's); upipe train plans with none,
+// its budget being all its arena has.
+PlanRequest plan_request(const RunConfig& c, int ranks);
+
 // The trainer's options of a request (what plan_step builds its Trainer with).
 TrainOptions train_options(const PlanRequest& r);
 
@@ -90,6 +97,10 @@ struct Plan {
   // What stops this plan, or (max_seq_len) one granule more: the arena whose budget it exceeds
   // ("device" or "host") and the tag of the request that did not fit; empty when nothing does.
   std::string limit_arena, limit_tag;  // "device", "host", kPlannerRangeLimit, kSeqLenRangeLimit
+  // A step stopped by a budget: the rank, its request's bytes and the live bytes per tag then.
+  int limit_rank = 0;
+  int64_t limit_request = 0;
+  std::string limit_breakdown;
   int rank_classes = 0;                // the ranks played: one per class (or every rank)
 };
 

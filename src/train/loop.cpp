@@ -139,7 +139,7 @@ RunStart initialize(Communicator& world, const RunConfig& c, const ModelConfig& 
 
 TrainingLoop::TrainingLoop(Device& dev, Communicator& world, const ModelConfig& m,
                            const RunConfig& c, bool resume, bool overwrite_checkpoints,
-                           bool accept_changes)
+                           bool accept_changes, const std::function<void()>& before_load)
     : dev_(dev), world_(world), m_(m), cfg_(c), toml_(to_toml(c)) {
   // A wrong --init-from is said before the trainer reserves memory (an 8B run over a small
   // model's folder said out-of-memory first).
@@ -155,6 +155,7 @@ TrainingLoop::TrainingLoop(Device& dev, Communicator& world, const ModelConfig& 
   }
   check_same_data(world, *data_, "training", "data.path");
   if (val_) check_same_data(world, *val_, "validation", "data.val_path");
+  if (before_load) before_load();
   start_ = initialize(world, c, m, *trainer_, *data_, resume, overwrite_checkpoints,
                       accept_changes, ckpt_run_);
   start_.run_id = ckpt_run_.run_id;

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -60,9 +61,12 @@ class TrainingLoop {
   // weights, else a random init from train.seed. A fresh run refuses a checkpoint.dir holding
   // another run's checkpoints unless overwrite_checkpoints (train/checkpoint.h). A resumed run
   // whose training data is not the checkpoint's (DataSource::fingerprint) is refused unless
-  // accept_changes. Measures the GEMM rate MFU is relative to.
+  // accept_changes. Measures the GEMM rate MFU is relative to. `before_load` (when given) runs
+  // once the settings, the --init-from folder and the data have been checked and the trainer
+  // built, before any checkpoint or weight is read (upipe train plans its step there).
   TrainingLoop(Device& dev, Communicator& world, const ModelConfig& m, const RunConfig& c,
-               bool resume, bool overwrite_checkpoints = false, bool accept_changes = false);
+               bool resume, bool overwrite_checkpoints = false, bool accept_changes = false,
+               const std::function<void()>& before_load = {});
   ~TrainingLoop();
 
   Trainer& trainer() { return *trainer_; }

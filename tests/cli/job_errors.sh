@@ -49,12 +49,13 @@ out_of_memory)
   # memory budget (--device-memory)", which it refuses).
   expect 3 "in use \(nothing\); choose a configuration with a smaller peak \(a shorter --seq-len, fewer --heads / --kv-heads, or --dtype bf16\)$" \
     1 1 bench kernel --seq-len 1099511627776
-  # train names the plan of the very run: that command runs, plans the run's peak (the arena's
-  # budget is the run's whole device memory: no reserve) and says it does not fit.
-  expect 3 "says what fits\)$" 1 2 train --steps=1 --seq-len=2048 --device-memory=3M \
-    --method=ring --progress=lines
+  # train plans its step before it loads anything: a run over its budget ends at once, naming
+  # the plan of the very run; that command runs, plans the run's peak (the arena's budget is the
+  # run's whole device memory: no reserve) and says it does not fit.
+  expect 3 "out of memory in device arena, found before anything is loaded .*: rank 0's step requests .* for tag '[a-z_]+' with .* in use, over --device-memory 3M; raise --device-memory or .*says what fits$" \
+    1 2 train --steps=1 --seq-len=2048 --device-memory=3M --method=ring --progress=lines
   plan=$(timeout 60 "${mpirun[@]}" -np 2 "$upipe" train --steps=1 --seq-len=2048 --device-memory=3M \
-    --method=ring --progress=lines 2>&1 | sed -n 's/.*; `upipe plan \(.*\)` says what fits)$/\1/p' | head -1)
+    --method=ring --progress=lines 2>&1 | sed -n 's/.*: `upipe plan \(.*\)` says what fits$/\1/p' | head -1)
   [ "$plan" = "--ranks 2 --method=ring --seq-len=2048 --device-memory=3M --reserve 0" ] ||
     { echo "FAIL: train's plan command: '$plan'"; exit 1; }
   expect 0 "^ring +- +2048 +no " 1 1 plan $plan

@@ -2,7 +2,7 @@
 # `upipe plan` against `upipe train` as a user runs them: one run file, trained for one step on N
 # ranks (its JSONL metrics hold the step's device and host peaks over the ranks, with the worst
 # rank's bytes per tag), and planned with `upipe plan RUN.toml --ranks N`. The peaks and every
-# tag must be equal, for methods, dtypes, offload, recompute modes and tile sizes off and on the
+# tag must be equal, and the peaks train's start-up plan line says, for methods, dtypes, offload, recompute modes and tile sizes off and on the
 # default, stage overlap on; and the `upipe train` command a plan prints for its answer runs and peaks at the
 # plan's bytes. Usage: plan_matches_train.sh UPIPE MPIRUN [MPIRUN ARGS...]
 set -u
@@ -32,14 +32,19 @@ case_() {
     failures=$((failures + 1))
     return
   fi
-  if python3 - "$tmp/$name.jsonl" "$tmp/$name.plan" "$name" <<'PY'; then
-import json, sys
+  if python3 - "$tmp/$name.jsonl" "$tmp/$name.plan" "$name" "$tmp/$name.train" <<'PY'; then
+import json, re, sys
 run = [json.loads(l) for l in open(sys.argv[1])][-1]
 plan = json.load(open(sys.argv[2]))["methods"][0]
+# train plans its own step at its start too: "plan: a step peaks at X (N B) ... and Y (M B) ..."
+said = re.findall(r"^plan: a step peaks at .*? \((\d+) B\) of device memory per rank \(.*?\) and "
+                  r"(?:no host memory|.*? \((\d+) B\) of host memory)", open(sys.argv[4]).read(), re.M)
+said = [int(said[0][0]), int(said[0][1] or 0)] if len(said) == 1 else None
 pairs = [("device peak", run["peak_bytes"], plan["device_peak_bytes"]),
          ("device tags", run["peak_by_tag"], plan["peak_by_tag"]),
          ("host peak", run["host_peak_bytes"], plan["host_peak_bytes"]),
-         ("host tags", run["host_peak_by_tag"], plan["host_peak_by_tag"])]
+         ("host tags", run["host_peak_by_tag"], plan["host_peak_by_tag"]),
+         ("train's own plan line", [run["peak_bytes"], run["host_peak_bytes"]], said)]
 bad = [(what, r, p) for what, r, p in pairs if r != p]
 for what, r, p in bad:
     print(f"  {what}: train {r}, plan {p}")
