@@ -153,22 +153,29 @@ Plan plan_run(const RunConfig& cfg, const ModelConfig& m, int world, bool root,
   Plan p = plan_step(m, r, /*stop_at_budget=*/true);
   if (p.fits || (p.limit_arena != "device" && p.limit_arena != "host")) return p;
   const bool device = p.limit_arena == "device";
-  const std::string what = fmt::format(
-      "out of memory in {} arena, found before anything is loaded (the run's step played on the "
-      "meta device): rank {}'s step requests {} ({} B) for tag '{}' with {} in use, over {}; "
-      "raise {} or choose a configuration with a smaller peak: `{}` says what fits",
-      p.limit_arena, p.limit_rank, format_bytes(p.limit_request), p.limit_request, p.limit_tag,
-      p.limit_breakdown,
+  const std::string over = fmt::format(
+      "rank {}'s step requests {} ({} B) for tag '{}' with {} in use, over {}", p.limit_rank,
+      format_bytes(p.limit_request), p.limit_request, p.limit_tag, p.limit_breakdown,
       setting_value(device ? "memory.device_memory" : "memory.host_memory",
-                    bytes_text(device ? r.device_bytes : r.host_bytes)),
-      setting_ref(device ? "memory.device_memory" : "memory.host_memory"), plan_cmd);
+                    bytes_text(device ? r.device_bytes : r.host_bytes)));
+  const std::string change =
+      fmt::format("raise {} or choose a configuration with a smaller peak: `{}` says what fits",
+                  setting_ref(device ? "memory.device_memory" : "memory.host_memory"), plan_cmd);
   if (!r.worst_case_documents)
-    throw OutOfMemoryError(what, p.limit_arena, p.limit_tag, p.limit_request, p.limit_breakdown);
+    throw OutOfMemoryError(fmt::format("out of memory in {} arena, found before anything is "
+                                       "loaded (the run's step played on the meta device): {}; {}",
+                                       p.limit_arena, over, change),
+                           p.limit_arena, p.limit_tag, p.limit_request, p.limit_breakdown);
+  // A bound the data may stay far below: said, the run goes on.
   if (root)
-    std::fprintf(stderr,
-                 "upipe: warning: %s (with packed documents planned at their worst, one "
-                 "per token: sequences of fewer documents need less)\n",
-                 what.c_str());
+    std::fprintf(stderr, "%s\n",
+                 render_setting_refs(
+                     fmt::format("upipe: warning: with its packed documents at their worst (a "
+                                 "document per token), this run's step does not fit its {} arena "
+                                 "(the step played on the meta device): {}; a sequence of that "
+                                 "many documents would end the run out of memory; {}",
+                                 p.limit_arena, over, change))
+                     .c_str());
   return p;
 }
 
