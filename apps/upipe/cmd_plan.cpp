@@ -29,6 +29,7 @@
 #include "model/doc_lens.h"
 #include "model/weights.h"
 #include "plan/planner.h"
+#include "plan/remedies.h"
 #include "train/loop.h"
 #include "train/run_options.h"
 
@@ -200,140 +201,6 @@ std::vector<Row> plan_rows(const ModelConfig& m, const PlanRequest& base, const 
   return rows;
 }
 
-// A plan that does not fit, planned again with the settings that lower a step's memory: each
-// alone, or (where none alone fits) the fewest of them together.
-struct Remedy {
-  std::string flags;  // what changes, as train's flags ("--offload-stash=true")
-  std::string costs;  // what the change costs ("the stash in host memory")
-  bool exact = true;  // whether the run computes the same bits
-  Plan plan;
-  std::string command;  // the train command that runs it
-};
-
-struct RemedyStep {
-  const char* costs;
-  bool exact;
-  // Applies the change to c for `mi`'s row; false where it changes nothing (already so).
-  bool (*apply)(RunConfig& c, const MethodInfo& mi);
-};
-
-// Cheapest first: exact ones, then those that round.
-const RemedyStep kRemedySteps[] = {
-    {"the knobs the planner picks to fit", true,
-     [](RunConfig& c, const MethodInfo& mi) {
-       MethodKnobs& k = c.parallel.knobs;
-       bool changed = false;
-       for (auto [takes, knob] :
-            {std::pair{mi.takes_stage_heads, &k.stage_heads}, std::pair{mi.takes_chunks, &k.chunks},
-             std::pair{mi.takes_ulysses_degree, &k.ulysses_degree}})
-         if (takes && *knob != kKnobAuto) {
-           *knob = kKnobAuto;
-           changed = true;
-         }
-       return changed;
-     }},
-    {"no stage overlap", true,
-     [](RunConfig& c, const MethodInfo&) {
-       return std::exchange(c.parallel.knobs.overlap, false);
-     }},
-    {"backward recomputes each layer", true,
-     [](RunConfig& c, const MethodInfo&) {
-       return std::exchange(c.memory.policy.recompute, Recompute::kLayer) != Recompute::kLayer;
-     }},
-    {"the stash in host memory", true,
-     [](RunConfig& c, const MethodInfo&) {
-       return !std::exchange(c.memory.policy.offload_stash, true);
-     }},
-    {"MLP and LM-head tiles of a quarter the rows: their sums group otherwise", false,
-     [](RunConfig& c, const MethodInfo&) {
-       int64_t& t = c.memory.policy.tile_tokens;
-       const int64_t smaller = std::max<int64_t>(std::min<int64_t>(t, 64), t / 4);
-       return std::exchange(t, smaller) != smaller;
-     }},
-    {"a bf16 stash: gradients move by about one bf16 rounding", false,
-     [](RunConfig& c, const MethodInfo&) {
-       return std::exchange(c.memory.policy.stash_dtype, DType::kBF16) != DType::kBF16;
-     }},
-    {"bf16 compute, fp32 master weights", false,
-     [](RunConfig& c, const MethodInfo&) {
-       return std::exchange(c.memory.policy.dtype, DType::kBF16) != DType::kBF16;
-     }},
-};
-
-std::vector<Remedy> remedies(const Settings& set, const Options& o, const ModelConfig& m,
-                             const PlanRequest& base, const Plan& failed) {
-  const MethodInfo& mi = method_info(failed.request.decoder.knobs.method);
-  // Against the row as planned, so a flag says what the remedy changes.
-  RunConfig before = set.config;
-  before.parallel.knobs = failed.request.decoder.knobs;
-  const std::string knobs_before = knobs_text(m, failed.request);
-  // The steps that change something here, and the plan with a set of them (nullopt: refused, a
-  // knob no value of fits).
-  std::vector<const RemedyStep*> steps;
-  for (const RemedyStep& st : kRemedySteps) {
-    RunConfig c = before;
-    if (st.apply(c, mi)) steps.push_back(&st);
-  }
-  auto plan_with = [&](const std::vector<size_t>& taken) -> std::optional<Remedy> {
-    RunConfig c = before;
-    Remedy out;
-    std::vector<std::string> costs;
-    for (size_t i : taken) {
-      steps[i]->apply(c, mi);
-      costs.emplace_back(steps[i]->costs);
-      out.exact = out.exact && steps[i]->exact;
-    }
-    out.costs = join(costs, "; ");
-    PlanRequest r = base;
-    r.decoder = decoder_options(c, base.decoder.seq_len);
-    r.decoder.knobs = knobs_for(c.parallel.knobs, mi);
-    try {
-      out.plan = plan_auto(m, r);
-    } catch (const ConfigError&) {
-      return std::nullopt;
-    }
-    // The knobs as chosen; named only where they differ from the row's.
-    c.parallel.knobs = knobs_text(m, out.plan.request) == knobs_before
-                           ? before.parallel.knobs
-                           : out.plan.request.decoder.knobs;
-    out.flags = to_flags(c, kScopeTrain, before);
-    if (out.plan.fits) {
-      Settings with = set;
-      with.config = c;
-      out.command = train_command(with, o, out.plan);
-    }
-    return out;
-  };
-  std::vector<Remedy> alone;
-  for (size_t i = 0; i < steps.size(); ++i)
-    if (std::optional<Remedy> r = plan_with({i}); r && r->plan.fits) alone.push_back(*r);
-  if (!alone.empty() || steps.size() < 2) return alone;
-  // Together: none where all of them do not fit; else the shortest run of steps in order that
-  // fits, then without each earlier one it does not need.
-  std::vector<size_t> every(steps.size());
-  std::iota(every.begin(), every.end(), size_t(0));
-  if (std::optional<Remedy> r = plan_with(every); !r || !r->plan.fits) return {};
-  std::vector<size_t> taken;
-  for (size_t i = 0; i < steps.size(); ++i) {
-    taken.push_back(i);
-    std::optional<Remedy> r = plan_with(taken);
-    if (!r || !r->plan.fits) continue;
-    for (size_t j = 0; j + 1 < taken.size();) {
-      std::vector<size_t> fewer;
-      for (size_t k = 0; k < taken.size(); ++k)
-        if (k != j) fewer.push_back(taken[k]);
-      if (std::optional<Remedy> f = plan_with(fewer); f && f->plan.fits) {
-        taken = fewer;
-        r = f;
-      } else {
-        ++j;
-      }
-    }
-    return {*r};
-  }
-  return {};
-}
-
 // Whether a data path (a file, a directory, a glob, a Megatron prefix) names something here.
 bool data_here(const std::string& path) {
   namespace fs = std::filesystem;
@@ -415,7 +282,13 @@ int run(Process& proc, const Options& o, const SettingArgs& sa, const CLI::App& 
   if (!o.max_seq_len)
     for (size_t i = 0; i < rows.size(); ++i)
       if (rows[i].refused.empty() && !rows[i].plan.fits)
-        fixes[i] = remedies(set, o, m, base, rows[i].plan);
+        fixes[i] = remedies(m, set.config, base, rows[i].plan);
+  // The train command that runs a remedy: the plan's settings with the remedy's.
+  auto remedy_command = [&](const Remedy& f) {
+    Settings with = set;
+    with.config = f.config;
+    return train_command(with, o, f.plan);
+  };
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   bool any = false, any_host = false;
@@ -480,7 +353,8 @@ int run(Process& proc, const Options& o, const SettingArgs& sa, const CLI::App& 
                         {"plan_seconds", secs}};
     j.update(memory_policy_json(base.decoder.memory));
     nlohmann::json ms = nlohmann::json::array();
-    for (const Row& r : rows) {
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const Row& r = rows[i];
       if (!r.refused.empty()) {
         ms.push_back({{"method", r.method}, {"fits", false}, {"error", r.refused}});
         continue;
@@ -513,14 +387,14 @@ int run(Process& proc, const Options& o, const SettingArgs& sa, const CLI::App& 
         ms.back()["data_note"] = note;
       if (!p.fits && !o.max_seq_len) {
         nlohmann::json fits_with = nlohmann::json::array();
-        for (const Remedy& f : fixes[size_t(&r - rows.data())])
+        for (const Remedy& f : fixes[i])
           fits_with.push_back({{"flags", f.flags},
                                {"costs", f.costs},
                                {"exact", f.exact},
                                {"knobs_text", knobs_text(m, f.plan.request)},
                                {"device_peak_bytes", f.plan.device_peak},
                                {"host_peak_bytes", f.plan.host_peak},
-                               {"train_command", f.command}});
+                               {"train_command", remedy_command(f)}});
         ms.back()["fits_with"] = fits_with;
       }
     }
@@ -561,7 +435,8 @@ int run(Process& proc, const Options& o, const SettingArgs& sa, const CLI::App& 
                 p.fits ? "yes" : "no", format_bytes(p.device_peak).c_str(),
                 format_bytes(p.host_peak).c_str(), limit.c_str());
   }
-  for (const Row& r : rows) {
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const Row& r = rows[i];
     if (!r.refused.empty()) continue;
     const Plan& p = r.plan;
     std::printf("\n%s at S = %lld, rank %d's device peak %s: %s\n", r.method.c_str(),
@@ -572,8 +447,9 @@ int run(Process& proc, const Options& o, const SettingArgs& sa, const CLI::App& 
                   p.worst_host_rank, Arena::describe(p.host_at_peak).c_str());
     if (const std::string note = across_hosts_note(m, p); !note.empty())
       std::printf("  note: %s\n", note.c_str());
-    if (p.fits) {
-      std::printf("  run it: %s\n", train_command(set, o, p).c_str());
+    // The command of a plan that fits, and what the data or --doc-lens add to it.
+    auto run_it = [&](const std::string& command) {
+      std::printf("  run it: %s\n", command.c_str());
       if (const std::string note = data_note(data, p.request.decoder.seq_len); !note.empty())
         std::printf("  note: %s\n", note.c_str());
       // --doc-lens is the planner's: a run's documents come from its data.
@@ -581,14 +457,17 @@ int run(Process& proc, const Options& o, const SettingArgs& sa, const CLI::App& 
         std::printf(
             "  (its documents come from the data: --data-kind=files --documents=eos:ID or index; "
             "--doc-lens has no train flag)\n");
+    };
+    if (p.fits) {
+      run_it(train_command(set, o, p));
     } else if (!o.max_seq_len) {
-      const std::vector<Remedy>& fs = fixes[size_t(&r - rows.data())];
+      const std::vector<Remedy>& fs = fixes[i];
       if (fs.empty())
         std::printf(
-            "  no setting that lowers memory makes it fit at this S, alone or together (the "
-            "knobs auto, no overlap, layer recompute, the stash offloaded, smaller tiles, a bf16 "
-            "stash, bf16 compute): --max-seq-len finds the longest S that fits; more ranks "
-            "split the sequence further\n");
+            "  no setting that lowers memory makes it fit at this S, alone or together (%s): "
+            "--max-seq-len finds the longest S that fits; more ranks split the sequence "
+            "further\n",
+            join(remedy_step_names(), ", ").c_str());
       else
         std::printf("  it fits with%s:\n", fs.size() > 1 ? " any of these" : "");
       for (const Remedy& f : fs) {
@@ -599,7 +478,7 @@ int run(Process& proc, const Options& o, const SettingArgs& sa, const CLI::App& 
             f.plan.host_peak > 0 ? (", host peak " + format_bytes(f.plan.host_peak)).c_str() : "",
             f.exact ? "exact: " : "", f.costs.c_str());
       }
-      if (!fs.empty()) std::printf("  run it: %s\n", fs.front().command.c_str());
+      if (!fs.empty()) run_it(remedy_command(fs.front()));
     }
   }
   return 0;

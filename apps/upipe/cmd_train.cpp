@@ -150,31 +150,45 @@ Plan plan_run(const RunConfig& cfg, const ModelConfig& m, int world, bool root,
               const std::string& plan_cmd) {
   PlanRequest r = plan_request(cfg, world);
   r.reserve_bytes = 0;  // the budget is all the arena has
-  Plan p = plan_step(m, r, /*stop_at_budget=*/true);
+  const Plan p = plan_step(m, r, /*stop_at_budget=*/true);
   if (p.fits || (p.limit_arena != "device" && p.limit_arena != "host")) return p;
-  const bool device = p.limit_arena == "device";
-  const std::string over = fmt::format(
-      "rank {}'s step requests {} ({} B) for tag '{}' with {} in use, over {}", p.limit_rank,
-      format_bytes(p.limit_request), p.limit_request, p.limit_tag, p.limit_breakdown,
-      setting_value(device ? "memory.device_memory" : "memory.host_memory",
-                    bytes_text(device ? r.device_bytes : r.host_bytes)));
-  const std::string change =
-      fmt::format("raise {} or choose a configuration with a smaller peak: `{}` says what fits",
-                  setting_ref(device ? "memory.device_memory" : "memory.host_memory"), plan_cmd);
-  if (!r.worst_case_documents)
-    throw OutOfMemoryError(fmt::format("out of memory in {} arena, found before anything is "
-                                       "loaded (the run's step played on the meta device): {}; {}",
-                                       p.limit_arena, over, change),
-                           p.limit_arena, p.limit_tag, p.limit_request, p.limit_breakdown);
-  // A bound the data may stay far below: said, the run goes on.
+  // Where it stops: the request, the live bytes, the budget, and what to change.
+  auto over = [&](const Plan& q) {
+    const bool device = q.limit_arena == "device";
+    return fmt::format(
+        "rank {}'s step requests {} ({} B) for tag '{}' with {} in use, over {}; raise {} or "
+        "choose a configuration with a smaller peak: `{}` says what fits",
+        q.limit_rank, format_bytes(q.limit_request), q.limit_request, q.limit_tag,
+        q.limit_breakdown,
+        setting_value(device ? "memory.device_memory" : "memory.host_memory",
+                      bytes_text(device ? r.device_bytes : r.host_bytes)),
+        setting_ref(device ? "memory.device_memory" : "memory.host_memory"), plan_cmd);
+  };
+  auto refuse = [&](const Plan& q, const char* which) {
+    throw OutOfMemoryError(
+        fmt::format("out of memory in {} arena, found before anything is loaded (the run's step "
+                    "played on the meta device{}): {}",
+                    q.limit_arena, which, over(q)),
+        q.limit_arena, q.limit_tag, q.limit_request, q.limit_breakdown);
+  };
+  if (!r.worst_case_documents) refuse(p, "");
+  // Packed documents at their worst (a document per token) are a bound the data may stay far
+  // below: with one document a sequence, the least its mask takes, the run must fit; between the
+  // two it is said, and the run goes on.
+  PlanRequest one = r;
+  one.worst_case_documents = false;
+  one.doc_lens = {r.decoder.seq_len};
+  const Plan least = plan_step(m, one, /*stop_at_budget=*/true);
+  if (!least.fits && (least.limit_arena == "device" || least.limit_arena == "host"))
+    refuse(least, ", one document a sequence");
   if (root)
     std::fprintf(stderr, "%s\n",
                  render_setting_refs(
                      fmt::format("upipe: warning: with its packed documents at their worst (a "
                                  "document per token), this run's step does not fit its {} arena "
                                  "(the step played on the meta device): {}; a sequence of that "
-                                 "many documents would end the run out of memory; {}",
-                                 p.limit_arena, over, change))
+                                 "many documents would end the run out of memory",
+                                 p.limit_arena, over(p)))
                      .c_str());
   return p;
 }

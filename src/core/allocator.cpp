@@ -165,31 +165,50 @@ class MetaRange {
     return *r;
   }
 
-  int64_t size() const { return size_; }
+  int64_t size() {
+    std::lock_guard<std::mutex> lock(mu_);
+    reserve();
+    return size_;
+  }
 
   void* allocate(int64_t bytes) {
     std::lock_guard<std::mutex> lock(mu_);
+    reserve();
     void* p = range_->allocate(bytes);
+    if (p == nullptr && live_ == 0) unmap();
     if (p == nullptr)
       throw BackingExhausted(fmt::format(
           "the meta device's reserved address range ({}) has no free block of {}; plan fewer "
           "bytes at once in one process",
           format_bytes(size_), format_bytes(bytes)));
+    ++live_;
     return p;
   }
 
+  // The last block back unmaps the range: under `ulimit -v` it may hold half the address space,
+  // which a training run that planned its step at start-up needs for its own memory.
   void release(void* p, int64_t bytes) {
     std::lock_guard<std::mutex> lock(mu_);
     range_->release(p, bytes);
+    if (--live_ == 0) unmap();
   }
 
  private:
-  MetaRange() {
+  void unmap() {
+    munmap(base_, size_t(size_));
+    range_.reset();
+    base_ = nullptr;
+  }
+
+  // Maps the range where none is (mu_ held).
+  void reserve() {
+    if (range_) return;
     for (int64_t want = MetaAllocator::kMetaReserve; want >= (int64_t(1) << 30); want /= 2) {
       void* p = mmap(nullptr, size_t(want), PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
                      -1, 0);
       if (p == MAP_FAILED) continue;
       size_ = want;
+      base_ = p;
       range_ = std::make_unique<FirstFitRange>(static_cast<char*>(p), want);
       return;
     }
@@ -200,6 +219,8 @@ class MetaRange {
 
   std::mutex mu_;
   int64_t size_ = 0;
+  int64_t live_ = 0;  // blocks handed out and not released
+  void* base_ = nullptr;
   std::unique_ptr<FirstFitRange> range_;
 };
 

@@ -102,7 +102,8 @@ class BackingExhausted : public std::bad_alloc {
 // aligned block of it (address-ordered first fit, blocks coalesce on release). The range is
 // kMetaReserve bytes (smaller, halving, if the system refuses that much), enough for planning
 // several TiB of live bytes at once, e.g. 8 simulated ranks x (80 GiB device + 256 GiB host).
-// A request that does not fit throws BackingExhausted. Dereferencing a meta address faults.
+// A request that does not fit throws BackingExhausted. Dereferencing a meta address faults. The
+// last block released unmaps the range (the next allocation reserves it again).
 class MetaAllocator final : public Allocator {
  public:
   static constexpr int64_t kMetaReserve = int64_t(16) << 40;  // 16 TiB

@@ -81,7 +81,7 @@ void check_same_data(Communicator& world, const DataSource& data, const char* wh
 // identity of the checkpoints this run writes (a resumed run keeps its checkpoint's).
 RunStart initialize(Communicator& world, const RunConfig& c, const ModelConfig& m, Trainer& tr,
                     const DataSource& data, bool resume, bool overwrite, bool accept_changes,
-                    CheckpointRun& run) {
+                    CheckpointRun& run, const std::function<void()>& before_load) {
   RunStart s;
   if (resume) {
     if (c.checkpoint.dir.empty())
@@ -96,14 +96,14 @@ RunStart initialize(Communicator& world, const RunConfig& c, const ModelConfig& 
       });
   run = cs.run;
   run.data = data.fingerprint();
+  bool data_changed = false;
   if (cs.resume_from) {
     const std::string& ckpt = *cs.resume_from;
     // The data the run read: the same stream, or the remaining steps read other sequences than
     // the uninterrupted run's (a corpus edited in place, a file added to its directory, a stale
     // .idx), which only --accept-changes allows. Checkpoints of older builds do not say.
     const CheckpointInfo recorded = read_checkpoint_info(ckpt);
-    const bool data_changed = !recorded.data.empty() && !run.data.empty() &&
-                              recorded.data != run.data;
+    data_changed = !recorded.data.empty() && !run.data.empty() && recorded.data != run.data;
     if (data_changed && !accept_changes)
       throw ConfigError(fmt::format(
           "--resume: the training data in {3} is not the data the run read when {0} was "
@@ -112,6 +112,10 @@ RunStart initialize(Communicator& world, const RunConfig& c, const ModelConfig& 
           "--accept-changes",
           ckpt, one_line(recorded.data), run.data, setting_value("data.path", c.data.path),
           setting_ref("data.path")));
+  }
+  if (before_load) before_load();  // every input checked, no weight read yet
+  if (cs.resume_from) {
+    const std::string& ckpt = *cs.resume_from;
     const CheckpointInfo info = load_checkpoint(ckpt, tr.zero());
     s.step = info.step;
     s.resumed = true;
@@ -155,9 +159,8 @@ TrainingLoop::TrainingLoop(Device& dev, Communicator& world, const ModelConfig& 
   }
   check_same_data(world, *data_, "training", "data.path");
   if (val_) check_same_data(world, *val_, "validation", "data.val_path");
-  if (before_load) before_load();
-  start_ = initialize(world, c, m, *trainer_, *data_, resume, overwrite_checkpoints,
-                      accept_changes, ckpt_run_);
+  start_ = initialize(world, c, m, *trainer_, *data_, resume, overwrite_checkpoints, accept_changes,
+                      ckpt_run_, before_load);
   start_.run_id = ckpt_run_.run_id;
   // One checkpoint: fp32 weights and two moments of every parameter (sharded; headers aside).
   if (!c.checkpoint.dir.empty())

@@ -62,8 +62,9 @@ class TrainingLoop {
   // another run's checkpoints unless overwrite_checkpoints (train/checkpoint.h). A resumed run
   // whose training data is not the checkpoint's (DataSource::fingerprint) is refused unless
   // accept_changes. Measures the GEMM rate MFU is relative to. `before_load` (when given) runs
-  // once the settings, the --init-from folder and the data have been checked and the trainer
-  // built, before any checkpoint or weight is read (upipe train plans its step there).
+  // once every input has been checked (the settings, the --init-from folder, the data, the
+  // checkpoint directory and the checkpoint resumed from) and the trainer built, before any
+  // weight is read (upipe train plans its step there).
   TrainingLoop(Device& dev, Communicator& world, const ModelConfig& m, const RunConfig& c,
                bool resume, bool overwrite_checkpoints = false, bool accept_changes = false,
                const std::function<void()>& before_load = {});

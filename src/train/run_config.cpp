@@ -97,7 +97,7 @@ std::vector<Field> fields(RunConfig& c) {
        "optimizer steps"},
       {"train.seq_len", "--seq-len", "-S", &c.train.seq_len, kAll | kScopeKernel,
        ResumeRule::kBreaks, "tokens per sequence S (split over the CP group)"},
-      {"train.micro_steps", "--micro-steps", "", &c.train.micro_steps, kScopeTrain,
+      {"train.micro_steps", "--micro-steps", "", &c.train.micro_steps, kScopeTrain | kScopePlan,
        ResumeRule::kBreaks, "gradient accumulation: sequences per DP rank per step"},
       {"train.lr", "--lr", "", &c.train.lr, kScopeTrain, ResumeRule::kSchedule,
        "peak learning rate, reached at the end of warmup"},

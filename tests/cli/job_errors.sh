@@ -54,9 +54,10 @@ out_of_memory)
   # run's whole device memory: no reserve) and says it does not fit.
   expect 3 "out of memory in device arena, found before anything is loaded .*: rank 0's step requests .* for tag '[a-z_]+' with .* in use, over --device-memory 3M; raise --device-memory or .*says what fits$" \
     1 2 train --steps=1 --seq-len=2048 --device-memory=3M --method=ring --progress=lines
+  # (micro-steps change the plan: the command carries them)
   plan=$(timeout 60 "${mpirun[@]}" -np 2 "$upipe" train --steps=1 --seq-len=2048 --device-memory=3M \
-    --method=ring --progress=lines 2>&1 | sed -n 's/.*: `upipe plan \(.*\)` says what fits$/\1/p' | head -1)
-  [ "$plan" = "--ranks 2 --method=ring --seq-len=2048 --device-memory=3M --reserve 0" ] ||
+    --method=ring --micro-steps=2 --progress=lines 2>&1 | sed -n 's/.*: `upipe plan \(.*\)` says what fits$/\1/p' | head -1)
+  [ "$plan" = "--ranks 2 --method=ring --seq-len=2048 --micro-steps=2 --device-memory=3M --reserve 0" ] ||
     { echo "FAIL: train's plan command: '$plan'"; exit 1; }
   expect 0 "^ring +- +2048 +no " 1 1 plan $plan
   echo "PASS $case_name (its plan)" ;;

@@ -180,7 +180,9 @@ expect_row "fits with, together" '^    --dtype=bf16 --stash-dtype=bf16 --offload
 expect_row "fits with nothing" '^  no setting that lowers memory makes it fit at this S, alone or together .*--max-seq-len finds the longest S that fits' \
   $L8 --device-memory 80G --seq-len 33554432 --method upipe
 for args in "--seq-len 1048576 --method all" "--seq-len 4194304 --method ulysses" \
-  "--seq-len 4194304 --method upipe-fpdt" "--seq-len 2097152 --method upipe --overlap --recompute block"; do
+  "--seq-len 4194304 --method upipe-fpdt" "--seq-len 2097152 --method upipe --overlap --recompute block" \
+  "--seq-len 1048576 --method upipe --stage-heads auto" "--seq-len 2097152 --method usp --ulysses-degree 8 --offload-stash --device-memory 60G" \
+  "--seq-len 1048576 --method upipe --micro-steps 2"; do
   out=$(timeout 120 "$upipe" plan $L8 --device-memory 80G $args --json 2>&1)
   checked=$(printf '%s' "$out" | /usr/bin/python3 -c '
 import json, subprocess, sys

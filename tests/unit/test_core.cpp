@@ -1,8 +1,10 @@
 // Arena accounting (tags, peaks, watches, typed OOM), Buffer ownership, meta addresses, checked
 // size arithmetic, one-line errors, dtype conversion, RNG.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <fstream>
 #include <memory>
 #include <vector>
 
@@ -196,6 +198,32 @@ TEST(MetaAllocator, DistinctAlignedAddressesReusedAfterRelease) {
   m.release(d, 64);
   m.release(a, 0);
   m.release(c, int64_t(1) << 40);
+}
+
+// Whether an address range starting at p is mapped in this process (/proc/self/maps).
+bool mapped_at(const void* p) {
+  std::ifstream maps("/proc/self/maps");
+  const std::string start = fmt::format("{:x}-", reinterpret_cast<uintptr_t>(p));
+  for (std::string line; std::getline(maps, line);)
+    if (line.rfind(start, 0) == 0) return true;
+  return false;
+}
+
+// The range is given back with its last block (under `ulimit -v` it may hold half the address
+// space a training run that planned its step needs), and reserved again by the next allocation.
+TEST(MetaAllocator, LastBlockReleasedUnmapsTheRange) {
+  MetaAllocator m;
+  void* a = m.allocate(0);  // first fit: the range's start
+  void* b = m.allocate(int64_t(1) << 30);
+  EXPECT_TRUE(mapped_at(a));
+  m.release(a, 0);
+  EXPECT_TRUE(mapped_at(a));  // b still lives in it
+  m.release(b, int64_t(1) << 30);
+  EXPECT_FALSE(mapped_at(a));
+  EXPECT_GE(MetaAllocator::reserved_bytes(), int64_t(1) << 30);  // reserved again to say its size
+  void* c = m.allocate(64);
+  EXPECT_NE(c, nullptr);
+  m.release(c, 64);
 }
 
 TEST(MetaAllocator, HoldsEightPlannedRanksOfDeviceAndHostMemory) {
