@@ -18,6 +18,8 @@
 #include "attention/methods.h"
 #include "core/errors.h"
 #include "plan/planner.h"
+#include "plan/remedies.h"
+#include "train/run_config.h"
 #include "unit/expect_config_error.h"
 
 namespace upipe {
@@ -98,6 +100,49 @@ TEST(Planner, DocumentsOfTheDataArePlannedAtTheirWorst) {
     EXPECT_GT(bw.device_at_peak[Tag::kDocs], 0) << method;
     EXPECT_GE(bn.request.decoder.seq_len, bw.request.decoder.seq_len) << method;
   }
+}
+
+// What makes a plan that does not fit fit: each remedy's plan fits, is the plan of its settings
+// as a run gives them (plan_request), and says whether it computes the same bits; a knob given
+// as auto stays auto; nothing where not even every step together fits.
+TEST(Planner, RemediesFitAsTheirSettingsPlan) {
+  const ModelConfig m = load_model_config("tiny");
+  RunConfig c;
+  c.train.seq_len = 65536;
+  c.memory.device_bytes = int64_t(72) << 20;  // 78.29 MiB planned; offloaded: 70.29 MiB
+  c.memory.host_bytes = int64_t(1) << 30;
+  for (const bool auto_u : {false, true}) {
+    c.parallel.knobs.stage_heads = auto_u ? kKnobAuto : 0;
+    PlanRequest base = plan_request(c, 2);
+    base.reserve_bytes = 0;
+    const Plan failed = plan_auto(m, base);
+    ASSERT_FALSE(failed.fits);
+    const std::vector<Remedy> rs = remedies(m, c, base, failed);
+    ASSERT_FALSE(rs.empty());
+    bool offload = false;
+    for (const Remedy& f : rs) {
+      SCOPED_TRACE(f.flags);
+      EXPECT_TRUE(f.plan.fits);
+      PlanRequest again = plan_request(f.config, 2);
+      again.reserve_bytes = 0;
+      const Plan p = plan_auto(m, again);
+      EXPECT_TRUE(p.fits);
+      EXPECT_EQ(p.device_peak, f.plan.device_peak);
+      EXPECT_EQ(p.host_peak, f.plan.host_peak);
+      if (auto_u) EXPECT_EQ(f.config.parallel.knobs.stage_heads, kKnobAuto);
+      if (f.flags == "--offload-stash=true") {
+        offload = true;
+        EXPECT_TRUE(f.exact);
+      }
+      if (f.flags.find("--stash-dtype=bf16") != std::string::npos) EXPECT_FALSE(f.exact);
+    }
+    EXPECT_TRUE(offload) << "the offloaded stash fits alone";
+  }
+  c.parallel.knobs.stage_heads = 0;
+  c.memory.device_bytes = int64_t(3) << 20;  // below the ZeRO-3 state and one residual
+  PlanRequest base = plan_request(c, 2);
+  base.reserve_bytes = 0;
+  EXPECT_TRUE(remedies(m, c, base, plan_auto(m, base)).empty());
 }
 
 TEST(Planner, MaxSeqLenIsTheLargestGranuleThatFits) {
