@@ -171,6 +171,19 @@ Plan plan_run(const RunConfig& cfg, const ModelConfig& m, int world, bool root,
                     q.limit_arena, which, over(q)),
         q.limit_arena, q.limit_tag, q.limit_request, q.limit_breakdown);
   };
+  // On cuda the plan takes cuDNN's and cuBLASLt's workspaces from their host-side queries, which
+  // no GPU run has been checked against yet (issue 19): said, the run decides.
+  if (r.backend == BackendKind::kCuda) {
+    if (root)
+      std::fprintf(
+          stderr, "%s\n",
+          render_setting_refs(fmt::format("upipe: warning: this run's step, planned on the meta "
+                                          "device, does not fit: {} (the cuda plan's workspaces "
+                                          "are not yet checked against a GPU run: it goes on)",
+                                          over(p)))
+              .c_str());
+    return p;
+  }
   if (!r.worst_case_documents) refuse(p, "");
   // Packed documents at their worst (a document per token) are a bound the data may stay far
   // below: with one document a sequence, the least its mask takes, the run must fit; between the
