@@ -143,9 +143,9 @@ std::string plan_command(const RunConfig& cfg, int world) {
 // The run's step, planned before any weight or checkpoint is read (src/plan: the engine's own
 // step on the meta device, so the very bytes each rank's step allocates): a run that does not
 // fit its budget ends now, with the out-of-memory error its first step would end in after the
-// weights had loaded. A run of packed documents is planned at their worst (a document per token),
-// a bound its data may stay far below: over the budget it is said, not refused. Every rank plans
-// alike (the plan is a function of the settings), so every rank ends alike.
+// weights had loaded (on cuda, and for packed documents at their worst, it may only be said:
+// below). Every rank plans alike (the plan is a function of the settings), so every rank ends
+// alike.
 Plan plan_run(const RunConfig& cfg, const ModelConfig& m, int world, bool root,
               const std::string& plan_cmd) {
   PlanRequest r = plan_request(cfg, world);
