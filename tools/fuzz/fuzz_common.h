@@ -17,15 +17,12 @@
 
 namespace upipe::fuzz {
 
-// A directory under $TMPDIR (or /tmp) for this process, removed at exit.
+// A directory under $TMPDIR (or /tmp) for this process, upipe_fuzz_XXXXXX. It stays after the
+// run: libFuzzer ends every run with _Exit, past any atexit handler.
 inline const std::filesystem::path& scratch() {
   static const std::filesystem::path dir = [] {
     std::string tmpl = (std::filesystem::temp_directory_path() / "upipe_fuzz_XXXXXX").string();
     if (!mkdtemp(tmpl.data())) std::abort();
-    std::atexit([] {
-      std::error_code ec;
-      std::filesystem::remove_all(scratch(), ec);
-    });
     return std::filesystem::path(tmpl);
   }();
   return dir;
