@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cctype>
 #include <cerrno>
 #include <charconv>
 #include <chrono>
@@ -92,17 +93,28 @@ bool parse_step_name(const std::string& n, int64_t* step, bool* tmp) {
   return r.ec == std::errc() && r.ptr == n.data() + e;
 }
 
+// What new_run_id writes (32 hex digits), or any id of up to 64 letters, digits, '-' and '_': a
+// file's longer or other text is no run id (quoted in messages, it could fill them).
+bool is_run_id(std::string_view s) {
+  if (s.empty() || s.size() > 64) return false;
+  for (const char c : s)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_') return false;
+  return true;
+}
+
 std::string read_run_id(const fs::path& entry, bool tmp) {
   try {
+    std::string s;
     if (tmp) {
-      std::string s = read_small_file((entry / "run_id").string(), "run id", kMaxSmallFileBytes);
+      s = read_small_file((entry / "run_id").string(), "run id", kMaxSmallFileBytes);
       while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
-      return s;
+    } else {
+      const std::string meta = (entry / "meta.json").string();
+      const json j =
+          parse_json_strict(read_small_file(meta, "checkpoint metadata", kMaxMetaBytes), meta);
+      s = j.at("run_id").get<std::string>();
     }
-    const std::string meta = (entry / "meta.json").string();
-    const json j =
-        parse_json_strict(read_small_file(meta, "checkpoint metadata", kMaxMetaBytes), meta);
-    return j.at("run_id").get<std::string>();
+    return is_run_id(s) ? s : "";  // not a run id: unreadable
   } catch (const std::exception&) {
     return "";
   }
@@ -242,6 +254,11 @@ void parse_meta(const json& j, const std::string& meta, Saved& s) {
     throw ConfigError(
         fmt::format("{}: format {} is not {}", meta, json_excerpt(j.at("format")), kFormat));
   s.info.run_id = j.at("run_id").get<std::string>();
+  if (!is_run_id(s.info.run_id))
+    throw ConfigError(fmt::format(
+        "{}: run_id {} is not a run id (up to 64 letters, digits, - and _); the checkpoint is "
+        "corrupt",
+        meta, json_excerpt(j.at("run_id"))));
   s.info.step = meta_int(j.at("step"), "step", 0, kMaxI64, meta);
   s.info.world = int(meta_int(j.at("world"), "world", 1, kMaxInt, meta));
   s.info.cp_size = int(meta_int(j.at("cp_size"), "cp_size", 1, kMaxInt, meta));

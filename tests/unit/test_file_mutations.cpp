@@ -420,19 +420,27 @@ TEST(FileMutations, CheckpointMetaQuotesExcerpts) {
        {{{"bytes", 100},
          {"header_xxh3", std::string(3000, 'z')},
          {"pieces_xxh3", {"0000000000000001", "0000000000000002", "0000000000000003"}}}}}};
-  const std::string text = meta.dump(1) + "\n";
-  std::ofstream(dir + "/meta.json", std::ios::binary) << text;
-  std::ofstream(dir + "/DONE", std::ios::binary)
-      << fmt::format("step 2\nmeta.json xxh3-64 {:016x}\n", XXH3_64bits(text.data(), text.size()));
-  try {
-    read_checkpoint_info(dir);
-    ADD_FAILURE() << "a checksum of 3000 characters was not refused";
-  } catch (const ConfigError& e) {
-    EXPECT_LT(std::string(e.what()).size(), 2000u) << e.what();
-    EXPECT_NE(std::string(e.what()).find("is not a 16-digit hexadecimal checksum"),
-              std::string::npos)
-        << e.what();
-  }
+  // meta.json as given, sealed by a DONE that matches it: refused with `want`, quoting little.
+  auto refused = [&](const std::string& want) {
+    const std::string text = meta.dump(1) + "\n";
+    std::ofstream(dir + "/meta.json", std::ios::binary | std::ios::trunc) << text;
+    std::ofstream(dir + "/DONE", std::ios::binary | std::ios::trunc) << fmt::format(
+        "step 2\nmeta.json xxh3-64 {:016x}\n", XXH3_64bits(text.data(), text.size()));
+    try {
+      read_checkpoint_info(dir);
+      ADD_FAILURE() << "not refused: " << want;
+    } catch (const ConfigError& e) {
+      EXPECT_LT(std::string(e.what()).size(), 2000u) << e.what();
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  };
+  refused("is not a 16-digit hexadecimal checksum");
+  // A run id of any length was read, and quoted in full by the messages naming the run.
+  meta["files"][0]["header_xxh3"] = "0000000000000000";
+  meta["run_id"] = std::string(3000, 'r');
+  refused("is not a run id (up to 64 letters, digits, - and _)");
+  meta["run_id"] = "a b";
+  refused("is not a run id");
 }
 
 }  // namespace
