@@ -196,7 +196,7 @@ TEST(RunConfig, TomlErrorsNameFileLineAndKey) {
   // A key or section of the file is quoted as an excerpt (one of 3000 characters made a message of
   // over 3000), and a long one is compared with the keys by its start: a key of 2 MB took minutes
   // (the edit distance to every key) before it was refused.
-  for (const std::string text :
+  for (const std::string& text :
        {"[train]\n" + std::string(3000, 'k') + " = 1\n", std::string(3000, 's') + " = 1\n",
         "[train]\n" + std::string(2 << 20, 'k') + " = 1\n"}) {
     const auto start = std::chrono::steady_clock::now();

@@ -81,7 +81,7 @@ TEST(SafeFs, ConfinedPathsStayInTheirDirectory) {
                         {"index.json", "not a relative name inside /m"});
   // Names from the file are quoted as excerpts; a name past 1024 characters (a file's name it is
   // not: "./" 1500 times then a shard's name opened, and was quoted whole) is refused.
-  for (const std::string bad : {"/" + std::string(3000, 'a'), std::string(3000, 'a'), [] {
+  for (const std::string& bad : {"/" + std::string(3000, 'a'), std::string(3000, 'a'), [] {
                                   std::string dots;
                                   for (int i = 0; i < 1500; ++i) dots += "./";
                                   return dots + "model.safetensors";
