@@ -13,9 +13,6 @@
 #include <filesystem>
 #include <limits>
 #include <nlohmann/json.hpp>
-#include <numeric>
-#include <optional>
-#include <utility>
 
 #include "apps/upipe/commands.h"
 #include "apps/upipe/model_run.h"

@@ -16,6 +16,7 @@ namespace {
 struct Step {
   const char* name;
   const char* costs;
+  bool knobs;  // it changes the method's knobs (said as the planner chose them)
   // Applies the change to c for the method `mi`; false where it changes nothing (already so).
   bool (*apply)(RunConfig& c, const MethodInfo& mi);
   // Whether a run with the change (its settings `after`) computes the same bits as without it.
@@ -33,7 +34,7 @@ bool always(const RunConfig&) {
 const Step kSteps[] = {
     // Other stages or chunks group the method's sums otherwise (U = 2 and 4 differ in the last
     // digits of the loss).
-    {"the knobs auto", "the knobs the planner picks to fit",
+    {"the knobs auto", "the knobs the planner picks to fit", true,
      [](RunConfig& c, const MethodInfo& mi) {
        MethodKnobs& k = c.parallel.knobs;
        bool changed = false;
@@ -47,36 +48,37 @@ const Step kSteps[] = {
        return changed;
      },
      never},
-    {"no overlap", "the stages no longer overlap",
+    {"no overlap", "the stages no longer overlap", false,
      [](RunConfig& c, const MethodInfo&) { return std::exchange(c.parallel.knobs.overlap, false); },
      always},
     // Per layer, backward recomputes xm from the stash entry: a bf16 stash of an fp32 residual
     // rounds it (docs/model.md).
-    {"layer recompute", "backward recomputes each layer",
+    {"layer recompute", "backward recomputes each layer", false,
      [](RunConfig& c, const MethodInfo&) {
        return std::exchange(c.memory.policy.recompute, Recompute::kLayer) != Recompute::kLayer;
      },
      [](const RunConfig& a) {
        return a.memory.policy.stash_dtype == a.memory.policy.residual_dtype;
      }},
-    {"the stash offloaded", "the stash in host memory",
+    {"the stash offloaded", "the stash in host memory", false,
      [](RunConfig& c, const MethodInfo&) {
        return !std::exchange(c.memory.policy.offload_stash, true);
      },
      always},
     {"smaller tiles", "MLP and LM-head tiles of a quarter the rows: their sums group otherwise",
+     false,
      [](RunConfig& c, const MethodInfo&) {
        int64_t& t = c.memory.policy.tile_tokens;
        const int64_t smaller = std::max<int64_t>(std::min<int64_t>(t, 64), t / 4);
        return std::exchange(t, smaller) != smaller;
      },
      never},
-    {"a bf16 stash", "a bf16 stash: gradients move by about one bf16 rounding",
+    {"a bf16 stash", "a bf16 stash: gradients move by about one bf16 rounding", false,
      [](RunConfig& c, const MethodInfo&) {
        return std::exchange(c.memory.policy.stash_dtype, DType::kBF16) != DType::kBF16;
      },
      never},
-    {"bf16 compute", "bf16 compute, fp32 master weights",
+    {"bf16 compute", "bf16 compute, fp32 master weights", false,
      [](RunConfig& c, const MethodInfo&) {
        return std::exchange(c.memory.policy.dtype, DType::kBF16) != DType::kBF16;
      },
@@ -111,7 +113,7 @@ std::vector<Remedy> remedies(const ModelConfig& m, const RunConfig& c, const Pla
     for (size_t i : taken) {
       steps[i]->apply(out.config, mi);
       costs.emplace_back(steps[i]->costs);
-      knobs = knobs || steps[i] == &kSteps[0];
+      knobs = knobs || steps[i]->knobs;
     }
     for (size_t i : taken) out.exact = out.exact && steps[i]->exact(out.config);
     out.costs = join(costs, "; ");

@@ -75,6 +75,9 @@ run_case "try --seq-len 33554432 or less" bench attention --meta-ranks 8 --heads
 run_case "--seq-len" check --seq-len 99999999999999999999999
 run_case "--seq-len" check --seq-len -5
 run_case "--seq-len" check --seq-len 0
+# A length as it is spoken of: the digits it may mean, on every command that takes the setting.
+run_case "--seq-len: '128K' is not an integer; write it in digits: 128K is 131072 (x 1024) or 128000 (x 1000)" plan --ranks 2 --device-memory 4G --seq-len 128K
+run_case "--seq-len: '1M' is not an integer; write it in digits: 1M is 1048576 (x 1024^2) or 1000000 (x 1000^2)" train --seq-len=1M
 # Shape bounds.
 run_case "--heads" check --heads 2147483647 --kv-heads 1 --seq-len 2
 run_case "--heads" check --heads 1.5
