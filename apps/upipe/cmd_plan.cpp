@@ -274,12 +274,12 @@ int run(Process& proc, const Options& o, const SettingArgs& sa, const CLI::App& 
   mallopt(M_TRIM_THRESHOLD, std::numeric_limits<int>::max());
   const auto t0 = std::chrono::steady_clock::now();
   const std::vector<Row> rows = plan_rows(m, base, o);
-  // At a given S, what makes a plan that does not fit fit.
+  // At a given S, what makes a plan that does not fit fit; of the longest S, what goes further.
   std::vector<std::vector<Remedy>> fixes(rows.size());
-  if (!o.max_seq_len)
-    for (size_t i = 0; i < rows.size(); ++i)
-      if (rows[i].refused.empty() && !rows[i].plan.fits)
-        fixes[i] = remedies(m, set.config, base, rows[i].plan);
+  for (size_t i = 0; i < rows.size(); ++i)
+    if (rows[i].refused.empty() && (o.max_seq_len || !rows[i].plan.fits))
+      fixes[i] = o.max_seq_len ? longer(m, set.config, base, rows[i].plan)
+                               : remedies(m, set.config, base, rows[i].plan);
   // The train command that runs a remedy: the plan's settings with the remedy's.
   auto remedy_command = [&](const Remedy& f) {
     Settings with = set;
@@ -328,12 +328,19 @@ int run(Process& proc, const Options& o, const SettingArgs& sa, const CLI::App& 
       const Plan& p = std::find_if(rows.begin(), rows.end(), [](const Row& r) {
                         return r.refused.empty();
                       })->plan;
+      // What would fit: the first method's cheapest change that does.
+      std::string with;
+      for (size_t i = 0; i < rows.size() && with.empty(); ++i)
+        if (!fixes[i].empty())
+          with = fmt::format("; {} fits with {} up to S = {} ({}{})", rows[i].method,
+                             fixes[i].front().flags, fixes[i].front().plan.request.decoder.seq_len,
+                             fixes[i].front().exact ? "exact: " : "", fixes[i].front().costs);
       throw ConfigError(fmt::format(
           "no method fits {} ranks of {} (reserve {}) even at S = {}: the device peak is {} "
-          "(largest: {} {})",
+          "(largest: {} {}){}",
           base.ranks, format_bytes(base.device_bytes), format_bytes(base.reserve_bytes),
           p.request.decoder.seq_len, format_bytes(p.device_peak), tag_name(p.limiting_tag),
-          format_bytes(p.device_at_peak[p.limiting_tag])));
+          format_bytes(p.device_at_peak[p.limiting_tag]), with));
     }
   }
 
@@ -382,17 +389,19 @@ int run(Process& proc, const Options& o, const SettingArgs& sa, const CLI::App& 
         ms.back()["hosts_note"] = note;
       if (const std::string note = data_note(data, p.request.decoder.seq_len); !note.empty())
         ms.back()["data_note"] = note;
-      if (!p.fits && !o.max_seq_len) {
-        nlohmann::json fits_with = nlohmann::json::array();
+      // What fits at this S (fits_with), or what goes past the longest S (longer_with).
+      if (o.max_seq_len || !p.fits) {
+        nlohmann::json with = nlohmann::json::array();
         for (const Remedy& f : fixes[i])
-          fits_with.push_back({{"flags", f.flags},
-                               {"costs", f.costs},
-                               {"exact", f.exact},
-                               {"knobs_text", knobs_text(m, f.plan.request)},
-                               {"device_peak_bytes", f.plan.device_peak},
-                               {"host_peak_bytes", f.plan.host_peak},
-                               {"train_command", remedy_command(f)}});
-        ms.back()["fits_with"] = fits_with;
+          with.push_back({{"flags", f.flags},
+                          {"costs", f.costs},
+                          {"exact", f.exact},
+                          {"knobs_text", knobs_text(m, f.plan.request)},
+                          {"seq_len", f.plan.request.decoder.seq_len},
+                          {"device_peak_bytes", f.plan.device_peak},
+                          {"host_peak_bytes", f.plan.host_peak},
+                          {"train_command", remedy_command(f)}});
+        ms.back()[o.max_seq_len ? "longer_with" : "fits_with"] = with;
       }
     }
     j["methods"] = ms;
@@ -455,8 +464,22 @@ int run(Process& proc, const Options& o, const SettingArgs& sa, const CLI::App& 
             "  (its documents come from the data: --data-kind=files --documents=eos:ID or index; "
             "--doc-lens has no train flag)\n");
     };
+    // A remedy's line: its flags, knobs, peaks and costs (and S, for the longest).
+    auto say = [&](const Remedy& f) {
+      const std::string knobs = knobs_text(m, f.plan.request);
+      std::printf(
+          "    %s: %s%sdevice peak %s%s (%s%s)\n", f.flags.c_str(),
+          o.max_seq_len ? fmt::format("S = {}, ", f.plan.request.decoder.seq_len).c_str() : "",
+          knobs == "-" ? "" : (knobs + ", ").c_str(), format_bytes(f.plan.device_peak).c_str(),
+          f.plan.host_peak > 0 ? (", host peak " + format_bytes(f.plan.host_peak)).c_str() : "",
+          f.exact ? "exact: " : "", f.costs.c_str());
+    };
     if (p.fits) {
       run_it(train_command(set, o, p));
+      if (o.max_seq_len && !fixes[i].empty()) {
+        std::printf("  longer with:\n");
+        for (const Remedy& f : fixes[i]) say(f);
+      }
     } else if (!o.max_seq_len) {
       const std::vector<Remedy>& fs = fixes[i];
       if (fs.empty())
@@ -467,14 +490,7 @@ int run(Process& proc, const Options& o, const SettingArgs& sa, const CLI::App& 
             join(remedy_step_names(), ", ").c_str());
       else
         std::printf("  it fits with%s:\n", fs.size() > 1 ? " any of these" : "");
-      for (const Remedy& f : fs) {
-        const std::string knobs = knobs_text(m, f.plan.request);
-        std::printf(
-            "    %s: %sdevice peak %s%s (%s%s)\n", f.flags.c_str(),
-            knobs == "-" ? "" : (knobs + ", ").c_str(), format_bytes(f.plan.device_peak).c_str(),
-            f.plan.host_peak > 0 ? (", host peak " + format_bytes(f.plan.host_peak)).c_str() : "",
-            f.exact ? "exact: " : "", f.costs.c_str());
-      }
+      for (const Remedy& f : fs) say(f);
       if (!fs.empty()) run_it(remedy_command(fs.front()));
     }
   }

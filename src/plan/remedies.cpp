@@ -85,6 +85,64 @@ const Step kSteps[] = {
      never},
 };
 
+// The remedies of one plan: the steps that change something for its settings, each step's or
+// several steps' settings planned by `plan` (plan_auto at the plan's S, or max_seq_len).
+class Search {
+ public:
+  using Planner = Plan (*)(const ModelConfig&, const PlanRequest&);
+
+  Search(const ModelConfig& m, const RunConfig& c, const PlanRequest& base, const Plan& of,
+         Planner plan)
+      : m_(m), mi_(method_info(of.request.decoder.knobs.method)), base_(base), plan_(plan) {
+    // The row's settings: its method, the knobs as given (auto stays auto).
+    before_ = c;
+    before_.parallel.knobs = knobs_for(c.parallel.knobs, mi_);
+    for (const Step& st : kSteps) {
+      RunConfig changed = before_;
+      if (st.apply(changed, mi_)) steps_.push_back(&st);
+    }
+  }
+
+  size_t steps() const { return steps_.size(); }
+
+  // The plan with steps[taken...]; nullopt where the settings are refused (a knob no value fits).
+  std::optional<Remedy> with(const std::vector<size_t>& taken) const {
+    Remedy out;
+    out.config = before_;
+    std::vector<std::string> costs;
+    bool knobs = false;
+    for (size_t i : taken) {
+      steps_[i]->apply(out.config, mi_);
+      costs.emplace_back(steps_[i]->costs);
+      knobs = knobs || steps_[i]->knobs;
+    }
+    for (size_t i : taken) out.exact = out.exact && steps_[i]->exact(out.config);
+    out.costs = join(costs, "; ");
+    PlanRequest r = base_;
+    r.decoder = decoder_options(out.config, base_.decoder.seq_len);
+    r.decoder.knobs = knobs_for(out.config.parallel.knobs, mi_);
+    try {
+      out.plan = plan_(m_, r);
+    } catch (const ConfigError&) {
+      return std::nullopt;
+    }
+    // The flags: what changes, the knobs as chosen where the change is theirs (typed after the
+    // row's own flags, the chosen values win; an auto knob left alone chooses alike again).
+    RunConfig said = out.config;
+    if (knobs) said.parallel.knobs = out.plan.request.decoder.knobs;
+    out.flags = to_flags(said, kScopeTrain, before_);
+    return out;
+  }
+
+ private:
+  const ModelConfig& m_;
+  const MethodInfo& mi_;
+  const PlanRequest& base_;
+  Planner plan_;
+  RunConfig before_;
+  std::vector<const Step*> steps_;  // those that change something here
+};
+
 }  // namespace
 
 std::vector<std::string> remedy_step_names() {
@@ -95,62 +153,26 @@ std::vector<std::string> remedy_step_names() {
 
 std::vector<Remedy> remedies(const ModelConfig& m, const RunConfig& c, const PlanRequest& base,
                              const Plan& failed) {
-  const MethodInfo& mi = method_info(failed.request.decoder.knobs.method);
-  // The row's settings: its method, the knobs as given (auto stays auto).
-  RunConfig before = c;
-  before.parallel.knobs = knobs_for(c.parallel.knobs, mi);
-  std::vector<const Step*> steps;  // those that change something here
-  for (const Step& st : kSteps) {
-    RunConfig changed = before;
-    if (st.apply(changed, mi)) steps.push_back(&st);
-  }
-  // The plan with steps[taken...]; nullopt where the settings are refused (a knob no value fits).
-  auto plan_with = [&](const std::vector<size_t>& taken) -> std::optional<Remedy> {
-    Remedy out;
-    out.config = before;
-    std::vector<std::string> costs;
-    bool knobs = false;
-    for (size_t i : taken) {
-      steps[i]->apply(out.config, mi);
-      costs.emplace_back(steps[i]->costs);
-      knobs = knobs || steps[i]->knobs;
-    }
-    for (size_t i : taken) out.exact = out.exact && steps[i]->exact(out.config);
-    out.costs = join(costs, "; ");
-    PlanRequest r = base;
-    r.decoder = decoder_options(out.config, base.decoder.seq_len);
-    r.decoder.knobs = knobs_for(out.config.parallel.knobs, mi);
-    try {
-      out.plan = plan_auto(m, r);
-    } catch (const ConfigError&) {
-      return std::nullopt;
-    }
-    // The flags: what changes, the knobs as chosen where the change is theirs (typed after the
-    // row's own flags, the chosen values win; an auto knob left alone chooses alike again).
-    RunConfig said = out.config;
-    if (knobs) said.parallel.knobs = out.plan.request.decoder.knobs;
-    out.flags = to_flags(said, kScopeTrain, before);
-    return out;
-  };
+  const Search search(m, c, base, failed, &plan_auto);
   std::vector<Remedy> alone;
-  for (size_t i = 0; i < steps.size(); ++i)
-    if (std::optional<Remedy> r = plan_with({i}); r && r->plan.fits) alone.push_back(*r);
-  if (!alone.empty() || steps.size() < 2) return alone;
+  for (size_t i = 0; i < search.steps(); ++i)
+    if (std::optional<Remedy> r = search.with({i}); r && r->plan.fits) alone.push_back(*r);
+  if (!alone.empty() || search.steps() < 2) return alone;
   // Together: none where all of them do not fit; else the shortest run of steps in order that
   // fits, then without each earlier one it does not need.
-  std::vector<size_t> every(steps.size());
+  std::vector<size_t> every(search.steps());
   std::iota(every.begin(), every.end(), size_t(0));
-  if (std::optional<Remedy> r = plan_with(every); !r || !r->plan.fits) return {};
+  if (std::optional<Remedy> r = search.with(every); !r || !r->plan.fits) return {};
   std::vector<size_t> taken;
-  for (size_t i = 0; i < steps.size(); ++i) {
+  for (size_t i = 0; i < search.steps(); ++i) {
     taken.push_back(i);
-    std::optional<Remedy> r = plan_with(taken);
+    std::optional<Remedy> r = search.with(taken);
     if (!r || !r->plan.fits) continue;
     for (size_t j = 0; j + 1 < taken.size();) {
       std::vector<size_t> fewer;
       for (size_t k = 0; k < taken.size(); ++k)
         if (k != j) fewer.push_back(taken[k]);
-      if (std::optional<Remedy> f = plan_with(fewer); f && f->plan.fits) {
+      if (std::optional<Remedy> f = search.with(fewer); f && f->plan.fits) {
         taken = fewer;
         r = f;
       } else {
@@ -160,6 +182,32 @@ std::vector<Remedy> remedies(const ModelConfig& m, const RunConfig& c, const Pla
     return {*r};
   }
   return {};
+}
+
+std::vector<Remedy> longer(const ModelConfig& m, const RunConfig& c, const PlanRequest& base,
+                           const Plan& longest) {
+  // Past the longest S train takes nothing goes further.
+  if (longest.fits && longest.limit_arena == kSeqLenRangeLimit) return {};
+  const Search search(m, c, base, longest, &max_seq_len);
+  const int64_t s0 = longest.fits ? longest.request.decoder.seq_len : 0;
+  auto s_of = [](const Remedy& r) { return r.plan.request.decoder.seq_len; };
+  std::vector<Remedy> out;
+  std::vector<size_t> exact;  // the exact steps that go further alone
+  int64_t s_alone = s0;       // the longest S of those
+  for (size_t i = 0; i < search.steps(); ++i) {
+    std::optional<Remedy> r = search.with({i});
+    if (!r || !r->plan.fits || s_of(*r) <= s0) continue;
+    if (r->exact) {
+      exact.push_back(i);
+      s_alone = std::max(s_alone, s_of(*r));
+    }
+    out.push_back(std::move(*r));
+  }
+  if (exact.size() >= 2)
+    if (std::optional<Remedy> r = search.with(exact);
+        r && r->plan.fits && r->exact && s_of(*r) > s_alone)
+      out.push_back(std::move(*r));
+  return out;
 }
 
 }  // namespace upipe

@@ -2,7 +2,8 @@
 // (the method's knobs auto, no stage overlap, per-layer recompute, the stash offloaded, smaller
 // MLP / LM-head tiles, a bf16 stash, bf16 compute), each planned on the meta device alone,
 // cheapest first, or the fewest of them together. `upipe plan` lists them under a plan that does
-// not fit (docs/planner.md, "What makes it fit").
+// not fit, and under the longest S (--max-seq-len) those that go further (docs/planner.md, "What
+// makes it fit").
 #pragma once
 
 #include <string>
@@ -31,5 +32,12 @@ std::vector<std::string> remedy_step_names();
 // does not need); none where even all of them together do not fit.
 std::vector<Remedy> remedies(const ModelConfig& m, const RunConfig& c, const PlanRequest& base,
                              const Plan& failed);
+
+// For `longest`, the longest S that fits the settings `c` (max_seq_len of `base` with the plan's
+// method; fits = false where not even the shortest does): each step alone whose longest S is
+// longer (the Remedy's plan is max_seq_len's at it), in order; then the exact ones of those
+// together where that goes further still than each alone. None past the longest S train takes.
+std::vector<Remedy> longer(const ModelConfig& m, const RunConfig& c, const PlanRequest& base,
+                           const Plan& longest);
 
 }  // namespace upipe

@@ -41,6 +41,8 @@ expect "is too small: fpdt needs at least 16.00 MiB of host memory per rank at S
 # heads over 6 ranks; it said "S = 0, peak 0 B").
 expect "no method fits 6 ranks of 24.00 GiB (reserve 2.00 GiB) even at S = 196608: the device peak is 43.18 GiB" --model llama3-8b --ranks 6 --device-memory 24G --dtype bf16 --max-seq-len --method all
 expect "no method fits 8 ranks of 20.00 GiB" $L8 --device-memory 20G --max-seq-len
+# ... and where a memory setting makes some S fit, names it.
+expect "no method fits 8 ranks of 25.00 GiB (reserve 2.00 GiB) even at S = 65536: the device peak is 24.55 GiB (largest: optim 7.48 GiB); upipe fits with --offload-stash=true up to S = 262144 (exact: the stash in host memory)" $L8 --device-memory 25G --max-seq-len
 expect "give one of --seq-len and --max-seq-len" $L8 --device-memory 80G --seq-len 65536 --max-seq-len
 expect "give the device memory per rank to plan for, e.g. --device-memory 80G" $L8 --seq-len 65536
 expect "--reserve (90.00 GiB) must be less than --device-memory (80.00 GiB)" $L8 --device-memory 80G --reserve 90G --seq-len 65536
@@ -206,6 +208,41 @@ print(n)' "$upipe" "$L8 --device-memory 80G $args" 2>&1)
   case "$checked" in
     [1-9]*) echo "ok: $args: each of $checked settings that fit, planned as typed, fits with the peaks said" ;;
     *) fail "$args: fits_with planned again: $checked" ;;
+  esac
+done
+
+# The longest S says what goes further: each memory setting alone with its longest S, and the
+# exact ones together where that goes further still; each planned again as typed finds the same
+# S, peaks, knobs and command.
+expect_row "longer with, alone" '^    --offload-stash=true: S = 4194304, U=8, device peak 69\.63 GiB, host peak 256\.00 GiB \(exact: the stash in host memory\)$' \
+  $L8 --device-memory 80G --max-seq-len --method upipe
+expect_row "longer with, together" '^    --recompute=layer --offload-stash=true: S = 1048576, U=8 overlap, device peak [0-9.]+ GiB, host peak 64\.00 GiB \(exact: backward recomputes each layer; the stash in host memory\)$' \
+  $L8 --device-memory 80G --max-seq-len --method upipe --recompute none --overlap --host-memory 64G
+for args in "--method all" "--method upipe --recompute none --overlap --host-memory 64G" \
+  "--method usp --device-memory 40G"; do
+  out=$(timeout 120 "$upipe" plan $L8 --device-memory 80G --max-seq-len $args --json 2>&1)
+  checked=$(printf '%s' "$out" | /usr/bin/python3 -c '
+import json, subprocess, sys
+upipe, base = sys.argv[1], sys.argv[2].split()
+i = base.index("--method")
+base = base[:i] + base[i + 2:]  # each row planned again alone
+n = 0
+for m in json.load(sys.stdin)["methods"]:
+    if m.get("error"):
+        continue
+    for f in m["longer_with"]:
+        assert f["seq_len"] > m["seq_len"], (m["method"], f)
+        cmd = [upipe, "plan"] + base + ["--method", m["method"]] + f["flags"].split() + ["--json"]
+        again = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)["methods"][0]
+        assert again["fits"], (cmd, "does not fit")
+        for k in ("seq_len", "device_peak_bytes", "host_peak_bytes", "knobs_text"):
+            assert again[k] == f[k], (cmd, k, again[k], f[k])
+        assert again["train_command"] == f["train_command"], (cmd, again["train_command"], f["train_command"])
+        n += 1
+print(n)' "$upipe" "$L8 --device-memory 80G --max-seq-len $args" 2>&1)
+  case "$checked" in
+    [1-9]*) echo "ok: --max-seq-len $args: each of $checked settings that go further, planned as typed, reaches the S and peaks said" ;;
+    *) fail "--max-seq-len $args: longer_with planned again: $checked" ;;
   esac
 done
 

@@ -129,12 +129,16 @@ TEST(Planner, RemediesFitAsTheirSettingsPlan) {
       EXPECT_TRUE(p.fits);
       EXPECT_EQ(p.device_peak, f.plan.device_peak);
       EXPECT_EQ(p.host_peak, f.plan.host_peak);
-      if (auto_u) EXPECT_EQ(f.config.parallel.knobs.stage_heads, kKnobAuto);
+      if (auto_u) {
+        EXPECT_EQ(f.config.parallel.knobs.stage_heads, kKnobAuto);
+      }
       if (f.flags == "--offload-stash=true") {
         offload = true;
         EXPECT_TRUE(f.exact);
       }
-      if (f.flags.find("--stash-dtype=bf16") != std::string::npos) EXPECT_FALSE(f.exact);
+      if (f.flags.find("--stash-dtype=bf16") != std::string::npos) {
+        EXPECT_FALSE(f.exact);
+      }
     }
     EXPECT_TRUE(offload) << "the offloaded stash fits alone";
   }
@@ -143,6 +147,53 @@ TEST(Planner, RemediesFitAsTheirSettingsPlan) {
   PlanRequest base = plan_request(c, 2);
   base.reserve_bytes = 0;
   EXPECT_TRUE(remedies(m, c, base, plan_auto(m, base)).empty());
+}
+
+// What goes past the longest S: each setting's longest S is longer, and is the longest S of its
+// settings as a run gives them; with a budget where nothing fits, what does fit.
+TEST(Planner, LongerGoesAsFarAsItsSettingsPlan) {
+  const ModelConfig m = load_model_config("tiny");
+  struct Case {
+    int64_t device_mib;
+    bool overlap_no_recompute;
+    const char* exact_flags;  // a setting that goes further, exact
+  };
+  // The longest S 65536, layer recompute 131072; none fits (offloaded: 65536).
+  for (const Case& k :
+       {Case{200, true, "--recompute=layer"}, Case{72, false, "--offload-stash=true"}}) {
+    SCOPED_TRACE(k.exact_flags);
+    RunConfig c;
+    c.memory.host_bytes = int64_t(1) << 30;
+    c.memory.device_bytes = k.device_mib << 20;
+    if (k.overlap_no_recompute) {
+      c.parallel.knobs.overlap = true;
+      c.memory.policy.recompute = Recompute::kNone;
+    }
+    PlanRequest base = plan_request(c, 2);
+    base.reserve_bytes = 0;
+    const Plan longest = max_seq_len(m, base);
+    ASSERT_EQ(longest.fits, k.overlap_no_recompute);
+    const int64_t s0 = longest.fits ? longest.request.decoder.seq_len : 0;
+    const std::vector<Remedy> rs = longer(m, c, base, longest);
+    bool exact = false;
+    for (const Remedy& f : rs) {
+      SCOPED_TRACE(f.flags);
+      EXPECT_TRUE(f.plan.fits);
+      EXPECT_GT(f.plan.request.decoder.seq_len, s0);
+      PlanRequest again = plan_request(f.config, 2);
+      again.reserve_bytes = 0;
+      const Plan p = max_seq_len(m, again);
+      EXPECT_TRUE(p.fits);
+      EXPECT_EQ(p.request.decoder.seq_len, f.plan.request.decoder.seq_len);
+      EXPECT_EQ(p.device_peak, f.plan.device_peak);
+      EXPECT_EQ(p.host_peak, f.plan.host_peak);
+      if (f.flags == k.exact_flags) {
+        exact = true;
+        EXPECT_TRUE(f.exact);
+      }
+    }
+    EXPECT_TRUE(exact) << "goes further alone";
+  }
 }
 
 TEST(Planner, MaxSeqLenIsTheLargestGranuleThatFits) {
