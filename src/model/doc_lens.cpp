@@ -31,7 +31,7 @@ std::vector<int64_t> parse_list(const std::string& s, int64_t seq_len, const std
     const auto r = std::from_chars(item.data(), item.data() + item.size(), v);
     if (item.empty() || r.ec != std::errc() || r.ptr != item.data() + item.size())
       throw ConfigError(fmt::format("{}: '{}' is not a document length (item {} of '{}')", what,
-                                    item, out.size(), s));
+                                    excerpt(item), out.size() + 1, excerpt(s)));
     if (int64_t(out.size()) >= seq_len)
       throw ConfigError(fmt::format("{}: more than {} lengths for a sequence of {} tokens", what,
                                     seq_len, seq_len));

@@ -382,6 +382,22 @@ TEST(FileMutations, DocumentLengthFiles) {
   expect_both(each_mutant(good, p, 60, 300, 128, load), "doc_lens.npy");
 }
 
+// A --doc-lens list is quoted in excerpts: 600 lengths and a 3000-character item made a message of
+// over 4000 characters; the item is counted from 1.
+TEST(FileMutations, DocumentLengthListQuotesExcerpts) {
+  std::string list;
+  for (int i = 0; i < 600; ++i) list += "7,";
+  list += std::string(3000, 'x');
+  try {
+    parse_doc_lens(list, 1 << 20, "--doc-lens");
+    FAIL() << "a length of x read";
+  } catch (const ConfigError& e) {
+    const std::string what = e.what();
+    EXPECT_LT(what.size(), 400u) << what;
+    EXPECT_NE(what.find("is not a document length (item 601 of '7,7,"), std::string::npos) << what;
+  }
+}
+
 TEST(FileMutations, MetricsFileOfAResumedRun) {
   TempDir d;
   const std::string p = d.file("metrics.jsonl");
