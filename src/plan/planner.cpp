@@ -273,9 +273,9 @@ void check_model_fits(const ModelConfig& m, const PlanRequest& r) {
         format_bytes(r.reserve_bytes), setting_ref("memory.device_memory")));
 }
 
-int64_t seq_granularity(const ModelConfig& m, const PlanRequest& r) {
+int64_t seq_granularity(const ModelConfig& m, const PlanRequest& r, int64_t quantum) {
   const AttentionConfig c = block_shape(m, r);
-  return std::lcm(kSeqQuantum, method_info(c.knobs.method).seq_divisor(c, cp_of(r)));
+  return std::lcm(quantum, method_info(c.knobs.method).seq_divisor(c, cp_of(r)));
 }
 
 std::vector<PlanRequest> knob_candidates(const ModelConfig& m, const PlanRequest& r) {
@@ -351,8 +351,8 @@ Plan plan_auto(const ModelConfig& m, const PlanRequest& r) {
 
 Plan max_seq_len(const ModelConfig& m, const PlanRequest& r) {
   const PlanRequest frugal = knob_candidates(m, r).back();
-  const int64_t g = seq_granularity(m, frugal);
-  const int64_t k_max = kMaxSeqLen / g;  // the longest S train takes: the search stops there
+  int64_t g = seq_granularity(m, frugal);
+  int64_t k_max = kMaxSeqLen / g;  // the longest S train takes: the search stops there
   auto at = [&](int64_t k) {
     PlanRequest q = frugal;
     q.decoder.seq_len = checked_mul(k, g, "seq-len");
@@ -420,6 +420,17 @@ Plan max_seq_len(const ModelConfig& m, const PlanRequest& r) {
     return lo;
   };
   int64_t k = largest(frugal, guess);
+  bool below_one = false;  // searching below one granule (k_max is then no range of train's)
+  if (k == 0) {
+    // Not one granule: the longest S below it, to a finer one (from one up: a few plans).
+    const int64_t below = seq_granularity(m, frugal, kSeqQuantumBelow);
+    if (below < g) {
+      below_one = true;
+      k_max = (g - 1) / below;
+      g = below;
+      k = largest(frugal, 1);
+    }
+  }
   if (k == 0) return plan_step(m, at(1));  // fits = false: even one granule does not fit
   // The frugal knobs spend the least device memory but not always the least host memory (fpdt
   // offloads K/V chunks): the knobs auto picks at k may go further. Repeat until they do not.
@@ -429,7 +440,7 @@ Plan max_seq_len(const ModelConfig& m, const PlanRequest& r) {
     Plan p = plan_auto(m, best);
     const int64_t further = largest(p.request, k);
     if (further <= k) {
-      if (k == k_max) {  // one granule more is past what train takes, whatever fits
+      if (k == k_max && !below_one) {  // one granule more is past what train takes
         p.limit_arena = kSeqLenRangeLimit;
         p.limit_tag.clear();
         return p;

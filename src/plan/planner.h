@@ -25,8 +25,10 @@ namespace upipe {
 // buffers and the caching allocator's slack, which the engine's arenas do not see.
 inline constexpr int64_t kDefaultReserveBytes = int64_t(2) << 30;
 // --max-seq-len finds S to a multiple of this (and of what the method requires, see
-// seq_granularity).
+// seq_granularity); where not even that fits, to a multiple of kSeqQuantumBelow below it (a small
+// device or a long model: 40960 fits where 65536 does not).
 inline constexpr int64_t kSeqQuantum = 65536;
+inline constexpr int64_t kSeqQuantumBelow = 1024;
 
 struct PlanRequest {
   int ranks = 1;    // the world: DP x CP
@@ -142,8 +144,8 @@ Plan plan_step(const ModelConfig& m, const PlanRequest& r, bool stop_at_budget =
 int64_t model_state_bytes(const ModelConfig& m, const PlanRequest& r);
 
 // The multiple of which S must be for the request's method and knobs on C ranks (the method
-// table's seq_divisor) and of kSeqQuantum: their least common multiple.
-int64_t seq_granularity(const ModelConfig& m, const PlanRequest& r);
+// table's seq_divisor) and of `quantum`: their least common multiple.
+int64_t seq_granularity(const ModelConfig& m, const PlanRequest& r, int64_t quantum = kSeqQuantum);
 
 // The requests to try for r's `auto` knobs (kKnobAuto), fastest first: fewest attention stages
 // per layer (H/U x N: the largest U, the fewest FPDT chunks), then the largest Ulysses degree u of
@@ -158,8 +160,10 @@ Plan plan_auto(const ModelConfig& m, const PlanRequest& r);
 
 // The largest S (a multiple of seq_granularity, at least one granule) whose plan fits, with auto
 // knobs picked at that S; searched with the most memory-frugal candidate, by doubling from a first
-// guess then bisection (the peak grows with S). Returns the complete plan at that S, or
-// std::nullopt-like: fits = false with the plan at the smallest S when even that does not fit.
+// guess then bisection (the peak grows with S). Where not even one granule fits, the largest S
+// below it, a multiple of seq_granularity(m, r, kSeqQuantumBelow). Returns the complete plan at
+// that S, or std::nullopt-like: fits = false with the plan at the smallest S when even that does
+// not fit.
 Plan max_seq_len(const ModelConfig& m, const PlanRequest& r);
 
 // Throws ConfigError with one line when the model state alone (plus the reserve) exceeds the

@@ -33,16 +33,17 @@ expect "does not fit 8 ranks of 10.00 GiB" $L8 --device-memory 10G --max-seq-len
 expect "does not fit 8 ranks of 10.00 GiB" $L8 --device-memory 10G --seq-len 65536
 expect "--seq-len 1001 is not allowed by any method: ulysses: " $L8 --device-memory 80G --method all --seq-len 1001 --data-kind random
 expect "--seq-len (1001) must be divisible by 8" $L8 --device-memory 80G --seq-len 1001 --data-kind random
-expect "--host-memory 1G is too small: every method needs at least" $L8 --device-memory 80G --host-memory 1G --offload-stash --max-seq-len --method all
-expect "is too small: upipe needs at least 4.00 GiB of host memory per rank at S = 65536 (largest: stash 4.00 GiB); give more host memory or drop --offload-stash" $L8 --device-memory 80G --host-memory 1G --offload-stash --method upipe --max-seq-len
+expect "--host-memory 1M is too small: every method needs at least" $L8 --device-memory 80G --host-memory 1M --offload-stash --max-seq-len --method all
+expect "is too small: upipe needs at least 64.00 MiB of host memory per rank at S = 1024 (largest: stash 64.00 MiB); give more host memory or drop --offload-stash" $L8 --device-memory 80G --host-memory 1M --offload-stash --method upipe --max-seq-len
 # fpdt's host bytes are its K/V chunks, not a stash nobody offloaded.
-expect "is too small: fpdt needs at least 16.00 MiB of host memory per rank at S = 65536 (largest: offload 16.00 MiB); give more host memory" --ranks 2 --device-memory 4G --host-memory 1K --method fpdt --max-seq-len
+expect "is too small: fpdt needs at least 256.0 KiB of host memory per rank at S = 1024 (largest: offload 256.0 KiB); give more host memory" --ranks 2 --device-memory 4G --host-memory 1K --method fpdt --max-seq-len
 # Nothing fits: said from a method that was planned (ulysses, first in the table, cannot split 32
 # heads over 6 ranks; it said "S = 0, peak 0 B").
-expect "no method fits 6 ranks of 24.00 GiB (reserve 2.00 GiB) even at S = 196608: the device peak is 43.18 GiB" --model llama3-8b --ranks 6 --device-memory 24G --dtype bf16 --max-seq-len --method all
+expect "no method fits 6 ranks of 24.00 GiB (reserve 2.00 GiB) even at S = 3072: the device peak is 24.31 GiB" --model llama3-8b --ranks 6 --device-memory 24G --dtype bf16 --max-seq-len --method all
 expect "no method fits 8 ranks of 20.00 GiB" $L8 --device-memory 20G --max-seq-len
 # ... and where a memory setting makes some S fit, names it.
-expect "no method fits 8 ranks of 25.00 GiB (reserve 2.00 GiB) even at S = 65536: the device peak is 24.55 GiB (largest: optim 7.48 GiB); upipe fits with --offload-stash=true up to S = 262144 (exact: the stash in host memory)" $L8 --device-memory 25G --max-seq-len
+expect "no method fits 2 ranks of 4.00 MiB (reserve 0 B) even at S = 1024: the device peak is 4.19 MiB (largest: mlp 1.81 MiB); upipe fits with --tile-tokens=256 up to S = 1024 (MLP and LM-head tiles" \
+  --ranks 2 --device-memory 4M --reserve 0 --max-seq-len
 expect "give one of --seq-len and --max-seq-len" $L8 --device-memory 80G --seq-len 65536 --max-seq-len
 expect "give the device memory per rank to plan for, e.g. --device-memory 80G" $L8 --seq-len 65536
 expect "--reserve (90.00 GiB) must be less than --device-memory (80.00 GiB)" $L8 --device-memory 80G --reserve 90G --seq-len 65536
@@ -101,6 +102,13 @@ expect_row() {
     echo "ok: $what -> $(printf '%s\n' "$out" | grep -E -e "$regex")"
   fi
 }
+# Where not even 64Ki tokens fit, the longest S below them, to 1Ki tokens (it said "no method fits
+# 8 ranks of 25.00 GiB even at S = 65536").
+expect_row "the longest S below one granule" '^upipe +U=8 +41984 +yes +22\.98 GiB +0 B +device \(optim 7\.48 GiB\)$' \
+  $L8 --device-memory 25G --max-seq-len
+# Where 1G holds less than 64Ki tokens' stash, the longest S below them (it was an error).
+expect_row "a host budget below one granule" '^upipe +U=8 +16384 +yes +[0-9.]+ GiB +1\.00 GiB +host \(stash 1\.00 GiB\)$' \
+  $L8 --device-memory 80G --host-memory 1G --offload-stash --method upipe --max-seq-len
 # One length past the host limit is an answer, not an error: fits no, limited by the host.
 expect_row "a plan past the host limit" '^upipe .* no .* host \(stash' $L8 --device-memory 80G \
   --host-memory 64G --offload-stash --method upipe --seq-len 2097152
@@ -227,9 +235,11 @@ upipe, base = sys.argv[1], sys.argv[2].split()
 i = base.index("--method")
 base = base[:i] + base[i + 2:]  # each row planned again alone
 n = 0
-for m in json.load(sys.stdin)["methods"]:
-    if m.get("error"):
-        continue
+methods = json.load(sys.stdin)["methods"]
+said = [m for m in methods if "longer_with" in m]
+assert len(said) == 1, ("one method says what goes further", [m["method"] for m in said])
+assert said[0]["seq_len"] == max(m["seq_len"] for m in methods if m["fits"]), "the one that goes furthest"
+for m in said:
     for f in m["longer_with"]:
         assert f["seq_len"] > m["seq_len"], (m["method"], f)
         cmd = [upipe, "plan"] + base + ["--method", m["method"]] + f["flags"].split() + ["--json"]

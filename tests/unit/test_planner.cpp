@@ -154,17 +154,18 @@ TEST(Planner, RemediesFitAsTheirSettingsPlan) {
 TEST(Planner, LongerGoesAsFarAsItsSettingsPlan) {
   const ModelConfig m = load_model_config("tiny");
   struct Case {
-    int64_t device_mib;
+    int64_t device_kib;
     bool overlap_no_recompute;
-    const char* exact_flags;  // a setting that goes further, exact
+    const char* flags;  // a setting that goes further alone
+    bool exact;         // whether it computes the same bits
   };
-  // The longest S 65536, layer recompute 131072; none fits (offloaded: 65536).
-  for (const Case& k :
-       {Case{200, true, "--recompute=layer"}, Case{72, false, "--offload-stash=true"}}) {
-    SCOPED_TRACE(k.exact_flags);
+  // The longest S 65536 (layer recompute: 131072); nothing fits (smaller tiles: 1024).
+  for (const Case& k : {Case{200 << 10, true, "--recompute=layer", true},
+                        Case{4 << 10, false, "--tile-tokens=256", false}}) {
+    SCOPED_TRACE(k.flags);
     RunConfig c;
     c.memory.host_bytes = int64_t(1) << 30;
-    c.memory.device_bytes = k.device_mib << 20;
+    c.memory.device_bytes = k.device_kib << 10;
     if (k.overlap_no_recompute) {
       c.parallel.knobs.overlap = true;
       c.memory.policy.recompute = Recompute::kNone;
@@ -175,7 +176,7 @@ TEST(Planner, LongerGoesAsFarAsItsSettingsPlan) {
     ASSERT_EQ(longest.fits, k.overlap_no_recompute);
     const int64_t s0 = longest.fits ? longest.request.decoder.seq_len : 0;
     const std::vector<Remedy> rs = longer(m, c, base, longest);
-    bool exact = false;
+    bool found = false;
     for (const Remedy& f : rs) {
       SCOPED_TRACE(f.flags);
       EXPECT_TRUE(f.plan.fits);
@@ -187,12 +188,12 @@ TEST(Planner, LongerGoesAsFarAsItsSettingsPlan) {
       EXPECT_EQ(p.request.decoder.seq_len, f.plan.request.decoder.seq_len);
       EXPECT_EQ(p.device_peak, f.plan.device_peak);
       EXPECT_EQ(p.host_peak, f.plan.host_peak);
-      if (f.flags == k.exact_flags) {
-        exact = true;
-        EXPECT_TRUE(f.exact);
+      if (f.flags == k.flags) {
+        found = true;
+        EXPECT_EQ(f.exact, k.exact);
       }
     }
-    EXPECT_TRUE(exact) << "goes further alone";
+    EXPECT_TRUE(found) << "goes further alone";
   }
 }
 
@@ -218,6 +219,34 @@ TEST(Planner, MaxSeqLenIsTheLargestGranuleThatFits) {
     more.decoder.seq_len += g;
     EXPECT_FALSE(plan_step(m, more).fits) << method;
     EXPECT_FALSE(plan_step(m, more, true).fits) << method;
+  }
+}
+
+// Where not even one granule fits, the longest S below it, to kSeqQuantumBelow tokens; its limit is
+// the budget, not the longest S train takes.
+TEST(Planner, MaxSeqLenBelowOneGranule) {
+  const ModelConfig m = load_model_config("tiny");
+  for (const char* method : {"ulysses", "upipe", "ring", "fpdt"}) {
+    PlanRequest r = tiny_request(method, int64_t(1) << 40);
+    const int64_t g = seq_granularity(m, r, kSeqQuantumBelow);
+    ASSERT_LT(g, seq_granularity(m, r)) << method;
+    // A budget between the peaks at 10 and 11 fine granules: the answer is 10 of them.
+    r.decoder.seq_len = 10 * g;
+    const Plan at10 = plan_step(m, r);
+    r.decoder.seq_len = 11 * g;
+    const Plan at11 = plan_step(m, r);
+    ASSERT_LT(at10.device_peak, at11.device_peak) << method;
+    r.device_bytes = (at10.device_peak + at11.device_peak) / 2;
+    const Plan best = max_seq_len(m, with_auto(r, false, false, false));
+    EXPECT_TRUE(best.fits) << method;
+    EXPECT_EQ(best.request.decoder.seq_len, 10 * g) << method;
+    EXPECT_EQ(best.limit_arena, "device") << method;
+    // Below even one fine granule: fits = false at the smallest S.
+    r.decoder.seq_len = g;
+    r.device_bytes = plan_step(m, r).device_peak - 1;
+    const Plan none = max_seq_len(m, with_auto(r, false, false, false));
+    EXPECT_FALSE(none.fits) << method;
+    EXPECT_EQ(none.request.decoder.seq_len, g) << method;
   }
 }
 
