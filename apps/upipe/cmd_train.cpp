@@ -206,6 +206,11 @@ Plan plan_run(const RunConfig& cfg, const ModelConfig& m, int world, bool root,
   return p;
 }
 
+// A run that trains the user's data or weights and has no checkpoint.dir: its result is lost.
+bool saves_nothing(const RunConfig& cfg) {
+  return cfg.checkpoint.dir.empty() && (cfg.data.kind == "files" || !cfg.model.init_from.empty());
+}
+
 void print_startup(const RunConfig& cfg, const ModelConfig& m, TrainingLoop& loop,
                    const std::string& toml, const Plan& planned) {
   std::printf("# upipe train: effective run file\n%s\n", toml.c_str());
@@ -284,8 +289,18 @@ void print_startup(const RunConfig& cfg, const ModelConfig& m, TrainingLoop& loo
                                 setting_value("metrics.val_sequences", cfg.metrics.val_sequences),
                                 loop.val_sequences()))
                     .c_str());
+  // Training the user's data or weights with nowhere to save them: said now, not at the end.
+  if (saves_nothing(cfg))
+    std::printf("warning: %s\n",
+                render_setting_refs(
+                    fmt::format("no {} is set: the trained weights are not saved (nothing to "
+                                "resume or export at the end); give {} to keep them",
+                                setting_ref("checkpoint.dir"),
+                                setting_value("checkpoint.dir", "DIR")))
+                    .c_str());
   // Under mpirun (one node) rank 0's parent is mpirun, which forwards SIGUSR1 to every rank.
-  std::printf("stop cleanly (finish the step, checkpoint, exit 0): kill -USR1 %d\n",
+  std::printf("stop cleanly (finish the step, %sexit 0): kill -USR1 %d\n",
+              cfg.checkpoint.dir.empty() ? "" : "checkpoint, ",
               std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr ? int(getppid()) : int(getpid()));
   std::fflush(stdout);
 }
@@ -315,7 +330,8 @@ void print_end(const RunConfig& cfg, const ModelConfig& m, const TrainingLoop& l
         cfg.checkpoint.dir.empty() ? "no checkpoint.dir was set, so nothing was saved"
                                    : "checkpoint written; continue with --resume");
   else
-    std::printf("upipe train: done, %lld steps\n", (long long)end.last_step);
+    std::printf("upipe train: done, %lld steps%s\n", (long long)end.last_step,
+                saves_nothing(cfg) ? "; no checkpoint.dir was set, so nothing was saved" : "");
   if (!loop.copy_task()) return;
   const double log_v = std::log(double(m.vocab_size));
   std::printf(

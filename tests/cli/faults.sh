@@ -235,7 +235,8 @@ val_uneven)
   grep -q "warning: --val-path .* holds 8 sequence(s) of 64 tokens, fewer than --val-sequences 100: each validation uses 8" "$tmp/w.out" ||
     { cat "$tmp/w.out"; fail "no warning for a held-out file shorter than --val-sequences"; }
   # A held-out file without --val-interval: the run says it never validates (it was silent).
-  job x 60 train "${small[@]}" --steps=1 --val-path="$fixture/tokens.npy" --timeout=20
+  job x 60 train "${small[@]}" --steps=1 --data-kind=files --data-path="$fixture/tokens.npy" \
+    --val-path="$fixture/tokens.npy" --timeout=20
   [ $rc -eq 0 ] || { cat "$tmp/x.out"; fail "--val-path without --val-interval: exit $rc"; }
   once x "is given but --val-interval 0: the run never validates"
   ;;

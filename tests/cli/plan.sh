@@ -126,8 +126,10 @@ data=$(mktemp -d)
 printf 'abcdefghij%.0s' $(seq 100) > "$data/t.txt" && "$upipe" tokenize "$data/t.txt" "$data/t.bin" > /dev/null
 expect "--data-path '$data/t.bin' holds 1000 tokens in 1 file(s), fewer than --seq-len 2048" \
   --ranks 2 --device-memory 4G --data-kind=files --data-path="$data/t.bin" --seq-len 2048
+printf 'abcdefghij%.0s' $(seq 500) > "$data/long.txt" && "$upipe" tokenize "$data/long.txt" "$data/long.bin" > /dev/null
 expect "--val-path '$data/t.bin' holds 1000 tokens in 1 file(s), fewer than --seq-len 2048" \
-  --ranks 2 --device-memory 4G --val-interval 10 --val-path="$data/t.bin" --seq-len 2048
+  --ranks 2 --device-memory 4G --val-interval 10 --data-kind=files --data-path="$data/long.bin" \
+  --val-path="$data/t.bin" --seq-len 2048
 expect_row "data not on this machine" '^upipe: warning: --data-path /elsewhere/x.bin is not on this machine' \
   --ranks 2 --device-memory 4G --data-kind=files --data-path=/elsewhere/x.bin --seq-len 256
 # Away from the data, what needs no file is still checked as train checks it (an end-of-text id

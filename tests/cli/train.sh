@@ -196,6 +196,13 @@ PY
   timeout 300 "${mpirun[@]}" -np 2 "$upipe" train "${small[@]}" --data-kind=files \
     --data-path="$tmp/corpus_tok" --documents=index --steps=2 --cp-size=1 > "$tmp/dp.out" 2>&1 ||
     { cat "$tmp/dp.out"; fail "packed DP 2 run failed"; }
+  # The user's data and no --checkpoint-dir: said at the start and at the end (the end alone said
+  # it only when stopped).
+  grep -q "^warning: no --checkpoint-dir is set: the trained weights are not saved" "$tmp/dp.out" &&
+    grep -q "^upipe train: done, 2 steps; no checkpoint.dir was set, so nothing was saved" "$tmp/dp.out" &&
+    grep -q "^stop cleanly (finish the step, exit 0): kill -USR1" "$tmp/dp.out" ||
+    { cat "$tmp/dp.out"; fail "a run that saves nothing does not say so"; }
+  ! grep -q "no --checkpoint-dir is set" "$tmp/c.out" || { cat "$tmp/c.out"; fail "a run with a checkpoint dir warned"; }
   # The data moved (the same bytes under another path): the same run, checked by its content.
   mkdir -p "$tmp/moved" "$tmp/m" && cp "$tmp"/corpus_tok.bin "$tmp"/corpus_tok.idx "$tmp/moved/" &&
     cp -r "$tmp/a/step_00000003" "$tmp/m/"
