@@ -817,6 +817,14 @@ void validate(const RunConfig& c, uint32_t scopes) {
                                       c.data.kind));
   if (c.data.kind == "files" && c.data.path.empty())
     bad("data.path", "is required when data.kind = \"files\" (a token file, directory or glob)");
+  // A path given to a run that reads none: it trained on the copy task without a word.
+  for (const auto& [key, path] :
+       {std::pair{"data.path", &c.data.path}, std::pair{"data.val_path", &c.data.val_path}})
+    if (c.data.kind != "files" && !path->empty())
+      bad(key, fmt::format("names a file, but {} trains on the {} task and reads none: give {} "
+                           "to train on it",
+                           setting_value("data.kind", c.data.kind), c.data.kind,
+                           setting_value("data.kind", "files")));
   if ((scopes & kScopeTrain) && c.data.kind == "copy" && t.seq_len % 2 != 0)
     bad("train.seq_len",
         fmt::format("({}) must be even for data.kind = \"copy\" (two equal halves); try {}",
@@ -916,14 +924,6 @@ SettingSpeller setting_speller(const SettingSources& sources) {
     if (it != spelled.end()) {
       const std::string& s = it->second;
       const size_t in = s.find(" in ");
-  // A path given to a run that reads none: it trained on the copy task without a word.
-  for (const auto& [key, path] :
-       {std::pair{"data.path", &c.data.path}, std::pair{"data.val_path", &c.data.val_path}})
-    if (c.data.kind != "files" && !path->empty())
-      bad(key, fmt::format("names a file, but {} trains on the {} task and reads none: give {} "
-                           "to train on it",
-                           setting_value("data.kind", c.data.kind), c.data.kind,
-                           setting_value("data.kind", "files")));
       if (in == std::string::npos) return value ? s + " " + *value : s;    // a flag as typed
       return value ? s.substr(0, in) + " = " + *value + s.substr(in) : s;  // a run file's key
     }

@@ -183,16 +183,16 @@ run_case "token file $tmp/fifo is a FIFO" plan --ranks 2 --device-memory 80G --s
 run_case "drop --max-seq-len" plan --ranks 2 --device-memory 80G --max-seq-len --doc-lens 1,2
 run_case "--documents \"eos:\" is unknown" train --data-kind=files --data-path="$fix/llama/tokens.npy" --documents=eos: --steps=1
 run_case "--documents needs data.kind = \"files\"" train --documents=index --steps=1
-printf 'not an index' > "$tmp/bad.idx"
-: > "$tmp/bad.bin"
-run_case "shorter than a Megatron index header" train --data-kind=files --data-path="$tmp/bad" --documents=index --steps=1
-run_case "2 ranks share each sequence here; choose a context-parallel method, or run with -np 1, or (upipe train) give every rank sequences of its own with --cp-size 1" train --method=local --cp-size=2 --steps=1
 # A path to a run that reads none trained on the copy task without a word.
 run_case "--data-path names a file, but --data-kind copy trains on the copy task and reads none: give --data-kind files to train on it" \
   train --data-path="$fix/llama/tokens.npy" --steps=1
 run_case "--val-path names a file, but --data-kind random trains on the random task" \
   train --data-kind=random --val-path="$fix/llama/tokens.npy" --steps=1
 run_case "--data-path names a file, but --data-kind copy trains" plan --ranks 2 --device-memory 4G --data-path=/x.bin
+printf 'not an index' > "$tmp/bad.idx"
+: > "$tmp/bad.bin"
+run_case "shorter than a Megatron index header" train --data-kind=files --data-path="$tmp/bad" --documents=index --steps=1
+run_case "2 ranks share each sequence here; choose a context-parallel method, or run with -np 1, or (upipe train) give every rank sequences of its own with --cp-size 1" train --method=local --cp-size=2 --steps=1
 # `--key=` is the empty value, as `--key ""` (CLI11 alone said "1 required missing").
 run_case "--lr: '' is not a finite number" train --steps=1 --lr=
 : > "$tmp/lone.bin"
