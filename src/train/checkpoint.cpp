@@ -384,6 +384,12 @@ class RankFiles {
   void open(int q) {
     const std::string f = file(q);
     const SavedFile& sf = s_.files[size_t(q)];
+    std::error_code ec;
+    if (fs::symlink_status(f, ec).type() == fs::file_type::not_found)
+      throw ConfigError(fmt::format(
+          "checkpoint file {} is missing (meta.json lists a file for each of its {} ranks): the "
+          "checkpoint is incomplete; {}",
+          f, s_.info.world, kOlderCheckpoint));
     {
       const ReadFile rf(f, "checkpoint file");
       if (rf.size() != sf.bytes)
@@ -781,6 +787,21 @@ void lock_checkpoint_dir(const std::string& dir) {
   held[key] = fd;
 }
 
+// Rank 0, for --resume: this run's step directories newer than the one continued that are not
+// complete (no DONE: a write that did not finish, or an older build's rename before DONE) are
+// said, not skipped silently: the run continues from an older step and replaces or removes them.
+void warn_skipped_incomplete(const std::string& dir, const CheckpointStart& cs, int64_t from) {
+  for (const Entry& e : list_entries(dir))
+    if (!e.tmp && !e.complete && e.step > from && e.run_id == cs.run.run_id)
+      std::fprintf(stderr,
+                   "upipe: warning: --resume skips %s: it has no DONE marker, so it is an "
+                   "incomplete checkpoint (its write did not finish) and is never loaded; the run "
+                   "continues from %s, the newest complete one, and replaces or removes %s at its "
+                   "next checkpoint (move it out of checkpoint.dir to keep it)\n",
+                   e.path.string().c_str(), fs::path(*cs.resume_from).filename().c_str(),
+                   e.path.filename().c_str());
+}
+
 }  // namespace
 
 // Rank 0, as a run opens checkpoint.dir: the directory's lock, then a directory no run wrote is
@@ -970,6 +991,7 @@ CheckpointStart open_checkpoint_run(Communicator& world, const std::string& dir,
             fs::path(*cs.resume_from).filename().string(), cs.run.run_id, e.path.string(),
             cs.run.run_id));
     }
+    if (world.rank() == 0) warn_skipped_incomplete(dir, cs, from);
     return cs;
   }
   cs.run.run_id = new_run_id(world);

@@ -16,7 +16,9 @@
 #                   shorter than --val-sequences windows is said at the start
 #   init_dtype      --init-from a directory whose tensor has an integer dtype: every rank refuses
 #   corrupt         a flipped byte in one rank file: --resume (only that rank reads it) and export
-#                   end with exit 2 naming the file; export leaves no model.safetensors
+#                   end with exit 2 naming the file; export leaves no model.safetensors; a rank
+#                   file gone: both name it with the advice a corrupt one gets; a step without
+#                   DONE: --resume warns once, naming it, and continues from the one before
 #   other_run       a fresh run refuses a checkpoint.dir of another run; --overwrite-checkpoints
 #                   (--overwrite's older name) replaces it, and --resume then continues the new run
 #   other_model     --resume with a model of the same element counts but other heads is refused,
@@ -287,6 +289,7 @@ PY
   ;;
 corrupt)
   make_checkpoints "$tmp/ck"
+  cp -r "$tmp/ck" "$tmp/ckm" && cp -r "$tmp/ck" "$tmp/ckd"
   flip "$tmp/ck/step_00000004/rank_00001.safetensors"
   job r 60 train "${small[@]}" --steps=6 --checkpoint-dir="$tmp/ck" --resume
   [ $rc -eq 2 ] || { cat "$tmp/r.out"; fail "resume of a corrupt checkpoint: exit $rc, want 2"; }
@@ -296,6 +299,26 @@ corrupt)
   [ $rc -eq 2 ] || { cat "$tmp/e.out"; fail "export of a corrupt checkpoint: exit $rc, want 2"; }
   once e "rank_00001.safetensors: tensor unit0.master"
   [ -e "$tmp/hf/model.safetensors" ] && fail "export of a corrupt checkpoint wrote model.safetensors"
+  # A rank file gone: the same advice as a corrupt one (it said only "cannot open ...: No such
+  # file or directory").
+  rm "$tmp/ckm/step_00000004/rank_00001.safetensors"
+  job rm 60 train "${small[@]}" --steps=6 --checkpoint-dir="$tmp/ckm" --resume
+  [ $rc -eq 2 ] || { cat "$tmp/rm.out"; fail "resume without a rank file: exit $rc, want 2"; }
+  once rm "checkpoint file $tmp/ckm/step_00000004/rank_00001.safetensors is missing"
+  once rm "the checkpoint is incomplete; use an older one (to resume from the one before, move this one out of its directory"
+  job em 60 export "$tmp/ckm" "$tmp/hfm"
+  [ $rc -eq 2 ] || { cat "$tmp/em.out"; fail "export without a rank file: exit $rc, want 2"; }
+  once em "rank_00001.safetensors is missing (meta.json lists a file for each of its 2 ranks): the checkpoint is incomplete; use an older one"
+  # A step directory without DONE (incomplete) is skipped for the one before, and said so once,
+  # before the resume line (it continued from step 2 without a word, and replaced step 4).
+  rm "$tmp/ckd/step_00000004/DONE"
+  job rd 120 train "${small[@]}" --steps=6 --checkpoint-dir="$tmp/ckd" --checkpoint-interval=2 --resume
+  [ $rc -eq 0 ] || { cat "$tmp/rd.out"; fail "resume beside a step without DONE: exit $rc, want 0"; }
+  once rd "upipe: warning: --resume skips $tmp/ckd/step_00000004: it has no DONE marker, so it is an incomplete checkpoint"
+  warned=$(grep -n -m1 -F "skips $tmp/ckd/step_00000004" "$tmp/rd.out" | cut -d: -f1)
+  resumed=$(grep -n -m1 -F "resume: the run recorded in $tmp/ckd/step_00000002 continues from step 2" "$tmp/rd.out" | cut -d: -f1)
+  [ -n "$resumed" ] && [ "$warned" -lt "$resumed" ] || { cat "$tmp/rd.out"; fail "the warning is not before the resume line"; }
+  [ -f "$tmp/ckd/step_00000004/DONE" ] || fail "the resumed run did not replace step_00000004"
   ;;
 other_run)
   make_checkpoints "$tmp/ck"
