@@ -10,6 +10,7 @@
 #include <limits>
 #include <map>
 #include <sstream>
+#include <tuple>
 #include <variant>
 
 #include "attention/methods.h"
@@ -321,9 +322,65 @@ std::string alias_note(const Field& f, std::string_view used, bool in_file) {
                  : fmt::format("{} is now {}", used, f.flag);
 }
 
+// A name other tools give a setting, as a run-file key writes it (a flag's dashes read as
+// underscores), and what to know when it is not the same thing.
+struct Synonym {
+  const char* name;
+  const char* key;
+  const char* note = nullptr;
+};
+constexpr Synonym kSynonyms[] = {
+    {"learning_rate", "train.lr"},
+    {"seq_length", "train.seq_len"},
+    {"sequence_length", "train.seq_len"},
+    {"context_length", "train.seq_len"},
+    {"gradient_accumulation_steps", "train.micro_steps"},
+    {"batch_size", "train.micro_steps",
+     "sequences per DP rank per step: a step's global batch is DP x that many sequences"},
+    {"warmup", "train.warmup_steps"},
+    {"max_grad_norm", "train.grad_clip"}};
+
+const Synonym* synonym_of(std::string_view name) {
+  std::string n(name.substr(std::min(name.find_first_not_of('-'), name.size())));
+  std::replace(n.begin(), n.end(), '-', '_');
+  for (const Synonym& s : kSynonyms)
+    if (n == s.name) return &s;
+  return nullptr;
+}
+
+// The words of a name as typed, without those other tools put before a setting's own
+// ("--max-steps", "num_steps" -> steps; "train.seq_len" -> train seq len).
+std::vector<std::string> own_words(std::string_view name) {
+  static constexpr std::string_view kQualifiers[] = {"max", "num", "n", "number", "total"};
+  std::vector<std::string> words;
+  for (size_t i = 0; i < name.size();) {
+    const size_t e = std::min(name.find_first_of("-_.", i), name.size());
+    const std::string_view w = name.substr(i, e - i);
+    if (!w.empty() &&
+        std::find(std::begin(kQualifiers), std::end(kQualifiers), w) == std::end(kQualifiers))
+      words.emplace_back(w);
+    i = e + 1;
+  }
+  return words;
+}
+
+// Whether `typed` is `name` in its words: "--train-steps" is train.steps, "[model] lr" train.lr's
+// leaf, "--max-steps" --steps.
+bool same_words(std::string_view typed, std::string_view name) {
+  const std::vector<std::string> t = own_words(typed);
+  return !t.empty() && t == own_words(name);
+}
+
+// The part of a key after its table: "train.lr" -> "lr".
+std::string_view leaf_of(std::string_view key) {
+  return key.substr(key.find('.') == std::string_view::npos ? 0 : key.find('.') + 1);
+}
+
 [[noreturn]] void unknown_key(const std::string& where, const std::string& key) {
-  throw ConfigError(fmt::format("{}unknown key '{}'; did you mean '{}'?", where, excerpt(key),
-                                closest_run_key(key)));
+  const Synonym* s = synonym_of(leaf_of(key.substr(0, 64)));
+  throw ConfigError(fmt::format("{}unknown key '{}'; did you mean '{}'?{}", where, excerpt(key),
+                                closest_run_key(key),
+                                s && s->note ? fmt::format(" ({})", s->note) : ""));
 }
 
 template <class Int>
@@ -494,31 +551,53 @@ bool one_of(const std::string& v, std::initializer_list<const char*> options) {
   return false;
 }
 
+// What an unknown flag may have meant, of the settings of `scopes` and the command's own flags.
+struct FlagHint {
+  std::string flag;            // "" = nothing near
+  const char* note = nullptr;  // a synonym's note
+};
+FlagHint flag_hint(const std::vector<Field>& fs, const std::string& bare, uint32_t scopes,
+                   std::span<const std::string> own_flags) {
+  // A name other tools use (--learning-rate), then a setting's words with max, num or total
+  // before them or its table's (--max-steps, --train-steps), then the nearest spelling.
+  if (const Synonym* s = synonym_of(bare))
+    for (const Field& f : fs)
+      if (f.key == std::string_view(s->key) && (f.scopes & scopes)) return {f.flag, s->note};
+  std::vector<std::string> same;
+  for (const Field& f : fs)
+    if ((f.scopes & scopes) && (same_words(bare, f.flag) || same_words(bare, f.key)))
+      same.push_back(f.flag);
+  if (!same.empty()) return {closest_name(bare, same)};
+  std::string best;
+  size_t best_d = std::numeric_limits<size_t>::max();
+  for (const Field& f : fs) {
+    if (!(f.scopes & scopes)) continue;
+    const std::string leaf = std::string(f.flag).substr(2);
+    const size_t d = std::min(edit_distance(bare, leaf), edit_distance(bare, f.key));
+    if (d < best_d) best_d = d, best = f.flag;
+  }
+  for (const std::string& flag : own_flags) {
+    const size_t d = edit_distance(bare, flag.substr(flag.find_first_not_of('-')));
+    if (d < best_d) best_d = d, best = flag;
+  }
+  // A suggestion only where it is near (--json is not a misspelt --lr).
+  if (best_d > near_limit(bare)) return {};
+  return {best};
+}
+
 // The setting the user wrote as `name`, or a ConfigError suggesting the closest one of `scopes`.
 Match find_flag(std::vector<Field>& fs, const std::string& name, uint32_t scopes,
                 std::span<const std::string> own_flags) {
   const Match m = find_field(fs, name);
   if (!m.field) {
-    const std::string bare = name.substr(name.find_first_not_of('-'));
-    std::string best;
-    size_t best_d = std::numeric_limits<size_t>::max();
-    for (const Field& f : fs) {
-      if (!(f.scopes & scopes)) continue;
-      const std::string leaf = std::string(f.flag).substr(2);
-      const size_t d = std::min(edit_distance(bare, leaf), edit_distance(bare, f.key));
-      if (d < best_d) best_d = d, best = f.flag;
-    }
-    for (const std::string& flag : own_flags) {
-      const size_t d = edit_distance(bare, flag.substr(flag.find_first_not_of('-')));
-      if (d < best_d) best_d = d, best = flag;
-    }
-    // A suggestion only where it is near (--json is not a misspelt --lr).
-    if (best_d > near_limit(bare))
+    const FlagHint h = flag_hint(fs, name.substr(name.find_first_not_of('-')), scopes, own_flags);
+    if (h.flag.empty())
       throw ConfigError(fmt::format(
           "unknown option '{}' (`upipe settings` lists the settings, --help a command's own "
           "options)",
           name));
-    throw ConfigError(fmt::format("unknown option '{}'; did you mean '{}'?", name, best));
+    throw ConfigError(fmt::format("unknown option '{}'; did you mean '{}'?{}", name, h.flag,
+                                  h.note ? fmt::format(" ({})", h.note) : ""));
   }
   if (!(m.field->scopes & scopes))
     throw ConfigError(
@@ -628,15 +707,18 @@ std::string closest_run_key(const std::string& name) {
   // Keys have about 30 characters: a longer name is compared by its start (the edit distance to
   // every key of a 2 MB name from a run file took minutes).
   const std::string key = name.substr(0, 64);
-  // Names other tools give these settings.
-  static const std::pair<const char*, const char*> kSynonyms[] = {
-      {"learning_rate", "train.lr"},       {"max_steps", "train.steps"},
-      {"seq_length", "train.seq_len"},     {"sequence_length", "train.seq_len"},
-      {"context_length", "train.seq_len"}, {"gradient_accumulation_steps", "train.micro_steps"},
-      {"warmup", "train.warmup_steps"},    {"max_grad_norm", "train.grad_clip"}};
-  const std::string bare = key.substr(key.find('.') == std::string::npos ? 0 : key.find('.') + 1);
-  for (const auto& [name, to] : kSynonyms)
-    if (bare == name) return to;
+  const std::string_view bare = leaf_of(key);
+  if (const Synonym* s = synonym_of(bare)) return s->key;
+  // The name of a key of another table ("[model] lr" is train.lr, "[train] max_lr" too): that
+  // key, the nearest of several (data.path, metrics.path).
+  std::vector<std::string> same;
+  for (const SettingInfo& k : settings()) {
+    bool named = same_words(bare, leaf_of(k.key));
+    for (const std::string& a : k.aliases)
+      named = named || (a[0] != '-' && same_words(bare, leaf_of(a)));
+    if (named) same.push_back(k.key);
+  }
+  if (!same.empty()) return closest_name(key, same);
   std::string best;
   size_t best_d = std::numeric_limits<size_t>::max();
   for (const SettingInfo& k : settings()) {
@@ -656,6 +738,23 @@ std::string closest_run_key(const std::string& name) {
   return best;
 }
 
+namespace {
+
+// A table's entries in the order the file writes them (toml++ walks them by name): the first
+// problem in the file is the one said ("[trian]" with steps on line 9 and lr on line 11 was said
+// at line 11).
+std::vector<std::pair<std::string, const toml::node*>> in_file_order(const toml::table& t) {
+  std::vector<std::pair<std::string, const toml::node*>> v;
+  for (const auto& [key, node] : t) v.emplace_back(std::string(key.str()), &node);
+  std::stable_sort(v.begin(), v.end(), [](const auto& a, const auto& b) {
+    const toml::source_position x = a.second->source().begin, y = b.second->source().begin;
+    return std::tie(x.line, x.column) < std::tie(y.line, y.column);
+  });
+  return v;
+}
+
+}  // namespace
+
 RunConfig parse_run_toml(std::string_view text, const std::string& source,
                          SettingSources* sources) {
   toml::table root;
@@ -668,17 +767,17 @@ RunConfig parse_run_toml(std::string_view text, const std::string& source,
   RunConfig c;
   std::vector<Field> fs = fields(c);
   std::map<std::string, std::string> set_by;  // key -> where the file set it, as spelled there
-  for (const auto& [section, node] : root) {
-    const std::string sec(section.str());
-    const std::string at = fmt::format("{}:{}: ", source, node.source().begin.line);
-    const toml::table* t = node.as_table();
+  for (const auto& [sec, node] : in_file_order(root)) {
+    const std::string at = fmt::format("{}:{}: ", source, node->source().begin.line);
+    const toml::table* t = node->as_table();
     if (!t)
       throw ConfigError(fmt::format(
           "{}'{}' is not a [section]; keys are written inside sections, e.g. [train] steps = 100 "
           "(did you mean '{}'?)",
           at, excerpt(sec), closest_run_key(sec)));
-    for (const auto& [key, value] : *t) {
-      const std::string full = sec + "." + std::string(key.str());
+    for (const auto& [key, node] : in_file_order(*t)) {
+      const toml::node& value = *node;
+      const std::string full = sec + "." + key;
       const std::string vat = fmt::format("{}:{}: ", source, value.source().begin.line);
       const Match m = full.find('-') == std::string::npos ? find_field(fs, full) : Match{};
       if (!m.field || (m.alias && m.alias->name[0] == '-')) unknown_key(vat, full);

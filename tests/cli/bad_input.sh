@@ -113,6 +113,10 @@ run_case "--memory-budget" check --memory-budget 4X
 run_case "--steps (train.steps) is not a setting of this command" check --steps 5
 run_case "did you mean '--stage-heads'" check --stage-heds 4
 run_case "did you mean '--seq-len'" train --seqlen 64
+# Names other tools give a setting, and its words after max, num or total (no suggestion before).
+run_case "unknown option '--learning-rate'; did you mean '--lr'?" train --learning-rate 1e-3
+run_case "unknown option '--max-steps'; did you mean '--steps'?" train --max-steps 5
+run_case "unknown option '--batch-size'; did you mean '--micro-steps'? (sequences per DP rank per step" train --batch-size 8
 # A command's own flags (not settings) are suggested too: it said '--seq-len'.
 run_case "unknown option '--max-seq-length'; did you mean '--max-seq-len'?" plan --model llama3-8b --ranks 8 --device-memory 80G --max-seq-length
 # Past the planner's range: it printed a plan of 0 bytes (2^28) or ran out of memory (exit 3).
@@ -209,6 +213,13 @@ run_case "--doc-lens: document 1 has length 0; a length must lie in [1, 512]" ch
 # a run file setting one setting under two spellings applied them in toml++'s section order.
 printf '[train]\nsteps = 1\ndtype = "bf16"\n[memory]\ndtype = "fp32"\n' > "$tmp/twice.toml"
 run_case "both set memory.dtype (an older spelling beside the new one): keep one" train "$tmp/twice.toml"
+# A key of another table is named by its name (it said 'model.name' for [model] lr), and a file's
+# first problem is said at its line (a mistyped table's lr on line 11 was said before its steps
+# on line 9: toml++ walks a table by name).
+printf '[model]\nlr = 0.1\n' > "$tmp/lr.toml"
+run_case "lr.toml:2: unknown key 'model.lr'; did you mean 'train.lr'?" train "$tmp/lr.toml"
+printf '# a run file\n\n[model]\nname = "tiny"\n\n# the run\n\n[trian]\nsteps = 1\n\nlr = 0.1\n' > "$tmp/trian.toml"
+run_case "trian.toml:9: unknown key 'trian.steps'; did you mean 'train.steps'?" train "$tmp/trian.toml"
 # A NUL escape in a path cut it short: another file than the one written was read.
 printf '[data]\nkind = "files"\npath = "%s/lens.npy\\u0000junk"\n' "$tmp" > "$tmp/nul.toml"
 run_case "nul.toml:3: data.path: '$tmp/lens.npy' holds a NUL character" train "$tmp/nul.toml"

@@ -190,6 +190,17 @@ TEST(RunConfig, TomlErrorsNameFileLineAndKey) {
                       {"unknown key 'train.warmup'", "'train.warmup_steps'"});
   expect_config_error([] { parse_run_toml("[trian]\nsteps = 10\n", "r.toml"); },
                       {"unknown key 'trian.steps'", "'train.steps'"});
+  // The first problem in the file is said, at its own line (toml++ walks a table by name: lr on
+  // line 4 was said before steps on line 2, and [aa] before [zz]).
+  expect_config_error([] { parse_run_toml("[trian]\nsteps = 10\n\nlr = 1\n", "r.toml"); },
+                      {"r.toml:2: unknown key 'trian.steps'"});
+  expect_config_error([] { parse_run_toml("[zz]\nsteps = 1\n[aa]\nlr = 1\n", "r.toml"); },
+                      {"r.toml:2: unknown key 'zz.steps'"});
+  // A key of another table is named (it said 'model.name' for [model] lr).
+  expect_config_error([] { parse_run_toml("[model]\nlr = 0.1\n", "r.toml"); },
+                      {"r.toml:2: unknown key 'model.lr'; did you mean 'train.lr'?"});
+  expect_config_error([] { parse_run_toml("[train]\nbatch_size = 8\n", "r.toml"); },
+                      {"did you mean 'train.micro_steps'?", "a step's global batch is DP x"});
   expect_config_error([] { parse_run_toml("steps = 10\n", "r.toml"); },
                       {"r.toml:1:", "'steps' is not a [section]", "'train.steps'"});
   expect_config_error([] { parse_run_toml("[train]\nsteps = \n", "bad.toml"); }, {"bad.toml:2:"});
@@ -313,6 +324,24 @@ TEST(RunConfig, FlagErrorsNameTheFlag) {
                       {"unknown option '--setps'", "did you mean '--steps'"});
   expect_config_error([&] { apply_overrides(c, args({"--train.setps=5"})); },
                       {"unknown option '--train.setps'", "did you mean '--steps'"});
+  // Names other tools use, and a setting's words after max, num or total (no suggestion before).
+  const std::pair<const char*, const char*> other_names[] = {
+      {"--learning-rate=1e-3", "unknown option '--learning-rate'; did you mean '--lr'?"},
+      {"--max-steps=5", "unknown option '--max-steps'; did you mean '--steps'?"},
+      {"--num-steps=5", "unknown option '--num-steps'; did you mean '--steps'?"},
+      {"--sequence-length=64", "unknown option '--sequence-length'; did you mean '--seq-len'?"},
+      {"--max-lr=1e-3", "unknown option '--max-lr'; did you mean '--lr'?"},
+      {"--model-name=tiny", "unknown option '--model-name'; did you mean '--model'?"}};
+  for (const auto& [arg, want] : other_names)
+    expect_config_error([&] { apply_overrides(c, args({arg})); }, {want});
+  // The batch is no setting of its own: --micro-steps with what it counts.
+  expect_config_error(
+      [&] { apply_overrides(c, args({"--batch-size=8"})); },
+      {"did you mean '--micro-steps'? (sequences per DP rank per step: a step's global batch is "
+       "DP x that many sequences)"});
+  // A synonym of a setting the command does not take is not suggested.
+  expect_config_error([&] { apply_overrides(c, args({"--learning-rate=1e-3"}), kScopePlan); },
+                      {"unknown option '--learning-rate' (`upipe settings`"});
   expect_config_error([&] { apply_overrides(c, args({"--steps"})); }, {"--steps needs a value"});
   expect_config_error([&] { apply_overrides(c, args({"steps=5"})); },
                       {"unexpected argument 'steps=5'", "--flag=value"});
@@ -328,6 +357,11 @@ TEST(RunConfig, ClosestKey) {
   EXPECT_EQ(closest_run_key("metrics.pth"), "metrics.path");
   EXPECT_EQ(closest_run_key("comm.timeout_s"), "comm.timeout");
   EXPECT_EQ(closest_run_key("learning_rate"), "train.lr");
+  // A key of another table by its name, before any spelling near the table's own keys.
+  EXPECT_EQ(closest_run_key("model.lr"), "train.lr");
+  EXPECT_EQ(closest_run_key("memory.warmup_steps"), "train.warmup_steps");
+  EXPECT_EQ(closest_run_key("train.num_steps"), "train.steps");
+  EXPECT_EQ(closest_run_key("train.max_steps"), "train.steps");
 }
 
 TEST(RunConfig, ValidationNamesTheSetting) {
