@@ -156,7 +156,10 @@ PlanRequest base_request(const Settings& set, const Options& o) {
         "give the device memory per rank to plan for, e.g. {} (or device_memory in a run file's "
         "[memory]): train's default, 1T, only caps a CPU run's arena, so it plans nothing real",
         setting_value("memory.device_memory", "80G")));
-  if (o.max_seq_len && set.given("train.seq_len"))
+  // A run file's seq_len is what --max-seq-len replaces (the printed command overrides it); a
+  // --seq-len typed beside it is a contradiction.
+  if (o.max_seq_len && set.given("train.seq_len") &&
+      set.sources.spelled.at("train.seq_len").starts_with("-"))
     throw ConfigError(
         fmt::format("give one of {} and --max-seq-len", setting_ref("train.seq_len")));
   PlanRequest r = plan_request(c, o.ranks);

@@ -181,6 +181,9 @@ case "$cmd" in
   "mpirun -np 8 upipe train $run --stage-heads="[0-9]*) echo "ok: run file plan -> $cmd" ;;
   *) fail "run file plan command: $cmd" ;;
 esac
+# --max-seq-len replaces a run file's seq_len (it was refused: "give one of seq_len in run.toml and
+# --max-seq-len"); its command overrides the file's.
+expect_row "a run file's longest S" "^  run it: mpirun -np 8 upipe train $run --seq-len=786432\$" "$run" --ranks 8 --max-seq-len --method upipe
 
 # A plan that does not fit says what makes it fit: each memory setting alone (cheapest first), or
 # the fewest together; each of them planned again as typed fits with the very peaks said, and its
