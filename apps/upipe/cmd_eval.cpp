@@ -4,6 +4,7 @@
 // parameter's fp32 gradient (summed over the ranks) under its Hugging Face name. --doc-lens packs
 // the sequence as documents (each attended to and predicted alone; attention/documents.h).
 #include <cmath>
+#include <filesystem>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <span>
@@ -20,35 +21,58 @@
 #include "model/doc_lens.h"
 #include "model/safetensors.h"
 #include "model/tokens.h"
+#include "train/data.h"
 
 namespace upipe::app {
 namespace {
 
 struct Options {
   std::string tokens;
-  std::string doc_lens;  // packed documents of the sequence (--doc-lens)
+  std::string doc_lens;   // packed documents of the sequence (--doc-lens)
+  std::string documents;  // --windows: where the data's documents end (data.documents' values)
   std::string save_grads;
   bool loss_only = false;  // forward only: the loss, no gradients
   bool windows = false;    // the loss of every S-token window of --tokens (forward only)
   bool json = false;
 };
 
+// A window of the data: its tokens (a view used until the next call) and documents (null: one).
+struct Window {
+  std::span<const int32_t> tokens;
+  std::shared_ptr<const Documents> documents;
+};
+
 // --loss-only / --windows: the forward alone (no gradient buffers, nothing stashed) on one
-// sequence, or on every non-overlapping window of S tokens of the file: the mean loss over the n
-// windows of s tokens and its perplexity; window(i) gives window i's tokens (a view used until the
-// next call).
+// sequence, or on every non-overlapping window of S tokens of the data: the mean loss over the n
+// windows of s tokens and its perplexity; window(i) gives window i. Windows of one document each
+// count alike (the mean of their means); packed ones count by their predictions, as training's
+// validation does (the sum over every window's predictions over their number, counted first).
 int run_loss(Process& proc, const Options& opt, const RunConfig& cfg, const ModelConfig& m,
-             ModelRun& run, int64_t n, int64_t s,
-             const std::function<std::span<const int32_t>(int64_t)>& window, const LossSpec& spec) {
+             ModelRun& run, int64_t n, int64_t s, const std::function<Window(int64_t)>& window,
+             bool packed) {
   run.dev.mem().reset_peak();
   const ParamMap no_grads;
   FullParams p(m, run.w, no_grads);
+  double predicted = 0;
+  int64_t documents = 0;
+  for (int64_t i = 0; packed && i < n; ++i) {
+    const Window w = window(i);
+    predicted += double(w.documents ? w.documents->predictions() : s - 1);
+    documents += w.documents ? w.documents->count() : 1;
+  }
+  if (packed && predicted == 0)
+    throw ConfigError("every document of the windows is one token long: nothing is predicted");
   double sum = 0, fwd = 0;
   for (int64_t i = 0; i < n; ++i) {
-    sum += run.dec->loss(window(i), p, spec).loss;  // each window's mean over its predictions
+    const Window w = window(i);
+    LossSpec spec;  // each window's mean over its predictions, or its share of all of them
+    spec.scale = packed ? 1.0 / predicted : 0.0;
+    spec.documents = w.documents;
+    if (!packed) documents += w.documents ? w.documents->count() : 1;
+    sum += run.dec->loss(w.tokens, p, spec).loss;
     fwd += run.dec->forward_seconds();
   }
-  const double loss = sum / double(n);
+  const double loss = packed ? sum : sum / double(n);
   const int64_t peak = max_over_ranks(proc.world, run.dev.mem().peak());
   if (!proc.root()) return 0;
   nlohmann::json j = {{"model", m.source},
@@ -56,7 +80,7 @@ int run_loss(Process& proc, const Options& opt, const RunConfig& cfg, const Mode
                       {"perplexity", std::exp(loss)},
                       {"windows", n},
                       {"tokens", n * s},
-                      {"documents", spec.documents ? spec.documents->count() : 1},
+                      {"documents", documents},
                       {"method", cfg.parallel.knobs.method},
                       {"ranks", proc.world.size()},
                       {"peak_bytes", peak},
@@ -66,14 +90,41 @@ int run_loss(Process& proc, const Options& opt, const RunConfig& cfg, const Mode
     print_json(j);
     return 0;
   }
-  std::printf(
-      "%s, %lld window(s) of %lld tokens%s, %s on %d rank(s), %s, forward only\n", m.source.c_str(),
-      (long long)n, (long long)s,
-      spec.documents ? fmt::format(" in {} documents", spec.documents->count()).c_str() : "",
-      cfg.parallel.knobs.method.c_str(), proc.world.size(), dtype_name(cfg.memory.policy.dtype));
+  std::printf("%s, %lld window(s) of %lld tokens%s, %s on %d rank(s), %s, forward only\n",
+              m.source.c_str(), (long long)n, (long long)s,
+              documents > n ? fmt::format(" in {} documents", documents).c_str() : "",
+              cfg.parallel.knobs.method.c_str(), proc.world.size(),
+              dtype_name(cfg.memory.policy.dtype));
   std::printf("  loss %.8f  perplexity %.4f\n", loss, std::exp(loss));
   std::printf("  forward %.3f s, peak %s per rank (max)\n", fwd, format_bytes(peak).c_str());
   return 0;
+}
+
+// As train says it: positions past the model's context were never trained.
+void warn_past_context(const Process& proc, const ModelConfig& m, int64_t s) {
+  if (proc.root() && m.max_position_embeddings > 0 && s > m.max_position_embeddings)
+    std::fprintf(stderr,
+                 "upipe: warning: a sequence of %lld tokens is longer than the model's context "
+                 "(max_position_embeddings = %lld in %s): RoPE positions past it were never "
+                 "trained, so the loss there says little about the model\n",
+                 (long long)s, (long long)m.max_position_embeddings, m.source.c_str());
+}
+
+// One sequence's token file; a Megatron dataset's .bin (beside its .idx) says how it is read.
+TokenFileInfo inspect_eval_tokens(const std::string& path) {
+  try {
+    return inspect_token_file(path);
+  } catch (const ConfigError& e) {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    if (fs::path(path).extension() != ".bin" ||
+        !fs::exists(fs::path(path).replace_extension(".idx"), ec))
+      throw;
+    throw ConfigError(fmt::format(
+        "{} ({} has a Megatron .idx beside it: read that dataset's windows with --windows "
+        "--seq-len S --documents index)",
+        e.what(), path));
+  }
 }
 
 int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App& cmd) {
@@ -94,52 +145,63 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
     throw ConfigError(
         fmt::format("--windows needs --tokens FILE and {}", setting_value("train.seq_len", "S")));
   if (opt.windows && !opt.doc_lens.empty())
-    throw ConfigError("--doc-lens gives the documents of one sequence: drop --windows");
+    throw ConfigError(
+        "--doc-lens gives the documents of one sequence: drop --windows (--documents says where "
+        "the documents of --windows' data end)");
+  if (!opt.windows && !opt.documents.empty())
+    throw ConfigError(
+        "--documents says where the documents of --windows' data end: add --windows, or give one "
+        "sequence's documents with --doc-lens");
+  if (opt.windows) {
+    // The data as train reads it (a file, a directory, a glob, a Megatron dataset; every id
+    // checked once), its documents by --documents, each window's as validation cuts them.
+    DataOptions d;
+    d.kind = DataKind::kFiles;
+    d.path = opt.tokens;
+    d.path_key = "eval.tokens";
+    d.seq_len = seq_len;
+    d.vocab = m.vocab_size;
+    d.documents = parse_documents_mode(opt.documents.empty() ? "none" : opt.documents);
+    const DataSource data(d);
+    const int64_t n = data.total_tokens() / seq_len;
+    warn_past_context(proc, m, seq_len);
+    ModelRun run(proc.world, m, cfg, seq_len, /*with_grads=*/false);
+    std::vector<int32_t> held;  // one window at a time (a corpus of billions of tokens)
+    return run_loss(
+        proc, opt, cfg, m, run, n, seq_len,
+        [&](int64_t i) {
+          held = data.window(i * seq_len);
+          Window w{held, nullptr};
+          if (data.packed())
+            if (std::vector<int64_t> lens = data.window_documents(i * seq_len, held); !lens.empty())
+              w.documents = std::make_shared<const Documents>(lens, seq_len);
+          return w;
+        },
+        data.packed());
+  }
   // The number of tokens first, then the model (its sizes checked before anything is
   // allocated), then the tokens.
   TokenFileInfo file;
   int64_t n = seq_len;
   if (!opt.tokens.empty()) {
-    file = inspect_token_file(opt.tokens);
+    file = inspect_eval_tokens(opt.tokens);
     if (seq_given && seq_len > file.count)
       throw ConfigError(fmt::format("{} is longer than the {} tokens of {}",
                                     setting_value("train.seq_len", seq_len), file.count,
                                     opt.tokens));
-    n = opt.windows ? file.count / seq_len * seq_len : seq_given ? seq_len : file.count;
+    n = seq_given ? seq_len : file.count;
     check_token_ids(file, n, m.vocab_size);  // through a bounded buffer
   } else if (!seq_given) {
     throw ConfigError(fmt::format("give --tokens FILE (.npy or .bin), or {} for random tokens",
                                   setting_value("train.seq_len", "S")));
   }
-  if (opt.windows && n < 1)
-    throw ConfigError(fmt::format("{} has {} tokens, fewer than one window of {}", opt.tokens,
-                                  file.count, setting_value("train.seq_len", seq_len)));
   if (n < 2) throw ConfigError("the sequence needs at least 2 tokens");
-  // As train says it: positions past the model's context were never trained.
-  if (const int64_t s = opt.windows ? seq_len : n;
-      proc.root() && m.max_position_embeddings > 0 && s > m.max_position_embeddings)
-    std::fprintf(stderr,
-                 "upipe: warning: a sequence of %lld tokens is longer than the model's context "
-                 "(max_position_embeddings = %lld in %s): RoPE positions past it were never "
-                 "trained, so the loss there says little about the model\n",
-                 (long long)s, (long long)m.max_position_embeddings, m.source.c_str());
+  warn_past_context(proc, m, n);
   LossSpec spec;  // the mean over the predictions inside the documents
-  if (!opt.windows) spec.documents = documents_from(opt.doc_lens, n);
-  const bool forward_only = opt.loss_only || opt.windows;
-  ModelRun run(proc.world, m, cfg, opt.windows ? seq_len : n, !forward_only);
+  spec.documents = documents_from(opt.doc_lens, n);
+  const bool forward_only = opt.loss_only;
+  ModelRun run(proc.world, m, cfg, n, !forward_only);
   std::vector<int32_t> tokens;
-  if (opt.windows) {
-    // One window held at a time (the whole file was read into memory: a corpus of billions of
-    // tokens into tens of GB).
-    tokens.resize(size_t(seq_len));
-    return run_loss(
-        proc, opt, cfg, m, run, n / seq_len, seq_len,
-        [&](int64_t i) {
-          read_token_range(file, i * seq_len, seq_len, m.vocab_size, tokens.data());
-          return std::span<const int32_t>(tokens);
-        },
-        spec);
-  }
   if (!opt.tokens.empty()) {
     tokens.resize(size_t(n));
     read_token_range(file, 0, n, m.vocab_size, tokens.data());
@@ -148,7 +210,11 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
   }
   if (forward_only)
     return run_loss(
-        proc, opt, cfg, m, run, 1, n, [&](int64_t) { return std::span(tokens); }, spec);
+        proc, opt, cfg, m, run, 1, n,
+        [&](int64_t) {
+          return Window{tokens, spec.documents};
+        },
+        /*packed=*/false);
   Device& dev = run.dev;
   const ParamMap &w = run.w, &g = run.g;
   dev.mem().reset_peak();
@@ -216,7 +282,12 @@ Runner add_eval(CLI::App& cmd) {
   auto opt = std::make_shared<Options>();
   cmd.add_option("--tokens", opt->tokens,
                  "token ids: a 1-D .npy (int32/int64/uint16/uint32) or an llm.c .bin; with "
-                 "--seq-len, its first S (without: --seq-len random ids)");
+                 "--seq-len, its first S (without: --seq-len random ids); with --windows, any "
+                 "data train reads (a directory, a glob, a Megatron dataset)");
+  cmd.add_option("--documents", opt->documents,
+                 "with --windows: where the data's documents end, as train's --documents (none, "
+                 "eos:ID, index); each window's documents are attended to and predicted alone, "
+                 "and the loss is the mean over their predictions, as training's validation");
   add_doc_lens_option(cmd, opt->doc_lens,
                       "the sequence as packed documents: lengths a,b,c summing to its length, or a "
                       ".npy/.bin file of them; each document is attended to and predicted alone");

@@ -13,6 +13,9 @@
 #                     (transformers on each document alone) and its gradients (check_grads.py
 #                     packed); the same lengths typed as a list; lengths that do not sum to S
 #                     refused naming --doc-lens
+#   windows_packed    --windows --documents index over `upipe tokenize DIR`'s dataset: the loss
+#                     training's validation logged for it (2 ranks, fp32 export), bit for bit; its
+#                     .bin alone names the way to read it; --documents needs --windows
 # Usage: eval.sh UPIPE MPIRUN [MPIRUN ARGS...] -- CASE
 set -u
 upipe=$1
@@ -103,6 +106,38 @@ packed_llama | packed_qwen3)
     --tokens "$fix/$fx/tokens.npy" --doc-lens 1,63,100 2>&1); rc=$?
   [ $rc -eq 2 ] && echo "$out" | grep -q -e "--doc-lens: the 3 lengths sum to 164, not the sequence length 512" ||
     { echo "$out"; fail "bad lengths: exit $rc"; } ;;
+windows_packed)
+  # Documents of 5 to 60 words, a training set and a held-out one, as `upipe tokenize DIR` writes
+  # them (a Megatron dataset): eval could not read it (newcomer pass).
+  mkdir -p "$tmp/trd" "$tmp/vad"
+  for i in $(seq 1 60); do
+    d=trd; [ "$i" -gt 40 ] && d=vad
+    /usr/bin/python3 -c "import random,sys; random.seed(int(sys.argv[1])); print(' '.join(random.choice(['the','cat','sat','on','a','mat']) for _ in range(random.randint(5, 60))))" \
+      "$i" > "$tmp/$d/d$i.txt"
+  done
+  "$upipe" tokenize "$tmp/trd" "$tmp/tr" > /dev/null && "$upipe" tokenize "$tmp/vad" "$tmp/va" > /dev/null ||
+    fail "tokenize"
+  timeout 300 "${mpirun[@]}" -np 2 "$upipe" train --data-kind=files --data-path="$tmp/tr" \
+    --val-path="$tmp/va" --documents=index --seq-len=256 --tile-tokens=256 --steps=2 \
+    --val-interval=2 --val-sequences=100 --checkpoint-dir="$tmp/ck" --metrics-path="$tmp/m.jsonl" \
+    > "$tmp/train.out" 2>&1 || { cat "$tmp/train.out"; fail "train failed"; }
+  "$upipe" export "$tmp/ck" "$tmp/hf" --dtype fp32 > /dev/null || fail "export failed"
+  timeout 120 "${mpirun[@]}" -np 2 "$upipe" eval --model "$tmp/hf" --tokens "$tmp/va" --seq-len 256 \
+    --tile-tokens 256 --windows --documents index --json > "$tmp/eval.json" || fail "eval failed"
+  /usr/bin/python3 - "$tmp" <<'PY' || fail "eval's loss is not the validation loss"
+import json, sys
+d = sys.argv[1]
+val = [json.loads(l)["val_loss"] for l in open(f"{d}/m.jsonl") if "val_loss" in l][-1]
+e = json.load(open(f"{d}/eval.json"))
+print(f"validation loss {val!r}, eval --windows --documents index {e['loss']!r} ({e['windows']} windows, {e['documents']} documents)")
+assert e["loss"] == val and e["windows"] == 7 and e["documents"] > e["windows"], (val, e)
+PY
+  out=$(timeout 120 "${mpirun[@]}" -np 2 "$upipe" eval --model "$tmp/hf" --tokens "$tmp/va.bin" --seq-len 256 2>&1); rc=$?
+  [ $rc -eq 2 ] && echo "$out" | grep -q -e "has a Megatron .idx beside it: read that dataset's windows with --windows --seq-len S --documents index" ||
+    { echo "$out"; fail "a Megatron .bin as one sequence: exit $rc"; }
+  out=$(timeout 120 "${mpirun[@]}" -np 2 "$upipe" eval --model "$tmp/hf" --tokens "$tmp/va" --seq-len 256 --documents index 2>&1); rc=$?
+  [ $rc -eq 2 ] && echo "$out" | grep -q -e "--documents says where the documents of --windows' data end: add --windows" ||
+    { echo "$out"; fail "--documents without --windows: exit $rc"; } ;;
 *) echo "unknown case $case_name"; exit 2 ;;
 esac
 echo "PASS $case_name"
