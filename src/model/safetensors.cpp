@@ -196,6 +196,17 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
         fail(path_, name, fmt::format("mapped to {}, which does not contain it", shard));
       tensors_.emplace(name, t->second);
     }
+    // A tensor the weight map gives one shard and another shard holds too: a loader that reads
+    // every shard's tensors (transformers) may load the other one; this reader took the mapped one
+    // without a word.
+    for (const auto& [shard, held] : shards)
+      for (const auto& [name, t] : held)
+        if (const auto it = tensors_.find(name);
+            it != tensors_.end() && files_[size_t(it->second.file)] != shard)
+          fail(path_, name,
+               fmt::format("mapped to {}, but {} holds it too: which one loads is ambiguous; "
+                           "remove it from one of them",
+                           files_[size_t(it->second.file)], shard));
   } catch (...) {
     close_all();
     throw;

@@ -12,7 +12,8 @@
 // The writer writes named fp32 / bf16 tensors atomically (temporary file, fsync, rename), never
 // over a symlink or anything but a regular file. Files and shard names are untrusted: every file
 // is opened without blocking and must be regular, a shard named by the index must lie inside the
-// index's directory, and a key given twice in a JSON header or index is an error.
+// index's directory, and a key given twice in a JSON header or index is an error, as is a tensor
+// the index maps to one shard and another shard holds too.
 #pragma once
 
 #include <cstdint>

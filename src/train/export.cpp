@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <string_view>
 #include <utility>
 
@@ -174,8 +175,8 @@ std::vector<std::string> tokenizer_files_in(const std::string& dir) {
 // and stop ids that go with that tokenizer); nothing when dir holds no tokenizer file.
 // A tokenizer.json whose ids reach past the model's vocabulary: text with those tokens would
 // index past the embedding (transformers' forward raises an IndexError there). Its ids are the
-// model's vocab (an object of token -> id, or Unigram's list of [token, score]) and the added
-// tokens'.
+// model's vocab (an object of token -> id, or Unigram's list of [token, score]), the added
+// tokens' and those its post-processor adds.
 void check_tokenizer_ids(const std::string& dir, int64_t vocab) {
   const std::string path = (fs::path(dir) / "tokenizer.json").string();
   std::error_code ec;
@@ -207,6 +208,20 @@ void check_tokenizer_ids(const std::string& dir, int64_t vocab) {
   if (j.is_object() && j.contains("added_tokens") && j["added_tokens"].is_array())
     for (const nlohmann::json& t : j["added_tokens"])
       if (t.is_object() && t.contains("id")) id_of(t["id"]);
+  // The ids the post-processor adds to every text (TemplateProcessing's special tokens, Bert's and
+  // Roberta's [token, id] pairs, each processor of a Sequence): tokenizers inserts them as given.
+  const std::function<void(const nlohmann::json&)> post_ids = [&](const nlohmann::json& p) {
+    if (!p.is_object()) return;
+    if (p.contains("special_tokens") && p["special_tokens"].is_object())
+      for (const auto& [name, t] : p["special_tokens"].items())
+        if (t.is_object() && t.contains("ids") && t["ids"].is_array())
+          for (const nlohmann::json& id : t["ids"]) id_of(id);
+    for (const char* k : {"sep", "cls"})
+      if (p.contains(k) && p[k].is_array() && p[k].size() == 2) id_of(p[k][1]);
+    if (p.contains("processors") && p["processors"].is_array())
+      for (const nlohmann::json& q : p["processors"]) post_ids(q);
+  };
+  if (j.is_object() && j.contains("post_processor")) post_ids(j["post_processor"]);
   if (largest >= uint64_t(vocab))
     throw ConfigError(fmt::format(
         "{} has token ids up to {}, past the model's vocabulary of {} (vocab_size): text with "

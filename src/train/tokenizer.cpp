@@ -207,6 +207,14 @@ TokenizedDocuments tokenize_documents(const std::string& dir, const std::string&
             fmt::format("the output {}{} is one of the inputs in {}: choose an output outside it",
                         r.prefix, ext, dir));
   for (const char* ext : {".bin", ".idx"}) check_new_output(r.prefix + ext, replace);
+  // A document is one index entry, of fewer than 2^31 ids: said before anything is written (the
+  // writer refused it only after 4 GiB of ids, without naming the file).
+  for (const std::string& f : files)
+    if (const int64_t n = ReadFile(f, "text file").size(); n > INT32_MAX)
+      throw ConfigError(fmt::format(
+          "{} has {} bytes, more than one document of a Megatron index holds ({} tokens); split "
+          "it into several files",
+          f, n, INT32_MAX));
   IndexedDatasetWriter w(r.prefix);
   std::vector<char> bytes(static_cast<size_t>(kChunk));
   std::vector<int32_t> ids(static_cast<size_t>(kChunk));

@@ -32,7 +32,8 @@ std::string byte_tokenizer_config_json(int64_t max_len);
 // Every regular file of the directory `dir` (not recursive, sorted by name) as one document, in
 // that order, into PREFIX.bin + PREFIX.idx (PREFIX: `out` without a .bin / .idx extension),
 // written atomically. Throws ConfigError when `dir` holds no file, an input is one of the
-// outputs, an output exists and not `replace`, or a file cannot be read; Error when a write fails.
+// outputs, an output exists and not `replace`, a file cannot be read or has 2^31 bytes or more
+// (an index entry counts a document's ids in an int32; split the text); Error when a write fails.
 struct TokenizedDocuments {
   std::string prefix;
   int64_t documents = 0, tokens = 0;

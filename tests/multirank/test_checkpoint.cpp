@@ -20,6 +20,7 @@
 #include "multirank/mpi_test_main.h"
 #include "multirank/shared_dir.h"
 #include "train/checkpoint.h"
+#include "train/export.h"
 #include "train/zero.h"
 
 namespace upipe {
@@ -201,6 +202,43 @@ TEST(Checkpoint, RecordsTheBuildThatWroteIt) {
   forge_meta(world, ck, [](nlohmann::json& j) { j.erase("upipe"); });
   EXPECT_EQ(read_checkpoint_info(ck).written_by, "");
   EXPECT_EQ(load_error(ck), "");
+}
+
+// export --tokenizer DIR: the ids a tokenizer.json's post-processor adds to every text count as
+// its ids (TemplateProcessing's, Bert's [token, id] pairs, inside a Sequence): past the
+// vocabulary, refused (they were not looked at, and the export accepted an id of 656 for 256).
+TEST(Checkpoint, ExportRefusesPostProcessorIdsPastTheVocabulary) {
+  Communicator& world = test::world();
+  SharedDir dir(world);
+  const std::string ck = save(world, {dir.path(), "run-a", 0}, 1);  // tiny: vocabulary 256
+  if (world.rank() != 0) return;
+  const CheckpointReader reader(ck);
+  const std::string tok = dir.path() + "/tok";
+  fs::create_directories(tok);
+  auto with_post = [&](const nlohmann::json& post) {
+    const nlohmann::json j = {{"model", {{"type", "WordLevel"}, {"vocab", {{"a", 0}, {"b", 1}}}}},
+                              {"added_tokens", nlohmann::json::array()},
+                              {"post_processor", post}};
+    spit(tok + "/tokenizer.json", j.dump());
+    try {
+      plan_tokenizer(reader, {TokenizerChoice::Kind::kDir, tok});
+      return std::string();
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+  };
+  auto template_ids = [](int64_t id) {
+    return nlohmann::json{
+        {"type", "TemplateProcessing"},
+        {"special_tokens", {{"<s>", {{"id", "<s>"}, {"ids", {id}}, {"tokens", {"<s>"}}}}}}};
+  };
+  EXPECT_EQ(with_post(template_ids(255)), "");
+  expect_has(with_post(template_ids(656)), {"has token ids up to 656", "vocabulary of 256"});
+  const nlohmann::json bert = {
+      {"type", "BertProcessing"}, {"sep", {"[SEP]", 300}}, {"cls", {"[CLS]", 1}}};
+  expect_has(with_post({{"type", "Sequence"}, {"processors", {bert}}}),
+             {"has token ids up to 300"});
+  expect_has(with_post(template_ids(-1)), {"has the token id -1, which is no id"});
 }
 
 TEST(Checkpoint, RunsNeverMix) {

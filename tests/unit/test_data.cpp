@@ -310,6 +310,21 @@ TEST(Data, TokenizeDirSaysWhatItLeavesOut) {
       {"holds no file to read as a document (left out: 1 subdirectory"});
 }
 
+// A file of 2^31 bytes or more is more than one document of the index holds: refused naming it,
+// before anything is written (it was refused after writing 4 GiB, naming only the output).
+TEST(Data, TokenizeDirRefusesADocumentTooLongAtOnce) {
+  TempDir d, out;
+  const std::filesystem::path in = d.path() / "corpus";
+  std::filesystem::create_directories(in);
+  d.write("corpus/a.txt", "first");
+  d.write("corpus/huge.txt", "");
+  std::filesystem::resize_file(in / "huge.txt", uint64_t(1) << 31);  // sparse: nothing to read
+  expect_config_error([&] { tokenize_documents(in.string(), out.file("x")); },
+                      {"huge.txt", "2147483648 bytes", "split it"});
+  EXPECT_FALSE(std::filesystem::exists(out.file("x.bin")));
+  EXPECT_FALSE(std::filesystem::exists(out.file("x.idx")));
+}
+
 // Export's shards, cut as transformers' save_pretrained cuts them: tensors in order, a new shard
 // where the next would pass the bound, a tensor larger than the bound alone; no bound, one shard.
 TEST(Export, ShardsAreCutAsSavePretrainedCutsThem) {

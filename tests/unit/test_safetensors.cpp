@@ -286,6 +286,17 @@ TEST(Safetensors, ShardedIndex) {
             R"({"weight_map": {"x": "model-00009-of-00009.safetensors"}})");
   expect_error([&] { SafetensorsReader r(dir.file("gone.safetensors.index.json")); },
                {"model-00009-of-00009.safetensors", "cannot open"});
+  // A mapped tensor that another shard holds too is ambiguous (a loader reading every shard's
+  // tensors may load the other one): refused, where the mapped one was read without a word.
+  dir.write("twice.safetensors.index.json", R"({"weight_map": {
+      "model.norm.weight": "model-00002-of-00002.safetensors",
+      "other": "model-00003-of-00003.safetensors"}})");
+  write_safetensors(
+      dir.file("model-00003-of-00003.safetensors"),
+      {{"model.norm.weight", DType::kF32, {2}, a.data()}, {"other", DType::kF32, {1}, a.data()}});
+  expect_error([&] { SafetensorsReader r(dir.file("twice.safetensors.index.json")); },
+               {"tensor 'model.norm.weight'", "model-00002-of-00002.safetensors",
+                "model-00003-of-00003.safetensors holds it too"});
   dir.write("empty.safetensors.index.json", R"({"weight_map": {}})");
   expect_error([&] { SafetensorsReader r(dir.file("empty.safetensors.index.json")); },
                {"empty.safetensors.index.json", "weight_map"});
