@@ -1,10 +1,14 @@
 #!/usr/bin/env python3
 """Seed corpora of the tools/fuzz harnesses, written into OUT/<harness>/ (`make fuzz` writes
-build-fuzz/corpus): the repository's fixtures and examples, and a few tiny files made here.
+build-fuzz/corpus): the repository's fixtures and examples, and a few tiny files made here;
+fuzz_checkpoint_files' seeds are written by the harness itself (the real checkpoint writer), run
+from OUT's build directory (OUT/../tools/fuzz).
 Nothing of it is committed; the fuzzers add what they find to these directories."""
 import json
+import os
 import pathlib
 import struct
+import subprocess
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -76,11 +80,48 @@ def main(out):
     seeds["fuzz_strict_json"] = dict(configs, index=seeds["fuzz_safetensors_index"]["index"],
                                      meta=seeds["fuzz_checkpoint_meta"]["meta.json"],
                                      dup=b'{"a": 1, "b": {"c": [1, 2.5e3, null, true]}, "a": 2}')
+    # fuzz_load_params: the model byte (0 tiny, 1 tiny-qwen3), then edits of 3 bytes (op, target,
+    # argument; tools/fuzz/fuzz_load_params.cpp): none, a second shard, a tied lm_head stored too
+    # (the embedding's values, or others), a BF16 tensor.
+    seeds["fuzz_load_params"] = {"tiny": b"\x00", "qwen3": b"\x01", "sharded": b"\x00\x07\x03\x00",
+                                 "tied_head": b"\x01\x05\x00\x00",
+                                 "tied_head_differs": b"\x01\x05\x00\x00\x04\x18\x05",
+                                 "bf16": b"\x00\x02\x01\x01"}
+    # fuzz_tokenize: entries (kind, name length, name, content length, content), then the output byte.
+    entry = lambda kind, name, body: bytes([kind, len(name)]) + name + bytes([len(body)]) + body
+    seeds["fuzz_tokenize"] = {
+        "two": entry(0, b"a.txt", b"hello") + entry(0, b"b.txt", b"") + b"\x00",
+        "mixed": b"".join([entry(0, b"a", b"xy"), entry(2, b"git", b"h"), entry(3, b"sub", b"z"),
+                           entry(4, b"ln", b""), entry(5, b"up", b""), entry(6, b"dang", b""),
+                           entry(7, b"old", b"ab")]) + b"\x01",
+        "bytes": entry(0, b"a", b"\xff\x00x") + b"\x10",
+        "force": entry(0, b"a", b"q") + bytes([8 | 4 | 3])}
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}
+    bpe = {"version": "1.0", "added_tokens": [{"id": 256, "content": "<s>", "special": True}],
+           "pre_tokenizer": byte_level, "decoder": byte_level,
+           "post_processor": {"type": "TemplateProcessing", "single": [{"Sequence": {"id": "A", "type_id": 0}}],
+                              "special_tokens": {"<s>": {"id": "<s>", "ids": [256], "tokens": ["<s>"]}}},
+           "model": {"type": "BPE", "vocab": {chr(0x21 + i): i for i in range(40)}, "merges": []}}
+    unigram = {"version": "1.0", "added_tokens": [],
+               "post_processor": {"type": "Sequence", "processors": [
+                   byte_level, {"type": "BertProcessing", "sep": ["[SEP]", 2], "cls": ["[CLS]", 1]}]},
+               "model": {"type": "Unigram", "unk_id": 0, "vocab": [["<unk>", 0.0], ["a", -1.5], ["b", -2.0]]}}
+    seeds["fuzz_export_tokenizer"] = {"bpe": json.dumps(bpe, indent=1).encode(),
+                                      "unigram": json.dumps(unigram, indent=1).encode()}
+    # fuzz_indexed_dataset_counts: the flags byte, then the fields it spells (its opening comment).
+    seeds["fuzz_indexed_dataset_counts"] = {"uint16": b"\x00\x03\x05\x00\x07\x01\x01",
+                                            "int32": b"\x01\x02\x04\x04\x02",
+                                            "raw_index": b"\x82\x02\x02\x03\x04\x02\x01\x03"}
     for harness, files in seeds.items():
         d = out / harness
         d.mkdir(parents=True, exist_ok=True)
         for name, data in files.items():
             (d / name).write_bytes(data)
+    # fuzz_checkpoint_files writes its own seeds with the real checkpoint writer.
+    harness = out.parent / "tools" / "fuzz" / "fuzz_checkpoint_files"
+    if harness.exists():
+        subprocess.run([str(harness)], check=True, capture_output=True,
+                       env=dict(os.environ, UPIPE_FUZZ_WRITE_SEEDS=str(out / "fuzz_checkpoint_files")))
 
 
 if __name__ == "__main__":
