@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <unordered_map>
 
 #include "apps/upipe/commands.h"
@@ -354,6 +355,31 @@ const std::vector<std::string> kDemoSettings = {
     "--micro-steps=8",  "--steps=1000",      "--lr=3e-3",        "--warmup-steps=50",
     "--weight-decay=0", "--tile-tokens=128", "--log-interval=50"};
 
+// The run's model. A folder that is not there said as what the user gave (it only said that the
+// path was neither a config.json, a directory nor a preset): --init-from's folder, or a resumed
+// run's recorded one (moved, another machine) with the checkpoint that recorded it and the way
+// on, --model where it is now.
+ModelConfig load_run_model(const RunConfig& cfg, const Settings& set, bool resume,
+                           const CheckpointInfo& recorded) {
+  try {
+    return load_model_config(cfg.model.name);
+  } catch (const ConfigError& e) {
+    if (set.given("model.name") || is_model_preset(cfg.model.name)) throw;
+    std::error_code ec;
+    if (!resume && cfg.model.name == cfg.model.init_from &&
+        !std::filesystem::exists(cfg.model.init_from, ec))
+      throw ConfigError(fmt::format(
+          "{} is not there: give a Hugging Face model folder (config.json and its *.safetensors)",
+          setting_value("model.init_from", cfg.model.init_from)));
+    if (!resume) throw;
+    throw ConfigError(fmt::format(
+        "{}: the run in {} was recorded with {}; give {} where that model's folder is now (its "
+        "config must be the run's)",
+        e.what(), recorded.path, setting_value("model.name", cfg.model.name),
+        setting_value("model.name", "DIR")));
+  }
+}
+
 int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App& cmd,
         const std::vector<std::string>& preset) {
   if (opt.resume && opt.overwrite)
@@ -396,7 +422,7 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
     refuse_training_checkpoint(cfg.model.init_from, "--init-from");  // --model too when alone
     refuse_training_checkpoint(cfg.model.name, "--model");
   }
-  ModelConfig m = load_model_config(cfg.model.name);
+  ModelConfig m = load_run_model(cfg, set, opt.resume, recorded);
   // A preset names no special tokens; the --init-from folder's config.json does: they go into
   // the checkpoints, so an export stops generation where the source model did. A resumed run
   // keeps its checkpoint's (the folder may be gone by then).

@@ -87,6 +87,13 @@ std::vector<std::string> check_resume(const RecordedRun& rec, const RunConfig& n
       case ResumeRule::kFree:
         lines.push_back("  " + what);
         break;
+      case ResumeRule::kModel:
+        // The model moved (a Hugging Face folder copied elsewhere): the same model is the same
+        // run; its config is compared with the checkpoint's when it loads (check_model).
+        lines.push_back("  " + what +
+                        ": the model there must be the run's (its config is compared with the "
+                        "checkpoint's)");
+        break;
       case ResumeRule::kData:
         // The data moved: the same data is the same run (the fingerprint is compared when the
         // data is read); a checkpoint without a fingerprint cannot tell.

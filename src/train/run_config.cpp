@@ -66,7 +66,7 @@ std::vector<Field> fields(RunConfig& c) {
   std::string presets;
   for (const std::string& n : model_preset_names()) presets += (presets.empty() ? "" : ", ") + n;
   return {
-      {"model.name", "--model", "", &c.model.name, kModels, ResumeRule::kBreaks,
+      {"model.name", "--model", "", &c.model.name, kModels, ResumeRule::kModel,
        "preset (" + presets + ") or Hugging Face directory"},
       {"model.init_from", "--init-from", "", &c.model.init_from, kScopeTrain, ResumeRule::kFree,
        "Hugging Face directory whose weights start the run; \"\" = random init from train.seed"},

@@ -117,6 +117,8 @@ enum class ResumeRule {
   kFree,        // how the run goes about it, not what it computes (memory, logging, checkpoints)
   kData,        // where the data lies: free when the data read there is the checkpoint's (its
                 // fingerprint, checked as the run reads it); refused like kBreaks otherwise
+  kModel,       // where the model lies: free when the model there is the checkpoint's (its
+                // config, checked as the run loads it); another model is refused whatever
 };
 
 // One setting of the table.

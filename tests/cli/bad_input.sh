@@ -187,6 +187,9 @@ run_case "token file $tmp/fifo is a FIFO" plan --ranks 2 --device-memory 80G --s
 run_case "drop --max-seq-len" plan --ranks 2 --device-memory 80G --max-seq-len --doc-lens 1,2
 run_case "--documents \"eos:\" is unknown" train --data-kind=files --data-path="$fix/llama/tokens.npy" --documents=eos: --steps=1
 run_case "--documents needs data.kind = \"files\"" train --documents=index --steps=1
+# A --init-from folder that is not there is said as such (it said "neither a config.json, a
+# directory holding one, nor a preset", naming presets --init-from does not take).
+run_case "--init-from /nonexistent/model is not there: give a Hugging Face model folder" train --init-from=/nonexistent/model --steps=1
 # A path to a run that reads none trained on the copy task without a word.
 run_case "--data-path names a file, but --data-kind copy trains on the copy task and reads none: give --data-kind files to train on it" \
   train --data-path="$fix/llama/tokens.npy" --steps=1

@@ -14,7 +14,8 @@
 #   init     --init-from the committed transformers fixture, one step at lr 0, export: eval of
 #            the exported folder gives the fixture's loss (HF weights in, HF weights out), its
 #            tokenizer files copied with --tokenizer DIR;
-#            another model's weights are refused with exit 2, naming the first field that differs
+#            another model's weights are refused with exit 2, naming the first field that differs;
+#            the run's folder moved: --resume names --model, and resumes with it
 #   hang     a rank stopped with SIGSTOP ends the job within comm.timeout + a few seconds,
 #            with the watchdog naming the step
 #   packed   a corpus of text files -> `upipe tokenize DIR` (one document per file, Megatron
@@ -333,6 +334,18 @@ PY
     [ ! -e "$tmp/hfgone" ] || { echo "$out"; fail "export with the --init-from folder gone: exit $rc"; }
   "${mpirun[@]}" -np 1 "$upipe" export "$tmp/ifx" "$tmp/hfgone" --tokenizer "$tmp/fx_moved" > /dev/null ||
     fail "export --tokenizer of the moved folder"
+  # ... and --resume: the recorded folder gone names the checkpoint and --model (it said only that
+  # the path was neither a config.json, a directory nor a preset); --model where it is now resumes
+  # (it was refused as another model), said in the resume lines.
+  cp -r "$tmp/ifx" "$tmp/ifx2"
+  out=$(timeout 120 "${mpirun[@]}" -np 2 "$upipe" train "${small[@]}" --checkpoint-dir="$tmp/ifx2" \
+    --resume --steps=2 2>&1); rc=$?
+  [ $rc -eq 2 ] && echo "$out" | grep -q -F "the run in $tmp/ifx2/step_00000001 was recorded with --model $tmp/fx; give --model DIR where that model's folder is now" ||
+    { echo "$out"; fail "--resume with the model's folder gone: exit $rc"; }
+  timeout 300 "${mpirun[@]}" -np 2 "$upipe" train "${small[@]}" --checkpoint-dir="$tmp/ifx2" \
+    --resume --steps=2 --model="$tmp/fx_moved" > "$tmp/mv.out" 2>&1 || { cat "$tmp/mv.out"; fail "--resume --model MOVED failed"; }
+  grep -q -F -- "--model $tmp/fx -> $tmp/fx_moved: the model there must be the run's" "$tmp/mv.out" ||
+    { cat "$tmp/mv.out"; fail "the moved model is not said"; }
   mv "$tmp/fx_moved" "$tmp/fx"
   # A checkpoint given where a Hugging Face folder belongs says to export it first.
   out=$("$upipe" train "${small[@]}" --init-from "$tmp/ifx" --steps=1 2>&1); rc=$?

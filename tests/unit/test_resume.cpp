@@ -64,7 +64,6 @@ TEST(Resume, ChangesOfWhatIsComputedAreRefusedUnlessAccepted) {
   const RecordedRun rec = recorded();
   for (const auto& [flag, set] : std::vector<std::pair<std::string, void (*)(RunConfig&)>>{
            {"--seq-len", [](RunConfig& c) { c.train.seq_len = 2048; }},
-           {"--model", [](RunConfig& c) { c.model.name = "tiny-qwen3"; }},
            {"--data-kind", [](RunConfig& c) { c.data.kind = "copy"; }},
            {"--micro-steps", [](RunConfig& c) { c.train.micro_steps = 2; }},
            {"--seed", [](RunConfig& c) { c.train.seed = 9; }}}) {
@@ -79,6 +78,17 @@ TEST(Resume, ChangesOfWhatIsComputedAreRefusedUnlessAccepted) {
   RunConfig dp2 = rec.config;
   dp2.parallel.cp_size = 1;
   expect_config_error([&] { check_resume(rec, dp2, 2, false); }, {"DP 1 -> 2"});
+}
+
+// The model's folder moved: said, not refused (another model is refused when it loads, by the
+// checkpoint's config).
+TEST(Resume, TheModelsFolderMovedIsSaid) {
+  const RecordedRun rec = recorded();
+  RunConfig now = rec.config;
+  now.model.name = "/elsewhere/model";
+  const std::string out = joined(check_resume(rec, now, 2, false));
+  EXPECT_NE(out.find("-> /elsewhere/model: the model there must be the run's"), std::string::npos)
+      << out;
 }
 
 // Another split of the same global batch (DP x micro_steps) reads the same sequences a step: said,
