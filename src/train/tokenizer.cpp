@@ -97,8 +97,26 @@ void check_new_output(const std::string& out, bool replace) {
 
 }  // namespace
 
+// What a file that is already tokens is ("a NumPy .npy", "an llm.c .bin"), by its magic; "" for
+// anything else. Its bytes read as text would be a document of header and id bytes.
+std::string token_file_kind(const ReadFile& f) {
+  char head[6] = {};
+  if (f.size() < int64_t(sizeof head)) return "";
+  f.read_at(head, sizeof head, 0);
+  if (std::memcmp(head, "\x93NUMPY", 6) == 0) return "a NumPy .npy";
+  int32_t magic = 0;
+  std::memcpy(&magic, head, sizeof magic);
+  if (magic == kBinMagicU16 || magic == kBinMagicU32) return "an llm.c .bin";
+  return "";
+}
+
 int64_t tokenize_bytes(const std::string& in, const std::string& out, bool replace) {
   const ReadFile src(in, "text file");
+  if (const std::string kind = token_file_kind(src); !kind.empty())
+    throw ConfigError(fmt::format(
+        "{} is {} token file, not text: it holds token ids already (train reads it as it is: "
+        "--data-kind files --data-path {})",
+        in, kind, in));
   if (same_file(in, out))
     throw ConfigError(
         fmt::format("the output {} is the input {}: writing it would destroy the "
@@ -182,6 +200,15 @@ TokenizedDocuments tokenize_documents(const std::string& dir, const std::string&
   std::erase_if(files, [&](const std::string& f) {
     return std::find(dataset_files.begin(), dataset_files.end(), f) != dataset_files.end();
   });
+  // Token files (.npy, llm.c .bin: ids already, not text) and empty files (a document of no
+  // tokens, which readers drop): no documents either.
+  int64_t token_files = 0, empty = 0;
+  std::erase_if(files, [&](const std::string& f) {
+    const ReadFile file(f, "text file");
+    if (file.size() == 0) return ++empty, true;
+    if (!token_file_kind(file).empty()) return ++token_files, true;
+    return false;
+  });
   if (dirs)
     r.skipped.push_back(fmt::format("{} subdirector{} (one level is read)", dirs,
                                     dirs == 1 ? "y" : "ies"));
@@ -194,6 +221,10 @@ TokenizedDocuments tokenize_documents(const std::string& dir, const std::string&
                                     datasets == 1 ? "" : "s"));
   if (lone_indexes)
     r.skipped.push_back(fmt::format("{} Megatron .idx without its .bin", lone_indexes));
+  if (token_files)
+    r.skipped.push_back(fmt::format("{} token file{} (.npy, llm.c .bin: ids already)", token_files,
+                                    token_files == 1 ? "" : "s"));
+  if (empty) r.skipped.push_back(fmt::format("{} empty file{}", empty, empty == 1 ? "" : "s"));
   if (other)
     r.skipped.push_back(fmt::format("{} entr{} that {} not a regular file", other,
                                     other == 1 ? "y" : "ies", other == 1 ? "is" : "are"));

@@ -212,12 +212,21 @@ TEST(PackedData, TokenizeADirectoryOneDocumentPerFile) {
   in.write("b.txt", "second");
   in.write("a.txt", "first!");
   in.write("c.txt", "");
+  // Token files are ids already, not text (they were read as documents of header bytes).
+  in.write("d.npy", std::string("\x93NUMPY\x01\x00", 8) + std::string(120, ' '));
+  const int32_t llmc[3] = {kBinMagicU16, kBinVersionU16, 0};
+  in.write("e.bin", std::string(reinterpret_cast<const char*>(llmc), sizeof llmc) +
+                        std::string(1024 - sizeof llmc, '\0'));
   const TokenizedDocuments r = tokenize_documents(in.path().string(), out.file("corpus.bin"));
   EXPECT_EQ(r.prefix, out.file("corpus"));
-  EXPECT_EQ(r.documents, 3);
+  EXPECT_EQ(r.documents, 2);  // a.txt, b.txt; c.txt empty, d.npy and e.bin tokens: left out
   EXPECT_EQ(r.tokens, 12);
+  EXPECT_EQ(left_out(r), "2 token files (.npy, llm.c .bin: ids already), 1 empty file");
   const IndexedDataset ds = read_indexed_dataset(r.prefix);
-  EXPECT_EQ(ds.doc_starts, (std::vector<int64_t>{0, 6, 12}));  // a.txt, b.txt; c.txt empty
+  EXPECT_EQ(ds.doc_starts, (std::vector<int64_t>{0, 6, 12}));
+  // One token file as the input of one text: refused, naming what reads it.
+  expect_config_error([&] { tokenize_bytes(in.file("e.bin"), out.file("e2.bin")); },
+                      {"is an llm.c .bin token file, not text", "--data-path"});
   std::vector<int32_t> ids(12);
   read_token_range(ds.bin, 0, 12, 256, ids.data());
   EXPECT_EQ(std::string(ids.begin(), ids.end()), "first!second");

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "fuzz_common.h"
+#include "model/tokens.h"
 #include "train/indexed_dataset.h"
 #include "train/tokenizer.h"
 
@@ -85,8 +87,8 @@ void build(const fs::path& in, std::string_view spec) {
   }
 }
 
-// What the directory's documents are: its regular files (links followed) that are not hidden
-// and not a Megatron index (with the magic) or that index's .bin, in name order.
+// What the directory's documents are: its regular files (links followed) that are not hidden,
+// empty, token files or a Megatron index (with the magic) or that index's .bin, in name order.
 std::vector<std::string> documents(const fs::path& in) {
   std::map<std::string, std::string> files;
   std::error_code ec;
@@ -102,9 +104,18 @@ std::vector<std::string> documents(const fs::path& in) {
       dataset.push_back(p);
       dataset.push_back(fs::path(p).replace_extension(".bin").string());
     }
+  // Nor empty files, nor token files (.npy, llm.c .bin by their magic).
+  auto tokens = [](const std::string& t) {
+    int32_t magic = 0;
+    if (t.size() >= 4) std::memcpy(&magic, t.data(), 4);
+    return t.size() >= 6 &&
+           (t.starts_with("\x93NUMPY") || magic == kBinMagicU16 || magic == kBinMagicU32);
+  };
   std::vector<std::string> docs;
   for (const auto& [p, text] : files)
-    if (std::find(dataset.begin(), dataset.end(), p) == dataset.end()) docs.push_back(text);
+    if (std::find(dataset.begin(), dataset.end(), p) == dataset.end() && !text.empty() &&
+        !tokens(text))
+      docs.push_back(text);
   return docs;
 }
 
