@@ -25,6 +25,7 @@
 #include "model/weights.h"
 #include "plan/planner.h"
 #include "train/checkpoint.h"
+#include "train/export.h"
 #include "train/loop.h"
 #include "train/metrics.h"
 #include "train/resume.h"
@@ -207,6 +208,18 @@ Plan plan_run(const RunConfig& cfg, const ModelConfig& m, int world, bool root,
   return p;
 }
 
+// The folder whose tokenizer an export of the run would copy (its --init-from, else its model
+// directory) when it holds one; "" otherwise.
+std::string tokenizer_dir(const RunConfig& cfg) {
+  for (const std::string& d : {cfg.model.init_from, cfg.model.name}) {
+    std::error_code ec;
+    if (d.empty() || !std::filesystem::is_directory(d, ec)) continue;
+    for (const std::string& f : hf_tokenizer_files())
+      if (std::filesystem::is_regular_file(std::filesystem::path(d) / f, ec)) return d;
+  }
+  return "";
+}
+
 // A run that trains the user's data or weights and has no checkpoint.dir: its result is lost.
 bool saves_nothing(const RunConfig& cfg) {
   return cfg.checkpoint.dir.empty() && (cfg.data.kind == "files" || !cfg.model.init_from.empty());
@@ -289,6 +302,22 @@ void print_startup(const RunConfig& cfg, const ModelConfig& m, TrainingLoop& loo
                                 loop.val_sequences(), cfg.train.seq_len,
                                 setting_value("metrics.val_sequences", cfg.metrics.val_sequences),
                                 loop.val_sequences()))
+                    .c_str());
+  // Byte ids (upipe tokenize's) fed to a pretrained model whose own tokenizer maps other text to
+  // them: the fine-tune learns another code than its tokenizer's, and the export carries that
+  // tokenizer. Said, not refused (a model may be taught bytes on purpose).
+  if (const std::string dir = tokenizer_dir(cfg);
+      cfg.data.kind == "files" && loop.data().max_id() >= 0 && loop.data().max_id() < 256 &&
+      m.vocab_size > 256 && !dir.empty())
+    std::printf("warning: %s\n",
+                render_setting_refs(
+                    fmt::format("every id of {} is below 256 (byte ids, as upipe tokenize writes "
+                                "them), but the model's vocabulary is {} and {} holds its own "
+                                "tokenizer, which reads other text as those ids (and an export "
+                                "carries it): tokenize with that tokenizer (docs/training.md, \"A "
+                                "pretrained model's own tokenizer\"), or export with --tokenizer "
+                                "bytes",
+                                setting_ref("data.path"), m.vocab_size, dir))
                     .c_str());
   // Training the user's data or weights with nowhere to save them: said now, not at the end.
   if (saves_nothing(cfg))

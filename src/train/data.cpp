@@ -198,6 +198,7 @@ DataSource::DataSource(const DataOptions& o) : opt_(o) {
         const int64_t n = std::min(kScanChunk, f.count - b);
         read_token_range(f, b, n, o.vocab, buf.data());
         XXH3_64bits_update(h.get(), buf.data(), size_t(n) * sizeof(int32_t));
+        max_id_ = std::max(max_id_, *std::max_element(buf.begin(), buf.begin() + n));
       }
     if (!doc_starts_.empty())
       XXH3_64bits_update(h.get(), doc_starts_.data(), doc_starts_.size() * sizeof(int64_t));

@@ -107,6 +107,8 @@ class DataSource {
   // check_vocab.
   const std::string& fingerprint() const { return fingerprint_; }
   uint64_t content_hash() const { return content_hash_; }  // the hash in fingerprint(); 0 if none
+  // files, read whole at construction (check_vocab): the largest id the stream holds; -1 if none.
+  int32_t max_id() const { return max_id_; }
 
  private:
   // Stream ids [begin, begin + n) into out, across file boundaries.
@@ -119,6 +121,7 @@ class DataSource {
       doc_starts_;  // index: stream positions of the documents' starts, and the end
   std::string fingerprint_;
   uint64_t content_hash_ = 0;
+  int32_t max_id_ = -1;
 };
 
 // The files a data.path names, in stream order: the file itself; a directory's *.npy and *.bin

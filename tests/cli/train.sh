@@ -360,6 +360,18 @@ PY
     "$upipe" export "$tmp/t1" "$tmp/tinyhf2" > /dev/null || fail "tiny from its folder"
   python3 -c "import json,sys; c=json.load(open(sys.argv[1])); assert (c['bos_token_id'], c['eos_token_id']) == (0, [1, 2]), c" \
     "$tmp/tinyhf2/config.json" || fail "--model tiny --init-from DIR lost the folder's token ids"
+  # Byte ids for a model of a larger vocabulary whose folder holds its own tokenizer: warned once
+  # (the export would carry a tokenizer that reads other text as those ids); not for tiny's bytes.
+  mkdir "$tmp/v300" && python3 -c "import json,sys; c=json.load(open(sys.argv[1])); c.update(vocab_size=300, tie_word_embeddings=False); json.dump(c, open(sys.argv[2], 'w'))" \
+    "$fixture/config.json" "$tmp/v300/config.json" && echo '{}' > "$tmp/v300/tokenizer.json"
+  printf 'bytes, not the tokenizer%.0s ' $(seq 40) > "$tmp/v300.txt" && "$upipe" tokenize "$tmp/v300.txt" "$tmp/v300.bin" > /dev/null
+  out=$("$upipe" train "${small[@]}" --model="$tmp/v300" --data-kind=files --data-path="$tmp/v300.bin" \
+    --steps=1 --checkpoint-dir= --metrics-path= 2>&1) || { echo "$out"; fail "bytes for a larger vocabulary"; }
+  [ "$(echo "$out" | grep -c -F "every id of --data-path is below 256 (byte ids, as upipe tokenize writes them), but the model's vocabulary is 300 and $tmp/v300 holds its own tokenizer")" -eq 1 ] ||
+    { echo "$out"; fail "no warning for byte ids and a model's own tokenizer"; }
+  out=$("$upipe" train "${small[@]}" --model=tiny --data-kind=files --data-path="$tmp/v300.bin" \
+    --steps=1 --checkpoint-dir= --metrics-path= 2>&1) || { echo "$out"; fail "bytes for tiny"; }
+  echo "$out" | grep -q "below 256" && { echo "$out"; fail "tiny's bytes warned about"; }
   # --init-from alone fine-tunes that directory's model; --model DIR alone starts from random
   # weights and says that DIR's weights are not loaded.
   out=$(timeout 300 "${mpirun[@]}" -np 2 "$upipe" train "${small[@]}" --init-from "$tmp/fx" --steps=1 \
