@@ -48,11 +48,15 @@ std::string divisors_multiple_of(int h, int c) {
 
 UpipeSchedule make_upipe_schedule(const AttentionConfig& cfg, int c, int stage_heads) {
   const int h = cfg.heads, k = cfg.kv_heads;
+  // A pretrained model's heads are not the user's to change: the group's size comes first.
   if (h % c != 0)
     throw ConfigError(fmt::format(
-        "{} ({}) must be divisible by the number of ranks in the all-to-all group ({}); "
-        "change {} or the rank count",
-        setting_ref("attention.heads"), h, c, setting_ref("attention.heads")));
+        "{} ({}) must be divisible by the number of ranks in the all-to-all group ({}); run on a "
+        "group of {} ranks (fewer ranks, or {} for a CP group of them), or {} (any rank count), "
+        "or change {}",
+        setting_ref("attention.heads"), h, c, divisors_multiple_of(h, 1),
+        setting_ref("parallel.cp_size"), setting_value("parallel.method", "ring"),
+        setting_ref("attention.heads")));
   if (k >= c && k % c != 0)
     throw ConfigError(fmt::format(
         "{} ({}) must be divisible by the all-to-all group size ({}) when it is larger, "

@@ -53,10 +53,13 @@ void validate_usp(const AttentionConfig& c, int ranks) {
         fmt::format("{} ({}) must be divisible by {} ({} layout of {} group{} of {} ranks); try {}",
                     setting_ref("train.seq_len"), c.seq_len, lay.divisor(), lay.name(), ranks / u,
                     ranks / u == 1 ? "" : "s", u, seq_len_choices(c.seq_len, lay.divisor())));
+  // The default degree (0) is every rank: said as such, not as a value the user never typed.
   if (!ulysses_degree_fits(m, c, ranks, u))
     throw ConfigError(fmt::format(
         "{}: {}; valid degrees on {} ranks: {}",
-        setting_value("parallel.ulysses_degree", u),
+        c.knobs.ulysses_degree == 0
+            ? fmt::format("{} (all {} ranks)", setting_value("parallel.ulysses_degree", 0), ranks)
+            : setting_value("parallel.ulysses_degree", u),
         c.heads % u != 0
             ? fmt::format("{} ({}) is not divisible by it", setting_ref("attention.heads"), c.heads)
             : fmt::format("{} ({}) and it do not divide one another (each Ulysses rank holds "

@@ -36,9 +36,13 @@ bad_config_every_rank)  # three ranks, one error line
 seq_len_hint_even)  # the suggested length is even too (129 was suggested, then refused as odd)
   expect 2 'must be divisible by 3 \(the number of ranks\); try --seq-len 126 or 132$' 1 3 train --steps=1 \
     --seq-len=128 --checkpoint-dir= --metrics-path= ;;
-model_heads_in_train)  # train's heads are the model's field, not a flag it has
-  expect 2 '^upipe: error: num_attention_heads of preset tiny \(4\) must be divisible by the number of ranks in the all-to-all group \(3\)' \
+model_heads_in_train)  # train's heads are the model's field, not a flag it has; a model's heads
+  # are not the user's to change: group sizes that divide them, and ring, come first
+  expect 2 '^upipe: error: num_attention_heads of preset tiny \(4\) must be divisible by the number of ranks in the all-to-all group \(3\); run on a group of 1, 2, 4 ranks \(fewer ranks, or --cp-size for a CP group of them\), or --method ring \(any rank count\)' \
     1 3 train --steps=1 --seq-len=1020 ;;
+usp_default_degree)  # the default degree is all ranks, not a value the user typed
+  expect 2 '^upipe: error: --ulysses-degree 0 \(all 3 ranks\): num_attention_heads of preset tiny \(4\) is not divisible by it; valid degrees on 3 ranks: 1$' \
+    1 3 train --steps=1 --seq-len=1020 --method=usp ;;
 overlap_without_stages)  # a knob of the methods with head stages only, named with its takers
   expect 2 "--overlap is a knob of upipe, upipe-ring, upipe-fpdt; method 'ring' does not take it" 1 \
     2 check --method ring --overlap --seq-len 256 ;;
