@@ -1001,8 +1001,20 @@ CheckpointStart open_checkpoint_run(Communicator& world, const std::string& dir,
     lock_and_scan(dir);
   });
   check_one_checkpoint_dir(world, dir);  // now, not at the first checkpoint steps later
-  if (overwrite) return cs;
   std::vector<Entry> entries = list_entries(dir);
+  if (overwrite) {
+    // What --overwrite will remove, said before a step runs (it went without a word).
+    std::erase_if(entries, [](const Entry& e) { return !marked(e); });
+    if (world.rank() == 0 && !entries.empty())
+      std::fprintf(
+          stderr,
+          "upipe: note: --overwrite: %s holds %zu checkpoint entr%s of another run "
+          "(%s%s), removed after this run's first complete checkpoint\n",
+          dir.c_str(), entries.size(), entries.size() == 1 ? "y" : "ies",
+          entries.front().path.filename().c_str(),
+          entries.size() > 1 ? (" ... " + entries.back().path.filename().string()).c_str() : "");
+    return cs;
+  }
   // An empty, unmarked step_N(.tmp) (a write that ended before it marked its directory) is
   // nobody's data: replaced like the run's own.
   std::erase_if(entries, [](const Entry& e) { return unmarked_leftover(e); });

@@ -331,6 +331,8 @@ other_run)
     --checkpoint-interval=3 --overwrite-checkpoints
   [ $rc -eq 0 ] || { cat "$tmp/over.out"; fail "--overwrite-checkpoints: exit $rc"; }
   [ "$(ls "$tmp/ck")" = step_00000003 ] || fail "left: $(ls "$tmp/ck" | tr '\n' ' ')"
+  # ... and said so once at the start (it removed them without a word).
+  once over "upipe: note: --overwrite: $tmp/ck holds 2 checkpoint entries of another run (step_00000002 ... step_00000004), removed after this run's first complete checkpoint"
   job cont 120 train "${small[@]}" --steps=5 --checkpoint-dir="$tmp/ck" --resume
   [ $rc -eq 0 ] || { cat "$tmp/cont.out"; fail "--resume of the new run: exit $rc"; }
   grep -q "^start: $tmp/ck/step_00000003 " "$tmp/cont.out" || fail "did not continue the new run"
