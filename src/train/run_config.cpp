@@ -378,9 +378,13 @@ std::string_view leaf_of(std::string_view key) {
 
 [[noreturn]] void unknown_key(const std::string& where, const std::string& key) {
   const Synonym* s = synonym_of(leaf_of(key.substr(0, 64)));
-  throw ConfigError(fmt::format("{}unknown key '{}'; did you mean '{}'?{}", where, excerpt(key),
-                                closest_run_key(key),
-                                s && s->note ? fmt::format(" ({})", s->note) : ""));
+  const std::string near = closest_run_key(key);
+  throw ConfigError(
+      near.empty()
+          ? fmt::format("{}unknown key '{}' (`upipe settings` lists every key of a run file)",
+                        where, excerpt(key))
+          : fmt::format("{}unknown key '{}'; did you mean '{}'?{}", where, excerpt(key), near,
+                        s && s->note ? fmt::format(" ({})", s->note) : ""));
 }
 
 template <class Int>
@@ -735,7 +739,8 @@ std::string closest_run_key(const std::string& name) {
       if (d < best_d) best_d = d, best = k.key;
     }
   }
-  return best;
+  // Nothing near: no suggestion ("[zz] a" was asked whether it meant train.lr), as for flags.
+  return best_d <= near_limit(key) ? best : "";
 }
 
 namespace {
@@ -772,9 +777,10 @@ RunConfig parse_run_toml(std::string_view text, const std::string& source,
     const toml::table* t = node->as_table();
     if (!t)
       throw ConfigError(fmt::format(
-          "{}'{}' is not a [section]; keys are written inside sections, e.g. [train] steps = 100 "
-          "(did you mean '{}'?)",
-          at, excerpt(sec), closest_run_key(sec)));
+          "{}'{}' is not a [section]; keys are written inside sections, e.g. [train] steps = "
+          "100{}",
+          at, excerpt(sec),
+          closest_run_key(sec).empty() ? "" : " (did you mean '" + closest_run_key(sec) + "'?)"));
     for (const auto& [key, node] : in_file_order(*t)) {
       const toml::node& value = *node;
       const std::string full = sec + "." + key;

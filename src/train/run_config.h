@@ -189,7 +189,8 @@ std::string to_flags(const RunConfig& c, uint32_t scopes, const RunConfig& base 
 // Every setting's value in c, as its flag takes it ("fp32", "80G", "auto"), in the table's order.
 std::vector<std::pair<std::string, std::string>> setting_values(const RunConfig& c);
 
-// The known key nearest to `name` by edit distance (for "did you mean" hints).
+// The known key nearest to `name` (for "did you mean" hints): a synonym's, a key of another
+// table by its name, else the nearest by edit distance; "" where none is near (core/spelling.h).
 std::string closest_run_key(const std::string& name);
 
 // A speller (core/setting_ref.h) that names each setting the way `sources` says it was given,

@@ -361,6 +361,9 @@ TEST(RunConfig, ClosestKey) {
   EXPECT_EQ(closest_run_key("model.lr"), "train.lr");
   EXPECT_EQ(closest_run_key("memory.warmup_steps"), "train.warmup_steps");
   EXPECT_EQ(closest_run_key("train.num_steps"), "train.steps");
+  // Nothing near: no suggestion ("zz.a" was asked whether it meant train.lr).
+  EXPECT_EQ(closest_run_key("zz.a"), "");
+  EXPECT_EQ(closest_run_key("qqqqqqqqqq"), "");
   EXPECT_EQ(closest_run_key("train.max_steps"), "train.steps");
 }
 
