@@ -508,8 +508,9 @@ int run(Process& proc, const Options& o, const SettingArgs& sa, const CLI::App& 
         std::printf(
             "  no setting that lowers memory makes it fit at this S, alone or together (%s): "
             "--max-seq-len finds the longest S that fits; more ranks split the sequence "
-            "further\n",
-            join(remedy_step_names(), ", ").c_str());
+            "further%s\n",
+            join(remedy_step_names(), ", ").c_str(),
+            rows.size() == 1 ? "; --method all plans every method" : "");
       else
         std::printf("  it fits with%s:\n", fs.size() > 1 ? " any of these" : "");
       for (const Remedy& f : fs) say(f);

@@ -192,7 +192,7 @@ expect_row "fits with, alone" '^    --offload-stash=true: U=8, device peak 32\.1
   $L8 --device-memory 80G --seq-len 1048576
 expect_row "fits with, together" '^    --dtype=bf16 --stash-dtype=bf16 --offload-stash=true: device peak [0-9.]+ GiB, host peak 128\.00 GiB \(the stash in host memory; a bf16 stash' \
   $L8 --device-memory 80G --seq-len 4194304 --method ulysses
-expect_row "fits with nothing" '^  no setting that lowers memory makes it fit at this S, alone or together .*--max-seq-len finds the longest S that fits' \
+expect_row "fits with nothing" '^  no setting that lowers memory makes it fit at this S, alone or together .*--max-seq-len finds the longest S that fits; more ranks split the sequence further; --method all plans every method$' \
   $L8 --device-memory 80G --seq-len 33554432 --method upipe
 for args in "--seq-len 1048576 --method all" "--seq-len 4194304 --method ulysses" \
   "--seq-len 4194304 --method upipe-fpdt" "--seq-len 2097152 --method upipe --overlap --recompute block" \
