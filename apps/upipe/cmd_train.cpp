@@ -68,6 +68,8 @@ Settings resumed_settings(const Process& proc, const Options& opt, const Setting
   // An older checkpoint recorded its paths as typed, relative to where that run started: taken
   // from here (as that build did), so they compare with what is typed now.
   make_paths_absolute(rec.config, [](std::string_view) { return true; });
+  for (const std::string& n : drop_unread_paths(rec.config))
+    if (proc.root()) std::fprintf(stderr, "upipe: note: %s\n", n.c_str());
   Settings now = resolve_settings(proc, sa, cmd, opt.run_file, {}, &rec.config);
   make_paths_absolute(now.config, [&](std::string_view k) {
     return now.sources.spelled.count(std::string(k)) != 0;  // typed now: as the fresh run did
@@ -400,7 +402,7 @@ ModelConfig load_run_model(const RunConfig& cfg, const Settings& set, bool resum
       throw ConfigError(fmt::format(
           "{} is not there: give a Hugging Face model folder (config.json and its *.safetensors)",
           setting_value("model.init_from", cfg.model.init_from)));
-    if (!resume) throw;
+    if (!resume || std::filesystem::exists(cfg.model.name, ec)) throw;  // there, but unreadable
     throw ConfigError(fmt::format(
         "{}: the run in {} was recorded with {}; give {} where that model's folder is now (its "
         "config must be the run's)",
@@ -503,7 +505,8 @@ void add_run_switches(CLI::App& cmd, Options& opt) {
                "settings, overridden by what is given here)");
   cmd.add_flag("--accept-changes", opt.accept_changes,
                "with --resume: allow settings that change what the remaining steps compute on "
-               "(model, data, sequence length, batch)");
+               "(data, sequence length, batch; another model is refused whatever, a moved model "
+               "folder needs nothing)");
   cmd.add_flag("--overwrite,--overwrite-checkpoints", opt.overwrite,
                "a fresh run may replace what another run left: its checkpoints in checkpoint.dir "
                "(deleted after this run's first complete checkpoint) and an existing "

@@ -421,6 +421,7 @@ Plan max_seq_len(const ModelConfig& m, const PlanRequest& r) {
   };
   int64_t k = largest(frugal, guess);
   bool below_one = false;  // searching below one granule (k_max is then no range of train's)
+  const int64_t granule = g;
   if (k == 0) {
     // Not one granule: the longest S below it, to a finer one (from one up: a few plans).
     const int64_t below = seq_granularity(m, frugal, kSeqQuantumBelow);
@@ -449,6 +450,13 @@ Plan max_seq_len(const ModelConfig& m, const PlanRequest& r) {
       PlanRequest next = p.request;
       next.decoder.seq_len = at(k + 1).decoder.seq_len;
       const Plan n = plan_step(m, next, true);
+      // Below one granule, the knobs auto picked near it may fit the whole granule where the
+      // frugal ones did not (fpdt's host bytes): the search above it, with those knobs.
+      if (below_one && n.fits && next.decoder.seq_len % granule == 0) {
+        PlanRequest with = r;
+        with.decoder.knobs = p.request.decoder.knobs;
+        return max_seq_len(m, with);
+      }
       p.limit_arena = n.limit_arena;
       p.limit_tag = n.limit_tag;
       return p;

@@ -120,4 +120,18 @@ std::vector<std::string> check_resume(const RecordedRun& rec, const RunConfig& n
   return lines;
 }
 
+std::vector<std::string> drop_unread_paths(RunConfig& recorded) {
+  std::vector<std::string> notes;
+  if (recorded.data.kind == "files") return notes;
+  for (const auto& [key, path] : {std::pair{"data.path", &recorded.data.path},
+                                  std::pair{"data.val_path", &recorded.data.val_path}})
+    if (!path->empty()) {
+      notes.push_back(one_line(fmt::format(
+          "the recorded {} = {} was never read (data.kind = {}): the run resumes without it", key,
+          *path, recorded.data.kind)));
+      path->clear();
+    }
+  return notes;
+}
+
 }  // namespace upipe

@@ -41,4 +41,9 @@ std::vector<SettingChange> setting_changes(const RunConfig& recorded, const RunC
 std::vector<std::string> check_resume(const RecordedRun& rec, const RunConfig& now, int world,
                                       bool accept);
 
+// A recorded run of the copy or random task that names data.path or data.val_path (older builds
+// took `--data-path F` alone and never read F; validation now refuses it): the paths dropped from
+// `recorded`, so the run resumes as it ran; a line saying so for each path dropped.
+std::vector<std::string> drop_unread_paths(RunConfig& recorded);
+
 }  // namespace upipe

@@ -926,9 +926,12 @@ void validate(const RunConfig& c, uint32_t scopes) {
   for (const auto& [key, path] :
        {std::pair{"data.path", &c.data.path}, std::pair{"data.val_path", &c.data.val_path}})
     if (c.data.kind != "files" && !path->empty())
-      bad(key, fmt::format("names a file, but {} trains on the {} task and reads none: give {} "
-                           "to train on it",
-                           setting_value("data.kind", c.data.kind), c.data.kind,
+      bad(key, fmt::format("names a file, but the run trains on the {} task ({}) and reads "
+                           "none: give {} to train on it",
+                           c.data.kind,
+                           c.data.kind == RunConfig{}.data.kind
+                               ? fmt::format("{}'s default", setting_ref("data.kind"))
+                               : setting_value("data.kind", c.data.kind),
                            setting_value("data.kind", "files")));
   if ((scopes & kScopeTrain) && c.data.kind == "copy" && t.seq_len % 2 != 0)
     bad("train.seq_len",

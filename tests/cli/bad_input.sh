@@ -191,11 +191,11 @@ run_case "--documents needs data.kind = \"files\"" train --documents=index --ste
 # directory holding one, nor a preset", naming presets --init-from does not take).
 run_case "--init-from /nonexistent/model is not there: give a Hugging Face model folder" train --init-from=/nonexistent/model --steps=1
 # A path to a run that reads none trained on the copy task without a word.
-run_case "--data-path names a file, but --data-kind copy trains on the copy task and reads none: give --data-kind files to train on it" \
+run_case "--data-path names a file, but the run trains on the copy task (--data-kind's default) and reads none: give --data-kind files to train on it" \
   train --data-path="$fix/llama/tokens.npy" --steps=1
-run_case "--val-path names a file, but --data-kind random trains on the random task" \
+run_case "--val-path names a file, but the run trains on the random task (--data-kind random) and reads none" \
   train --data-kind=random --val-path="$fix/llama/tokens.npy" --steps=1
-run_case "--data-path names a file, but --data-kind copy trains" plan --ranks 2 --device-memory 4G --data-path=/x.bin
+run_case "--data-path names a file, but the run trains on the copy task" plan --ranks 2 --device-memory 4G --data-path=/x.bin
 printf 'not an index' > "$tmp/bad.idx"
 : > "$tmp/bad.bin"
 run_case "shorter than a Megatron index header" train --data-kind=files --data-path="$tmp/bad" --documents=index --steps=1

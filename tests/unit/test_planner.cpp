@@ -250,6 +250,26 @@ TEST(Planner, MaxSeqLenBelowOneGranule) {
   }
 }
 
+// Below one granule the frugal knobs stop on the host (fpdt's K/V chunks: 16 MiB at 65536 with
+// N >= 2) where the knobs auto picks (N = 1, no host bytes) fit the whole granule: the search
+// goes on above it with those (it stopped at 64512).
+TEST(Planner, MaxSeqLenBelowOneGranuleGoesOnWithTheKnobsAutoPicks) {
+  const ModelConfig m = load_model_config("tiny");
+  RunConfig c;
+  c.parallel.knobs.method = "fpdt";
+  c.parallel.knobs.chunks = kKnobAuto;
+  c.memory.device_bytes = int64_t(120) << 20;
+  c.memory.host_bytes = int64_t(8) << 20;
+  PlanRequest r = plan_request(c, 2);
+  r.reserve_bytes = 0;
+  const Plan p = max_seq_len(m, r);
+  ASSERT_TRUE(p.fits);
+  EXPECT_EQ(p.request.decoder.knobs.chunks, 1);
+  EXPECT_GE(p.request.decoder.seq_len, kSeqQuantum);
+  EXPECT_EQ(p.request.decoder.seq_len % kSeqQuantum, 0);
+  EXPECT_EQ(p.limit_arena, "device");
+}
+
 TEST(Planner, ReserveAndHostBudgetCount) {
   // 8 layers: offloading keeps two device slots of checkpoints instead of L.
   ModelConfig m = load_model_config("tiny");

@@ -91,6 +91,27 @@ TEST(Resume, TheModelsFolderMovedIsSaid) {
       << out;
 }
 
+// An older run of the copy task that named a file it never read resumes as it ran (validation
+// now refuses a path with another data.kind); the files task keeps its paths.
+TEST(Resume, PathsTheCopyTaskNeverReadAreDropped) {
+  RunConfig copy;
+  copy.data.kind = "copy";
+  copy.data.path = "/data/corpus.bin";
+  copy.data.val_path = "/data/val.bin";
+  const std::vector<std::string> notes = drop_unread_paths(copy);
+  ASSERT_EQ(notes.size(), 2u);
+  EXPECT_NE(notes[0].find("data.path = /data/corpus.bin was never read (data.kind = copy)"),
+            std::string::npos)
+      << notes[0];
+  EXPECT_TRUE(copy.data.path.empty() && copy.data.val_path.empty());
+  EXPECT_NO_THROW(validate(copy, kScopeTrain));
+  RunConfig files = copy;
+  files.data.kind = "files";
+  files.data.path = "/data/corpus.bin";
+  EXPECT_TRUE(drop_unread_paths(files).empty());
+  EXPECT_EQ(files.data.path, "/data/corpus.bin");
+}
+
 // Another split of the same global batch (DP x micro_steps) reads the same sequences a step: said,
 // not refused. Another global batch is refused.
 TEST(Resume, TheSameGlobalBatchCutOtherwiseContinues) {
