@@ -135,15 +135,21 @@ TokenFileInfo inspect_bin(const std::string& path, const ReadFile& f, int64_t si
 
 }  // namespace
 
+TokenFormat token_format_by_magic(std::span<const char> head) {
+  if (head.size() >= 6 && std::memcmp(head.data(), "\x93NUMPY", 6) == 0) return TokenFormat::kNpy;
+  int32_t m = 0;
+  if (head.size() >= 4) std::memcpy(&m, head.data(), 4);
+  return m == kBinMagicU16 || m == kBinMagicU32 ? TokenFormat::kBin : TokenFormat::kRaw;
+}
+
 TokenFileInfo inspect_token_file(const std::string& path) {
   const ReadFile f = open_token_file(path);
   const int64_t size = f.size();
   char magic[6] = {};
   f.read_at(magic, std::min<int64_t>(size, 6), 0);
-  if (size >= 6 && std::memcmp(magic, "\x93NUMPY", 6) == 0) return inspect_npy(path, f, size);
-  int32_t m = 0;
-  if (size >= 4) std::memcpy(&m, magic, 4);
-  if (m == kBinMagicU16 || m == kBinMagicU32 || std::filesystem::path(path).extension() == ".bin")
+  const TokenFormat by = token_format_by_magic({magic, size_t(std::min<int64_t>(size, 6))});
+  if (by == TokenFormat::kNpy) return inspect_npy(path, f, size);
+  if (by == TokenFormat::kBin || std::filesystem::path(path).extension() == ".bin")
     return inspect_bin(path, f, size);
   throw ConfigError(fmt::format(
       "{} is neither a .npy file (no \\x93NUMPY magic) nor an llm.c .bin token file (magic {} "

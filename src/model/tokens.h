@@ -32,6 +32,10 @@ struct TokenFileInfo {
   int64_t count = 0;        // ids in the file
 };
 
+// What a file's first bytes (up to 6) name by their magic: kNpy (\x93NUMPY), kBin (an llm.c
+// magic), else kRaw (no token file's magic: text, or a headerless Megatron .bin).
+TokenFormat token_format_by_magic(std::span<const char> head);
+
 // The header of a .npy or .bin token file, told apart by its magic (not its name); throws
 // ConfigError naming the file when it is neither, has an unsupported dtype / shape / version,
 // or is shorter than its header says.

@@ -101,12 +101,16 @@ void check_new_output(const std::string& out, bool replace) {
 // anything else. Its bytes read as text would be a document of header and id bytes.
 std::string token_file_kind(const ReadFile& f) {
   char head[6] = {};
-  if (f.size() < int64_t(sizeof head)) return "";
-  f.read_at(head, sizeof head, 0);
-  if (std::memcmp(head, "\x93NUMPY", 6) == 0) return "a NumPy .npy";
-  int32_t magic = 0;
-  std::memcpy(&magic, head, sizeof magic);
-  if (magic == kBinMagicU16 || magic == kBinMagicU32) return "an llm.c .bin";
+  const int64_t n = std::min<int64_t>(f.size(), sizeof head);
+  f.read_at(head, n, 0);
+  switch (token_format_by_magic({head, size_t(n)})) {
+    case TokenFormat::kNpy:
+      return "a NumPy .npy";
+    case TokenFormat::kBin:
+      return "an llm.c .bin";
+    case TokenFormat::kRaw:
+      break;
+  }
   return "";
 }
 

@@ -108,8 +108,7 @@ std::vector<std::string> documents(const fs::path& in) {
   auto tokens = [](const std::string& t) {
     int32_t magic = 0;
     if (t.size() >= 4) std::memcpy(&magic, t.data(), 4);
-    return t.size() >= 6 &&
-           (t.starts_with("\x93NUMPY") || magic == kBinMagicU16 || magic == kBinMagicU32);
+    return t.starts_with("\x93NUMPY") || magic == kBinMagicU16 || magic == kBinMagicU32;
   };
   std::vector<std::string> docs;
   for (const auto& [p, text] : files)
