@@ -4,7 +4,6 @@
 // parameter's fp32 gradient (summed over the ranks) under its Hugging Face name. --doc-lens packs
 // the sequence as documents (each attended to and predicted alone; attention/documents.h).
 #include <cmath>
-#include <filesystem>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <span>
@@ -22,6 +21,7 @@
 #include "model/safetensors.h"
 #include "model/tokens.h"
 #include "train/data.h"
+#include "train/indexed_dataset.h"
 
 namespace upipe::app {
 namespace {
@@ -115,11 +115,7 @@ TokenFileInfo inspect_eval_tokens(const std::string& path) {
   try {
     return inspect_token_file(path);
   } catch (const ConfigError& e) {
-    namespace fs = std::filesystem;
-    std::error_code ec;
-    if (fs::path(path).extension() != ".bin" ||
-        !fs::exists(fs::path(path).replace_extension(".idx"), ec))
-      throw;
+    if (!is_megatron_bin(path)) throw;
     throw ConfigError(fmt::format(
         "{} ({} has a Megatron .idx beside it: read that dataset's windows with --windows "
         "--seq-len S --documents index)",

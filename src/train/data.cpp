@@ -171,11 +171,7 @@ DataSource::DataSource(const DataOptions& o) : opt_(o) {
         files_.push_back(inspect_token_file(p));
       } catch (const ConfigError& e) {
         // A Megatron .bin (beside its .idx) has no llm.c header: say how it is read.
-        const std::filesystem::path bin(p);
-        std::error_code ec;
-        if (bin.extension() != ".bin" ||
-            !std::filesystem::exists(std::filesystem::path(bin).replace_extension(".idx"), ec))
-          throw;
+        if (!is_megatron_bin(p)) throw;
         throw ConfigError(fmt::format(
             "{} ({} has a Megatron .idx beside it: read that dataset with {})", e.what(), p,
             setting_value("data.documents", "index")));

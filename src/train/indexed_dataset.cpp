@@ -70,6 +70,12 @@ std::vector<T> read_array(const ReadFile& f, uint64_t n, int64_t offset) {
 
 }  // namespace
 
+bool is_megatron_bin(const std::string& path) {
+  std::error_code ec;
+  return std::filesystem::path(path).extension() == ".bin" &&
+         std::filesystem::exists(std::filesystem::path(path).replace_extension(".idx"), ec);
+}
+
 IndexedDataset read_indexed_dataset(const std::string& prefix) {
   const std::string idx = prefix + ".idx", binp = prefix + ".bin";
   const ReadFile f(idx, "Megatron index");

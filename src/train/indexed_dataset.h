@@ -38,6 +38,10 @@ struct IndexedDataset {
 // pointers that are not contiguous, a .bin shorter than the index says).
 IndexedDataset read_indexed_dataset(const std::string& prefix);
 
+// Whether `path` is a Megatron dataset's .bin (a .bin with its .idx beside it): it has no llm.c
+// header, and a token-file reader that refuses it says how it is read instead.
+bool is_megatron_bin(const std::string& path);
+
 // The dataset prefixes a path names: "P.idx" or "P.bin" or "P" itself -> P; a directory -> every
 // *.idx in it, sorted by name (their prefixes). ConfigError when none is found, naming the
 // setting `key` the path came from.
