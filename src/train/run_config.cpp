@@ -376,6 +376,25 @@ std::string_view leaf_of(std::string_view key) {
   return key.substr(key.find('.') == std::string_view::npos ? 0 : key.find('.') + 1);
 }
 
+// The one key of a table that names a place on disk, for a name of a place typed in that table
+// ("[checkpoint] path" is checkpoint.dir, not metrics.path, the nearest key named "path").
+std::string path_key_in_table(std::string_view key) {
+  static constexpr std::string_view kPlaces[] = {
+      "path", "dir",      "directory", "folder",     "location",
+      "file", "save_dir", "save_path", "output_dir", "output_path"};
+  static constexpr std::string_view kPathKeys[] = {"checkpoint.dir", "data.path", "metrics.path"};
+  const size_t dot = key.find('.');
+  if (dot == std::string_view::npos) return "";
+  std::string leaf(key.substr(dot + 1));
+  std::replace(leaf.begin(), leaf.end(), '-', '_');
+  std::transform(leaf.begin(), leaf.end(), leaf.begin(),
+                 [](unsigned char c) { return char(std::tolower(c)); });
+  if (std::find(std::begin(kPlaces), std::end(kPlaces), leaf) == std::end(kPlaces)) return "";
+  for (const std::string_view k : kPathKeys)
+    if (k.substr(0, k.find('.') + 1) == key.substr(0, dot + 1)) return std::string(k);
+  return "";
+}
+
 [[noreturn]] void unknown_key(const std::string& where, const std::string& key) {
   const Synonym* s = synonym_of(leaf_of(key.substr(0, 64)));
   const std::string near = closest_run_key(key);
@@ -713,6 +732,7 @@ std::string closest_run_key(const std::string& name) {
   const std::string key = name.substr(0, 64);
   const std::string_view bare = leaf_of(key);
   if (const Synonym* s = synonym_of(bare)) return s->key;
+  if (std::string place = path_key_in_table(key); !place.empty()) return place;
   // The name of a key of another table ("[model] lr" is train.lr, "[train] max_lr" too): that
   // key, the nearest of several (data.path, metrics.path).
   std::vector<std::string> same;

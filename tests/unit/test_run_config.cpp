@@ -199,6 +199,15 @@ TEST(RunConfig, TomlErrorsNameFileLineAndKey) {
   // A key of another table is named (it said 'model.name' for [model] lr).
   expect_config_error([] { parse_run_toml("[model]\nlr = 0.1\n", "r.toml"); },
                       {"r.toml:2: unknown key 'model.lr'; did you mean 'train.lr'?"});
+  // A place named in a table is that table's place (it said 'metrics.path' for [checkpoint] path).
+  expect_config_error([] { parse_run_toml("[checkpoint]\npath = \"ck\"\n", "r.toml"); },
+                      {"unknown key 'checkpoint.path'; did you mean 'checkpoint.dir'?"});
+  expect_config_error([] { parse_run_toml("[checkpoint]\nsave-dir = \"ck\"\n", "r.toml"); },
+                      {"did you mean 'checkpoint.dir'?"});
+  expect_config_error([] { parse_run_toml("[metrics]\nfile = \"m.jsonl\"\n", "r.toml"); },
+                      {"did you mean 'metrics.path'?"});
+  expect_config_error([] { parse_run_toml("[data]\ndirectory = \"d\"\n", "r.toml"); },
+                      {"did you mean 'data.path'?"});
   expect_config_error([] { parse_run_toml("[train]\nbatch_size = 8\n", "r.toml"); },
                       {"did you mean 'train.micro_steps'?", "a step's global batch is DP x"});
   expect_config_error([] { parse_run_toml("steps = 10\n", "r.toml"); },
