@@ -3,6 +3,7 @@
 // input_ids mean), the gradient norms, time and per-rank memory; --save-grads writes every
 // parameter's fp32 gradient (summed over the ranks) under its Hugging Face name. --doc-lens packs
 // the sequence as documents (each attended to and predicted alone; attention/documents.h).
+#include <unistd.h>
 #include <cmath>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -22,6 +23,7 @@
 #include "model/tokens.h"
 #include "train/data.h"
 #include "train/indexed_dataset.h"
+#include "train/metrics.h"
 
 namespace upipe::app {
 namespace {
@@ -33,6 +35,7 @@ struct Options {
   std::string save_grads;
   bool loss_only = false;  // forward only: the loss, no gradients
   bool windows = false;    // the loss of every S-token window of --tokens (forward only)
+  int64_t max_windows = 0;  // --windows: the first that many windows (0: every one)
   bool json = false;
 };
 
@@ -47,9 +50,11 @@ struct Window {
 // windows of s tokens and its perplexity; window(i) gives window i. Windows of one document each
 // count alike (the mean of their means); packed ones count by their predictions, as training's
 // validation does (the sum over every window's predictions over their number, counted first).
+// `in_data`: the windows the data holds (n of them are evaluated; 1 for one sequence). With stderr
+// a terminal, rank 0 shows a bar of the windows done there.
 int run_loss(Process& proc, const Options& opt, const RunConfig& cfg, const ModelConfig& m,
-             ModelRun& run, int64_t n, int64_t s, const std::function<Window(int64_t)>& window,
-             bool packed) {
+             ModelRun& run, int64_t n, int64_t in_data, int64_t s,
+             const std::function<Window(int64_t)>& window, bool packed) {
   run.dev.mem().reset_peak();
   const ParamMap no_grads;
   FullParams p(m, run.w, no_grads);
@@ -63,6 +68,7 @@ int run_loss(Process& proc, const Options& opt, const RunConfig& cfg, const Mode
   if (packed && predicted == 0)
     throw ConfigError("every document of the windows is one token long: nothing is predicted");
   double sum = 0, fwd = 0;
+  const bool bar = n > 1 && proc.root() && ::isatty(STDERR_FILENO) == 1;
   for (int64_t i = 0; i < n; ++i) {
     const Window w = window(i);
     LossSpec spec;  // each window's mean over its predictions, or its share of all of them
@@ -71,7 +77,9 @@ int run_loss(Process& proc, const Options& opt, const RunConfig& cfg, const Mode
     if (!packed) documents += w.documents ? w.documents->count() : 1;
     sum += run.dec->loss(w.tokens, p, spec).loss;
     fwd += run.dec->forward_seconds();
+    if (bar) std::fprintf(stderr, "\r%s windows", format_progress_bar(i + 1, n).c_str());
   }
+  if (bar) std::fprintf(stderr, "\n");
   const double loss = packed ? sum : sum / double(n);
   const int64_t peak = max_over_ranks(proc.world, run.dev.mem().peak());
   if (!proc.root()) return 0;
@@ -79,6 +87,7 @@ int run_loss(Process& proc, const Options& opt, const RunConfig& cfg, const Mode
                       {"loss", loss},
                       {"perplexity", std::exp(loss)},
                       {"windows", n},
+                      {"windows_in_data", in_data},
                       {"tokens", n * s},
                       {"documents", documents},
                       {"method", cfg.parallel.knobs.method},
@@ -90,8 +99,9 @@ int run_loss(Process& proc, const Options& opt, const RunConfig& cfg, const Mode
     print_json(j);
     return 0;
   }
-  std::printf("%s, %lld window(s) of %lld tokens%s, %s on %d rank(s), %s, forward only\n",
+  std::printf("%s, %lld window(s) of %lld tokens%s%s, %s on %d rank(s), %s, forward only\n",
               m.source.c_str(), (long long)n, (long long)s,
+              n < in_data ? fmt::format(" (the first of the data's {})", in_data).c_str() : "",
               documents > n ? fmt::format(" in {} documents", documents).c_str() : "",
               cfg.parallel.knobs.method.c_str(), proc.world.size(),
               dtype_name(cfg.memory.policy.dtype));
@@ -144,6 +154,10 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
     throw ConfigError(
         "--doc-lens gives the documents of one sequence: drop --windows (--documents says where "
         "the documents of --windows' data end)");
+  if (!opt.windows && opt.max_windows > 0)
+    throw ConfigError(
+        "--max-windows counts --windows' windows: add --windows (one sequence is --seq-len's "
+        "first S tokens of --tokens)");
   if (!opt.windows && !opt.documents.empty())
     throw ConfigError(
         "--documents says where the documents of --windows' data end: add --windows, or give one "
@@ -159,12 +173,13 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
     d.vocab = m.vocab_size;
     d.documents = parse_documents_mode(opt.documents.empty() ? "none" : opt.documents);
     const DataSource data(d);
-    const int64_t n = data.total_tokens() / seq_len;
+    const int64_t in_data = data.total_tokens() / seq_len;
+    const int64_t n = opt.max_windows > 0 ? std::min(opt.max_windows, in_data) : in_data;
     warn_past_context(proc, m, seq_len);
     ModelRun run(proc.world, m, cfg, seq_len, /*with_grads=*/false);
     std::vector<int32_t> held;  // one window at a time (a corpus of billions of tokens)
     return run_loss(
-        proc, opt, cfg, m, run, n, seq_len,
+        proc, opt, cfg, m, run, n, in_data, seq_len,
         [&](int64_t i) {
           held = data.window(i * seq_len);
           Window w{held, nullptr};
@@ -206,7 +221,7 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
   }
   if (forward_only)
     return run_loss(
-        proc, opt, cfg, m, run, 1, n,
+        proc, opt, cfg, m, run, 1, 1, n,
         [&](int64_t) {
           return Window{tokens, spec.documents};
         },
@@ -294,6 +309,10 @@ Runner add_eval(CLI::App& cmd) {
   cmd.add_flag("--windows", opt->windows,
                "the mean loss and perplexity over every non-overlapping --seq-len window of "
                "--tokens (forward only)");
+  cmd.add_option("--max-windows", opt->max_windows,
+                 "with --windows: the first N windows only, as validation's --val-sequences (0: "
+                 "every window)")
+      ->check(CLI::NonNegativeNumber);
   cmd.add_flag("--json", opt->json, "print one JSON object (rank 0)");
   auto sa = add_settings(cmd, kScopeModel);
   // eval asks for its input: the table's default S is train's, not eval's.

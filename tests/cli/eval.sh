@@ -13,9 +13,10 @@
 #                     (transformers on each document alone) and its gradients (check_grads.py
 #                     packed); the same lengths typed as a list; lengths that do not sum to S
 #                     refused naming --doc-lens
-#   windows_packed    --windows --documents index over `upipe tokenize DIR`'s dataset: the loss
-#                     training's validation logged for it (2 ranks, fp32 export), bit for bit; its
-#                     .bin alone names the way to read it; --documents needs --windows
+#   windows_packed    --windows --documents index --max-windows 5 over `upipe tokenize DIR`'s
+#                     dataset: the loss training's validation of 5 sequences logged for it (2 ranks,
+#                     fp32 export), bit for bit; without --max-windows all 7 windows; its .bin alone
+#                     names the way to read it; --documents and --max-windows need --windows
 # Usage: eval.sh UPIPE MPIRUN [MPIRUN ARGS...] -- CASE
 set -u
 upipe=$1
@@ -119,25 +120,33 @@ windows_packed)
     fail "tokenize"
   timeout 300 "${mpirun[@]}" -np 2 "$upipe" train --data-kind=files --data-path="$tmp/tr" \
     --val-path="$tmp/va" --documents=index --seq-len=256 --tile-tokens=256 --steps=2 \
-    --val-interval=2 --val-sequences=100 --checkpoint-dir="$tmp/ck" --metrics-path="$tmp/m.jsonl" \
+    --val-interval=2 --val-sequences=5 --checkpoint-dir="$tmp/ck" --metrics-path="$tmp/m.jsonl" \
     > "$tmp/train.out" 2>&1 || { cat "$tmp/train.out"; fail "train failed"; }
   "$upipe" export "$tmp/ck" "$tmp/hf" --dtype fp32 > /dev/null || fail "export failed"
   timeout 120 "${mpirun[@]}" -np 2 "$upipe" eval --model "$tmp/hf" --tokens "$tmp/va" --seq-len 256 \
-    --tile-tokens 256 --windows --documents index --json > "$tmp/eval.json" || fail "eval failed"
+    --tile-tokens 256 --windows --documents index --max-windows 5 --json > "$tmp/eval.json" ||
+    fail "eval failed"
+  timeout 120 "${mpirun[@]}" -np 2 "$upipe" eval --model "$tmp/hf" --tokens "$tmp/va" --seq-len 256 \
+    --tile-tokens 256 --windows --documents index --json > "$tmp/all.json" || fail "eval failed"
   /usr/bin/python3 - "$tmp" <<'PY' || fail "eval's loss is not the validation loss"
 import json, sys
 d = sys.argv[1]
 val = [json.loads(l)["val_loss"] for l in open(f"{d}/m.jsonl") if "val_loss" in l][-1]
 e = json.load(open(f"{d}/eval.json"))
-print(f"validation loss {val!r}, eval --windows --documents index {e['loss']!r} ({e['windows']} windows, {e['documents']} documents)")
-assert e["loss"] == val and e["windows"] == 7 and e["documents"] > e["windows"], (val, e)
+a = json.load(open(f"{d}/all.json"))
+print(f"validation loss {val!r}, eval --windows --documents index --max-windows 5 {e['loss']!r} ({e['windows']} of {e['windows_in_data']} windows, {e['documents']} documents); every window {a['loss']!r} ({a['windows']})")
+assert e["loss"] == val and e["windows"] == 5 and e["windows_in_data"] == 7 and e["documents"] > e["windows"], (val, e)
+assert a["windows"] == 7 and a["windows_in_data"] == 7 and a["loss"] != val, a
 PY
   out=$(timeout 120 "${mpirun[@]}" -np 2 "$upipe" eval --model "$tmp/hf" --tokens "$tmp/va.bin" --seq-len 256 2>&1); rc=$?
   [ $rc -eq 2 ] && echo "$out" | grep -q -e "has a Megatron .idx beside it: read that dataset's windows with --windows --seq-len S --documents index" ||
     { echo "$out"; fail "a Megatron .bin as one sequence: exit $rc"; }
   out=$(timeout 120 "${mpirun[@]}" -np 2 "$upipe" eval --model "$tmp/hf" --tokens "$tmp/va" --seq-len 256 --documents index 2>&1); rc=$?
   [ $rc -eq 2 ] && echo "$out" | grep -q -e "--documents says where the documents of --windows' data end: add --windows" ||
-    { echo "$out"; fail "--documents without --windows: exit $rc"; } ;;
+    { echo "$out"; fail "--documents without --windows: exit $rc"; }
+  out=$(timeout 120 "${mpirun[@]}" -np 2 "$upipe" eval --model "$tmp/hf" --tokens "$tmp/va" --seq-len 256 --max-windows 5 2>&1); rc=$?
+  [ $rc -eq 2 ] && echo "$out" | grep -q -e "--max-windows counts --windows' windows: add --windows" ||
+    { echo "$out"; fail "--max-windows without --windows: exit $rc"; } ;;
 *) echo "unknown case $case_name"; exit 2 ;;
 esac
 echo "PASS $case_name"
