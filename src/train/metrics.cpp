@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 
 #include <fmt/format.h>
 #include <unistd.h>
@@ -14,12 +15,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <utility>
 
 #include "core/arena.h"
+#include "core/check.h"
 #include "core/checked.h"
 #include "core/errors.h"
 #include "core/fault_inject.h"
@@ -205,11 +208,37 @@ bool lock_now(int fd, const std::string& path) {
   return true;
 }
 
-[[noreturn]] void metrics_file_in_use(const std::string& path) {
+// The process of this host that holds a flock on the file `st` describes, as /proc/locks says it
+// ("1: FLOCK  ADVISORY  WRITE 4242 08:01:1234 0 EOF"): "pid 4242 (upipe) on HOST", or "" where
+// it cannot be told (another host holds it over NFS, no /proc).
+std::string flock_holder(const struct stat& st) {
+  std::ifstream locks("/proc/locks");
+  std::string line;
+  for (int lines = 0; lines < 100000 && std::getline(locks, line); ++lines) {
+    char kind[16] = {}, access[16] = {};
+    long pid = 0;
+    unsigned maj = 0, min = 0;
+    unsigned long long ino = 0;
+    if (std::sscanf(line.c_str(), "%*d: %15s %*s %15s %ld %x:%x:%llu", kind, access, &pid, &maj,
+                    &min, &ino) != 6)
+      continue;
+    if (std::string_view(kind) != "FLOCK" || ino != st.st_ino || maj != major(st.st_dev) ||
+        min != minor(st.st_dev) || pid <= 0)
+      continue;
+    std::string comm;
+    std::getline(std::ifstream(fmt::format("/proc/{}/comm", pid)), comm);
+    return fmt::format("pid {}{} on {}", pid, comm.empty() ? "" : " (" + excerpt(comm) + ")",
+                       host_name());
+  }
+  return "";
+}
+
+[[noreturn]] void metrics_file_in_use(const std::string& path, const std::string& holder) {
   throw ConfigError(fmt::format(
-      "{} '{}' is being written by another upipe run: two runs writing one metrics file would "
+      "{} '{}' is being written by another upipe run{}: two runs writing one metrics file would "
       "mix their lines; wait for it to end, or choose another {}",
-      setting_ref("metrics.path"), path, setting_ref("metrics.path")));
+      setting_ref("metrics.path"), path, holder.empty() ? "" : " (" + holder + ")",
+      setting_ref("metrics.path")));
 }
 
 }  // namespace
@@ -230,8 +259,10 @@ MetricsLock::MetricsLock(const std::string& path) {
       throw ConfigError(
           fmt::format("cannot create metrics file {}: {}", path, std::strerror(errno)));
     if (!lock_now(fd, path)) {
+      struct stat st {};
+      const std::string holder = ::fstat(fd, &st) == 0 ? flock_holder(st) : "";
       ::close(fd);
-      metrics_file_in_use(path);
+      metrics_file_in_use(path, holder);
     }
     struct stat held {
     }, now{};
@@ -243,7 +274,7 @@ MetricsLock::MetricsLock(const std::string& path) {
     }
     ::close(fd);  // replaced meanwhile: lock what the path names now
   }
-  metrics_file_in_use(path);
+  metrics_file_in_use(path, "");
 }
 
 MetricsLock::~MetricsLock() {

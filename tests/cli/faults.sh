@@ -191,7 +191,9 @@ metrics_other)
   [ -s "$tmp/busy.jsonl" ] || { cat "$tmp/first.out"; fail "the first run wrote no metrics"; }
   job second 60 train "${small[@]}" --steps=2 --checkpoint-dir= --metrics-path="$tmp/busy.jsonl" --overwrite
   [ $rc -eq 2 ] || { cat "$tmp/second.out"; fail "a second run of one metrics file: exit $rc, want 2"; }
-  once second "is being written by another upipe run"
+  once second "is being written by another upipe run (pid "
+  grep -q -E "another upipe run \(pid [0-9]+ \(upipe\) on " "$tmp/second.out" ||
+    { cat "$tmp/second.out"; fail "the refusal does not name the holding process"; }
   grep -q -e "^start:" -e "MPI_ABORT" "$tmp/second.out" && { cat "$tmp/second.out"; fail "the second run was refused after its start"; }
   kill -TERM $first
   wait $first
