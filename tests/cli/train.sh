@@ -15,7 +15,8 @@
 #            the exported folder gives the fixture's loss (HF weights in, HF weights out), its
 #            tokenizer files copied with --tokenizer DIR;
 #            another model's weights are refused with exit 2, naming the first field that differs;
-#            the run's folder moved: --resume names --model, and resumes with it
+#            the run's folder moved: --resume names --model, and resumes with it; its config
+#            broken: that config's error
 #   hang     a rank stopped with SIGSTOP ends the job within comm.timeout + a few seconds,
 #            with the watchdog naming the step
 #   packed   a corpus of text files -> `upipe tokenize DIR` (one document per file, Megatron
@@ -347,6 +348,14 @@ PY
   grep -q -F -- "--model $tmp/fx -> $tmp/fx_moved: the model there must be the run's" "$tmp/mv.out" ||
     { cat "$tmp/mv.out"; fail "the moved model is not said"; }
   mv "$tmp/fx_moved" "$tmp/fx"
+  # The recorded folder there but its config unreadable: that config's own error, not "moved".
+  mkdir "$tmp/fx_moved" && echo '{"hidden_size": ' > "$tmp/fx_moved/config.json"
+  out=$(timeout 120 "${mpirun[@]}" -np 2 "$upipe" train "${small[@]}" --checkpoint-dir="$tmp/ifx2" \
+    --resume --steps=3 2>&1); rc=$?
+  [ $rc -eq 2 ] && echo "$out" | grep -q -F "$tmp/fx_moved/config.json" &&
+    ! echo "$out" | grep -q "where that model's folder is now" ||
+    { echo "$out"; fail "--resume with the model's config broken: exit $rc"; }
+  rm -r "$tmp/fx_moved"
   # A checkpoint given where a Hugging Face folder belongs says to export it first.
   out=$("$upipe" train "${small[@]}" --init-from "$tmp/ifx" --steps=1 2>&1); rc=$?
   [ $rc -eq 2 ] && echo "$out" | grep -q "is a training checkpoint, not a Hugging Face model; export it first: .*then --init-from OUT_DIR" ||
