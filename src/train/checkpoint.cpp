@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <charconv>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -454,8 +455,26 @@ class RankFiles {
           "checkpoint file {}: tensor {} elements [{}, {}) do not match their checksum in "
           "meta.json (the file is corrupt); {}",
           file(q), tensor_key(unit, field), first, first + n, kOlderCheckpoint));
+    check_values(q, unit, field, first);
     cached_ = {q, tensor, p};
     return buf_.data();
+  }
+
+  // buf_, elements [first, ...) of unit's field in file q, holds only values a run continues from:
+  // every one finite and the second moments not negative (a step whose loss or gradient is not
+  // finite ends the run before its update). A checksum vouches for bytes, not for this: a resumed
+  // run would diverge at its first step on such a value, an export write it into the weights.
+  void check_values(int q, int unit, int field, int64_t first) const {
+    for (size_t i = 0; i < buf_.size(); ++i) {
+      const float v = buf_[i];
+      if (std::isfinite(v) && (field != 2 || v >= 0)) continue;
+      throw ConfigError(fmt::format(
+          "checkpoint file {}: tensor {} holds {} at element {}, {}: the checkpoint is damaged "
+          "or its run had diverged; {}",
+          file(q), tensor_key(unit, field), v, first + int64_t(i),
+          std::isfinite(v) ? "a negative second moment" : "a value that is not finite",
+          kOlderCheckpoint));
+    }
   }
 
   Saved s_;

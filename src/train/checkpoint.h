@@ -18,7 +18,8 @@
 // rank 0 renames the directory and writes DONE, then deletes this run's checkpoints beyond the
 // newest `keep`, this run's stale temporaries and, when the run was allowed to overwrite another
 // run's, that run's. Reading verifies the chain: DONE -> meta.json -> each rank file's size and
-// header -> each piece as it is read; any mismatch is a ConfigError naming the file.
+// header -> each piece as it is read, and every value read one a run continues from (finite; a
+// second moment not negative); any mismatch is a ConfigError naming the file.
 //
 // Everything the run's future depends on is in it: data and randomness are pure functions of
 // (seed, step, micro-step, DP rank), and the learning-rate schedule of the step, so a resumed
@@ -123,7 +124,8 @@ CheckpointInfo read_checkpoint_info(const std::string& path);
 
 // Collective: fills z's master shards and moments from the checkpoint at `path` (any world size)
 // and returns its info. ConfigError when it was written for another model (naming the first
-// field of config.json that differs) or a file is missing, truncated or corrupt, naming the file.
+// field of config.json that differs), a file is missing, truncated or corrupt, or a value read is
+// not finite or a negative second moment, naming the file.
 CheckpointInfo load_checkpoint(const std::string& path, Zero3& z);
 
 // Reads tensor `name` of the whole model (fp32) from a checkpoint into dst (numel elements),

@@ -1,6 +1,7 @@
 // Checkpoints under faults, on real ranks: a flipped byte in a rank file's data or header, a
 // truncated file, an edited meta.json (with or without a matching DONE), a rank file of another
-// checkpoint — each refused with a ConfigError naming the file; steps of 10^8 and more; runs that
+// checkpoint, a value that is not finite or a negative second moment forged past the checksums —
+// each refused with a ConfigError naming the file; steps of 10^8 and more; runs that
 // never mix in one directory (a fresh run refuses another run's checkpoints, pruning removes only
 // this run's, --resume refuses an ambiguous directory, overwriting is explicit); a model with the
 // same element counts but another architecture refused naming the first field that differs;
@@ -9,8 +10,11 @@
 #include <gtest/gtest.h>
 #include <xxhash.h>
 
+#include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "backend/tensor_ops.h"
@@ -357,6 +361,70 @@ std::vector<std::vector<float>> load_all(const std::string& ck, std::string* err
     *err = e.what();
   }
   return out;
+}
+
+// A value a run does not continue from (one that is not finite, a negative second moment), forged
+// into element 0 of the last rank's unit0.<field> past every checksum: refused by the rank that
+// reads it and by export, naming the file and the tensor, not loaded for the next step to diverge
+// on. A finite value forged alike loads: the forgery itself is sound.
+TEST(Checkpoint, ValuesARunDoesNotContinueFromAreRefused) {
+  Communicator& world = test::world();
+  SharedDir dir(world);
+  const std::string ck = save(world, {dir.path(), "run-a", 0}, 1);
+  const int last = world.size() - 1;
+  const std::string mine = fmt::format("{}/rank_{:05d}.safetensors", ck, last);
+  const std::string meta = ck + "/meta.json", done = ck + "/DONE";
+  const std::string pristine = world.rank() == 0 ? slurp(mine) : "";
+  const std::string pristine_meta = world.rank() == 0 ? slurp(meta) : "";
+  const std::string pristine_done = world.rank() == 0 ? slurp(done) : "";
+  // Where element 0 of `key` is in the rank file b.
+  auto data_at = [](const std::string& b, const std::string& key) {
+    uint64_t n = 0;
+    std::memcpy(&n, b.data(), 8);
+    const nlohmann::json head = nlohmann::json::parse(b.substr(8, size_t(n)));
+    return size_t(8 + n + head.at(key).at("data_offsets").at(0).get<uint64_t>());
+  };
+  auto forge = [&](int field, const std::string& key, float v) {
+    edit_file(world, mine, [&](std::string& b) { std::memcpy(&b[data_at(b, key)], &v, 4); });
+    forge_meta(world, ck, [&](nlohmann::json& j) {
+      const std::string b = slurp(mine);
+      const int64_t shard = j["units"][0]["shard"], piece = j["checksum"]["piece_elements"];
+      j["files"][last]["pieces_xxh3"][size_t(field * ((shard + piece - 1) / piece))] = fmt::format(
+          "{:016x}", XXH3_64bits(b.data() + data_at(b, key), size_t(std::min(shard, piece)) * 4));
+    });
+  };
+  auto restore = [&] {
+    edit_file(world, mine, [&](std::string& b) { b = pristine; });
+    edit_file(world, meta, [&](std::string& b) { b = pristine_meta; });
+    edit_file(world, done, [&](std::string& b) { b = pristine_done; });
+  };
+  forge(0, "unit0.master", 0.5f);
+  EXPECT_EQ(load_error(ck), "");
+  restore();
+  const struct {
+    int field;
+    const char* key;
+    float v;
+    const char* what;
+  } cases[] = {{0, "unit0.master", std::numeric_limits<float>::quiet_NaN(), "holds nan"},
+               {1, "unit0.exp_avg", std::numeric_limits<float>::infinity(), "holds inf"},
+               {2, "unit0.exp_avg_sq", -1.0f, "a negative second moment"}};
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.key);
+    forge(c.field, c.key, c.v);
+    const std::string err = load_error(ck);
+    if (world.rank() == last)
+      expect_has(err, {mine, c.key, c.what, "damaged or its run had diverged"});
+    else
+      EXPECT_EQ(err, "") << "rank " << world.rank() << " does not read that element";
+    if (c.field == 0) {  // export reads every rank's master
+      std::string export_err;
+      export_all(ck, &export_err);
+      expect_has(export_err, {mine, c.key, c.what});
+    }
+    restore();
+  }
+  EXPECT_EQ(load_error(ck), "");
 }
 
 // Every file of a checkpoint damaged at random, one damage at a time: export (rank 0) and

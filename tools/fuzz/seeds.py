@@ -2,7 +2,7 @@
 """Seed corpora of the tools/fuzz harnesses, written into OUT/<harness>/ (`make fuzz` writes
 build-fuzz/corpus): the repository's fixtures and examples, and a few tiny files made here;
 fuzz_checkpoint_files' seeds are written by the harness itself (the real checkpoint writer), run
-from OUT's build directory (OUT/../tools/fuzz).
+from OUT's build directory (OUT/../tools/fuzz), and are fuzz_resume_checkpoint's too (one format).
 Nothing of it is committed; the fuzzers add what they find to these directories."""
 import json
 import os
@@ -117,11 +117,13 @@ def main(out):
         d.mkdir(parents=True, exist_ok=True)
         for name, data in files.items():
             (d / name).write_bytes(data)
-    # fuzz_checkpoint_files writes its own seeds with the real checkpoint writer.
+    # fuzz_checkpoint_files writes its own seeds with the real checkpoint writer; the same bundles
+    # seed fuzz_resume_checkpoint.
     harness = out.parent / "tools" / "fuzz" / "fuzz_checkpoint_files"
     if harness.exists():
-        subprocess.run([str(harness)], check=True, capture_output=True,
-                       env=dict(os.environ, UPIPE_FUZZ_WRITE_SEEDS=str(out / "fuzz_checkpoint_files")))
+        for name in ("fuzz_checkpoint_files", "fuzz_resume_checkpoint"):
+            subprocess.run([str(harness)], check=True, capture_output=True,
+                           env=dict(os.environ, UPIPE_FUZZ_WRITE_SEEDS=str(out / name)))
 
 
 if __name__ == "__main__":
