@@ -354,11 +354,24 @@ std::string across_hosts_note(const RunConfig& cfg, const ModelConfig& m, Traini
 
 void print_end(const RunConfig& cfg, const ModelConfig& m, const TrainingLoop& loop,
                const LoopEnd& end) {
-  if (end.stopped)
+  if (end.stopped && end.time_limit && end.last_step == loop.start().step)
     std::printf(
-        "upipe train: stopped by %s after step %lld; %s\n",
-        end.stop_signal > 0 ? fmt::format("signal {}", end.stop_signal).c_str() : "a stop request",
+        "upipe train: %s had passed before the first step (the launch and loading took it); no "
+        "step ran, nothing was written\n",
+        render_setting_refs(
+            setting_value("train.time_limit", duration_text(cfg.train.time_limit_s)))
+            .c_str());
+  else if (end.stopped)
+    std::printf(
+        "upipe train: stopped by %s after step %lld%s; %s\n",
+        end.time_limit ? render_setting_refs(setting_value("train.time_limit",
+                                                           duration_text(cfg.train.time_limit_s)))
+                             .c_str()
+        : end.stop_signal > 0 ? fmt::format("signal {}", end.stop_signal).c_str()
+                              : "a stop request",
         (long long)end.last_step,
+        end.time_limit ? " (another step, with its validation and checkpoint, would end past it)"
+                       : "",
         cfg.checkpoint.dir.empty() ? "no checkpoint.dir was set, so nothing was saved"
                                    : "checkpoint written; continue with --resume");
   else

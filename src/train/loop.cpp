@@ -1,10 +1,15 @@
 #include "train/loop.h"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
 #include <limits>
+#include <sstream>
 
 #include "core/build_info.h"
 #include "core/checked.h"
@@ -16,6 +21,7 @@
 #include "train/checkpoint.h"
 #include "train/flops.h"
 #include "train/run_options.h"
+#include "train/zero.h"
 
 namespace upipe {
 namespace {
@@ -27,6 +33,12 @@ constexpr uint64_t kHeldOutSeed = 0x5eed0f1e1d;
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
+
+// A stop by train.time_limit, all-reduced (max) with the signals' numbers, above every signal.
+constexpr float kTimeLimitStop = 1000.0f;
+// Bytes per second a checkpoint is assumed to be written at until one is measured (a slow shared
+// file system's; stopping a little early loses less than a checkpoint cut by the scheduler).
+constexpr double kGuessedWriteRate = 200e6;
 
 DataOptions data_options(const RunConfig& c, const ModelConfig& m, int dp_size) {
   DataOptions o;
@@ -210,8 +222,10 @@ double TrainingLoop::validate(int64_t step) {
 void TrainingLoop::checkpoint(int64_t step, TrainingObserver& obs) {
   if (cfg_.checkpoint.dir.empty()) return;
   WatchdogContext ctx(fmt::format("checkpoint of step {}", step));
+  const double t0 = now_s();
   const std::string path =
       save_checkpoint(ckpt_run_, step, trainer_->zero(), trainer_->cp_size(), toml_);
+  checkpoint_s_ = std::max(checkpoint_s_, now_s() - t0);
   obs.on_checkpoint(step, path);
 }
 
@@ -247,6 +261,24 @@ StepMetrics TrainingLoop::step_metrics(int64_t step, const StepResult& r, double
   return sm;
 }
 
+double process_age_s() {
+  std::ifstream stat("/proc/self/stat"), up("/proc/uptime");
+  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  double uptime = 0;
+  const size_t comm_end = text.rfind(')');  // the name may hold spaces and parentheses
+  if (!(up >> uptime) || comm_end == std::string::npos) return 0;
+  std::istringstream fields(text.substr(comm_end + 2));
+  std::string f;
+  // Field 22, starttime (clock ticks after boot); the fields after the name begin at field 3.
+  for (int i = 3; i <= 22 && (fields >> f); ++i)
+    if (i == 22) {
+      const double ticks = double(::sysconf(_SC_CLK_TCK));
+      const double age = uptime - std::strtod(f.c_str(), nullptr) / (ticks > 0 ? ticks : 100);
+      return age > 0 ? age : 0;
+    }
+  return 0;
+}
+
 LoopEnd TrainingLoop::run(TrainingObserver& obs) {
   const int64_t steps = cfg_.train.steps, start = start_.step;
   const double step_flops_per_rank = training_flops_per_sequence(m_, cfg_.train.seq_len) *
@@ -261,6 +293,25 @@ LoopEnd TrainingLoop::run(TrainingObserver& obs) {
   auto validations_after = [&](int64_t s) {
     return every > 0 ? steps / every - s / every + (steps % every != 0 && s < steps ? 1 : 0) : 0;
   };
+  // train.time_limit: the process's deadline on this rank's clock (every rank stops as the first
+  // to reach it: the stop is all-reduced).
+  const double deadline = cfg_.train.time_limit_s > 0
+                              ? now_s() - process_age_s() + double(cfg_.train.time_limit_s)
+                              : std::numeric_limits<double>::infinity();
+  double longest_step = 0;
+  // Before a checkpoint is measured, its time is guessed: 1 s and a rank's master weights and
+  // moments (3 fp32 shards) at kGuessedWriteRate.
+  const double checkpoint_guess_s =
+      1.0 + 12.0 * double(zero_shard_elements(m_, world_.size())) / kGuessedWriteRate;
+  if (cfg_.train.time_limit_s > 0 && step < steps) {
+    float over = now_s() >= deadline ? kTimeLimitStop : 0.0f;
+    world_.all_reduce(&over, 1, DType::kF32, ReduceOp::kMax);
+    if (over != 0.0f) {
+      end.stopped = end.time_limit = true;
+      end.last_step = step;
+      return end;
+    }
+  }
   while (step < steps) {
     WatchdogContext ctx(fmt::format("step {}", step + 1));
     dev_.mem().reset_peak();
@@ -283,12 +334,29 @@ LoopEnd TrainingLoop::run(TrainingObserver& obs) {
     ++step;
     // The signal's number travels with the request (the largest, should several ranks get one),
     // so rank 0 can say which ended the run when another rank received it.
-    float stop = stop_requested() ? float(std::max(1, stop_signal())) : 0.0f;
-    world_.all_reduce(&stop, 1, DType::kF32, ReduceOp::kMax);
     if (step > start + 1 || steps - start == 1) {  // the first step warms up
       run_s += dt;
       ++timed;
+      longest_step = std::max(longest_step, dt);
     }
+    // The validation a stop runs: the mean of those run; before the first, a forward of each
+    // held-out sequence a DP replica runs at a third of a training step's time per sequence
+    // (forward + backward, about three forwards).
+    const double step_mean = timed > 0 ? run_s / double(timed) : dt;
+    const double val_mean =
+        validations > 0 ? val_total_s / double(validations)
+                        : step_mean / (3.0 * double(cfg_.train.micro_steps)) *
+                              double((val_n_ + trainer_->dp_size() - 1) / trainer_->dp_size());
+    // The next step: the longest timed so far (the warm-up step while it is the only one).
+    const bool past_limit = now_s() + (timed > 0 ? longest_step : dt) + (val_ ? val_mean : 0.0) +
+                                (cfg_.checkpoint.dir.empty() ? 0.0
+                                 : checkpoint_s_ > 0         ? checkpoint_s_
+                                                             : checkpoint_guess_s) >
+                            deadline;
+    float stop = stop_requested() ? float(std::max(1, stop_signal()))
+                 : past_limit     ? kTimeLimitStop
+                                  : 0.0f;
+    world_.all_reduce(&stop, 1, DType::kF32, ReduceOp::kMax);
     if (step == start + 1) end.first_group_loss = r.group_loss;
     end.last_group_loss = r.group_loss;
     StepMetrics sm = step_metrics(step, r, dt);
@@ -302,19 +370,14 @@ LoopEnd TrainingLoop::run(TrainingObserver& obs) {
       val_total_s += *sm.val_s;
       ++validations;
     }
-    // A validation's time: the mean of those run; before the first, a forward of each held-out
-    // sequence a DP replica runs at a third of a training step's time per sequence (forward +
-    // backward, about three forwards).
-    const double step_mean = timed > 0 ? run_s / double(timed) : dt;
-    const double val_mean =
-        validations > 0 ? val_total_s / double(validations)
-                        : step_mean / (3.0 * double(cfg_.train.micro_steps)) *
-                              double((val_n_ + trainer_->dp_size() - 1) / trainer_->dp_size());
-    sm.eta_s = double(steps - step) * step_mean + double(validations_after(step)) * val_mean;
+    // The validations to come at the mean so far (val_mean: before this step's).
+    const double val_each = validations > 0 ? val_total_s / double(validations) : val_mean;
+    sm.eta_s = double(steps - step) * step_mean + double(validations_after(step)) * val_each;
     obs.on_step(sm);
     if (stop != 0.0f && !last) {
       end.stopped = true;
-      end.stop_signal = int(stop);
+      end.time_limit = stop == kTimeLimitStop;
+      end.stop_signal = end.time_limit ? 0 : int(stop);
       break;
     }
     if (!last && cfg_.checkpoint.interval > 0 && step % cfg_.checkpoint.interval == 0)

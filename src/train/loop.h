@@ -9,7 +9,11 @@
 // the copy / random task from another seed), forward only, is reported with the step.
 //
 // A stop request (core/stop_signal.h) on any rank stops every rank after the same step: the
-// request is all-reduced each step. The first step is not timed (it warms up) unless it is the
+// request is all-reduced each step. So does train.time_limit: the run stops after the step past
+// which another step (the longest so far), the validation a stop runs and the checkpoint (the
+// longest written so far; before the first, 1 s and the rank's 3 fp32 shards at 200 MB/s) would
+// end past the limit, counted from the process's start; where it has passed before the first
+// step, no step runs. The first step is not timed (it warms up) unless it is the
 // only one. The command renders what the observer sees (train/metrics.h); the loop decides
 // nothing about output.
 #pragma once
@@ -50,6 +54,7 @@ struct LoopEnd {
   int64_t last_step = 0;        // steps done when the loop ended
   bool stopped = false;         // a stop request ended it before train.steps
   int stop_signal = 0;          // the signal that asked for it, on whichever rank (0: unknown)
+  bool time_limit = false;      // train.time_limit ended it (with stopped)
   double first_group_loss = 0;  // the copy task's copied-half loss at the first and last step
   double last_group_loss = 0;   // run (0 for other data)
 };
@@ -112,7 +117,13 @@ class TrainingLoop {
   CheckpointRun ckpt_run_;  // where and as which run the checkpoints are written
   double gemm_flops_ = 0;
   int64_t gemm_reference_n_ = 0;
+  double checkpoint_s_ = 0;  // the longest checkpoint write of this run so far (train.time_limit)
 };
+
+// Seconds since this process started, what train.time_limit counts from (/proc/self/stat's start
+// time against /proc/uptime: the launch, MPI's start and the loading count); 0 where it cannot be
+// read.
+double process_age_s();
 
 // What a run's data holds, opened as the loop opens it but without reading every token: the
 // token files with their headers and indexes, and the held-out data of validation. ConfigError

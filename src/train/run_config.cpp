@@ -32,8 +32,13 @@ struct BytesRef {
 struct KnobRef {
   int* v;
 };
+// Whole seconds, read and written as a duration ("3h50m"; parse_duration).
+struct DurationRef {
+  int64_t* v;
+};
+constexpr int64_t kMaxDurationS = int64_t(366) * 86400;
 using FieldPtr = std::variant<int*, int64_t*, double*, bool*, std::string*, DType*, Recompute*,
-                              BytesRef, KnobRef>;
+                              BytesRef, KnobRef, DurationRef>;
 
 // An older spelling: a key (also accepted as --key=value) or a flag. gib: its value is a number
 // of GiB (memory.budget_gib, --device-gib), converted to the bytes the setting holds.
@@ -119,6 +124,11 @@ std::vector<Field> fields(RunConfig& c) {
       {"train.seed", "--seed", "", &c.train.seed, kScopeTrain | kScopeModel | kScopeBlock,
        ResumeRule::kBreaks,
        "random weights and data (train), random tokens and inputs (eval, bench, check)"},
+      {"train.time_limit", "--time-limit", "", DurationRef{&c.train.time_limit_s}, kScopeTrain,
+       ResumeRule::kFree,
+       "the job's wall clock from its start: the run stops cleanly (checkpoint, exit 0) where "
+       "another step, its validation and checkpoint would end past it; 3h50m, 90m, or SLURM's "
+       "[D-]H:MM:SS (squeue -o %L); 0 = none"},
       {"memory.dtype",
        "--dtype",
        "",
@@ -244,6 +254,7 @@ const char* type_name(const FieldPtr& p) {
         if constexpr (std::is_same_v<T, DType*>) return "dtype";
         if constexpr (std::is_same_v<T, Recompute*>) return "recompute";
         if constexpr (std::is_same_v<T, BytesRef>) return "bytes";
+        if constexpr (std::is_same_v<T, DurationRef>) return "duration";
         if constexpr (std::is_same_v<T, KnobRef>) return "knob";
         return "int";
       },
@@ -289,6 +300,8 @@ std::string value_text(const FieldPtr& p, bool toml) {
           return quoted(recompute_name(*v));
         else if constexpr (std::is_same_v<T, BytesRef>)
           return quoted(bytes_text(*v.v));
+        else if constexpr (std::is_same_v<T, DurationRef>)
+          return quoted(duration_text(*v.v));
         else if constexpr (std::is_same_v<T, KnobRef>)
           return *v.v == kKnobAuto ? quoted("auto") : fmt::format("{}", *v.v);
         else
@@ -481,6 +494,8 @@ void set_from_text(const Field& f, const std::string& text, const std::string& w
           *v = parse_recompute(text);
         } else if constexpr (std::is_same_v<T, BytesRef>) {
           *v.v = parse_bytes(gib ? text + "G" : text, where);
+        } else if constexpr (std::is_same_v<T, DurationRef>) {
+          *v.v = parse_duration(text, where);
         } else if constexpr (std::is_same_v<T, KnobRef>) {
           int64_t i = 0;
           if (text == "auto")
@@ -547,6 +562,13 @@ void set_from_toml(const Field& f, const toml::node& n, const std::string& where
           } else {
             wrong("a size such as \"80G\" or a number of bytes");
           }
+        } else if constexpr (std::is_same_v<T, DurationRef>) {
+          if (auto i = n.value_exact<int64_t>())
+            set_from_text(f, std::to_string(*i), at, false);
+          else if (auto s = n.value_exact<std::string>())
+            set_from_text(f, *s, at, false);
+          else
+            wrong("a duration such as \"3h50m\" or \"3:50:00\"");
         } else if constexpr (std::is_same_v<T, KnobRef>) {
           if (auto i = n.value_exact<int64_t>())
             set_from_text(f, std::to_string(*i), at, false);
@@ -692,6 +714,86 @@ std::string bytes_text(int64_t b) {
   int u = -1;
   while (u < 3 && b % (int64_t(1024) << (10 * (u + 1))) == 0 && b > 0) ++u;
   return u < 0 ? std::to_string(b) : std::to_string(b >> (10 * (u + 1))) + units[u];
+}
+
+int64_t parse_duration(const std::string& s, std::string_view key) {
+  const std::string forms = "a duration such as 3h50m, 90m, 45s or SLURM's [D-]H:MM:SS; 0 = none";
+  auto bad = [&](const std::string& why) -> int64_t {
+    throw ConfigError(fmt::format("{}: '{}' {}", key, excerpt(s), why));
+  };
+  // A run of 1 to 9 digits (a field of at most 10^9 keeps every sum far inside int64).
+  auto number = [](std::string_view t, int64_t& v) {
+    if (t.empty() || t.size() > 9 || t.find_first_not_of("0123456789") != std::string_view::npos)
+      return false;
+    v = std::stoll(std::string(t));
+    return true;
+  };
+  if (s.empty()) return bad("is empty: give " + forms);
+  if (s.find_first_not_of("0") == std::string::npos) return 0;
+  int64_t total = 0;
+  if (s.find_first_of(":-") != std::string::npos) {
+    // SLURM: MM:SS, H:MM:SS, D-H, D-H:MM, D-H:MM:SS.
+    std::string_view rest = s;
+    int64_t days = 0;
+    const size_t dash = s.find('-');
+    const bool with_days = dash != std::string::npos;
+    if (with_days && !number(rest.substr(0, dash), days))
+      return bad("is not SLURM's D-H:MM:SS: give " + forms);
+    if (with_days) rest.remove_prefix(dash + 1);
+    std::vector<int64_t> parts;
+    for (size_t i = 0;;) {
+      const size_t e = std::min(rest.find(':', i), rest.size());
+      int64_t v = 0;
+      if (!number(rest.substr(i, e - i), v))
+        return bad("is not SLURM's [D-]H:MM:SS: give " + forms);
+      parts.push_back(v);
+      if (e == rest.size()) break;
+      i = e + 1;
+    }
+    if (parts.size() > 3 || (!with_days && parts.size() < 2))
+      return bad("is not SLURM's [D-]H:MM:SS: give " + forms);
+    for (size_t i = 1; i < parts.size(); ++i)
+      if (parts[i] >= 60) return bad("has minutes or seconds past 59: give " + forms);
+    // With days the fields are H[:MM[:SS]]; without, MM:SS or H:MM:SS.
+    const int64_t scale[3] = {3600, 60, 1};
+    const size_t first = with_days ? 0 : 3 - parts.size();
+    total = days * 86400;
+    for (size_t i = 0; i < parts.size(); ++i) total += parts[i] * scale[first + i];
+  } else {
+    if (s.find_first_not_of("0123456789") == std::string::npos)
+      return bad(fmt::format(
+          "has no unit: write {0}s, {0}m or {0}h (SLURM reads a bare number as minutes, a "
+          "timeout as seconds); 0 = none",
+          excerpt(s)));
+    constexpr std::string_view kUnits = "dhms";
+    constexpr int64_t kSeconds[] = {86400, 3600, 60, 1};
+    size_t next_unit = 0, i = 0;
+    while (i < s.size()) {
+      const size_t e = s.find_first_not_of("0123456789", i);
+      int64_t v = 0;
+      const size_t u = e == std::string::npos ? std::string::npos : kUnits.find(s[e], next_unit);
+      if (e == std::string::npos || !number(std::string_view(s).substr(i, e - i), v) ||
+          u == std::string_view::npos)
+        return bad("is not a duration: give " + forms + " (units d, h, m, s, largest first)");
+      total += v * kSeconds[u];
+      next_unit = u + 1;
+      i = e + 1;
+    }
+  }
+  if (total > kMaxDurationS) return bad("is longer than 366 days");
+  return total;
+}
+
+std::string duration_text(int64_t seconds) {
+  if (seconds <= 0) return "0";
+  std::string out;
+  const std::pair<int64_t, char> units[] = {{86400, 'd'}, {3600, 'h'}, {60, 'm'}, {1, 's'}};
+  for (const auto& [size, unit] : units)
+    if (seconds >= size) {
+      out += std::to_string(seconds / size) + unit;
+      seconds %= size;
+    }
+  return out;
 }
 
 const std::vector<SettingInfo>& settings() {

@@ -66,6 +66,9 @@ struct RunConfig {
     double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
     double grad_clip = 1.0;  // global gradient norm limit; 0 = no clipping
     int64_t seed = 1;        // weights (random init) and data
+    // The job's wall-clock limit in seconds, from the process's start: the run stops cleanly
+    // before a step and its checkpoint would end past it; 0 = none.
+    int64_t time_limit_s = 0;
     bool operator==(const Train&) const = default;
   } train;
   struct Memory {
@@ -202,5 +205,12 @@ SettingSpeller setting_speller(const SettingSources& sources);
 int64_t parse_bytes(const std::string& s, std::string_view key, bool allow_zero = false);
 // The shortest exact text parse_bytes reads back: "80G", "1536M", "4097".
 std::string bytes_text(int64_t bytes);
+// A duration in whole seconds: "0" (none), units ("3h50m", "90m", "45s", "1d12h") or SLURM's
+// --time / squeue %L forms ("MM:SS", "H:MM:SS", "D-H", "D-H:MM", "D-H:MM:SS"). A bare number
+// other than 0 is refused (SLURM reads it as minutes, a timeout as seconds). ConfigError naming
+// `key`.
+int64_t parse_duration(const std::string& s, std::string_view key);
+// The text parse_duration reads back: "0", "3h50m", "1d2h3m4s".
+std::string duration_text(int64_t seconds);
 
 }  // namespace upipe

@@ -19,6 +19,10 @@
 #            broken: that config's error
 #   hang     a rank stopped with SIGSTOP ends the job within comm.timeout + a few seconds,
 #            with the watchdog naming the step
+#   time_limit  --time-limit 6s: the job ends by itself (exit 0) with a checkpoint of its last
+#            step, saying so, within the limit and the job's own start and end; --resume with
+#            SLURM's 0:04 goes on from there; a limit that passed before the first step runs
+#            none; a bare number is refused naming the units
 #   packed   a corpus of text files -> `upipe tokenize DIR` (one document per file, Megatron
 #            .bin/.idx) -> training on packed documents (data.documents = "index", ring on 2
 #            ranks; then DP 2): every step logs its documents; resuming from the step-3
@@ -470,6 +474,34 @@ hang)
   [ $rc -ne 0 ] || fail "status 0 after a stopped rank"
   [ $took -le 20 ] || fail "took ${took} s (> 20 s with a 3 s timeout)"
   grep -q "no progress for .* (step [0-9]*" "$tmp/h.out" || { cat "$tmp/h.out"; fail "no watchdog message naming the step"; }
+  ;;
+time_limit)
+  start=$(date +%s.%N)
+  timeout 120 "${mpirun[@]}" -np 2 "$upipe" train "${small[@]}" --steps=100000 --time-limit=6s \
+    --checkpoint-dir="$tmp/ck" --checkpoint-interval=100 > "$tmp/t1.out" 2>&1 ||
+    { cat "$tmp/t1.out"; fail "the run with a time limit failed"; }
+  took=$(python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.1f}')" "$start" "$(date +%s.%N)")
+  line=$(grep "^upipe train: stopped by --time-limit 6s after step" "$tmp/t1.out") ||
+    { cat "$tmp/t1.out"; fail "no time-limit stop line"; }
+  echo "$line (the job took $took s)"
+  n=$(echo "$line" | sed -E 's/.*after step ([0-9]+).*/\1/')
+  [ -f "$tmp/ck/step_$(printf %08d "$n")/DONE" ] || fail "no checkpoint of step $n"
+  # Within the limit, with a margin for mpirun's start and the job's end outside it.
+  python3 -c "import sys; sys.exit(float(sys.argv[1]) > 6 + 4)" "$took" || fail "the job took $took s with --time-limit 6s"
+  timeout 120 "${mpirun[@]}" -np 2 "$upipe" train "${small[@]}" --checkpoint-dir="$tmp/ck" --resume \
+    --time-limit=0:04 > "$tmp/t2.out" 2>&1 || { cat "$tmp/t2.out"; fail "the resumed run failed"; }
+  m=$(grep "^upipe train: stopped by --time-limit 4s after step" "$tmp/t2.out" | sed -E 's/.*after step ([0-9]+).*/\1/')
+  [ -n "$m" ] && [ "$m" -gt "$n" ] || { cat "$tmp/t2.out"; fail "the resumed run did not go on from step $n"; }
+  # The launch counts: each rank process sleeps 2 s before it becomes upipe (exec: the same process).
+  timeout 120 "${mpirun[@]}" -np 2 bash -c 'sleep 2; exec "$0" "$@"' "$upipe" train "${small[@]}" \
+    --checkpoint-dir="$tmp/ck" --resume --time-limit=1s > "$tmp/t3.out" 2>&1 ||
+    { cat "$tmp/t3.out"; fail "a passed limit failed"; }
+  [ ! -e "$tmp/ck/step_$(printf %08d "$((m + 1))")" ] || fail "a step ran past a passed limit"
+  grep -q "^upipe train: --time-limit 1s had passed before the first step" "$tmp/t3.out" ||
+    { cat "$tmp/t3.out"; fail "a limit passed before the first step is not said"; }
+  out=$("$upipe" train --time-limit=240 2>&1); rc=$?
+  [ $rc -eq 2 ] && echo "$out" | grep -q -F -- "--time-limit: '240' has no unit: write 240s, 240m or 240h" ||
+    { echo "$out"; fail "a bare number: exit $rc"; }
   ;;
 *) fail "unknown case" ;;
 esac

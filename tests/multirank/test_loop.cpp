@@ -5,9 +5,11 @@
 // checkpoint.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <csignal>
 #include <filesystem>
+#include <thread>
 
 #include "core/stop_signal.h"
 #include "multirank/mpi_test_main.h"
@@ -176,6 +178,40 @@ TEST(Loop, ValidationOfSequencesThatDoNotDivideOverTheReplicas) {
   const double one = val_loss(n, n == 1 ? "local" : "ulysses");
   EXPECT_TRUE(std::isfinite(replicas) && replicas > 0);
   EXPECT_NEAR(replicas, one, 1e-5 * one) << "DP " << n << " against one replica";
+}
+
+// train.time_limit, counted from the process's start: every rank stops after the same step with
+// a checkpoint of it, before the limit (loosely: the next step is predicted by the longest so
+// far); a limit passed before the first step runs no step and writes nothing.
+TEST(Loop, TimeLimitStopsEveryRankBeforeIt) {
+  test::SharedDir dir(test::world());
+  RunConfig c = small_run(dir.path());
+  c.train.steps = 1000000;
+  c.checkpoint.interval = 0;
+  // 3 s from now on rank 0's clock, the same limit on every rank.
+  int64_t limit = int64_t(std::ceil(process_age_s())) + 3;
+  test::world().broadcast(&limit, sizeof limit, 0);
+  c.train.time_limit_s = limit;
+  Record rec;
+  const LoopEnd end = run_loop(c, false, rec);
+  const double age = process_age_s();
+  EXPECT_TRUE(end.stopped && end.time_limit);
+  EXPECT_EQ(end.stop_signal, 0);
+  EXPECT_GT(end.last_step, 1);
+  EXPECT_EQ(int64_t(rec.steps.size()), end.last_step);
+  EXPECT_EQ(rec.checkpoints, (std::vector<int64_t>{end.last_step}))
+      << "one checkpoint, at the stop";
+  EXPECT_LT(age, double(limit) + 2.0) << "the loop ended well past its limit";
+  EXPECT_GT(age, double(limit) - 2.0) << "the loop stopped long before its limit";
+  // The limit passed already (the same run resumed with it): no step, no checkpoint.
+  while (process_age_s() <= double(limit) + 0.1)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  Record again;
+  const LoopEnd none = run_loop(c, true, again);
+  EXPECT_TRUE(none.stopped && none.time_limit);
+  EXPECT_EQ(none.last_step, end.last_step);
+  EXPECT_TRUE(again.steps.empty());
+  EXPECT_TRUE(again.checkpoints.empty());
 }
 
 TEST(Loop, ResumeWithoutACheckpointIsRefused) {

@@ -526,6 +526,37 @@ TEST(RunConfig, SizesReadAndPrint) {
   expect_config_error([] { parse_bytes("1..5G", "x"); }, {"cannot read"});
 }
 
+// train.time_limit: units, largest first, and SLURM's --time / squeue %L forms; a bare number
+// other than 0 is refused (SLURM reads it as minutes, a timeout as seconds); printed back exact.
+TEST(RunConfig, DurationsReadAndPrint) {
+  const std::pair<const char*, int64_t> read[] = {
+      {"0", 0},         {"00", 0},          {"45s", 45},         {"90m", 5400},
+      {"3h50m", 13800}, {"1d12h", 129600},  {"1d2h3m4s", 93784}, {"0h", 0},
+      {"5:00", 300},    {"3:50:00", 13800}, {"03:50:00", 13800}, {"1-00:00:00", 86400},
+      {"2-12", 216000}, {"1-2:30", 95400},  {"0-00:10:30", 630}, {"366d", 366 * 86400}};
+  for (const auto& [text, seconds] : read) {
+    EXPECT_EQ(parse_duration(text, "x"), seconds) << text;
+    EXPECT_EQ(parse_duration(duration_text(seconds), "x"), seconds) << text;
+  }
+  EXPECT_EQ(duration_text(13800), "3h50m");
+  EXPECT_EQ(duration_text(93784), "1d2h3m4s");
+  EXPECT_EQ(duration_text(0), "0");
+  expect_config_error([] { parse_duration("240", "--time-limit"); },
+                      {"--time-limit: '240' has no unit: write 240s, 240m or 240h"});
+  for (const char* bad : {"", "3m50h", "3h3h", "h", "3x", "1.5h", "-1h", "1:60", "1:2:3:4", "a-1",
+                          "1-", ":5", "5:", "1d-3", "9999999999s", "367d", "1-1:1:1:1"})
+    expect_config_error([&] { parse_duration(bad, "x"); }, {"x: '"});
+  // In a run file: a string or 0; printed as it reads back.
+  RunConfig c = parse_run_toml("[train]\ntime_limit = \"3:50:00\"\n", "r.toml");
+  EXPECT_EQ(c.train.time_limit_s, 13800);
+  EXPECT_NE(to_toml(c).find("time_limit = \"3h50m\""), std::string::npos) << to_toml(c);
+  EXPECT_EQ(parse_run_toml("[train]\ntime_limit = 0\n", "r.toml").train.time_limit_s, 0);
+  expect_config_error([] { parse_run_toml("[train]\ntime_limit = 240\n", "r.toml"); },
+                      {"r.toml:2:", "has no unit"});
+  expect_config_error([] { parse_run_toml("[train]\ntime_limit = 1.5\n", "r.toml"); },
+                      {"r.toml:2:", "must be a duration"});
+}
+
 // A run records its paths absolute (its checkpoint resumes and exports from anywhere): relative
 // ones are taken from the working directory, normalised; a preset's name, an empty path and the
 // settings `which` leaves out stay as they are. A trailing slash goes (a resume typed `dset/` for
@@ -561,7 +592,7 @@ TEST(RunConfig, PathsAreMadeAbsolute) {
 
 TEST(RunConfig, TableFollowsTheSpellingConvention) {
   const auto& keys = settings();
-  ASSERT_EQ(keys.size(), 44u);
+  ASSERT_EQ(keys.size(), 45u);
   EXPECT_EQ(keys.front().key, "model.name");
   EXPECT_EQ(keys.front().type, "string");
   EXPECT_EQ(keys.front().default_value, "\"tiny\"");
