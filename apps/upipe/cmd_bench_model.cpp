@@ -6,7 +6,9 @@
 // model FLOPs of MFU (train/flops.h: what the model needs) and the FLOPs the step executed
 // (backend/work_count.h: the recompute and the strategies' passes included; HFU). Before timing it
 // checks the loss is finite, and that every step gives the same loss and executes the same work
-// (the step is deterministic).
+// (the step is deterministic). Memory: the decoder's step alone, every rank holding the whole
+// model's weights and gradients (no ZeRO, no optimizer), so its peak is not a training step's:
+// `upipe plan` and `upipe train` give that one.
 #include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
@@ -15,6 +17,7 @@
 #include "apps/upipe/model_run.h"
 #include "apps/upipe/report.h"
 #include "apps/upipe/settings_cli.h"
+#include "attention/methods.h"
 #include "backend/cpu/cpu_isa.h"
 #include "core/errors.h"
 #include "core/watchdog.h"
@@ -51,6 +54,9 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
   const ModelConfig m = load_model_config(cfg.model.name);
   spell_model_fields(set, m);
   const int64_t seq_len = cfg.train.seq_len;
+  AttentionConfig attn = to_attention_config(m);
+  attn.seq_len = seq_len;
+  attn.knobs = cfg.parallel.knobs;
   ModelRun run(proc.world, m, cfg, seq_len);  // sizes no budget holds are refused here first
   const std::vector<int32_t> tokens = random_tokens(m, seq_len, uint64_t(cfg.train.seed));
   Device& dev = run.dev;
@@ -95,6 +101,13 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
   const double hfu = gemm.flops_per_s > 0 ? per_rank / t / gemm.flops_per_s : 0;
   nlohmann::json j = {{"model", m.source},
                       {"method", cfg.parallel.knobs.method},
+                      {"knobs",
+                       {{"stage_heads", cfg.parallel.knobs.stage_heads},
+                        {"ulysses_degree", cfg.parallel.knobs.ulysses_degree},
+                        {"chunks", cfg.parallel.knobs.chunks},
+                        {"overlap", cfg.parallel.knobs.overlap}}},
+                      {"resolved_knobs", resolved_knobs_json(attn, proc.world.size())},
+                      {"knobs_text", knobs_text(attn, proc.world.size())},
                       {"ranks", proc.world.size()},
                       {"seq_len", seq_len},
                       {"parameters", parameter_count(m)},
@@ -114,7 +127,10 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
                       {"gemm_n", gemm.n},
                       {"mfu", mfu},
                       {"hfu", hfu},
+                      // The decoder's step with the whole model on every rank (not a training
+                      // step's: no ZeRO shards, no optimizer state).
                       {"peak_bytes", peak},
+                      {"peak_scope", "forward+backward, weights and gradients whole on every rank"},
                       {"peak_by_tag", tags_json(dev.mem().at_peak_by_tag())},
                       {"host_peak_bytes", host_peak},
                       {"cpu", cpu_model_name()}};
@@ -122,8 +138,11 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
   if (opt.json) {
     print_json(j);
   } else {
-    std::printf("%s, %lld tokens, %s on %d rank(s), %s, CPU kernels %s: loss %.6f\n",
+    std::printf("%s, %lld tokens, %s%s on %d rank(s), %s, CPU kernels %s: loss %.6f\n",
                 m.source.c_str(), (long long)seq_len, cfg.parallel.knobs.method.c_str(),
+                knobs_text(attn, proc.world.size()) == "-"
+                    ? ""
+                    : (" (" + knobs_text(attn, proc.world.size()) + ")").c_str(),
                 proc.world.size(), dtype_name(cfg.memory.policy.dtype), cpu_isa_name(cpu_isa()),
                 loss);
     std::printf("  step %.3f s (forward %.3f s, backward %.3f s; median of %d), %.0f tokens/s\n", t,
@@ -142,6 +161,9 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
                   (long long)executed[2]);
     std::printf("  peak %s per rank (max); rank 0's at its peak: %s\n", format_bytes(peak).c_str(),
                 Arena::describe(dev.mem().at_peak_by_tag()).c_str());
+    std::printf(
+        "  (the whole model's weights and gradients on every rank, no optimizer: a training "
+        "step's peak, ZeRO-3 shards and AdamW, is upipe plan's and upipe train's)\n");
   }
   return 0;
 }

@@ -49,11 +49,15 @@ double gib(int64_t b) {
 }
 
 // The knobs a plan runs with, defaults resolved (attention/methods.h knobs_text).
-std::string knobs_text(const ModelConfig& m, const PlanRequest& r) {
+AttentionConfig attention_of(const ModelConfig& m, const PlanRequest& r) {
   AttentionConfig a = to_attention_config(m);
   a.seq_len = r.decoder.seq_len;
   a.knobs = r.decoder.knobs;
-  return upipe::knobs_text(a, r.cp());
+  return a;
+}
+
+std::string knobs_text(const ModelConfig& m, const PlanRequest& r) {
+  return upipe::knobs_text(attention_of(m, r), r.cp());
 }
 
 // What limits a plan: for the longest S, the arena one granule more exceeds; at a given S, the
@@ -360,8 +364,8 @@ int run(Process& proc, const Options& o, const SettingArgs& sa, const CLI::App& 
           "no method fits {} ranks of {} (reserve {}) even at S = {}: the device peak is {} "
           "(largest: {} {}){}",
           base.ranks, format_bytes(base.device_bytes), format_bytes(base.reserve_bytes),
-          p.request.decoder.seq_len, format_bytes(p.device_peak), tag_name(p.limiting_tag),
-          format_bytes(p.device_at_peak[p.limiting_tag]), with));
+          p.request.decoder.seq_len, format_bytes(p.device_peak), tag_name(p.largest_device_tag),
+          format_bytes(p.device_at_peak[p.largest_device_tag]), with));
     }
   }
 
@@ -391,6 +395,7 @@ int run(Process& proc, const Options& o, const SettingArgs& sa, const CLI::App& 
                       {"ulysses_degree", p.request.decoder.knobs.ulysses_degree},
                       {"chunks", p.request.decoder.knobs.chunks},
                       {"overlap", p.request.decoder.knobs.overlap}}},
+                    {"resolved_knobs", resolved_knobs_json(attention_of(m, p.request), c)},
                     {"knobs_text", knobs_text(m, p.request)},
                     {"seq_len", p.request.decoder.seq_len},
                     {"fits", p.fits},
@@ -400,7 +405,11 @@ int run(Process& proc, const Options& o, const SettingArgs& sa, const CLI::App& 
                     {"host_peak_by_tag", tags_json(p.host_at_peak)},
                     {"worst_rank", p.worst_rank},
                     {"rank_classes", p.rank_classes},
-                    {"limiting_tag", tag_name(p.limiting_tag)},
+                    // What limits S: limit's tag (the host's where the host arena limits); the
+                    // device's largest tag beside it (limiting_tag was that, and said "act" for a
+                    // method the host's stash limits).
+                    {"limiting_tag", limit_json(p)["tag"]},
+                    {"largest_device_tag", tag_name(p.largest_device_tag)},
                     {"limit", limit_json(p)},
                     {"all_to_all_hosts", all_to_all_hosts(p)},
                     // The command of a plan that fits; none for one that does not.

@@ -36,6 +36,12 @@ ModelRun::ModelRun(Communicator& world, const ModelConfig& m, const RunConfig& c
   const std::string weights = weights_dir(c.model.name, c.model.random_weights);
   // Before anything is allocated: sizes no budget can hold are an out-of-memory error now.
   const int64_t rows = (seq_len + world.size() - 1) / world.size();
+  // Every rank holds the whole model here (eval and bench model shard nothing): more ranks shrink
+  // only the sequence's share.
+  dev.mem().set_advice(
+      "every rank holds the whole model's weights (and gradients) here, unsharded: bf16, fewer "
+      "tokens, --loss-only (eval), or more ranks for the sequence's share; a training step shards "
+      "them (ZeRO-3): `upipe plan` gives its memory");
   dev.mem().check_fits(full_model_floor(m, dopt.memory.dtype, rows, dopt.memory.residual_dtype));
   dec = std::make_unique<Decoder>(dev, comm, m, dopt);
   w = load_params(dev, m, weights, dopt.memory.dtype, uint64_t(c.train.seed));

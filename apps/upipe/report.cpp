@@ -10,6 +10,14 @@
 
 namespace upipe::app {
 
+nlohmann::json resolved_knobs_json(const AttentionConfig& cfg, int ranks) {
+  const MethodKnobs k = resolved_knobs(cfg, ranks);
+  return {{"stage_heads", k.stage_heads},
+          {"ulysses_degree", k.ulysses_degree},
+          {"chunks", k.chunks},
+          {"overlap", k.overlap}};
+}
+
 nlohmann::json config_json(const AttentionConfig& cfg, int ranks) {
   return {{"method", cfg.knobs.method},
           {"seq_len", cfg.seq_len},
@@ -21,6 +29,7 @@ nlohmann::json config_json(const AttentionConfig& cfg, int ranks) {
           {"ulysses_degree", cfg.knobs.ulysses_degree},
           {"chunks", cfg.knobs.chunks},
           {"overlap", cfg.knobs.overlap},
+          {"resolved_knobs", resolved_knobs_json(cfg, ranks)},
           {"knobs_text", knobs_text(cfg, ranks)}};
 }
 

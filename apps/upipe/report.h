@@ -10,9 +10,12 @@
 
 namespace upipe::app {
 
+// The knobs cfg runs with on `ranks` ranks, defaults resolved (resolved_knobs): {"stage_heads",
+// "ulysses_degree", "chunks", "overlap"}, 0 for a knob the method does not take.
+nlohmann::json resolved_knobs_json(const AttentionConfig& cfg, int ranks);
 // method, seq_len, heads, kv_heads, head_dim, dtype and the method's knobs.
-// The block's shape and knobs as given, and "knobs_text" as it runs on `ranks` ranks (defaults
-// resolved: "U=4 N=2").
+// The block's shape and knobs as given, "resolved_knobs" and "knobs_text" as it runs on `ranks`
+// ranks (defaults resolved: "U=4 N=2").
 nlohmann::json config_json(const AttentionConfig& cfg, int ranks);
 // {tag: bytes} of the non-zero tags.
 nlohmann::json tags_json(const TagBytes& b);

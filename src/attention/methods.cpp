@@ -266,20 +266,30 @@ int effective_stage_heads(const MethodInfo& m, const AttentionConfig& c, int ran
   return c.knobs.stage_heads > 0 ? c.knobs.stage_heads : stage_group(m, c.knobs, ranks);
 }
 
+MethodKnobs resolved_knobs(const AttentionConfig& c, int ranks) {
+  const MethodInfo& mi = method_info(c.knobs.method);
+  MethodKnobs k = c.knobs;
+  k.stage_heads = mi.takes_stage_heads ? effective_stage_heads(mi, c, ranks) : 0;
+  k.ulysses_degree = mi.takes_ulysses_degree ? stage_group(mi, c.knobs, ranks) : 0;
+  k.chunks = 0;
+  if (mi.takes_chunks) {
+    try {
+      k.chunks = fpdt_chunks(c, ranks);
+    } catch (const ConfigError&) {
+      k.chunks = c.knobs.chunks;
+    }
+  }
+  return k;
+}
+
 std::string knobs_text(const AttentionConfig& c, int ranks) {
   std::string s;
   auto add = [&](const std::string& x) { s += (s.empty() ? "" : " ") + x; };
-  const MethodKnobs& k = c.knobs;
-  const MethodInfo& mi = method_info(k.method);
-  if (mi.takes_stage_heads) add(fmt::format("U={}", effective_stage_heads(mi, c, ranks)));
-  if (k.ulysses_degree > 0) add(fmt::format("u={}", k.ulysses_degree));
-  if (mi.takes_chunks) {
-    try {
-      add(fmt::format("N={}", fpdt_chunks(c, ranks)));
-    } catch (const ConfigError&) {
-      if (k.chunks > 0) add(fmt::format("N={}", k.chunks));
-    }
-  }
+  const MethodInfo& mi = method_info(c.knobs.method);
+  const MethodKnobs k = resolved_knobs(c, ranks);
+  if (mi.takes_stage_heads) add(fmt::format("U={}", k.stage_heads));
+  if (c.knobs.ulysses_degree > 0) add(fmt::format("u={}", k.ulysses_degree));
+  if (k.chunks > 0) add(fmt::format("N={}", k.chunks));
   if (k.overlap) add("overlap");
   return s.empty() ? "-" : s;
 }

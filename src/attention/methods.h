@@ -75,7 +75,11 @@ std::vector<int> chunk_choices();
 
 // Query heads per stage the method runs with: H without a stage knob, U (0: the group) with.
 int effective_stage_heads(const MethodInfo& m, const AttentionConfig& cfg, int ranks);
-// The knobs cfg runs with on `ranks` ranks, defaults resolved, as plan, check and bench show them:
+// The knobs cfg runs with on `ranks` ranks, defaults resolved: U (H without a stage knob: 0), u
+// (the all-to-all group; 0 without the knob), N (fpdt's choice; 0 without chunks; as given where
+// the shape cannot take it), overlap as given.
+MethodKnobs resolved_knobs(const AttentionConfig& cfg, int ranks);
+// The same as plan, check and bench show them:
 // "U=4 N=2 overlap" (U = 0 is the group's size, N = 0 fpdt's choice); "-" for a method without
 // knobs. A chunk count the shape cannot take is said as given.
 std::string knobs_text(const AttentionConfig& cfg, int ranks);

@@ -247,7 +247,7 @@ Plan plan_step(const ModelConfig& m, const PlanRequest& r, bool stop_at_budget,
       p.worst_host_rank = rp.rank;
     }
   }
-  p.limiting_tag = largest_tag(p.device_at_peak);
+  p.largest_device_tag = largest_tag(p.device_at_peak);
   p.fits =
       checked_add(p.device_peak, r.reserve_bytes) <= r.device_bytes && p.host_peak <= r.host_bytes;
   return p;

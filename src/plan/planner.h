@@ -93,7 +93,7 @@ struct Plan {
   int worst_host_rank = 0;  // of the host peak
   int64_t device_peak = 0, host_peak = 0;
   TagBytes device_at_peak, host_at_peak;  // of the worst ranks
-  Tag limiting_tag = Tag::kParams;        // the largest tag at the worst device peak
+  Tag largest_device_tag = Tag::kParams;  // the largest tag at the worst device peak
   std::vector<RankPlan> ranks;            // every rank (complete plans only)
   std::string failure;                    // what did not fit, when !complete
   // What stops this plan, or (max_seq_len) one granule more: the arena whose budget it exceeds

@@ -62,8 +62,13 @@ j = json.load(sys.stdin)
 for k in ("model", "ranks", "cp_size", "device_gib", "host_gib", "reserve_gib", "methods"):
     assert k in j, k
 m = j["methods"][0]
-for k in ("method", "knobs", "seq_len", "fits", "device_peak_bytes", "host_peak_bytes", "peak_by_tag", "limiting_tag", "limit", "train_command"):
+for k in ("method", "knobs", "seq_len", "fits", "device_peak_bytes", "host_peak_bytes", "peak_by_tag", "limiting_tag", "largest_device_tag", "limit", "resolved_knobs", "knobs_text", "train_command"):
     assert k in m, k
+# What limits S is one thing: limiting_tag is the tag of limit (it was the largest device tag,
+# "act" for a method the host stash limited); the knobs resolved as knobs_text says them.
+assert m["limiting_tag"] == m["limit"]["tag"], m
+assert m["knobs"]["stage_heads"] == m["resolved_knobs"]["stage_heads"], m  # auto: the U it chose
+assert m["knobs_text"] == "U=%d" % m["resolved_knobs"]["stage_heads"] and m["resolved_knobs"]["stage_heads"] > 0, m
 assert m["method"] == "upipe" and m["fits"] and m["seq_len"] % 65536 == 0 and m["seq_len"] >= 1 << 21
 assert sum(m["peak_by_tag"].values()) == m["device_peak_bytes"]
 assert m["device_peak_bytes"] + j["reserve_gib"] * 2**30 <= 80 * 2**30

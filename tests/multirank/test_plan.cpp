@@ -94,7 +94,7 @@ TEST(Plan, RealStepEqualsPlanPerTagOnEveryRank) {
           EXPECT_EQ(p.device_peak, dev_max) << what;
           EXPECT_EQ(p.host_peak, host_max) << what;
           if (p.worst_rank == world.rank()) expect_same(p.ranks[size_t(p.worst_rank)], real, what);
-          EXPECT_EQ(p.device_at_peak[p.limiting_tag],
+          EXPECT_EQ(p.device_at_peak[p.largest_device_tag],
                     *std::max_element(p.device_at_peak.v.begin(), p.device_at_peak.v.end()))
               << what;
         }

@@ -118,6 +118,33 @@ TEST(Config, FpdtChunksAreFoundQuicklyAtAnySize) {
   EXPECT_EQ(fpdt_chunks(c, 8), 3);
 }
 
+// The knobs a method runs with, defaults resolved (plan's and bench's "resolved_knobs"), and
+// knobs_text saying the same.
+TEST(Config, ResolvedKnobsAreWhatRuns) {
+  AttentionConfig c = base();  // H = 8, S = 1024
+  auto resolved = [&](const std::string& method, int u, int n, int stage, int ranks) {
+    c.knobs = MethodKnobs{};
+    c.knobs.method = method;
+    c.knobs.ulysses_degree = u;
+    c.knobs.chunks = n;
+    c.knobs.stage_heads = stage;
+    const MethodKnobs k = resolved_knobs(c, ranks);
+    return std::vector<int>{k.stage_heads, k.ulysses_degree, k.chunks};
+  };
+  EXPECT_EQ(resolved("local", 0, 0, 0, 1), (std::vector<int>{0, 0, 0}));
+  EXPECT_EQ(resolved("upipe", 0, 0, 0, 4), (std::vector<int>{4, 0, 0}));  // U = the group
+  EXPECT_EQ(knobs_text(c, 4), "U=4");
+  EXPECT_EQ(resolved("upipe", 0, 0, 8, 4), (std::vector<int>{8, 0, 0}));
+  EXPECT_EQ(resolved("usp", 0, 0, 0, 4), (std::vector<int>{0, 4, 0}));  // u = all ranks
+  EXPECT_EQ(knobs_text(c, 4), "-");
+  EXPECT_EQ(resolved("upipe-ring", 2, 0, 0, 4), (std::vector<int>{2, 2, 0}));  // U = u
+  EXPECT_EQ(knobs_text(c, 4), "U=2 u=2");
+  EXPECT_EQ(resolved("fpdt", 0, 0, 0, 4), (std::vector<int>{0, 0, fpdt_chunks(c, 4)}));
+  EXPECT_EQ(knobs_text(c, 4), "N=" + std::to_string(fpdt_chunks(c, 4)));
+  EXPECT_EQ(resolved("upipe-fpdt", 0, 2, 0, 4), (std::vector<int>{4, 0, 2}));
+  EXPECT_EQ(knobs_text(c, 4), "U=4 N=2");
+}
+
 // Where a method's all-to-alls run: its stage groups of consecutive ranks inside CP groups of
 // consecutive ranks, against the hosts the ranks run on.
 TEST(Config, AllToAllHostsFollowTheStageGroups) {

@@ -479,7 +479,7 @@ void expect_same_plan(const Plan& fast, const Plan& every, const std::string& wh
   EXPECT_EQ(fast.host_peak, every.host_peak) << what;
   EXPECT_EQ(fast.device_at_peak.v, every.device_at_peak.v) << what;
   EXPECT_EQ(fast.host_at_peak.v, every.host_at_peak.v) << what;
-  EXPECT_EQ(fast.limiting_tag, every.limiting_tag) << what;
+  EXPECT_EQ(fast.largest_device_tag, every.largest_device_tag) << what;
   EXPECT_EQ(fast.limit_arena, every.limit_arena) << what;
   EXPECT_EQ(fast.limit_tag, every.limit_tag) << what;
   ASSERT_EQ(fast.ranks.size(), every.ranks.size()) << what;
