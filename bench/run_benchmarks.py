@@ -2,28 +2,16 @@
 """Runs upipe's benchmarks and writes docs/results.md (and plots in docs/img/).
 
 Nothing on the results page is typed by hand: every number comes from a `upipe bench` run made
-by this script, whose command lines are printed next to the tables. Usage:
+by this script, whose command lines, as run, are printed next to the tables. Usage:
 
-    python3 bench/run_benchmarks.py [--build build] [--quick] [--only kernel,memory,speed,overlap,all,plan,comm,model,train,plan-model,plan-scale,documents] [--out docs/results.md]
+    python3 bench/run_benchmarks.py [--build build] [--quick] [--only SECTION,...] [--out DIR]
+
+By default it replaces the sections it runs in docs/results.md (the page keeps the others) and their
+plots in docs/img/, and says so before it starts; --out DIR writes DIR/results.md and DIR/img/
+instead (--out FILE.md: that page, img/ beside it), e.g. to try it without touching the docs.
 
 A run that fails leaves its cause (upipe's error line) in its table cell; the page is still written
 with what ran, and the script then names the sections with failures and exits 1.
-
-Sections
-  kernel  `upipe bench kernel` on every CPU kernel path: attention forward/backward vs a oneDNN GEMM,
-          one thread; `upipe bench ops`: the memory-bound kernels vs a plain copy.
-  memory  measured attention intermediates of ulysses vs upipe(U) on 4 ranks (H=32, K=8).
-  speed   ulysses vs upipe(U=C) time on 2 ranks (S=16384, H=16, K=4, d=64).
-  overlap upipe and upipe-fpdt with and without --overlap on 2 ranks (time, memory), and its planned
-          memory for a Llama-3-8B block on 8 ranks.
-  all     every strategy side by side on the same configuration (time and peak).
-  plan    meta-device plan of a Llama-3-8B attention block on 8 ranks, S up to 4M tokens.
-  comm    `upipe bench comm`: each collective through the communicator vs plain MPI, 2 and 4 ranks.
-  model   `upipe bench model` (a whole Llama decoder's training step, 1 and 2 ranks, fp32 and bf16) vs
-          PyTorch eager (transformers on the CPU, one thread, fp32 and bf16 autocast; skipped with a
-          note without TORCH_PYTHON).
-  plan-scale  how long `upipe plan --max-seq-len --method all` takes for Llama-3-8B on 8 to 1024
-          ranks (one rank per rank class played, docs/planner.md).
 """
 import argparse
 import datetime
@@ -31,10 +19,12 @@ import json
 import os
 import platform
 import re
+import shlex
 import signal
 import subprocess
 import sys
 import tempfile
+import textwrap
 import traceback
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -79,12 +69,27 @@ def failed(shown, err, expected=None):
     return shown, None, err
 
 
+def shown_path(path):
+    """A path as the page shows it: from the repository's root when it is inside, else as it is."""
+    rel = os.path.relpath(path, ROOT)
+    return path if rel.startswith("..") else rel
+
+
+def shown_command(cmd, env_extra=None):
+    """The command line as run, to print and put on the page: the environment it sets (OMP_NUM_THREADS=1
+    comes with mpirun's -x), mpirun's flags, and the binary's path from the repository's root."""
+    env = dict(env_extra or {})
+    if cmd[0] != MPI[0]:
+        env = dict(OMP_NUM_THREADS="1", **env)
+    show = lambda a: shown_path(a) if a in (UPIPE, TORCH_PYTHON) else a
+    return " ".join(["%s=%s" % kv for kv in env.items()] + [shlex.quote(show(a)) for a in cmd])
+
+
 def run(args, ranks=None, env_extra=None, expected=None):
     """Runs one upipe command with --json; returns (command string, parsed JSON or None, error)."""
     env = dict(os.environ, OMP_NUM_THREADS="1", **(env_extra or {}))
     cmd = ([*MPI, "-np", str(ranks)] if ranks else []) + [UPIPE] + args + ["--json"]
-    shown = " ".join(["%s=%s" % kv for kv in (env_extra or {}).items()] +
-                     (["mpirun -np %d" % ranks] if ranks else []) + ["build/upipe"] + args)
+    shown = shown_command(cmd, env_extra)
     print("+ " + shown, flush=True)
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -343,7 +348,10 @@ def section_documents(quick):
                   "documents, so with D = H d = 512 they bound the block's speedup (by FLOPs at "
                   "about 12x for 64 documents); the attention-bound shape (D = 64, the same "
                   "attention) shows the kernels' skipping. docs/documents.md." % s, ""], []
-    short = lambda c: c if len(c) < 220 else c[:220] + "..."
+    # A list of n equal lengths L shown as "L,... (n × L)": the rest of the command as run.
+    short = lambda c: re.sub(r"--doc-lens (\d+)((,\1){4,})",
+                             lambda m: "--doc-lens %s,... (%d × %s)" % (m.group(1), m.group(2).count(",") + 1,
+                                                                      m.group(1)), c)
     for label, extra_shape in shapes:
         header = ["method", "ranks", "1 document"] + ["%d docs" % n for n in counts] + \
                  ["speedup at 64 docs"]
@@ -655,7 +663,7 @@ def run_torch(config, s, iters, attn, dtype="fp32"):
     """The PyTorch eager step on the same model: (command string, parsed JSON or None, error)."""
     script = os.path.join(ROOT, "bench", "bench_model_torch.py")
     args = ["--config", config, "--seq-len", str(s), "--iters", str(iters), "--attn", attn, "--dtype", dtype]
-    shown = " ".join([TORCH_PYTHON, "bench/bench_model_torch.py", "--config", "DIR/config.json"] + args[2:])
+    shown = shown_command([TORCH_PYTHON, "bench/bench_model_torch.py", "--config", "DIR/config.json"] + args[2:])
     print("+ " + shown, flush=True)
     p = subprocess.run([TORCH_PYTHON, script] + args, capture_output=True, text=True,
                        env=dict(os.environ, OMP_NUM_THREADS="1"))
@@ -800,7 +808,7 @@ def section_train(quick):
                 args = ["train", "--model=" + d, "--data-kind=random", "--seq-len=%d" % s,
                         "--steps=%d" % steps, "--method=" + method, "--dtype=fp32",
                         "--progress=lines", "--metrics-path=" + metrics]
-                shown = "mpirun -np 2 build/upipe " + " ".join(args).replace(d, "DIR")
+                shown = shown_command([*MPI, "-np", "2", UPIPE] + args).replace(d, "DIR")
                 if shown not in cmds:
                     cmds.append(shown)
                 print("+ " + shown, flush=True)
@@ -940,11 +948,49 @@ def merge_sections(path, fresh):
     return out + [f for f in fresh if title(f) in new]
 
 
-SECTIONS = {"kernel": section_kernel, "memory": section_memory, "speed": section_speed,
-            "all": section_all, "plan": section_plan, "comm": section_comm,
-            "model": section_model, "train": section_train,
-            "plan-model": section_plan_model, "plan-scale": section_plan_scale,
-            "documents": section_documents, "overlap": section_overlap}
+# Every section --only accepts, in the order a default run runs them: name -> (function, what it
+# measures for --help, the plots it draws as (alt text, file in img/), the function that draws them
+# from the section's data). --help's list and the default --only are made from this table.
+SECTIONS = {
+    "kernel": (section_kernel, "`upipe bench kernel` on every CPU kernel path: attention forward/backward vs a "
+               "oneDNN GEMM, one thread; `upipe bench ops`: the memory-bound kernels vs a plain copy.", [], None),
+    "memory": (section_memory, "measured attention intermediates of ulysses vs upipe(U) on 4 ranks (H=32, K=8).",
+               [("memory by tag", "memory_tags.png")], plot_memory),
+    "speed": (section_speed, "ulysses vs upipe(U=C) time on 2 ranks (S=16384, H=16, K=4, d=64).", [], None),
+    "overlap": (section_overlap, "upipe and upipe-fpdt with and without --overlap on 2 ranks (time, memory), "
+                "and its planned memory for a Llama-3-8B block on 8 ranks.", [], None),
+    "all": (section_all, "every strategy side by side on the same configuration (time and peak), 4 ranks.",
+            [], None),
+    "plan": (section_plan, "meta-device plan of a Llama-3-8B attention block on 8 ranks, S up to 4M tokens.",
+             [("planned memory", "plan.png")], plot_plan),
+    "comm": (section_comm, "`upipe bench comm`: each collective through the communicator vs plain MPI, 2 and "
+             "4 ranks.", [], None),
+    "model": (section_model, "`upipe bench model` (a whole Llama decoder's training step, 1 and 2 ranks, fp32 "
+              "and bf16) vs PyTorch eager (transformers on the CPU, one thread, fp32 and bf16 autocast; skipped "
+              "with a note without TORCH_PYTHON).", [], None),
+    "train": (section_train, "`upipe train` throughput of upipe vs ulysses vs ring on 2 ranks (random data): "
+              "tokens/s, step time, MFU and peak from the metrics file.", [], None),
+    "plan-model": (section_plan_model, "`upipe plan --max-seq-len`: the longest trainable S per method for "
+                   "whole Llama-3-8B (8 ranks) and Qwen3-32B (16 ranks) training steps, fp32 and bf16 stash.",
+                   [("per-tag peak at each method's maximum", "plan_model_tags.png"),
+                    ("device peak vs sequence length", "plan_model_peak.png")],
+                   plot_plan_model),
+    "plan-scale": (section_plan_scale, "how long `upipe plan --max-seq-len --method all` takes for Llama-3-8B "
+                   "on 8 to 1024 ranks (one rank per rank class played, docs/planner.md).", [], None),
+    "documents": (section_documents, "packed documents: one attention block's time vs the number of equal "
+                  "documents per sequence, local (1 rank), upipe and ring (2 ranks).", [], None),
+}
+
+
+def sections_help():
+    """--help's list of the sections, from SECTIONS, wrapped under each name."""
+    out = ["Sections (--only; all of them by default, in this order)"]
+    for name, (_, what, images, _) in SECTIONS.items():
+        if images:
+            what += " Plots: %s." % ", ".join("img/" + f for _, f in images)
+        lines = textwrap.wrap(what, 100 - 14)
+        out += ["  %-11s %s" % (name, lines[0])] + ["  %-11s %s" % ("", l) for l in lines[1:]]
+    return "\n".join(out)
 
 
 def binary_commit():
@@ -963,40 +1009,59 @@ def binary_commit():
 
 def main():
     global UPIPE
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap = argparse.ArgumentParser(description=__doc__ + "\n" + sections_help(),
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"), help="the build folder whose upipe runs "
+                    "(default: build/)")
     ap.add_argument("--quick", action="store_true", help="smaller sizes (minutes instead of tens of minutes)")
-    ap.add_argument("--only", default="kernel,memory,speed,overlap,all,plan,comm,model,train,plan-model,plan-scale,"
-                    "documents",
-                    help="sections to run, comma-separated (%s); the page keeps the others from its previous "
-                    "version" % ", ".join(SECTIONS))
-    ap.add_argument("--out", default=os.path.join(ROOT, "docs", "results.md"))
+    ap.add_argument("--only", default=",".join(SECTIONS), metavar="SECTION,...",
+                    help="sections to run, comma-separated (default: all of them; listed above); the page keeps "
+                    "the others from its previous version")
+    ap.add_argument("--out", default=os.path.join(ROOT, "docs", "results.md"), metavar="DIR",
+                    help="default: docs/results.md and docs/img/, the docs' results page; --out DIR writes "
+                    "DIR/results.md and DIR/img/ instead (a FILE.md: that page, img/ beside it)")
     args = ap.parse_args()
+    if not args.out.endswith(".md"):
+        args.out = os.path.join(args.out, "results.md")
     only = [n.strip() for n in args.only.split(",") if n.strip()]
     unknown = [n for n in only if n not in SECTIONS]
     if unknown or not only:
         what = ("unknown section%s %s" % ("s" if len(unknown) > 1 else "", ", ".join(map(repr, unknown)))
                 if unknown else "no section named")
         ap.error("--only: %s; the sections are %s" % (what, ", ".join(SECTIONS)))
-    UPIPE = os.path.join(args.build, "upipe")
+    UPIPE = os.path.abspath(os.path.join(args.build, "upipe"))
     if not (os.path.isfile(UPIPE) and os.access(UPIPE, os.X_OK)):
         sys.exit("run_benchmarks: no executable upipe at %s (build it first, or pass --build DIR)" % UPIPE)
     img = os.path.join(os.path.dirname(args.out), "img")
+    # Before anything runs: which files this run replaces (the page's other sections are kept).
+    rel = lambda p: os.path.relpath(p) if not os.path.relpath(p).startswith("..") else p
+    plots = [rel(os.path.join(img, f)) for name in only for _, f in SECTIONS[name][2]]
+    if os.path.exists(args.out):
+        what = "will replace the section%s %s of %s (its others kept)" % (
+            "s" if len(only) > 1 else "", ", ".join(only), rel(args.out))
+    else:
+        what = "will write %s (new, with %s)" % (rel(args.out), ", ".join(only))
+    default = os.path.abspath(args.out) == os.path.join(ROOT, "docs", "results.md")
+    print("run_benchmarks: %s%s%s" % (what, " and " + ", ".join(plots) if plots else "",
+                                      "; --out DIR writes elsewhere" if default else ""), flush=True)
     os.makedirs(img, exist_ok=True)
-    commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip() or binary_commit()
+    # The binary's commit, not the checkout's: a build left from an older commit stamps that commit.
+    commit = binary_commit()
     cpu = "unknown CPU"
     try:
         cpu = [l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")][0]
     except (OSError, IndexError):
         pass
-    stamp = "_Generated by `bench/run_benchmarks.py%s --only %%s` on %s at commit %s (%s, %d cores)._" % (
-        " --quick" if args.quick else "", datetime.date.today().isoformat(), commit, cpu, os.cpu_count())
+    # The commit is upipe's (`upipe --version`), "(modified)" when built from a checkout with changes.
+    build = "" if os.path.abspath(args.build) == os.path.join(ROOT, "build") else \
+        " --build " + shlex.quote(shown_path(os.path.abspath(args.build)))
+    stamp = "_Generated by `bench/run_benchmarks.py%s%s --only %%s` on %s at commit %s; %s, %d cores._" % (
+        build, " --quick" if args.quick else "", datetime.date.today().isoformat(), commit, cpu, os.cpu_count())
     fresh, failed_sections = [], []
     for name in only:
         before = len(FAILURES)
         try:
-            text, data = SECTIONS[name](args.quick)
+            text, data = SECTIONS[name][0](args.quick)
         except Exception:  # a bug or an unexpected output: the page keeps this section's previous version
             traceback.print_exc()
             print("run_benchmarks: section %s crashed; the page keeps its previous version" % name,
@@ -1008,17 +1073,10 @@ def main():
                                                                        FAILURES[before][1]))
         title, rest = text.split("\n", 1)
         text = title + "\n" + stamp % name + "\n\n" + rest
-        if name == "plan" and data:
-            text += plot_links(name, img, [("planned memory", "plan.png")],
-                               lambda: plot_plan(data, os.path.join(img, "plan.png")))
-        if name == "plan-model" and data:
-            text += plot_links(name, img, [("per-tag peak at each method's maximum", "plan_model_tags.png"),
-                                           ("device peak vs sequence length", "plan_model_peak.png")],
-                               lambda: plot_plan_model(data, os.path.join(img, "plan_model_tags.png"),
-                                                       os.path.join(img, "plan_model_peak.png")))
-        if name == "memory" and data:
-            text += plot_links(name, img, [("memory by tag", "memory_tags.png")],
-                               lambda: plot_memory(data, os.path.join(img, "memory_tags.png")))
+        _, _, images, draw = SECTIONS[name]
+        if images and data:
+            text += plot_links(name, img, images,
+                               lambda: draw(data, *[os.path.join(img, f) for _, f in images]))
         fresh.append(text)
     head = PAGE_HEAD
     if fresh:
