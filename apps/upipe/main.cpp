@@ -47,6 +47,27 @@ std::pair<std::string, const CLI::App*> parsed_chain(const CLI::App& cli) {
   return {name, at};
 }
 
+// The names of the commands of `cmd` ("kernel", "attention", ... for `upipe bench`).
+std::vector<std::string> command_names(const CLI::App& cmd) {
+  std::vector<std::string> names;
+  for (const CLI::App* sub : cmd.get_subcommands([](const CLI::App*) { return true; }))
+    names.push_back(sub->get_name());
+  return names;
+}
+
+// "upipe bench has no command 'attn'; did you mean 'attention'? Its commands: ...": the command
+// the word is likely a misspelling or an abbreviation of, where one is.
+std::string no_command(const std::string& chain, const CLI::App& at, const std::string& word) {
+  const std::vector<std::string> names = command_names(at);
+  const std::string likely = upipe::likely_name(word, names);
+  const std::string list = upipe::join(names, ", ");
+  if (likely.empty())
+    return fmt::format("{} has no command '{}'; its commands: {} ({} --help)", chain, word, list,
+                       chain);
+  return fmt::format("{} has no command '{}'; did you mean '{}'? Its commands: {} ({} --help)",
+                     chain, word, likely, list, chain);
+}
+
 // What to say when a command needs a subcommand and got none: the deepest command parsed, the
 // word typed where its subcommand goes (unknown there) and the subcommands it has.
 std::string missing_command(const CLI::App& cli, const std::vector<std::string>& args) {
@@ -57,21 +78,33 @@ std::string missing_command(const CLI::App& cli, const std::vector<std::string>&
     while (next < args.size() && args[next] != c->get_name()) ++next;
     ++next;
   }
-  std::vector<std::string> names;
-  std::string list;
-  for (const CLI::App* sub : at->get_subcommands([](const CLI::App*) { return true; })) {
-    names.push_back(sub->get_name());
-    list += (list.empty() ? "" : ", ") + sub->get_name();
-  }
+  const std::string list = upipe::join(command_names(*at), ", ");
   for (; next < args.size(); ++next) {
     const std::string& word = args[next];
     if (word.starts_with("-"))
       return fmt::format("{} takes no option {} before its command; its commands: {} ({} --help)",
                          chain, word.substr(0, word.find('=')), list, chain);
-    return fmt::format("{} has no command '{}'; did you mean '{}'? Its commands: {} ({} --help)",
-                       chain, word, upipe::closest_name(word, names), list, chain);
+    return no_command(chain, *at, word);
   }
   return fmt::format("{} needs a command: {} ({} --help says what each does)", chain, list, chain);
+}
+
+// A word a command that also takes settings (`upipe demo`) left over, that is likely one of its
+// commands misspelt or abbreviated (`upipe demo atention`): said as such, not as a stray
+// argument. A word after an unknown `--flag` is that flag's value; "" when there is none.
+std::string misspelt_command(const CLI::App& cli) {
+  const auto [chain, at] = parsed_chain(cli);
+  if (command_names(*at).empty()) return "";
+  const std::vector<std::string> rest = at->remaining();
+  for (size_t i = 0; i < rest.size(); ++i) {
+    if (rest[i].starts_with("-")) {
+      if (rest[i].find('=') == std::string::npos) ++i;
+      continue;
+    }
+    if (!upipe::likely_name(rest[i], command_names(*at)).empty())
+      return no_command(chain, *at, rest[i]);
+  }
+  return "";
 }
 
 // Is `flag` an option of `command` that takes no value (a switch: --resume, --json, a bool
@@ -79,6 +112,26 @@ std::string missing_command(const CLI::App& cli, const std::vector<std::string>&
 bool is_switch(const CLI::App& command, std::string_view flag) {
   const CLI::Option* o = command.get_option_no_throw(std::string(flag));
   return o != nullptr && o->get_expected_max() == 0;
+}
+
+// `plan --max-seq-len 7`: a number after a switch is no value of it, and CLI11 took it for the
+// run file ("cannot open run file 7") or a stray argument. Said as the switch's mistake where
+// `word` looks like a number and names no file; "" otherwise.
+std::string value_after_switch(const CLI::App& command, std::string_view flag,
+                               std::string_view word) {
+  if (!flag.starts_with("--") || flag.find('=') != std::string_view::npos ||
+      !is_switch(command, flag) || word.empty() ||
+      !std::isdigit(static_cast<unsigned char>(word.front())) || std::filesystem::exists(word))
+    return "";
+  std::string what = command.get_option(std::string(flag))->get_description();
+  what = what.substr(0, what.find(" (default "));  // a setting's doc ends with its default
+  const bool run_file =
+      !command.get_options([](const CLI::Option* o) { return o->get_positional(); }).empty();
+  return fmt::format("{} takes no value (a switch: {}); {}", flag, what,
+                     run_file ? fmt::format("the {} after it was read as the run file, and there "
+                                            "is no file {}: drop it",
+                                            word, word)
+                              : fmt::format("drop the {} after it", word));
 }
 
 }  // namespace
@@ -159,6 +212,7 @@ int main(int argc, char** argv) {
   // way).
   std::vector<std::string> split;
   std::string empty_switch;        // the first switch typed `--name=`
+  std::string switch_value;        // what value_after_switch says of the first number after one
   const CLI::App* command = &cli;  // the deepest command the words typed so far name
   for (int i = 0; i < argc; ++i) {
     const std::string_view w = argv[i];
@@ -167,6 +221,7 @@ int main(int argc, char** argv) {
       for (const CLI::App* sub :
            command->get_subcommands([&](const CLI::App* a) { return a->get_name() == w; }))
         command = sub;
+    if (i > 1 && switch_value.empty()) switch_value = value_after_switch(*command, argv[i - 1], w);
     if (empty_value && empty_switch.empty() && is_switch(*command, w.substr(0, w.size() - 1)))
       empty_switch = w.substr(0, w.size() - 1);
     if (w.starts_with("--") && w.find('=') == std::string_view::npos && i + 1 < argc &&
@@ -192,6 +247,7 @@ int main(int argc, char** argv) {
           "{}= has no value: write {} alone (on), or {}=VALUE with true/false (1, 0, yes, no, "
           "on, off)",
           empty_switch, empty_switch, empty_switch));
+    if (!switch_value.empty()) throw ConfigError(switch_value);
     try {
       cli.parse(int(args.size()), args.data());
     } catch (const CLI::ParseError& e) {
@@ -243,6 +299,8 @@ int main(int argc, char** argv) {
       if (what.starts_with(": ")) what.erase(0, 2);
       throw ConfigError(what);
     }
+    if (const std::string misspelt = misspelt_command(cli); !misspelt.empty())
+      throw ConfigError(misspelt);
     // Only training stops cleanly (it installs the handlers, releasing the signals then).
     if (!train->parsed() && !(demo->parsed() && !demo_attn->parsed())) release_stop_signals();
     cpu_isa();  // the CPU kernels' path, once: UPIPE_CPU_ISA or the widest (ConfigError if absent)

@@ -37,4 +37,29 @@ bool near_enough(std::string_view typed, std::string_view candidate) {
   return edit_distance(typed, candidate) <= near_limit(typed);
 }
 
+namespace {
+
+// Whether `typed` is `name` with letters left out, beginning as it does ("attn", "bnch").
+bool abbreviates(std::string_view typed, std::string_view name) {
+  if (typed.size() < 2 || typed.front() != name.front()) return false;
+  size_t at = 0;
+  for (const char ch : name)
+    if (at < typed.size() && typed[at] == ch) ++at;
+  return at == typed.size();
+}
+
+}  // namespace
+
+std::string likely_name(std::string_view typed, std::span<const std::string> names) {
+  std::vector<std::string> begun, abbreviated;
+  for (const std::string& n : names) {
+    if (!typed.empty() && n.starts_with(typed)) begun.push_back(n);
+    if (abbreviates(typed, n)) abbreviated.push_back(n);
+  }
+  if (!begun.empty()) return closest_name(typed, begun);
+  if (!abbreviated.empty()) return closest_name(typed, abbreviated);
+  const std::string near = closest_name(typed, names);
+  return !near.empty() && near_enough(typed, near) ? near : "";
+}
+
 }  // namespace upipe

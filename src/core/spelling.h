@@ -20,4 +20,10 @@ size_t near_limit(std::string_view typed);
 // Whether `candidate` is within near_limit(typed) edits of what was typed.
 bool near_enough(std::string_view typed, std::string_view candidate);
 
+// The name a user most likely meant by `typed` among `names` (command names): one it begins
+// (`att` for attention), else one it abbreviates (its letters in order, the first alike: `attn`
+// for attention, not the nearer `comm`), else the nearest within near_limit; of several, the
+// nearest by edit distance (the first of equals). "" when none is likely.
+std::string likely_name(std::string_view typed, std::span<const std::string> names);
+
 }  // namespace upipe

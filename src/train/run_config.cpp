@@ -4,6 +4,7 @@
 
 #include <toml++/toml.h>
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <filesystem>
@@ -494,6 +495,13 @@ void set_from_text(const Field& f, const std::string& text, const std::string& w
           *v = parse_recompute(text);
         } else if constexpr (std::is_same_v<T, BytesRef>) {
           *v.v = parse_bytes(gib ? text + "G" : text, where);
+          // A memory budget of a few bytes is a unit left out: "--device-memory 80" read as 80 B.
+          if (!gib && !text.empty() && std::isdigit(static_cast<unsigned char>(text.back())) &&
+              *v.v < kMinUnitlessBudget)
+            throw ConfigError(fmt::format(
+                "{}: {} is {} bytes, too small for a memory budget; did you mean {}G? (a size "
+                "without a unit is bytes: write {}G, {}M, or {}B for bytes)",
+                where, text, *v.v, text, text, text, text));
         } else if constexpr (std::is_same_v<T, DurationRef>) {
           *v.v = parse_duration(text, where);
         } else if constexpr (std::is_same_v<T, KnobRef>) {
@@ -713,7 +721,8 @@ std::string bytes_text(int64_t b) {
   const char* units = "KMGT";
   int u = -1;
   while (u < 3 && b % (int64_t(1024) << (10 * (u + 1))) == 0 && b > 0) ++u;
-  return u < 0 ? std::to_string(b) : std::to_string(b >> (10 * (u + 1))) + units[u];
+  if (u < 0) return std::to_string(b) + (b < kMinUnitlessBudget ? "B" : "");
+  return std::to_string(b >> (10 * (u + 1))) + units[u];
 }
 
 int64_t parse_duration(const std::string& s, std::string_view key) {

@@ -203,7 +203,12 @@ SettingSpeller setting_speller(const SettingSources& sources);
 // "80G", "512MiB", "1.5g", "4096" -> bytes in [1, kMaxMemoryBytes] (or 0, "0G", with allow_zero);
 // ConfigError naming `key`.
 int64_t parse_bytes(const std::string& s, std::string_view key, bool allow_zero = false);
-// The shortest exact text parse_bytes reads back: "80G", "1536M", "4097".
+// A memory budget (memory.device_memory, memory.host_memory) written as a number alone is
+// refused below this, "did you mean 80G?": "--device-memory 80" is a unit left out, not 80 B.
+// "80B" says bytes.
+inline constexpr int64_t kMinUnitlessBudget = int64_t(1) << 20;
+// The shortest exact text parse_bytes reads back, and a memory budget too: "80G", "1536M",
+// "1048577", "4097B" (a unit below kMinUnitlessBudget).
 std::string bytes_text(int64_t bytes);
 // A duration in whole seconds: "0" (none), units ("3h50m", "90m", "45s", "1d12h") or SLURM's
 // --time / squeue %L forms ("MM:SS", "H:MM:SS", "D-H", "D-H:MM", "D-H:MM:SS"). A bare number

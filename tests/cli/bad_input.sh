@@ -43,6 +43,11 @@ run_case "upipe needs a command: demo, bench"
 run_case "upipe takes no option --foo before its command" --foo
 run_case "upipe bench has no command 'kernl'; did you mean 'kernel'?" bench kernl
 run_case "upipe bench needs a command: kernel, attention, comm, ops, model" bench
+# An abbreviated or misspelt command is suggested by its name (attn suggested 'comm', the nearest
+# by edit distance), also under a command that takes settings (demo: "unexpected argument").
+run_case "upipe bench has no command 'attn'; did you mean 'attention'?" bench attn
+run_case "upipe demo has no command 'atention'; did you mean 'attention'? Its commands: attention" demo atention
+run_case "upipe bench has no command 'xyz'; its commands: kernel, attention" bench xyz
 # A true/false setting given another value than a truth value (std::stoll's "fatal: stoll",
 # exit 1, at 'maybe'; '2' read as true and '-1' as false).
 run_case "--overlap: 'maybe' is not true or false" check --overlap=maybe
@@ -148,6 +153,14 @@ run_case "--accept-changes is for --resume" train --steps 2 --accept-changes --c
 run_case "--accept-changes is for --resume" train --steps 2 --accept-changes yes --checkpoint-dir= --metrics-path=
 run_case "--ranks is required" plan --json on --model tiny --seq-len 1024
 run_case "'2.7' is not a whole number of bytes" plan --model tiny --ranks 2 --device-memory 2.7 --seq-len 256
+# A memory budget without a unit is bytes; one below 1 MiB is a unit left out ("--reserve (2.00
+# GiB) must be less than --device-memory (80 B)").
+run_case "--device-memory: 80 is 80 bytes, too small for a memory budget; did you mean 80G?" plan --model tiny --ranks 2 --device-memory 80
+run_case "--host-memory: 64 is 64 bytes, too small for a memory budget; did you mean 64G?" plan --model tiny --ranks 2 --device-memory 8G --host-memory 64
+# A number after a switch is no value of it: it was read as the run file ("cannot open run file
+# 7") or left as a stray argument.
+run_case "--max-seq-len takes no value (a switch: find the longest S that fits); the 7 after it was read as the run file, and there is no file 7" plan --model tiny --ranks 2 --max-seq-len 7
+run_case "--overlap takes no value (a switch: " check --overlap 7
 fix=$(cd "$(dirname "$0")/../fixtures/hf" && pwd)
 run_case "config.json" eval --model /nonexistent --seq-len 8
 run_case "--seq-len 600 is longer" eval --model "$fix/llama" --tokens "$fix/llama/tokens.npy" --seq-len 600

@@ -526,6 +526,33 @@ TEST(RunConfig, SizesReadAndPrint) {
   expect_config_error([] { parse_bytes("1..5G", "x"); }, {"cannot read"});
 }
 
+// A memory budget of a number alone below 1 MiB is a unit left out (80 was a budget of 80 B:
+// "--reserve (2.00 GiB) must be less than --device-memory (80 B)"); a unit, B included, is taken.
+TEST(RunConfig, BudgetWithoutUnitBelowOneMiBIsRefused) {
+  RunConfig c;
+  expect_config_error(
+      [&] {
+        apply_overrides(c, args({"--device-memory", "80"}));
+      },
+      {"--device-memory: 80 is 80 bytes, too small for a memory budget; did you "
+       "mean 80G?",
+       "80B for bytes"});
+  expect_config_error([&] { apply_overrides(c, args({"--host-memory=512"}), kScopePlan); },
+                      {"--host-memory: 512 is 512 bytes", "did you mean 512G?"});
+  expect_config_error([&] { parse_run_toml("[memory]\ndevice_memory = 80\n", "run.toml"); },
+                      {"memory.device_memory: 80 is 80 bytes", "did you mean 80G?"});
+  apply_overrides(c, args({"--device-memory=80B", "--host-memory=1K"}), kScopePlan);
+  EXPECT_EQ(c.memory.device_bytes, 80);
+  EXPECT_EQ(c.memory.host_bytes, 1024);
+  apply_overrides(c, args({"--device-memory=1048576", "--device-gib=0.0001"}), kScopePlan);
+  EXPECT_EQ(c.memory.device_bytes, int64_t(std::floor(0.0001 * double(int64_t(1) << 30))));
+  // Written back with its unit, so a run file of it reads again.
+  EXPECT_EQ(bytes_text(4097), "4097B");
+  EXPECT_EQ(bytes_text(kMinUnitlessBudget + 1), "1048577");
+  apply_overrides(c, args({"--device-memory=1.5K"}), kScopePlan);
+  EXPECT_EQ(parse_run_toml(to_toml(c), "to_toml").memory.device_bytes, 1536);
+}
+
 // train.time_limit: units, largest first, and SLURM's --time / squeue %L forms; a bare number
 // other than 0 is refused (SLURM reads it as minutes, a timeout as seconds); printed back exact.
 TEST(RunConfig, DurationsReadAndPrint) {
@@ -701,6 +728,22 @@ TEST(Spelling, EditDistanceAndNearestName) {
   EXPECT_EQ(closest_name("x", std::vector<std::string>{}), "");
   EXPECT_EQ(closest_name("dem", std::vector<std::string>{"demo", "dem0"}),
             "demo");  // first of equals
+}
+
+// A command's likely name: one typed begins, else one it abbreviates, else a near misspelling.
+TEST(Spelling, LikelyCommandName) {
+  const std::vector<std::string> bench{"kernel", "attention", "comm", "ops", "model"};
+  EXPECT_EQ(likely_name("attn", bench), "attention");  // comm is nearer by edit distance
+  EXPECT_EQ(likely_name("att", bench), "attention");
+  EXPECT_EQ(likely_name("atention", bench), "attention");
+  EXPECT_EQ(likely_name("kernl", bench), "kernel");
+  EXPECT_EQ(likely_name("mdl", bench), "model");
+  EXPECT_EQ(likely_name("co", bench), "comm");
+  EXPECT_EQ(likely_name("xyz", bench), "");  // nothing near: no guess
+  EXPECT_EQ(likely_name("tn", bench), "");   // an abbreviation begins as its name does
+  const std::vector<std::string> top{"demo", "bench", "train", "export", "plan"};
+  EXPECT_EQ(likely_name("trian", top), "train");
+  EXPECT_EQ(likely_name("plna", top), "plan");
 }
 
 }  // namespace
