@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <unordered_map>
 
 #include "apps/upipe/commands.h"
@@ -18,6 +19,8 @@
 #include "attention/device_comm.h"
 #include "attention/methods.h"
 #include "backend/cpu/cpu_isa.h"
+#include "core/allocator.h"
+#include "core/checked.h"
 #include "core/errors.h"
 #include "core/setting_ref.h"
 #include "core/stop_signal.h"
@@ -142,6 +145,49 @@ std::string plan_command(const RunConfig& cfg, int world) {
   budget_given.memory.device_bytes = cfg.memory.device_bytes + 1;  // the budget always written
   return fmt::format("upipe plan --ranks {} {} --reserve 0", world,
                      to_flags(cfg, kScopePlan, budget_given));
+}
+
+// The ranks of one host share its memory, and an arena checks only its own process's: two ranks
+// planned at 114 GiB each on a 23.5 GiB machine started, and the kernel killed one mid-step. On
+// cpu both arenas are the host's memory, on cuda the host arena (pinned) is. Every rank checks
+// every host alike (the plan, the host names and each host's memory are the same on every rank),
+// so every rank refuses alike.
+void check_hosts_memory(const Plan& p, const RunConfig& cfg, Communicator& world) {
+  const std::vector<std::string> hosts = host_names(world);
+  std::vector<int64_t> physical(hosts.size());
+  const int64_t mine = physical_memory_bytes();
+  world.all_gather(&mine, physical.data(), sizeof(int64_t));
+  const bool cpu = parse_backend_kind(cfg.device.backend) == BackendKind::kCpu;
+  auto peak_of = [&](size_t r) {
+    const RankPlan* rp = r < p.ranks.size() ? &p.ranks[r] : nullptr;
+    const int64_t dev = rp ? rp->device_peak : p.device_peak;
+    const int64_t host = rp ? rp->host_peak : p.host_peak;
+    return (cpu ? dev : 0) + host;
+  };
+  std::map<std::string, std::vector<size_t>> ranks_of;
+  for (size_t r = 0; r < hosts.size(); ++r) ranks_of[hosts[r]].push_back(r);
+  for (const auto& [host, ranks] : ranks_of) {
+    int64_t need = 0, most = 0;
+    for (size_t r : ranks) {
+      need = checked_add(need, peak_of(r), "the host's planned bytes");
+      most = std::max(most, peak_of(r));
+    }
+    const int64_t have = physical[ranks.front()];
+    if (need <= have) continue;
+    const int64_t share = have / int64_t(ranks.size());
+    throw OutOfMemoryError(
+        render_setting_refs(fmt::format(
+            "out of memory on host {}, found before anything is loaded (the run's step played on "
+            "the meta device): its {} rank(s) plan {} together ({} the most of one: its {}), over "
+            "the {} of memory the host has; fewer ranks on a host, or {} with {} (the host's "
+            "memory over its ranks) for `upipe plan` to say what fits",
+            host, ranks.size(), format_bytes(need), format_bytes(most),
+            cpu ? "device and host arenas' peaks" : "host arena's peak", format_bytes(have),
+            cpu ? "a budget that holds" : "less in the host arena",
+            setting_value(cpu ? "memory.device_memory" : "memory.host_memory",
+                          bytes_text(std::max<int64_t>(share >> 30, 1) << 30)))),
+        cpu ? "device" : "host", "planned", need, "");
+  }
 }
 
 // The run's step, planned before any weight or checkpoint is read (src/plan: the engine's own
@@ -489,8 +535,10 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
   // bytes every step needs at least, checked against the budget and the machine: the planner's
   // host lists grow with S), before any weight loads.
   Plan planned;
-  TrainingLoop loop(dev, comm, m, cfg, opt.resume, opt.overwrite, opt.accept_changes,
-                    [&] { planned = plan_run(cfg, m, proc.world.size(), proc.root(), plan_cmd); });
+  TrainingLoop loop(dev, comm, m, cfg, opt.resume, opt.overwrite, opt.accept_changes, [&] {
+    planned = plan_run(cfg, m, proc.world.size(), proc.root(), plan_cmd);
+    check_hosts_memory(planned, cfg, proc.world);
+  });
   const std::string hosts_note = across_hosts_note(cfg, m, loop, host_names(proc.world));
   std::unique_ptr<Render> render;
   if (proc.root()) {

@@ -25,11 +25,15 @@ namespace {
 std::atomic<int64_t> g_held{0};
 
 int64_t physical_bytes() {
-  static const int64_t b = int64_t(sysconf(_SC_PHYS_PAGES)) * int64_t(sysconf(_SC_PAGESIZE));
-  return b;
+  return physical_memory_bytes();
 }
 
 }  // namespace
+
+int64_t physical_memory_bytes() {
+  static const int64_t b = int64_t(sysconf(_SC_PHYS_PAGES)) * int64_t(sysconf(_SC_PAGESIZE));
+  return b;
+}
 
 SystemMemory SystemMemory::pageable() {
   return {[](int64_t bytes) { return std::aligned_alloc(4096, size_t(bytes)); },

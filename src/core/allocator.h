@@ -14,6 +14,9 @@
 
 namespace upipe {
 
+// This machine's memory (every process on it shares it).
+int64_t physical_memory_bytes();
+
 class Allocator {
  public:
   virtual ~Allocator() = default;

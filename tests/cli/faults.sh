@@ -32,7 +32,9 @@
 #                   said once; the same bytes in two places train
 #   tokenize_self   `upipe tokenize a.txt a.txt` is refused and the text survives
 #   sizes           num_hidden_layers 2^30 -> exit 2; train.seq_len 2^40 and eval --seq-len 2^40 ->
-#                   exit 3 with the out-of-memory message, before any allocation
+#                   exit 3 with the out-of-memory message, before any allocation; two ranks on this
+#                   host each planned at 3/4 of its memory -> exit 3, naming the host, before any
+#                   step
 #   leftover_tmp    an empty step_N.tmp (a write that never marked it) is replaced on resume and
 #                   by a fresh run; another run's step_N.tmp (or renamed step_N without DONE)
 #                   makes --resume refuse, naming both ways on, as do an unreadable newer
@@ -585,6 +587,17 @@ sizes)
   job v 60 eval --model tiny --seq-len 1099511627776
   [ $rc -eq 3 ] || { cat "$tmp/v.out"; fail "eval --seq-len 2^40: exit $rc, want 3"; }
   once v "out of memory in device arena"
+  # The ranks of one host share its memory: two ranks each planned at 3/4 of it (S found by the
+  # planner for this machine) are refused before anything loads (each passed its own process's
+  # check, and the kernel killed one mid-step).
+  mem=$(awk '/^MemTotal:/ { printf "%.0f", $2 * 1024 }' /proc/meminfo)
+  s=$("$upipe" plan --ranks 2 --device-memory "$((mem / 4 * 3))B" --reserve 0 --method upipe \
+    --max-seq-len --json | python3 -c "import json,sys; print(json.load(sys.stdin)['methods'][0]['seq_len'])") ||
+    fail "planning 3/4 of the machine's memory a rank"
+  job h 120 train --seq-len="$s" --steps=1 --progress=lines
+  [ $rc -eq 3 ] || { cat "$tmp/h.out"; fail "two ranks of 3/4 of the memory each: exit $rc, want 3"; }
+  once h "out of memory on host $(hostname), found before anything is loaded"
+  grep -q "^step" "$tmp/h.out" && fail "a step ran"
   ;;
 leftover_tmp)
   # A checkpoint write that ended before it marked its directory (a full disk, a crash) leaves an
