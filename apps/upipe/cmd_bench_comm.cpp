@@ -249,10 +249,17 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
       if (it >= opt.warmup) p.times.push_back(dt);
     }
   if (!proc.root()) return 0;
+  // One rank (no mpirun) moves its data within its own memory: the GB/s are a copy's, not a link's.
+  const bool one_rank = n == 1;
+  if (one_rank)
+    std::fprintf(stderr,
+                 "upipe bench comm: warning: one rank: nothing crosses a link (every byte is a "
+                 "copy within this process), so these GB/s are memory bandwidth, not "
+                 "interconnect bandwidth; run it under mpirun -np 2 or more\n");
   const double factor = bus_factor(op, n);
   nlohmann::json j = {{"op", kOpNames[int(op)]}, {"ranks", n},           {"bytes", b},
                       {"iters", opt.iters},      {"warmup", opt.warmup}, {"time", "median"},
-                      {"bus_factor", factor}};
+                      {"bus_factor", factor},    {"one_rank", one_rank}};
   for (const Path& p : paths) {
     const double t = median(p.times);
     j[p.name] = {{"time_s", t},
