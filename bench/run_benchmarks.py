@@ -471,8 +471,8 @@ def section_plan_model(quick):
             "One complete training step (ZeRO-3 gathers and reduce-scatters, forward, backward, AdamW) of "
             "every rank on the meta device (docs/planner.md); 80 GiB of device memory per rank (H100) with "
             "the default 2 GiB reserve, 256 GiB of host memory per rank, bf16, the stash offloaded to the "
-            "host, auto knobs (fewest stages that fit); S to a multiple of 64Ki tokens. The limiting tag is "
-            "the largest tag at the worst rank's device peak. Each model twice: an exact fp32 stash (each layer's input), "
+            "host, auto knobs (fewest stages that fit); S to a multiple of 64Ki tokens. The limit is "
+            "the arena one granule more would exceed and its largest tag at the peak (`limit` of `upipe plan --json`). Each model twice: an exact fp32 stash (each layer's input), "
             "and `--stash-dtype bf16` (half the stash bytes on device and host; its measured "
             "gradient error on the transformers fixtures is in docs/model.md).", ""]
     cmds, data = [], {}
@@ -491,17 +491,18 @@ def section_plan_model(quick):
                 if "error" in m:
                     rows.append([m["method"], "not allowed: " + m["error"], "", "", "", "", ""])
                     continue
-                k = m["knobs"]
+                k = m["resolved_knobs"]
                 knobs = " ".join(("%s=%d" % (n, k[key])) for n, key in (("U", "stage_heads"), ("u", "ulysses_degree"),
                                                                        ("N", "chunks")) if k[key]) or "—"
                 t = m["peak_by_tag"]
                 rows.append([m["method"], knobs, "%d (%.2fM)" % (m["seq_len"], m["seq_len"] / 1e6),
                              gib(m["device_peak_bytes"]), gib(m["host_peak_bytes"]),
-                             "%s (%s)" % (m["limiting_tag"], gib(t[m["limiting_tag"]])),
+                             "%s %s (%s)" % (m["limit"]["arena"] or "S", m["limit"]["tag"] or "past the longest",
+                                             gib(m["limit"]["bytes"]) if m["limit"]["bytes"] else "—"),
                              ", ".join("%s %s" % (n, gib(b)) for n, b in sorted(t.items(), key=lambda x: -x[1])[:5])])
             data[(model, ckpt)] = j
         text += ["### %s on %d x 80 GiB, %s stash" % (model, ranks, ckpt), "",
-                 table(["method", "knobs", "max S", "device peak", "host peak", "limiting tag",
+                 table(["method", "knobs", "max S", "device peak", "host peak", "limit",
                         "largest tags at the peak"], rows), ""]
     best = data.get(("llama3-8b", "bf16"))
     if best:
@@ -512,14 +513,12 @@ def section_plan_model(quick):
                      "ulysses %s, upipe-fpdt %s (the UPipe authors report 5M with UPipe and under 3M with "
                      "Ulysses on 8 H100s). At its maximum upipe's largest tag is `%s` (%s); its top tags: %s." % (
                          format(up["seq_len"], ","), format(by["ulysses"]["seq_len"], ","),
-                         format(by["upipe-fpdt"]["seq_len"], ","), up["limiting_tag"],
-                         gib(up["peak_by_tag"][up["limiting_tag"]]),
+                         format(by["upipe-fpdt"]["seq_len"], ","), up["largest_device_tag"],
+                         gib(up["peak_by_tag"][up["largest_device_tag"]]),
                          ", ".join("%s %s" % (n, gib(b)) for n, b in
                                    sorted(up["peak_by_tag"].items(), key=lambda x: -x[1])[:6]))]
             top = max(by.values(), key=lambda m: m["seq_len"])
-            k = top["knobs"]
-            knobs = " ".join(("%s=%d" % (n, k[key])) for n, key in (("U", "stage_heads"), ("u", "ulysses_degree"),
-                                                                   ("N", "chunks")) if k[key])
+            knobs = top["knobs_text"] if top["knobs_text"] != "-" else ""
             text += ["The longest of all methods: %s%s, %s tokens (device %s, host %s of 256 GiB)." % (
                 top["method"], " (%s)" % knobs if knobs else "", format(top["seq_len"], ","),
                 gib(top["device_peak_bytes"]), gib(top["host_peak_bytes"])), ""]
