@@ -10,6 +10,7 @@
 #include "attention/check.h"
 #include "attention/harness.h"
 #include "attention/methods.h"
+#include "attention/upipe_schedule.h"
 #include "comm/fake/fake_comm.h"
 #include "core/watchdog.h"
 
@@ -48,6 +49,8 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
 
   const int c = proc.world.size();
   const int64_t check_s = (1024 + c - 1) / c * c;  // the check's S: 1024, or the next multiple of C
+  // The heads first (upipe's U = C): a length that divides is no help where they cannot split.
+  make_upipe_schedule(config(check_s, "upipe"), c, 0);
   for (int64_t s : opt.seq_lens)
     if (s % c != 0)
       throw ConfigError(fmt::format(

@@ -15,18 +15,6 @@ struct Options {
   bool markdown = false;
 };
 
-std::string commands_of(uint32_t scopes) {
-  static const std::pair<uint32_t, const char*> kNames[] = {
-      {kScopeTrain, "train, demo"},   {kScopeModel, "eval, bench model"},
-      {kScopePlan, "plan"},           {kScopeBlock, "check, bench attention"},
-      {kScopeKernel, "bench kernel"}, {kScopeComm, "bench comm"},
-      {kScopeDemo, "demo attention"}};
-  std::string s;
-  for (const auto& [bit, name] : kNames)
-    if (scopes & bit) s += (s.empty() ? "" : ", ") + std::string(name);
-  return s;
-}
-
 int run(Process& proc, const Options& o) {
   if (!proc.root()) return 0;
   if (o.markdown) {

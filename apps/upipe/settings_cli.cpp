@@ -105,6 +105,7 @@ Settings resolve_settings(const Process& proc, const SettingArgs& args, const CL
     for (const std::string& n : s.sources.notes)
       if (printed.insert(n).second)
         std::fprintf(stderr, "upipe: note: %s (the old spelling still works)\n", n.c_str());
+  s.sources.scopes = scope;
   set_setting_speller(setting_speller(s.sources));
   if (validated) validate(s.config, scope);
   return s;

@@ -40,11 +40,13 @@ std::unique_ptr<AttentionStrategy> make_headwise(const StrategyContext& ctx) {
   const MethodInfo& m = method_info(c.knobs.method);
   const int ranks = ctx.comm.size();
   const int u = m.takes_stage_heads ? c.knobs.stage_heads : c.heads;
+  // The heads first: a length that divides is no help where the heads cannot split (3 ranks
+  // suggested S = 1002, refused next for the heads).
+  make_upipe_schedule(c, ranks, u);
   if (!m.takes_chunks) {
     need_divisible(c, ranks, "the number of ranks");
     return std::make_unique<HeadwiseAttention>(ctx, u, 1);
   }
-  make_upipe_schedule(c, ranks, u);
   return std::make_unique<HeadwiseAttention>(ctx, u, fpdt_chunks(c, ranks));
 }
 

@@ -1156,9 +1156,21 @@ std::string to_flags(const RunConfig& c, uint32_t scopes, const RunConfig& base)
   return out;
 }
 
+std::string commands_of(uint32_t scopes) {
+  static const std::pair<uint32_t, const char*> kNames[] = {
+      {kScopeTrain, "train, demo"},   {kScopeModel, "eval, bench model"},
+      {kScopePlan, "plan"},           {kScopeBlock, "check, bench attention"},
+      {kScopeKernel, "bench kernel"}, {kScopeComm, "bench comm"},
+      {kScopeDemo, "demo attention"}};
+  std::string s;
+  for (const auto& [bit, name] : kNames)
+    if (scopes & bit) s += (s.empty() ? "" : ", ") + std::string(name);
+  return s;
+}
+
 SettingSpeller setting_speller(const SettingSources& sources) {
-  return [spelled = sources.spelled](std::string_view key,
-                                     const std::optional<std::string>& value) -> std::string {
+  return [spelled = sources.spelled, scopes = sources.scopes](
+             std::string_view key, const std::optional<std::string>& value) -> std::string {
     const auto it = spelled.find(std::string(key));
     if (it != spelled.end()) {
       const std::string& s = it->second;
@@ -1168,7 +1180,10 @@ SettingSpeller setting_speller(const SettingSources& sources) {
     }
     const SettingInfo* info = find_setting(key);
     const std::string flag = info ? info->flag : default_flag(key);
-    return value ? flag + " " + *value : flag;
+    const std::string named = value ? flag + " " + *value : flag;
+    if (info && scopes != 0 && !(info->scopes & scopes))
+      return fmt::format("{} (of upipe {})", named, commands_of(info->scopes));
+    return named;
   };
 }
 

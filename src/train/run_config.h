@@ -39,6 +39,9 @@ enum SettingScope : uint32_t {
   kScopeDemo = 64,    // upipe demo attention
 };
 
+// The commands of a scope set, as `upipe settings` lists them: "train, demo, plan".
+std::string commands_of(uint32_t scopes);
+
 inline constexpr int64_t kMaxSeqLen = int64_t(1) << 40;
 inline constexpr int64_t kMaxMemoryBytes = int64_t(1) << 60;  // 1 EiB
 inline constexpr double kMinTimeoutS = 0.1;  // comm.timeout: 0 (off) or at least this
@@ -145,6 +148,9 @@ const SettingInfo* find_setting(std::string_view name);
 struct SettingSources {
   std::map<std::string, std::string> spelled;  // key -> "--head-chunk" or "seq_len in run.toml"
   std::vector<std::string> notes;              // "--head-chunk is now --stage-heads", once each
+  // The command's scopes (0: unknown): a setting it does not take is named with the commands
+  // that do ("--cp-size (of upipe train, demo, plan)"), so no message offers a flag it refuses.
+  uint32_t scopes = 0;
 };
 
 // TOML text into a config (no validation); `source` names the text in messages. Unknown

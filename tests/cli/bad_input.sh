@@ -48,6 +48,11 @@ run_case "upipe bench needs a command: kernel, attention, comm, ops, model" benc
 run_case "upipe bench has no command 'attn'; did you mean 'attention'?" bench attn
 run_case "upipe demo has no command 'atention'; did you mean 'attention'? Its commands: attention" demo atention
 run_case "upipe bench has no command 'xyz'; its commands: kernel, attention" bench xyz
+# Heads that cannot split over the ranks are said before the sequence length (3 ranks suggested
+# S = 1002, refused next for the heads), and a setting the command does not take is named with
+# the commands that do (bench attention was told to use --cp-size, which it refuses).
+run_case "num_attention_heads of preset tiny (4) must be divisible by the number of ranks in the all-to-all group (3)" plan --model tiny --ranks 3 --seq-len 1000 --device-memory 8G
+run_case "fewer ranks, or --cp-size (of upipe train, demo, plan) for a CP group of them" bench attention --seq-len 2048 --meta-ranks 3
 # A true/false setting given another value than a truth value (std::stoll's "fatal: stoll",
 # exit 1, at 'maybe'; '2' read as true and '-1' as false).
 run_case "--overlap: 'maybe' is not true or false" check --overlap=maybe
