@@ -27,6 +27,7 @@
 #include "model/weights.h"
 #include "plan/planner.h"
 #include "plan/remedies.h"
+#include "train/flops.h"
 #include "train/loop.h"
 #include "train/run_options.h"
 
@@ -95,6 +96,83 @@ nlohmann::json limit_json(const Plan& p) {
   if (l.arena == kSeqLenRangeLimit)
     return {{"arena", nullptr}, {"tag", nullptr}, {"bytes", nullptr}, {"seq_len_max", kMaxSeqLen}};
   return {{"arena", l.arena}, {"tag", tag_name(l.tag)}, {"bytes", l.bytes}};
+}
+
+// What the worst rank's step executes and sends (a complete plan's; none for one stopped at the
+// budget): FLOPs per step (every micro-step alike: the played ones scaled), the model FLOPs MFU
+// counts, and the bytes it sends per collective in the micro-steps played (at most 2).
+struct StepWork {
+  bool known = false;
+  int rank = 0, played = 1, micro_steps = 1;
+  double gemm = 0, attention = 0, model = 0;  // per rank per step
+  int64_t uncounted = 0;                      // attention calls with documents, in neither
+  CommStats comm;
+};
+
+StepWork step_work(const ModelConfig& m, const Plan& p) {
+  StepWork w;
+  if (!p.complete || size_t(p.worst_rank) >= p.ranks.size()) return w;
+  const RankPlan& rp = p.ranks[size_t(p.worst_rank)];
+  const PlanRequest& r = p.request;
+  w.known = true;
+  w.rank = rp.rank;
+  w.micro_steps = r.micro_steps;
+  w.played = std::min(r.micro_steps, 2);
+  const double scale = double(r.micro_steps) / double(w.played);
+  w.gemm = rp.work.gemm_flops * scale;
+  w.attention = rp.work.attention_flops * scale;
+  w.uncounted = rp.work.attention_uncounted;
+  w.model = training_flops_per_sequence(m, r.decoder.seq_len) * double(r.micro_steps) *
+            double(r.ranks / r.cp()) / double(r.ranks);
+  w.comm = rp.comm;
+  return w;
+}
+
+nlohmann::json step_work_json(const StepWork& w, double peak_flops) {
+  if (!w.known) return nullptr;
+  nlohmann::json j = {{"rank", w.rank},
+                      {"executed_flops", w.gemm + w.attention},
+                      {"gemm_flops", w.gemm},
+                      {"attention_flops", w.attention},
+                      {"attention_uncounted", w.uncounted},
+                      {"model_flops_per_rank", w.model},
+                      {"comm_micro_steps", w.played},
+                      {"comm", comm_json(w.comm)},
+                      {"comm_bytes", w.comm.total_bytes()}};
+  if (peak_flops > 0) j["compute_seconds_at_peak"] = (w.gemm + w.attention) / peak_flops;
+  return j;
+}
+
+// "  step (rank 3): executes 1.23 PFLOP (GEMM .., attention ..; the model's 1.0 PFLOP a rank),
+//  sends 12.3 GiB (all_to_all 8 GiB, ...)".
+void print_step_work(const StepWork& w, double peak_flops) {
+  if (!w.known) return;
+  auto tf = [](double f) {
+    const char* units[] = {"GFLOP", "TFLOP", "PFLOP", "EFLOP"};
+    int u = 0;
+    for (f *= 1e-9; u < 3 && f >= 1000; ++u) f /= 1000;
+    return fmt::format("{:.2f} {}", f, units[u]);
+  };
+  std::string sent;
+  for (int op = 0; op < kNumCommOps; ++op)
+    if (w.comm.bytes_sent[size_t(op)] > 0)
+      sent += fmt::format("{}{} {}", sent.empty() ? "" : ", ", comm_op_name(CommOp(op)),
+                          format_bytes(w.comm.bytes_sent[size_t(op)]));
+  std::printf(
+      "  a step on rank %d executes %s (GEMM %s, attention %s%s; the model's %s a rank, what MFU "
+      "counts) and sends %s%s%s\n",
+      w.rank, tf(w.gemm + w.attention).c_str(), tf(w.gemm).c_str(), tf(w.attention).c_str(),
+      w.uncounted > 0 ? ", document-masked calls not counted" : "", tf(w.model).c_str(),
+      format_bytes(w.comm.total_bytes()).c_str(), sent.empty() ? "" : (" (" + sent + ")").c_str(),
+      w.played < w.micro_steps
+          ? fmt::format(" in its first {} of {} micro-steps", w.played, w.micro_steps).c_str()
+          : "");
+  if (peak_flops > 0)
+    std::printf(
+        "  its compute alone at %s: %.3f s a step (the least it takes)\n",
+        render_setting_refs(setting_value("metrics.peak_flops", fmt::format("{:g}", peak_flops)))
+            .c_str(),
+        (w.gemm + w.attention) / peak_flops);
 }
 
 // The `upipe train` command that runs a plan's answer: the settings given to the plan, with the
@@ -412,6 +490,7 @@ int run(Process& proc, const Options& o, const SettingArgs& sa, const CLI::App& 
                     {"largest_device_tag", tag_name(p.largest_device_tag)},
                     {"limit", limit_json(p)},
                     {"all_to_all_hosts", all_to_all_hosts(p)},
+                    {"step_work", step_work_json(step_work(m, p), set.config.metrics.peak_flops)},
                     // The command of a plan that fits; none for one that does not.
                     {"train_command",
                      p.fits ? nlohmann::json(train_command(set, o, p)) : nlohmann::json(nullptr)}});
@@ -482,6 +561,7 @@ int run(Process& proc, const Options& o, const SettingArgs& sa, const CLI::App& 
     if (p.host_peak > 0)
       std::printf("  host peak %s (rank %d): %s\n", format_bytes(p.host_peak).c_str(),
                   p.worst_host_rank, Arena::describe(p.host_at_peak).c_str());
+    print_step_work(step_work(m, p), set.config.metrics.peak_flops);
     if (const std::string note = across_hosts_note(m, p); !note.empty())
       std::printf("  note: %s\n", note.c_str());
     // The command of a plan that fits, and what the data or --doc-lens add to it.

@@ -171,9 +171,16 @@ RankPlan plan_rank(const ModelConfig& m, const PlanRequest& r, int rank, int64_t
   else if (r.worst_case_documents)
     seq.documents = std::make_shared<const Documents>(
         std::vector<int64_t>(size_t(r.decoder.seq_len), 1), r.decoder.seq_len, "data.documents");
+  dev.work() = {};
+  world.reset_stats();
   tr.step_views(0, [&](int64_t, int, int) { return seq; });
-  return {rank, dev.mem().peak(), dev.host().peak(), dev.mem().at_peak_by_tag(),
-          dev.host().at_peak_by_tag()};
+  return {rank,
+          dev.mem().peak(),
+          dev.host().peak(),
+          dev.mem().at_peak_by_tag(),
+          dev.host().at_peak_by_tag(),
+          dev.work(),
+          world.stats()};
 }
 
 Plan plan_step(const ModelConfig& m, const PlanRequest& r, bool stop_at_budget,

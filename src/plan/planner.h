@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "backend/work_count.h"
+#include "comm/communicator.h"
 #include "core/arena.h"
 #include "model/config.h"
 #include "train/run_config.h"
@@ -74,6 +76,10 @@ struct RankPlan {
   int rank = 0;
   int64_t device_peak = 0, host_peak = 0;
   TagBytes device_at_peak, host_at_peak;
+  // What the rank's step executes (GEMM and attention FLOPs, as the meta device counts them) and
+  // sends (per collective, bytes to other ranks): the step's work, for its time at a given rate.
+  WorkCount work;
+  CommStats comm;
 };
 
 // Plan::limit_arena of a step stopped by the meta device's address range (16 TiB a rank, less

@@ -225,7 +225,7 @@ std::vector<Field> fields(RunConfig& c) {
        ResumeRule::kFree,
        "held-out sequences of S tokens per validation (at most 1000000): the first "
        "non-overlapping windows of data.val_path"},
-      {"metrics.peak_flops", "--peak-flops", "", &c.metrics.peak_flops, kScopeTrain,
+      {"metrics.peak_flops", "--peak-flops", "", &c.metrics.peak_flops, kScopeTrain | kScopePlan,
        ResumeRule::kFree,
        "MFU's denominator, FLOP/s per rank (e.g. 989e12: an H200's dense bf16 peak); 0 = this "
        "machine's GEMM rate in the compute dtype, measured at start"},

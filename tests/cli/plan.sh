@@ -8,6 +8,8 @@ upipe=$1
 shift
 MPIRUN=("$@")
 failures=0
+TMPDIR_PLAN=$(mktemp -d)
+trap 'rm -rf "$TMPDIR_PLAN"' EXIT
 fail() {
   echo "FAIL: $*"
   failures=$((failures + 1))
@@ -78,6 +80,30 @@ assert "--seq-len=%d" % m["seq_len"] in m["train_command"]
 print("ok: --json upipe max S", m["seq_len"], m["limiting_tag"])
 '; then
   fail "upipe plan --json (exit $rc)"
+fi
+
+# A step's work as planned is what a real step executes: the FLOPs bench model counts on 2 ranks
+# (the decoder's forward and backward; ZeRO-3 and AdamW run no GEMM), every micro-step alike, and
+# --peak-flops turns them into the least time a step takes; the bytes each collective sends.
+"$upipe" plan --model tiny --ranks 2 --device-memory 4G --seq-len 256 --json > "$TMPDIR_PLAN/w1.json" &&
+  "$upipe" plan --model tiny --ranks 2 --device-memory 4G --seq-len 256 --micro-steps 4 --peak-flops 1e12 \
+    --json > "$TMPDIR_PLAN/w4.json" &&
+  timeout 120 "${MPIRUN[@]}" -np 2 "$upipe" bench model --seq-len 256 --iters 1 --json > "$TMPDIR_PLAN/b.json" ||
+  fail "planning or benchmarking tiny on 2 ranks"
+if ! /usr/bin/python3 - "$TMPDIR_PLAN" <<'PY'; then
+import json, sys
+d = sys.argv[1]
+w1 = json.load(open(d + "/w1.json"))["methods"][0]["step_work"]
+w4 = json.load(open(d + "/w4.json"))["methods"][0]["step_work"]
+b = json.load(open(d + "/b.json"))
+ran = (b["executed_gemm_flops"] + b["executed_attention_flops"]) / b["ranks"]
+print("planned", w1["executed_flops"], "executed by bench model per rank", ran, "comm", w1["comm"])
+assert w1["executed_flops"] == ran and w1["gemm_flops"] == b["executed_gemm_flops"] / 2, (w1, ran)
+assert w4["executed_flops"] == 4 * w1["executed_flops"] and w4["comm_micro_steps"] == 2, w4
+assert w4["compute_seconds_at_peak"] == w4["executed_flops"] / 1e12, w4
+assert w1["comm"]["all_to_all"]["bytes"] > 0 and w1["comm_bytes"] == sum(v["bytes"] for v in w1["comm"].values()), w1
+PY
+  fail "the planned step's work is not what a step executes"
 fi
 
 # --doc-lens plays one rank per CP rank: CP 4 x DP 2 plays 4 (it played all 8).
@@ -178,7 +204,7 @@ expect_row "across hosts said" "^  note: upipe's all-to-alls span 2 hosts \\(16 
 # A run file's plan prints the command with that file and only what differs from it (the knob
 # --stage-heads auto chose); the file's own settings are not repeated as flags.
 run=$(mktemp --suffix=.toml)
-trap 'rm -f "$run"' EXIT
+trap 'rm -f "$run"; rm -rf "$TMPDIR_PLAN"' EXIT
 printf '[model]\nname = "llama3-8b"\n[train]\nseq_len = 65536\nsteps = 7\n[memory]\ndevice_memory = "80G"\n' > "$run"
 out=$(timeout 120 "$upipe" plan "$run" --ranks 8 --stage-heads auto --json 2>&1)
 cmd=$(printf '%s' "$out" | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["methods"][0]["train_command"])' 2>&1)
