@@ -259,13 +259,7 @@ PlanRequest base_request(const Settings& set, const Options& o) {
 }
 
 std::vector<Row> plan_rows(const ModelConfig& m, const PlanRequest& base, const Options& o) {
-  std::vector<std::string> names;
-  const int cp = base.cp();
-  if (base.decoder.knobs.method != kAllMethods)
-    names.push_back(base.decoder.knobs.method);
-  else
-    for (const MethodInfo& mi : methods())
-      if (!mi.one_rank || cp == 1) names.emplace_back(mi.name);
+  const std::vector<std::string> names = planned_methods(base.decoder.knobs.method, base.cp());
   std::vector<Row> rows;
   for (const std::string& name : names) {
     PlanRequest r = base;
@@ -636,7 +630,8 @@ Runner add_plan(CLI::App& cmd) {
       ".npy/.bin file of them (the documents' mask, tag docs, in every rank's plan)");
   cmd.add_flag("--json", opt->json, "JSON output");
   cmd.footer(
-      "--method all plans every method; a knob set to auto (--stage-heads auto, --chunks auto, "
+      "--method all plans every method, a list (--method upipe,ring) those named; a knob set to "
+      "auto (--stage-heads auto, --chunks auto, "
       "--ulysses-degree auto) is the fastest value that fits. Every other setting of `upipe "
       "train` is taken too (a train command's flags plan as they are) and checked as train "
       "checks it; those that do not change memory (--lr, --checkpoint-dir, ...) change nothing "

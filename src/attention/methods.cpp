@@ -165,6 +165,30 @@ std::string method_names() {
   return s;
 }
 
+bool names_many_methods(std::string_view method) {
+  return method == kAllMethods || method.find(',') != std::string_view::npos;
+}
+
+std::vector<std::string> planned_methods(std::string_view method, int cp) {
+  std::vector<std::string> names;
+  if (method == kAllMethods) {
+    for (const MethodInfo& mi : kMethods)
+      if (!mi.one_rank || cp == 1) names.emplace_back(mi.name);
+    return names;
+  }
+  for (size_t i = 0; i <= method.size();) {
+    const size_t e = std::min(method.find(',', i), method.size());
+    const std::string_view name = method.substr(i, e - i);
+    const std::string known(method_info(name).name);  // unknown: named with the methods
+    if (std::find(names.begin(), names.end(), known) != names.end())
+      throw ConfigError(
+          fmt::format("{}: '{}' is named twice", setting_ref("parallel.method"), known));
+    names.push_back(known);
+    i = e + 1;
+  }
+  return names;
+}
+
 void validate_knobs(const MethodKnobs& k, bool allow_auto) {
   const MethodInfo& m = method_info(k.method);
   check_knob(k.stage_heads, kMaxHeads, allow_auto, "parallel.stage_heads",

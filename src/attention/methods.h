@@ -39,6 +39,12 @@ const std::vector<MethodInfo>& methods();
 const MethodInfo& method_info(std::string_view name);
 // "local, ulysses, upipe, ring, usp, upipe-ring, fpdt, upipe-fpdt"
 std::string method_names();
+// The methods `upipe plan --method` names: one, "all" (every method; one-rank ones only where a
+// CP group is one rank), or a comma-separated list ("upipe,ring"), in the order given.
+// ConfigError for an unknown or repeated name.
+std::vector<std::string> planned_methods(std::string_view method, int cp);
+// Whether `method` names more than one method (all, or a list).
+bool names_many_methods(std::string_view method);
 
 // Range checks of the knobs that do not depend on the rank count (ConfigError naming the
 // setting): a known method, knobs in [0, their bound] (or kKnobAuto where allow_auto), and no

@@ -1010,7 +1010,10 @@ void validate(const RunConfig& c, uint32_t scopes) {
   if (c.model.name.empty()) bad("model.name", "is empty; give a preset name or a directory");
   if (p.cp_size < 0 || p.cp_size > kMaxRanks)
     bad("parallel.cp_size", fmt::format("must be in [0, {}], got {}", kMaxRanks, p.cp_size));
-  if (!(allow_plan && p.knobs.method == kAllMethods)) validate_knobs(p.knobs, allow_plan);
+  if (allow_plan && names_many_methods(p.knobs.method))
+    planned_methods(p.knobs.method, 1);  // every name known; each plans with the knobs it takes
+  else
+    validate_knobs(p.knobs, allow_plan);
   if (t.steps <= 0) bad("train.steps", fmt::format("must be positive, got {}", t.steps));
   if (t.seq_len < 2 || t.seq_len > kMaxSeqLen)
     bad("train.seq_len", fmt::format("must be in [2, {}], got {}", kMaxSeqLen, t.seq_len));

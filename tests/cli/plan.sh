@@ -82,6 +82,13 @@ print("ok: --json upipe max S", m["seq_len"], m["limiting_tag"])
   fail "upipe plan --json (exit $rc)"
 fi
 
+# --method takes a list: those methods, in that order; an unknown or repeated name is refused.
+out=$("$upipe" plan --model llama3-8b --ranks 8 --device-memory 80G --seq-len 65536 --method ring,upipe --json) &&
+  [ "$(printf '%s' "$out" | /usr/bin/python3 -c 'import json,sys; print(",".join(m["method"] for m in json.load(sys.stdin)["methods"]))')" = "ring,upipe" ] ||
+  fail "--method ring,upipe did not plan ring, then upipe"
+expect "--method: unknown method 'rign'" --model llama3-8b --ranks 8 --device-memory 80G --seq-len 65536 --method upipe,rign
+expect "--method: 'upipe' is named twice" --model llama3-8b --ranks 8 --device-memory 80G --seq-len 65536 --method upipe,upipe
+
 # A step's work as planned is what a real step executes: the FLOPs bench model counts on 2 ranks
 # (the decoder's forward and backward; ZeRO-3 and AdamW run no GEMM), every micro-step alike, and
 # --peak-flops turns them into the least time a step takes; the bytes each collective sends.
