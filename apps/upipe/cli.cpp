@@ -8,21 +8,31 @@
 #include <vector>
 
 #include "core/errors.h"
+#include "model/config.h"
 
 namespace upipe::app {
 
 AttentionConfig ShapeOptions::config(const RunConfig& r) const {
   AttentionConfig c;
+  if (!model.empty()) {
+    for (const CLI::Option* o : shape_flags)
+      if (o->count() > 0)
+        throw ConfigError(
+            fmt::format("{} and --model {}: the model gives the block's shape; give one of them",
+                        o->get_name(), model));
+    c = to_attention_config(load_model_config(model));
+  } else {
+    c.heads = heads;
+    c.kv_heads = kv_heads;
+    c.head_dim = head_dim;
+    c.rope.theta = rope_theta;
+    c.rope.scaling = parse_rope_scaling(rope_scaling);
+    if (hidden_size) c.hidden = *hidden_size;
+    c.qk_norm = qk_norm;
+  }
   c.seq_len = r.train.seq_len;
-  c.heads = heads;
-  c.kv_heads = kv_heads;
-  c.head_dim = head_dim;
   c.dtype = r.memory.policy.dtype;
   c.fp32_residual = r.memory.policy.residual_dtype == DType::kF32;
-  c.rope.theta = rope_theta;
-  c.rope.scaling = parse_rope_scaling(rope_scaling);
-  if (hidden_size) c.hidden = *hidden_size;
-  c.qk_norm = qk_norm;
   c.knobs = r.parallel.knobs;
   c.validate_shape();
   return c;
@@ -104,26 +114,31 @@ CLI::Option* add_doc_lens_option(CLI::App& cmd, std::string& spec, const std::st
 }
 
 void add_shape_options(CLI::App& cmd, ShapeOptions& o, bool full) {
-  cmd.add_option("--heads,-H", o.heads, "query heads H")
-      ->capture_default_str()
-      ->check(integer_in<int>(1, kMaxHeads));
-  cmd.add_option("--kv-heads,-K", o.kv_heads, "key/value heads K (dividing H)")
-      ->capture_default_str()
-      ->check(integer_in<int>(1, kMaxHeads));
-  cmd.add_option("--head-dim,-d", o.head_dim, "head dimension d (even)")
-      ->capture_default_str()
-      ->check(integer_in<int>(2, kMaxHeadDim));
-  cmd.add_option("--rope-theta", o.rope_theta, "RoPE base")
-      ->capture_default_str()
-      ->check(number_in(kMinRopeTheta, kMaxRopeTheta));
+  auto& f = o.shape_flags;
+  f.push_back(cmd.add_option("--heads,-H", o.heads, "query heads H")
+                  ->capture_default_str()
+                  ->check(integer_in<int>(1, kMaxHeads)));
+  f.push_back(cmd.add_option("--kv-heads,-K", o.kv_heads, "key/value heads K (dividing H)")
+                  ->capture_default_str()
+                  ->check(integer_in<int>(1, kMaxHeads)));
+  f.push_back(cmd.add_option("--head-dim,-d", o.head_dim, "head dimension d (even)")
+                  ->capture_default_str()
+                  ->check(integer_in<int>(2, kMaxHeadDim)));
+  f.push_back(cmd.add_option("--rope-theta", o.rope_theta, "RoPE base")
+                  ->capture_default_str()
+                  ->check(number_in(kMinRopeTheta, kMaxRopeTheta)));
   if (!full) return;
-  cmd.add_option("--hidden-size", o.hidden_size,
-                 "model width D (default H*d); Wq is (H*d, D), Wo (D, H*d)")
-      ->check(integer_in<int64_t>(1, kMaxHiddenSize));
-  cmd.add_flag("--qk-norm", o.qk_norm, "Qwen3 QK-norm: RMSNorm over d of every q and k head");
-  cmd.add_option("--rope-scaling", o.rope_scaling,
-                 "RoPE frequency scaling: llama3:FACTOR:LOW:HIGH:ORIG (Llama-3.1: "
-                 "llama3:8:1:4:8192) or none");
+  f.push_back(cmd.add_option("--hidden-size", o.hidden_size,
+                             "model width D (default H*d); Wq is (H*d, D), Wo (D, H*d)")
+                  ->check(integer_in<int64_t>(1, kMaxHiddenSize)));
+  f.push_back(
+      cmd.add_flag("--qk-norm", o.qk_norm, "Qwen3 QK-norm: RMSNorm over d of every q and k head"));
+  f.push_back(cmd.add_option("--rope-scaling", o.rope_scaling,
+                             "RoPE frequency scaling: llama3:FACTOR:LOW:HIGH:ORIG (Llama-3.1: "
+                             "llama3:8:1:4:8192) or none"));
+  cmd.add_option("--model", o.model,
+                 "a model's attention block (a preset or a Hugging Face directory: its heads, KV "
+                 "heads, head dim, hidden size, QK-norm and RoPE), in place of the shape flags");
 }
 
 RopeScaling parse_rope_scaling(const std::string& s) {

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "attention/config.h"
 #include "comm/communicator.h"
@@ -24,13 +25,18 @@ struct ShapeOptions {
   std::string rope_scaling;            // "llama3:FACTOR:LOW:HIGH:ORIG" or empty
   std::optional<int64_t> hidden_size;  // unset: H*d
   bool qk_norm = false;
+  // --model (full commands): the block of a preset or Hugging Face config, in place of the shape
+  // flags (refused beside it; `shape_flags` are theirs, to tell).
+  std::string model;
+  std::vector<const CLI::Option*> shape_flags;
   // The block's configuration: this shape with the settings' S, dtype, residual dtype and
   // method; validates the shape (ConfigError).
   AttentionConfig config(const RunConfig& c) const;
 };
 
 // --heads --kv-heads --head-dim --rope-theta; full (the commands that run the whole block) adds
-// --hidden-size --qk-norm --rope-scaling. Every numeric flag is range-checked at parse time.
+// --hidden-size --qk-norm --rope-scaling, and --model for a model's block. Every numeric flag is
+// range-checked at parse time.
 void add_shape_options(CLI::App& cmd, ShapeOptions& o, bool full);
 
 // "llama3:8:1:4:8192" -> the llama3 rule with factor 8, low/high frequency factors 1 and 4 and
