@@ -252,10 +252,12 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
   // One rank (no mpirun) moves its data within its own memory: the GB/s are a copy's, not a link's.
   const bool one_rank = n == 1;
   if (one_rank)
-    std::fprintf(stderr,
-                 "upipe bench comm: warning: one rank: nothing crosses a link (every byte is a "
-                 "copy within this process), so these GB/s are memory bandwidth, not "
-                 "interconnect bandwidth; run it under mpirun -np 2 or more\n");
+    std::fprintf(
+        stderr,
+        "upipe bench comm: warning: one rank: nothing crosses a link (every byte is a "
+        "copy within this process), so these GB/s are memory bandwidth, not "
+        "interconnect bandwidth; run it under mpirun on ranks of different hosts (2 ranks of "
+        "one host measure its shared memory)\n");
   const double factor = bus_factor(op, n);
   nlohmann::json j = {{"op", kOpNames[int(op)]}, {"ranks", n},           {"bytes", b},
                       {"iters", opt.iters},      {"warmup", opt.warmup}, {"time", "median"},

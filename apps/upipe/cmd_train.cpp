@@ -10,7 +10,6 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
-#include <map>
 #include <unordered_map>
 
 #include "apps/upipe/commands.h"
@@ -20,12 +19,12 @@
 #include "attention/methods.h"
 #include "backend/cpu/cpu_isa.h"
 #include "core/allocator.h"
-#include "core/checked.h"
 #include "core/errors.h"
 #include "core/setting_ref.h"
 #include "core/stop_signal.h"
 #include "core/watchdog.h"
 #include "model/weights.h"
+#include "plan/host_memory.h"
 #include "plan/planner.h"
 #include "train/checkpoint.h"
 #include "train/export.h"
@@ -147,47 +146,32 @@ std::string plan_command(const RunConfig& cfg, int world) {
                      to_flags(cfg, kScopePlan, budget_given));
 }
 
-// The ranks of one host share its memory, and an arena checks only its own process's: two ranks
-// planned at 114 GiB each on a 23.5 GiB machine started, and the kernel killed one mid-step. On
-// cpu both arenas are the host's memory, on cuda the host arena (pinned) is. Every rank checks
-// every host alike (the plan, the host names and each host's memory are the same on every rank),
-// so every rank refuses alike.
+// The ranks of one host share its memory (plan/host_memory.h): every rank gathers the host names
+// and memories and checks every host alike, so every rank refuses alike.
 void check_hosts_memory(const Plan& p, const RunConfig& cfg, Communicator& world) {
   const std::vector<std::string> hosts = host_names(world);
-  std::vector<int64_t> physical(hosts.size());
+  std::vector<int64_t> memory(hosts.size());
   const int64_t mine = physical_memory_bytes();
-  world.all_gather(&mine, physical.data(), sizeof(int64_t));
+  world.all_gather(&mine, memory.data(), sizeof(int64_t));
   const bool cpu = parse_backend_kind(cfg.device.backend) == BackendKind::kCpu;
-  auto peak_of = [&](size_t r) {
-    const RankPlan* rp = r < p.ranks.size() ? &p.ranks[r] : nullptr;
-    const int64_t dev = rp ? rp->device_peak : p.device_peak;
-    const int64_t host = rp ? rp->host_peak : p.host_peak;
-    return (cpu ? dev : 0) + host;
-  };
-  std::map<std::string, std::vector<size_t>> ranks_of;
-  for (size_t r = 0; r < hosts.size(); ++r) ranks_of[hosts[r]].push_back(r);
-  for (const auto& [host, ranks] : ranks_of) {
-    int64_t need = 0, most = 0;
-    for (size_t r : ranks) {
-      need = checked_add(need, peak_of(r), "the host's planned bytes");
-      most = std::max(most, peak_of(r));
-    }
-    const int64_t have = physical[ranks.front()];
-    if (need <= have) continue;
-    const int64_t share = have / int64_t(ranks.size());
-    throw OutOfMemoryError(
-        render_setting_refs(fmt::format(
-            "out of memory on host {}, found before anything is loaded (the run's step played on "
-            "the meta device): its {} rank(s) plan {} together ({} the most of one: its {}), over "
-            "the {} of memory the host has; fewer ranks on a host, or {} with {} (the host's "
-            "memory over its ranks) for `upipe plan` to say what fits",
-            host, ranks.size(), format_bytes(need), format_bytes(most),
-            cpu ? "device and host arenas' peaks" : "host arena's peak", format_bytes(have),
-            cpu ? "a budget that holds" : "less in the host arena",
-            setting_value(cpu ? "memory.device_memory" : "memory.host_memory",
-                          bytes_text(std::max<int64_t>(share >> 30, 1) << 30)))),
-        cpu ? "device" : "host", "planned", need, "");
-  }
+  const std::optional<HostOverMemory> o = host_over_memory(p, cpu, hosts, memory);
+  if (!o) return;
+  const int64_t share = cpu ? o->device_share : o->host_share;
+  const std::string budget =
+      share > 0 ? fmt::format("; or plan with {} (what the host holds a rank{})",
+                              setting_value(cpu ? "memory.device_memory" : "memory.host_memory",
+                                            bytes_text(share)),
+                              cpu ? " beside its host arena" : "")
+                : "";
+  throw OutOfMemoryError(
+      render_setting_refs(fmt::format(
+          "out of memory on host {}, found before anything is loaded (the run's step played on "
+          "the meta device): its {} rank(s) plan {} together (at most {} a rank: {}), over the {} "
+          "of memory the host has; fewer ranks on a host{}: `upipe plan` says what fits",
+          o->host, o->ranks, format_bytes(o->need), format_bytes(o->most),
+          cpu ? "its device and host arenas' peaks" : "its host arena's peak",
+          format_bytes(o->have), budget)),
+      cpu ? "device" : "host", "planned", o->need, "");
 }
 
 // The run's step, planned before any weight or checkpoint is read (src/plan: the engine's own
@@ -403,7 +387,7 @@ void print_end(const RunConfig& cfg, const ModelConfig& m, const TrainingLoop& l
   if (end.stopped && end.time_limit && end.last_step == loop.start().step)
     std::printf(
         "upipe train: %s had passed before the first step (the launch and loading took it); no "
-        "step ran, nothing was written\n",
+        "step ran and no checkpoint was written\n",
         render_setting_refs(
             setting_value("train.time_limit", duration_text(cfg.train.time_limit_s)))
             .c_str());
@@ -487,6 +471,11 @@ int run(Process& proc, const Options& opt, const SettingArgs& sa, const CLI::App
   std::vector<std::string> resume_report;  // what the resume continues and changes
   if (opt.resume)
     set = resumed_settings(proc, opt, sa, cmd, set.config, &recorded, &resume_report);
+  // A time limit is a job's, not the run's: a resumed run (a later job, its own allocation) has
+  // only the one given to it (a recorded one stopped the next job at the first job's remaining
+  // time, or before its first step).
+  if (opt.resume && !set.given("train.time_limit"))
+    set.config.train.time_limit_s = 0;
   else
     make_paths_absolute(set.config, [](std::string_view) { return true; });
   const RunConfig& cfg = set.config;

@@ -24,10 +24,6 @@ namespace {
 // be killed when it touches the pages; refusing it instead gives a typed out-of-memory error.
 std::atomic<int64_t> g_held{0};
 
-int64_t physical_bytes() {
-  return physical_memory_bytes();
-}
-
 }  // namespace
 
 int64_t physical_memory_bytes() {
@@ -61,7 +57,7 @@ void* HostCachingAllocator::allocate(int64_t bytes) {
     cached_ -= n;
     return p;
   }
-  if (g_held + n > physical_bytes()) trim();  // the cache may hold what the system lacks
+  if (g_held + n > physical_memory_bytes()) trim();  // the cache may hold what the system lacks
   check_can_back(n);
   void* p = system_.alloc(n);
   if (!p) {
@@ -74,9 +70,10 @@ void* HostCachingAllocator::allocate(int64_t bytes) {
 }
 
 void HostCachingAllocator::check_can_back(int64_t bytes) const {
-  if (bytes > physical_bytes() - g_held)
+  if (bytes > physical_memory_bytes() - g_held)
     throw BackingExhausted(fmt::format("this machine has {} of memory and this process holds {}",
-                                       format_bytes(physical_bytes()), format_bytes(g_held)));
+                                       format_bytes(physical_memory_bytes()),
+                                       format_bytes(g_held)));
 }
 
 void HostCachingAllocator::release(void* p, int64_t bytes) {
@@ -102,10 +99,6 @@ void HostCachingAllocator::trim_to(int64_t keep) {
     cached_ -= it->first;
     free_.erase(it);
   }
-}
-
-int64_t HostCachingAllocator::physical_memory_bytes() {
-  return physical_bytes();
 }
 
 FirstFitRange::FirstFitRange(char* base, int64_t size) : base_(base), size_(size) {

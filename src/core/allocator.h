@@ -55,7 +55,6 @@ class HostCachingAllocator final : public Allocator {
   void check_can_back(int64_t bytes) const override;  // beyond the machine's physical memory
   void trim();                                        // return every cached block to the system
   int64_t cached_bytes() const { return cached_; }
-  static int64_t physical_memory_bytes();  // this machine's memory (sysconf)
 
  private:
   static int64_t rounded(int64_t bytes);

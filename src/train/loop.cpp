@@ -1,15 +1,10 @@
 #include "train/loop.h"
 
 #include <fmt/format.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
-#include <fstream>
-#include <iterator>
 #include <limits>
-#include <sstream>
 
 #include "core/build_info.h"
 #include "core/checked.h"
@@ -261,22 +256,25 @@ StepMetrics TrainingLoop::step_metrics(int64_t step, const StepResult& r, double
   return sm;
 }
 
-double process_age_s() {
-  std::ifstream stat("/proc/self/stat"), up("/proc/uptime");
-  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
-  double uptime = 0;
-  const size_t comm_end = text.rfind(')');  // the name may hold spaces and parentheses
-  if (!(up >> uptime) || comm_end == std::string::npos) return 0;
-  std::istringstream fields(text.substr(comm_end + 2));
-  std::string f;
-  // Field 22, starttime (clock ticks after boot); the fields after the name begin at field 3.
-  for (int i = 3; i <= 22 && (fields >> f); ++i)
-    if (i == 22) {
-      const double ticks = double(::sysconf(_SC_CLK_TCK));
-      const double age = uptime - std::strtod(f.c_str(), nullptr) / (ticks > 0 ? ticks : 100);
-      return age > 0 ? age : 0;
-    }
-  return 0;
+bool TrainingLoop::checkpoint_due(int64_t step) const {
+  return !cfg_.checkpoint.dir.empty() && cfg_.checkpoint.interval > 0 &&
+         step % cfg_.checkpoint.interval == 0;
+}
+
+TimeLimitCosts TrainingLoop::time_costs(double dt, int64_t timed, double longest_step,
+                                        int64_t validations, double val_mean) const {
+  TimeLimitCosts c;
+  c.next_step = timed > 0 ? longest_step : dt;
+  // A validation's guess comes from timed steps (the warm-up step's, 15x a step's here, stopped a
+  // run after its first step with most of its time left).
+  c.validation = val_ && (validations > 0 || timed > 0) ? val_mean : 0;
+  // Before a checkpoint is written, 1 s and a rank's master weights and moments (3 fp32 shards)
+  // at kGuessedWriteRate.
+  c.checkpoint = cfg_.checkpoint.dir.empty() ? 0
+                 : checkpoint_s_ > 0         ? checkpoint_s_
+                                     : 1.0 + 12.0 * double(zero_shard_elements(m_, world_.size())) /
+                                                 kGuessedWriteRate;
+  return c;
 }
 
 LoopEnd TrainingLoop::run(TrainingObserver& obs) {
@@ -293,18 +291,12 @@ LoopEnd TrainingLoop::run(TrainingObserver& obs) {
   auto validations_after = [&](int64_t s) {
     return every > 0 ? steps / every - s / every + (steps % every != 0 && s < steps ? 1 : 0) : 0;
   };
-  // train.time_limit: the process's deadline on this rank's clock (every rank stops as the first
-  // to reach it: the stop is all-reduced).
-  const double deadline = cfg_.train.time_limit_s > 0
-                              ? now_s() - process_age_s() + double(cfg_.train.time_limit_s)
-                              : std::numeric_limits<double>::infinity();
+  // train.time_limit on this rank's clock (every rank stops as the first to reach it: the stop
+  // is all-reduced).
+  const TimeLimit limit(cfg_.train.time_limit_s, now_s(), process_age_s());
   double longest_step = 0;
-  // Before a checkpoint is measured, its time is guessed: 1 s and a rank's master weights and
-  // moments (3 fp32 shards) at kGuessedWriteRate.
-  const double checkpoint_guess_s =
-      1.0 + 12.0 * double(zero_shard_elements(m_, world_.size())) / kGuessedWriteRate;
-  if (cfg_.train.time_limit_s > 0 && step < steps) {
-    float over = now_s() >= deadline ? kTimeLimitStop : 0.0f;
+  if (limit.set() && step < steps) {
+    float over = limit.passed(now_s()) ? kTimeLimitStop : 0.0f;
     world_.all_reduce(&over, 1, DType::kF32, ReduceOp::kMax);
     if (over != 0.0f) {
       end.stopped = end.time_limit = true;
@@ -347,22 +339,19 @@ LoopEnd TrainingLoop::run(TrainingObserver& obs) {
         validations > 0 ? val_total_s / double(validations)
                         : step_mean / (3.0 * double(cfg_.train.micro_steps)) *
                               double((val_n_ + trainer_->dp_size() - 1) / trainer_->dp_size());
-    // The next step: the longest timed so far (the warm-up step while it is the only one).
-    const bool past_limit = now_s() + (timed > 0 ? longest_step : dt) + (val_ ? val_mean : 0.0) +
-                                (cfg_.checkpoint.dir.empty() ? 0.0
-                                 : checkpoint_s_ > 0         ? checkpoint_s_
-                                                             : checkpoint_guess_s) >
-                            deadline;
+    const bool last = step == steps;
     float stop = stop_requested() ? float(std::max(1, stop_signal()))
-                 : past_limit     ? kTimeLimitStop
-                                  : 0.0f;
+                 : !last && limit.stop_after_step(
+                                now_s(), time_costs(dt, timed, longest_step, validations, val_mean),
+                                val_ && step % cfg_.metrics.val_interval == 0, checkpoint_due(step))
+                     ? kTimeLimitStop
+                     : 0.0f;
     world_.all_reduce(&stop, 1, DType::kF32, ReduceOp::kMax);
     if (step == start + 1) end.first_group_loss = r.group_loss;
     end.last_group_loss = r.group_loss;
     StepMetrics sm = step_metrics(step, r, dt);
     sm.tokens_per_s = double(trainer_->tokens_per_rank_per_step()) / dt;
     sm.mfu = gemm_flops_ > 0 ? step_flops_per_rank / dt / gemm_flops_ : 0;
-    const bool last = step == steps;
     if (val_ && (step % cfg_.metrics.val_interval == 0 || last || stop != 0.0f)) {
       const double v0 = now_s();
       sm.val_loss = validate(step);
@@ -380,8 +369,7 @@ LoopEnd TrainingLoop::run(TrainingObserver& obs) {
       end.stop_signal = end.time_limit ? 0 : int(stop);
       break;
     }
-    if (!last && cfg_.checkpoint.interval > 0 && step % cfg_.checkpoint.interval == 0)
-      checkpoint(step, obs);
+    if (!last && checkpoint_due(step)) checkpoint(step, obs);
   }
   if (step > start) checkpoint(step, obs);
   end.last_step = step;

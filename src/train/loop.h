@@ -28,6 +28,7 @@
 #include "train/data.h"
 #include "train/metrics.h"
 #include "train/run_config.h"
+#include "train/time_limit.h"
 #include "train/trainer.h"
 
 namespace upipe {
@@ -98,6 +99,11 @@ class TrainingLoop {
   // The held-out loss after `step` (forward only).
   double validate(int64_t step);
   void checkpoint(int64_t step, TrainingObserver& obs);
+  // A checkpoint is due after `step` (checkpoint.interval; the last step's is the run's end).
+  bool checkpoint_due(int64_t step) const;
+  // train.time_limit's view of the run's costs after a step (time_limit.h).
+  TimeLimitCosts time_costs(double dt, int64_t timed, double longest_step, int64_t validations,
+                            double val_mean) const;
   // The step's peaks over the ranks, with the worst rank's per-tag bytes, into m.
   void gather_peaks(StepMetrics& m);
   // Collective (gather_peaks): the metrics of `step` (1-based) from its result and time; the
@@ -119,11 +125,6 @@ class TrainingLoop {
   int64_t gemm_reference_n_ = 0;
   double checkpoint_s_ = 0;  // the longest checkpoint write of this run so far (train.time_limit)
 };
-
-// Seconds since this process started, what train.time_limit counts from (/proc/self/stat's start
-// time against /proc/uptime: the launch, MPI's start and the loading count); 0 where it cannot be
-// read.
-double process_age_s();
 
 // What a run's data holds, opened as the loop opens it but without reading every token: the
 // token files with their headers and indexes, and the held-out data of validation. ConfigError

@@ -739,6 +739,8 @@ int64_t parse_duration(const std::string& s, std::string_view key) {
   };
   if (s.empty()) return bad("is empty: give " + forms);
   if (s.find_first_not_of("0") == std::string::npos) return 0;
+  // squeue's %L for a job without a limit.
+  if (s == "UNLIMITED" || s == "INFINITE") return 0;
   int64_t total = 0;
   if (s.find_first_of(":-") != std::string::npos) {
     // SLURM: MM:SS, H:MM:SS, D-H, D-H:MM, D-H:MM:SS.

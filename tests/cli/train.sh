@@ -22,7 +22,8 @@
 #   time_limit  --time-limit 6s: the job ends by itself (exit 0) with a checkpoint of its last
 #            step, saying so, within the limit and the job's own start and end; --resume with
 #            SLURM's 0:04 goes on from there; a limit that passed before the first step runs
-#            none; a bare number is refused naming the units
+#            none; --resume without a limit runs to its steps (a limit is the job's); a bare
+#            number is refused naming the units
 #   packed   a corpus of text files -> `upipe tokenize DIR` (one document per file, Megatron
 #            .bin/.idx) -> training on packed documents (data.documents = "index", ring on 2
 #            ranks; then DP 2): every step logs its documents; resuming from the step-3
@@ -499,6 +500,10 @@ time_limit)
   [ ! -e "$tmp/ck/step_$(printf %08d "$((m + 1))")" ] || fail "a step ran past a passed limit"
   grep -q "^upipe train: --time-limit 1s had passed before the first step" "$tmp/t3.out" ||
     { cat "$tmp/t3.out"; fail "a limit passed before the first step is not said"; }
+  # A limit is the job's: a resumed run without one does not inherit it (it ran to its steps).
+  timeout 120 "${mpirun[@]}" -np 2 "$upipe" train "${small[@]}" --checkpoint-dir="$tmp/ck" --resume \
+    --steps=$((m + 3)) > "$tmp/t4.out" 2>&1 || { cat "$tmp/t4.out"; fail "the resumed run without a limit failed"; }
+  grep -q "^upipe train: done, $((m + 3)) steps" "$tmp/t4.out" || { cat "$tmp/t4.out"; fail "the recorded limit was kept"; }
   out=$("$upipe" train --time-limit=240 2>&1); rc=$?
   [ $rc -eq 2 ] && echo "$out" | grep -q -F -- "--time-limit: '240' has no unit: write 240s, 240m or 240h" ||
     { echo "$out"; fail "a bare number: exit $rc"; }

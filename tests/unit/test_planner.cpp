@@ -17,6 +17,7 @@
 
 #include "attention/methods.h"
 #include "core/errors.h"
+#include "plan/host_memory.h"
 #include "plan/planner.h"
 #include "plan/remedies.h"
 #include "train/run_config.h"
@@ -44,6 +45,47 @@ PlanRequest tiny_request(const std::string& method, int64_t device_bytes) {
   r.host_bytes = int64_t(1) << 30;
   r.reserve_bytes = 0;
   return r;
+}
+
+// The ranks of one host share its memory: their planned peaks together against the host's (cpu:
+// both arenas; cuda: the host arena), per host; a budget per rank that holds beside the host
+// arena; a plan stopped at its budget counts every rank at the worst peaks.
+TEST(Planner, TheRanksOfAHostShareItsMemory) {
+  constexpr int64_t G = int64_t(1) << 30;
+  Plan p;
+  p.device_peak = 3 * G;
+  p.host_peak = G / 2;
+  for (int r = 0; r < 4; ++r) {
+    RankPlan rp;
+    rp.rank = r;
+    rp.device_peak = r == 0 ? 3 * G : 2 * G;
+    rp.host_peak = G / 2;
+    p.ranks.push_back(rp);
+  }
+  const std::vector<std::string> hosts = {"b", "b", "b", "a"};  // 3 ranks on b, 1 on a
+  const std::vector<int64_t> memory = {8 * G, 8 * G, 8 * G, 4 * G};
+  // b: 3 + 2 + 2 + 3 x 0.5 = 8.5 GiB over 8; a: 2.5 over 4.
+  std::optional<HostOverMemory> o = host_over_memory(p, true, hosts, memory);
+  ASSERT_TRUE(o);
+  EXPECT_EQ(o->host, "b");
+  EXPECT_EQ(o->ranks, 3);
+  EXPECT_EQ(o->need, 8 * G + G / 2);
+  EXPECT_EQ(o->most, 3 * G + G / 2);
+  EXPECT_EQ(o->have, 8 * G);
+  EXPECT_EQ(o->device_share, 2 * G) << "8/3 GiB a rank, less the 0.5 GiB host arena, whole GiB";
+  // cuda: only the host arenas are the host's memory.
+  EXPECT_FALSE(host_over_memory(p, false, hosts, memory));
+  o = host_over_memory(p, false, hosts, {G, G, G, 4 * G});  // b: 1.5 GiB over 1
+  ASSERT_TRUE(o);
+  EXPECT_EQ(o->host, "b");
+  EXPECT_EQ(o->host_share, 0) << "a third of 1 GiB is no whole GiB";
+  // Every rank on a host of its own: each holds.
+  EXPECT_FALSE(host_over_memory(p, true, {"a", "b", "c", "d"}, {4 * G, 4 * G, 4 * G, 4 * G}));
+  // Without its ranks (stopped at the budget): the worst peaks, 4 x 3.5 GiB over 12.
+  p.ranks.clear();
+  o = host_over_memory(p, true, {"a", "a", "a", "a"}, {12 * G, 12 * G, 12 * G, 12 * G});
+  ASSERT_TRUE(o);
+  EXPECT_EQ(o->need, 14 * G);
 }
 
 TEST(Planner, PeakGrowsWithSequenceLength) {

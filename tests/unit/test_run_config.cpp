@@ -560,7 +560,8 @@ TEST(RunConfig, DurationsReadAndPrint) {
       {"0", 0},         {"00", 0},          {"45s", 45},         {"90m", 5400},
       {"3h50m", 13800}, {"1d12h", 129600},  {"1d2h3m4s", 93784}, {"0h", 0},
       {"5:00", 300},    {"3:50:00", 13800}, {"03:50:00", 13800}, {"1-00:00:00", 86400},
-      {"2-12", 216000}, {"1-2:30", 95400},  {"0-00:10:30", 630}, {"366d", 366 * 86400}};
+      {"2-12", 216000}, {"1-2:30", 95400},  {"0-00:10:30", 630}, {"366d", 366 * 86400},
+      {"UNLIMITED", 0}, {"INFINITE", 0}};
   for (const auto& [text, seconds] : read) {
     EXPECT_EQ(parse_duration(text, "x"), seconds) << text;
     EXPECT_EQ(parse_duration(duration_text(seconds), "x"), seconds) << text;

@@ -153,7 +153,7 @@ std::unique_ptr<Allocator> make_pinned_host_allocator() {
   // stash's layers, fpdt's K/V chunks), so the cache keeps up to half the machine's memory rather
   // than the pageable cache's 8 GiB: a step larger than that would re-pin the excess every step.
   return std::make_unique<HostCachingAllocator>(
-      std::max(int64_t(8) << 30, HostCachingAllocator::physical_memory_bytes() / 2), pinned);
+      std::max(int64_t(8) << 30, physical_memory_bytes() / 2), pinned);
 }
 
 }  // namespace upipe::cuda
