@@ -106,6 +106,8 @@ Settings resolve_settings(const Process& proc, const SettingArgs& args, const CL
       if (printed.insert(n).second)
         std::fprintf(stderr, "upipe: note: %s (the old spelling still works)\n", n.c_str());
   s.sources.scopes = scope;
+  for (const CLI::Option* o : cmd.get_options())
+    for (const std::string& n : o->get_lnames()) s.sources.own_flags.insert("--" + n);
   set_setting_speller(setting_speller(s.sources));
   if (validated) validate(s.config, scope);
   return s;

@@ -1174,7 +1174,7 @@ std::string commands_of(uint32_t scopes) {
 }
 
 SettingSpeller setting_speller(const SettingSources& sources) {
-  return [spelled = sources.spelled, scopes = sources.scopes](
+  return [spelled = sources.spelled, scopes = sources.scopes, own = sources.own_flags](
              std::string_view key, const std::optional<std::string>& value) -> std::string {
     const auto it = spelled.find(std::string(key));
     if (it != spelled.end()) {
@@ -1186,7 +1186,7 @@ SettingSpeller setting_speller(const SettingSources& sources) {
     const SettingInfo* info = find_setting(key);
     const std::string flag = info ? info->flag : default_flag(key);
     const std::string named = value ? flag + " " + *value : flag;
-    if (info && scopes != 0 && !(info->scopes & scopes))
+    if (info && scopes != 0 && !(info->scopes & scopes) && !own.count(info->flag))
       return fmt::format("{} (of upipe {})", named, commands_of(info->scopes));
     return named;
   };

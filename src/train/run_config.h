@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <set>
 #include <span>
 #include <string>
 #include <string_view>
@@ -151,6 +152,7 @@ struct SettingSources {
   // The command's scopes (0: unknown): a setting it does not take is named with the commands
   // that do ("--cp-size (of upipe train, demo, plan)"), so no message offers a flag it refuses.
   uint32_t scopes = 0;
+  std::set<std::string> own_flags;  // the command's own options ("--documents" of eval): its own
 };
 
 // TOML text into a config (no validation); `source` names the text in messages. Unknown

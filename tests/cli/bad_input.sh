@@ -264,6 +264,9 @@ run_case "--doc-lens: is empty; give the documents' lengths" check --seq-len 16 
 run_case "--resume: no complete checkpoint in --checkpoint-dir $tmp/no-such-dir (no such directory)" train --resume --checkpoint-dir "$tmp/no-such-dir"
 printf 'hello\n' > "$tmp/text.txt"
 run_case "to train on a text file, make its tokens first: upipe tokenize $tmp/text.txt OUT.bin" train --data-kind=files --data-path="$tmp/text.txt" --steps=1
+# A command's own option of a setting's name is its own (eval's --documents was named as one of
+# "upipe train, demo, plan").
+run_case "upipe: error: --documents \"bogus\" is unknown; choose" eval --model "$fix/llama" --tokens "$fix/llama/tokens.npy" --seq-len 128 --windows --documents bogus
 
 if [ "$failures" -ne 0 ]; then
   echo "$failures case(s) failed"
