@@ -324,8 +324,6 @@ LoopEnd TrainingLoop::run(TrainingObserver& obs) {
     }
     const double dt = now_s() - t0;
     ++step;
-    // The signal's number travels with the request (the largest, should several ranks get one),
-    // so rank 0 can say which ended the run when another rank received it.
     if (step > start + 1 || steps - start == 1) {  // the first step warms up
       run_s += dt;
       ++timed;
@@ -340,6 +338,8 @@ LoopEnd TrainingLoop::run(TrainingObserver& obs) {
                         : step_mean / (3.0 * double(cfg_.train.micro_steps)) *
                               double((val_n_ + trainer_->dp_size() - 1) / trainer_->dp_size());
     const bool last = step == steps;
+    // The signal's number travels with the request (the largest, should several ranks get one),
+    // so rank 0 can say which ended the run when another rank received it; a time limit above it.
     float stop = stop_requested() ? float(std::max(1, stop_signal()))
                  : !last && limit.stop_after_step(
                                 now_s(), time_costs(dt, timed, longest_step, validations, val_mean),
